@@ -1,0 +1,38 @@
+"""Converters for durations given at the public boundary as seconds or timedelta."""
+
+from __future__ import annotations
+
+import math
+from datetime import timedelta
+
+Seconds = float | int | timedelta
+
+
+def to_seconds(value: Seconds, *, field: str, job: str | None = None,
+               allow_zero: bool = False) -> float:
+    """Normalise *value* to float seconds, rejecting negative, NaN and infinite values.
+
+    Raises :class:`~cronlock.ScheduleError` naming *job*, *field* and the value.
+    """
+    from ._errors import ScheduleError
+
+    where = f"job {job!r}: " if job else ""
+    if isinstance(value, bool) or not isinstance(value, int | float | timedelta):
+        raise ScheduleError(
+            f"{where}{field} must be seconds (int, float) or a timedelta, got {value!r}"
+        )
+    seconds = value.total_seconds() if isinstance(value, timedelta) else float(value)
+    if math.isnan(seconds) or math.isinf(seconds):
+        raise ScheduleError(f"{where}{field} must be a finite duration, got {value!r}")
+    if seconds < 0 or (seconds == 0 and not allow_zero):
+        bound = "zero or positive" if allow_zero else "positive"
+        raise ScheduleError(f"{where}{field} must be {bound}, got {value!r}")
+    return seconds
+
+
+def optional_seconds(value: Seconds | None, *, field: str, job: str | None = None,
+                     allow_zero: bool = False) -> float | None:
+    """Like :func:`to_seconds`, passing ``None`` through."""
+    if value is None:
+        return None
+    return to_seconds(value, field=field, job=job, allow_zero=allow_zero)

@@ -1,0 +1,30 @@
+"""The exception hierarchy: one root, each leaf also inherits the builtin that fits."""
+
+from __future__ import annotations
+
+
+class CronlockError(Exception):
+    """Root of every exception cronlock raises on purpose."""
+
+
+class ScheduleError(CronlockError, ValueError):
+    """A schedule or job option is malformed; the message names the bad part and value."""
+
+
+class JobConflictError(CronlockError, ValueError):
+    """A job name is already registered, or two job names map to the same lock key."""
+
+
+class JobLookupError(CronlockError, KeyError):
+    """No job with the given name is registered with the scheduler."""
+
+    def __str__(self) -> str:  # KeyError would repr() the message
+        return str(self.args[0]) if self.args else ""
+
+
+class SchedulerStateError(CronlockError, RuntimeError):
+    """The scheduler is in the wrong state for the call (started twice, not running, ...)."""
+
+
+class LockError(CronlockError, RuntimeError):
+    """A locking backend failed: connection refused or lost, pool exhausted, server error."""

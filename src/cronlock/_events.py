@@ -1,0 +1,178 @@
+"""Frozen, past-tense event classes and the subscription bus that delivers them."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Literal
+
+__all__ = (
+    "Event",
+    "JobEvent",
+    "JobFailed",
+    "JobStarted",
+    "JobSkipped",
+    "JobSucceeded",
+    "JobTimedOut",
+    "LockFailed",
+    "SchedulerStarted",
+    "SchedulerStopped",
+    "SkipReason",
+    "Subscription",
+)
+
+_logger = logging.getLogger("cronlock.events")
+
+SkipReason = Literal["overlap", "misfire", "locked", "not_leader", "already_ran"]
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """Base class of every event."""
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerStarted(Event):
+    """The scheduler started firing jobs."""
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerStopped(Event):
+    """The scheduler stopped; no job of it is running any more."""
+
+
+@dataclass(frozen=True, slots=True)
+class JobEvent(Event):
+    """Base class of the events about one slot of one job.
+
+    *slot* is the scheduled instant (aware UTC) the run belongs to; ``run_now()`` runs carry
+    the instant they were requested at.
+    """
+
+    job: str
+    slot: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class JobStarted(JobEvent):
+    """A run began executing the task."""
+
+    started_at: datetime
+    run_number: int
+
+
+@dataclass(frozen=True, slots=True)
+class JobSucceeded(JobEvent):
+    """A run returned normally."""
+
+    started_at: datetime
+    finished_at: datetime
+    return_value: object = None
+
+
+@dataclass(frozen=True, slots=True)
+class JobFailed(JobEvent):
+    """A run raised; *exception* is what it raised (its traceback was logged)."""
+
+    started_at: datetime
+    finished_at: datetime
+    exception: BaseException
+
+
+@dataclass(frozen=True, slots=True)
+class JobTimedOut(JobEvent):
+    """A run exceeded its timeout and was cancelled."""
+
+    started_at: datetime
+    finished_at: datetime
+    timeout: float
+
+
+@dataclass(frozen=True, slots=True)
+class JobCancelled(JobEvent):
+    """A run was cancelled: by the ``replace`` overlap policy, removal, or shutdown."""
+
+    started_at: datetime
+    finished_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class JobSkipped(JobEvent):
+    """A slot was not run here; *reason* says why."""
+
+    reason: SkipReason
+
+
+@dataclass(frozen=True, slots=True)
+class LockFailed(JobEvent):
+    """The locker or elector raised; the slot was skipped on this replica."""
+
+    exception: BaseException
+
+
+Listener = Callable[[Event], object] | Callable[[Event], Awaitable[object]]
+
+
+class Subscription:
+    """Handle returned by ``Scheduler.subscribe()``; call :meth:`unsubscribe` to stop."""
+
+    __slots__ = ("_bus", "callback", "types")
+
+    def __init__(self, bus: EventBus, callback: Listener, types: tuple[type[Event], ...]) -> None:
+        self._bus = bus
+        self.callback = callback
+        self.types = types
+
+    def unsubscribe(self) -> None:
+        """Stop delivering events to this callback; calling it twice is harmless."""
+        self._bus.remove(self)
+
+
+class EventBus:
+    """Delivers events to subscribers; a failing subscriber is logged, never propagated."""
+
+    __slots__ = ("_pending", "_subs")
+
+    def __init__(self) -> None:
+        self._subs: list[Subscription] = []
+        self._pending: set[asyncio.Task[None]] = set()
+
+    def add(self, callback: Listener, types: tuple[type[Event], ...]) -> Subscription:
+        sub = Subscription(self, callback, types or (Event,))
+        self._subs.append(sub)
+        return sub
+
+    def remove(self, sub: Subscription) -> None:
+        if sub in self._subs:
+            self._subs.remove(sub)
+
+    def emit(self, event: Event) -> None:
+        """Call sync listeners now; schedule async ones as owned tasks."""
+        for sub in tuple(self._subs):
+            if not isinstance(event, sub.types):
+                continue
+            try:
+                result = sub.callback(event)
+            except Exception:
+                _logger.exception("event listener %r failed on %r", sub.callback, event)
+                continue
+            if inspect.isawaitable(result):
+                task = asyncio.ensure_future(self._await(sub, event, result))
+                self._pending.add(task)
+                task.add_done_callback(self._pending.discard)
+
+    @staticmethod
+    async def _await(sub: Subscription, event: Event, result: Awaitable[object]) -> None:
+        try:
+            await result
+        except Exception:
+            _logger.exception("event listener %r failed on %r", sub.callback, event)
+
+    async def drain(self) -> None:
+        """Wait for async listeners still running (used at shutdown)."""
+        while self._pending:
+            await asyncio.gather(*tuple(self._pending), return_exceptions=True)
