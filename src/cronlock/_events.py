@@ -12,12 +12,15 @@ from typing import Literal
 
 __all__ = (
     "Event",
+    "EventBus",
+    "JobCancelled",
     "JobEvent",
     "JobFailed",
-    "JobStarted",
     "JobSkipped",
+    "JobStarted",
     "JobSucceeded",
     "JobTimedOut",
+    "Listener",
     "LockFailed",
     "SchedulerStarted",
     "SchedulerStopped",

@@ -6,9 +6,9 @@ import asyncio
 import logging
 from collections.abc import Awaitable
 from datetime import datetime
-from typing import Protocol, TypeVar, runtime_checkable
+from typing import Literal, Protocol, TypeVar, runtime_checkable
 
-__all__ = ("Elector", "InMemoryLocker", "Lease", "Locker", "finish_uncancellably")
+__all__ = ("Elector", "InMemoryLocker", "Lease", "Locker", "Refusal", "finish_uncancellably")
 
 _logger = logging.getLogger("cronlock.lock")
 _T = TypeVar("_T")
@@ -23,15 +23,20 @@ class Lease(Protocol):
         ...
 
 
+Refusal = Literal["locked", "already_ran"]
+"""Why a locker declined a slot: another holder has the job's lock, or the slot already ran."""
+
+
 @runtime_checkable
 class Locker(Protocol):
     """Claims the right to run one slot of one job across processes or replicas."""
 
-    async def acquire(self, job: str, slot: datetime) -> Lease | None:
-        """Return a lease when this caller may run *slot* of *job*, ``None`` when it may not.
+    async def acquire(self, job: str, slot: datetime) -> Lease | Refusal | None:
+        """Return a lease when this caller may run *slot* of *job*, else why not.
 
-        ``None`` means another holder has the lock (or already ran the slot): the normal case
-        on every replica but one. A backend failure raises :class:`cronlock.LockError`.
+        ``None`` or ``"locked"``: another holder has the job's lock, the normal case on every
+        replica but one. ``"already_ran"``: the slot was claimed before (lockers that keep a
+        record of slots). A backend failure raises :class:`cronlock.LockError`.
         """
         ...
 
@@ -96,13 +101,13 @@ class InMemoryLocker:
         self._claimed: dict[str, dict[datetime, None]] = {}
         self._remember = remember
 
-    async def acquire(self, job: str, slot: datetime) -> Lease | None:
-        """Claim *slot* of *job*; ``None`` if the job is running or the slot was claimed."""
+    async def acquire(self, job: str, slot: datetime) -> Lease | Refusal | None:
+        """Claim *slot* of *job*: a lease, or ``"locked"`` / ``"already_ran"``."""
         if job in self._held:
-            return None
+            return "locked"
         claimed = self._claimed.setdefault(job, {})
         if slot in claimed:
-            return None
+            return "already_ran"
         claimed[slot] = None
         if len(claimed) > self._remember:
             del claimed[next(iter(claimed))]

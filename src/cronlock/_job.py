@@ -1,0 +1,291 @@
+"""Jobs: a task bound to a schedule and options, plus its run history on this replica."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import inspect
+import typing
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any, Literal
+
+from ._durations import optional_seconds
+from ._errors import ScheduleError
+from ._locking import Locker
+from ._schedule import Schedule
+from ._tz import to_utc
+
+if TYPE_CHECKING:
+    from ._events import JobEvent
+    from ._scheduler import Scheduler
+
+__all__ = ("Job", "Outcome", "Overlap", "RunContext", "RunRecord")
+
+Overlap = Literal["skip", "queue", "allow", "replace"]
+Outcome = Literal["succeeded", "failed", "timed_out", "cancelled"]
+_OVERLAPS: tuple[Overlap, ...] = ("skip", "queue", "allow", "replace")
+
+
+@dataclass(frozen=True, slots=True)
+class RunContext:
+    """What a task learns about the run it is part of.
+
+    Declare a parameter annotated ``RunContext`` and the scheduler passes it by keyword.
+    """
+
+    job: str
+    """The job's name."""
+    slot: datetime
+    """The scheduled instant this run belongs to (aware UTC)."""
+    started_at: datetime
+    """When the run started, by the scheduler's clock (aware UTC)."""
+    run_number: int
+    """1 for the job's first run on this replica, then 2, 3, ..."""
+
+
+@dataclass(frozen=True, slots=True)
+class RunRecord:
+    """How one finished run went."""
+
+    slot: datetime
+    started_at: datetime
+    finished_at: datetime
+    outcome: Outcome
+    error: str | None = None
+    """A one-line summary of the exception, for failed runs."""
+
+
+def jitter_offset(name: str, slot: datetime, jitter: float) -> timedelta:
+    """A delay in ``[0, jitter)`` that every replica derives the same way from (name, slot)."""
+    digest = hashlib.blake2b(f"{name}\x00{slot.isoformat()}".encode(), digest_size=8).digest()
+    fraction = int.from_bytes(digest, "big") / 2**64
+    return timedelta(microseconds=int(fraction * jitter * 1_000_000))
+
+
+def _context_parameter(func: Callable[..., object]) -> str | None:
+    """The name of the parameter annotated ``RunContext``, if any."""
+    try:
+        hints = typing.get_type_hints(func)
+    except Exception:  # unresolvable forward references: fall back to the raw annotations
+        hints = {}
+        for name, param in inspect.signature(func).parameters.items():
+            hints[name] = param.annotation
+    for name, hint in hints.items():
+        if name != "return" and (hint is RunContext or hint == "RunContext"):
+            return name
+    return None
+
+
+@dataclass(eq=False, slots=True)
+class Job:
+    """A task registered with a :class:`~cronlock.Scheduler`.
+
+    Read its state (``next_run``, ``last_run``, ``last_success``, ``running``,
+    ``run_count``) and control it (``pause()``, ``resume()``, ``run_now()``). Created by
+    ``Scheduler.add_job`` and the decorators, never directly.
+    """
+
+    name: str
+    func: Callable[..., object]
+    schedule: Schedule
+    args: tuple[Any, ...] = ()
+    kwargs: Mapping[str, Any] = field(default_factory=dict)
+    tags: frozenset[str] = frozenset()
+    timeout: float | None = None
+    overlap: Overlap = "skip"
+    jitter: float | None = None
+    max_runs: int | None = None
+    start_at: datetime | None = None
+    stop_at: datetime | None = None
+    misfire_grace: float | None = 60.0
+    distributed: bool = True
+    locker: Locker | None = None
+
+    # State on this replica.
+    next_run: datetime | None = field(default=None, init=False)
+    """The next slot this replica will fire (aware UTC), or None when paused or exhausted."""
+    last_run: RunRecord | None = field(default=None, init=False)
+    """The most recent finished run on this replica."""
+    last_success: RunRecord | None = field(default=None, init=False)
+    """The most recent successful run on this replica."""
+    run_count: int = field(default=0, init=False)
+    """How many runs started on this replica."""
+    paused: bool = field(default=False, init=False)
+    """True between ``pause()`` and ``resume()``."""
+    active: int = field(default=0, init=False, repr=False)
+    _scheduler: Scheduler | None = field(default=None, init=False, repr=False)
+    _context_param: str | None = field(default=None, init=False, repr=False)
+    _is_async: bool = field(default=True, init=False, repr=False)
+    generation: int = field(default=0, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        name = self.name
+        if not isinstance(name, str) or not name:
+            raise ScheduleError(f"job name must be a non-empty string, got {name!r}")
+        if not callable(self.func):
+            raise ScheduleError(f"job {name!r}: task {self.func!r} is not callable")
+        if not isinstance(self.schedule, Schedule):
+            raise ScheduleError(
+                f"job {name!r}: schedule {self.schedule!r} has no next_after(); build one "
+                "with cronlock.cron(), every(), daily(), weekly(), monthly() or once()"
+            )
+        if self.overlap not in _OVERLAPS:
+            raise ScheduleError(
+                f"job {name!r}: overlap must be one of {', '.join(_OVERLAPS)}, got {self.overlap!r}"
+            )
+        self.timeout = optional_seconds(self.timeout, field="timeout", job=name)
+        self.jitter = optional_seconds(self.jitter, field="jitter", job=name, allow_zero=True)
+        self.misfire_grace = optional_seconds(
+            self.misfire_grace, field="misfire_grace", job=name, allow_zero=True
+        )
+        if self.max_runs is not None and (
+            isinstance(self.max_runs, bool)
+            or not isinstance(self.max_runs, int)
+            or self.max_runs < 1
+        ):
+            raise ScheduleError(
+                f"job {name!r}: max_runs must be a positive int, got {self.max_runs!r}"
+            )
+        if self.start_at is not None:
+            self.start_at = to_utc(self.start_at, field=f"job {name!r}: start_at")
+        if self.stop_at is not None:
+            self.stop_at = to_utc(self.stop_at, field=f"job {name!r}: stop_at")
+        if self.start_at and self.stop_at and self.stop_at < self.start_at:
+            raise ScheduleError(
+                f"job {name!r}: stop_at {self.stop_at.isoformat()} is before "
+                f"start_at {self.start_at.isoformat()}"
+            )
+        if isinstance(self.tags, str):
+            self.tags = frozenset((self.tags,))
+        else:
+            self.tags = frozenset(self.tags)
+        target = self.func
+        while isinstance(target, functools.partial):
+            target = target.func
+        self._is_async = inspect.iscoroutinefunction(target) or inspect.iscoroutinefunction(
+            getattr(target, "__call__", None)  # noqa: B004 - async callable objects
+        )
+        self._context_param = _context_parameter(self.func)
+
+    # -- schedule maths ------------------------------------------------------------
+
+    def slot_after(self, after: datetime) -> datetime | None:
+        """The job's first slot strictly after *after*, honouring start_at and stop_at."""
+        if self.start_at is not None and after < self.start_at:
+            after = self.start_at - timedelta(microseconds=1)
+        slot = self.schedule.next_after(after)
+        if slot is None or (self.stop_at is not None and slot > self.stop_at):
+            return None
+        return slot
+
+    def fire_time(self, slot: datetime) -> datetime:
+        """When *slot* fires: the slot itself, delayed by the deterministic jitter."""
+        if self.jitter:
+            return slot + jitter_offset(self.name, slot, self.jitter)
+        return slot
+
+    def next_runs(self, n: int, *, after: datetime | None = None) -> list[datetime]:
+        """The next *n* slots after *after* (default: the next run, inclusive)."""
+        out: list[datetime] = []
+        if after is None:
+            if self.next_run is None:
+                if self._scheduler is None or self.paused:
+                    return out
+                after = self._scheduler.clock.now()
+            else:
+                out.append(self.next_run)
+                after = self.next_run
+        current: datetime | None = after
+        while len(out) < n and current is not None:
+            current = self.slot_after(current)
+            if current is not None:
+                out.append(current)
+        return out[:n]
+
+    # -- state and control -----------------------------------------------------------
+
+    @property
+    def running(self) -> bool:
+        """True while at least one run of this job is in flight on this replica."""
+        return self.active > 0
+
+    @property
+    def coordinated(self) -> bool:
+        """True when runs go through the elector and locker (if the scheduler has them)."""
+        return self.distributed
+
+    def pause(self) -> None:
+        """Stop firing this job until :meth:`resume`; a run in flight goes on."""
+        self._require_scheduler().pause_job(self)
+
+    def resume(self) -> None:
+        """Fire again from the next slot after now; slots missed while paused are not run."""
+        self._require_scheduler().resume_job(self)
+
+    async def run_now(self) -> JobEvent:
+        """Run the job once now, without shifting its schedule; return the final event.
+
+        The run goes through the same overlap, lock and timeout handling as a scheduled
+        one; its slot is the instant of the request.
+        """
+        return await self._require_scheduler().run_job_now(self)
+
+    def _require_scheduler(self) -> Scheduler:
+        if self._scheduler is None:
+            from ._errors import SchedulerStateError
+
+            raise SchedulerStateError(f"job {self.name!r} is not registered with a scheduler")
+        return self._scheduler
+
+    # -- invoking the task ---------------------------------------------------------
+
+    def call(self, context: RunContext) -> Awaitable[object]:
+        """Start the task for one run; plain functions go to a worker thread."""
+        kwargs = dict(self.kwargs)
+        if self._context_param is not None:
+            kwargs[self._context_param] = context
+        if self._is_async:
+            return typing.cast(Awaitable[object], self.func(*self.args, **kwargs))
+        return _in_thread(functools.partial(self.func, *self.args, **kwargs))
+
+
+_threads = 0
+
+
+def threads_in_flight() -> int:
+    """How many plain-function runs are executing in worker threads right now."""
+    return _threads
+
+
+async def _in_thread(call: Callable[[], object]) -> object:
+    import anyio.to_thread
+
+    global _threads
+    _threads += 1
+    try:
+        # A thread cannot be cancelled: on timeout or shutdown the run is abandoned and
+        # the thread finishes in the background.
+        return await anyio.to_thread.run_sync(call, abandon_on_cancel=True)
+    finally:
+        _threads -= 1
+
+
+def default_name(func: Callable[..., object]) -> str:
+    """``module.qualname`` of a function (what ``name=None`` means)."""
+    target = func
+    while isinstance(target, functools.partial):
+        target = target.func
+    module = getattr(target, "__module__", None) or "<unknown>"
+    qualname = getattr(target, "__qualname__", None) or type(target).__qualname__
+    return f"{module}.{qualname}"
+
+
+def normalise_tags(tags: str | Iterable[str] | None) -> frozenset[str]:
+    """Accept one tag or an iterable of them."""
+    if tags is None:
+        return frozenset()
+    if isinstance(tags, str):
+        return frozenset((tags,))
+    return frozenset(tags)

@@ -1,0 +1,321 @@
+"""When runs happen: the heap of due slots, misfires, overlap policies and the cap."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import heapq
+import itertools
+import logging
+from datetime import datetime, timedelta
+
+from ._clock import Clock, SystemClock
+from ._events import EventBus, JobEvent, JobSkipped
+from ._executor import Executor
+from ._job import Job
+from ._locking import finish_uncancellably
+
+__all__ = ("RunLoop",)
+
+_logger = logging.getLogger("cronlock")
+
+# (fire time, tie-breaker, job, job generation when pushed, slot)
+_Entry = tuple[datetime, int, Job, int, datetime]
+# (slot, tie-breaker, job, waiter for run_now)
+_Waiting = tuple[datetime, int, Job, "asyncio.Future[JobEvent] | None"]
+
+
+class RunLoop:
+    """Fires due slots in order and applies overlap, misfire and concurrency rules.
+
+    Owns every task it spawns: the loop task, one task per run, and the clock sleeper.
+    """
+
+    def __init__(
+        self, *, clock: Clock, executor: Executor, bus: EventBus, max_concurrent: int | None
+    ) -> None:
+        self._clock = clock
+        self._executor = executor
+        self._bus = bus
+        self._cap = max_concurrent
+        self._heap: list[_Entry] = []
+        self._seq = itertools.count()
+        self._waiting: list[_Waiting] = []  # runs held back by the concurrency cap
+        self._queued: dict[
+            Job, tuple[datetime, asyncio.Future[JobEvent] | None]
+        ] = {}  # overlap="queue": one pending slot per job
+        self._tasks: dict[Job, set[asyncio.Task[None]]] = {}
+        self._running = 0
+        self._wakeup: asyncio.Future[None] | None = None
+        self._stopping = False
+        self._main: asyncio.Task[None] | None = None
+
+    # -- the heap --------------------------------------------------------------------
+
+    def schedule(self, job: Job, after: datetime) -> None:
+        """Queue the job's first slot strictly after *after* (or mark it exhausted)."""
+        job.generation += 1
+        try:
+            slot = job.slot_after(after)
+        except Exception:
+            _logger.exception("job %r: its schedule failed; the job will not fire", job.name)
+            slot = None
+        job.next_run = slot
+        if slot is None:
+            return
+        seq = next(self._seq)
+        heapq.heappush(self._heap, (job.fire_time(slot), seq, job, job.generation, slot))
+        if self._heap[0][1] == seq:
+            self._poke()  # the new entry is the earliest: the loop sleeps too long
+
+    def unschedule(self, job: Job) -> None:
+        """Forget the job's pending slot (entries are dropped lazily when popped)."""
+        job.generation += 1
+        job.next_run = None
+        self._queued.pop(job, None)
+
+    # -- lifecycle -------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Spawn the loop task."""
+        self._main = asyncio.create_task(self._loop(), name="cronlock-scheduler")
+
+    async def stop(self, timeout: float | None) -> None:
+        """Stop firing, wait up to *timeout* for runs in flight, then cancel and await them."""
+        self._stopping = True
+        self._poke()
+        if self._main is not None:
+            await finish_uncancellably(asyncio.wait((self._main,)))
+        for _, _, _, waiter in self._waiting:
+            if waiter is not None and not waiter.done():
+                waiter.cancel()
+        for job in {entry[2] for entry in self._waiting}:
+            job.active -= sum(1 for entry in self._waiting if entry[2] is job)
+        self._waiting.clear()
+        for _, waiter in self._queued.values():
+            if waiter is not None and not waiter.done():
+                waiter.cancel()
+        self._queued.clear()
+        tasks = self.tasks()
+        if tasks:
+            # A virtual clock (cronlock.testing.FakeClock) measures the wait in its own time.
+            wait_tasks = getattr(self._clock, "wait_tasks", None)
+            if wait_tasks is not None:
+                pending = await wait_tasks(tasks, timeout)
+            else:
+                _, pending = await asyncio.wait(tasks, timeout=timeout)
+            for task in pending:
+                task.cancel()
+            if pending:
+                _logger.warning(
+                    "shutdown: cancelled %d run(s) still going after %ss", len(pending), timeout
+                )
+                # Their cleanup (lease release) is bounded; wait for it even if cancelled.
+                await finish_uncancellably(asyncio.wait(pending))
+
+    def tasks(self) -> set[asyncio.Task[None]]:
+        """Every run task in flight."""
+        return set().union(*self._tasks.values()) if self._tasks else set()
+
+    async def _loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        while not self._stopping:
+            now = self._clock.now()
+            heap = self._heap
+            while heap and heap[0][0] <= now:
+                _, _, job, generation, slot = heapq.heappop(heap)
+                if generation == job.generation:
+                    self._fire(job, slot, now)
+            if self._stopping:
+                break
+            self._wakeup = wakeup = loop.create_future()
+            handle: asyncio.TimerHandle | None = None
+            sleeper: asyncio.Task[None] | None = None
+            if heap:
+                deadline = heap[0][0]
+                if isinstance(self._clock, SystemClock):
+                    delay = (deadline - self._clock.now()).total_seconds()
+                    handle = loop.call_later(max(delay, 0.0), _set, wakeup)
+                else:
+                    sleeper = asyncio.create_task(
+                        self._clock.sleep_until(deadline), name="cronlock-sleep"
+                    )
+                    sleeper.add_done_callback(functools.partial(_wake, wakeup))
+            try:
+                await wakeup
+            finally:
+                self._wakeup = None
+                if handle is not None:
+                    handle.cancel()
+                if sleeper is not None and not sleeper.done():
+                    sleeper.cancel()
+                    await finish_uncancellably(asyncio.wait((sleeper,)))
+
+    def _poke(self) -> None:
+        """Wake the loop so it re-reads the heap (new earliest entry, stop)."""
+        if self._wakeup is not None:
+            _set(self._wakeup)
+
+    # -- firing ------------------------------------------------------------------------
+
+    def _fire(self, job: Job, slot: datetime, now: datetime) -> None:
+        """Handle a popped due slot: coalesce missed ones, schedule the next, dispatch."""
+        try:
+            latest, following = self._latest_due(job, slot, now)
+        except Exception:
+            _logger.exception("job %r: its schedule failed; the job will not fire", job.name)
+            job.next_run = None
+            return
+        if latest != slot:
+            _logger.warning(
+                "job %r: missed slots from %s to %s coalesced into one run",
+                job.name,
+                slot.isoformat(),
+                latest.isoformat(),
+            )
+        job.next_run = following
+        if following is not None:
+            fire = job.fire_time(following)
+            heapq.heappush(self._heap, (fire, next(self._seq), job, job.generation, following))
+        lateness = (now - job.fire_time(latest)).total_seconds()
+        if job.misfire_grace is not None and lateness > job.misfire_grace:
+            _logger.warning(
+                "job %r slot %s skipped: %.3fs late, past misfire_grace %ss",
+                job.name,
+                latest.isoformat(),
+                lateness,
+                job.misfire_grace,
+            )
+            self._bus.emit(JobSkipped(job.name, latest, "misfire"))
+            return
+        if job.max_runs is not None and job.run_count + job.active >= job.max_runs:
+            return
+        self.dispatch(job, latest)
+        if job.max_runs is not None and job.run_count + job.active >= job.max_runs:
+            self.unschedule(job)
+
+    def _latest_due(
+        self, job: Job, slot: datetime, now: datetime
+    ) -> tuple[datetime, datetime | None]:
+        """The latest slot due by *now* (from *slot* on) and the one after it."""
+        following = job.slot_after(slot)
+        if following is None or job.fire_time(following) > now:
+            return slot, following  # the usual case: one slot due
+        # Behind (a stall, a sleep): gallop back from now to find a recent due slot
+        # instead of walking every missed slot of a fine-grained schedule.
+        latest = following
+        span = timedelta(seconds=1)
+        while now - span > latest:
+            probe = job.slot_after(now - span)
+            if probe is not None and job.fire_time(probe) <= now:
+                latest = probe
+                break
+            span *= 2
+        following = job.slot_after(latest)
+        while following is not None and job.fire_time(following) <= now:
+            latest, following = following, job.slot_after(following)
+        return latest, following
+
+    def dispatch(
+        self, job: Job, slot: datetime, waiter: asyncio.Future[JobEvent] | None = None
+    ) -> None:
+        """Apply the overlap policy and the concurrency cap, then start the run."""
+        replaced: tuple[asyncio.Task[None], ...] = ()
+        if job.active:
+            policy = job.overlap
+            if policy == "skip" or (policy == "queue" and job in self._queued):
+                _logger.debug("job %r slot %s skipped: still running", job.name, slot)
+                event = JobSkipped(job.name, slot, "overlap")
+                self._bus.emit(event)
+                self._resolve(waiter, event)
+                return
+            if policy == "queue":
+                self._queued[job] = (slot, waiter)
+                return
+            if policy == "replace":
+                replaced = tuple(self._tasks.get(job, ()))
+                for task in replaced:
+                    task.cancel()
+                self._drop_waiting(job)
+        job.active += 1
+        if self._cap is not None and self._running >= self._cap:
+            heapq.heappush(self._waiting, (slot, next(self._seq), job, waiter))
+            return
+        self._start(job, slot, waiter, replaced)
+
+    def _drop_waiting(self, job: Job) -> None:
+        kept = [entry for entry in self._waiting if entry[2] is not job]
+        dropped = len(self._waiting) - len(kept)
+        if dropped:
+            job.active -= dropped
+            self._waiting = kept
+            heapq.heapify(self._waiting)
+
+    def _start(
+        self,
+        job: Job,
+        slot: datetime,
+        waiter: asyncio.Future[JobEvent] | None,
+        replaced: tuple[asyncio.Task[None], ...] = (),
+    ) -> None:
+        self._running += 1
+        task = asyncio.create_task(
+            self._run(job, slot, waiter, replaced), name=f"cronlock-run:{job.name}"
+        )
+        self._tasks.setdefault(job, set()).add(task)
+
+    async def _run(
+        self,
+        job: Job,
+        slot: datetime,
+        waiter: asyncio.Future[JobEvent] | None,
+        replaced: tuple[asyncio.Task[None], ...],
+    ) -> None:
+        try:
+            if replaced:
+                # "replace": the old run's cleanup (lock release) finishes before we start.
+                await asyncio.wait(replaced)
+            event = await self._executor.run(job, slot)
+            self._resolve(waiter, event)
+        except asyncio.CancelledError:
+            if waiter is not None and not waiter.done():
+                waiter.cancel()
+            raise
+        except Exception:  # a bug of ours: never let it kill the scheduler
+            _logger.exception("job %r slot %s: internal error", job.name, slot)
+            if waiter is not None and not waiter.done():
+                waiter.cancel()
+        finally:
+            self._finished(job)
+
+    def _finished(self, job: Job) -> None:
+        task = asyncio.current_task()
+        tasks = self._tasks.get(job)
+        if tasks is not None and task is not None:
+            tasks.discard(task)
+            if not tasks:
+                del self._tasks[job]
+        job.active -= 1
+        self._running -= 1
+        if self._stopping:
+            return
+        queued = self._queued.pop(job, None)
+        if queued is not None:
+            self.dispatch(job, *queued)
+        while self._waiting and (self._cap is None or self._running < self._cap):
+            slot, _, waiting_job, waiter = heapq.heappop(self._waiting)
+            self._start(waiting_job, slot, waiter)
+
+    @staticmethod
+    def _resolve(waiter: asyncio.Future[JobEvent] | None, event: JobEvent) -> None:
+        if waiter is not None and not waiter.done():
+            waiter.set_result(event)
+
+
+def _wake(future: asyncio.Future[None], _: object) -> None:
+    _set(future)
+
+
+def _set(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)

@@ -1,0 +1,373 @@
+"""The public Scheduler: job registration, decorators, lifecycle, introspection."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from datetime import datetime, time, timedelta, tzinfo
+from types import TracebackType
+from typing import Any, TypedDict, TypeVar, Unpack
+
+from ._clock import Clock, SystemClock
+from ._durations import Seconds, optional_seconds
+from ._errors import JobConflictError, JobLookupError, ScheduleError, SchedulerStateError
+from ._events import (
+    Event,
+    EventBus,
+    JobEvent,
+    Listener,
+    SchedulerStarted,
+    SchedulerStopped,
+    Subscription,
+)
+from ._executor import Executor
+from ._job import Job, Overlap, default_name, normalise_tags
+from ._keys import job_lock_key
+from ._locking import Elector, Locker
+from ._runloop import RunLoop
+from ._schedule import Schedule, bind_zone
+from ._tz import TimeZone, resolve_tz
+
+__all__ = ("JobOptions", "Scheduler")
+
+_logger = logging.getLogger("cronlock")
+_F = TypeVar("_F", bound=Callable[..., object])
+_ONE_MICROSECOND = timedelta(microseconds=1)
+
+
+class JobOptions(TypedDict, total=False):
+    """Options accepted by :meth:`Scheduler.add_job` and every decorator."""
+
+    name: str | None
+    args: Sequence[Any]
+    kwargs: Mapping[str, Any] | None
+    tags: str | Iterable[str] | None
+    timeout: Seconds | None
+    overlap: Overlap
+    jitter: Seconds | None
+    max_runs: int | None
+    start_at: datetime | None
+    stop_at: datetime | None
+    misfire_grace: Seconds | None
+    distributed: bool
+    locker: Locker | None
+
+
+class Scheduler:
+    """Runs async (and plain) functions on schedules; coordinates replicas through a locker.
+
+    Use it as an async context manager (``async with scheduler:``), or call
+    :meth:`start` and :meth:`shutdown`. Jobs are registered with the decorators
+    (:meth:`cron`, :meth:`every`, :meth:`daily`, :meth:`weekly`, :meth:`monthly`,
+    :meth:`once`) or :meth:`add_job`, before or after starting.
+
+    *tz* is the zone of wall-clock schedules created without their own (default UTC,
+    never the host's zone). *max_concurrent* caps the runs in flight; due runs past the
+    cap wait in slot order. *stop_timeout* is how long :meth:`shutdown` waits for runs in
+    flight before cancelling them. *default_timeout* applies to jobs without ``timeout``.
+    *locker* coordinates every job not registered with ``distributed=False``; *elector*
+    restricts coordinated jobs to the leader replica.
+    """
+
+    def __init__(
+        self,
+        *,
+        tz: TimeZone | tzinfo | None = "UTC",
+        max_concurrent: int | None = None,
+        stop_timeout: Seconds = 30.0,
+        default_timeout: Seconds | None = None,
+        clock: Clock | None = None,
+        locker: Locker | None = None,
+        elector: Elector | None = None,
+    ) -> None:
+        self._tz = resolve_tz(tz)
+        if max_concurrent is not None and (
+            isinstance(max_concurrent, bool)
+            or not isinstance(max_concurrent, int)
+            or max_concurrent < 1
+        ):
+            raise ScheduleError(f"max_concurrent must be a positive int, got {max_concurrent!r}")
+        self._max_concurrent = max_concurrent
+        stop = optional_seconds(stop_timeout, field="stop_timeout", allow_zero=True)
+        assert stop is not None
+        self._stop_timeout = stop
+        self._default_timeout = optional_seconds(default_timeout, field="default_timeout")
+        self._clock: Clock = clock if clock is not None else SystemClock()
+        self._locker = locker
+        self._elector = elector
+        self._bus = EventBus()
+        self._jobs: dict[str, Job] = {}
+        self._keys: dict[int, str] = {}
+        self._loop: RunLoop | None = None
+
+    # -- properties ------------------------------------------------------------------
+
+    @property
+    def clock(self) -> Clock:
+        """The clock the scheduler reads and sleeps on."""
+        return self._clock
+
+    @property
+    def tz(self) -> Any:
+        """The default zone of wall-clock schedules (a ``ZoneInfo``)."""
+        return self._tz
+
+    @property
+    def running(self) -> bool:
+        """True between :meth:`start` and :meth:`shutdown`."""
+        return self._loop is not None
+
+    @property
+    def jobs(self) -> tuple[Job, ...]:
+        """Every registered job, in registration order."""
+        return tuple(self._jobs.values())
+
+    def get_job(self, name: str) -> Job:
+        """The job called *name*; raises :class:`~cronlock.JobLookupError` if none."""
+        try:
+            return self._jobs[name]
+        except KeyError:
+            raise JobLookupError(f"no job named {name!r}") from None
+
+    # -- registration ------------------------------------------------------------------
+
+    def add_job(
+        self, func: Callable[..., object], schedule: Schedule, **options: Unpack[JobOptions]
+    ) -> Job:
+        """Register *func* to run on *schedule*; return the :class:`~cronlock.Job`.
+
+        Everything is validated here, so a typo fails at startup, not at the first firing.
+        """
+        name = options.pop("name", None) or default_name(func)
+        if name in self._jobs:
+            raise JobConflictError(f"a job named {name!r} is already registered")
+        key = job_lock_key(name)
+        other = self._keys.get(key)
+        if other is not None:
+            raise JobConflictError(
+                f"jobs {other!r} and {name!r} have the same lock key {key}; rename one"
+            )
+        args = tuple(options.pop("args", ()))
+        kwargs = dict(options.pop("kwargs", None) or {})
+        tags = normalise_tags(options.pop("tags", None))
+        try:
+            schedule = bind_zone(schedule, self._tz)
+        except Exception as exc:  # pragma: no cover - defensive
+            raise ScheduleError(f"job {name!r}: bad schedule {schedule!r}") from exc
+        try:
+            job = Job(name, func, schedule, args, kwargs, tags, **options)  # type: ignore[misc]
+        except TypeError as exc:
+            raise ScheduleError(f"job {name!r}: {exc}") from None
+        job._scheduler = self
+        self._jobs[name] = job
+        self._keys[key] = name
+        if self._loop is not None:
+            self._schedule_first(job)
+        return job
+
+    def _decorator(self, schedule: Schedule, options: JobOptions) -> Callable[[_F], _F]:
+        def register(func: _F) -> _F:
+            self.add_job(func, schedule, **options)
+            return func
+
+        return register
+
+    def cron(
+        self,
+        expr: str,
+        *,
+        seconds: bool = False,
+        tz: TimeZone | None = None,
+        **options: Unpack[JobOptions],
+    ) -> Callable[[_F], _F]:
+        """Decorator: run on a cron expression (see :func:`cronlock.cron`)."""
+        from ._cron import cron
+
+        return self._decorator(cron(expr, seconds=seconds, tz=tz), options)
+
+    def every(
+        self,
+        interval: Seconds | None = None,
+        *,
+        seconds: float = 0,
+        minutes: float = 0,
+        hours: float = 0,
+        days: float = 0,
+        anchor: datetime | None = None,
+        **options: Unpack[JobOptions],
+    ) -> Callable[[_F], _F]:
+        """Decorator: run at ``anchor + k * interval`` (see :func:`cronlock.every`)."""
+        from ._interval import every
+
+        schedule = every(
+            interval, seconds=seconds, minutes=minutes, hours=hours, days=days, anchor=anchor
+        )
+        return self._decorator(schedule, options)
+
+    def daily(
+        self,
+        at: str | time | Sequence[str | time] = "03:00",
+        *,
+        every: int = 1,
+        tz: TimeZone | None = None,
+        **options: Unpack[JobOptions],
+    ) -> Callable[[_F], _F]:
+        """Decorator: run every *every* days at *at* (see :func:`cronlock.daily`)."""
+        from ._calendar import daily
+
+        return self._decorator(daily(at, every=every, tz=tz), options)
+
+    def weekly(
+        self,
+        on: str | int | Sequence[str | int] = "mon",
+        at: str | time | Sequence[str | time] = "03:00",
+        *,
+        every: int = 1,
+        tz: TimeZone | None = None,
+        **options: Unpack[JobOptions],
+    ) -> Callable[[_F], _F]:
+        """Decorator: run on weekday(s) *on* at *at* (see :func:`cronlock.weekly`)."""
+        from ._calendar import weekly
+
+        return self._decorator(weekly(on, at, every=every, tz=tz), options)
+
+    def monthly(
+        self,
+        on: int | Sequence[int] = 1,
+        at: str | time | Sequence[str | time] = "03:00",
+        *,
+        every: int = 1,
+        tz: TimeZone | None = None,
+        **options: Unpack[JobOptions],
+    ) -> Callable[[_F], _F]:
+        """Decorator: run on day(s) *on* of the month at *at* (see :func:`cronlock.monthly`)."""
+        from ._calendar import monthly
+
+        return self._decorator(monthly(on, at, every=every, tz=tz), options)
+
+    def once(
+        self, at: datetime | Sequence[datetime] | None = None, **options: Unpack[JobOptions]
+    ) -> Callable[[_F], _F]:
+        """Decorator: run once at *at* (or at each instant given), or as soon as started."""
+        from ._once import once
+
+        return self._decorator(once(at), options)
+
+    # -- control -------------------------------------------------------------------------
+
+    def remove(self, job: str | Job) -> None:
+        """Unregister a job; a run of it in flight goes on to its end."""
+        name = job.name if isinstance(job, Job) else job
+        found = self.get_job(name)
+        if self._loop is not None:
+            self._loop.unschedule(found)
+        found.next_run = None
+        del self._jobs[name]
+        del self._keys[job_lock_key(name)]
+        found._scheduler = None
+
+    def remove_by_tags(self, *tags: str) -> list[Job]:
+        """Unregister every job carrying any of *tags*; return them."""
+        wanted = set(tags)
+        removed = [job for job in self._jobs.values() if job.tags & wanted]
+        for job in removed:
+            self.remove(job)
+        return removed
+
+    def update(self, name: str, schedule: Schedule) -> Job:
+        """Give job *name* a new schedule, keeping its history and options."""
+        job = self.get_job(name)
+        job.schedule = bind_zone(schedule, self._tz)
+        if self._loop is not None and not job.paused:
+            self._loop.schedule(job, self._clock.now())
+        return job
+
+    def pause_job(self, job: Job) -> None:
+        """Stop firing *job* (same as ``job.pause()``)."""
+        job.paused = True
+        if self._loop is not None:
+            self._loop.unschedule(job)
+        job.next_run = None
+
+    def resume_job(self, job: Job) -> None:
+        """Fire *job* again from its next slot after now (same as ``job.resume()``)."""
+        if not job.paused:
+            return
+        job.paused = False
+        if self._loop is not None:
+            self._loop.schedule(job, self._clock.now())
+
+    async def run_job_now(self, job: Job) -> JobEvent:
+        """Run *job* once now (same as ``await job.run_now()``); return its final event."""
+        if self._loop is None:
+            raise SchedulerStateError(f"job {job.name!r}: run_now() needs a started scheduler")
+        waiter: asyncio.Future[JobEvent] = asyncio.get_running_loop().create_future()
+        self._loop.dispatch(job, self._clock.now(), waiter)
+        return await waiter
+
+    def subscribe(self, callback: Listener, *event_types: type[Event]) -> Subscription:
+        """Call *callback* (sync or async) with each event of *event_types* (default: all).
+
+        A callback that raises is logged and never disturbs a run.
+        """
+        return self._bus.add(callback, event_types)
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Start firing jobs; returns once running. Raises if already started."""
+        if self._loop is not None:
+            raise SchedulerStateError("the scheduler is already running")
+        executor = Executor(
+            clock=self._clock,
+            bus=self._bus,
+            locker=self._locker,
+            elector=self._elector,
+            default_timeout=self._default_timeout,
+        )
+        self._loop = RunLoop(
+            clock=self._clock, executor=executor, bus=self._bus, max_concurrent=self._max_concurrent
+        )
+        for job in self._jobs.values():
+            if not job.paused:
+                self._schedule_first(job)
+        self._loop.start()
+        _logger.info("scheduler started with %d job(s)", len(self._jobs))
+        self._bus.emit(SchedulerStarted())
+
+    def _schedule_first(self, job: Job) -> None:
+        assert self._loop is not None
+        now = self._clock.now()
+        if getattr(job.schedule, "at_start", False):
+            # once() without a time: the slot is the start instant itself.
+            from ._once import OnceSchedule
+
+            job.schedule = OnceSchedule(instants=(now,))
+            self._loop.schedule(job, now - _ONE_MICROSECOND)
+        else:
+            self._loop.schedule(job, now)
+
+    async def shutdown(self, timeout: Seconds | None = None) -> None:
+        """Stop firing; wait up to *timeout* (default ``stop_timeout``) for runs in flight,
+        then cancel them and wait for their cleanup. Calling it twice is harmless."""
+        loop, self._loop = self._loop, None
+        if loop is None:
+            return
+        wait = optional_seconds(timeout, field="timeout", allow_zero=True)
+        await loop.stop(self._stop_timeout if wait is None else wait)
+        await self._bus.drain()
+        _logger.info("scheduler stopped")
+        self._bus.emit(SchedulerStopped())
+
+    async def __aenter__(self) -> Scheduler:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.shutdown()

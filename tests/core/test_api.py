@@ -1,0 +1,195 @@
+"""The public surface: validation at definition time, lifecycle, events, exports."""
+
+from __future__ import annotations
+
+import logging
+import typing
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+import cronlock
+from cronlock import (
+    Event,
+    JobConflictError,
+    JobLookupError,
+    JobStarted,
+    JobSucceeded,
+    ScheduleError,
+    Scheduler,
+    SchedulerStarted,
+    SchedulerStateError,
+    SchedulerStopped,
+    every,
+)
+from cronlock.testing import FakeClock
+
+from .conftest import T0, Recorder
+
+
+async def _noop() -> None:
+    pass
+
+
+def test_all_matches_the_public_names() -> None:
+    public = {name for name in dir(cronlock) if not name.startswith("_")}
+    modules = {"testing", "postgres"}
+    assert set(cronlock.__all__) == public - modules
+    for name in cronlock.__all__:
+        obj = getattr(cronlock, name)
+        if typing.get_origin(obj) is typing.Literal:
+            continue  # type aliases carry no __doc__; docs/api.md documents them
+        assert obj.__doc__, f"{name} has no docstring"
+
+
+def test_decorator_returns_the_function_unchanged(scheduler: Scheduler) -> None:
+    decorated = scheduler.every(10, name="x")(_noop)
+    assert decorated is _noop
+    assert scheduler.get_job("x").func is _noop
+
+
+def test_bad_cron_fails_at_decoration(scheduler: Scheduler) -> None:
+    with pytest.raises(ScheduleError, match="61"):
+        scheduler.cron("61 * * * *")(_noop)
+    assert scheduler.jobs == ()
+
+
+def test_duplicate_name_is_rejected(scheduler: Scheduler) -> None:
+    scheduler.add_job(_noop, every(10), name="dup")
+    with pytest.raises(JobConflictError, match="dup"):
+        scheduler.add_job(_noop, every(10), name="dup")
+
+
+@pytest.mark.parametrize(
+    ("options", "words"),
+    [
+        ({"timeout": -1}, ["job 'j'", "timeout", "-1"]),
+        ({"timeout": 0}, ["job 'j'", "timeout", "0"]),
+        ({"overlap": "sometimes"}, ["job 'j'", "overlap", "'sometimes'"]),
+        ({"jitter": float("nan")}, ["job 'j'", "jitter", "nan"]),
+        ({"misfire_grace": "soon"}, ["job 'j'", "misfire_grace", "'soon'"]),
+        ({"max_runs": 0}, ["job 'j'", "max_runs", "0"]),
+        ({"start_at": datetime(2026, 1, 1)}, ["job 'j'", "start_at", "naive"]),
+        ({"start_at": T0 + timedelta(days=1), "stop_at": T0}, ["job 'j'", "stop_at"]),
+    ],
+)
+def test_bad_options_name_job_field_and_value(
+    scheduler: Scheduler, options: dict[str, object], words: list[str]
+) -> None:
+    with pytest.raises(ScheduleError) as info:
+        scheduler.add_job(_noop, every(10), name="j", **options)  # type: ignore[arg-type]
+    for word in words:
+        assert word in str(info.value)
+
+
+def test_timedelta_and_float_durations_are_equivalent(scheduler: Scheduler) -> None:
+    a = scheduler.add_job(_noop, every(10), name="a", timeout=timedelta(minutes=1))
+    b = scheduler.add_job(_noop, every(10), name="b", timeout=60.0)
+    assert a.timeout == b.timeout == 60.0
+
+
+def test_not_a_schedule_is_rejected(scheduler: Scheduler) -> None:
+    with pytest.raises(ScheduleError, match="next_after"):
+        scheduler.add_job(_noop, "0 3 * * *", name="j")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("tz", ["Mars/Olympus", "", timezone(timedelta(hours=2))])
+def test_bad_scheduler_zone_is_rejected(tz: object) -> None:
+    with pytest.raises(ScheduleError, match="zone|IANA"):
+        Scheduler(tz=tz)  # type: ignore[arg-type]
+
+
+def test_bad_max_concurrent_is_rejected() -> None:
+    with pytest.raises(ScheduleError, match="max_concurrent"):
+        Scheduler(max_concurrent=0)
+
+
+def test_default_zone_is_utc() -> None:
+    assert str(Scheduler().tz) == "UTC"
+
+
+def test_get_job_remove_and_tags(scheduler: Scheduler) -> None:
+    scheduler.add_job(_noop, every(10), name="a", tags="reports")
+    scheduler.add_job(_noop, every(10), name="b", tags=["reports", "nightly"])
+    scheduler.add_job(_noop, every(10), name="c")
+    assert scheduler.get_job("b").tags == frozenset({"reports", "nightly"})
+    removed = scheduler.remove_by_tags("nightly")
+    assert [j.name for j in removed] == ["b"]
+    scheduler.remove("a")
+    assert [j.name for j in scheduler.jobs] == ["c"]
+    with pytest.raises(JobLookupError, match="'a'"):
+        scheduler.get_job("a")
+    # The name is free again.
+    scheduler.add_job(_noop, every(10), name="a")
+
+
+async def test_second_start_raises(scheduler: Scheduler) -> None:
+    await scheduler.start()
+    try:
+        with pytest.raises(SchedulerStateError):
+            await scheduler.start()
+    finally:
+        await scheduler.shutdown()
+    await scheduler.shutdown()
+
+
+async def test_run_now_needs_a_running_scheduler(scheduler: Scheduler) -> None:
+    job = scheduler.add_job(_noop, every(10), name="j")
+    with pytest.raises(SchedulerStateError):
+        await job.run_now()
+
+
+async def test_lifecycle_events_and_async_listeners(
+    scheduler: Scheduler, clock: FakeClock
+) -> None:
+    sync_seen = Recorder()
+    async_seen: list[Event] = []
+
+    async def listener(event: Event) -> None:
+        async_seen.append(event)
+
+    scheduler.subscribe(sync_seen)
+    scheduler.subscribe(listener, JobSucceeded)
+    scheduler.add_job(_noop, every(10), name="j")
+    async with scheduler:
+        await clock.advance(10)
+    kinds = [type(e) for e in sync_seen.events]
+    assert kinds == [SchedulerStarted, JobStarted, JobSucceeded, SchedulerStopped]
+    assert [type(e) for e in async_seen] == [JobSucceeded]
+
+
+async def test_failing_listener_is_logged_and_harmless(
+    scheduler: Scheduler, clock: FakeClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    def bad(event: Event) -> None:
+        raise ValueError("listener bug")
+
+    async def bad_async(event: Event) -> None:
+        raise ValueError("async listener bug")
+
+    scheduler.subscribe(bad)
+    scheduler.subscribe(bad_async)
+    job = scheduler.add_job(_noop, every(10), name="j")
+    with caplog.at_level(logging.ERROR):
+        async with scheduler:
+            await clock.advance(10)
+    assert job.last_success is not None
+    assert any("listener" in r.getMessage() for r in caplog.records)
+
+
+async def test_unsubscribe_stops_delivery(scheduler: Scheduler, clock: FakeClock) -> None:
+    rec = Recorder()
+    sub = scheduler.subscribe(rec, JobStarted)
+    scheduler.add_job(_noop, every(10), name="j")
+    async with scheduler:
+        await clock.advance(10)
+        sub.unsubscribe()
+        sub.unsubscribe()
+        await clock.advance(10)
+    assert len(rec.events) == 1
+
+
+def test_events_are_frozen() -> None:
+    event = JobStarted("j", T0, T0, 1)
+    with pytest.raises(AttributeError):
+        event.job = "other"  # type: ignore[misc]
