@@ -8,8 +8,9 @@ from datetime import timedelta
 Seconds = float | int | timedelta
 
 
-def to_seconds(value: Seconds, *, field: str, job: str | None = None,
-               allow_zero: bool = False) -> float:
+def to_seconds(
+    value: Seconds, *, field: str, job: str | None = None, allow_zero: bool = False
+) -> float:
     """Normalise *value* to float seconds, rejecting negative, NaN and infinite values.
 
     Raises :class:`~cronlock.ScheduleError` naming *job*, *field* and the value.
@@ -30,8 +31,9 @@ def to_seconds(value: Seconds, *, field: str, job: str | None = None,
     return seconds
 
 
-def optional_seconds(value: Seconds | None, *, field: str, job: str | None = None,
-                     allow_zero: bool = False) -> float | None:
+def optional_seconds(
+    value: Seconds | None, *, field: str, job: str | None = None, allow_zero: bool = False
+) -> float | None:
     """Like :func:`to_seconds`, passing ``None`` through."""
     if value is None:
         return None

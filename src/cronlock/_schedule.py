@@ -27,7 +27,7 @@ class Schedule(Protocol):
 def bind_zone(schedule: Schedule, tz: ZoneInfo) -> Schedule:
     """Give a wall-clock schedule created without ``tz=`` the scheduler's zone."""
     if dataclasses.is_dataclass(schedule) and getattr(schedule, "tz", 0) is None:
-        return dataclasses.replace(schedule, tz=tz)  # type: ignore[type-var]
+        return dataclasses.replace(schedule, tz=tz)
     return schedule
 
 

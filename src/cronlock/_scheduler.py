@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import typing
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime, time, timedelta, tzinfo
 from types import TracebackType
@@ -34,6 +35,8 @@ __all__ = ("JobOptions", "Scheduler")
 _logger = logging.getLogger("cronlock")
 _F = TypeVar("_F", bound=Callable[..., object])
 _ONE_MICROSECOND = timedelta(microseconds=1)
+DEFAULT_MISFIRE_GRACE = 60.0
+"""Seconds a slot may be late and still run (per job: ``misfire_grace``)."""
 
 
 class JobOptions(TypedDict, total=False):
@@ -52,6 +55,9 @@ class JobOptions(TypedDict, total=False):
     misfire_grace: Seconds | None
     distributed: bool
     locker: Locker | None
+
+
+_OPTION_NAMES = frozenset(JobOptions.__annotations__)
 
 
 class Scheduler:
@@ -139,7 +145,13 @@ class Scheduler:
 
         Everything is validated here, so a typo fails at startup, not at the first firing.
         """
-        name = options.pop("name", None) or default_name(func)
+        name: str = options.get("name") or default_name(func)
+        unknown = set(options) - _OPTION_NAMES
+        if unknown:
+            raise ScheduleError(
+                f"job {name!r}: unknown option(s) {', '.join(sorted(unknown))}; "
+                f"known: {', '.join(sorted(_OPTION_NAMES))}"
+            )
         if name in self._jobs:
             raise JobConflictError(f"a job named {name!r} is already registered")
         key = job_lock_key(name)
@@ -148,17 +160,28 @@ class Scheduler:
             raise JobConflictError(
                 f"jobs {other!r} and {name!r} have the same lock key {key}; rename one"
             )
-        args = tuple(options.pop("args", ()))
-        kwargs = dict(options.pop("kwargs", None) or {})
-        tags = normalise_tags(options.pop("tags", None))
-        try:
-            schedule = bind_zone(schedule, self._tz)
-        except Exception as exc:  # pragma: no cover - defensive
-            raise ScheduleError(f"job {name!r}: bad schedule {schedule!r}") from exc
-        try:
-            job = Job(name, func, schedule, args, kwargs, tags, **options)  # type: ignore[misc]
-        except TypeError as exc:
-            raise ScheduleError(f"job {name!r}: {exc}") from None
+
+        def seconds(field: str, default: Seconds | None = None) -> float | None:
+            value = typing.cast("Seconds | None", options.get(field, default))
+            return optional_seconds(value, field=field, job=name, allow_zero=field != "timeout")
+
+        job = Job(
+            name,
+            func,
+            bind_zone(schedule, self._tz),
+            tuple(options.get("args", ())),
+            dict(options.get("kwargs") or {}),
+            normalise_tags(options.get("tags")),
+            timeout=seconds("timeout"),
+            overlap=options.get("overlap", "skip"),
+            jitter=seconds("jitter"),
+            max_runs=options.get("max_runs"),
+            start_at=options.get("start_at"),
+            stop_at=options.get("stop_at"),
+            misfire_grace=seconds("misfire_grace", DEFAULT_MISFIRE_GRACE),
+            distributed=options.get("distributed", True),
+            locker=options.get("locker"),
+        )
         job._scheduler = self
         self._jobs[name] = job
         self._keys[key] = name

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable
 from datetime import UTC, datetime, timedelta, tzinfo
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -21,7 +22,8 @@ __all__ = (
 TimeZone = str | ZoneInfo
 
 _UTC_ZONE = ZoneInfo("UTC")
-# Offsets around a point are sampled this far each side; no real zone moves twice in it.
+# How far ahead to look for a fall-back whose repeated hour could still be to come;
+# no real zone moves twice in it.
 _WINDOW = timedelta(hours=26)
 
 
@@ -96,28 +98,22 @@ def wall_to_instants(wall: datetime, tz: ZoneInfo, *, fixed: bool) -> tuple[date
 
 
 def _transition_in(lo: datetime, hi: datetime, tz: ZoneInfo) -> datetime:
-    """The first UTC instant in (lo, hi] whose offset differs from lo's (bisection)."""
+    """The first UTC instant in (lo, hi] whose offset differs from lo's (bisection).
+
+    Transitions fall on whole seconds, so the search runs on integer timestamps: exact
+    whatever the microseconds of *lo* and *hi* (halving a timedelta and truncating could
+    stall early and return an instant up to a second past the transition).
+    """
     base = lo.astimezone(tz).utcoffset()
-    step = timedelta(seconds=1)
-    while hi - lo > step:
-        mid = lo + (hi - lo) / 2
-        mid = mid.replace(microsecond=0)
-        if mid <= lo:
-            break
-        if mid.astimezone(tz).utcoffset() == base:
-            lo = mid
+    a = math.floor(lo.timestamp())  # no whole-second transition lies in (a, lo]
+    b = math.ceil(hi.timestamp())
+    while b - a > 1:
+        mid = (a + b) // 2
+        if datetime.fromtimestamp(mid, UTC).astimezone(tz).utcoffset() == base:
+            a = mid
         else:
-            hi = mid
-    return hi
-
-
-def _offset_range(tz: ZoneInfo, around: datetime) -> tuple[timedelta, timedelta]:
-    """The smallest and largest UTC offset the zone uses within ~a day of *around*."""
-    offsets = [
-        (around + k * (_WINDOW / 2)).astimezone(tz).utcoffset() for k in (-2, -1, 0, 1, 2)
-    ]
-    values = [o for o in offsets if o is not None]
-    return min(values), max(values)
+            b = mid
+    return datetime.fromtimestamp(b, UTC)
 
 
 def local_wall(instant: datetime, tz: ZoneInfo) -> datetime:
@@ -128,32 +124,64 @@ def local_wall(instant: datetime, tz: ZoneInfo) -> datetime:
 WallSource = Callable[[datetime], Iterable[datetime]]
 """Yields naive wall times strictly after a naive start, in increasing order."""
 
+_TINY = timedelta(microseconds=1)
+
 
 def first_instant_after(
     after: datetime, tz: ZoneInfo, walls_from: WallSource, *, fixed: bool
 ) -> datetime | None:
     """The earliest firing instant strictly after *after* (aware UTC), or None.
 
-    Mapping wall times to instants is monotonic except around a fall-back, where a
-    wildcard job's second pass comes after later wall times' first pass; so candidates are
-    scanned from the earliest wall time that could fire after *after* until no later wall
-    time could beat the best instant found. Far from any transition the first candidate wins.
+    Two increasing streams of candidates, the answer being the smaller head:
+
+    * walls after the wall clock reading at *after*: each one's earliest instant after
+      *after* (its first pass, the end of the gap for a fixed-time job in a gap, or, when
+      *after* lies in a repeated hour, a wildcard job's second pass). Far from any
+      transition its first wall wins: one step of *walls_from*.
+    * only for wildcard jobs, and only when the clock is about to fall back: the second
+      pass of the repeated walls, which may read *earlier* than the wall clock at *after*.
     """
-    lo_off, hi_off = _offset_range(tz, after)
-    naive_after = after.astimezone(UTC).replace(tzinfo=None)
-    # A wall time w fires at w - offset >= w - hi_off and <= w - lo_off.
-    start = naive_after + lo_off
-    best: datetime | None = None
-    naive_best = naive_after
-    for wall in walls_from(start):
-        if best is not None and wall - hi_off >= naive_best:
-            return best
-        for instant in wall_to_instants(wall, tz, fixed=fixed):
-            if instant > after and (best is None or instant < best):
-                best = instant
-                naive_best = best.replace(tzinfo=None)
-                lo2, hi2 = _offset_range(tz, best)
-                if lo_off == hi_off == lo2 == hi2:
-                    return best  # one offset throughout: the mapping is monotonic
-                hi_off = max(hi_off, hi2)
+    after = after.astimezone(UTC)
+    best = _first_pass(after, tz, walls_from, fixed=fixed)
+    if fixed:
+        return best
+    base = after.astimezone(tz).utcoffset()
+    later = (after + _WINDOW).astimezone(tz).utcoffset()
+    if base is None or later is None or later >= base:
+        return best  # no fall-back ahead: nothing is repeated
+    change = _transition_in(after, after + _WINDOW, tz)
+    new = change.astimezone(tz).utcoffset()
+    assert new is not None
+    if new >= base or (best is not None and best <= change):
+        return best  # it springs forward first, or a first-pass slot comes before
+    # Walls in [local(change), local(change) + (base - new)) occur again after `change`.
+    fold_start = local_wall(change, tz)
+    for wall in walls_from(fold_start - _TINY):
+        if wall < fold_start + (base - new):
+            second = (wall - new).replace(tzinfo=UTC)
+            if best is None or second < best:
+                best = second
+        break
     return best
+
+
+def _first_pass(
+    after: datetime, tz: ZoneInfo, walls_from: WallSource, *, fixed: bool
+) -> datetime | None:
+    """The earliest instant after *after* of the walls after its wall-clock reading."""
+    start = local_wall(after, tz)
+    while True:
+        restart: datetime | None = None
+        for wall in walls_from(start):
+            instants = [i for i in wall_to_instants(wall, tz, fixed=fixed) if i > after]
+            if instants:
+                return min(instants)
+            if not fixed and not _exists(wall, tz):
+                # A wildcard wall in a gap: jump to the gap's end rather than step through
+                # up to an hour of nonexistent minutes one croniter call at a time.
+                (end,) = wall_to_instants(wall, tz, fixed=True)
+                restart = local_wall(end, tz) - _TINY
+                break
+        if restart is None:
+            return None
+        start = restart

@@ -95,7 +95,7 @@ def test_not_a_schedule_is_rejected(scheduler: Scheduler) -> None:
 
 @pytest.mark.parametrize("tz", ["Mars/Olympus", "", timezone(timedelta(hours=2))])
 def test_bad_scheduler_zone_is_rejected(tz: object) -> None:
-    with pytest.raises(ScheduleError, match="zone|IANA"):
+    with pytest.raises(ScheduleError, match=r"zone|IANA"):
         Scheduler(tz=tz)  # type: ignore[arg-type]
 
 
@@ -139,9 +139,7 @@ async def test_run_now_needs_a_running_scheduler(scheduler: Scheduler) -> None:
         await job.run_now()
 
 
-async def test_lifecycle_events_and_async_listeners(
-    scheduler: Scheduler, clock: FakeClock
-) -> None:
+async def test_lifecycle_events_and_async_listeners(scheduler: Scheduler, clock: FakeClock) -> None:
     sync_seen = Recorder()
     async_seen: list[Event] = []
 

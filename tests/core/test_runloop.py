@@ -33,9 +33,7 @@ def started_slots(rec: Recorder) -> list[datetime]:
     return [e.slot for e in rec.of(JobStarted)]  # type: ignore[attr-defined]
 
 
-async def test_interval_fires_at_exact_instants(
-    scheduler: Scheduler, clock: FakeClock
-) -> None:
+async def test_interval_fires_at_exact_instants(scheduler: Scheduler, clock: FakeClock) -> None:
     seen: list[tuple[datetime, datetime, int]] = []
 
     @scheduler.every(10)
@@ -77,8 +75,12 @@ async def test_overlap_skip_skips_slots_while_running(
         await clock.advance(60)
     assert started_slots(recorder) == [at(10), at(40)]
     skipped = [(e.slot, e.reason) for e in recorder.of(JobSkipped)]  # type: ignore[attr-defined]
-    assert skipped == [(at(20), "overlap"), (at(30), "overlap"), (at(50), "overlap"),
-                       (at(60), "overlap")]
+    assert skipped == [
+        (at(20), "overlap"),
+        (at(30), "overlap"),
+        (at(50), "overlap"),
+        (at(60), "overlap"),
+    ]
 
 
 async def test_overlap_queue_keeps_one_pending_run(
@@ -100,9 +102,7 @@ async def test_overlap_queue_keeps_one_pending_run(
     ]
 
 
-async def test_overlap_allow_runs_concurrently(
-    scheduler: Scheduler, clock: FakeClock
-) -> None:
+async def test_overlap_allow_runs_concurrently(scheduler: Scheduler, clock: FakeClock) -> None:
     running: list[int] = []
     peak = 0
 
@@ -179,7 +179,9 @@ async def test_own_timeout_error_is_a_failure_not_a_timeout(
 
 
 async def test_exception_is_logged_and_does_not_stop_other_jobs(
-    scheduler: Scheduler, clock: FakeClock, recorder: Recorder,
+    scheduler: Scheduler,
+    clock: FakeClock,
+    recorder: Recorder,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     ok: list[datetime] = []
@@ -229,8 +231,9 @@ async def test_concurrency_cap_holds_runs_in_slot_order(clock: FakeClock) -> Non
     # "a and b finish" and "d's slot fires" the loop handles first at 40.
     assert starts == [("d", at(20)), ("a", at(30)), ("b", at(30)), ("c", at(40)), ("d", at(40))]
     # Never more than two at once.
-    assert max(sum(1 for _, t in starts if t <= s < t + timedelta(seconds=10))
-               for _, s in starts) <= 2
+    assert (
+        max(sum(1 for _, t in starts if t <= s < t + timedelta(seconds=10)) for _, s in starts) <= 2
+    )
 
 
 async def test_cap_releases_waiting_runs_in_slot_order(clock: FakeClock) -> None:
@@ -298,9 +301,7 @@ async def test_long_stall_on_a_fine_schedule_coalesces_quickly(
     assert started_slots(recorder) == [T0 + timedelta(days=3)]
 
 
-async def test_pause_and_resume(
-    scheduler: Scheduler, clock: FakeClock, recorder: Recorder
-) -> None:
+async def test_pause_and_resume(scheduler: Scheduler, clock: FakeClock, recorder: Recorder) -> None:
     job = scheduler.add_job(_noop, every(10), name="tick")
     async with scheduler:
         await clock.advance(15)
@@ -449,8 +450,9 @@ async def test_jitter_is_deterministic_and_keeps_the_slot(clock: FakeClock) -> N
         seen: list[tuple[datetime, datetime]] = []
         fired.append(seen)
 
-        async def job(ctx: RunContext, seen: list[tuple[datetime, datetime]] = seen,
-                      c: FakeClock = c) -> None:
+        async def job(
+            ctx: RunContext, seen: list[tuple[datetime, datetime]] = seen, c: FakeClock = c
+        ) -> None:
             seen.append((ctx.slot, c.now()))
 
         s.add_job(job, every(60), name="jittered", jitter=30)
@@ -458,7 +460,8 @@ async def test_jitter_is_deterministic_and_keeps_the_slot(clock: FakeClock) -> N
             await c.advance(300)
     assert fired[0] == fired[1]
     assert [slot for slot, _ in fired[0]] == [at(60 * k) for k in range(1, 5)] or [
-        slot for slot, _ in fired[0]] == [at(60 * k) for k in range(1, 6)]
+        slot for slot, _ in fired[0]
+    ] == [at(60 * k) for k in range(1, 6)]
     for slot, when in fired[0]:
         assert slot <= when < slot + timedelta(seconds=30)
     assert len({when - slot for slot, when in fired[0]}) > 1
@@ -499,9 +502,7 @@ async def test_cron_seconds_field_first(scheduler: Scheduler, clock: FakeClock) 
     assert slots == [at(15), at(75), at(135)]
 
 
-async def test_update_keeps_history_and_reschedules(
-    scheduler: Scheduler, clock: FakeClock
-) -> None:
+async def test_update_keeps_history_and_reschedules(scheduler: Scheduler, clock: FakeClock) -> None:
     job = scheduler.add_job(_noop, every(10), name="tick")
     async with scheduler:
         await clock.advance(10)

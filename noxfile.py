@@ -1,0 +1,49 @@
+"""The project's workflow: ``nox -s tests lint typing`` (``nox -s bench`` is separate)."""
+
+from __future__ import annotations
+
+import os
+
+import nox
+
+nox.options.sessions = ["tests", "lint", "typing"]
+nox.options.reuse_existing_virtualenvs = True
+
+PYTHONS = ["3.11", "3.12", "3.13"]
+
+
+@nox.session(python=PYTHONS)
+def tests(session: nox.Session) -> None:
+    """Run the test suite with coverage (PostgreSQL tests need CRONLOCK_TEST_DSN)."""
+    session.install("-e", ".[postgres,test]")
+    session.run(
+        "python",
+        "-m",
+        "pytest",
+        "--cov=cronlock",
+        "--cov-report=term",
+        *session.posargs,
+        env={"CRONLOCK_TEST_DSN": os.environ.get("CRONLOCK_TEST_DSN", "")},
+    )
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    """ruff check and format check."""
+    session.install("ruff")
+    session.run("ruff", "check", "src", "tests", "benchmarks", "noxfile.py")
+    session.run("ruff", "format", "--check", "src", "tests", "benchmarks", "noxfile.py")
+
+
+@nox.session
+def typing(session: nox.Session) -> None:
+    """mypy --strict on src and tests."""
+    session.install("-e", ".[postgres,test,lint]")
+    session.run("mypy")
+
+
+@nox.session
+def bench(session: nox.Session) -> None:
+    """Benchmarks side by side with the peers (not part of the test run)."""
+    session.install("-e", ".[postgres]", "-r", "benchmarks/requirements.txt")
+    session.run("python", "benchmarks/run.py", *session.posargs)

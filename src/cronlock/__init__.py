@@ -1,0 +1,100 @@
+"""cronlock: an asyncio scheduler that runs each scheduled slot exactly once across replicas.
+
+The package only re-exports; the implementation lives in private modules.
+"""
+
+from ._calendar import daily as daily
+from ._calendar import monthly as monthly
+from ._calendar import weekly as weekly
+from ._clock import Clock as Clock
+from ._clock import SystemClock as SystemClock
+from ._cron import CronSchedule as CronSchedule
+from ._cron import cron as cron
+from ._errors import CronlockError as CronlockError
+from ._errors import JobConflictError as JobConflictError
+from ._errors import JobLookupError as JobLookupError
+from ._errors import LockError as LockError
+from ._errors import ScheduleError as ScheduleError
+from ._errors import SchedulerStateError as SchedulerStateError
+from ._events import Event as Event
+from ._events import JobCancelled as JobCancelled
+from ._events import JobEvent as JobEvent
+from ._events import JobFailed as JobFailed
+from ._events import JobSkipped as JobSkipped
+from ._events import JobStarted as JobStarted
+from ._events import JobSucceeded as JobSucceeded
+from ._events import JobTimedOut as JobTimedOut
+from ._events import LockFailed as LockFailed
+from ._events import SchedulerStarted as SchedulerStarted
+from ._events import SchedulerStopped as SchedulerStopped
+from ._events import SkipReason as SkipReason
+from ._events import Subscription as Subscription
+from ._filelock import FileLocker as FileLocker
+from ._interval import IntervalSchedule as IntervalSchedule
+from ._interval import every as every
+from ._job import Job as Job
+from ._job import Outcome as Outcome
+from ._job import Overlap as Overlap
+from ._job import RunContext as RunContext
+from ._job import RunRecord as RunRecord
+from ._keys import job_lock_key as job_lock_key
+from ._locking import Elector as Elector
+from ._locking import InMemoryLocker as InMemoryLocker
+from ._locking import Lease as Lease
+from ._locking import Locker as Locker
+from ._locking import Refusal as Refusal
+from ._once import OnceSchedule as OnceSchedule
+from ._once import once as once
+from ._schedule import Schedule as Schedule
+from ._scheduler import JobOptions as JobOptions
+from ._scheduler import Scheduler as Scheduler
+
+__version__ = "0.1.0.dev0"
+
+__all__ = (
+    "Clock",
+    "CronSchedule",
+    "CronlockError",
+    "Elector",
+    "Event",
+    "FileLocker",
+    "InMemoryLocker",
+    "IntervalSchedule",
+    "Job",
+    "JobCancelled",
+    "JobConflictError",
+    "JobEvent",
+    "JobFailed",
+    "JobLookupError",
+    "JobOptions",
+    "JobSkipped",
+    "JobStarted",
+    "JobSucceeded",
+    "JobTimedOut",
+    "Lease",
+    "LockError",
+    "LockFailed",
+    "Locker",
+    "OnceSchedule",
+    "Outcome",
+    "Overlap",
+    "Refusal",
+    "RunContext",
+    "RunRecord",
+    "Schedule",
+    "ScheduleError",
+    "Scheduler",
+    "SchedulerStarted",
+    "SchedulerStateError",
+    "SchedulerStopped",
+    "SkipReason",
+    "Subscription",
+    "SystemClock",
+    "cron",
+    "daily",
+    "every",
+    "job_lock_key",
+    "monthly",
+    "once",
+    "weekly",
+)

@@ -1,0 +1,334 @@
+"""Cron-expression schedules with Debian/Vixie cron semantics.
+
+croniter generates naive wall-clock candidates; :mod:`cronlock._tz` maps them to UTC
+under Debian's DST rules. croniter 7 reads some fields differently from Debian cron, so
+every expression is parsed and validated here first and handed to croniter in a
+canonical form (explicit value lists) whose meaning the two agree on:
+
+* ``5-5`` / ``7-7`` / ``JAN-JAN``: croniter expands an equal range to the *whole* field;
+  Debian means the one value. We pass the value.
+* ``22-2`` / ``FRI-MON``: croniter wraps reversed ranges; Debian does not. Rejected.
+* ``5/15``: croniter reads ``5-59/15``; Debian reads ``5`` and silently drops ``/15``.
+  Rejected as ambiguous.
+* ``*/2`` in day-of-month with a weekday: croniter ORs the two day fields unless they are
+  exactly ``*``; Debian ANDs them when either *starts* with ``*``. We pass ``day_or``.
+* ``R`` (random) and ``H`` (hashed) values: every replica must compute the same slots,
+  and Debian has neither. Rejected.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import datetime
+from functools import lru_cache
+from zoneinfo import ZoneInfo
+
+from croniter import CroniterBadDateError, CroniterError, croniter
+
+from ._errors import ScheduleError
+from ._tz import TimeZone, first_instant_after, resolve_tz
+
+__all__ = ("CronSchedule", "cron")
+
+_ALIASES = {
+    "@yearly": "0 0 1 1 *",
+    "@annually": "0 0 1 1 *",
+    "@monthly": "0 0 1 * *",
+    "@weekly": "0 0 * * 0",
+    "@daily": "0 0 * * *",
+    "@midnight": "0 0 * * *",
+    "@hourly": "0 * * * *",
+}
+# Spelled out: calendar.month_abbr follows the process locale, cron names do not.
+_MONTH_NAMES = (
+    "", "January", "February", "March", "April", "May", "June", "July", "August",
+    "September", "October", "November", "December",
+)  # fmt: skip
+_MONTHS = {name[:3].lower(): i for i, name in enumerate(_MONTH_NAMES) if name}
+_WEEKDAYS = {"sun": 0, "mon": 1, "tue": 2, "wed": 3, "thu": 4, "fri": 5, "sat": 6}
+_MAX_DAYS = (0, 31, 29, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31)  # February: leap years
+
+
+@dataclass(frozen=True)
+class _Field:
+    name: str
+    low: int
+    high: int
+    names: dict[str, int]
+
+
+_SECOND = _Field("second", 0, 59, {})
+_MINUTE = _Field("minute", 0, 59, {})
+_HOUR = _Field("hour", 0, 23, {})
+_DOM = _Field("day-of-month", 1, 31, {})
+_MONTH = _Field("month", 1, 12, _MONTHS)
+_DOW = _Field("day-of-week", 0, 7, _WEEKDAYS)  # Debian: 0 and 7 are both Sunday
+
+_VALUE = r"[0-9]+|[a-z]{3}"
+_RANGE_RE = re.compile(rf"^(?P<a>{_VALUE})(?:-(?P<b>{_VALUE}))?(?:/(?P<step>[0-9]+))?$")
+_STAR_RE = re.compile(r"^\*(?:/(?P<step>[0-9]+))?$")
+_NTH_RE = re.compile(rf"^(?P<day>{_VALUE})#(?P<nth>[0-9]+)$")  # croniter: 5#2 = 2nd Friday
+_LAST_DOW_RE = re.compile(rf"^(?:l(?P<a>{_VALUE})|(?P<b>{_VALUE})l)$")  # last Friday: 5L, L5
+_NEAREST_RE = re.compile(r"^(?:(?P<a>[0-9]+)w|w(?P<b>[0-9]+))$")  # croniter: 15W
+
+
+@dataclass(frozen=True)
+class _Compiled:
+    """What parsing one expression yields; cached per (expr, seconds)."""
+
+    template: croniter[datetime]
+    fixed_time: bool
+
+
+class _FieldError(Exception):
+    """A problem in one field; turned into a ScheduleError naming the expression."""
+
+
+def _number(token: str, spec: _Field) -> int:
+    value = int(token) if token.isdigit() else spec.names.get(token)
+    if value is None:
+        raise _FieldError(f"{token!r} is not a number or a {spec.name} name")
+    if not spec.low <= value <= spec.high:
+        raise _FieldError(f"{value} is out of range {spec.low}-{spec.high}")
+    return value
+
+
+def _element(element: str, spec: _Field) -> set[int] | str:
+    """The values of one comma-separated element, or a croniter special token."""
+    if star := _STAR_RE.match(element):
+        a, b, step = spec.low, spec.high, star["step"]
+        if spec is _DOW:
+            b = 6  # '*' covers each day once; 7 would only alias Sunday again
+    elif m := _RANGE_RE.match(element):
+        a = _number(m["a"], spec)
+        b = _number(m["b"], spec) if m["b"] else a
+        step = m["step"]
+        if step is not None and m["b"] is None:
+            raise _FieldError(
+                f"a step needs a range or '*' (write '{m['a']}-{spec.high}/{step}'); "
+                f"Debian cron reads it as {m['a']!r}, croniter as a range"
+            )
+        if a > b:
+            raise _FieldError(
+                "the range runs backwards; Debian cron does not wrap ranges, split it into a list"
+            )
+    else:
+        return _special(element, spec)
+    if step is not None and int(step) == 0:
+        raise _FieldError("step 0 is not allowed")
+    return set(range(a, b + 1, int(step or 1)))
+
+
+def _special(element: str, spec: _Field) -> str:
+    """croniter's extensions that Debian lacks: L, W (day of month), # and L (weekday)."""
+    if spec is _DOM:
+        if element == "l":
+            return "l"
+        if m := _NEAREST_RE.match(element):
+            return f"{_number(m['a'] or m['b'], spec)}w"
+    if spec is _DOW:
+        if m := _NTH_RE.match(element):
+            nth = int(m["nth"])
+            if not 1 <= nth <= 5:
+                raise _FieldError("the week number after '#' must be 1-5")
+            return f"{_number(m['day'], spec) % 7}#{nth}"
+        if m := _LAST_DOW_RE.match(element):
+            return f"l{_number(m['a'] or m['b'], spec) % 7}"
+    if element[:1] in ("h", "r") and spec.names.get(element) is None:
+        raise _FieldError(
+            "hashed (H) and random (R) values are not supported; "
+            "every replica must compute the same slots"
+        )
+    raise _FieldError(f"not a valid {spec.name} value")
+
+
+def _canonical(text: str, spec: _Field) -> tuple[str, set[int] | None]:
+    """The croniter spelling of one field and its values (None if it has specials)."""
+    if text == "*" or (text == "?" and spec in (_DOM, _DOW)):
+        # Quartz's '?' ("no specific value") is '*' for cron's purposes.
+        return "*", set(range(spec.low, min(spec.high, 31 if spec is _DOM else 6) + 1))
+    if "?" in text:
+        raise _FieldError("'?' must stand alone, and only in the day fields")
+    values: set[int] = set()
+    specials: list[str] = []
+    elements = text.split(",")
+    for element in elements:
+        if not element:
+            raise _FieldError("empty list element")
+        try:
+            part = _element(element, spec)
+        except _FieldError as exc:
+            if len(elements) == 1:
+                raise
+            raise _FieldError(f"{element!r}: {exc}") from None
+        if isinstance(part, str):
+            specials.append(part)
+        else:
+            values |= part
+    if spec is _DOW:
+        values = {v % 7 for v in values}
+    spelled = ",".join([*map(str, sorted(values)), *specials])
+    return spelled, None if specials else values
+
+
+def _never_fires(days: set[int], months: set[int]) -> str | None:
+    """Why a day-of-month x month combination can never occur, or None if it can."""
+    if any(d <= _MAX_DAYS[m] for d in days for m in months):
+        return None
+    plural = len(days) > 1
+    day_text = ("days " if plural else "day ") + ", ".join(map(str, sorted(days)))
+    month_text = ", ".join(_MONTH_NAMES[m] for m in sorted(months))
+    return f"{day_text} of {month_text} {'do' if plural else 'does'} not exist"
+
+
+@lru_cache(maxsize=512)
+def _compile(expr: str, seconds: bool) -> _Compiled:
+    """Parse and validate once; the croniter template is copied, never re-parsed."""
+    text = expr.strip().lower()
+    if text.startswith("@"):
+        if text == "@reboot":
+            raise ScheduleError(
+                f"cron {expr!r}: @reboot is not supported; use once() to run when the "
+                "scheduler starts"
+            )
+        if text not in _ALIASES:
+            raise ScheduleError(f"cron {expr!r}: unknown alias; use one of {', '.join(_ALIASES)}")
+        text = ("0 " if seconds else "") + _ALIASES[text]
+    parts = re.split(r"[ \t]+", text) if text else []
+    # The original spelling, for error messages (parsing is case-insensitive).
+    shown = parts if expr.lstrip().startswith("@") else re.split(r"[ \t]+", expr.strip())
+    specs = [_MINUTE, _HOUR, _DOM, _MONTH, _DOW]
+    if seconds:
+        specs.insert(0, _SECOND)
+    if len(parts) != len(specs):
+        layout = " ".join(s.name for s in specs)
+        hint = "" if seconds else "; pass seconds=True for a leading seconds field"
+        raise ScheduleError(
+            f"cron {expr!r}: expected {len(specs)} fields ({layout}), got {len(parts)}{hint}"
+        )
+    canonical: list[str] = []
+    values: dict[str, set[int] | None] = {}
+    for part, spec, original in zip(parts, specs, shown, strict=True):
+        try:
+            spelled, values[spec.name] = _canonical(part, spec)
+        except _FieldError as exc:
+            raise ScheduleError(f"cron {expr!r}: {spec.name} field {original!r}: {exc}") from None
+        canonical.append(spelled)
+    fields = dict(zip((s.name for s in specs), parts, strict=True))
+    # Debian's rule: a day field that starts with '*' (or Quartz's '?') makes the two day
+    # fields AND; otherwise a day matches if either field matches.
+    dom_star = fields["day-of-month"][0] in "*?"
+    dow_star = fields["day-of-week"][0] in "*?"
+    days, months = values["day-of-month"], values["month"]
+    if (
+        dow_star
+        and days is not None
+        and months is not None
+        and (reason := _never_fires(days, months))
+    ):
+        raise ScheduleError(f"cron {expr!r}: never fires ({reason})")
+    try:
+        template: croniter[datetime] = croniter(
+            " ".join(canonical),
+            datetime(2000, 1, 1),  # explicit: croniter would otherwise read the clock
+            ret_type=datetime,
+            day_or=not (dom_star or dow_star),
+            second_at_beginning=seconds,
+        )
+        template.get_next(datetime)  # probe: raises if no date ever matches
+    except CroniterBadDateError:
+        raise ScheduleError(f"cron {expr!r}: never fires (no date matches)") from None
+    except (CroniterError, ValueError, KeyError) as exc:
+        raise ScheduleError(f"cron {expr!r}: {exc}") from None
+    fixed = fields["minute"][0] != "*" and fields["hour"][0] != "*"
+    return _Compiled(template, fixed)
+
+
+@dataclass(frozen=True, slots=True, repr=False)
+class CronSchedule:
+    """Slots of a cron expression in a time zone, with Debian/Vixie cron semantics.
+
+    Build it with :func:`cron`. ``tz=None`` means "the scheduler's zone" (UTC when the
+    schedule is used on its own).
+    """
+
+    expr: str
+    """The expression as given, e.g. ``"0 3 * * *"`` or ``"@daily"``."""
+    seconds: bool = False
+    """Whether the expression has a leading seconds field (6 fields)."""
+    tz: ZoneInfo | None = None
+    """The zone wall-clock fields are read in; ``None`` until bound to a scheduler."""
+    _compiled: _Compiled = field(init=False, compare=False, hash=False)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.expr, str):
+            raise ScheduleError(f"cron: expression must be a string, got {self.expr!r}")
+        if not isinstance(self.seconds, bool):
+            raise ScheduleError(f"cron {self.expr!r}: seconds must be a bool, got {self.seconds!r}")
+        if self.tz is not None and not isinstance(self.tz, ZoneInfo):
+            object.__setattr__(self, "tz", resolve_tz(self.tz))
+        object.__setattr__(self, "_compiled", _compile(self.expr, self.seconds))
+
+    @property
+    def fixed_time(self) -> bool:
+        """True when neither the minute nor the hour field starts with ``*``.
+
+        Debian's DST rule depends on it: a fixed-time job runs once when its wall time is
+        skipped or repeated; a wildcard job keeps its real-time cadence.
+        """
+        return self._compiled.fixed_time
+
+    def next_after(self, after: datetime) -> datetime | None:
+        """The first slot strictly after the aware datetime *after*, as aware UTC."""
+        if after.tzinfo is None or after.utcoffset() is None:
+            raise ScheduleError(f"{self}: next_after({after!r}) needs an aware datetime")
+        zone = self.tz if self.tz is not None else resolve_tz(None)
+        return first_instant_after(after, zone, self._walls_from, fixed=self.fixed_time)
+
+    def _walls_from(self, start: datetime) -> Iterator[datetime]:
+        # A shallow copy shares the parsed expansion and costs ~1 µs; building a croniter
+        # re-parses the expression. The copy keeps concurrent callers from sharing `cur`.
+        it = copy.copy(self._compiled.template)
+        # Walls are whole seconds, so "after start" equals "after start truncated";
+        # dropping microseconds keeps croniter's float timestamps exact.
+        it.set_current(start.replace(microsecond=0), force=True)
+        while True:
+            try:
+                yield it.get_next(datetime)
+            except CroniterBadDateError:
+                return  # unreachable for validated expressions: they fire every <50 years
+
+    def __str__(self) -> str:
+        zone = f" in {self.tz.key}" if self.tz is not None else ""
+        kind = "6-field cron" if self.seconds else "cron"
+        return f"{kind} {self.expr!r}{zone}"
+
+    def __repr__(self) -> str:
+        zone = repr(self.tz.key) if self.tz is not None else "None"
+        return f"CronSchedule(expr={self.expr!r}, seconds={self.seconds}, tz={zone})"
+
+
+def cron(expr: str, *, seconds: bool = False, tz: TimeZone | None = None) -> CronSchedule:
+    """A schedule from a cron expression, read the way Debian's cron daemon reads it.
+
+    Five fields ``minute hour day-of-month month day-of-week``; with ``seconds=True`` six,
+    seconds first (as gocron and Quartz). Lists, ranges, steps (``1-10/3``, ``*/15``),
+    month and weekday names (``JAN``, ``MON-FRI``, case-insensitive), weekday 0 or 7 for
+    Sunday, and the aliases ``@yearly @annually @monthly @weekly @daily @midnight @hourly``.
+    croniter's extensions are accepted too: ``L`` (last day of month), ``15W`` (nearest
+    weekday), ``5#2`` (second Friday), ``5L`` (last Friday).
+
+    Day fields follow Debian: if either starts with ``*`` a day must match both, otherwise
+    either. DST follows Debian: a *fixed-time* job (minute and hour not starting with ``*``)
+    runs once when its wall time is skipped (at the end of the gap) or repeated (first
+    pass); a *wildcard* job skips nonexistent times and runs in both passes of a repeated
+    hour.
+
+    Raises :class:`~cronlock.ScheduleError` naming the expression and the bad part for a
+    wrong field count, an invalid value, ``@reboot``, or an expression that never fires
+    (``0 0 31 2 *``). ``tz=None`` takes the scheduler's zone.
+    """
+    return CronSchedule(expr, seconds, None if tz is None else resolve_tz(tz))

@@ -1,0 +1,26 @@
+"""Lock keys: a job name mapped to the bigint that PostgreSQL advisory locks take."""
+
+from __future__ import annotations
+
+__all__ = ("job_lock_key",)
+
+# FNV-1a, 64-bit variant: http://www.isthe.com/chongo/tech/comp/fnv/ (parameters public).
+_FNV64_OFFSET_BASIS = 0xCBF29CE484222325
+_FNV64_PRIME = 0x100000001B3
+_MASK64 = 0xFFFFFFFFFFFFFFFF
+_SIGN_BIT = 0x8000000000000000
+
+
+def job_lock_key(name: str) -> int:
+    """Return the advisory-lock key of job *name*: FNV-1a 64 of its UTF-8 bytes, as int64.
+
+    The unsigned 64-bit hash is reinterpreted as a two's-complement signed integer, which is
+    bit for bit what Go computes with ``int64(fnv.New64a().Sum64())``. A Go service and a
+    cronlock service that name a job alike therefore contend for the same PostgreSQL lock.
+    The value fits PostgreSQL's ``bigint``: ``job_lock_key("") == -3750763034362895579``.
+    """
+    h = _FNV64_OFFSET_BASIS
+    for byte in name.encode("utf-8"):
+        # xor first, then multiply: that order is what makes it FNV-1a rather than FNV-1.
+        h = ((h ^ byte) * _FNV64_PRIME) & _MASK64
+    return h - (1 << 64) if h & _SIGN_BIT else h
