@@ -73,11 +73,24 @@ def _parent(args: argparse.Namespace, lockdir: str) -> int:
     print(f"{args.replicas} replicas, job {JOB!r} every second for {args.duration}s, {backend}")
     procs = []
     for i in range(1, args.replicas + 1):
-        cmd = [sys.executable, "-m", "cronlock", "_replica", "--id", str(i),
-               "--start", str(start), "--duration", str(args.duration)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "cronlock",
+            "_replica",
+            "--id",
+            str(i),
+            "--start",
+            str(start),
+            "--duration",
+            str(args.duration),
+        ]
         cmd += ["--dsn", args.dsn] if args.dsn else ["--lockdir", lockdir]
-        procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True,
-                                      env={**os.environ, "PYTHONUNBUFFERED": "1"}))
+        procs.append(
+            subprocess.Popen(
+                cmd, stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"}
+            )
+        )
     runs: dict[float, list[int]] = {}
     for proc in procs:
         out, _ = proc.communicate()

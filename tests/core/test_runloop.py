@@ -16,6 +16,7 @@ from cronlock import (
     JobSucceeded,
     JobTimedOut,
     RunContext,
+    ScheduleError,
     Scheduler,
     cron,
     every,
@@ -537,3 +538,45 @@ async def test_next_runs_lists_upcoming_slots(scheduler: Scheduler, clock: FakeC
     async with scheduler:
         await clock.advance(10)
         assert job.next_runs(3) == [at(20), at(30), at(40)]
+
+
+async def test_docs_testing_example_holds(clock: FakeClock) -> None:
+    """The example at the top of docs/testing.md, across Berlin's spring-forward."""
+    clock = FakeClock(datetime(2026, 3, 1, tzinfo=UTC))
+    scheduler = Scheduler(tz="Europe/Berlin", clock=clock)
+    slots: list[datetime] = []
+
+    @scheduler.cron("0 3 * * *")
+    async def report(ctx: RunContext) -> None:
+        slots.append(ctx.slot)
+
+    async with scheduler:
+        await clock.advance(timedelta(days=30))
+    assert len(slots) == 30
+    assert slots[0] == datetime(2026, 3, 1, 2, 0, tzinfo=UTC)
+    assert slots[27] == datetime(2026, 3, 28, 2, 0, tzinfo=UTC)
+    assert slots[28] == datetime(2026, 3, 29, 1, 0, tzinfo=UTC)  # CEST from that night
+    assert slots[-1] == datetime(2026, 3, 30, 1, 0, tzinfo=UTC)
+
+
+async def test_real_clock_smoke() -> None:
+    """The real clock: slots land on the interval grid and the job runs."""
+    from cronlock import SystemClock
+
+    scheduler = Scheduler(clock=SystemClock())
+    slots: list[datetime] = []
+
+    @scheduler.every(0.05, name="smoke")
+    async def smoke(ctx: RunContext) -> None:
+        slots.append(ctx.slot)
+
+    async with scheduler, asyncio.timeout(60):  # a liveness guard, not a timing
+        while len(slots) < 3:
+            await asyncio.sleep(0.05)
+    assert all(round(s.timestamp() * 1000) % 50 == 0 for s in slots)
+    assert slots == sorted(set(slots))
+
+
+async def test_unknown_option_is_rejected(scheduler: Scheduler) -> None:
+    with pytest.raises(ScheduleError, match="timout"):
+        scheduler.add_job(_noop, every(10), name="j", timout=5)  # type: ignore[call-arg]
