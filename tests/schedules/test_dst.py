@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING
 from zoneinfo import ZoneInfo
 
 import pytest
@@ -11,10 +10,7 @@ import pytest
 from cronlock._cron import cron
 from cronlock._schedule import upcoming
 
-if TYPE_CHECKING:  # mypy names modules from the repo root
-    from tests.schedules.debian_cron import parse, simulate, transitions
-else:  # pytest puts this directory (it has no __init__.py) on sys.path
-    from debian_cron import parse, simulate, transitions
+from .debian_cron import parse, simulate, transitions
 
 NY = ZoneInfo("America/New_York")  # 2024: -5 -> -4 on 10 Mar 07:00Z; back on 3 Nov 06:00Z
 BERLIN = ZoneInfo("Europe/Berlin")  # 2024: +1 -> +2 on 31 Mar 01:00Z; back on 27 Oct 01:00Z

@@ -1,0 +1,81 @@
+"""A TCP proxy the tests control, to put faults between a client and PostgreSQL.
+
+Modes: ``pass`` forwards bytes; ``refuse`` closes new connections at once; ``freeze``
+holds bytes in both directions (a hung network or a frozen peer) until thawed. ``cut()``
+drops every open connection, as a broken network path would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Literal
+
+Mode = Literal["pass", "refuse", "freeze"]
+
+
+class TcpProxy:
+    def __init__(self, target_host: str, target_port: int) -> None:
+        self.target = (target_host, target_port)
+        self.mode: Mode = "pass"
+        self._thawed = asyncio.Event()
+        self._thawed.set()
+        self._server: asyncio.Server | None = None
+        self._writers: set[asyncio.StreamWriter] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.port = 0
+
+    async def start(self) -> int:
+        self._server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self.port
+
+    def set_mode(self, mode: Mode) -> None:
+        self.mode = mode
+        if mode == "freeze":
+            self._thawed.clear()
+        else:
+            self._thawed.set()
+
+    def cut(self) -> None:
+        for writer in tuple(self._writers):
+            with contextlib.suppress(Exception):
+                writer.transport.abort()
+        self._writers.clear()
+
+    async def close(self) -> None:
+        self.cut()
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+        for task in tuple(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self.mode == "refuse":
+            writer.transport.abort()
+            return
+        try:
+            up_reader, up_writer = await asyncio.open_connection(*self.target)
+        except OSError:
+            writer.transport.abort()
+            return
+        self._writers.update((writer, up_writer))
+        for src, dst in ((reader, up_writer), (up_reader, writer)):
+            task = asyncio.create_task(self._pipe(src, dst), name="proxy-pipe")
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _pipe(self, src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+        try:
+            while data := await src.read(65536):
+                await self._thawed.wait()
+                dst.write(data)
+                await dst.drain()
+        except (ConnectionError, OSError):
+            pass
+        finally:
+            with contextlib.suppress(Exception):
+                dst.transport.abort()
+            self._writers.discard(dst)

@@ -1,0 +1,263 @@
+"""Real replica processes coordinating through a real PostgreSQL server: no mocks."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import math
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import pytest
+
+from cronlock import (
+    Event,
+    JobStarted,
+    JobSucceeded,
+    LockFailed,
+    RunContext,
+    Scheduler,
+    SystemClock,
+    every,
+)
+from cronlock.postgres import PostgresLocker
+
+from .proxy import TcpProxy
+
+pytestmark = pytest.mark.postgres
+
+REPLICA = Path(__file__).with_name("replica.py")
+Record = dict[str, Any]
+
+
+class Replica:
+    """A replica process whose JSON lines are read by a thread into a queue."""
+
+    def __init__(
+        self,
+        dsn: str,
+        job: str,
+        rid: int,
+        start: float,
+        slots: int,
+        *,
+        interval: float = 1.0,
+        hold: float = 0.2,
+    ) -> None:
+        self.id = rid
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                str(REPLICA),
+                "--dsn",
+                dsn,
+                "--job",
+                job,
+                "--id",
+                str(rid),
+                "--start",
+                str(start),
+                "--slots",
+                str(slots),
+                "--interval",
+                str(interval),
+                "--hold",
+                str(hold),
+            ],
+            stdout=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+        self.lines: queue.Queue[Record] = queue.Queue()
+        self.seen: list[Record] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            try:
+                self.lines.put(json.loads(line))
+            except ValueError:
+                continue
+
+    def wait_for(self, predicate: Any, timeout: float) -> Record | None:
+        deadline = time.monotonic() + timeout
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                record = self.lines.get(timeout=left)
+            except queue.Empty:
+                return None
+            self.seen.append(record)
+            if predicate(record):
+                return record
+        return None
+
+    def finish(self, timeout: float = 120) -> list[Record]:
+        self.proc.wait(timeout=timeout)
+        self._reader.join(timeout=10)
+        while not self.lines.empty():
+            self.seen.append(self.lines.get())
+        return self.seen
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(timeout=30)
+
+
+def first_slot_in(seconds: int) -> float:
+    return float(math.ceil(time.time()) + seconds)
+
+
+@pytest.mark.slow
+def test_three_replicas_never_run_a_job_at_the_same_time(pg_dsn: str) -> None:
+    job = f"replicas-{uuid.uuid4()}"
+    slots = 22
+    start = first_slot_in(4)
+    replicas = [Replica(pg_dsn, job, rid, start, slots, hold=0.3) for rid in (1, 2, 3)]
+    records = [r for replica in replicas for r in replica.finish()]
+    for replica in replicas:
+        assert replica.proc.returncode == 0
+    starts = {(r["replica"], r["slot"]): r["t"] for r in records if r["event"] == "start"}
+    ends = {(r["replica"], r["slot"]): r["t"] for r in records if r["event"] == "end"}
+    assert starts.keys() == ends.keys()
+    runs = sorted((starts[k], ends[k], k) for k in starts)
+    for (_, end, first), (begin, _, second) in zip(runs, runs[1:], strict=False):
+        # Each run happens inside the lock: no run begins before the previous one ended.
+        assert begin >= end, f"{first} and {second} overlapped"
+    expected = {start + k for k in range(slots)}
+    ran = {slot for _, slot in starts}
+    assert ran == expected, f"missed slots: {sorted(expected - ran)}"
+    failures = [r for r in records if r["event"] == "lock_failed"]
+    assert failures == []
+
+
+@pytest.mark.slow
+def test_a_killed_holder_frees_the_lock_for_another_replica(pg_dsn: str) -> None:
+    job = f"kill-{uuid.uuid4()}"
+    start = first_slot_in(4)
+    # hold < 0: a run keeps the lock until its process dies.
+    a = Replica(pg_dsn, job, 1, start, 60, hold=-1)
+    b = Replica(pg_dsn, job, 2, start, 60, hold=-1)
+    try:
+        started: dict[int, Record] = {}
+        deadline = time.monotonic() + 60
+        while not started and time.monotonic() < deadline:
+            for replica in (a, b):
+                record = replica.wait_for(lambda r: r["event"] == "start", timeout=0.2)
+                if record is not None:
+                    started[replica.id] = record
+        assert len(started) == 1, f"exactly one replica should hold the lock: {started}"
+        holder, other = (a, b) if 1 in started else (b, a)
+        # The other replica contends and loses while the holder lives.
+        skipped = other.wait_for(
+            lambda r: r["event"] == "skipped" and r["reason"] == "locked", timeout=30
+        )
+        assert skipped is not None
+        killed_at = time.time()
+        holder.kill()
+        took_over = other.wait_for(lambda r: r["event"] == "start", timeout=30)
+        assert took_over is not None, "the lock of the killed replica was never freed"
+        assert took_over["slot"] > started[holder.id]["slot"]
+        failover = took_over["t"] - killed_at
+        print(f"\nfailover after SIGKILL: {failover:.2f}s (slot interval 1s)")
+    finally:
+        a.kill()
+        b.kill()
+
+
+def _via(dsn: str, port: int) -> str:
+    parts = urlsplit(dsn)
+    user = parts.netloc.rsplit("@", 1)[0] + "@" if "@" in parts.netloc else ""
+    return urlunsplit(parts._replace(netloc=f"{user}127.0.0.1:{port}"))
+
+
+class Events:
+    def __init__(self) -> None:
+        self.items: list[Event] = []
+        self.changed = asyncio.Event()
+
+    def __call__(self, event: Event) -> None:
+        self.items.append(event)
+        self.changed.set()
+
+    def count(self, kind: type[Event]) -> int:
+        return sum(isinstance(e, kind) for e in self.items)
+
+    async def until(self, kind: type[Event], n: int, timeout: float = 60) -> None:
+        async with asyncio.timeout(timeout):  # a liveness guard, not a timing
+            while self.count(kind) < n:
+                self.changed.clear()
+                await self.changed.wait()
+
+
+async def test_database_down_is_reported_and_the_scheduler_recovers(
+    pg_dsn: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    target = urlsplit(pg_dsn)
+    proxy = TcpProxy(target.hostname or "127.0.0.1", target.port or 5432)
+    port = await proxy.start()
+    proxy.set_mode("refuse")
+    locker = PostgresLocker(_via(pg_dsn, port), connect_timeout=2)
+    scheduler = Scheduler(clock=SystemClock(), locker=locker)
+    events = Events()
+    scheduler.subscribe(events)
+
+    async def work() -> None:
+        pass
+
+    scheduler.add_job(work, every(0.2), name=f"down-{uuid.uuid4()}")
+    try:
+        with caplog.at_level(logging.ERROR, logger="cronlock"):
+            async with locker, scheduler:
+                await events.until(LockFailed, 2)
+                assert events.count(JobStarted) == 0
+                proxy.set_mode("pass")
+                await events.until(JobSucceeded, 2)
+    finally:
+        await proxy.close()
+    assert any(r.levelno == logging.ERROR for r in caplog.records)
+
+
+async def test_terminated_lock_session_is_reported_and_recovered(
+    pg_dsn: str, admin: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    app = f"cronlock-test-{uuid.uuid4().hex[:12]}"
+    locker = PostgresLocker(pg_dsn, application_name=app)
+    scheduler = Scheduler(clock=SystemClock(), locker=locker)
+    events = Events()
+    scheduler.subscribe(events)
+    release = asyncio.Event()
+
+    async def work(ctx: RunContext) -> None:
+        if ctx.run_number == 2:
+            await release.wait()  # the session is killed during this run
+
+    scheduler.add_job(work, every(0.2), name=f"terminate-{uuid.uuid4()}")
+    with caplog.at_level(logging.INFO, logger="cronlock"):
+        async with locker, scheduler:
+            await events.until(JobStarted, 2)
+            killed = await admin.fetchval(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+                " WHERE application_name = $1",
+                app,
+            )
+            assert killed == 1
+            release.set()
+            await events.until(JobSucceeded, 4)
+    # The lost session was noticed and logged, and a new one replaced it.
+    assert any(
+        "lost" in r.getMessage() or "no longer held" in r.getMessage() for r in caplog.records
+    )
+    assert locker.statistics().sessions_opened >= 2
