@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import logging
 import math
@@ -133,7 +134,7 @@ def test_three_replicas_never_run_a_job_at_the_same_time(pg_dsn: str) -> None:
     ends = {(r["replica"], r["slot"]): r["t"] for r in records if r["event"] == "end"}
     assert starts.keys() == ends.keys()
     runs = sorted((starts[k], ends[k], k) for k in starts)
-    for (_, end, first), (begin, _, second) in zip(runs, runs[1:], strict=False):
+    for (_, end, first), (begin, _, second) in itertools.pairwise(runs):
         # Each run happens inside the lock: no run begins before the previous one ended.
         assert begin >= end, f"{first} and {second} overlapped"
     expected = {start + k for k in range(slots)}
