@@ -25,6 +25,7 @@ from ._events import JobStarted as JobStarted
 from ._events import JobSucceeded as JobSucceeded
 from ._events import JobTimedOut as JobTimedOut
 from ._events import LockFailed as LockFailed
+from ._events import LockLost as LockLost
 from ._events import SchedulerStarted as SchedulerStarted
 from ._events import SchedulerStopped as SchedulerStopped
 from ._events import SkipReason as SkipReason
@@ -41,7 +42,10 @@ from ._keys import job_lock_key as job_lock_key
 from ._locking import Elector as Elector
 from ._locking import InMemoryLocker as InMemoryLocker
 from ._locking import Lease as Lease
+from ._locking import LedgerLocker as LedgerLocker
 from ._locking import Locker as Locker
+from ._locking import LosableLease as LosableLease
+from ._locking import RecordingLease as RecordingLease
 from ._locking import Refusal as Refusal
 from ._once import OnceSchedule as OnceSchedule
 from ._once import once as once
@@ -72,12 +76,16 @@ __all__ = (
     "JobSucceeded",
     "JobTimedOut",
     "Lease",
+    "LedgerLocker",
     "LockError",
     "LockFailed",
+    "LockLost",
     "Locker",
+    "LosableLease",
     "OnceSchedule",
     "Outcome",
     "Overlap",
+    "RecordingLease",
     "Refusal",
     "RunContext",
     "RunRecord",

@@ -22,6 +22,7 @@ __all__ = (
     "JobTimedOut",
     "Listener",
     "LockFailed",
+    "LockLost",
     "SchedulerStarted",
     "SchedulerStopped",
     "SkipReason",
@@ -115,6 +116,19 @@ class LockFailed(JobEvent):
     """The locker or elector raised; the slot was skipped on this replica."""
 
     exception: BaseException
+
+
+@dataclass(frozen=True, slots=True)
+class LockLost(JobEvent):
+    """The lock of a running run was lost (its session died); the run was cancelled.
+
+    Mutual exclusion no longer held, so by default the scheduler ends the run at once
+    (``Scheduler(on_lock_lost="continue")`` lets it finish, logging an error instead).
+    """
+
+    started_at: datetime
+    finished_at: datetime
+    exception: BaseException | None
 
 
 Listener = Callable[[Event], object] | Callable[[Event], Awaitable[object]]

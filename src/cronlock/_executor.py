@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING
+from types import TracebackType
+from typing import TYPE_CHECKING, Literal
 
 from ._clock import Clock, SystemClock
 from ._events import (
@@ -20,6 +20,7 @@ from ._events import (
     JobSucceeded,
     JobTimedOut,
     LockFailed,
+    LockLost,
 )
 from ._job import Job, RunContext, RunRecord
 from ._locking import Elector, Lease, Locker, finish_uncancellably
@@ -35,12 +36,21 @@ _lock_logger = logging.getLogger("cronlock.lock")
 # A lease release that takes longer than this is abandoned (and logged); backends bound
 # their own release and terminate the session when it cannot finish.
 RELEASE_TIMEOUT = 30.0
+# How often a replica that did not run a slot re-reads the job's fleet-wide history.
+HISTORY_REFRESH = timedelta(seconds=1)
 
 
 class Executor:
     """Runs single slots of jobs; shared by every job of one scheduler."""
 
-    __slots__ = ("_bus", "_clock", "_default_timeout", "_elector", "_locker")
+    __slots__ = (
+        "_bus",
+        "_cancel_on_lock_loss",
+        "_clock",
+        "_default_timeout",
+        "_elector",
+        "_locker",
+    )
 
     def __init__(
         self,
@@ -50,7 +60,9 @@ class Executor:
         locker: Locker | None,
         elector: Elector | None,
         default_timeout: float | None,
+        cancel_on_lock_loss: bool = True,
     ) -> None:
+        self._cancel_on_lock_loss = cancel_on_lock_loss
         self._clock = clock
         self._bus = bus
         self._locker = locker
@@ -59,18 +71,53 @@ class Executor:
 
     async def run(self, job: Job, slot: datetime) -> JobEvent:
         """Run *slot* of *job* and return the final event (also emitted)."""
-        lease: Lease | None = None
-        if job.distributed:
-            gate = await self._admit(job, slot)
-            if isinstance(gate, JobEvent):
-                return self._emit(gate)
-            lease = gate
-        if lease is None:
-            return await self._execute(job, slot)
+        if not job.distributed:
+            return await self._execute(job, slot, None)
+        gate = await self._admit(job, slot)
+        if isinstance(gate, JobEvent):
+            self._emit(gate)
+            if isinstance(gate, JobSkipped) and gate.reason in ("already_ran", "locked"):
+                await self.refresh_history(job)  # another replica ran it: learn how it went
+            return gate
+        if gate is None:
+            return await self._execute(job, slot, None)
         try:
-            return await self._execute(job, slot)
+            return await self._execute(job, slot, gate)
         finally:
-            await self._release(job, slot, lease)
+            record = getattr(gate, "record", None)
+            if record is not None and job.last_run is not None and job.last_run.slot == slot:
+                record(job.last_run)  # the ledger stores the outcome with the release
+            await self._release(job, slot, gate)
+
+    async def refresh_history(self, job: Job, *, force: bool = False) -> None:
+        """Copy the fleet-wide last run and last success from a ledger into *job*.
+
+        Rate-limited to once per job per ``HISTORY_REFRESH`` so that replicas which lose
+        the race for every slot do not double the database traffic.
+        """
+        locker = job.locker or self._locker
+        last_runs = getattr(locker, "last_runs", None)
+        if last_runs is None:
+            return
+        now = self._clock.now()
+        if (
+            not force
+            and job.history_checked is not None
+            and (now - job.history_checked < HISTORY_REFRESH)
+        ):
+            return
+        job.history_checked = now
+        try:
+            last, success = await last_runs(job.name)
+        except Exception as exc:
+            _lock_logger.warning("job %r: reading its run history failed: %r", job.name, exc)
+            return
+        if last is not None and (job.last_run is None or last.slot > job.last_run.slot):
+            job.last_run = last
+        if success is not None and (
+            job.last_success is None or success.slot > job.last_success.slot
+        ):
+            job.last_success = success
 
     async def _admit(self, job: Job, slot: datetime) -> Lease | JobEvent | None:
         """Ask the elector, then claim the slot; an event means: do not run."""
@@ -124,42 +171,42 @@ class Executor:
                 exc_info=exc,
             )
 
-    async def _execute(self, job: Job, slot: datetime) -> JobEvent:
+    async def _execute(self, job: Job, slot: datetime, lease: Lease | None) -> JobEvent:
         clock = self._clock
         job.run_count += 1
         started = clock.now()
         ctx = RunContext(job.name, slot, started, job.run_count)
         self._bus.emit(JobStarted(job.name, slot, started, job.run_count))
         timeout = job.timeout if job.timeout is not None else self._default_timeout
-        outcome: Outcome
-        error: str | None = None
+        guard = _RunGuard(clock, timeout)
+        if lease is not None:
+            watch = getattr(lease, "on_lost", None)
+            if watch is not None:
+                watch(guard.lose if self._cancel_on_lock_loss else _log_loss(job, slot))
         try:
-            async with self._timeout(timeout) as expired:
+            async with guard:
                 result = await job.call(ctx)
         except asyncio.CancelledError:
             finished = clock.now()
-            if expired():
-                # Our deadline fired: the run is over, the cancellation was ours.
-                assert timeout is not None
-                _logger.error("job %r slot %s timed out after %ss", job.name, slot, timeout)
-                self._record(job, slot, started, finished, "timed_out", None)
-                return self._emit(JobTimedOut(job.name, slot, started, finished, timeout))
             self._record(job, slot, started, finished, "cancelled", None)
             self._emit(JobCancelled(job.name, slot, started, finished))
             raise
-        except TimeoutError as exc:
+        except Exception as exc:
             finished = clock.now()
-            if expired():
+            if guard.reason == "timeout" and isinstance(exc, TimeoutError):
                 assert timeout is not None
                 _logger.error("job %r slot %s timed out after %ss", job.name, slot, timeout)
                 self._record(job, slot, started, finished, "timed_out", None)
                 return self._emit(JobTimedOut(job.name, slot, started, finished, timeout))
-            outcome, error = "failed", _summary(exc)
-            _logger.error("job %r slot %s failed", job.name, slot, exc_info=exc)
-            self._record(job, slot, started, finished, outcome, error)
-            return self._emit(JobFailed(job.name, slot, started, finished, exc))
-        except Exception as exc:
-            finished = clock.now()
+            if guard.reason == "lock_lost" and isinstance(exc, TimeoutError):
+                _lock_logger.error(
+                    "job %r slot %s cancelled: its lock was lost (%s)",
+                    job.name,
+                    slot,
+                    guard.lost_because,
+                )
+                self._record(job, slot, started, finished, "lock_lost", None)
+                return self._emit(LockLost(job.name, slot, started, finished, guard.lost_because))
             _logger.error("job %r slot %s failed", job.name, slot, exc_info=exc)
             self._record(job, slot, started, finished, "failed", _summary(exc))
             return self._emit(JobFailed(job.name, slot, started, finished, exc))
@@ -185,40 +232,76 @@ class Executor:
         self._bus.emit(event)
         return event
 
-    @contextlib.asynccontextmanager
-    async def _timeout(self, seconds: float | None) -> AsyncIterator[Callable[[], bool]]:
-        """``asyncio.timeout`` on the real clock; a clock-driven deadline otherwise.
 
-        A fake clock's time is not the event loop's, so the deadline is watched by a task
-        sleeping on the clock, which moves the asyncio deadline to "now" when it wakes.
-        Either way the task sees an ordinary asyncio cancellation at the deadline.
-        """
-        if seconds is None:
-            yield _never
-            return
-        if isinstance(self._clock, SystemClock):
-            async with asyncio.timeout(seconds) as cm:
-                yield cm.expired
-            return
-        deadline = self._clock.now() + timedelta(seconds=seconds)
-        loop = asyncio.get_running_loop()
-        async with asyncio.timeout(None) as cm:
+class _RunGuard:
+    """Ends a run early: at its timeout, or when its lock is lost.
 
-            async def watchdog() -> None:
-                await self._clock.sleep_until(deadline)
-                cm.reschedule(loop.time())
+    Both go through one ``asyncio.timeout`` whose deadline is moved to "now", so the task
+    sees asyncio's own cancellation, converted to ``TimeoutError`` on the way out with the
+    task's pending-cancel count kept right (a real ``CancelledError`` from outside still
+    propagates). On the real clock the deadline is asyncio's; a virtual clock's time is not
+    the loop's, so there a watchdog task sleeps on the clock and moves the deadline.
+    """
 
-            dog = asyncio.create_task(watchdog(), name="cronlock-timeout")
-            try:
-                yield cm.expired
-            finally:
-                dog.cancel()
-                # Wait for the watchdog without letting its cancellation count as ours.
-                await finish_uncancellably(asyncio.wait((dog,)))
+    __slots__ = ("_clock", "_cm", "_dog", "_seconds", "lost_because", "reason")
+
+    def __init__(self, clock: Clock, seconds: float | None) -> None:
+        self._clock = clock
+        self._seconds = seconds
+        self._cm: asyncio.Timeout | None = None
+        self._dog: asyncio.Task[None] | None = None
+        self.reason: Literal["timeout", "lock_lost"] | None = None
+        self.lost_because: BaseException | None = None
+
+    async def __aenter__(self) -> None:
+        real = isinstance(self._clock, SystemClock)
+        self._cm = asyncio.timeout(self._seconds if real else None)
+        await self._cm.__aenter__()
+        if self._seconds is not None and not real:
+            deadline = self._clock.now() + timedelta(seconds=self._seconds)
+            self._dog = asyncio.create_task(self._watch(deadline), name="cronlock-timeout")
+
+    async def _watch(self, deadline: datetime) -> None:
+        await self._clock.sleep_until(deadline)
+        self._expire("timeout")
+
+    def _expire(self, reason: Literal["timeout", "lock_lost"]) -> None:
+        if self.reason is None and self._cm is not None:
+            self.reason = reason
+            self._cm.reschedule(asyncio.get_running_loop().time())
+
+    def lose(self, exc: BaseException | None) -> None:
+        """The lease's lock was lost: end the run now."""
+        self.lost_because = exc
+        self._expire("lock_lost")
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None:
+        if self._dog is not None:
+            self._dog.cancel()
+            # Wait for the watchdog without letting its cancellation count as ours.
+            await finish_uncancellably(asyncio.wait((self._dog,)))
+        assert self._cm is not None
+        if self.reason is None and self._cm.expired():
+            self.reason = "timeout"  # asyncio's own deadline (real clock)
+        await self._cm.__aexit__(exc_type, exc, tb)  # raises TimeoutError when ours
+        return None
 
 
-def _never() -> bool:
-    return False
+def _log_loss(job: Job, slot: datetime) -> Callable[[BaseException | None], None]:
+    def log(exc: BaseException | None) -> None:
+        _lock_logger.error(
+            "job %r slot %s: its lock was lost (%s); the run goes on (on_lock_lost='continue')",
+            job.name,
+            slot,
+            exc,
+        )
+
+    return log
 
 
 def _summary(exc: BaseException) -> str:

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 __all__ = ("Job", "Outcome", "Overlap", "RunContext", "RunRecord")
 
 Overlap = Literal["skip", "queue", "allow", "replace"]
-Outcome = Literal["succeeded", "failed", "timed_out", "cancelled"]
+Outcome = Literal["succeeded", "failed", "timed_out", "cancelled", "lock_lost", "unfinished"]
 _OVERLAPS: tuple[Overlap, ...] = ("skip", "queue", "allow", "replace")
 
 
@@ -47,14 +47,20 @@ class RunContext:
 
 @dataclass(frozen=True, slots=True)
 class RunRecord:
-    """How one finished run went."""
+    """How one run went.
+
+    ``outcome`` is ``"unfinished"`` (and ``finished_at`` None) for a run a ledger shows as
+    started but not ended: still running, or its replica died.
+    """
 
     slot: datetime
     started_at: datetime
-    finished_at: datetime
+    finished_at: datetime | None
     outcome: Outcome
     error: str | None = None
     """A one-line summary of the exception, for failed runs."""
+    owner: str | None = None
+    """Who ran it (``host:pid``), when a ledger recorded it."""
 
 
 def jitter_offset(name: str, slot: datetime, jitter: float) -> timedelta:
@@ -119,6 +125,7 @@ class Job:
     _context_param: str | None = field(default=None, init=False, repr=False)
     _is_async: bool = field(default=True, init=False, repr=False)
     generation: int = field(default=0, init=False, repr=False)
+    history_checked: datetime | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         name = self.name

@@ -7,7 +7,9 @@ import functools
 import heapq
 import itertools
 import logging
+from collections.abc import Coroutine
 from datetime import datetime, timedelta
+from typing import Any
 
 from ._clock import Clock, SystemClock
 from ._events import EventBus, JobEvent, JobSkipped
@@ -49,6 +51,7 @@ class RunLoop:
         self._wakeup: asyncio.Future[None] | None = None
         self._stopping = False
         self._main: asyncio.Task[None] | None = None
+        self._helpers: set[asyncio.Task[None]] = set()
 
     # -- the heap --------------------------------------------------------------------
 
@@ -80,12 +83,23 @@ class RunLoop:
         """Spawn the loop task."""
         self._main = asyncio.create_task(self._loop(), name="cronlock-scheduler")
 
+    def spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
+        """Run a helper task (catch-up) owned by the loop: cancelled and awaited at stop."""
+        task = asyncio.create_task(coro, name=name)
+        self._helpers.add(task)
+        task.add_done_callback(self._helpers.discard)
+
     async def stop(self, timeout: float | None) -> None:
         """Stop firing, wait up to *timeout* for runs in flight, then cancel and await them."""
         self._stopping = True
         self._poke()
         if self._main is not None:
             await finish_uncancellably(asyncio.wait((self._main,)))
+        if self._helpers:
+            helpers = tuple(self._helpers)
+            for task in helpers:
+                task.cancel()
+            await finish_uncancellably(asyncio.wait(helpers))
         for _, _, _, waiter in self._waiting:
             if waiter is not None and not waiter.done():
                 waiter.cancel()
@@ -161,7 +175,7 @@ class RunLoop:
     def _fire(self, job: Job, slot: datetime, now: datetime) -> None:
         """Handle a popped due slot: coalesce missed ones, schedule the next, dispatch."""
         try:
-            latest, following = self._latest_due(job, slot, now)
+            latest, following = self.latest_due(job, slot, now)
         except Exception:
             _logger.exception("job %r: its schedule failed; the job will not fire", job.name)
             job.next_run = None
@@ -194,7 +208,7 @@ class RunLoop:
         if job.max_runs is not None and job.run_count + job.active >= job.max_runs:
             self.unschedule(job)
 
-    def _latest_due(
+    def latest_due(
         self, job: Job, slot: datetime, now: datetime
     ) -> tuple[datetime, datetime | None]:
         """The latest slot due by *now* (from *slot* on) and the one after it."""

@@ -8,7 +8,7 @@ import typing
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime, time, timedelta, tzinfo
 from types import TracebackType
-from typing import Any, TypedDict, TypeVar, Unpack
+from typing import Any, Literal, TypedDict, TypeVar, Unpack
 
 from ._clock import Clock, SystemClock
 from ._durations import Seconds, optional_seconds
@@ -73,7 +73,9 @@ class Scheduler:
     cap wait in slot order. *stop_timeout* is how long :meth:`shutdown` waits for runs in
     flight before cancelling them. *default_timeout* applies to jobs without ``timeout``.
     *locker* coordinates every job not registered with ``distributed=False``; *elector*
-    restricts coordinated jobs to the leader replica.
+    restricts coordinated jobs to the leader replica. *on_lock_lost* says what happens to a
+    run whose lock is lost mid-run (its database session died): ``"cancel"`` it (default;
+    event ``LockLost``) or let it ``"continue"`` (logged at ERROR).
     """
 
     def __init__(
@@ -86,6 +88,7 @@ class Scheduler:
         clock: Clock | None = None,
         locker: Locker | None = None,
         elector: Elector | None = None,
+        on_lock_lost: Literal["cancel", "continue"] = "cancel",
     ) -> None:
         self._tz = resolve_tz(tz)
         if max_concurrent is not None and (
@@ -102,6 +105,11 @@ class Scheduler:
         self._clock: Clock = clock if clock is not None else SystemClock()
         self._locker = locker
         self._elector = elector
+        if on_lock_lost not in ("cancel", "continue"):
+            raise ScheduleError(
+                f"on_lock_lost must be 'cancel' or 'continue', got {on_lock_lost!r}"
+            )
+        self._on_lock_lost = on_lock_lost
         self._bus = EventBus()
         self._jobs: dict[str, Job] = {}
         self._keys: dict[int, str] = {}
@@ -348,6 +356,7 @@ class Scheduler:
             locker=self._locker,
             elector=self._elector,
             default_timeout=self._default_timeout,
+            cancel_on_lock_loss=self._on_lock_lost == "cancel",
         )
         self._loop = RunLoop(
             clock=self._clock, executor=executor, bus=self._bus, max_concurrent=self._max_concurrent
@@ -356,8 +365,30 @@ class Scheduler:
             if not job.paused:
                 self._schedule_first(job)
         self._loop.start()
+        for job in self._jobs.values():
+            self._catch_up(job, executor)
         _logger.info("scheduler started with %d job(s)", len(self._jobs))
         self._bus.emit(SchedulerStarted())
+
+    def _catch_up(self, job: Job, executor: Executor) -> None:
+        """Start catch-up for a coordinated job whose locker keeps a ledger."""
+        assert self._loop is not None
+        locker = job.locker or self._locker
+        if job.paused or not job.distributed or not hasattr(locker, "last_claimed"):
+            return
+        from ._catchup import catch_up
+
+        self._loop.spawn(
+            catch_up(
+                job,
+                clock=self._clock,
+                loop=self._loop,
+                executor=executor,
+                bus=self._bus,
+                locker=locker,
+            ),
+            name=f"cronlock-catch-up:{job.name}",
+        )
 
     def _schedule_first(self, job: Job) -> None:
         assert self._loop is not None

@@ -16,10 +16,11 @@ import heapq
 import itertools
 from datetime import UTC, datetime, timedelta
 
+from ._clock import Clock, SystemClock
 from ._durations import Seconds, to_seconds
 from ._tz import to_utc
 
-__all__ = ("FakeClock",)
+__all__ = ("FakeClock", "OffsetClock")
 
 
 class FakeClock:
@@ -136,3 +137,35 @@ class FakeClock:
                 quiet = 0
             else:
                 quiet += 1
+
+
+class OffsetClock:
+    """A clock that runs *offset* ahead of (or, negative, behind) another clock.
+
+    Use it to reproduce replicas whose clocks disagree, the case where a lock alone lets
+    a slot run twice: ``Scheduler(clock=OffsetClock(-0.3))`` is a replica 300 ms behind.
+    """
+
+    def __init__(self, offset: Seconds, base: Clock | None = None) -> None:
+        seconds = offset.total_seconds() if isinstance(offset, timedelta) else float(offset)
+        self.offset = timedelta(seconds=seconds)
+        self.base: Clock = base if base is not None else SystemClock()
+
+    def now(self) -> datetime:
+        """The base clock's time plus the offset."""
+        return self.base.now() + self.offset
+
+    async def sleep_until(self, deadline: datetime) -> None:
+        """Sleep until this clock reads *deadline*."""
+        await self.base.sleep_until(deadline - self.offset)
+
+    async def wait_tasks(
+        self, tasks: set[asyncio.Task[None]], timeout: float
+    ) -> set[asyncio.Task[None]]:
+        """Wait for *tasks* up to *timeout* of the base clock's time (see FakeClock)."""
+        wait = getattr(self.base, "wait_tasks", None)
+        if wait is not None:
+            pending: set[asyncio.Task[None]] = await wait(tasks, timeout)
+            return pending
+        _, pending = await asyncio.wait(tasks, timeout=timeout)
+        return pending
