@@ -40,6 +40,7 @@ from ._job import RunContext as RunContext
 from ._job import RunRecord as RunRecord
 from ._keys import job_lock_key as job_lock_key
 from ._locking import Elector as Elector
+from ._locking import FencedElector as FencedElector
 from ._locking import InMemoryLocker as InMemoryLocker
 from ._locking import Lease as Lease
 from ._locking import LedgerLocker as LedgerLocker
@@ -61,6 +62,7 @@ __all__ = (
     "CronlockError",
     "Elector",
     "Event",
+    "FencedElector",
     "FileLocker",
     "InMemoryLocker",
     "IntervalSchedule",

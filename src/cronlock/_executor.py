@@ -46,6 +46,7 @@ class Executor:
     __slots__ = (
         "_bus",
         "_cancel_on_lock_loss",
+        "_coordinated",
         "_clock",
         "_default_timeout",
         "_elector",
@@ -63,6 +64,8 @@ class Executor:
         cancel_on_lock_loss: bool = True,
     ) -> None:
         self._cancel_on_lock_loss = cancel_on_lock_loss
+        # Guards of coordinated runs in flight: ended together when leadership is lost.
+        self._coordinated: set[_RunGuard] = set()
         self._clock = clock
         self._bus = bus
         self._locker = locker
@@ -88,6 +91,14 @@ class Executor:
             if record is not None and job.last_run is not None and job.last_run.slot == slot:
                 record(job.last_run)  # the ledger stores the outcome with the release
             await self._release(job, slot, gate)
+
+    def demote(self, reason: BaseException | None) -> None:
+        """This replica stopped leading: end its coordinated runs (event ``LockLost``)."""
+        if not self._cancel_on_lock_loss:
+            _lock_logger.error("leadership lost (%s); coordinated runs go on", reason)
+            return
+        for guard in tuple(self._coordinated):
+            guard.lose(reason)
 
     async def refresh_history(self, job: Job, *, force: bool = False) -> None:
         """Copy the fleet-wide last run and last success from a ledger into *job*.
@@ -179,6 +190,9 @@ class Executor:
         self._bus.emit(JobStarted(job.name, slot, started, job.run_count))
         timeout = job.timeout if job.timeout is not None else self._default_timeout
         guard = _RunGuard(clock, timeout)
+        coordinated = job.distributed and self._elector is not None
+        if coordinated:
+            self._coordinated.add(guard)
         if lease is not None:
             watch = getattr(lease, "on_lost", None)
             if watch is not None:
@@ -187,11 +201,13 @@ class Executor:
             async with guard:
                 result = await job.call(ctx)
         except asyncio.CancelledError:
+            self._coordinated.discard(guard)
             finished = clock.now()
             self._record(job, slot, started, finished, "cancelled", None)
             self._emit(JobCancelled(job.name, slot, started, finished))
             raise
         except Exception as exc:
+            self._coordinated.discard(guard)
             finished = clock.now()
             if guard.reason == "timeout" and isinstance(exc, TimeoutError):
                 assert timeout is not None
@@ -210,6 +226,7 @@ class Executor:
             _logger.error("job %r slot %s failed", job.name, slot, exc_info=exc)
             self._record(job, slot, started, finished, "failed", _summary(exc))
             return self._emit(JobFailed(job.name, slot, started, finished, exc))
+        self._coordinated.discard(guard)
         finished = clock.now()
         self._record(job, slot, started, finished, "succeeded", None)
         return self._emit(JobSucceeded(job.name, slot, started, finished, result))

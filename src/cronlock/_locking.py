@@ -13,6 +13,7 @@ if TYPE_CHECKING:
 
 __all__ = (
     "Elector",
+    "FencedElector",
     "InMemoryLocker",
     "Lease",
     "LedgerLocker",
@@ -104,6 +105,15 @@ class Elector(Protocol):
 
     async def is_leader(self) -> bool:
         """Return ``True`` when this replica currently leads."""
+        ...
+
+
+@runtime_checkable
+class FencedElector(Elector, Protocol):
+    """An elector that says when this replica stops leading, so its runs can be ended."""
+
+    def on_demoted(self, callback: Callable[[BaseException | None], None]) -> None:
+        """Call *callback* (from the event loop) each time this replica loses leadership."""
         ...
 
 

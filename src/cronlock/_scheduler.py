@@ -367,6 +367,9 @@ class Scheduler:
         self._loop.start()
         for job in self._jobs.values():
             self._catch_up(job, executor)
+        watch = getattr(self._elector, "on_demoted", None)
+        if watch is not None:
+            watch(executor.demote)
         _logger.info("scheduler started with %d job(s)", len(self._jobs))
         self._bus.emit(SchedulerStarted())
 

@@ -262,3 +262,48 @@ async def test_lost_lock_can_be_let_run_on(
 
 async def _noop() -> None:
     await asyncio.sleep(0)
+
+
+class _SwitchableElector:
+    def __init__(self) -> None:
+        self.leader = True
+        self.callbacks: list[Callable[[BaseException | None], None]] = []
+
+    async def is_leader(self) -> bool:
+        return self.leader
+
+    def on_demoted(self, callback: Callable[[BaseException | None], None]) -> None:
+        self.callbacks.append(callback)
+
+    def demote(self) -> None:
+        self.leader = False
+        for callback in self.callbacks:
+            callback(None)
+
+
+async def test_demotion_ends_coordinated_runs_only(clock: FakeClock) -> None:
+    elector = _SwitchableElector()
+    s = Scheduler(clock=clock, elector=elector)
+    rec = Recorder()
+    s.subscribe(rec)
+
+    async def long_run() -> None:
+        await clock.sleep(100)
+
+    coordinated = s.add_job(long_run, every(60), name="coordinated")
+    local = s.add_job(long_run, every(60), name="local", distributed=False)
+    async with s:
+        await clock.advance(70)
+        elector.demote()
+        await clock.settle()
+        assert not coordinated.running
+        assert local.running
+        assert [(e.job, e.finished_at) for e in rec.of(LockLost)] == [  # type: ignore[attr-defined]
+            ("coordinated", at(70))
+        ]
+        await clock.advance(60)  # slot 120: the follower skips the coordinated job
+        assert [(e.job, e.reason) for e in rec.of(JobSkipped)] == [  # type: ignore[attr-defined]
+            ("coordinated", "not_leader"),
+            ("local", "overlap"),
+        ]
+        await s.shutdown(timeout=0)
