@@ -46,8 +46,8 @@ class Executor:
     __slots__ = (
         "_bus",
         "_cancel_on_lock_loss",
-        "_coordinated",
         "_clock",
+        "_coordinated",
         "_default_timeout",
         "_elector",
         "_locker",

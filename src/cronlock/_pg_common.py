@@ -1,0 +1,189 @@
+"""Shared plumbing of the PostgreSQL backend: connection sources, error translation, cleanup.
+
+Only :mod:`cronlock.postgres` imports this module, so asyncpg stays an optional extra.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import socket
+from collections.abc import Coroutine, Mapping
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import asyncpg
+
+from ._errors import LockError
+from ._locking import finish_uncancellably
+
+_T = TypeVar("_T")
+
+TRY_LOCK_SQL = "SELECT pg_try_advisory_lock($1::bigint)"
+UNLOCK_SQL = "SELECT pg_advisory_unlock($1::bigint)"
+
+# What asyncpg and the socket layer raise when the server or the network misbehaves.
+# TimeoutError is an OSError, so timeouts we impose ourselves are covered too.
+BACKEND_ERRORS: tuple[type[BaseException], ...] = (
+    asyncpg.PostgresError,
+    asyncpg.InterfaceError,
+    asyncpg.InternalClientError,
+    OSError,
+)
+
+# PostgreSQL truncates application_name to NAMEDATALEN - 1 bytes.
+_MAX_APPLICATION_NAME = 63
+
+
+def default_application_name() -> str:
+    """``cronlock:<hostname>:<pid>``, so pg_stat_activity and pg_locks show who holds what."""
+    name = f"cronlock:{socket.gethostname()}:{os.getpid()}"
+    if len(name.encode()) <= _MAX_APPLICATION_NAME:
+        return name
+    # Keep the pid, which tells processes on one host apart; shorten the host name.
+    suffix = f":{os.getpid()}"
+    head = name[: _MAX_APPLICATION_NAME - len(suffix)]
+    return head.encode()[: _MAX_APPLICATION_NAME - len(suffix)].decode(errors="ignore") + suffix
+
+
+@dataclass(frozen=True, slots=True)
+class Keepalives:
+    """TCP settings applied server-side to a lock session, so a dead client is noticed.
+
+    After a network cut, the server keeps the session, and with it every advisory lock it
+    holds, until it notices the peer is gone: hours with operating-system defaults. With the
+    defaults here it probes after *idle* seconds of silence, every *interval* seconds, and
+    drops the session after *count* unanswered probes (about a minute), or when data it sent
+    stays unacknowledged for *user_timeout* seconds. They set the server's
+    ``tcp_keepalives_idle``, ``tcp_keepalives_interval``, ``tcp_keepalives_count`` and
+    ``tcp_user_timeout`` for that session only; over a Unix-domain socket they do nothing.
+    A frozen (not dead) client process still answers probes: no keepalive detects that.
+    """
+
+    idle: int = 30
+    interval: int = 10
+    count: int = 3
+    user_timeout: float | None = 60.0
+
+
+async def configure_session(
+    conn: Any, *, application_name: str | None, keepalives: Keepalives | None
+) -> None:
+    """Label the session and set its keepalives, in one round trip."""
+    settings: list[tuple[str, str]] = []
+    if application_name is not None:
+        settings.append(("application_name", application_name))
+    if keepalives is not None:
+        settings += [
+            ("tcp_keepalives_idle", str(int(keepalives.idle))),
+            ("tcp_keepalives_interval", str(int(keepalives.interval))),
+            ("tcp_keepalives_count", str(int(keepalives.count))),
+        ]
+        # tcp_user_timeout exists since PostgreSQL 12.
+        if keepalives.user_timeout is not None and conn.get_server_version().major >= 12:
+            settings.append(("tcp_user_timeout", str(int(keepalives.user_timeout * 1000))))
+    if not settings:
+        return
+    calls = ", ".join(
+        f"set_config(${2 * i + 1}, ${2 * i + 2}, false)" for i in range(len(settings))
+    )
+    await conn.execute(f"SELECT {calls}", *[v for pair in settings for v in pair])
+
+
+def is_closed(conn: Any) -> bool:
+    """Whether *conn* (a connection or a pool proxy) can no longer run statements."""
+    try:
+        return bool(conn.is_closed())
+    except asyncpg.InterfaceError:  # a pool proxy that was already handed back
+        return True
+
+
+def terminate(conn: Any) -> None:
+    """Drop *conn* without a goodbye; the server then releases every lock of that session.
+
+    Synchronous, so it cannot be interrupted by a cancellation half way.
+    """
+    with contextlib.suppress(asyncpg.InterfaceError):  # a proxy already handed back
+        conn.terminate()
+
+
+async def uncancellable(coro: Coroutine[Any, Any, _T], *, name: str) -> _T:
+    """Run *coro* in its own named task to completion, whatever cancels us meanwhile.
+
+    A cancellation that arrives meanwhile is re-raised afterwards (see
+    :func:`cronlock._locking.finish_uncancellably`). *coro* must bound itself with a timeout.
+    """
+    return await finish_uncancellably(asyncio.create_task(coro, name=name))
+
+
+class ConnectionSource:
+    """Where dedicated connections come from: an asyncpg pool, or a DSN to connect to."""
+
+    __slots__ = ("_connect_kwargs", "_dsn", "_pool")
+
+    def __init__(self, pool_or_dsn: Any, connect_kwargs: Mapping[str, Any] | None = None) -> None:
+        if isinstance(pool_or_dsn, str):
+            self._dsn: str | None = pool_or_dsn
+            self._pool: Any = None
+        elif isinstance(pool_or_dsn, asyncpg.Pool):
+            if connect_kwargs:
+                raise TypeError("connect_kwargs only apply when a DSN is given, not a pool")
+            self._dsn = None
+            self._pool = pool_or_dsn
+        else:
+            raise TypeError(
+                f"expected an asyncpg.Pool or a DSN string, got {type(pool_or_dsn).__name__}"
+            )
+        self._connect_kwargs = dict(connect_kwargs or {})
+
+    @property
+    def pooled(self) -> bool:
+        """True when connections are borrowed from a pool rather than opened directly."""
+        return self._pool is not None
+
+    def describe(self) -> str:
+        """A short description for error messages; never includes a password."""
+        if self._pool is not None:
+            return f"asyncpg pool (max_size={self._pool.get_max_size()})"
+        return "PostgreSQL server"
+
+    async def checkout(self, *, timeout: float) -> Any:
+        """Return a connection for this caller alone, within *timeout* seconds.
+
+        Raises :class:`LockError` when none can be had: pool exhausted, server unreachable.
+        """
+        try:
+            if self._pool is not None:
+                return await self._pool.acquire(timeout=timeout)
+            return await asyncpg.connect(self._dsn, timeout=timeout, **self._connect_kwargs)
+        except TimeoutError as exc:
+            if self._pool is not None:
+                raise LockError(
+                    f"no connection free in the {self.describe()} after {timeout:g}s "
+                    f"({self._pool.get_size() - self._pool.get_idle_size()} in use): the pool "
+                    "is exhausted; raise max_size or acquire_timeout"
+                ) from exc
+            raise LockError(f"could not connect to the PostgreSQL server in {timeout:g}s") from exc
+        except BACKEND_ERRORS as exc:
+            raise LockError(
+                f"could not get a connection from the {self.describe()}: {exc!r}"
+            ) from exc
+
+    async def checkin(self, conn: Any, *, timeout: float) -> None:
+        """Give *conn* back (pool) or close it (DSN); terminate it if that fails or times out.
+
+        Never raises a backend error: the connection is gone from our hands either way.
+        """
+        if is_closed(conn):
+            terminate(conn)  # lets a pool reclaim the holder of a connection that died
+            return
+        try:
+            async with asyncio.timeout(timeout):
+                if self._pool is not None:
+                    # The pool's reset also runs pg_advisory_unlock_all(): a backstop only.
+                    await self._pool.release(conn, timeout=timeout)
+                else:
+                    await conn.close()
+        except BACKEND_ERRORS:
+            terminate(conn)

@@ -1,0 +1,242 @@
+"""Standalone locked runs: ``locked_run`` and ``run_locked`` on a dedicated connection."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import logging
+from collections.abc import Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
+from types import TracebackType
+from typing import Any, TypeVar, TypeVarTuple, Unpack
+
+from ._durations import Seconds, to_seconds
+from ._errors import LockError
+from ._keys import job_lock_key
+from ._locking import finish_uncancellably
+from ._pg_common import (
+    BACKEND_ERRORS,
+    TRY_LOCK_SQL,
+    UNLOCK_SQL,
+    ConnectionSource,
+    is_closed,
+    terminate,
+    uncancellable,
+)
+
+__all__ = ("RunLock", "locked_run", "run_locked")
+
+_logger = logging.getLogger("cronlock.postgres")
+_T = TypeVar("_T")
+_Ts = TypeVarTuple("_Ts")
+
+
+class _Held(enum.Enum):
+    """What we know about the lock on a connection we are about to give back."""
+
+    NO = "no"
+    YES = "yes"
+    UNKNOWN = "unknown"  # the try-lock failed half way: the server may have granted it
+
+
+class RunLock:
+    """What :func:`locked_run` yields: truthy when this session holds the job's lock.
+
+    *lost* turns true if the connection holding the lock dies while the body runs; the
+    server has then released the lock and another replica may take it.
+    """
+
+    __slots__ = ("_acquired", "_lost", "key", "name")
+
+    def __init__(self, name: str, key: int, *, acquired: bool) -> None:
+        self.name = name
+        self.key = key
+        self._acquired = acquired
+        self._lost = False
+
+    def __bool__(self) -> bool:
+        return self._acquired
+
+    @property
+    def acquired(self) -> bool:
+        """Whether this session got the lock (also what ``bool()`` says)."""
+        return self._acquired
+
+    @property
+    def lost(self) -> bool:
+        """Whether the lock's connection died after it was granted."""
+        return self._lost
+
+    def __repr__(self) -> str:
+        state = "lost" if self._lost else "acquired" if self._acquired else "held elsewhere"
+        return f"<RunLock {self.name!r} key={self.key} {state}>"
+
+
+class _LockedRun(AbstractAsyncContextManager[RunLock]):
+    """The context manager behind :func:`locked_run`; single use."""
+
+    def __init__(
+        self, source: ConnectionSource, name: str, acquire_timeout: float, unlock_timeout: float
+    ) -> None:
+        self._source = source
+        self._name = name
+        self._key = job_lock_key(name)
+        self._acquire_timeout = acquire_timeout
+        self._unlock_timeout = unlock_timeout
+        self._conn: Any = None
+        self._result = RunLock(name, self._key, acquired=True)
+        self._entered = False
+
+    async def __aenter__(self) -> RunLock:
+        if self._entered:
+            raise RuntimeError("a locked_run() context manager can be entered only once")
+        self._entered = True
+        conn = await self._source.checkout(timeout=self._acquire_timeout)
+        # From here on we own conn, and every path must hand it back.
+        # The try-lock runs in its own task that a cancellation does not interrupt: a
+        # statement cancelled mid-flight may still have been granted by the server, and we
+        # would not know whether to unlock. Waiting for it (it does not block server-side)
+        # tells us exactly what to undo.
+        attempt = asyncio.create_task(
+            self._try_lock(conn), name=f"cronlock.locked_run.try_lock[{self._name}]"
+        )
+        try:
+            granted = await finish_uncancellably(attempt)
+        except BaseException:
+            # Cancelled (the attempt has finished anyway), or the statement failed.
+            if attempt.cancelled() or attempt.exception() is not None:
+                held = _Held.UNKNOWN
+            else:
+                held = _Held.YES if attempt.result() else _Held.NO
+            await self._give_back_uncancellably(conn, held)
+            raise
+        if not granted:
+            _logger.debug("job %r: another session holds the lock; not running", self._name)
+            await self._give_back_uncancellably(conn, _Held.NO)
+            return RunLock(self._name, self._key, acquired=False)
+        self._conn = conn
+        conn.add_termination_listener(self._on_connection_lost)
+        return self._result
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        conn, self._conn = self._conn, None
+        if conn is None:  # not acquired: nothing held, the connection is already back
+            return
+        # A pool proxy whose connection died has been reclaimed by its pool already.
+        with contextlib.suppress(*BACKEND_ERRORS):
+            conn.remove_termination_listener(self._on_connection_lost)
+        # Runs whatever ended the body: return, exception, cancellation (once or repeatedly)
+        # or an asyncio.timeout() deadline. A cancellation that arrives meanwhile is
+        # delivered after the unlock, so the caller still sees it.
+        await self._give_back_uncancellably(conn, _Held.YES)
+
+    def _on_connection_lost(self, _conn: object) -> None:
+        self._result._lost = True
+        _logger.error(
+            "job %r: the connection holding its lock was closed while the job ran; "
+            "the server released the lock",
+            self._name,
+        )
+
+    async def _try_lock(self, conn: Any) -> bool:
+        try:
+            async with asyncio.timeout(self._acquire_timeout):
+                return bool(await conn.fetchval(TRY_LOCK_SQL, self._key))
+        except BACKEND_ERRORS as exc:
+            raise LockError(f"job {self._name!r}: pg_try_advisory_lock failed: {exc!r}") from exc
+
+    async def _give_back_uncancellably(self, conn: Any, held: _Held) -> None:
+        await uncancellable(
+            self._give_back(conn, held), name=f"cronlock.locked_run.release[{self._name}]"
+        )
+
+    async def _give_back(self, conn: Any, held: _Held) -> None:
+        """Unlock if held, then return the connection; bounded by unlock_timeout.
+
+        When that cannot complete, terminate the connection: the server then releases
+        every lock of the session. Never raises a backend error.
+        """
+        if held is _Held.UNKNOWN or is_closed(conn):
+            terminate(conn)
+            return
+        try:
+            async with asyncio.timeout(self._unlock_timeout):
+                if held is _Held.YES and not await conn.fetchval(UNLOCK_SQL, self._key):
+                    _logger.warning(
+                        "job %r: its lock was no longer held by this session at unlock",
+                        self._name,
+                    )
+                await self._source.checkin(conn, timeout=self._unlock_timeout)
+        except BACKEND_ERRORS as exc:
+            _logger.warning(
+                "job %r: could not unlock within %gs (%r); terminating the connection, "
+                "which releases the lock server-side",
+                self._name,
+                self._unlock_timeout,
+                exc,
+            )
+            terminate(conn)
+
+
+def locked_run(
+    pool_or_dsn: Any,
+    name: str,
+    *,
+    acquire_timeout: Seconds = 10.0,
+    unlock_timeout: Seconds = 5.0,
+) -> AbstractAsyncContextManager[RunLock]:
+    """Hold job *name*'s advisory lock for the duration of an ``async with`` block.
+
+    Yields a :class:`RunLock` that is truthy when this session got the lock and falsy when
+    another session holds it (the caller should then skip the work)::
+
+        async with locked_run(pool, "nightly-reindex") as acquired:
+            if acquired:
+                await reindex()
+
+    *pool_or_dsn* is an ``asyncpg.Pool`` (one connection is borrowed for the block) or a DSN
+    (one connection is opened for the block and closed after it). The lock is taken with
+    ``pg_try_advisory_lock(job_lock_key(name))`` and released on that same connection; the
+    unlock runs however the block ends, including cancellation, repeated cancellation and
+    an ``asyncio.timeout()`` expiring during the cleanup, and a cancelled acquire leaves
+    nothing held. The unlock is bounded by *unlock_timeout*; past it the connection is
+    terminated, which releases the lock server-side.
+
+    *acquire_timeout* bounds waiting for a connection (an exhausted pool or an unreachable
+    server raises :class:`cronlock.LockError` after it, rather than hanging) and, separately,
+    the try-lock statement. Backend failures raise :class:`cronlock.LockError`; exceptions
+    from the block propagate unchanged.
+    """
+    return _LockedRun(
+        ConnectionSource(pool_or_dsn),
+        name,
+        to_seconds(acquire_timeout, field="acquire_timeout"),
+        to_seconds(unlock_timeout, field="unlock_timeout"),
+    )
+
+
+async def run_locked(
+    pool_or_dsn: Any,
+    name: str,
+    fn: Callable[[Unpack[_Ts]], Awaitable[_T]],
+    *args: *_Ts,
+    acquire_timeout: Seconds = 10.0,
+    unlock_timeout: Seconds = 5.0,
+) -> tuple[bool, _T | None]:
+    """Run ``await fn(*args)`` under job *name*'s lock, unless another session holds it.
+
+    Returns ``(False, None)`` when the lock is held elsewhere, else ``(True, result)``.
+    Same guarantees and options as :func:`locked_run`; *fn*'s exceptions propagate.
+    """
+    async with locked_run(
+        pool_or_dsn, name, acquire_timeout=acquire_timeout, unlock_timeout=unlock_timeout
+    ) as lock:
+        if not lock:
+            return False, None
+        return True, await fn(*args)

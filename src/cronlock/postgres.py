@@ -1,0 +1,35 @@
+"""PostgreSQL coordination: advisory locks for standalone runs and for the Scheduler.
+
+Needs the ``postgres`` extra (asyncpg): ``pip install 'cronlock[postgres]'``. See
+``docs/coordination.md`` for the rules these functions follow and why.
+"""
+
+from __future__ import annotations
+
+try:
+    import asyncpg  # noqa: F401  (fail here, with instructions, rather than deeper inside)
+except ImportError as exc:  # pragma: no cover - exercised only without the extra
+    raise ImportError(
+        "cronlock.postgres needs asyncpg, which is not installed; "
+        "install the extra with: pip install 'cronlock[postgres]'"
+    ) from exc
+
+from ._keys import job_lock_key as job_lock_key
+from ._pg_common import Keepalives as Keepalives
+from ._pg_locker import PostgresLease as PostgresLease
+from ._pg_locker import PostgresLocker as PostgresLocker
+from ._pg_locker import PostgresLockerStatistics as PostgresLockerStatistics
+from ._pg_run import RunLock as RunLock
+from ._pg_run import locked_run as locked_run
+from ._pg_run import run_locked as run_locked
+
+__all__ = (
+    "Keepalives",
+    "PostgresLease",
+    "PostgresLocker",
+    "PostgresLockerStatistics",
+    "RunLock",
+    "job_lock_key",
+    "locked_run",
+    "run_locked",
+)

@@ -1,0 +1,220 @@
+"""A real PostgreSQL server for the coordination tests, and helpers to inspect its locks.
+
+Where the server comes from, in this order:
+
+1. ``CRONLOCK_TEST_DSN`` from the environment;
+2. a testcontainers PostgreSQL, when a Docker engine answers;
+3. a throwaway cluster made with the local ``initdb``/``pg_ctl`` in a temporary directory,
+   on a free port;
+4. otherwise the tests are skipped, loudly, except when ``CI`` is set: then they fail.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import glob
+import importlib
+import os
+import pwd
+import shutil
+import socket
+import subprocess
+import tempfile
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
+from typing import Any
+
+import asyncpg
+import pytest
+
+from cronlock._keys import job_lock_key
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on (at the time of asking)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _docker_postgres(reasons: list[str]) -> contextlib.AbstractContextManager[str] | None:
+    try:
+        docker = importlib.import_module("docker")  # testcontainers' dependency; untyped
+        docker.from_env(timeout=3).ping()
+    except Exception as exc:  # no SDK, no socket, no daemon: all mean "no Docker"
+        reasons.append(f"no Docker engine ({type(exc).__name__})")
+        return None
+    from testcontainers.community.postgres import PostgresContainer
+
+    @contextlib.contextmanager
+    def run() -> Iterator[str]:
+        with PostgresContainer("postgres:15-alpine", driver=None) as container:
+            yield container.get_connection_url()
+
+    return run()
+
+
+def _local_binaries() -> str | None:
+    found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
+    if found:
+        return os.path.dirname(found[-1])
+    initdb = shutil.which("initdb")
+    return os.path.dirname(initdb) if initdb else None
+
+
+def _local_cluster(reasons: list[str]) -> contextlib.AbstractContextManager[str] | None:
+    bindir = _local_binaries()
+    if bindir is None:
+        reasons.append("no initdb/pg_ctl found under /usr/lib/postgresql/*/bin or on PATH")
+        return None
+    run_as: str | None = None
+    if os.geteuid() == 0:  # initdb refuses to run as root
+        try:
+            pwd.getpwnam("postgres")
+        except KeyError:
+            reasons.append("running as root and there is no 'postgres' user for initdb")
+            return None
+        run_as = "postgres"
+
+    @contextlib.contextmanager
+    def run() -> Iterator[str]:
+        root = tempfile.mkdtemp(prefix="cronlock-pg-")
+        if run_as is not None:
+            shutil.chown(root, user=run_as)
+        data, log = os.path.join(root, "data"), os.path.join(root, "log")
+        port = free_port()
+
+        def call(*args: str) -> None:
+            subprocess.run(args, check=True, capture_output=True, user=run_as, timeout=120)
+
+        try:
+            call(f"{bindir}/initdb", "-D", data, "-U", "postgres", "--auth=trust", "-E", "UTF8")
+            options = f"-p {port} -k {root} -c listen_addresses=127.0.0.1 -c max_connections=300"
+            call(f"{bindir}/pg_ctl", "-D", data, "-l", log, "-w", "-o", options, "start")
+            try:
+                yield f"postgresql://postgres@127.0.0.1:{port}/postgres"
+            finally:
+                call(f"{bindir}/pg_ctl", "-D", data, "-m", "immediate", "-w", "stop")
+        finally:
+            shutil.rmtree(root, ignore_errors=True)
+
+    return run()
+
+
+@pytest.fixture(scope="session")
+def pg_dsn() -> Iterator[str]:
+    """The DSN of a PostgreSQL server the tests may use freely."""
+    dsn = os.environ.get("CRONLOCK_TEST_DSN")
+    if dsn:
+        yield dsn
+        return
+    reasons: list[str] = ["CRONLOCK_TEST_DSN is not set"]
+    server = _docker_postgres(reasons) or _local_cluster(reasons)
+    if server is None:
+        message = "NO POSTGRESQL SERVER: the coordination tests did not run: " + "; ".join(reasons)
+        if os.environ.get("CI"):
+            pytest.fail(message, pytrace=False)
+        pytest.skip(message)
+    try:
+        started = server.__enter__()
+    except Exception as exc:
+        message = f"NO POSTGRESQL SERVER: starting one failed: {exc!r}"
+        if os.environ.get("CI"):
+            pytest.fail(message, pytrace=False)
+        pytest.skip(message)
+    try:
+        yield started
+    finally:
+        server.__exit__(None, None, None)
+
+
+@pytest.fixture
+def app_name() -> str:
+    """An application_name unique to this test, to find its sessions in pg_stat_activity."""
+    return f"cronlock-test-{uuid.uuid4().hex[:12]}"
+
+
+async def _no_reset(conn: Any) -> None:
+    """A pool reset that does *not* run pg_advisory_unlock_all().
+
+    The tests use it so that a lock left held by a missing unlock stays visible in
+    pg_locks, instead of being mopped up by asyncpg's default reset (a backstop that
+    cronlock must not depend on).
+    """
+
+
+@pytest.fixture
+async def pool(pg_dsn: str, app_name: str) -> AsyncIterator[Any]:
+    """An asyncpg pool of up to 30 connections whose reset does not release advisory locks."""
+    pool = await asyncpg.create_pool(
+        pg_dsn,
+        min_size=1,
+        max_size=30,
+        reset=_no_reset,
+        server_settings={"application_name": app_name},
+    )
+    try:
+        yield pool
+    finally:
+        # A test that leaked a connection would make close() wait for it forever.
+        try:
+            async with asyncio.timeout(10):
+                await pool.close()
+        except TimeoutError:
+            pool.terminate()
+
+
+@pytest.fixture
+async def admin(pg_dsn: str) -> AsyncIterator[Any]:
+    """A separate connection that inspects pg_locks and pg_stat_activity."""
+    conn = await asyncpg.connect(pg_dsn)
+    try:
+        yield conn
+    finally:
+        await conn.close()
+
+
+# A bigint advisory key k appears in pg_locks as classid = k >> 32, objid = k & 0xffffffff,
+# objsubid = 1. Reassembled as int8, that is the signed key itself.
+_LOCKS_SQL = """
+SELECT count(*) FROM pg_locks
+WHERE locktype = 'advisory' AND objsubid = 1 AND granted
+  AND ((classid::int8 << 32) | objid::int8) = ANY($1::int8[])
+"""
+
+LocksHeld = Callable[[Iterable[str]], Awaitable[int]]
+SessionsNamed = Callable[[str], Awaitable[int]]
+
+
+@pytest.fixture
+def locks_held(admin: Any) -> LocksHeld:
+    """``await locks_held(names)``: advisory locks held on those jobs' keys, by anyone."""
+
+    async def count(names: Iterable[str]) -> int:
+        keys = sorted({job_lock_key(name) for name in names})
+        held: int = await admin.fetchval(_LOCKS_SQL, keys)
+        return held
+
+    return count
+
+
+@pytest.fixture
+def sessions_named(admin: Any) -> SessionsNamed:
+    """``await sessions_named(app)``: server connections whose application_name is *app*."""
+
+    async def count(application_name: str) -> int:
+        found: int = await admin.fetchval(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1",
+            application_name,
+        )
+        return found
+
+    return count
+
+
+@pytest.fixture
+def unreachable_dsn() -> str:
+    """A DSN pointing at a local port where nothing listens."""
+    return f"postgresql://postgres@127.0.0.1:{free_port()}/postgres"
