@@ -191,3 +191,14 @@ def test_events_are_frozen() -> None:
     event = JobStarted("j", T0, T0, 1)
     with pytest.raises(AttributeError):
         event.job = "other"  # type: ignore[misc]
+
+
+def test_colliding_lock_keys_are_rejected(
+    scheduler: Scheduler, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # FNV-1a 64 collisions between sensible names are too rare to find by hand, so make
+    # every name hash alike: the check itself is what is under test.
+    monkeypatch.setattr("cronlock._scheduler.job_lock_key", lambda name: 42)
+    scheduler.add_job(_noop, every(10), name="first")
+    with pytest.raises(JobConflictError, match="'first' and 'second'.*lock key 42"):
+        scheduler.add_job(_noop, every(10), name="second")
