@@ -200,5 +200,5 @@ def test_colliding_lock_keys_are_rejected(
     # every name hash alike: the check itself is what is under test.
     monkeypatch.setattr("cronlock._scheduler.job_lock_key", lambda name: 42)
     scheduler.add_job(_noop, every(10), name="first")
-    with pytest.raises(JobConflictError, match="'first' and 'second'.*lock key 42"):
+    with pytest.raises(JobConflictError, match=r"'first' and 'second'.*lock key 42"):
         scheduler.add_job(_noop, every(10), name="second")
