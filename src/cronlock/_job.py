@@ -126,6 +126,10 @@ class Job:
     _is_async: bool = field(default=True, init=False, repr=False)
     generation: int = field(default=0, init=False, repr=False)
     history_checked: datetime | None = field(default=None, init=False, repr=False)
+    # The locker's note_schedule(job, schedule, next_run), when it has one (status views).
+    note: Callable[[str, str, datetime | None], None] | None = field(
+        default=None, init=False, repr=False
+    )
 
     def __post_init__(self) -> None:
         name = self.name

@@ -98,6 +98,10 @@ class LedgerLocker(Locker, Protocol):
         """The latest *limit* runs of *job*, newest first (unfinished ones included)."""
         ...
 
+    # Optional, looked up with getattr: ``note_schedule(job, schedule, next_run) -> None``,
+    # called (synchronously, on the hot path: no I/O) whenever a replica computes a job's
+    # next slot, so a ledger can show schedules and next slots in status views.
+
 
 @runtime_checkable
 class Elector(Protocol):

@@ -64,6 +64,8 @@ class RunLoop:
             _logger.exception("job %r: its schedule failed; the job will not fire", job.name)
             slot = None
         job.next_run = slot
+        if job.note is not None:
+            job.note(job.name, str(job.schedule), slot)
         if slot is None:
             return
         seq = next(self._seq)
@@ -188,6 +190,8 @@ class RunLoop:
                 latest.isoformat(),
             )
         job.next_run = following
+        if job.note is not None:
+            job.note(job.name, str(job.schedule), following)
         if following is not None:
             fire = job.fire_time(following)
             heapq.heappush(self._heap, (fire, next(self._seq), job, job.generation, following))

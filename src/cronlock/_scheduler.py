@@ -191,6 +191,8 @@ class Scheduler:
             locker=options.get("locker"),
         )
         job._scheduler = self
+        if job.distributed:
+            job.note = getattr(job.locker or self._locker, "note_schedule", None)
         self._jobs[name] = job
         self._keys[key] = name
         if self._loop is not None:
