@@ -7,7 +7,12 @@ import time
 from datetime import UTC, datetime
 from typing import Protocol, runtime_checkable
 
-__all__ = ("Clock", "SystemClock")
+__all__ = ("Clock", "SystemClock", "monotonic")
+
+
+def monotonic() -> float:
+    """Seconds on the monotonic clock: for leases and durations, never for slots."""
+    return time.monotonic()
 
 
 @runtime_checkable
@@ -36,10 +41,6 @@ class SystemClock:
     def now(self) -> datetime:
         """Return the current wall-clock instant in UTC."""
         return datetime.fromtimestamp(time.time(), UTC)
-
-    def monotonic(self) -> float:
-        """Seconds on a monotonic clock, for measuring durations."""
-        return time.monotonic()
 
     async def sleep_until(self, deadline: datetime) -> None:
         """Sleep until the wall clock reaches *deadline*."""
