@@ -152,20 +152,31 @@ class Subscription:
 class EventBus:
     """Delivers events to subscribers; a failing subscriber is logged, never propagated."""
 
-    __slots__ = ("_pending", "_subs")
+    __slots__ = ("_pending", "_subs", "_wanted")
 
     def __init__(self) -> None:
         self._subs: list[Subscription] = []
         self._pending: set[asyncio.Task[None]] = set()
+        self._wanted: dict[type[Event], bool] = {}
 
     def add(self, callback: Listener, types: tuple[type[Event], ...]) -> Subscription:
         sub = Subscription(self, callback, types or (Event,))
         self._subs.append(sub)
+        self._wanted.clear()
         return sub
 
     def remove(self, sub: Subscription) -> None:
         if sub in self._subs:
             self._subs.remove(sub)
+            self._wanted.clear()
+
+    def wants(self, kind: type[Event]) -> bool:
+        """Whether any subscriber takes events of *kind* (lets the hot path skip building them)."""
+        try:
+            return self._wanted[kind]
+        except KeyError:
+            wanted = self._wanted[kind] = any(issubclass(kind, s.types) for s in self._subs)
+            return wanted
 
     def emit(self, event: Event) -> None:
         """Call sync listeners now; schedule async ones as owned tasks."""

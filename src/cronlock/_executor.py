@@ -184,13 +184,25 @@ class Executor:
 
     async def _execute(self, job: Job, slot: datetime, lease: Lease | None) -> JobEvent:
         clock = self._clock
+        bus = self._bus
         job.run_count += 1
         started = clock.now()
         ctx = RunContext(job.name, slot, started, job.run_count)
-        self._bus.emit(JobStarted(job.name, slot, started, job.run_count))
+        if bus.wants(JobStarted):
+            bus.emit(JobStarted(job.name, slot, started, job.run_count))
         timeout = job.timeout if job.timeout is not None else self._default_timeout
-        guard = _RunGuard(clock, timeout)
         coordinated = job.distributed and self._elector is not None
+        if timeout is None and lease is None and not coordinated:
+            # The common case pays for no timeout machinery at all.
+            try:
+                result = await job.call(ctx)
+            except asyncio.CancelledError:
+                self._cancelled(job, slot, started)
+                raise
+            except Exception as exc:
+                return self._failed(job, slot, started, exc)
+            return self._succeeded(job, slot, started, result)
+        guard = _RunGuard(clock, timeout)
         if coordinated:
             self._coordinated.add(guard)
         if lease is not None:
@@ -202,9 +214,7 @@ class Executor:
                 result = await job.call(ctx)
         except asyncio.CancelledError:
             self._coordinated.discard(guard)
-            finished = clock.now()
-            self._record(job, slot, started, finished, "cancelled", None)
-            self._emit(JobCancelled(job.name, slot, started, finished))
+            self._cancelled(job, slot, started)
             raise
         except Exception as exc:
             self._coordinated.discard(guard)
@@ -223,13 +233,29 @@ class Executor:
                 )
                 self._record(job, slot, started, finished, "lock_lost", None)
                 return self._emit(LockLost(job.name, slot, started, finished, guard.lost_because))
-            _logger.error("job %r slot %s failed", job.name, slot, exc_info=exc)
-            self._record(job, slot, started, finished, "failed", _summary(exc))
-            return self._emit(JobFailed(job.name, slot, started, finished, exc))
+            return self._failed(job, slot, started, exc)
         self._coordinated.discard(guard)
-        finished = clock.now()
-        self._record(job, slot, started, finished, "succeeded", None)
-        return self._emit(JobSucceeded(job.name, slot, started, finished, result))
+        return self._succeeded(job, slot, started, result)
+
+    def _succeeded(self, job: Job, slot: datetime, started: datetime, result: object) -> JobEvent:
+        finished = self._clock.now()
+        record = RunRecord(slot, started, finished, "succeeded")
+        job.last_run = job.last_success = record
+        event = JobSucceeded(job.name, slot, started, finished, result)
+        if self._bus.wants(JobSucceeded):
+            self._bus.emit(event)
+        return event
+
+    def _failed(self, job: Job, slot: datetime, started: datetime, exc: Exception) -> JobEvent:
+        finished = self._clock.now()
+        _logger.error("job %r slot %s failed", job.name, slot, exc_info=exc)
+        self._record(job, slot, started, finished, "failed", _summary(exc))
+        return self._emit(JobFailed(job.name, slot, started, finished, exc))
+
+    def _cancelled(self, job: Job, slot: datetime, started: datetime) -> None:
+        finished = self._clock.now()
+        self._record(job, slot, started, finished, "cancelled", None)
+        self._emit(JobCancelled(job.name, slot, started, finished))
 
     def _record(
         self,

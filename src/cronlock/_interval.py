@@ -59,7 +59,9 @@ class IntervalSchedule:
     def next_after(self, after: datetime) -> datetime | None:
         """The first ``anchor + k * interval`` strictly after *after*; None past year 9999."""
         step = _micros(self.interval)
-        elapsed = _micros(to_utc(after, field="next_after") - self.anchor)
+        if after.tzinfo is not UTC:  # the scheduler passes UTC already: skip the conversion
+            after = to_utc(after, field="next_after")
+        elapsed = _micros(after - self.anchor)
         # Floor division rounds toward -inf, so this is right for anchors in the future too.
         k = elapsed // step + 1
         try:
