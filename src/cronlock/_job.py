@@ -126,6 +126,8 @@ class Job:
     _is_async: bool = field(default=True, init=False, repr=False)
     generation: int = field(default=0, init=False, repr=False)
     history_checked: datetime | None = field(default=None, init=False, repr=False)
+    task_name: str = field(default="", init=False, repr=False)
+    schedule_text: str = field(default="", init=False, repr=False)
     # The locker's note_schedule(job, schedule, next_run), when it has one (status views).
     note: Callable[[str, str, datetime | None], None] | None = field(
         default=None, init=False, repr=False
@@ -179,6 +181,8 @@ class Job:
             getattr(target, "__call__", None)  # noqa: B004 - async callable objects
         )
         self._context_param = _context_parameter(self.func)
+        self.task_name = f"cronlock-run:{name}"
+        self.schedule_text = str(self.schedule)
 
     # -- schedule maths ------------------------------------------------------------
 

@@ -65,7 +65,7 @@ class RunLoop:
             slot = None
         job.next_run = slot
         if job.note is not None:
-            job.note(job.name, str(job.schedule), slot)
+            job.note(job.name, job.schedule_text, slot)
         if slot is None:
             return
         seq = next(self._seq)
@@ -191,7 +191,7 @@ class RunLoop:
             )
         job.next_run = following
         if job.note is not None:
-            job.note(job.name, str(job.schedule), following)
+            job.note(job.name, job.schedule_text, following)
         if following is not None:
             fire = job.fire_time(following)
             heapq.heappush(self._heap, (fire, next(self._seq), job, job.generation, following))
@@ -277,9 +277,7 @@ class RunLoop:
         replaced: tuple[asyncio.Task[None], ...] = (),
     ) -> None:
         self._running += 1
-        task = asyncio.create_task(
-            self._run(job, slot, waiter, replaced), name=f"cronlock-run:{job.name}"
-        )
+        task = asyncio.create_task(self._run(job, slot, waiter, replaced), name=job.task_name)
         self._tasks.setdefault(job, set()).add(task)
 
     async def _run(

@@ -312,6 +312,7 @@ class Scheduler:
         """Give job *name* a new schedule, keeping its history and options."""
         job = self.get_job(name)
         job.schedule = bind_zone(schedule, self._tz)
+        job.schedule_text = str(job.schedule)
         if self._loop is not None and not job.paused:
             self._loop.schedule(job, self._clock.now())
         return job
@@ -403,6 +404,7 @@ class Scheduler:
             from ._once import OnceSchedule
 
             job.schedule = OnceSchedule(instants=(now,))
+            job.schedule_text = str(job.schedule)
             self._loop.schedule(job, now - _ONE_MICROSECOND)
         else:
             self._loop.schedule(job, now)
