@@ -16,6 +16,8 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 
 from ._keys import job_lock_key as job_lock_key
 from ._pg_common import Keepalives as Keepalives
+from ._pg_elector import PostgresElector as PostgresElector
+from ._pg_elector import PostgresElectorStatistics as PostgresElectorStatistics
 from ._pg_locker import PostgresLease as PostgresLease
 from ._pg_locker import PostgresLocker as PostgresLocker
 from ._pg_locker import PostgresLockerStatistics as PostgresLockerStatistics
@@ -25,6 +27,8 @@ from ._pg_run import run_locked as run_locked
 
 __all__ = (
     "Keepalives",
+    "PostgresElector",
+    "PostgresElectorStatistics",
     "PostgresLease",
     "PostgresLocker",
     "PostgresLockerStatistics",
