@@ -74,7 +74,9 @@ class Executor:
 
     async def run(self, job: Job, slot: datetime) -> JobEvent:
         """Run *slot* of *job* and return the final event (also emitted)."""
-        if not job.distributed:
+        if not job.distributed or (
+            self._elector is None and self._locker is None and job.locker is None
+        ):
             return await self._execute(job, slot, None)
         gate = await self._admit(job, slot)
         if isinstance(gate, JobEvent):
