@@ -1,4 +1,4 @@
-"""The command line: ``python -m cronlock next|demo ...``."""
+"""The command line: ``python -m cronlock next|demo|migrate|status|history ...``."""
 
 from __future__ import annotations
 
@@ -35,6 +35,9 @@ def _build_parser() -> argparse.ArgumentParser:
     from ._demo import add_demo_parser
 
     add_demo_parser(verbs)
+    from ._cli_pg import add_pg_parsers
+
+    add_pg_parsers(verbs)
     return parser
 
 
@@ -71,6 +74,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.verb == "next":
             return _cmd_next(args)
+        from ._cli_pg import PG_VERBS, run_pg
+
+        if args.verb in PG_VERBS:
+            return run_pg(args)
         from ._demo import run_demo
 
         return run_demo(args)

@@ -31,12 +31,18 @@ def add_demo_parser(verbs: Any) -> None:
     demo.add_argument("--replicas", type=int, default=3, help="processes (default: 3)")
     demo.add_argument("--duration", type=int, default=10, help="seconds (default: 10)")
     demo.add_argument("--dsn", help="coordinate through PostgreSQL (default: a FileLocker)")
+    demo.add_argument(
+        "--lock-only",
+        action="store_true",
+        help="with --dsn: advisory locks without the run ledger (can run a slot twice)",
+    )
     replica = verbs.add_parser("_replica", help=argparse.SUPPRESS)
     replica.add_argument("--id", type=int, required=True)
     replica.add_argument("--start", type=float, required=True)
     replica.add_argument("--duration", type=int, required=True)
     replica.add_argument("--lockdir")
     replica.add_argument("--dsn")
+    replica.add_argument("--lock-only", action="store_true")
 
 
 def run_demo(args: argparse.Namespace) -> int:
@@ -48,6 +54,8 @@ def run_demo(args: argparse.Namespace) -> int:
         raise CronlockError(f"--replicas must be between 1 and 32, got {args.replicas}")
     if not 1 <= args.duration <= 3600:
         raise CronlockError(f"--duration must be between 1 and 3600, got {args.duration}")
+    if args.lock_only and not args.dsn:
+        raise CronlockError("--lock-only needs --dsn")
     if args.dsn:
         asyncio.run(_check_dsn(args.dsn))
     with tempfile.TemporaryDirectory(prefix="cronlock-demo-") as lockdir:
@@ -69,7 +77,9 @@ async def _check_dsn(dsn: str) -> None:
 
 def _parent(args: argparse.Namespace, lockdir: str) -> int:
     start = math.ceil(SystemClock().now().timestamp()) + _BOOT_SECONDS
-    backend = "PostgreSQL advisory locks" if args.dsn else f"FileLocker in {lockdir}"
+    backend = f"FileLocker in {lockdir}"
+    if args.dsn:
+        backend = "PostgreSQL advisory locks" + ("" if args.lock_only else " and run ledger")
     print(f"{args.replicas} replicas, job {JOB!r} every second for {args.duration}s, {backend}")
     procs = []
     for i in range(1, args.replicas + 1):
@@ -86,6 +96,7 @@ def _parent(args: argparse.Namespace, lockdir: str) -> int:
             str(args.duration),
         ]
         cmd += ["--dsn", args.dsn] if args.dsn else ["--lockdir", lockdir]
+        cmd += ["--lock-only"] if args.lock_only else []
         procs.append(
             subprocess.Popen(
                 cmd, stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"}
@@ -135,7 +146,8 @@ async def _replica(args: argparse.Namespace) -> None:
     if args.dsn:
         from .postgres import PostgresLocker
 
-        locker = PostgresLocker(args.dsn)
+        # The ledger (default) creates its table on first use; --lock-only needs none.
+        locker = PostgresLocker(args.dsn, ledger=not args.lock_only)
     else:
         locker = FileLocker(args.lockdir)
 

@@ -3,22 +3,81 @@
 Run as ``python replica.py --dsn DSN --job NAME --id N --start EPOCH --slots K``. Each run
 prints ``{"event": "start"|"end", "replica": N, "slot": ..., "t": time.time()}``; the
 tests read the lines to check mutual exclusion, misses and failover.
+
+Options for the exactly-once measurements: ``--offset S`` runs the scheduler on a clock
+S seconds ahead (negative: behind) of the real one; ``--hold-range LO HI`` makes each run
+take a duration drawn from the slot (every replica draws the same one); ``--no-ledger``
+uses the locker in lock-only mode; ``--trace`` also prints every acquire ("attempt", with
+the real-time window of the call and its answer) and every lease release ("released").
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import json
 import time
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
-from cronlock import Event, JobSkipped, LockFailed, RunContext, Scheduler, SystemClock, every
+from cronlock import (
+    Event,
+    JobSkipped,
+    LockFailed,
+    LockLost,
+    RunContext,
+    Scheduler,
+    SystemClock,
+    every,
+)
 from cronlock.postgres import PostgresLocker
+from cronlock.testing import OffsetClock
 
 
 def emit(**fields: object) -> None:
     print(json.dumps(fields), flush=True)
+
+
+def drawn(slot: datetime, low: float, high: float) -> float:
+    """A duration in [low, high] derived from the slot alone, the same on every replica."""
+    digest = hashlib.blake2b(slot.isoformat().encode(), digest_size=8).digest()
+    return low + (high - low) * int.from_bytes(digest, "big") / 2**64
+
+
+class _TracedLease:
+    def __init__(self, lease: Any, rid: int, slot: float) -> None:
+        self._lease = lease
+        self._rid = rid
+        self._slot = slot
+
+    def __getattr__(self, name: str) -> Any:  # record(), on_lost(), lost
+        return getattr(self._lease, name)
+
+    async def release(self) -> None:
+        await self._lease.release()
+        emit(event="released", replica=self._rid, slot=self._slot, t=time.time())
+
+
+class _TracedLocker:
+    """Prints each acquire's real-time window and answer; forwards everything else."""
+
+    def __init__(self, locker: PostgresLocker, rid: int) -> None:
+        self._locker = locker
+        self._rid = rid
+
+    def __getattr__(self, name: str) -> Any:  # last_claimed(), last_runs(), note_schedule()
+        return getattr(self._locker, name)
+
+    async def acquire(self, job: str, slot: datetime) -> Any:
+        t0 = time.time()
+        result = await self._locker.acquire(job, slot)
+        t1 = time.time()
+        answer = result if isinstance(result, str) else "granted"
+        emit(event="attempt", replica=self._rid, slot=slot.timestamp(), t0=t0, t1=t1, result=answer)
+        if isinstance(result, str):
+            return result
+        return _TracedLease(result, self._rid, slot.timestamp())
 
 
 async def main() -> None:
@@ -30,24 +89,45 @@ async def main() -> None:
     parser.add_argument("--slots", type=int, required=True)
     parser.add_argument("--interval", type=float, default=1.0)
     parser.add_argument("--hold", type=float, default=0.2, help="seconds each run takes")
+    parser.add_argument("--hold-range", type=float, nargs=2, metavar=("LO", "HI"))
+    parser.add_argument("--offset", type=float, default=0.0, help="clock offset, seconds")
+    parser.add_argument("--no-ledger", action="store_true", help="lock-only mode")
+    parser.add_argument("--trace", action="store_true", help="print acquires and releases")
+    parser.add_argument("--misfire-grace", type=float, help="default: one interval")
+    parser.add_argument("--until", type=float, help="exit at this epoch (default: after stop)")
     args = parser.parse_args()
 
     start = datetime.fromtimestamp(args.start, UTC)
     stop = start + timedelta(seconds=args.interval * (args.slots - 1))
-    locker = PostgresLocker(args.dsn, application_name=f"cronlock-test-replica-{args.id}")
-    clock = SystemClock()
-    scheduler = Scheduler(clock=clock, locker=locker, stop_timeout=0)
+    locker = PostgresLocker(
+        args.dsn, application_name=f"cronlock-test-replica-{args.id}", ledger=not args.no_ledger
+    )
+    real = SystemClock()
+    clock = OffsetClock(args.offset) if args.offset else real
+    scheduler = Scheduler(
+        clock=clock,
+        locker=_TracedLocker(locker, args.id) if args.trace else locker,
+        stop_timeout=0,
+    )
+    longest = args.hold_range[1] if args.hold_range else max(args.hold, 0)
 
     async def work(ctx: RunContext) -> None:
         emit(event="start", replica=args.id, slot=ctx.slot.timestamp(), t=time.time())
         if args.hold < 0:
             await asyncio.Event().wait()  # hold the lock until killed
-        await asyncio.sleep(args.hold)
+        hold = drawn(ctx.slot, *args.hold_range) if args.hold_range else args.hold
+        await asyncio.sleep(hold)
         emit(event="end", replica=args.id, slot=ctx.slot.timestamp(), t=time.time())
 
     def report(event: Event) -> None:
         if isinstance(event, JobSkipped):
-            emit(event="skipped", replica=args.id, slot=event.slot.timestamp(), reason=event.reason)
+            emit(
+                event="skipped",
+                replica=args.id,
+                slot=event.slot.timestamp(),
+                reason=event.reason,
+                t=time.time(),
+            )
         elif isinstance(event, LockFailed):
             emit(
                 event="lock_failed",
@@ -55,6 +135,8 @@ async def main() -> None:
                 slot=event.slot.timestamp(),
                 error=repr(event.exception),
             )
+        elif isinstance(event, LockLost):
+            emit(event="lock_lost", replica=args.id, slot=event.slot.timestamp(), t=time.time())
 
     scheduler.subscribe(report)
     scheduler.add_job(
@@ -63,11 +145,20 @@ async def main() -> None:
         name=args.job,
         start_at=start,
         stop_at=stop,
-        misfire_grace=args.interval,
+        misfire_grace=args.interval if args.misfire_grace is None else args.misfire_grace,
     )
     emit(event="ready", replica=args.id, t=time.time())
     async with locker, scheduler:
-        await clock.sleep_until(stop + timedelta(seconds=max(args.hold, 0) + 1.0))
+        if args.until is not None:
+            await real.sleep_until(datetime.fromtimestamp(args.until, UTC))
+        else:
+            await clock.sleep_until(stop + timedelta(seconds=longest + 1.0))
+    emit(event="exit", replica=args.id, t=time.time(), **_counters(locker))
+
+
+def _counters(locker: PostgresLocker) -> dict[str, int]:
+    stats = locker.statistics()
+    return {"granted": stats.granted, "statements": stats.statements}
 
 
 if __name__ == "__main__":

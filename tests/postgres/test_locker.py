@@ -51,11 +51,35 @@ async def test_mutual_exclusion_across_two_replicas(
     async with replica(pg_dsn, app_name + "-a") as a, replica(pg_dsn, app_name + "-b") as b:
         lease = await a.acquire(job, SLOT)
         assert isinstance(lease, PostgresLease)
-        assert await b.acquire(job, SLOT) == "locked"
+        # The ledger knows the slot is taken; the lock keeps B off the next slot meanwhile.
+        assert await b.acquire(job, SLOT) == "already_ran"
         assert await b.acquire(job, SLOT + timedelta(minutes=1)) == "locked"
         # locked_run and the locker share the key, so they exclude each other too.
         async with locked_run(pg_dsn, job) as standalone:
             assert not standalone
+        await lease.release()
+        # The lock is free again, but the slot ran: B, which never saw it, skips it.
+        assert await b.acquire(job, SLOT) == "already_ran"
+        lease_b = await b.acquire(job, SLOT + timedelta(minutes=1))
+        assert isinstance(lease_b, PostgresLease)
+        assert await a.acquire(job, SLOT + timedelta(minutes=2)) == "locked"
+        await lease_b.release()
+        assert a.statistics().contended >= 1
+        assert b.statistics().already_ran == 2
+    assert await locks_held([job]) == 0
+
+
+async def test_lock_only_mode_lets_another_replica_rerun_a_released_slot(
+    pg_dsn: str, app_name: str, locks_held: LocksHeld
+) -> None:
+    job = new_job()
+    a = replica(pg_dsn, app_name + "-a", ledger=False)
+    b = replica(pg_dsn, app_name + "-b", ledger=False)
+    async with a, b:
+        lease = await a.acquire(job, SLOT)
+        assert isinstance(lease, PostgresLease)
+        assert await b.acquire(job, SLOT) == "locked"
+        assert await b.acquire(job, SLOT + timedelta(minutes=1)) == "locked"
         await lease.release()
         # The lock is not a ledger: B, which never saw the slot, may now take it.
         lease_b = await b.acquire(job, SLOT)
@@ -63,6 +87,8 @@ async def test_mutual_exclusion_across_two_replicas(
         assert await a.acquire(job, SLOT + timedelta(minutes=1)) == "locked"
         await lease_b.release()
         assert a.statistics().contended >= 1
+        assert await a.last_claimed(job) is None  # no ledger, nothing to tell
+        assert await a.history(job) == []
     assert await locks_held([job]) == 0
 
 

@@ -1,0 +1,179 @@
+"""``python -m cronlock migrate|status|history``: the run ledger from the command line."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from ._errors import CronlockError
+from ._keys import job_lock_key
+
+__all__ = ("PG_VERBS", "add_pg_parsers", "run_pg")
+
+PG_VERBS = frozenset({"migrate", "status", "history"})
+
+# A bigint advisory key k is stored in pg_locks as classid = k >> 32, objid = k & 0xffffffff
+# (objsubid = 1); advisory locks are per database, hence the database filter.
+_HOLDERS_SQL = """
+SELECT (l.classid::int8 << 32) | l.objid::int8 AS key, a.pid, a.application_name,
+       host(a.client_addr) AS addr, a.backend_start
+FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted
+  AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+  AND ((l.classid::int8 << 32) | l.objid::int8) = ANY($1::int8[])
+"""
+
+
+def add_pg_parsers(verbs: Any) -> None:
+    """Register ``migrate``, ``status`` and ``history``."""
+
+    def common(parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--dsn", required=True, help="PostgreSQL DSN (postgresql://...)")
+        parser.add_argument("--schema", help="schema of the ledger (default: search_path)")
+        parser.add_argument("--table", default=None, help="ledger table (cronlock_runs)")
+
+    migrate = verbs.add_parser("migrate", help="create the run ledger tables if missing")
+    common(migrate)
+    status = verbs.add_parser(
+        "status", help="per job: last success and failure, next slot, who holds the lock"
+    )
+    common(status)
+    status.add_argument("jobs", nargs="*", metavar="JOB", help="only these jobs")
+    history = verbs.add_parser("history", help="the latest runs of one job from the ledger")
+    common(history)
+    history.add_argument("job", metavar="JOB")
+    history.add_argument("-n", type=int, default=20, help="how many runs (default: 20)")
+
+
+def run_pg(args: argparse.Namespace) -> int:
+    """Run one of the ledger verbs; errors are raised as :class:`CronlockError`."""
+    try:
+        import asyncpg  # noqa: F401
+    except ImportError:
+        raise CronlockError(
+            f"{args.verb} needs asyncpg: pip install 'cronlock[postgres]'"
+        ) from None
+    from ._pg_ledger import DEFAULT_TABLE, LedgerTable
+
+    table = LedgerTable(args.table or DEFAULT_TABLE, args.schema)
+    if args.verb == "history" and args.n < 1:
+        raise CronlockError(f"-n must be at least 1, got {args.n}")
+    return asyncio.run(_run(args, table))
+
+
+async def _run(args: argparse.Namespace, table: Any) -> int:
+    conn = await _connect(args.dsn)
+    try:
+        if args.verb == "migrate":
+            return await _migrate(conn, table)
+        from ._pg_ledger import tables_exist
+
+        if not await tables_exist(conn, table):
+            raise CronlockError(
+                f"no run ledger {table.runs} in this database; create it with "
+                f"'python -m cronlock migrate --dsn ...' or start a PostgresLocker"
+            )
+        if args.verb == "status":
+            return await _status(conn, table, args.jobs)
+        return await _history(conn, table, args.job, args.n)
+    finally:
+        await conn.close()
+
+
+async def _connect(dsn: str) -> Any:
+    import asyncpg
+
+    try:
+        return await asyncpg.connect(dsn, timeout=10)
+    except Exception as exc:  # bad syntax, refused, auth, unknown database: one clear line
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise CronlockError(f"cannot connect to PostgreSQL with --dsn: {reason}") from None
+
+
+async def _migrate(conn: Any, table: Any) -> int:
+    from ._pg_ledger import migrate
+
+    try:
+        created = await migrate(conn, table)
+    except Exception as exc:
+        raise CronlockError(f"could not create the run ledger {table.runs}: {exc}") from None
+    state = "created" if created else "already there"
+    print(f"run ledger {table.runs} and {table.jobs}: {state}")
+    return 0
+
+
+def _when(value: datetime | None) -> str:
+    return "-" if value is None else value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
+    for line in (header, *rows):
+        print("  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip())
+
+
+async def _status(conn: Any, table: Any, only: Sequence[str]) -> int:
+    from ._pg_ledger import to_record
+
+    jobs = await conn.fetch(table.jobs_sql)
+    if only:
+        known = {row["job"]: row for row in jobs}
+        jobs = [
+            known.get(name) or {"job": name, "schedule": None, "next_run": None} for name in only
+        ]
+    names = [row["job"] for row in jobs]
+    holders: dict[int, list[Any]] = {}
+    for row in await conn.fetch(_HOLDERS_SQL, [job_lock_key(name) for name in names]):
+        holders.setdefault(row["key"], []).append(row)
+    print(f"run ledger {table.runs}: {len(names)} job(s); times in UTC")
+    if not names:
+        return 0
+    lines = []
+    for row in jobs:
+        found = {r["kind"]: to_record(r) for r in await conn.fetch(table.last_runs_sql, row["job"])}
+        ok, failed = found.get("ok"), found.get("failed")
+        failure = "-" if failed is None else f"{_when(failed.slot)} {failed.outcome}"
+        held = holders.get(job_lock_key(row["job"]), [])
+        who = ", ".join(
+            f"pid {h['pid']} {h['application_name'] or '?'}"
+            + (f" {h['addr']}" if h["addr"] else "")
+            for h in held
+        )
+        lines.append(
+            [
+                row["job"],
+                row["schedule"] or "-",
+                "-" if ok is None else _when(ok.slot),
+                failure,
+                _when(row["next_run"]),
+                who or "-",
+            ]
+        )
+    header = ["JOB", "SCHEDULE", "LAST SUCCESS", "LAST FAILURE", "NEXT SLOT", "LOCK HELD BY"]
+    _table(header, lines)
+    return 0
+
+
+async def _history(conn: Any, table: Any, job: str, limit: int) -> int:
+    from ._pg_ledger import to_record
+
+    records = [to_record(row) for row in await conn.fetch(table.history_sql, job, limit)]
+    if not records:
+        print(f"no runs of {job!r} in {table.runs}")
+        return 0
+    print(f"last {len(records)} run(s) of {job!r}, newest first; times in UTC")
+    lines = []
+    for r in records:
+        took = (
+            "-"
+            if r.finished_at is None
+            else f"{(r.finished_at - r.started_at).total_seconds():.3f}s"
+        )
+        lines.append(
+            [_when(r.slot), r.outcome, _when(r.started_at), took, r.owner or "-", r.error or ""]
+        )
+    _table(["SLOT", "OUTCOME", "STARTED", "TOOK", "OWNER", "ERROR"], lines)
+    return 0

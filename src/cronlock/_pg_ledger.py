@@ -1,0 +1,358 @@
+"""The run ledger's SQL: table names, quoting, schema migration, statements, row mapping.
+
+A ledger is one table of runs keyed by (job, slot) plus a small table of job schedules.
+Every statement here is parameterized; the only text spliced into SQL is identifiers,
+always through :func:`quote_ident`. Only :mod:`cronlock.postgres` and the command line
+import this module, so asyncpg stays an optional extra.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Any
+
+from ._errors import CronlockError
+from ._job import RunRecord
+from ._keys import job_lock_key
+
+__all__ = (
+    "DEFAULT_TABLE",
+    "LedgerTable",
+    "migrate",
+    "quote_ident",
+    "to_record",
+)
+
+DEFAULT_TABLE = "cronlock_runs"
+# PostgreSQL truncates identifiers to NAMEDATALEN - 1 bytes; a longer name would silently
+# become another name, so it is refused instead.
+_MAX_IDENTIFIER = 63
+_OUTCOMES = frozenset({"succeeded", "failed", "timed_out", "cancelled", "lock_lost"})
+
+
+class LedgerNameError(CronlockError, ValueError):
+    """A ledger table or schema name PostgreSQL cannot store as given."""
+
+
+def quote_ident(name: str, *, field: str = "identifier") -> str:
+    """Quote *name* as a PostgreSQL identifier: ``"..."`` with inner quotes doubled.
+
+    Any name PostgreSQL accepts is accepted, including spaces, quotes, capitals and
+    non-ASCII letters. Refused: a non-string, the empty name, a NUL character (the
+    server cannot store one) and names over 63 bytes (the server would truncate them).
+    """
+    if not isinstance(name, str) or not name:
+        raise LedgerNameError(f"{field} must be a non-empty string, got {name!r}")
+    if "\x00" in name:
+        raise LedgerNameError(f"{field} {name!r} contains a NUL character")
+    if len(name.encode()) > _MAX_IDENTIFIER:
+        raise LedgerNameError(
+            f"{field} {name!r} is {len(name.encode())} bytes long; PostgreSQL keeps at most "
+            f"{_MAX_IDENTIFIER}"
+        )
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _derived(table: str, suffix: str) -> str:
+    """``<table><suffix>``, shortened with a hash when it would exceed 63 bytes."""
+    name = table + suffix
+    if len(name.encode()) <= _MAX_IDENTIFIER:
+        return name
+    digest = hashlib.blake2b(table.encode(), digest_size=4).hexdigest()
+    room = _MAX_IDENTIFIER - len(suffix) - len(digest) - 1
+    head = table.encode()[:room].decode(errors="ignore")
+    return f"{head}_{digest}{suffix}"
+
+
+def to_record(row: Any) -> RunRecord:
+    """A ledger row (slot, started_at, finished_at, outcome, error, host, pid) as a record.
+
+    A row without an outcome is ``"unfinished"``: still running, its replica died, or it
+    was released without an outcome (then *finished_at* is set).
+    """
+    outcome = row["outcome"]
+    return RunRecord(
+        slot=row["slot"],
+        started_at=row["started_at"],
+        finished_at=row["finished_at"],
+        outcome=outcome if outcome in _OUTCOMES else "unfinished",
+        error=row["error"],
+        owner=f"{row['host']}:{row['pid']}",
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerTable:
+    """Where a ledger lives, and the statements that use it.
+
+    *schema* ``None`` leaves the names unqualified, resolved through the session's
+    ``search_path`` (the first schema in it when creating); name a schema when the
+    application and the operator's command line could see different search paths.
+    """
+
+    table: str = DEFAULT_TABLE
+    schema: str | None = None
+
+    def __post_init__(self) -> None:
+        quote_ident(self.table, field="ledger table")
+        if self.schema is not None:
+            quote_ident(self.schema, field="ledger schema")
+
+    def _qualified(self, name: str) -> str:
+        quoted = quote_ident(name, field="ledger table")
+        if self.schema is None:
+            return quoted
+        return f"{quote_ident(self.schema, field='ledger schema')}.{quoted}"
+
+    @property
+    def runs(self) -> str:
+        """The runs table, quoted and qualified: ``"schema"."table"``."""
+        return self._qualified(self.table)
+
+    @property
+    def jobs(self) -> str:
+        """The job schedules table (``<table>_jobs``), quoted and qualified."""
+        return self._qualified(_derived(self.table, "_jobs"))
+
+    @property
+    def migrate_key(self) -> int:
+        """The transaction advisory lock key that serialises concurrent migrations."""
+        return job_lock_key(f"cronlock:migrate:{self.runs}")
+
+    # -- schema ------------------------------------------------------------------------
+
+    def ddl(self) -> list[str]:
+        """The statements that create the ledger, each idempotent."""
+        slot_index = quote_ident(_derived(self.table, "_slot_idx"))
+        statements = []
+        if self.schema is not None:
+            statements.append(f"CREATE SCHEMA IF NOT EXISTS {quote_ident(self.schema)}")
+        statements += [
+            f"""CREATE TABLE IF NOT EXISTS {self.runs} (
+                job         text        NOT NULL,
+                slot        timestamptz NOT NULL,
+                host        text        NOT NULL,
+                pid         integer     NOT NULL,
+                started_at  timestamptz NOT NULL DEFAULT clock_timestamp(),
+                finished_at timestamptz,
+                outcome     text,
+                error       text,
+                PRIMARY KEY (job, slot)
+            )""",
+            # For pruning by age across jobs; (job, slot) lookups use the primary key.
+            f"CREATE INDEX IF NOT EXISTS {slot_index} ON {self.runs} (slot)",
+            f"""CREATE TABLE IF NOT EXISTS {self.jobs} (
+                job        text        PRIMARY KEY,
+                schedule   text        NOT NULL,
+                next_run   timestamptz,
+                updated_at timestamptz NOT NULL DEFAULT clock_timestamp(),
+                updated_by text
+            )""",
+        ]
+        return statements
+
+    @property
+    def exists_sql(self) -> str:
+        """``$1, $2``: the quoted names of both tables; true when both exist."""
+        return "SELECT to_regclass($1) IS NOT NULL AND to_regclass($2) IS NOT NULL"
+
+    # -- the hot path: one round trip to claim, one to finish ----------------------------
+
+    @property
+    def claim_sql(self) -> str:
+        """Lock and claim in one statement.
+
+        ``$1`` lock key, ``$2`` job, ``$3`` slot, ``$4`` host, ``$5`` pid. Returns
+        (ran, got, started_at): *ran* the slot was already in the ledger (the lock was not
+        even tried, so a lagging replica never blocks a leading one's next slot); *got*
+        the lock was granted; *started_at* set when this call claimed the slot. A lock
+        granted for a slot another replica claimed meanwhile is given back in the same
+        statement (the ``ON CONFLICT`` is what makes the claim unique; the pre-check only
+        saves the lock churn).
+        """
+        return f"""
+            WITH seen AS MATERIALIZED (
+                SELECT EXISTS (SELECT 1 FROM {self.runs} WHERE job = $2 AND slot = $3) AS ran
+            ), l AS MATERIALIZED (
+                SELECT seen.ran,
+                       CASE WHEN seen.ran THEN false
+                            ELSE pg_try_advisory_lock($1::bigint) END AS got
+                FROM seen
+            ), ins AS (
+                INSERT INTO {self.runs} (job, slot, host, pid)
+                SELECT $2::text, $3::timestamptz, $4::text, $5::integer FROM l WHERE l.got
+                ON CONFLICT (job, slot) DO NOTHING
+                RETURNING started_at
+            ), c AS MATERIALIZED (
+                SELECT l.ran, l.got, (SELECT started_at FROM ins) AS started_at FROM l
+            )
+            SELECT c.ran, c.got, c.started_at,
+                   CASE WHEN c.got AND c.started_at IS NULL
+                        THEN pg_advisory_unlock($1::bigint) END AS undone
+            FROM c"""
+
+    @property
+    def finish_sql(self) -> str:
+        """Record the outcome and unlock in one statement.
+
+        ``$1`` job, ``$2`` slot, ``$3`` outcome (NULL: none recorded), ``$4`` error,
+        ``$5`` lock key. Returns (released, recorded). The unlock takes effect at once and
+        the row at commit, a moment later: another replica that takes the lock in between
+        finds the slot claimed either way. This one commit does not wait for its WAL flush
+        (``synchronous_commit`` off for the statement's transaction only): a server crash
+        can lose an outcome written just before it, leaving the run "unfinished", but never
+        a claim, which stays durable; it saves one disk flush per run.
+        """
+        return f"""
+            WITH upd AS (
+                UPDATE {self.runs}
+                SET finished_at = clock_timestamp(), outcome = $3::text, error = $4::text
+                WHERE job = $1 AND slot = $2 AND finished_at IS NULL
+                RETURNING 1
+            )
+            SELECT pg_advisory_unlock($5::bigint) AS released,
+                   (SELECT count(*) FROM upd) AS recorded,
+                   set_config('synchronous_commit', 'off', true) AS relaxed"""
+
+    @property
+    def unclaim_sql(self) -> str:
+        """Undo a claim whose caller was cancelled before the run began; and unlock.
+
+        ``$1`` job, ``$2`` slot, ``$3`` host, ``$4`` pid, ``$5`` lock key. The slot is
+        given up so that another replica may still run it.
+        """
+        return f"""
+            WITH del AS (
+                DELETE FROM {self.runs}
+                WHERE job = $1 AND slot = $2 AND host = $3 AND pid = $4
+                  AND finished_at IS NULL
+            )
+            SELECT pg_advisory_unlock($5::bigint)"""
+
+    @property
+    def late_finish_sql(self) -> str:
+        """Record outcomes of runs whose session died (no lock to release any more).
+
+        Arrays: ``$1`` jobs, ``$2`` slots, ``$3`` outcomes, ``$4`` errors, ``$5`` times.
+        """
+        return f"""
+            UPDATE {self.runs} AS r
+            SET finished_at = u.finished_at, outcome = u.outcome, error = u.error
+            FROM unnest($1::text[], $2::timestamptz[], $3::text[], $4::text[],
+                        $5::timestamptz[]) AS u(job, slot, outcome, error, finished_at)
+            WHERE r.job = u.job AND r.slot = u.slot AND r.finished_at IS NULL"""
+
+    # -- reads -----------------------------------------------------------------------------
+
+    @property
+    def last_claimed_sql(self) -> str:
+        """``$1`` job: the latest slot any replica claimed."""
+        return f"SELECT max(slot) FROM {self.runs} WHERE job = $1"
+
+    @property
+    def last_runs_sql(self) -> str:
+        """``$1`` job: rows ('last', latest finished run) and ('ok', latest success)."""
+        cols = "slot, started_at, finished_at, outcome, error, host, pid"
+        return f"""
+            (SELECT 'last' AS kind, {cols} FROM {self.runs}
+             WHERE job = $1 AND finished_at IS NOT NULL ORDER BY slot DESC LIMIT 1)
+            UNION ALL
+            (SELECT 'ok' AS kind, {cols} FROM {self.runs}
+             WHERE job = $1 AND outcome = 'succeeded' ORDER BY slot DESC LIMIT 1)
+            UNION ALL
+            (SELECT 'failed' AS kind, {cols} FROM {self.runs}
+             WHERE job = $1 AND outcome <> 'succeeded' ORDER BY slot DESC LIMIT 1)"""
+
+    @property
+    def history_sql(self) -> str:
+        """``$1`` job, ``$2`` limit: the latest runs, newest first."""
+        return f"""
+            SELECT slot, started_at, finished_at, outcome, error, host, pid
+            FROM {self.runs} WHERE job = $1 ORDER BY slot DESC LIMIT $2"""
+
+    @property
+    def jobs_sql(self) -> str:
+        """Every job with a schedule note or a run, with its schedule and next slot.
+
+        Distinct jobs of the runs table come from a recursive skip scan of the primary
+        key: one index probe per job, however many runs each has.
+        """
+        return f"""
+            WITH RECURSIVE seen(job) AS (
+                (SELECT job FROM {self.runs} ORDER BY job LIMIT 1)
+                UNION ALL
+                SELECT (SELECT r.job FROM {self.runs} r WHERE r.job > seen.job
+                        ORDER BY r.job LIMIT 1)
+                FROM seen WHERE seen.job IS NOT NULL
+            )
+            SELECT coalesce(j.job, s.job) AS job, j.schedule, j.next_run, j.updated_at
+            FROM {self.jobs} j
+            FULL JOIN (SELECT job FROM seen WHERE job IS NOT NULL) s ON s.job = j.job
+            ORDER BY 1"""
+
+    # -- upkeep -----------------------------------------------------------------------------
+
+    @property
+    def note_sql(self) -> str:
+        """Upsert job schedules; arrays ``$1`` jobs, ``$2`` schedules, ``$3`` next slots;
+        ``$4`` who writes. Rows already up to date are left alone (no dead tuples)."""
+        return f"""
+            INSERT INTO {self.jobs} AS j (job, schedule, next_run, updated_at, updated_by)
+            SELECT u.job, u.schedule, u.next_run, clock_timestamp(), $4::text
+            FROM unnest($1::text[], $2::text[], $3::timestamptz[]) AS u(job, schedule, next_run)
+            ON CONFLICT (job) DO UPDATE
+            SET schedule = EXCLUDED.schedule, next_run = EXCLUDED.next_run,
+                updated_at = EXCLUDED.updated_at, updated_by = EXCLUDED.updated_by
+            WHERE j.schedule IS DISTINCT FROM EXCLUDED.schedule
+               OR j.next_run IS DISTINCT FROM EXCLUDED.next_run"""
+
+    @property
+    def prune_sql(self) -> str:
+        """Delete up to ``$2`` rows whose slot is older than ``$1`` seconds ago.
+
+        Each job's latest run and latest success are kept whatever their age, so a job
+        that runs monthly, or has failed for longer than the retention, still shows them
+        and catch-up still knows where it stopped. Batched so that it never holds the
+        shared lock session for long; the caller prunes again soon when a batch was full.
+        """
+        return f"""
+            WITH doomed AS (
+                SELECT r.job, r.slot FROM {self.runs} r
+                WHERE r.slot < clock_timestamp() - $1::float8 * interval '1 second'
+                  AND EXISTS (SELECT 1 FROM {self.runs} n
+                              WHERE n.job = r.job AND n.slot > r.slot)
+                  AND (r.outcome IS DISTINCT FROM 'succeeded'
+                       OR EXISTS (SELECT 1 FROM {self.runs} s
+                                  WHERE s.job = r.job AND s.slot > r.slot
+                                    AND s.outcome = 'succeeded'))
+                LIMIT $2
+            ), gone AS (
+                DELETE FROM {self.runs} r USING doomed d
+                WHERE r.job = d.job AND r.slot = d.slot
+                RETURNING 1
+            )
+            SELECT count(*) FROM gone"""
+
+
+async def migrate(conn: Any, table: LedgerTable, *, timeout: float = 30.0) -> bool:
+    """Create the ledger's tables if missing, in one transaction; return whether it did.
+
+    Concurrent callers (replicas starting together) are serialised with a transaction
+    advisory lock, since concurrent ``CREATE TABLE IF NOT EXISTS`` of one name can fail.
+    Tables that already exist are detected first, so a role without CREATE rights on
+    the schema can use a ledger someone else created.
+    """
+    if await tables_exist(conn, table):
+        return False
+    async with conn.transaction():
+        await conn.execute(f"SET LOCAL lock_timeout = {int(timeout * 1000)}")
+        await conn.execute("SELECT pg_advisory_xact_lock($1::bigint)", table.migrate_key)
+        for statement in table.ddl():
+            await conn.execute(statement)
+    return True
+
+
+async def tables_exist(conn: Any, table: LedgerTable) -> bool:
+    """Whether both ledger tables exist (as this session resolves their names)."""
+    return bool(await conn.fetchval(table.exists_sql, table.runs, table.jobs))

@@ -1,0 +1,125 @@
+"""``python -m cronlock migrate|status|history`` against the real server."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import uuid
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from cronlock import RunRecord
+from cronlock._pg_ledger import quote_ident
+from cronlock.postgres import PostgresLease, PostgresLocker
+
+pytestmark = pytest.mark.postgres
+
+SLOT = datetime(2030, 1, 1, 3, 0, tzinfo=UTC)
+
+
+async def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    def run() -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "cronlock", *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+
+    return await asyncio.to_thread(run)
+
+
+@pytest.fixture
+async def schema(admin: Any) -> AsyncIterator[str]:
+    name = f"cli {uuid.uuid4().hex[:8]}"
+    try:
+        yield name
+    finally:
+        await admin.execute(f"DROP SCHEMA IF EXISTS {quote_ident(name)} CASCADE")
+
+
+async def test_migrate_creates_then_finds_the_ledger(pg_dsn: str, schema: str) -> None:
+    first = await cli("migrate", "--dsn", pg_dsn, "--schema", schema, "--table", 'my "runs"')
+    assert first.returncode == 0, first.stderr
+    assert "created" in first.stdout
+    again = await cli("migrate", "--dsn", pg_dsn, "--schema", schema, "--table", 'my "runs"')
+    assert again.returncode == 0, again.stderr
+    assert "already there" in again.stdout
+    # A locker that may not create tables uses the migrated ledger.
+    locker = PostgresLocker(
+        pg_dsn, schema=schema, table='my "runs"', create_table=False, application_name="cli-t"
+    )
+    async with locker:
+        lease = await locker.acquire("j", SLOT)
+        assert isinstance(lease, PostgresLease)
+        await lease.release()
+
+
+async def test_status_and_history(pg_dsn: str, schema: str) -> None:
+    ok_job, bad_job = "nightly-reindex", "hourly-export"
+    runner = PostgresLocker(pg_dsn, schema=schema, application_name="cli-test-runner")
+    holder = PostgresLocker(pg_dsn, schema=schema, application_name="cli-test-holder")
+    async with runner, holder:
+        for i, (job, outcome, error) in enumerate(
+            [
+                (ok_job, "succeeded", None),
+                (ok_job, "succeeded", None),
+                (bad_job, "succeeded", None),
+                (bad_job, "failed", "ValueError: no export today"),
+            ]
+        ):
+            slot = SLOT + timedelta(hours=i)
+            lease = await runner.acquire(job, slot)
+            assert isinstance(lease, PostgresLease)
+            now = datetime.now(UTC)
+            lease.record(RunRecord(slot, now, now, outcome, error))  # type: ignore[arg-type]
+            await lease.release()
+        runner.note_schedule(ok_job, "cron '0 3 * * *' in Europe/Berlin", SLOT + timedelta(days=1))
+        held = await holder.acquire(bad_job, SLOT + timedelta(days=1))  # holds it during status
+        assert isinstance(held, PostgresLease)
+        await runner.close()  # writes the schedule note
+
+        status = await cli("status", "--dsn", pg_dsn, "--schema", schema)
+        assert status.returncode == 0, status.stderr
+        lines = status.stdout.splitlines()
+        assert "2 job(s)" in lines[0]
+        [ok_line] = [line for line in lines if line.startswith(ok_job)]
+        assert "cron '0 3 * * *' in Europe/Berlin" in ok_line
+        assert "2030-01-01 04:00:00" in ok_line  # last success
+        assert "2030-01-02 03:00:00" in ok_line  # next slot
+        [bad_line] = [line for line in lines if line.startswith(bad_job)]
+        assert "2030-01-01 05:00:00" in bad_line  # last success
+        assert "2030-01-01 06:00:00 failed" in bad_line  # last failure
+        assert "cli-test-holder" in bad_line  # who holds the lock now
+        assert "cli-test-holder" not in ok_line
+        await held.release()
+
+    history = await cli("history", bad_job, "--dsn", pg_dsn, "--schema", schema, "-n", "5")
+    assert history.returncode == 0, history.stderr
+    rows = history.stdout.splitlines()[2:]
+    assert [row.split()[2] for row in rows] == ["unfinished", "failed", "succeeded"]
+    assert "ValueError: no export today" in rows[1]
+    one = await cli("history", bad_job, "--dsn", pg_dsn, "--schema", schema, "-n", "1")
+    assert len(one.stdout.splitlines()) == 3
+
+
+@pytest.mark.parametrize("verb", [["status"], ["history", "j"], ["migrate"]])
+async def test_bad_dsn_is_one_line_and_status_2(verb: list[str], unreachable_dsn: str) -> None:
+    for dsn in (unreachable_dsn, "not a dsn"):
+        result = await cli(*verb, "--dsn", dsn)
+        assert result.returncode == 2
+        assert result.stdout == ""
+        [line] = result.stderr.splitlines()
+        assert line.startswith("cronlock: error: cannot connect to PostgreSQL with --dsn")
+
+
+async def test_missing_ledger_is_a_clear_error(pg_dsn: str, schema: str) -> None:
+    result = await cli("status", "--dsn", pg_dsn, "--schema", schema)
+    assert result.returncode == 2
+    assert "migrate" in result.stderr
+    assert len(result.stderr.splitlines()) == 1
