@@ -22,7 +22,7 @@ from ._events import (
     LockFailed,
     LockLost,
 )
-from ._job import Job, RunContext, RunRecord
+from ._job import Job, RunRecord
 from ._locking import Elector, Lease, Locker, finish_uncancellably
 
 if TYPE_CHECKING:
@@ -189,7 +189,6 @@ class Executor:
         bus = self._bus
         job.run_count += 1
         started = clock.now()
-        ctx = RunContext(job.name, slot, started, job.run_count)
         if bus.wants(JobStarted):
             bus.emit(JobStarted(job.name, slot, started, job.run_count))
         timeout = job.timeout if job.timeout is not None else self._default_timeout
@@ -197,7 +196,7 @@ class Executor:
         if timeout is None and lease is None and not coordinated:
             # The common case pays for no timeout machinery at all.
             try:
-                result = await job.call(ctx)
+                result = await job.call(slot, started)
             except asyncio.CancelledError:
                 self._cancelled(job, slot, started)
                 raise
@@ -213,7 +212,7 @@ class Executor:
                 watch(guard.lose if self._cancel_on_lock_loss else _log_loss(job, slot))
         try:
             async with guard:
-                result = await job.call(ctx)
+                result = await job.call(slot, started)
         except asyncio.CancelledError:
             self._coordinated.discard(guard)
             self._cancelled(job, slot, started)
@@ -241,8 +240,7 @@ class Executor:
 
     def _succeeded(self, job: Job, slot: datetime, started: datetime, result: object) -> JobEvent:
         finished = self._clock.now()
-        record = RunRecord(slot, started, finished, "succeeded")
-        job.last_run = job.last_success = record
+        job._last_run = job._last_success = (slot, started, finished, "succeeded")
         event = JobSucceeded(job.name, slot, started, finished, result)
         if self._bus.wants(JobSucceeded):
             self._bus.emit(event)

@@ -112,10 +112,9 @@ class Job:
     # State on this replica.
     next_run: datetime | None = field(default=None, init=False)
     """The next slot this replica will fire (aware UTC), or None when paused or exhausted."""
-    last_run: RunRecord | None = field(default=None, init=False)
-    """The most recent finished run on this replica."""
-    last_success: RunRecord | None = field(default=None, init=False)
-    """The most recent successful run on this replica."""
+    # The hot path stores a plain tuple; RunRecord is built when someone reads it.
+    _last_run: RunRecord | tuple[Any, ...] | None = field(default=None, init=False, repr=False)
+    _last_success: RunRecord | tuple[Any, ...] | None = field(default=None, init=False, repr=False)
     run_count: int = field(default=0, init=False)
     """How many runs started on this replica."""
     paused: bool = field(default=False, init=False)
@@ -126,6 +125,8 @@ class Job:
     _is_async: bool = field(default=True, init=False, repr=False)
     generation: int = field(default=0, init=False, repr=False)
     history_checked: datetime | None = field(default=None, init=False, repr=False)
+    # For anchor + k*interval schedules the slot after a slot is one addition away.
+    _grid_step: timedelta | None = field(default=None, init=False, repr=False)
     task_name: str = field(default="", init=False, repr=False)
     schedule_text: str = field(default="", init=False, repr=False)
     # The locker's note_schedule(job, schedule, next_run), when it has one (status views).
@@ -182,9 +183,56 @@ class Job:
         )
         self._context_param = _context_parameter(self.func)
         self.task_name = f"cronlock-run:{name}"
-        self.schedule_text = str(self.schedule)
+        self.set_schedule(self.schedule)
+
+    # -- history -------------------------------------------------------------------
+
+    @property
+    def last_run(self) -> RunRecord | None:
+        """The most recent finished run (fleet-wide when the locker keeps a ledger)."""
+        raw = self._last_run
+        if isinstance(raw, tuple):
+            record = RunRecord(*raw)
+            if self._last_success is raw:
+                self._last_success = record
+            self._last_run = raw = record
+        return raw
+
+    @last_run.setter
+    def last_run(self, record: RunRecord | None) -> None:
+        self._last_run = record
+
+    @property
+    def last_success(self) -> RunRecord | None:
+        """The most recent successful run (fleet-wide when the locker keeps a ledger)."""
+        raw = self._last_success
+        if isinstance(raw, tuple):
+            self._last_success = raw = RunRecord(*raw)
+        return raw
+
+    @last_success.setter
+    def last_success(self, record: RunRecord | None) -> None:
+        self._last_success = record
 
     # -- schedule maths ------------------------------------------------------------
+
+    def set_schedule(self, schedule: Schedule) -> None:
+        """Replace the schedule (history stays) and refresh what is derived from it."""
+        from ._interval import IntervalSchedule
+
+        self.schedule = schedule
+        self.schedule_text = str(schedule)
+        self._grid_step = schedule.interval if type(schedule) is IntervalSchedule else None
+
+    def following(self, slot: datetime) -> datetime | None:
+        """The slot after *slot*, itself a slot of this job (the run loop's hot path)."""
+        step = self._grid_step
+        if step is None:
+            return self.slot_after(slot)
+        nxt = slot + step
+        if self.stop_at is not None and nxt > self.stop_at:
+            return None
+        return nxt
 
     def slot_after(self, after: datetime) -> datetime | None:
         """The job's first slot strictly after *after*, honouring start_at and stop_at."""
@@ -256,11 +304,11 @@ class Job:
 
     # -- invoking the task ---------------------------------------------------------
 
-    def call(self, context: RunContext) -> Awaitable[object]:
+    def call(self, slot: datetime, started: datetime) -> Awaitable[object]:
         """Start the task for one run; plain functions go to a worker thread."""
-        kwargs = dict(self.kwargs)
+        kwargs = dict(self.kwargs) if self.kwargs else {}
         if self._context_param is not None:
-            kwargs[self._context_param] = context
+            kwargs[self._context_param] = RunContext(self.name, slot, started, self.run_count)
         if self._is_async:
             return typing.cast(Awaitable[object], self.func(*self.args, **kwargs))
         return _in_thread(functools.partial(self.func, *self.args, **kwargs))

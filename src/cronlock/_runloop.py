@@ -216,7 +216,7 @@ class RunLoop:
         self, job: Job, slot: datetime, now: datetime
     ) -> tuple[datetime, datetime | None]:
         """The latest slot due by *now* (from *slot* on) and the one after it."""
-        following = job.slot_after(slot)
+        following = job.following(slot)
         if following is None or job.fire_time(following) > now:
             return slot, following  # the usual case: one slot due
         # Behind (a stall, a sleep): gallop back from now to find a recent due slot

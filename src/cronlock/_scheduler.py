@@ -311,8 +311,7 @@ class Scheduler:
     def update(self, name: str, schedule: Schedule) -> Job:
         """Give job *name* a new schedule, keeping its history and options."""
         job = self.get_job(name)
-        job.schedule = bind_zone(schedule, self._tz)
-        job.schedule_text = str(job.schedule)
+        job.set_schedule(bind_zone(schedule, self._tz))
         if self._loop is not None and not job.paused:
             self._loop.schedule(job, self._clock.now())
         return job
@@ -403,8 +402,7 @@ class Scheduler:
             # once() without a time: the slot is the start instant itself.
             from ._once import OnceSchedule
 
-            job.schedule = OnceSchedule(instants=(now,))
-            job.schedule_text = str(job.schedule)
+            job.set_schedule(OnceSchedule(instants=(now,)))
             self._loop.schedule(job, now - _ONE_MICROSECOND)
         else:
             self._loop.schedule(job, now)
