@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from datetime import timedelta
 
+from ._errors import ScheduleError
+
 Seconds = float | int | timedelta
 
 
@@ -15,20 +17,27 @@ def to_seconds(
 
     Raises :class:`~cronlock.ScheduleError` naming *job*, *field* and the value.
     """
-    from ._errors import ScheduleError
-
-    where = f"job {job!r}: " if job else ""
-    if isinstance(value, bool) or not isinstance(value, int | float | timedelta):
+    kind = type(value)
+    if kind is float or kind is int:
+        seconds = float(value)  # type: ignore[arg-type]
+    elif isinstance(value, timedelta):
+        seconds = value.total_seconds()
+    elif isinstance(value, int | float) and not isinstance(value, bool):
+        seconds = float(value)
+    else:
         raise ScheduleError(
-            f"{where}{field} must be seconds (int, float) or a timedelta, got {value!r}"
+            f"{_where(job)}{field} must be seconds (int, float) or a timedelta, got {value!r}"
         )
-    seconds = value.total_seconds() if isinstance(value, timedelta) else float(value)
-    if math.isnan(seconds) or math.isinf(seconds):
-        raise ScheduleError(f"{where}{field} must be a finite duration, got {value!r}")
+    if not math.isfinite(seconds):
+        raise ScheduleError(f"{_where(job)}{field} must be a finite duration, got {value!r}")
     if seconds < 0 or (seconds == 0 and not allow_zero):
         bound = "zero or positive" if allow_zero else "positive"
-        raise ScheduleError(f"{where}{field} must be {bound}, got {value!r}")
+        raise ScheduleError(f"{_where(job)}{field} must be {bound}, got {value!r}")
     return seconds
+
+
+def _where(job: str | None) -> str:
+    return f"job {job!r}: " if job else ""
 
 
 def optional_seconds(

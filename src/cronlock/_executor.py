@@ -37,7 +37,7 @@ _lock_logger = logging.getLogger("cronlock.lock")
 # their own release and terminate the session when it cannot finish.
 RELEASE_TIMEOUT = 30.0
 # How often a replica that did not run a slot re-reads the job's fleet-wide history.
-HISTORY_REFRESH = timedelta(seconds=1)
+HISTORY_REFRESH = timedelta(seconds=30)
 
 
 class Executor:
@@ -51,6 +51,7 @@ class Executor:
         "_default_timeout",
         "_elector",
         "_locker",
+        "_reading",
     )
 
     def __init__(
@@ -64,6 +65,7 @@ class Executor:
         cancel_on_lock_loss: bool = True,
     ) -> None:
         self._cancel_on_lock_loss = cancel_on_lock_loss
+        self._reading = False  # a history read is in flight (see refresh_history)
         # Guards of coordinated runs in flight: ended together when leadership is lost.
         self._coordinated: set[_RunGuard] = set()
         self._clock = clock
@@ -105,26 +107,32 @@ class Executor:
     async def refresh_history(self, job: Job, *, force: bool = False) -> None:
         """Copy the fleet-wide last run and last success from a ledger into *job*.
 
-        Rate-limited to once per job per ``HISTORY_REFRESH`` so that replicas which lose
-        the race for every slot do not double the database traffic.
+        Replicas that lose the race for a slot call this, so it is throttled twice: once
+        per job per ``HISTORY_REFRESH``, and one read at a time per scheduler (a read that
+        finds another in flight is dropped). Reads share the locker's connection with the
+        lock statements; without the throttle, a thousand jobs losing every second would
+        queue a thousand reads a second in front of the locks (measured: the replicas
+        then fell behind and missed most slots).
         """
         locker = job.locker or self._locker
         last_runs = getattr(locker, "last_runs", None)
         if last_runs is None:
             return
         now = self._clock.now()
-        if (
-            not force
-            and job.history_checked is not None
-            and (now - job.history_checked < HISTORY_REFRESH)
+        if not force and (
+            self._reading
+            or (job.history_checked is not None and now - job.history_checked < HISTORY_REFRESH)
         ):
             return
         job.history_checked = now
+        self._reading = True
         try:
             last, success = await last_runs(job.name)
         except Exception as exc:
             _lock_logger.warning("job %r: reading its run history failed: %r", job.name, exc)
             return
+        finally:
+            self._reading = False
         if last is not None and (job.last_run is None or last.slot > job.last_run.slot):
             job.last_run = last
         if success is not None and (

@@ -367,33 +367,44 @@ class Scheduler:
             if not job.paused:
                 self._schedule_first(job)
         self._loop.start()
-        for job in self._jobs.values():
-            self._catch_up(job, executor)
+        self._catch_up(executor)
         watch = getattr(self._elector, "on_demoted", None)
         if watch is not None:
             watch(executor.demote)
         _logger.info("scheduler started with %d job(s)", len(self._jobs))
         self._bus.emit(SchedulerStarted())
 
-    def _catch_up(self, job: Job, executor: Executor) -> None:
-        """Start catch-up for a coordinated job whose locker keeps a ledger."""
+    def _catch_up(self, executor: Executor) -> None:
+        """Start catch-up for the coordinated jobs whose locker keeps a ledger.
+
+        One task walks the jobs in turn, so at start a replica with a thousand jobs sends
+        its ledger reads one at a time rather than all at once in front of its locks.
+        """
         assert self._loop is not None
-        locker = job.locker or self._locker
-        if job.paused or not job.distributed or not hasattr(locker, "last_claimed"):
+        jobs = [
+            job
+            for job in self._jobs.values()
+            if not job.paused
+            and job.distributed
+            and hasattr(job.locker or self._locker, "last_claimed")
+        ]
+        if not jobs:
             return
         from ._catchup import catch_up
 
-        self._loop.spawn(
-            catch_up(
-                job,
-                clock=self._clock,
-                loop=self._loop,
-                executor=executor,
-                bus=self._bus,
-                locker=locker,
-            ),
-            name=f"cronlock-catch-up:{job.name}",
-        )
+        async def walk(loop: RunLoop) -> None:
+            for job in jobs:
+                if job._scheduler is self:  # still registered
+                    await catch_up(
+                        job,
+                        clock=self._clock,
+                        loop=loop,
+                        executor=executor,
+                        bus=self._bus,
+                        locker=job.locker or self._locker,
+                    )
+
+        self._loop.spawn(walk(self._loop), name="cronlock-catch-up")
 
     def _schedule_first(self, job: Job) -> None:
         assert self._loop is not None
