@@ -1,0 +1,239 @@
+"""Markdown tables and the target checks for benchmarks/run.py's results."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+NAMES = {
+    "floor": "floor (heap + create_task)",
+    "cronlock": "cronlock",
+    "aps3": "APScheduler 3.11 AsyncIOScheduler",
+    "aps4": "APScheduler 4.0.0a6 AsyncScheduler",
+    "aiocron": "aiocron 2.1",
+}
+
+
+def num(value: Any, digits: int = 1) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "n/a"
+    if isinstance(value, float) and abs(value) >= 1000:
+        return f"{value:,.0f}"
+    return f"{value:,.{digits}f}" if isinstance(value, float) else f"{value:,}"
+
+
+def ratio(a: Any, b: Any) -> float | None:
+    if not isinstance(a, int | float) or not isinstance(b, int | float) or not b:
+        return None
+    if math.isnan(a) or math.isnan(b):
+        return None
+    return a / b
+
+
+def fmt_ratio(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.2f}x"
+
+
+def _row(cells: list[str]) -> str:
+    return "| " + " | ".join(cells) + " |"
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    return [_row(header), _row(["---"] * len(header)), *(_row(r) for r in rows)]
+
+
+def precision_table(data: dict[str, Any]) -> list[str]:
+    header = ["contender", "jobs", "late p50 ms", "p99 ms", "max ms", "fired/due"]
+    header += ["CPU µs/fire", "burst fires/s", "p99 vs APS3", "p99 vs floor", "CPU vs APS3"]
+    rows = []
+    for jobs, by in data.items():
+        for name, r in by.items():
+            if "error" in r:
+                rows.append([NAMES[name], jobs, f"error: {r['error']}", *[""] * 8])
+                continue
+            rows.append(
+                [
+                    NAMES[name],
+                    f"{int(jobs):,}",
+                    num(r["p50_ms"]),
+                    num(r["p99_ms"]),
+                    num(r["max_ms"]),
+                    f"{r['fires']:,.0f}/{r['expected']:,.0f}",
+                    num(r["cpu_us_per_fire"]),
+                    num(r["burst_fires_per_s"], 0),
+                    fmt_ratio(ratio(r["p99_ms"], by.get("aps3", {}).get("p99_ms"))),
+                    fmt_ratio(ratio(r["p99_ms"], by.get("floor", {}).get("p99_ms"))),
+                    fmt_ratio(
+                        ratio(r["cpu_us_per_fire"], by.get("aps3", {}).get("cpu_us_per_fire"))
+                    ),
+                ]
+            )
+    return _table(header, rows)
+
+
+def scale_table(data: dict[str, Any]) -> list[str]:
+    header = ["contender", "register s", "RSS B/job", "idle CPU %", "late p50 ms", "p99 ms"]
+    header += ["max ms", "fired/due", "RSS vs APS3", "p99 vs APS3", "p99 vs floor"]
+    rows = []
+    aps3, floor = data.get("aps3", {}), data.get("floor", {})
+    for name in NAMES:
+        r = data.get(name)
+        if r is None:
+            continue
+        if "error" in r:
+            rows.append([NAMES[name], f"error: {r['error']}", *[""] * 9])
+            continue
+        rows.append(
+            [
+                NAMES[name],
+                num(r["register_s"], 2),
+                num(r["rss_bytes_per_job"], 0),
+                num(r["idle_cpu_pct"], 2),
+                num(r["p50_ms"]),
+                num(r["p99_ms"]),
+                num(r["max_ms"]),
+                f"{r['fires']:,.0f}/{r['expected']:,.0f}",
+                fmt_ratio(ratio(r["rss_bytes_per_job"], aps3.get("rss_bytes_per_job"))),
+                fmt_ratio(ratio(r["p99_ms"], aps3.get("p99_ms"))),
+                fmt_ratio(ratio(r["p99_ms"], floor.get("p99_ms"))),
+            ]
+        )
+    return _table(header, rows)
+
+
+def coordination_table(r: dict[str, Any]) -> list[str]:
+    if "error" in r:
+        return [f"error: {r['error']}"]
+    rows = []
+    for label, title in (("lock", "lock alone (ledger=False)"), ("ledger", "with the run ledger")):
+        x = r[label]
+        conns = ", ".join(
+            f"{c['server_connections']} at {c['jobs']} running" for c in x["connections"]
+        )
+        rows.append(
+            [
+                title,
+                f"{num(x['locked_p50_us'], 0)} / {num(x['locked_p99_us'], 0)}",
+                f"{num(x['select1_p50_us'], 0)} / {num(x['select1_p99_us'], 0)}",
+                fmt_ratio(ratio(x["locked_p50_us"], x["select1_p50_us"])),
+                f"{num(x['locked_round_trips'], 2)} (SELECT 1: {num(x['select1_round_trips'], 2)})",
+                conns,
+            ]
+        )
+    header = ["PostgresLocker", "locked run p50 / p99 µs", "SELECT 1 p50 / p99 µs"]
+    header += ["p50 ratio", "round trips per run", "server connections of one replica"]
+    return _table(header, rows)
+
+
+def replicas_table(data: dict[str, Any]) -> list[str]:
+    header = ["PostgresLocker", "slot runs due", "ran", "duplicates", "misses"]
+    header += ["settle p50 s", "settle max s", "runs per replica"]
+    rows = []
+    for hold, r in data.items():
+        if "error" in r:
+            rows.append([hold, f"error: {r['error']}", *[""] * 6])
+            continue
+        rows.append(
+            [
+                hold,
+                f"{r['expected']:,}",
+                f"{r['ran']:,}",
+                f"{r['duplicates']:,}",
+                f"{r['misses']:,}",
+                num(r["settle_p50_s"], 2),
+                num(r["settle_max_s"], 2),
+                " / ".join(f"{n:,}" for n in r["runs_per_replica"]),
+            ]
+        )
+    return _table(header, rows)
+
+
+def import_table(data: dict[str, float]) -> list[str]:
+    base = data.get("aps3:apscheduler.schedulers.asyncio")
+    rows = [
+        [
+            f"`import {key.split(':', 1)[1]}` ({NAMES[key.split(':')[0]]})",
+            num(ms),
+            fmt_ratio(ratio(ms, base)),
+        ]
+        for key, ms in data.items()
+    ]
+    return _table(["import", "ms", "vs APScheduler 3's AsyncIOScheduler"], rows)
+
+
+def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each target with its measured value and whether it is met (None: not measured)."""
+    out: list[dict[str, Any]] = []
+
+    def add(name: str, value: float | None, limit: float, shown: str, below: bool = True) -> None:
+        met = None if value is None else (value < limit if below else value <= limit)
+        out.append({"target": name, "measured": shown, "met": met})
+
+    prec = results.get("precision", {}).get("10000", {})
+    c, a, f = prec.get("cronlock", {}), prec.get("aps3", {}), prec.get("floor", {})
+    r = ratio(c.get("p99_ms"), a.get("p99_ms"))
+    add("lateness p99 @10k jobs <= 1/4 of APScheduler 3", r, 0.25, fmt_ratio(r), below=False)
+    r = ratio(c.get("p99_ms"), f.get("p99_ms"))
+    add("lateness p99 @10k jobs within 3x of the floor", r, 3.0, fmt_ratio(r), below=False)
+    v = c.get("cpu_us_per_fire")
+    add("<= 12 CPU µs per no-op fire", v, 12.0, f"{num(v)} µs", below=False)
+    sc = results.get("scale", {})
+    jobs = sc.get("params", {}).get("jobs", 0)
+    s = sc.get("cronlock", {})
+    v = s.get("idle_cpu_pct")
+    add(f"< 1% CPU while nothing is due ({jobs:,} jobs)", v, 1.0, f"{num(v, 3)} %")
+    v = s.get("rss_bytes_per_job")
+    add(f"<= 2 KB RSS per job ({jobs:,} jobs)", v, 2048, f"{num(v, 0)} B", below=False)
+    for label in ("lock", "ledger"):
+        co = results.get("coordination", {}).get(label, {})
+        v = co.get("locked_round_trips")
+        add(f"a locked run costs <= 2 round trips ({label})", v, 2.0, num(v, 2), below=False)
+        conns = [x["server_connections"] for x in co.get("connections", [])]
+        if conns:
+            shown = " / ".join(
+                f"{x['server_connections']} at {x['jobs']} jobs" for x in co["connections"]
+            )
+            out.append(
+                {
+                    "target": f"one replica's server connections bounded ({label})",
+                    "measured": shown,
+                    "met": max(conns) == min(conns),
+                }
+            )
+    return out
+
+
+def render(results: dict[str, Any]) -> str:
+    lines = [
+        f"Measured {results['date']} on {results['machine']}; mode {results['mode']}, "
+        f"{results['repeats']} repeat(s) (median), {results.get('elapsed_s', '?')} s in all.",
+        "",
+    ]
+    if "precision" in results:
+        lines += ["#### 1-2. Fire precision and cost: N no-op jobs due every second", ""]
+        lines += [*precision_table(results["precision"]), ""]
+    if "scale" in results:
+        p = results["scale"]["params"]
+        lines += [
+            f"#### 3. Scale: {p['jobs']:,} jobs every {p['interval']} s, due times spread "
+            f"over {p['spread']} s of it",
+            "",
+        ]
+        lines += [*scale_table(results["scale"]), ""]
+    if "coordination" in results:
+        lines += ["#### 4. Coordination cost on PostgreSQL (cronlock only)", ""]
+        lines += [*coordination_table(results["coordination"]), ""]
+    if "replicas" in results:
+        lines += ["#### 5. Three replicas x 1,000 locked jobs every second", ""]
+        lines += [*replicas_table(results["replicas"]), ""]
+    if "import" in results:
+        lines += ["#### 6. Import time (median of fresh interpreters)", ""]
+        lines += [*import_table(results["import"]), ""]
+    if results.get("targets"):
+        lines += ["#### Targets", ""]
+        rows = [
+            [t["target"], t["measured"], {True: "met", False: "**not met**", None: "n/a"}[t["met"]]]
+            for t in results["targets"]
+        ]
+        lines += [*_table(["target", "measured", ""], rows), ""]
+    return "\n".join(lines)
