@@ -13,6 +13,7 @@ from ._cron import cron as cron
 from ._errors import CronlockError as CronlockError
 from ._errors import JobConflictError as JobConflictError
 from ._errors import JobLookupError as JobLookupError
+from ._errors import LedgerNameError as LedgerNameError
 from ._errors import LockError as LockError
 from ._errors import ScheduleError as ScheduleError
 from ._errors import SchedulerStateError as SchedulerStateError
@@ -78,6 +79,7 @@ __all__ = (
     "JobSucceeded",
     "JobTimedOut",
     "Lease",
+    "LedgerNameError",
     "LedgerLocker",
     "LockError",
     "LockFailed",

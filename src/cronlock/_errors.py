@@ -28,3 +28,12 @@ class SchedulerStateError(CronlockError, RuntimeError):
 
 class LockError(CronlockError, RuntimeError):
     """A locking backend failed: connection refused or lost, pool exhausted, server error."""
+
+
+class LedgerNameError(CronlockError, ValueError):
+    """A run-ledger table or schema name PostgreSQL cannot store as given.
+
+    Raised by :class:`cronlock.postgres.PostgresLocker` (and ``python -m cronlock``) for an
+    empty name, one containing a NUL character, or one longer than PostgreSQL's 63-byte
+    identifier limit (the server would silently truncate it into another name).
+    """

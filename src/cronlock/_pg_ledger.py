@@ -12,7 +12,7 @@ import hashlib
 from dataclasses import dataclass
 from typing import Any
 
-from ._errors import CronlockError
+from ._errors import LedgerNameError
 from ._job import RunRecord
 from ._keys import job_lock_key
 
@@ -29,10 +29,6 @@ DEFAULT_TABLE = "cronlock_runs"
 # become another name, so it is refused instead.
 _MAX_IDENTIFIER = 63
 _OUTCOMES = frozenset({"succeeded", "failed", "timed_out", "cancelled", "lock_lost"})
-
-
-class LedgerNameError(CronlockError, ValueError):
-    """A ledger table or schema name PostgreSQL cannot store as given."""
 
 
 def quote_ident(name: str, *, field: str = "identifier") -> str:

@@ -26,8 +26,8 @@ from cronlock import (
     SystemClock,
     every,
 )
-from cronlock._pg_ledger import LedgerNameError, LedgerTable, quote_ident
-from cronlock.postgres import PostgresLease, PostgresLocker
+from cronlock._pg_ledger import LedgerTable, quote_ident
+from cronlock.postgres import LedgerNameError, PostgresLease, PostgresLocker
 
 from .proxy import TcpProxy
 

@@ -1,0 +1,157 @@
+"""The two round trips of one run on the lock session: lock and claim; record and unlock.
+
+With a ledger, the first statement takes the job's advisory lock *and* claims the slot in
+the ledger, the second records the outcome (or gives the claim back) *and* unlocks; without
+one, they are a bare try-lock and unlock. Both are made safe against cancellation here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from ._errors import LockError
+from ._locking import Refusal, finish_uncancellably
+from ._pg_common import BACKEND_ERRORS, TRY_LOCK_SQL, UNLOCK_SQL, uncancellable
+from ._pg_ledger import LedgerTable
+from ._pg_session import LockSession, SessionGone
+
+if TYPE_CHECKING:
+    from ._job import RunRecord
+
+__all__ = ("Claims",)
+
+_logger = logging.getLogger("cronlock.postgres")
+
+
+class Claims:
+    """Lock-and-claim and record-and-unlock statements of one locker, on its *session*.
+
+    *table* ``None`` is lock-only mode; *host* is written to the ledger with each claim.
+    """
+
+    def __init__(self, session: LockSession, table: LedgerTable | None, host: str) -> None:
+        self._session = session
+        self._table = table
+        self._host = host
+
+    async def claim_reconnecting(
+        self, job: str, key: int, slot: datetime
+    ) -> tuple[Refusal | None, int]:
+        """Lock (and claim) *slot* of *job*, reconnecting once if the session died.
+
+        Returns ``None`` (granted) or the refusal, with the session generation it ran on.
+        """
+        conn, generation = await self._session.ensure()
+        try:
+            return await self._claim(conn, generation, job, key, slot), generation
+        except LockError as exc:
+            if isinstance(exc.__cause__, TimeoutError):
+                raise  # a slow server: retrying would only double the wait
+        # The session died under us (killed, network cut, server restart). Its locks died
+        # with it, so one attempt on a fresh session is safe.
+        _logger.info("job %r: lock session lost; reconnecting", job)
+        conn, generation = await self._session.ensure()
+        return await self._claim(conn, generation, job, key, slot), generation
+
+    async def _attempt(
+        self, conn: Any, generation: int, job: str, key: int, slot: datetime
+    ) -> Refusal | None:
+        """One round trip: lock (and claim, with the ledger); ``None`` means granted."""
+        run = self._session.run
+        if self._table is None:
+            got = await run(
+                conn, generation, lambda c: c.fetchval(TRY_LOCK_SQL, key), what="try-lock"
+            )
+            return None if got else "locked"
+        sql, pid = self._table.claim_sql, os.getpid()
+        row = await run(
+            conn,
+            generation,
+            lambda c: c.fetchrow(sql, key, job, slot, self._host, pid),
+            what="claim",
+        )
+        if row["started_at"] is not None:
+            return None
+        return "already_ran" if row["ran"] or row["got"] else "locked"
+
+    async def _claim(
+        self, conn: Any, generation: int, job: str, key: int, slot: datetime
+    ) -> Refusal | None:
+        # Run the statement in a task that cancellation does not interrupt: cancelling it
+        # mid-flight would leave us unsure whether the server granted the lock, and would
+        # send a cancel request to a session shared by every running job. It is short and
+        # bounded; once it is done we know exactly what to undo.
+        attempt = asyncio.create_task(
+            self._attempt(conn, generation, job, key, slot),
+            name=f"cronlock.postgres.claim[{job}]",
+        )
+        try:
+            return await finish_uncancellably(attempt)
+        except asyncio.CancelledError:
+            if not attempt.cancelled() and attempt.exception() is None and attempt.result() is None:
+                # Granted, but our caller is gone: give the slot and the lock back before
+                # delivering the cancel, so that another replica may still run the slot.
+                await uncancellable(
+                    self.finish(conn, generation, job, key, slot, None, unclaim=True),
+                    name=f"cronlock.postgres.undo[{job}]",
+                )
+            raise
+        except SessionGone as exc:
+            raise LockError(f"job {job!r}: the lock session was lost; try again") from exc
+        except BACKEND_ERRORS as exc:
+            raise LockError(f"job {job!r}: the claim statement failed: {exc!r}") from exc
+
+    async def finish(
+        self,
+        conn: Any,
+        generation: int,
+        job: str,
+        key: int,
+        slot: datetime,
+        record: RunRecord | None,
+        *,
+        unclaim: bool = False,
+    ) -> bool:
+        """Record (or undo) the claim and unlock: one round trip. False if it failed."""
+        table, run = self._table, self._session.run
+        try:
+            if table is None:
+                released = await run(
+                    conn, generation, lambda c: c.fetchval(UNLOCK_SQL, key), what="unlock"
+                )
+            elif unclaim:
+                sql, pid = table.unclaim_sql, os.getpid()
+                released = await run(
+                    conn,
+                    generation,
+                    lambda c: c.fetchval(sql, job, slot, self._host, pid, key),
+                    what="unclaim",
+                )
+            else:
+                sql = table.finish_sql
+                outcome = None if record is None else record.outcome
+                error = None if record is None else record.error
+                row = await run(
+                    conn,
+                    generation,
+                    lambda c: c.fetchrow(sql, job, slot, outcome, error, key),
+                    what="finish",
+                )
+                released = row["released"]
+        except SessionGone:
+            return False  # the session died: the server already released the lock
+        except BACKEND_ERRORS as exc:
+            _logger.warning(
+                "job %r: unlock failed (%r); the lock session was terminated, which "
+                "releases the lock server-side",
+                job,
+                exc,
+            )
+            return False
+        if not released:
+            _logger.warning("job %r: its lock was no longer held at unlock", job)
+        return True

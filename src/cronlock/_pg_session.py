@@ -1,0 +1,194 @@
+"""The lock session of a PostgresLocker: one connection, opened on demand, replaced if it dies.
+
+Every advisory lock a replica holds lives on this one session, so its life decides theirs:
+when it is dropped, the locker is told (its leases are then lost). Statements on it are
+serialised and bounded; each new connection bumps the *generation*, and a statement meant
+for an older generation is refused rather than sent to a session that holds none of its
+locks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import asyncpg
+
+from ._errors import LockError
+from ._pg_common import (
+    BACKEND_ERRORS,
+    ConnectionSource,
+    Keepalives,
+    configure_session,
+    is_closed,
+    terminate,
+    uncancellable,
+)
+from ._pg_ledger import LedgerTable, migrate, tables_exist
+
+__all__ = ("GONE_OR_FAILED", "LockSession", "SessionGone")
+
+_logger = logging.getLogger("cronlock.postgres")
+_T = TypeVar("_T")
+
+
+class SessionGone(Exception):
+    """The session a statement was meant for has been replaced or closed."""
+
+
+GONE_OR_FAILED: tuple[type[BaseException], ...] = (SessionGone, *BACKEND_ERRORS)
+
+
+class LockSession:
+    """A locker's dedicated session: connect, set up, run statements, drop.
+
+    *on_open* is called after each new connection is set up; *on_drop* with the reason
+    whenever the current connection is dropped (its locks are then gone). Only
+    :meth:`ensure` connects, and not once :attr:`closed` is set.
+    """
+
+    def __init__(
+        self,
+        source: ConnectionSource,
+        *,
+        table: LedgerTable | None,
+        create_table: bool,
+        connect_timeout: float,
+        statement_timeout: float,
+        application_name: str,
+        keepalives: Keepalives | None,
+        on_open: Callable[[], None],
+        on_drop: Callable[[str], None],
+    ) -> None:
+        self._source = source
+        self._table = table
+        self._create_table = create_table
+        self._connect_timeout = connect_timeout
+        self._statement_timeout = statement_timeout
+        self._application_name = application_name
+        self._keepalives = keepalives
+        self._on_open = on_open
+        self._on_drop = on_drop
+        self.conn: Any = None
+        """The open connection, or ``None`` between a drop and the next :meth:`ensure`."""
+        # Bumped whenever the connection is replaced: a lease of an older generation is lost.
+        self.generation = 0
+        self.closed = False
+        self.connect_lock = asyncio.Lock()
+        # One statement at a time on the shared session (asyncpg allows no more).
+        self.statement_lock = asyncio.Lock()
+        self.opened = 0
+        self.statements = 0
+        self.last_ok = float("-inf")
+        """Loop time of the last statement that succeeded: proof the session was alive."""
+
+    @property
+    def is_open(self) -> bool:
+        """Whether a connection is open right now."""
+        return self.conn is not None and not is_closed(self.conn)
+
+    async def ensure(self) -> tuple[Any, int]:
+        """The open connection and its generation; connect (and set up) if there is none."""
+        conn = self.conn
+        if conn is not None and not is_closed(conn):
+            return conn, self.generation
+        async with self.connect_lock:
+            if self.closed:
+                raise LockError("the PostgresLocker is closed")
+            if self.conn is not None:
+                if not is_closed(self.conn):
+                    return self.conn, self.generation  # another task reconnected
+                self.drop(self.conn, reason="its connection was closed")
+            conn = await self._source.checkout(timeout=self._connect_timeout)
+            try:
+                async with asyncio.timeout(self._connect_timeout):
+                    await configure_session(
+                        conn, application_name=self._application_name, keepalives=self._keepalives
+                    )
+                    await self._prepare_ledger(conn)
+            except BaseException as exc:
+                # Includes cancellation: an unconfigured session we do not keep must not
+                # linger. terminate() is synchronous, so a second cancel cannot skip it.
+                terminate(conn)
+                if isinstance(exc, BACKEND_ERRORS):
+                    raise LockError(f"could not set up the lock session: {exc!r}") from exc
+                raise
+            self.generation += 1
+            self.conn = conn
+            self.opened += 1
+            conn.add_termination_listener(self._on_terminated)
+            self._on_open()
+            return conn, self.generation
+
+    async def _prepare_ledger(self, conn: Any) -> None:
+        table = self._table
+        if table is None or await tables_exist(conn, table):
+            return
+        if not self._create_table:
+            raise LockError(
+                f"the run ledger table {table.runs} does not exist; create it with "
+                "'python -m cronlock migrate --dsn DSN' (with --schema/--table as configured), "
+                "or pass create_table=True"
+            )
+        if await migrate(conn, table, timeout=self._connect_timeout):
+            _logger.info("created the run ledger %s", table.runs)
+
+    def _on_terminated(self, conn: object) -> None:
+        # asyncpg calls this soon after the connection closes, whatever closed it.
+        if conn is self.conn:
+            self.drop(conn, reason="its connection was closed")
+
+    def drop(self, conn: Any, *, reason: str, kill: bool = True) -> None:
+        """Forget *conn*; its locks are lost. Terminate it unless *kill* is false."""
+        if conn is self.conn:
+            self.conn = None
+            self.generation += 1
+            self._on_drop(reason)
+        with contextlib.suppress(*BACKEND_ERRORS):  # a proxy already handed back
+            conn.remove_termination_listener(self._on_terminated)
+        if kill:
+            terminate(conn)
+
+    async def hand_back(self, conn: Any) -> None:
+        """Drop *conn* without killing it, once an in-flight statement is done; check it in."""
+        async with self.statement_lock:  # let an in-flight statement finish first
+            self.drop(conn, reason="the locker was closed", kill=False)
+        await uncancellable(
+            self._source.checkin(conn, timeout=self._statement_timeout),
+            name="cronlock.postgres.close",
+        )
+
+    async def run(
+        self,
+        conn: Any,
+        generation: int,
+        call: Callable[[Any], Awaitable[_T]],
+        *,
+        what: str,
+        keep_on_server_error: bool = False,
+    ) -> _T:
+        """Run one statement on *conn*, bounded; on failure drop the session.
+
+        Raises :class:`SessionGone` if *conn* of *generation* is no longer the session.
+        *keep_on_server_error*: a statement that takes and releases no lock (a read, an
+        upkeep write) and got an error answer from the server leaves the session sound.
+        """
+        async with self.statement_lock:
+            if conn is None or generation != self.generation or is_closed(conn):
+                raise SessionGone
+            self.statements += 1
+            try:
+                async with asyncio.timeout(self._statement_timeout):
+                    result = await call(conn)
+            except BACKEND_ERRORS as exc:
+                if not (keep_on_server_error and isinstance(exc, asyncpg.PostgresError)):
+                    # A statement that timed out or failed leaves us unsure what the server
+                    # did: terminating the session is the one way to be sure nothing stays
+                    # held (session advisory locks survive a rolled-back statement).
+                    self.drop(conn, reason=f"{what} failed: {exc!r}")
+                raise
+            self.last_ok = asyncio.get_running_loop().time()
+            return result

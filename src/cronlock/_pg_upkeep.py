@@ -1,0 +1,216 @@
+"""Upkeep of a PostgresLocker's session: heartbeat, schedule notes, late outcomes, pruning.
+
+One background task per locker, from its first session to its close. It never opens a
+session itself (only acquiring does), and it rides on the lock session, so a heartbeat that
+fails drops that session like any other statement would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections.abc import Callable
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from ._errors import LockError
+from ._locking import finish_uncancellably
+from ._pg_common import is_closed, uncancellable
+from ._pg_ledger import LedgerTable
+from ._pg_session import GONE_OR_FAILED, LockSession
+
+if TYPE_CHECKING:
+    from ._job import RunRecord
+
+__all__ = ("NOTE_EVERY", "PRUNE_BATCH", "PRUNE_EVERY", "Upkeep")
+
+_logger = logging.getLogger("cronlock.postgres")
+
+NOTE_EVERY = 5.0
+"""Seconds between writes of changed job schedules (``note_schedule``) per locker."""
+PRUNE_EVERY = 300.0
+"""Seconds between two prunes of the ledger by one locker (plus up to 20% jitter)."""
+PRUNE_BATCH = 1000
+"""Rows one prune statement deletes at most; a full batch is followed by another soon."""
+
+
+class Upkeep:
+    """The upkeep task of one locker, and what it has still to write.
+
+    *holding* says whether the locker holds leases right now: only then is the session
+    worth a heartbeat. *table* ``None`` (lock-only mode) leaves just the heartbeat.
+    """
+
+    def __init__(
+        self,
+        session: LockSession,
+        table: LedgerTable | None,
+        *,
+        retention: float,
+        heartbeat: float | None,
+        application_name: str,
+        holding: Callable[[], bool],
+    ) -> None:
+        self._session = session
+        self._table = table
+        self._retention = retention
+        self._heartbeat = heartbeat
+        self._application_name = application_name
+        self._holding = holding
+        self._notes: dict[str, tuple[str, datetime | None]] = {}
+        self._dirty: set[str] = set()
+        self._late: list[tuple[str, datetime, RunRecord]] = []
+        self._task: asyncio.Task[None] | None = None
+        self._noted_at = float("-inf")
+        self._prune_at = PRUNE_EVERY * random.uniform(0.2, 0.4)  # relative until started
+        self.heartbeats = 0
+
+    def note(self, job: str, schedule: str, next_run: datetime | None) -> None:
+        """Remember *job*'s schedule and next slot; written if changed, batched."""
+        if self._table is None or self._notes.get(job) == (schedule, next_run):
+            return
+        self._notes[job] = (schedule, next_run)
+        self._dirty.add(job)
+
+    def write_late(self, job: str, slot: datetime, record: RunRecord) -> None:
+        """Keep the outcome of a lease whose session died, to write once a session is back."""
+        self._late.append((job, slot, record))
+
+    def start(self) -> None:
+        """Start the upkeep task, unless it runs already."""
+        if self._task is None:
+            loop = asyncio.get_running_loop()
+            self._prune_at += loop.time()
+            self._task = loop.create_task(self._keep(), name="cronlock.postgres.upkeep")
+
+    async def stop(self) -> None:
+        """Cancel the upkeep task and wait until it is done."""
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            await finish_uncancellably(asyncio.wait((task,)))
+
+    async def prune(self) -> int:
+        """Prune batches now, connecting if needed, until one is not full; return the total."""
+        if self._table is None:
+            return 0
+        total = 0
+        while True:
+            conn, generation = await self._session.ensure()
+            try:
+                deleted = await uncancellable(
+                    self._prune_batch(conn, generation), name="cronlock.postgres.prune"
+                )
+            except GONE_OR_FAILED as exc:
+                raise LockError(f"pruning the run ledger failed: {exc!r}") from exc
+            total += deleted
+            if deleted < PRUNE_BATCH:
+                return total
+
+    async def _keep(self) -> None:
+        """Owned by the locker from the first session to its close."""
+        tick = min(self._heartbeat or NOTE_EVERY, NOTE_EVERY)
+        loop = asyncio.get_running_loop()
+        session = self._session
+        while True:
+            await asyncio.sleep(tick)
+            conn, generation = session.conn, session.generation
+            if conn is None or is_closed(conn):
+                continue  # only acquire reconnects: upkeep alone never opens a session
+            now = loop.time()
+            try:
+                beat = self._heartbeat
+                if beat is not None and self._holding() and now - session.last_ok >= beat:
+                    self.heartbeats += 1
+                    await uncancellable(
+                        session.run(
+                            conn,
+                            generation,
+                            lambda c: c.fetchval("SELECT 1"),
+                            what="the heartbeat",
+                        ),
+                        name="cronlock.postgres.heartbeat",
+                    )
+                if self._table is None:
+                    continue
+                if self._late or (self._dirty and now - self._noted_at >= NOTE_EVERY):
+                    await uncancellable(
+                        self.flush(conn, generation), name="cronlock.postgres.flush"
+                    )
+                if now >= self._prune_at:
+                    deleted = await uncancellable(
+                        self._prune_batch(conn, generation), name="cronlock.postgres.prune"
+                    )
+                    full = deleted >= PRUNE_BATCH
+                    self._prune_at = now + (tick if full else PRUNE_EVERY * random.uniform(1, 1.2))
+            except GONE_OR_FAILED as exc:
+                # A dead session was dropped (its leases marked lost) by run(); a server
+                # error on upkeep leaves it sound. Either way, try again next tick.
+                _logger.debug("lock session upkeep failed: %r", exc)
+
+    async def flush(self, conn: Any, generation: int) -> None:
+        """Write changed job schedules and outcomes of lost leases."""
+        table = self._table
+        if table is None:
+            return
+        late, self._late = self._late, []
+        if late:
+            jobs, slots, records = zip(*late, strict=True)
+            args = (
+                list(jobs),
+                list(slots),
+                [r.outcome for r in records],
+                [r.error for r in records],
+                [r.finished_at for r in records],
+            )
+            try:
+                await self._session.run(
+                    conn,
+                    generation,
+                    lambda c: c.execute(table.late_finish_sql, *args),
+                    what="writing late outcomes",
+                    keep_on_server_error=True,
+                )
+            except BaseException:
+                self._late[:0] = late
+                raise
+        if not self._dirty:
+            return
+        dirty, self._dirty = self._dirty, set()
+        names = sorted(dirty)
+        notes = [self._notes[name] for name in names]
+        try:
+            await self._session.run(
+                conn,
+                generation,
+                lambda c: c.execute(
+                    table.note_sql,
+                    names,
+                    [schedule for schedule, _ in notes],
+                    [next_run for _, next_run in notes],
+                    self._application_name,
+                ),
+                what="writing schedules",
+                keep_on_server_error=True,
+            )
+        except BaseException:
+            self._dirty |= dirty
+            raise
+        self._noted_at = asyncio.get_running_loop().time()
+
+    async def _prune_batch(self, conn: Any, generation: int) -> int:
+        table = self._table
+        assert table is not None
+        deleted = await self._session.run(
+            conn,
+            generation,
+            lambda c: c.fetchval(table.prune_sql, self._retention, PRUNE_BATCH),
+            what="pruning the ledger",
+            keep_on_server_error=True,
+        )
+        if deleted:
+            _logger.debug(
+                "pruned %d run(s) older than %gs from %s", deleted, self._retention, table.runs
+            )
+        return int(deleted)
