@@ -74,8 +74,7 @@ def _context_parameter(func: Callable[..., object]) -> str | None:
     """The name of the parameter annotated ``RunContext``, if any."""
     annotations = getattr(func, "__annotations__", None)
     if isinstance(annotations, dict) and not any(
-        a is RunContext or (isinstance(a, str) and "RunContext" in a)
-        for a in annotations.values()
+        a is RunContext or (isinstance(a, str) and "RunContext" in a) for a in annotations.values()
     ):
         # Resolving string annotations (get_type_hints) costs ~100 us a call: skip it
         # when no annotation could be RunContext, which is nearly every job.
