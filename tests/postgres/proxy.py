@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from typing import Literal
+from urllib.parse import urlsplit, urlunsplit
 
 Mode = Literal["pass", "refuse", "freeze"]
 
@@ -79,3 +80,10 @@ class TcpProxy:
             with contextlib.suppress(Exception):
                 dst.transport.abort()
             self._writers.discard(dst)
+
+
+def via(dsn: str, port: int) -> str:
+    """*dsn* with its host and port replaced by a proxy's on this machine."""
+    parts = urlsplit(dsn)
+    user = parts.netloc.rsplit("@", 1)[0] + "@" if "@" in parts.netloc else ""
+    return urlunsplit(parts._replace(netloc=f"{user}127.0.0.1:{port}"))

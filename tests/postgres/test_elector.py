@@ -21,13 +21,12 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 import asyncpg
 import pytest
 
 from cronlock import (
-    Event,
     JobSkipped,
     JobStarted,
     LockError,
@@ -41,7 +40,8 @@ from cronlock import (
 from cronlock._keys import job_lock_key
 from cronlock.postgres import Keepalives, PostgresElector
 
-from .proxy import TcpProxy
+from .events import Events
+from .proxy import TcpProxy, via
 
 pytestmark = pytest.mark.postgres
 
@@ -53,13 +53,6 @@ Interval = tuple[float, float]
 
 def election() -> str:
     return f"election-{uuid.uuid4().hex[:12]}"
-
-
-def via(dsn: str, port: int) -> str:
-    """*dsn* with its host and port replaced by the proxy's."""
-    parts = urlsplit(dsn)
-    user = parts.netloc.rsplit("@", 1)[0] + "@" if "@" in parts.netloc else ""
-    return urlunsplit(parts._replace(netloc=f"{user}127.0.0.1:{port}"))
 
 
 async def until(predicate: Callable[[], bool], timeout: float = LIVENESS) -> None:
@@ -259,17 +252,6 @@ async def test_close_survives_repeated_cancellation(pg_dsn: str, admin: Any) -> 
     assert not await elector.is_leader()  # closed: stays a follower, does not restart
     with pytest.raises(LockError, match="closed"):
         await elector.start()
-
-
-class Events:
-    def __init__(self) -> None:
-        self.items: list[Event] = []
-
-    def __call__(self, event: Event) -> None:
-        self.items.append(event)
-
-    def of(self, kind: type[Event]) -> list[Any]:
-        return [e for e in self.items if isinstance(e, kind)]
 
 
 async def test_scheduler_ends_the_run_and_skips_until_reelected(pg_dsn: str, admin: Any) -> None:

@@ -9,13 +9,12 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from datetime import UTC, datetime, timedelta
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 import asyncpg
 import pytest
 
 from cronlock import (
-    Event,
     JobStarted,
     LedgerLocker,
     LockError,
@@ -29,7 +28,8 @@ from cronlock import (
 from cronlock._pg_ledger import LedgerTable, quote_ident
 from cronlock.postgres import LedgerNameError, PostgresLease, PostgresLocker
 
-from .proxy import TcpProxy
+from .events import Events
+from .proxy import TcpProxy, via
 
 pytestmark = pytest.mark.postgres
 
@@ -281,25 +281,6 @@ async def test_schedules_are_written_for_status(
     assert tuple(row) == ("every 10s", SLOT + timedelta(seconds=10), app_name)
 
 
-class Events:
-    def __init__(self) -> None:
-        self.items: list[Event] = []
-        self.changed = asyncio.Event()
-
-    def __call__(self, event: Event) -> None:
-        self.items.append(event)
-        self.changed.set()
-
-    async def until(self, kind: type[Event], timeout: float = 60) -> Event:
-        async with asyncio.timeout(timeout):  # a liveness guard, not a timing
-            while True:
-                for event in self.items:
-                    if isinstance(event, kind):
-                        return event
-                self.changed.clear()
-                await self.changed.wait()
-
-
 async def _run_until_lost(
     locker: PostgresLocker, cut: Callable[[], Awaitable[None]]
 ) -> tuple[LockLost, float]:
@@ -354,11 +335,9 @@ async def test_heartbeat_notices_a_silent_network_cut(
         pytest.skip("the DSN names no TCP host to relay to")
     proxy = TcpProxy(target.hostname, target.port or 5432)
     port = await proxy.start()
-    user = target.netloc.rsplit("@", 1)[0] + "@" if "@" in target.netloc else ""
-    via = urlunsplit(target._replace(netloc=f"{user}127.0.0.1:{port}"))
     # Lock-only: no ledger upkeep statements, so only the heartbeat can notice the cut.
     locker = PostgresLocker(
-        via,
+        via(pg_dsn, port),
         application_name=app_name,
         ledger=False,
         heartbeat=0.3,

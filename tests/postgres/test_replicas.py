@@ -17,12 +17,11 @@ import time
 import uuid
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 import pytest
 
 from cronlock import (
-    Event,
     JobStarted,
     JobSucceeded,
     LockFailed,
@@ -33,7 +32,8 @@ from cronlock import (
 )
 from cronlock.postgres import PostgresLocker
 
-from .proxy import TcpProxy
+from .events import Events
+from .proxy import TcpProxy, via
 
 pytestmark = pytest.mark.postgres
 
@@ -178,31 +178,6 @@ def test_a_killed_holder_frees_the_lock_for_another_replica(pg_dsn: str) -> None
         b.kill()
 
 
-def _via(dsn: str, port: int) -> str:
-    parts = urlsplit(dsn)
-    user = parts.netloc.rsplit("@", 1)[0] + "@" if "@" in parts.netloc else ""
-    return urlunsplit(parts._replace(netloc=f"{user}127.0.0.1:{port}"))
-
-
-class Events:
-    def __init__(self) -> None:
-        self.items: list[Event] = []
-        self.changed = asyncio.Event()
-
-    def __call__(self, event: Event) -> None:
-        self.items.append(event)
-        self.changed.set()
-
-    def count(self, kind: type[Event]) -> int:
-        return sum(isinstance(e, kind) for e in self.items)
-
-    async def until(self, kind: type[Event], n: int, timeout: float = 60) -> None:
-        async with asyncio.timeout(timeout):  # a liveness guard, not a timing
-            while self.count(kind) < n:
-                self.changed.clear()
-                await self.changed.wait()
-
-
 async def test_database_down_is_reported_and_the_scheduler_recovers(
     pg_dsn: str, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -210,7 +185,7 @@ async def test_database_down_is_reported_and_the_scheduler_recovers(
     proxy = TcpProxy(target.hostname or "127.0.0.1", target.port or 5432)
     port = await proxy.start()
     proxy.set_mode("refuse")
-    locker = PostgresLocker(_via(pg_dsn, port), connect_timeout=2)
+    locker = PostgresLocker(via(pg_dsn, port), connect_timeout=2)
     scheduler = Scheduler(clock=SystemClock(), locker=locker)
     events = Events()
     scheduler.subscribe(events)
