@@ -35,7 +35,7 @@ from typing import Any, Self
 
 from ._clock import monotonic
 from ._durations import Seconds, optional_seconds, to_seconds
-from ._errors import LockError, ScheduleError
+from ._errors import LockError
 from ._keys import job_lock_key
 from ._locking import finish_uncancellably
 from ._pg_common import (
@@ -48,45 +48,17 @@ from ._pg_common import (
     is_closed,
     terminate,
 )
+from ._pg_fencing import (
+    ACQUIRE_SQL,
+    ELECTOR_KEEPALIVES,
+    HEARTBEAT_SQL,
+    SETTINGS_SQL,
+    check_fencing,
+)
 
 __all__ = ("PostgresElector", "PostgresElectorStatistics")
 
 _logger = logging.getLogger("cronlock.election")
-
-# Short enough that a silent cut releases the lock in a few seconds; long enough, relative
-# to the 0.75 s default lease, that the server cannot release it before the lease lapses.
-ELECTOR_KEEPALIVES = Keepalives(idle=2, interval=1, count=2, user_timeout=3.0)
-
-# Server-side slack, beyond the lease, that the constructor insists on.
-_MIN_MARGIN = 1.0
-
-# Acquire, and only if granted, make the session die after idle_session_timeout of silence
-# (PostgreSQL >= 14). That catches a *frozen* client, which keepalives never notice, and
-# leaves followers, idle between polls, alone. The CTE runs the try-lock exactly once.
-_ACQUIRE_SQL = """
-WITH l AS (SELECT pg_try_advisory_lock($1::int8) AS got)
-SELECT got, set_config('idle_session_timeout',
-                       CASE WHEN got THEN $2 ELSE current_setting('idle_session_timeout') END,
-                       false)
-FROM l
-"""
-
-# A bigint advisory key k shows in pg_locks as classid = high 32 bits, objid = low 32 bits,
-# objsubid = 1 (objsubid 2 is the two-int4 form). Checked against our own backend only:
-# pg_try_advisory_lock is re-entrant, so asking it again would prove nothing.
-_HEARTBEAT_SQL = """
-SELECT EXISTS (SELECT FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()
-  AND granted AND mode = 'ExclusiveLock' AND objsubid = 1
-  AND classid = (($1::int8 >> 32) & 4294967295)::oid AND objid = ($1::int8 & 4294967295)::oid)
-"""
-
-# The session's own view of the settings the fencing relies on, in seconds.
-_SETTINGS_SQL = """
-SELECT name, setting::float8 * CASE unit WHEN 'ms' THEN 0.001 ELSE 1 END AS seconds
-FROM pg_settings
-WHERE name IN ('idle_session_timeout', 'tcp_keepalives_idle', 'tcp_keepalives_interval',
-               'tcp_keepalives_count', 'tcp_user_timeout')
-"""
 
 
 class _Demoted(Exception):
@@ -179,7 +151,13 @@ class PostgresElector:
         self._connect_timeout = to_seconds(connect_timeout, field="connect_timeout")
         self._statement_timeout = to_seconds(statement_timeout, field="statement_timeout")
         self._application_name = application_name or default_application_name()
-        self._check_fencing()
+        check_fencing(
+            beat=self._beat,
+            lease=self._lease,
+            takeover=self._takeover,
+            idle_session_timeout=self._idle_timeout,
+            keepalives=keepalives,
+        )
         self._callbacks: list[Callable[[BaseException | None], None]] = []
         self._task: asyncio.Task[None] | None = None
         self._closed = False
@@ -191,42 +169,6 @@ class PostgresElector:
         self._heartbeats = self._sessions_opened = 0
         # Repeated failures (a database that is down) are logged once at WARNING, then DEBUG.
         self._failing = False
-
-    def _check_fencing(self) -> None:
-        """Refuse settings under which the server could free the lock before the lease ends."""
-        if self._beat >= self._lease:
-            raise ScheduleError(
-                f"heartbeat_interval ({self._beat:g}s) must be shorter than lease "
-                f"({self._lease:g}s), or every lease lapses before it can be renewed"
-            )
-        if self._takeover < self._lease:
-            raise ScheduleError(
-                f"takeover_delay ({self._takeover:g}s) must be at least lease "
-                f"({self._lease:g}s): after a connection reset the old leader's lease must "
-                "have lapsed before the new leader starts"
-            )
-        ka = self._keepalives
-        if ka.user_timeout is None:
-            raise ScheduleError(
-                "keepalives.user_timeout must be set for an elector: without it, how soon "
-                "the server drops a silent client depends on the host's TCP settings"
-            )
-        # The earliest the server may notice a silent client, measured from the last packet
-        # it received: no keepalive probe before `idle`, no user-timeout abort before
-        # `user_timeout`, no idle-session abort before `idle_session_timeout`. Whole seconds
-        # and milliseconds, as configure_session and PostgreSQL round them.
-        floors = {
-            "idle_session_timeout": int(self._idle_timeout * 1000) / 1000,
-            "keepalives.idle": float(int(ka.idle)),
-            "keepalives.user_timeout": int(ka.user_timeout * 1000) / 1000,
-        }
-        field, floor = min(floors.items(), key=lambda item: item[1])
-        if floor < 2 * self._lease or floor - self._lease < _MIN_MARGIN:
-            raise ScheduleError(
-                f"{field} ({floor:g}s) is too short for lease ({self._lease:g}s): it must be "
-                f"at least twice the lease and {_MIN_MARGIN:g}s longer, so the server cannot "
-                "release the lock before the old leader's lease has lapsed"
-            )
 
     # -- public API ------------------------------------------------------------------------
 
@@ -292,7 +234,7 @@ class PostgresElector:
             raise LockError(f"election {self._name!r}: no election session is open")
         try:
             async with self._statement_lock, asyncio.timeout(self._statement_timeout):
-                rows = await conn.fetch(_SETTINGS_SQL)
+                rows = await conn.fetch(SETTINGS_SQL)
         except BACKEND_ERRORS as exc:
             raise LockError(f"election {self._name!r}: reading settings failed: {exc!r}") from exc
         return {row["name"]: row["seconds"] for row in rows}
@@ -438,7 +380,7 @@ class PostgresElector:
         """Try the lock every poll_interval; return (send, receive) times of the grant."""
         args: tuple[object, ...]
         if conn.get_server_version().major >= 14:
-            sql, args = _ACQUIRE_SQL, (self._key, str(int(self._idle_timeout * 1000)))
+            sql, args = ACQUIRE_SQL, (self._key, str(int(self._idle_timeout * 1000)))
         else:  # no idle_session_timeout: a frozen leader then blocks failover until it wakes
             sql, args = TRY_LOCK_SQL, (self._key,)
         while True:
@@ -480,7 +422,7 @@ class PostgresElector:
                 raise _Demoted("the lease lapsed before the next heartbeat; loop blocked?")
             try:
                 async with asyncio.timeout(left), self._statement_lock:
-                    held = await conn.fetchval(_HEARTBEAT_SQL, self._key)
+                    held = await conn.fetchval(HEARTBEAT_SQL, self._key)
             except TimeoutError as exc:
                 raise _Demoted(f"no heartbeat answer within the lease ({self._lease:g}s)") from exc
             except BACKEND_ERRORS as exc:
