@@ -6,8 +6,7 @@ import asyncio
 import logging
 from collections.abc import Callable
 from datetime import datetime, timedelta
-from types import TracebackType
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
 from ._clock import Clock, SystemClock
 from ._events import (
@@ -22,6 +21,7 @@ from ._events import (
     LockFailed,
     LockLost,
 )
+from ._guard import Deadlines, RunGuard
 from ._job import Job, RunRecord
 from ._locking import Elector, Lease, Locker, finish_uncancellably
 
@@ -48,6 +48,7 @@ class Executor:
         "_cancel_on_lock_loss",
         "_clock",
         "_coordinated",
+        "_deadlines",
         "_default_timeout",
         "_elector",
         "_locker",
@@ -66,8 +67,9 @@ class Executor:
     ) -> None:
         self._cancel_on_lock_loss = cancel_on_lock_loss
         self._reading = False  # a history read is in flight (see refresh_history)
+        self._deadlines = Deadlines() if isinstance(clock, SystemClock) else None
         # Guards of coordinated runs in flight: ended together when leadership is lost.
-        self._coordinated: set[_RunGuard] = set()
+        self._coordinated: set[RunGuard] = set()
         self._clock = clock
         self._bus = bus
         self._locker = locker
@@ -211,7 +213,7 @@ class Executor:
             except Exception as exc:
                 return self._failed(job, slot, started, exc)
             return self._succeeded(job, slot, started, result)
-        guard = _RunGuard(clock, timeout)
+        guard = RunGuard(clock, timeout, self._deadlines)
         if coordinated:
             self._coordinated.add(guard)
         if lease is not None:
@@ -282,65 +284,6 @@ class Executor:
     def _emit(self, event: JobEvent) -> JobEvent:
         self._bus.emit(event)
         return event
-
-
-class _RunGuard:
-    """Ends a run early: at its timeout, or when its lock is lost.
-
-    Both go through one ``asyncio.timeout`` whose deadline is moved to "now", so the task
-    sees asyncio's own cancellation, converted to ``TimeoutError`` on the way out with the
-    task's pending-cancel count kept right (a real ``CancelledError`` from outside still
-    propagates). On the real clock the deadline is asyncio's; a virtual clock's time is not
-    the loop's, so there a watchdog task sleeps on the clock and moves the deadline.
-    """
-
-    __slots__ = ("_clock", "_cm", "_dog", "_seconds", "lost_because", "reason")
-
-    def __init__(self, clock: Clock, seconds: float | None) -> None:
-        self._clock = clock
-        self._seconds = seconds
-        self._cm: asyncio.Timeout | None = None
-        self._dog: asyncio.Task[None] | None = None
-        self.reason: Literal["timeout", "lock_lost"] | None = None
-        self.lost_because: BaseException | None = None
-
-    async def __aenter__(self) -> None:
-        real = isinstance(self._clock, SystemClock)
-        self._cm = asyncio.timeout(self._seconds if real else None)
-        await self._cm.__aenter__()
-        if self._seconds is not None and not real:
-            deadline = self._clock.now() + timedelta(seconds=self._seconds)
-            self._dog = asyncio.create_task(self._watch(deadline), name="cronlock-timeout")
-
-    async def _watch(self, deadline: datetime) -> None:
-        await self._clock.sleep_until(deadline)
-        self._expire("timeout")
-
-    def _expire(self, reason: Literal["timeout", "lock_lost"]) -> None:
-        if self.reason is None and self._cm is not None:
-            self.reason = reason
-            self._cm.reschedule(asyncio.get_running_loop().time())
-
-    def lose(self, exc: BaseException | None) -> None:
-        """The lease's lock was lost: end the run now."""
-        self.lost_because = exc
-        self._expire("lock_lost")
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> bool | None:
-        if self._dog is not None:
-            self._dog.cancel()
-            # Wait for the watchdog without letting its cancellation count as ours.
-            await finish_uncancellably(asyncio.wait((self._dog,)))
-        assert self._cm is not None
-        if self.reason is None and self._cm.expired():
-            self.reason = "timeout"  # asyncio's own deadline (real clock)
-        await self._cm.__aexit__(exc_type, exc, tb)  # raises TimeoutError when ours
-        return None
 
 
 def _log_loss(job: Job, slot: datetime) -> Callable[[BaseException | None], None]:
