@@ -76,12 +76,16 @@ class Executor:
         self._elector = elector
         self._default_timeout = default_timeout
 
-    async def run(self, job: Job, slot: datetime) -> JobEvent:
-        """Run *slot* of *job* and return the final event (also emitted)."""
+    async def run(self, job: Job, slot: datetime, *, report: bool = True) -> JobEvent | None:
+        """Run *slot* of *job* and return the final event (also emitted).
+
+        With ``report=False`` a successful run nobody subscribed to returns ``None``
+        instead of building an event no one reads (the run loop's hot path).
+        """
         if not job.distributed or (
             self._elector is None and self._locker is None and job.locker is None
         ):
-            return await self._execute(job, slot, None)
+            return await self._execute(job, slot, None, report)
         gate = await self._admit(job, slot)
         if isinstance(gate, JobEvent):
             self._emit(gate)
@@ -89,9 +93,9 @@ class Executor:
                 await self.refresh_history(job)  # another replica ran it: learn how it went
             return gate
         if gate is None:
-            return await self._execute(job, slot, None)
+            return await self._execute(job, slot, None, report)
         try:
-            return await self._execute(job, slot, gate)
+            return await self._execute(job, slot, gate, report)
         finally:
             record = getattr(gate, "record", None)
             if record is not None and job.last_run is not None and job.last_run.slot == slot:
@@ -194,7 +198,9 @@ class Executor:
                 exc_info=exc,
             )
 
-    async def _execute(self, job: Job, slot: datetime, lease: Lease | None) -> JobEvent:
+    async def _execute(
+        self, job: Job, slot: datetime, lease: Lease | None, report: bool
+    ) -> JobEvent | None:
         clock = self._clock
         bus = self._bus
         job.run_count += 1
@@ -212,7 +218,7 @@ class Executor:
                 raise
             except Exception as exc:
                 return self._failed(job, slot, started, exc)
-            return self._succeeded(job, slot, started, result)
+            return self._succeeded(job, slot, started, result, report)
         guard = RunGuard(clock, timeout, self._deadlines)
         if coordinated:
             self._coordinated.add(guard)
@@ -246,13 +252,18 @@ class Executor:
                 return self._emit(LockLost(job.name, slot, started, finished, guard.lost_because))
             return self._failed(job, slot, started, exc)
         self._coordinated.discard(guard)
-        return self._succeeded(job, slot, started, result)
+        return self._succeeded(job, slot, started, result, report)
 
-    def _succeeded(self, job: Job, slot: datetime, started: datetime, result: object) -> JobEvent:
+    def _succeeded(
+        self, job: Job, slot: datetime, started: datetime, result: object, report: bool
+    ) -> JobEvent | None:
         finished = self._clock.now()
         job._last_run = job._last_success = (slot, started, finished, "succeeded")
+        wanted = self._bus.wants(JobSucceeded)
+        if not (report or wanted):
+            return None
         event = JobSucceeded(job.name, slot, started, finished, result)
-        if self._bus.wants(JobSucceeded):
+        if wanted:
             self._bus.emit(event)
         return event
 

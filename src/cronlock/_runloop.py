@@ -291,7 +291,7 @@ class RunLoop:
             if replaced:
                 # "replace": the old run's cleanup (lock release) finishes before we start.
                 await asyncio.wait(replaced)
-            event = await self._executor.run(job, slot)
+            event = await self._executor.run(job, slot, report=waiter is not None)
             self._resolve(waiter, event)
         except asyncio.CancelledError:
             if waiter is not None and not waiter.done():
@@ -323,8 +323,8 @@ class RunLoop:
             self._start(waiting_job, slot, waiter)
 
     @staticmethod
-    def _resolve(waiter: asyncio.Future[JobEvent] | None, event: JobEvent) -> None:
-        if waiter is not None and not waiter.done():
+    def _resolve(waiter: asyncio.Future[JobEvent] | None, event: JobEvent | None) -> None:
+        if waiter is not None and event is not None and not waiter.done():
             waiter.set_result(event)
 
 
