@@ -1,4 +1,4 @@
-"""The two round trips of one run on the lock session: lock and claim; record and unlock.
+"""The two round trips of one run on its lock session: lock and claim; record and unlock.
 
 With a ledger, the first statement takes the job's advisory lock *and* claims the slot in
 the ledger, the second records the outcome (or gives the claim back) *and* unlocks; without
@@ -28,7 +28,7 @@ _logger = logging.getLogger("cronlock.postgres")
 
 
 class Claims:
-    """Lock-and-claim and record-and-unlock statements of one locker, on its *session*.
+    """Lock-and-claim and record-and-unlock statements on one lock *session* (a shard).
 
     *table* ``None`` is lock-only mode; *host* is written to the ledger with each claim.
     """
@@ -83,7 +83,7 @@ class Claims:
     ) -> Refusal | None:
         # Run the statement in a task that cancellation does not interrupt: cancelling it
         # mid-flight would leave us unsure whether the server granted the lock, and would
-        # send a cancel request to a session shared by every running job. It is short and
+        # send a cancel request to a session shared by the shard's running jobs. It is short and
         # bounded; once it is done we know exactly what to undo.
         attempt = asyncio.create_task(
             self._attempt(conn, generation, job, key, slot),

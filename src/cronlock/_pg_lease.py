@@ -34,19 +34,23 @@ class PostgresLockerStatistics:
     lost: int
     """Leases whose session died (or was terminated) while they were held."""
     sessions_opened: int
-    """Lock sessions opened: one, plus one per reconnect."""
+    """Lock sessions opened: one per shard used, plus one per reconnect."""
     session_open: bool
-    """Whether a lock session is open right now."""
+    """Whether any lock session is open right now."""
     already_ran: int = 0
     """Acquires refused ``"already_ran"`` by the ledger: another replica claimed the slot."""
     statements: int = 0
-    """Statements (round trips) sent on the lock session, heartbeats and upkeep included."""
+    """Statements (round trips) sent on the lock sessions, heartbeats and upkeep included."""
     heartbeats: int = 0
-    """Heartbeat checks sent while leases were held and the session was otherwise idle."""
+    """Heartbeat checks sent while leases were held and their session was otherwise idle."""
+    sessions: int = 1
+    """Lock sessions (shards) the locker may open: its *sessions* option."""
+    sessions_open: int = 0
+    """Lock sessions open right now (each is opened on first use by a job of its shard)."""
 
 
 class PostgresLease:
-    """The lock of one job for one slot, held on the locker's session."""
+    """The lock of one job for one slot, held on the locker's session for that job."""
 
     __slots__ = (
         "_done",

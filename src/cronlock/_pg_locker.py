@@ -1,13 +1,15 @@
-"""PostgresLocker: one replica's advisory locks and run-ledger claims on one session.
+"""PostgresLocker: one replica's advisory locks and run-ledger claims on a few sessions.
 
-The locker hands out leases and keeps in-process exclusion; the pieces it is built from
-live next to it: the session (:mod:`._pg_session`), the statements of a run
+The locker hands out leases, keeps in-process exclusion and shards jobs over its lock
+sessions by lock key; the pieces it is built from live next to it: a session
+(:mod:`._pg_session`), the statements of a run
 (:mod:`._pg_claim`), the leases (:mod:`._pg_lease`) and upkeep (:mod:`._pg_upkeep`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import socket
 from collections.abc import Awaitable, Callable, Mapping
@@ -16,7 +18,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self, TypeVar
 
 from ._durations import Seconds, optional_seconds, to_seconds
-from ._errors import LockError
+from ._errors import LockError, ScheduleError
 from ._keys import job_lock_key
 from ._locking import Refusal
 from ._pg_claim import Claims
@@ -58,26 +60,30 @@ class PostgresLocker:
     latest success. ``ledger=False`` is the lock alone, for databases where no table may be
     created; it can run a slot twice (see docs/ledger.md for the measured rate).
 
-    **Connections.** All locks this replica holds live on *one* dedicated lock session,
-    however many jobs run at once; statements on it are serialised. Given a DSN, the
-    locker opens that connection itself (``asyncpg.connect``, no pool, so no pool reset can
-    drop its locks); given an ``asyncpg.Pool``, it borrows one connection for its lifetime
-    (close the locker before the pool). The session is opened on first use.
+    **Connections.** The locks this replica holds live on a few dedicated lock sessions,
+    at most *sessions* (default 4, 1 to 64) however many jobs run at once. A job always
+    uses session ``job_lock_key(job) % sessions`` (its shard) for its lock, its claim, its
+    release and its ledger reads; statements on one session are serialised, so the shards
+    share out the round trips. Given a DSN, the locker opens those connections itself
+    (``asyncpg.connect``, no pool, so no pool reset can drop its locks); given an
+    ``asyncpg.Pool``, it borrows them for its lifetime (close the locker before the pool).
+    Each session is opened on first use by a job of its shard.
 
     **Exclusion.** Advisory locks are re-entrant within a session, so exclusion among this
     replica's own runs is enforced here: a job whose lock this locker holds is answered
     ``"locked"`` without a round trip. Across replicas, ``pg_try_advisory_lock(job_lock_key
     (job))`` decides who runs, and the ledger's primary key which slots ran.
 
-    **Failure.** If the session dies, every lock on it is gone: its leases are marked
-    :attr:`~PostgresLease.lost` (the scheduler then cancels their runs, event ``LockLost``)
-    and the next :meth:`acquire` reconnects. While leases are held, the session is checked
-    every *heartbeat* seconds when no other statement proved it alive, so a dead session is
+    **Failure.** If a session dies, every lock on it is gone: the leases of its shard (and
+    only those) are marked :attr:`~PostgresLease.lost` (the scheduler then cancels their
+    runs, event ``LockLost``) and the next :meth:`acquire` of that shard reconnects. While
+    leases are held, each session holding some is checked every *heartbeat* seconds when
+    no other statement proved it alive, so a dead session is
     noticed within about *heartbeat* + *statement_timeout* even after a silent network cut
     (``heartbeat=None`` turns the check off). A server that cannot be reached, or a
     statement that does not finish within *statement_timeout*, raises
     :class:`cronlock.LockError` (the session is then terminated, so nothing stays held).
-    The session carries ``application_name`` (default ``cronlock:<host>:<pid>``) and
+    Every session carries ``application_name`` (default ``cronlock:<host>:<pid>``) and
     server-side TCP *keepalives*.
     """
 
@@ -89,6 +95,7 @@ class PostgresLocker:
         table: str = DEFAULT_TABLE,
         schema: str | None = None,
         create_table: bool = True,
+        sessions: int = 4,
         retention: Seconds = timedelta(days=30),
         heartbeat: Seconds | None = 5.0,
         connect_timeout: Seconds = 10.0,
@@ -98,6 +105,8 @@ class PostgresLocker:
         remember: int = 1024,
         connect_kwargs: Mapping[str, Any] | None = None,
     ) -> None:
+        if isinstance(sessions, bool) or not isinstance(sessions, int) or not 1 <= sessions <= 64:
+            raise ScheduleError(f"sessions must be an integer from 1 to 64, got {sessions!r}")
         source = ConnectionSource(pool_or_dsn, connect_kwargs)
         self._table = LedgerTable(table, schema) if ledger else None
         retention_s = to_seconds(retention, field="retention")
@@ -106,36 +115,42 @@ class PostgresLocker:
         statement_timeout_s = to_seconds(statement_timeout, field="statement_timeout")
         self._application_name = application_name or default_application_name()
         self._remember = remember
-        self._lock_session = LockSession(
-            source,
-            table=self._table,
-            create_table=create_table,
-            connect_timeout=connect_timeout_s,
-            statement_timeout=statement_timeout_s,
-            application_name=self._application_name,
-            keepalives=keepalives,
-            on_open=self._on_session_opened,
-            on_drop=self._on_session_dropped,
+        self._closed = False
+        # The shards: a job's lock, claim, release and reads go to session key % sessions.
+        self._shards = tuple(
+            LockSession(
+                source,
+                table=self._table,
+                create_table=create_table,
+                connect_timeout=connect_timeout_s,
+                statement_timeout=statement_timeout_s,
+                application_name=self._application_name,
+                keepalives=keepalives,
+                on_open=self._on_session_opened,
+                on_drop=functools.partial(self._on_session_dropped, shard),
+            )
+            for shard in range(sessions)
         )
-        self._claims = Claims(self._lock_session, self._table, socket.gethostname())
+        host = socket.gethostname()
+        self._claims = tuple(Claims(session, self._table, host) for session in self._shards)
         self._held: dict[int, PostgresLease] = {}
         self._pending: set[int] = set()
         self._claimed: dict[str, dict[datetime, None]] = {}
         # Upkeep: heartbeat, schedules to write, outcomes of lost leases to write, pruning.
         self._upkeep = Upkeep(
-            self._lock_session,
+            self._shards,
             self._table,
             retention=retention_s,
             heartbeat=heartbeat_s,
             application_name=self._application_name,
-            holding=lambda: bool(self._held),
+            holding=lambda: {key % sessions for key in self._held},
         )
         self._granted = self._contended = self._busy_here = self._already_ran = 0
         self._released = self._lost = 0
 
     @property
     def application_name(self) -> str:
-        """The ``application_name`` of the lock session, as shown in pg_stat_activity."""
+        """The ``application_name`` of the lock sessions, as shown in pg_stat_activity."""
         return self._application_name
 
     @property
@@ -145,12 +160,15 @@ class PostgresLocker:
 
     @property
     def _session(self) -> Any:
-        """The lock session's connection, or ``None`` (for tests and debugging)."""
-        return self._lock_session.conn
+        """The first open lock session's connection, or ``None`` (for tests, debugging)."""
+        return next((s.conn for s in self._shards if s.conn is not None), None)
+
+    def _shard(self, key: int) -> int:
+        return key % len(self._shards)
 
     def statistics(self) -> PostgresLockerStatistics:
         """Return the locker's counters."""
-        session = self._lock_session
+        shards = self._shards
         return PostgresLockerStatistics(
             held=len(self._held),
             granted=self._granted,
@@ -158,11 +176,13 @@ class PostgresLocker:
             busy_here=self._busy_here,
             released=self._released,
             lost=self._lost,
-            sessions_opened=session.opened,
-            session_open=session.is_open,
+            sessions_opened=sum(s.opened for s in shards),
+            session_open=any(s.is_open for s in shards),
             already_ran=self._already_ran,
-            statements=session.statements,
+            statements=sum(s.statements for s in shards),
             heartbeats=self._upkeep.heartbeats,
+            sessions=len(shards),
+            sessions_open=sum(s.is_open for s in shards),
         )
 
     async def acquire(self, job: str, slot: datetime) -> PostgresLease | Refusal:
@@ -173,7 +193,7 @@ class PostgresLocker:
         by this locker. Raises :class:`cronlock.LockError` when the server cannot be reached
         or fails. If the calling task is cancelled, nothing stays held or claimed.
         """
-        if self._lock_session.closed:
+        if self._closed:
             raise LockError(f"job {job!r}: the PostgresLocker is closed")
         key = job_lock_key(job)
         if key in self._held or key in self._pending:
@@ -188,7 +208,8 @@ class PostgresLocker:
         # Reserve the key in-process first: the session would grant it twice (re-entrant).
         self._pending.add(key)
         try:
-            refusal, generation = await self._claims.claim_reconnecting(job, key, slot)
+            claims = self._claims[self._shard(key)]
+            refusal, generation = await claims.claim_reconnecting(job, key, slot)
         finally:
             self._pending.discard(key)
         if refusal == "locked":
@@ -255,30 +276,34 @@ class PostgresLocker:
         return await self._upkeep.prune()
 
     async def close(self) -> None:
-        """Write pending schedules and outcomes, then close the lock session.
+        """Write pending schedules and outcomes, then close the lock sessions.
 
-        Every lock on it is released; held leases become lost. Idempotent. A borrowed pool
-        connection is given back to its pool.
+        Every lock on them is released; held leases become lost. Idempotent. Borrowed pool
+        connections are given back to their pool.
         """
-        session = self._lock_session
-        session.closed = True
+        self._closed = True
+        for session in self._shards:
+            session.closed = True
         await self._upkeep.stop()
-        async with session.connect_lock:
-            conn = session.conn
-            if conn is None:
-                return
-            if self._held:
-                _logger.warning(
-                    "PostgresLocker closed while holding the locks of %s",
-                    sorted(lease.job for lease in self._held.values()),
-                )
-            else:
-                with contextlib.suppress(*GONE_OR_FAILED):
-                    await uncancellable(
-                        self._upkeep.flush(conn, session.generation),
-                        name="cronlock.postgres.flush",
-                    )
-            await session.hand_back(conn)
+        if self._held and any(s.conn is not None for s in self._shards):
+            _logger.warning(
+                "PostgresLocker closed while holding the locks of %s",
+                sorted(lease.job for lease in self._held.values()),
+            )
+        flushed = bool(self._held)  # with locks still held, close at once
+        for session in self._shards:
+            async with session.connect_lock:
+                conn = session.conn
+                if conn is None:
+                    continue
+                if not flushed:
+                    flushed = True
+                    with contextlib.suppress(*GONE_OR_FAILED):
+                        await uncancellable(
+                            self._upkeep.flush(session, conn, session.generation),
+                            name="cronlock.postgres.flush",
+                        )
+                await session.hand_back(conn)
 
     async def __aenter__(self) -> Self:
         return self
@@ -291,14 +316,18 @@ class PostgresLocker:
     ) -> None:
         await self.close()
 
-    # -- the session and what runs on it -----------------------------------------------------
+    # -- the sessions and what runs on them ---------------------------------------------------
 
     def _on_session_opened(self) -> None:
         self._upkeep.start()
 
-    def _on_session_dropped(self, reason: str) -> None:
-        """Every lock on the dropped session is gone: mark its leases lost."""
-        lost = [lease for lease in self._held.values() if not lease._lost]
+    def _on_session_dropped(self, shard: int, reason: str) -> None:
+        """Every lock on the dropped session is gone: mark the leases of its shard lost."""
+        lost = [
+            lease
+            for key, lease in self._held.items()
+            if not lease._lost and self._shard(key) == shard
+        ]
         for lease in lost:
             lease._mark_lost(
                 LockError(f"job {lease.job!r}: the lock session was dropped: {reason}")
@@ -306,19 +335,21 @@ class PostgresLocker:
         self._lost += len(lost)
         if lost:
             _logger.error(
-                "lock session dropped (%s): the locks of %s are lost and may be taken "
+                "lock session %d dropped (%s): the locks of %s are lost and may be taken "
                 "by another replica",
+                shard,
                 reason,
                 sorted(lease.job for lease in lost),
             )
 
     async def _read(self, job: str, call: Callable[[Any], Awaitable[_T]]) -> _T:
-        if self._lock_session.closed:
+        if self._closed:
             raise LockError(f"job {job!r}: the PostgresLocker is closed")
-        conn, generation = await self._lock_session.ensure()
+        session = self._shards[self._shard(job_lock_key(job))]
+        conn, generation = await session.ensure()
         try:
             return await uncancellable(
-                self._lock_session.run(
+                session.run(
                     conn, generation, call, what="a ledger read", keep_on_server_error=True
                 ),
                 name=f"cronlock.postgres.read[{job}]",
@@ -330,8 +361,9 @@ class PostgresLocker:
 
     async def _release(self, lease: PostgresLease) -> None:
         try:
-            done = not lease._lost and await self._claims.finish(
-                self._lock_session.conn,
+            shard = self._shard(lease.key)
+            done = not lease._lost and await self._claims[shard].finish(
+                self._shards[shard].conn,
                 lease._generation,
                 lease.job,
                 lease.key,

@@ -1,7 +1,8 @@
-"""The lock session of a PostgresLocker: one connection, opened on demand, replaced if it dies.
+"""A lock session of a PostgresLocker: one connection, opened on demand, replaced if it dies.
 
-Every advisory lock a replica holds lives on this one session, so its life decides theirs:
-when it is dropped, the locker is told (its leases are then lost). Statements on it are
+A locker has a few of these, one per shard of lock keys. Every advisory lock of a shard
+lives on its session, so the session's life decides theirs: when it is dropped, the locker
+is told (the shard's leases are then lost). Statements on it are
 serialised and bounded; each new connection bumps the *generation*, and a statement meant
 for an older generation is refused rather than sent to a session that holds none of its
 locks.
@@ -43,7 +44,7 @@ GONE_OR_FAILED: tuple[type[BaseException], ...] = (SessionGone, *BACKEND_ERRORS)
 
 
 class LockSession:
-    """A locker's dedicated session: connect, set up, run statements, drop.
+    """One of a locker's dedicated sessions: connect, set up, run statements, drop.
 
     *on_open* is called after each new connection is set up; *on_drop* with the reason
     whenever the current connection is dropped (its locks are then gone). Only

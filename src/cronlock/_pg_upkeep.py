@@ -1,8 +1,9 @@
-"""Upkeep of a PostgresLocker's session: heartbeat, schedule notes, late outcomes, pruning.
+"""Upkeep of a PostgresLocker's sessions: heartbeat, schedule notes, late outcomes, pruning.
 
 One background task per locker, from its first session to its close. It never opens a
-session itself (only acquiring does), and it rides on the lock session, so a heartbeat that
-fails drops that session like any other statement would.
+session itself (only acquiring and reading do), and it rides on the lock sessions: the
+heartbeat checks each session that holds leases (so a heartbeat that fails drops that
+session like any other statement would); writes and pruning use any open session.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -38,21 +39,22 @@ PRUNE_BATCH = 1000
 class Upkeep:
     """The upkeep task of one locker, and what it has still to write.
 
-    *holding* says whether the locker holds leases right now: only then is the session
-    worth a heartbeat. *table* ``None`` (lock-only mode) leaves just the heartbeat.
+    *sessions* are the locker's shards; *holding* gives the indexes of those holding leases
+    right now: only they are worth a heartbeat. *table* ``None`` (lock-only mode) leaves
+    just the heartbeat.
     """
 
     def __init__(
         self,
-        session: LockSession,
+        sessions: Sequence[LockSession],
         table: LedgerTable | None,
         *,
         retention: float,
         heartbeat: float | None,
         application_name: str,
-        holding: Callable[[], bool],
+        holding: Callable[[], Collection[int]],
     ) -> None:
-        self._session = session
+        self._sessions = sessions
         self._table = table
         self._retention = retention
         self._heartbeat = heartbeat
@@ -97,10 +99,12 @@ class Upkeep:
             return 0
         total = 0
         while True:
-            conn, generation = await self._session.ensure()
+            found = self._any_open()
+            session = found[0] if found else self._sessions[0]
+            conn, generation = found[1:] if found else await session.ensure()
             try:
                 deleted = await uncancellable(
-                    self._prune_batch(conn, generation), name="cronlock.postgres.prune"
+                    self._prune_batch(session, conn, generation), name="cronlock.postgres.prune"
                 )
             except GONE_OR_FAILED as exc:
                 raise LockError(f"pruning the run ledger failed: {exc!r}") from exc
@@ -108,39 +112,61 @@ class Upkeep:
             if deleted < PRUNE_BATCH:
                 return total
 
+    def _any_open(self) -> tuple[LockSession, Any, int] | None:
+        """The first session with an open connection, that connection and its generation."""
+        for session in self._sessions:
+            conn = session.conn
+            if conn is not None and not is_closed(conn):
+                return session, conn, session.generation
+        return None
+
+    async def _beat(self, session: LockSession) -> None:
+        """Check one session that holds leases; a failure drops it (run() does that)."""
+        conn, generation = session.conn, session.generation
+        if conn is None or is_closed(conn):
+            return  # already dropped, or about to be: its leases are (being) marked lost
+        self.heartbeats += 1
+        try:
+            await session.run(
+                conn, generation, lambda c: c.fetchval("SELECT 1"), what="the heartbeat"
+            )
+        except GONE_OR_FAILED as exc:
+            _logger.debug("lock session heartbeat failed: %r", exc)
+
+    async def _beat_all(self, sessions: Sequence[LockSession]) -> None:
+        await asyncio.gather(*(self._beat(session) for session in sessions))
+
     async def _keep(self) -> None:
         """Owned by the locker from the first session to its close."""
         tick = min(self._heartbeat or NOTE_EVERY, NOTE_EVERY)
         loop = asyncio.get_running_loop()
-        session = self._session
         while True:
             await asyncio.sleep(tick)
-            conn, generation = session.conn, session.generation
-            if conn is None or is_closed(conn):
-                continue  # only acquire reconnects: upkeep alone never opens a session
             now = loop.time()
+            beat = self._heartbeat
+            if beat is not None:
+                # Every session holding leases, at once: a cut one is noticed within about
+                # heartbeat + statement_timeout, however many sessions it cut.
+                due = [
+                    self._sessions[i]
+                    for i in self._holding()
+                    if now - self._sessions[i].last_ok >= beat
+                ]
+                if due:
+                    await uncancellable(self._beat_all(due), name="cronlock.postgres.heartbeat")
+            found = self._any_open()
+            if self._table is None or found is None:
+                continue  # only acquire reconnects: upkeep alone never opens a session
+            session, conn, generation = found
             try:
-                beat = self._heartbeat
-                if beat is not None and self._holding() and now - session.last_ok >= beat:
-                    self.heartbeats += 1
-                    await uncancellable(
-                        session.run(
-                            conn,
-                            generation,
-                            lambda c: c.fetchval("SELECT 1"),
-                            what="the heartbeat",
-                        ),
-                        name="cronlock.postgres.heartbeat",
-                    )
-                if self._table is None:
-                    continue
                 if self._late or (self._dirty and now - self._noted_at >= NOTE_EVERY):
                     await uncancellable(
-                        self.flush(conn, generation), name="cronlock.postgres.flush"
+                        self.flush(session, conn, generation), name="cronlock.postgres.flush"
                     )
                 if now >= self._prune_at:
                     deleted = await uncancellable(
-                        self._prune_batch(conn, generation), name="cronlock.postgres.prune"
+                        self._prune_batch(session, conn, generation),
+                        name="cronlock.postgres.prune",
                     )
                     full = deleted >= PRUNE_BATCH
                     self._prune_at = now + (tick if full else PRUNE_EVERY * random.uniform(1, 1.2))
@@ -149,8 +175,8 @@ class Upkeep:
                 # error on upkeep leaves it sound. Either way, try again next tick.
                 _logger.debug("lock session upkeep failed: %r", exc)
 
-    async def flush(self, conn: Any, generation: int) -> None:
-        """Write changed job schedules and outcomes of lost leases."""
+    async def flush(self, session: LockSession, conn: Any, generation: int) -> None:
+        """Write changed job schedules and outcomes of lost leases, on *session*."""
         table = self._table
         if table is None:
             return
@@ -165,7 +191,7 @@ class Upkeep:
                 [r.finished_at for r in records],
             )
             try:
-                await self._session.run(
+                await session.run(
                     conn,
                     generation,
                     lambda c: c.execute(table.late_finish_sql, *args),
@@ -181,7 +207,7 @@ class Upkeep:
         names = sorted(dirty)
         notes = [self._notes[name] for name in names]
         try:
-            await self._session.run(
+            await session.run(
                 conn,
                 generation,
                 lambda c: c.execute(
@@ -199,10 +225,10 @@ class Upkeep:
             raise
         self._noted_at = asyncio.get_running_loop().time()
 
-    async def _prune_batch(self, conn: Any, generation: int) -> int:
+    async def _prune_batch(self, session: LockSession, conn: Any, generation: int) -> int:
         table = self._table
         assert table is not None
-        deleted = await self._session.run(
+        deleted = await session.run(
             conn,
             generation,
             lambda c: c.fetchval(table.prune_sql, self._retention, PRUNE_BATCH),

@@ -13,7 +13,7 @@ from urllib.parse import urlsplit, urlunsplit
 import asyncpg
 import pytest
 
-from cronlock import LockError
+from cronlock import LockError, ScheduleError
 from cronlock._locking import Lease, Locker, LosableLease
 from cronlock.postgres import PostgresLease, PostgresLocker, job_lock_key, locked_run
 
@@ -27,6 +27,14 @@ SLOT = datetime(2030, 1, 1, 3, 0, tzinfo=UTC)
 
 def new_job() -> str:
     return f"locker-{uuid.uuid4()}"
+
+
+def job_in_shard(shard: int, sessions: int = 4) -> str:
+    """A new job whose lock goes to session *shard* of a locker with *sessions* sessions."""
+    while True:
+        job = new_job()
+        if job_lock_key(job) % sessions == shard:
+            return job
 
 
 def replica(dsn: str, app_name: str, **options: Any) -> PostgresLocker:
@@ -116,28 +124,89 @@ async def test_per_slot_in_one_replica(pg_dsn: str, app_name: str, locks_held: L
     assert told == []  # released, then the locker closed: not a loss
 
 
-async def test_fifty_concurrent_leases_use_one_connection(
+@pytest.mark.parametrize("sessions", [1, 4])
+async def test_fifty_concurrent_leases_use_at_most_sessions_connections(
     pg_dsn: str,
     app_name: str,
     locks_held: LocksHeld,
     sessions_named: SessionsNamed,
     capsys: pytest.CaptureFixture[str],
+    sessions: int,
 ) -> None:
     jobs = [new_job() for _ in range(50)]
-    async with replica(pg_dsn, app_name) as locker:
+    async with replica(pg_dsn, app_name, sessions=sessions) as locker:
         leases = await asyncio.gather(*(locker.acquire(job, SLOT) for job in jobs))
         assert all(isinstance(lease, PostgresLease) for lease in leases)
         assert await locks_held(jobs) == 50
         connections = await sessions_named(app_name)
         with capsys.disabled():
-            print(f"\n[measured] 50 concurrent leases -> {connections} server connection(s)")
-        assert connections == 1
+            print(
+                f"\n[measured] 50 concurrent leases, sessions={sessions} -> "
+                f"{connections} server connection(s)"
+            )
+        if sessions == 1:
+            assert connections == 1
+        else:  # 50 random keys all in one of 4 shards: odds 4 ** -49
+            assert 1 < connections <= sessions
         await asyncio.gather(*(lease.release() for lease in leases if isinstance(lease, Lease)))
         assert await locks_held(jobs) == 0
-        assert locker.statistics().sessions_opened == 1
+        stats = locker.statistics()
+        assert stats.sessions_opened == stats.sessions_open == connections
+        assert stats.sessions == sessions
 
 
-async def test_borrowing_from_a_pool_takes_one_connection(
+async def test_terminating_one_shard_loses_only_its_leases(
+    pg_dsn: str, app_name: str, admin: Any, locks_held: LocksHeld, sessions_named: SessionsNamed
+) -> None:
+    jobs = [new_job() for _ in range(50)]
+    async with replica(pg_dsn, app_name, sessions=4, heartbeat=None) as locker:
+        leases = await asyncio.gather(*(locker.acquire(job, SLOT) for job in jobs))
+        assert all(isinstance(lease, PostgresLease) for lease in leases)
+        held = [lease for lease in leases if isinstance(lease, PostgresLease)]
+        assert 1 < await sessions_named(app_name) <= 4
+        victim = held[0]
+        shard = job_lock_key(victim.job) % 4
+        doomed = [lease for lease in held if job_lock_key(lease.job) % 4 == shard]
+        spared = [lease for lease in held if job_lock_key(lease.job) % 4 != shard]
+        assert spared
+        # The backend holding the victim's lock holds exactly its shard's locks.
+        pid = await admin.fetchval(
+            "SELECT l.pid FROM pg_locks l JOIN pg_stat_activity a USING (pid)"
+            " WHERE l.locktype = 'advisory' AND a.application_name = $1"
+            " AND ((l.classid::int8 << 32) | l.objid::int8) = $2",
+            app_name,
+            victim.key,
+        )
+        keys = await admin.fetch(
+            "SELECT (classid::int8 << 32) | objid::int8 AS key FROM pg_locks"
+            " WHERE locktype = 'advisory' AND pid = $1",
+            pid,
+        )
+        assert sorted(r["key"] for r in keys) == sorted(lease.key for lease in doomed)
+        assert await admin.fetchval("SELECT pg_terminate_backend($1)", pid)
+        async with asyncio.timeout(30):
+            while not all(lease.lost for lease in doomed):
+                await asyncio.sleep(0.01)
+        assert not any(lease.lost for lease in spared)
+        assert await locks_held([lease.job for lease in doomed]) == 0
+        assert await locks_held([lease.job for lease in spared]) == len(spared)
+        assert locker.statistics().lost == len(doomed)
+        # The shard reconnects on its next acquire; the others keep their sessions.
+        again = await locker.acquire(job_in_shard(shard), SLOT)
+        assert isinstance(again, PostgresLease)
+        await asyncio.gather(*(lease.release() for lease in [*held, again]))
+        assert await locks_held([*jobs, again.job]) == 0
+        assert locker.statistics().held == 0
+
+
+@pytest.mark.parametrize("sessions", [0, 65, -1, 2.0, True, "4"])
+def test_sessions_must_be_from_1_to_64(sessions: Any) -> None:
+    with pytest.raises(ScheduleError, match="sessions") as caught:
+        PostgresLocker("postgresql://unused", sessions=sessions)
+    assert isinstance(caught.value, ValueError)
+
+
+async def test_borrowing_from_a_pool_takes_at_most_sessions_connections(
     pool: Any, app_name: str, locks_held: LocksHeld, sessions_named: SessionsNamed
 ) -> None:
     jobs = [new_job() for _ in range(50)]
@@ -145,7 +214,7 @@ async def test_borrowing_from_a_pool_takes_one_connection(
     async with PostgresLocker(pool, application_name=lock_app) as locker:
         leases = await asyncio.gather(*(locker.acquire(job, SLOT) for job in jobs))
         assert await locks_held(jobs) == 50
-        assert await sessions_named(lock_app) == 1
+        assert 1 <= await sessions_named(lock_app) <= 4
         await asyncio.gather(*(lease.release() for lease in leases if isinstance(lease, Lease)))
     assert await locks_held(jobs) == 0
     assert pool.get_idle_size() == pool.get_size()  # the borrowed connection went back
@@ -154,7 +223,7 @@ async def test_borrowing_from_a_pool_takes_one_connection(
 async def test_terminated_session_reconnects_and_lost_lease_releases_quietly(
     pg_dsn: str, app_name: str, admin: Any, locks_held: LocksHeld
 ) -> None:
-    first, second = new_job(), new_job()
+    first, second = job_in_shard(2), job_in_shard(2)  # on one session, so one reconnect
     async with replica(pg_dsn, app_name) as locker:
         lease = await locker.acquire(first, SLOT)
         assert isinstance(lease, PostgresLease)
