@@ -17,6 +17,7 @@ import argparse
 import asyncio
 import hashlib
 import json
+import sys
 import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -33,6 +34,25 @@ from cronlock import (
 )
 from cronlock.postgres import PostgresLocker
 from cronlock.testing import OffsetClock
+
+
+def command(dsn: str, job: str, rid: int, start: float, slots: int, *extra: str) -> list[str]:
+    """The command line that starts one replica process (what the tests spawn)."""
+    return [
+        sys.executable,
+        __file__,
+        "--dsn",
+        dsn,
+        "--job",
+        job,
+        "--id",
+        str(rid),
+        "--start",
+        str(start),
+        "--slots",
+        str(slots),
+        *extra,
+    ]
 
 
 def emit(**fields: object) -> None:

@@ -17,7 +17,6 @@ import json
 import math
 import os
 import subprocess
-import sys
 import time
 import uuid
 from collections import defaultdict
@@ -28,9 +27,10 @@ from typing import Any
 
 import pytest
 
+from .replica import command as replica_command
+
 pytestmark = [pytest.mark.postgres, pytest.mark.slow]
 
-REPLICA = Path(__file__).with_name("replica.py")
 Record = dict[str, Any]
 
 
@@ -47,21 +47,7 @@ class Fleet:
         out = self._tmp / f"{group}-{rid}-{len(self._procs)}.jsonl"
         with out.open("w") as sink:
             proc = subprocess.Popen(
-                [
-                    sys.executable,
-                    str(REPLICA),
-                    "--dsn",
-                    dsn,
-                    "--job",
-                    job,
-                    "--id",
-                    str(rid),
-                    "--start",
-                    str(start),
-                    "--slots",
-                    str(slots),
-                    *extra,
-                ],
+                replica_command(dsn, job, rid, start, slots, *extra),
                 stdout=sink,
                 text=True,
                 env={**os.environ, "PYTHONUNBUFFERED": "1"},

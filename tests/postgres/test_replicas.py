@@ -11,11 +11,9 @@ import os
 import queue
 import signal
 import subprocess
-import sys
 import threading
 import time
 import uuid
-from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -34,10 +32,10 @@ from cronlock.postgres import PostgresLocker
 
 from .events import Events
 from .proxy import TcpProxy, via
+from .replica import command as replica_command
 
 pytestmark = pytest.mark.postgres
 
-REPLICA = Path(__file__).with_name("replica.py")
 Record = dict[str, Any]
 
 
@@ -57,24 +55,9 @@ class Replica:
     ) -> None:
         self.id = rid
         self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                str(REPLICA),
-                "--dsn",
-                dsn,
-                "--job",
-                job,
-                "--id",
-                str(rid),
-                "--start",
-                str(start),
-                "--slots",
-                str(slots),
-                "--interval",
-                str(interval),
-                "--hold",
-                str(hold),
-            ],
+            replica_command(
+                dsn, job, rid, start, slots, "--interval", str(interval), "--hold", str(hold)
+            ),
             stdout=subprocess.PIPE,
             text=True,
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
