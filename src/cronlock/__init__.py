@@ -10,6 +10,7 @@ from ._clock import Clock as Clock
 from ._clock import SystemClock as SystemClock
 from ._cron import CronSchedule as CronSchedule
 from ._cron import cron as cron
+from ._errors import ConfigError as ConfigError
 from ._errors import CronlockError as CronlockError
 from ._errors import JobConflictError as JobConflictError
 from ._errors import JobLookupError as JobLookupError
@@ -35,10 +36,6 @@ from ._filelock import FileLocker as FileLocker
 from ._interval import IntervalSchedule as IntervalSchedule
 from ._interval import every as every
 from ._job import Job as Job
-from ._job import Outcome as Outcome
-from ._job import Overlap as Overlap
-from ._job import RunContext as RunContext
-from ._job import RunRecord as RunRecord
 from ._keys import job_lock_key as job_lock_key
 from ._locking import Elector as Elector
 from ._locking import FencedElector as FencedElector
@@ -51,6 +48,10 @@ from ._locking import RecordingLease as RecordingLease
 from ._locking import Refusal as Refusal
 from ._once import OnceSchedule as OnceSchedule
 from ._once import once as once
+from ._records import Outcome as Outcome
+from ._records import Overlap as Overlap
+from ._records import RunContext as RunContext
+from ._records import RunRecord as RunRecord
 from ._schedule import Schedule as Schedule
 from ._scheduler import JobOptions as JobOptions
 from ._scheduler import Scheduler as Scheduler
@@ -59,6 +60,7 @@ __version__ = "0.1.0.dev0"
 
 __all__ = (
     "Clock",
+    "ConfigError",
     "CronSchedule",
     "CronlockError",
     "Elector",

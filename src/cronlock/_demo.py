@@ -136,8 +136,8 @@ def _parent(args: argparse.Namespace, lockdir: str) -> int:
 async def _replica(args: argparse.Namespace) -> None:
     from ._filelock import FileLocker
     from ._interval import every
-    from ._job import RunContext
     from ._locking import Locker
+    from ._records import RunContext
     from ._scheduler import Scheduler
 
     start = datetime.fromtimestamp(args.start, UTC)

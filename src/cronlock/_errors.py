@@ -7,7 +7,15 @@ class CronlockError(Exception):
     """Root of every exception cronlock raises on purpose."""
 
 
-class ScheduleError(CronlockError, ValueError):
+class ConfigError(CronlockError, ValueError):
+    """A setting is malformed: of a scheduler, a locker, an elector or a job.
+
+    The message names the object, the setting and the bad value. Raised when the object is
+    built, so a typo fails at start-up rather than at the first run.
+    """
+
+
+class ScheduleError(ConfigError):
     """A schedule or job option is malformed; the message names the bad part and value."""
 
 
@@ -30,7 +38,7 @@ class LockError(CronlockError, RuntimeError):
     """A locking backend failed: connection refused or lost, pool exhausted, server error."""
 
 
-class LedgerNameError(CronlockError, ValueError):
+class LedgerNameError(ConfigError):
     """A run-ledger table or schema name PostgreSQL cannot store as given.
 
     Raised by :class:`cronlock.postgres.PostgresLocker` (and ``python -m cronlock``) for an

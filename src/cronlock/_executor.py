@@ -8,6 +8,7 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
+from ._cancel import finish_uncancellably
 from ._clock import Clock, SystemClock
 from ._events import (
     EventBus,
@@ -22,11 +23,12 @@ from ._events import (
     LockLost,
 )
 from ._guard import Deadlines, RunGuard
-from ._job import Job, RunRecord
-from ._locking import Elector, Lease, Locker, finish_uncancellably
+from ._job import Job
+from ._locking import Elector, Lease, Locker
+from ._records import RunRecord
 
 if TYPE_CHECKING:
-    from ._job import Outcome
+    from ._records import Outcome
 
 __all__ = ("Executor",)
 

@@ -12,8 +12,9 @@ import threading
 from datetime import UTC, datetime
 from pathlib import Path
 
-from ._errors import LockError
-from ._locking import Lease, Refusal, finish_uncancellably
+from ._cancel import finish_uncancellably
+from ._errors import ConfigError, LockError
+from ._locking import Lease, Refusal
 
 if sys.platform != "win32":
     import fcntl
@@ -122,7 +123,7 @@ class FileLocker:
                 "use InMemoryLocker or cronlock.postgres.PostgresLocker"
             )
         if remember < 1:
-            raise ValueError(f"remember must be at least 1, got {remember!r}")
+            raise ConfigError(f"FileLocker: remember must be at least 1, got {remember!r}")
         self._directory = Path(directory)
         self._remember = remember
         try:

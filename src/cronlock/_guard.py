@@ -9,8 +9,8 @@ from datetime import datetime, timedelta
 from types import TracebackType
 from typing import Literal
 
+from ._cancel import finish_uncancellably
 from ._clock import Clock
-from ._locking import finish_uncancellably
 
 __all__ = ("Deadlines", "RunGuard")
 

@@ -9,11 +9,12 @@ import typing
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from ._durations import optional_seconds
 from ._errors import ScheduleError
 from ._locking import Locker
+from ._records import DEFAULT_MISFIRE_GRACE, OVERLAPS, Overlap, RunContext, RunRecord
 from ._schedule import Schedule
 from ._tz import to_utc
 
@@ -21,46 +22,7 @@ if TYPE_CHECKING:
     from ._events import JobEvent
     from ._scheduler import Scheduler
 
-__all__ = ("Job", "Outcome", "Overlap", "RunContext", "RunRecord")
-
-Overlap = Literal["skip", "queue", "allow", "replace"]
-Outcome = Literal["succeeded", "failed", "timed_out", "cancelled", "lock_lost", "unfinished"]
-_OVERLAPS: tuple[Overlap, ...] = ("skip", "queue", "allow", "replace")
-
-
-@dataclass(frozen=True, slots=True)
-class RunContext:
-    """What a task learns about the run it is part of.
-
-    Declare a parameter annotated ``RunContext`` and the scheduler passes it by keyword.
-    """
-
-    job: str
-    """The job's name."""
-    slot: datetime
-    """The scheduled instant this run belongs to (aware UTC)."""
-    started_at: datetime
-    """When the run started, by the scheduler's clock (aware UTC)."""
-    run_number: int
-    """1 for the job's first run on this replica, then 2, 3, ..."""
-
-
-@dataclass(frozen=True, slots=True)
-class RunRecord:
-    """How one run went.
-
-    ``outcome`` is ``"unfinished"`` (and ``finished_at`` None) for a run a ledger shows as
-    started but not ended: still running, or its replica died.
-    """
-
-    slot: datetime
-    started_at: datetime
-    finished_at: datetime | None
-    outcome: Outcome
-    error: str | None = None
-    """A one-line summary of the exception, for failed runs."""
-    owner: str | None = None
-    """Who ran it (``host:pid``), when a ledger recorded it."""
+__all__ = ("Job",)
 
 
 def jitter_offset(name: str, slot: datetime, jitter: float) -> timedelta:
@@ -112,7 +74,7 @@ class Job:
     max_runs: int | None = None
     start_at: datetime | None = None
     stop_at: datetime | None = None
-    misfire_grace: float | None = 60.0
+    misfire_grace: float | None = DEFAULT_MISFIRE_GRACE
     distributed: bool = True
     locker: Locker | None = None
 
@@ -153,9 +115,9 @@ class Job:
                 f"job {name!r}: schedule {self.schedule!r} has no next_after(); build one "
                 "with cronlock.cron(), every(), daily(), weekly(), monthly() or once()"
             )
-        if self.overlap not in _OVERLAPS:
+        if self.overlap not in OVERLAPS:
             raise ScheduleError(
-                f"job {name!r}: overlap must be one of {', '.join(_OVERLAPS)}, got {self.overlap!r}"
+                f"job {name!r}: overlap must be one of {', '.join(OVERLAPS)}, got {self.overlap!r}"
             )
         self.timeout = optional_seconds(self.timeout, field="timeout", job=name)
         self.jitter = optional_seconds(self.jitter, field="jitter", job=name, allow_zero=True)

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from datetime import datetime
-from typing import TYPE_CHECKING, Literal, Protocol, TypeVar, runtime_checkable
+from typing import Literal, Protocol, runtime_checkable
 
-if TYPE_CHECKING:
-    from ._job import RunRecord
+from ._records import RunRecord
 
 __all__ = (
     "Elector",
@@ -21,11 +19,9 @@ __all__ = (
     "LosableLease",
     "RecordingLease",
     "Refusal",
-    "finish_uncancellably",
 )
 
 _logger = logging.getLogger("cronlock.lock")
-_T = TypeVar("_T")
 
 
 @runtime_checkable
@@ -119,31 +115,6 @@ class FencedElector(Elector, Protocol):
     def on_demoted(self, callback: Callable[[BaseException | None], None]) -> None:
         """Call *callback* (from the event loop) each time this replica loses leadership."""
         ...
-
-
-async def finish_uncancellably(aw: Awaitable[_T]) -> _T:
-    """Run *aw* to completion even if the calling task is cancelled, then re-raise.
-
-    ``asyncio.shield`` alone is not enough for cleanup: the outer await raises at the first
-    cancel while the inner operation goes on unobserved, and a plain ``await`` in
-    ``finally`` survives one cancel but not two. So keep awaiting the shielded inner task,
-    however many cancels arrive, and deliver the cancellation once it has finished.
-    Bound *aw* with its own timeout: this function waits for it indefinitely.
-    """
-    inner = asyncio.ensure_future(aw)
-    cancelled = False
-    while not inner.done():
-        try:
-            # asyncio.wait never cancels what it waits for, unlike a bare await.
-            await asyncio.wait((inner,))
-        except asyncio.CancelledError:
-            cancelled = True
-    if cancelled:
-        # Deliver the cancellation we absorbed. Task.uncancel() was never called, so
-        # asyncio.timeout() and TaskGroup still see the pending request and account for it.
-        error = None if inner.cancelled() else inner.exception()
-        raise asyncio.CancelledError from error
-    return inner.result()
 
 
 class _MemoryLease:

@@ -13,14 +13,15 @@ import os
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from ._cancel import finish_uncancellably, uncancellable
 from ._errors import LockError
-from ._locking import Refusal, finish_uncancellably
-from ._pg_common import BACKEND_ERRORS, TRY_LOCK_SQL, UNLOCK_SQL, uncancellable
+from ._locking import Refusal
+from ._pg_common import BACKEND_ERRORS, TRY_LOCK_SQL, UNLOCK_SQL
 from ._pg_ledger import LedgerTable
 from ._pg_session import LockSession, SessionGone
 
 if TYPE_CHECKING:
-    from ._job import RunRecord
+    from ._records import RunRecord
 
 __all__ = ("Claims",)
 

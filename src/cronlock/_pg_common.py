@@ -9,14 +9,13 @@ import asyncio
 import contextlib
 import os
 import socket
-from collections.abc import Coroutine, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import asyncpg
 
 from ._errors import LockError
-from ._locking import finish_uncancellably
 
 _T = TypeVar("_T")
 
@@ -106,15 +105,6 @@ def terminate(conn: Any) -> None:
     """
     with contextlib.suppress(asyncpg.InterfaceError):  # a proxy already handed back
         conn.terminate()
-
-
-async def uncancellable(coro: Coroutine[Any, Any, _T], *, name: str) -> _T:
-    """Run *coro* in its own named task to completion, whatever cancels us meanwhile.
-
-    A cancellation that arrives meanwhile is re-raised afterwards (see
-    :func:`cronlock._locking.finish_uncancellably`). *coro* must bound itself with a timeout.
-    """
-    return await finish_uncancellably(asyncio.create_task(coro, name=name))
 
 
 class ConnectionSource:

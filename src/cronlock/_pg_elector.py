@@ -33,11 +33,11 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Self
 
+from ._cancel import finish_uncancellably
 from ._clock import monotonic
 from ._durations import Seconds, optional_seconds, to_seconds
 from ._errors import LockError
 from ._keys import job_lock_key
-from ._locking import finish_uncancellably
 from ._pg_common import (
     BACKEND_ERRORS,
     TRY_LOCK_SQL,

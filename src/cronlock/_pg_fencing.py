@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ._errors import ScheduleError
+from ._errors import ConfigError
 from ._pg_common import Keepalives
 
 __all__ = (
@@ -59,19 +59,19 @@ def check_fencing(
 ) -> None:
     """Refuse settings under which the server could free the lock before the lease ends."""
     if beat >= lease:
-        raise ScheduleError(
+        raise ConfigError(
             f"heartbeat_interval ({beat:g}s) must be shorter than lease "
             f"({lease:g}s), or every lease lapses before it can be renewed"
         )
     if takeover < lease:
-        raise ScheduleError(
+        raise ConfigError(
             f"takeover_delay ({takeover:g}s) must be at least lease "
             f"({lease:g}s): after a connection reset the old leader's lease must "
             "have lapsed before the new leader starts"
         )
     ka = keepalives
     if ka.user_timeout is None:
-        raise ScheduleError(
+        raise ConfigError(
             "keepalives.user_timeout must be set for an elector: without it, how soon "
             "the server drops a silent client depends on the host's TCP settings"
         )
@@ -86,7 +86,7 @@ def check_fencing(
     }
     field, floor = min(floors.items(), key=lambda item: item[1])
     if floor < 2 * lease or floor - lease < MIN_MARGIN:
-        raise ScheduleError(
+        raise ConfigError(
             f"{field} ({floor:g}s) is too short for lease ({lease:g}s): it must be "
             f"at least twice the lease and {MIN_MARGIN:g}s longer, so the server cannot "
             "release the lock before the old leader's lease has lapsed"

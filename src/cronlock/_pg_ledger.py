@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ._errors import LedgerNameError
-from ._job import RunRecord
 from ._keys import job_lock_key
+from ._records import RunRecord
 
 __all__ = (
     "DEFAULT_TABLE",

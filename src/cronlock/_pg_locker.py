@@ -17,8 +17,9 @@ from datetime import datetime, timedelta
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self, TypeVar
 
+from ._cancel import uncancellable
 from ._durations import Seconds, optional_seconds, to_seconds
-from ._errors import LockError, ScheduleError
+from ._errors import ConfigError, LockError
 from ._keys import job_lock_key
 from ._locking import Refusal
 from ._pg_claim import Claims
@@ -27,7 +28,6 @@ from ._pg_common import (
     ConnectionSource,
     Keepalives,
     default_application_name,
-    uncancellable,
 )
 from ._pg_lease import PostgresLease, PostgresLockerStatistics
 from ._pg_ledger import DEFAULT_TABLE, LedgerTable, to_record
@@ -35,7 +35,7 @@ from ._pg_session import GONE_OR_FAILED, LockSession, SessionGone
 from ._pg_upkeep import Upkeep
 
 if TYPE_CHECKING:
-    from ._job import RunRecord
+    from ._records import RunRecord
 
 __all__ = ("PostgresLease", "PostgresLocker", "PostgresLockerStatistics")
 
@@ -106,7 +106,9 @@ class PostgresLocker:
         connect_kwargs: Mapping[str, Any] | None = None,
     ) -> None:
         if isinstance(sessions, bool) or not isinstance(sessions, int) or not 1 <= sessions <= 64:
-            raise ScheduleError(f"sessions must be an integer from 1 to 64, got {sessions!r}")
+            raise ConfigError(
+                f"PostgresLocker: sessions must be an integer from 1 to 64, got {sessions!r}"
+            )
         source = ConnectionSource(pool_or_dsn, connect_kwargs)
         self._table = LedgerTable(table, schema) if ledger else None
         retention_s = to_seconds(retention, field="retention")

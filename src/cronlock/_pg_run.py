@@ -11,10 +11,10 @@ from contextlib import AbstractAsyncContextManager
 from types import TracebackType
 from typing import Any, TypeVar, TypeVarTuple, Unpack
 
+from ._cancel import finish_uncancellably, uncancellable
 from ._durations import Seconds, to_seconds
 from ._errors import LockError
 from ._keys import job_lock_key
-from ._locking import finish_uncancellably
 from ._pg_common import (
     BACKEND_ERRORS,
     TRY_LOCK_SQL,
@@ -22,7 +22,6 @@ from ._pg_common import (
     ConnectionSource,
     is_closed,
     terminate,
-    uncancellable,
 )
 
 __all__ = ("RunLock", "locked_run", "run_locked")

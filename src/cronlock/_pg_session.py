@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 
 import asyncpg
 
+from ._cancel import uncancellable
 from ._errors import LockError
 from ._pg_common import (
     BACKEND_ERRORS,
@@ -26,7 +27,6 @@ from ._pg_common import (
     configure_session,
     is_closed,
     terminate,
-    uncancellable,
 )
 from ._pg_ledger import LedgerTable, migrate, tables_exist
 

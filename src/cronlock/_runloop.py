@@ -11,11 +11,11 @@ from collections.abc import Coroutine
 from datetime import datetime, timedelta
 from typing import Any
 
+from ._cancel import finish_uncancellably
 from ._clock import Clock, SystemClock
 from ._events import EventBus, JobEvent, JobSkipped
 from ._executor import Executor
 from ._job import Job
-from ._locking import finish_uncancellably
 
 __all__ = ("RunLoop",)
 

@@ -11,8 +11,14 @@ from types import TracebackType
 from typing import Any, Literal, TypedDict, TypeVar, Unpack
 
 from ._clock import Clock, SystemClock
-from ._durations import Seconds, optional_seconds
-from ._errors import JobConflictError, JobLookupError, ScheduleError, SchedulerStateError
+from ._durations import Seconds, optional_seconds, positive_int, to_seconds
+from ._errors import (
+    ConfigError,
+    JobConflictError,
+    JobLookupError,
+    ScheduleError,
+    SchedulerStateError,
+)
 from ._events import (
     Event,
     EventBus,
@@ -23,9 +29,10 @@ from ._events import (
     Subscription,
 )
 from ._executor import Executor
-from ._job import Job, Overlap, default_name, normalise_tags
+from ._job import Job, default_name, normalise_tags
 from ._keys import job_lock_key
 from ._locking import Elector, Locker
+from ._records import DEFAULT_MISFIRE_GRACE, Overlap
 from ._runloop import RunLoop
 from ._schedule import Schedule, bind_zone
 from ._tz import TimeZone, resolve_tz
@@ -35,8 +42,6 @@ __all__ = ("JobOptions", "Scheduler")
 _logger = logging.getLogger("cronlock")
 _F = TypeVar("_F", bound=Callable[..., object])
 _ONE_MICROSECOND = timedelta(microseconds=1)
-DEFAULT_MISFIRE_GRACE = 60.0
-"""Seconds a slot may be late and still run (per job: ``misfire_grace``)."""
 
 
 class JobOptions(TypedDict, total=False):
@@ -91,23 +96,21 @@ class Scheduler:
         on_lock_lost: Literal["cancel", "continue"] = "cancel",
     ) -> None:
         self._tz = resolve_tz(tz)
-        if max_concurrent is not None and (
-            isinstance(max_concurrent, bool)
-            or not isinstance(max_concurrent, int)
-            or max_concurrent < 1
-        ):
-            raise ScheduleError(f"max_concurrent must be a positive int, got {max_concurrent!r}")
+        if max_concurrent is not None:
+            max_concurrent = positive_int(max_concurrent, field="max_concurrent", owner="Scheduler")
         self._max_concurrent = max_concurrent
-        stop = optional_seconds(stop_timeout, field="stop_timeout", allow_zero=True)
-        assert stop is not None
-        self._stop_timeout = stop
-        self._default_timeout = optional_seconds(default_timeout, field="default_timeout")
+        self._stop_timeout = to_seconds(
+            stop_timeout, field="stop_timeout", allow_zero=True, error=ConfigError
+        )
+        self._default_timeout = optional_seconds(
+            default_timeout, field="default_timeout", error=ConfigError
+        )
         self._clock: Clock = clock if clock is not None else SystemClock()
         self._locker = locker
         self._elector = elector
         if on_lock_lost not in ("cancel", "continue"):
-            raise ScheduleError(
-                f"on_lock_lost must be 'cancel' or 'continue', got {on_lock_lost!r}"
+            raise ConfigError(
+                f"Scheduler: on_lock_lost must be 'cancel' or 'continue', got {on_lock_lost!r}"
             )
         self._on_lock_lost = on_lock_lost
         self._bus = EventBus()

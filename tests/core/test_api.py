@@ -10,6 +10,7 @@ import pytest
 
 import cronlock
 from cronlock import (
+    ConfigError,
     Event,
     JobConflictError,
     JobLookupError,
@@ -100,7 +101,7 @@ def test_bad_scheduler_zone_is_rejected(tz: object) -> None:
 
 
 def test_bad_max_concurrent_is_rejected() -> None:
-    with pytest.raises(ScheduleError, match="max_concurrent"):
+    with pytest.raises(ConfigError, match="max_concurrent"):
         Scheduler(max_concurrent=0)
 
 

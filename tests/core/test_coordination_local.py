@@ -19,7 +19,7 @@ from cronlock import (
     Scheduler,
     every,
 )
-from cronlock._locking import finish_uncancellably
+from cronlock._cancel import finish_uncancellably
 from cronlock.testing import FakeClock
 
 from .conftest import T0, Recorder

@@ -27,12 +27,12 @@ import asyncpg
 import pytest
 
 from cronlock import (
+    ConfigError,
     JobSkipped,
     JobStarted,
     LockError,
     LockLost,
     RunContext,
-    ScheduleError,
     Scheduler,
     SystemClock,
     every,
@@ -192,7 +192,7 @@ async def test_session_settings_keep_the_server_release_after_the_lease(
     ],
 )
 def test_settings_that_break_the_fencing_are_refused(options: Any, field: str) -> None:
-    with pytest.raises(ScheduleError, match=field) as caught:
+    with pytest.raises(ConfigError, match=field) as caught:
         PostgresElector("postgresql://nowhere/db", **options)
     assert isinstance(caught.value, ValueError)
 

@@ -13,7 +13,7 @@ from urllib.parse import urlsplit, urlunsplit
 import asyncpg
 import pytest
 
-from cronlock import LockError, ScheduleError
+from cronlock import ConfigError, LockError
 from cronlock._locking import Lease, Locker, LosableLease
 from cronlock.postgres import PostgresLease, PostgresLocker, job_lock_key, locked_run
 
@@ -201,7 +201,7 @@ async def test_terminating_one_shard_loses_only_its_leases(
 
 @pytest.mark.parametrize("sessions", [0, 65, -1, 2.0, True, "4"])
 def test_sessions_must_be_from_1_to_64(sessions: Any) -> None:
-    with pytest.raises(ScheduleError, match="sessions") as caught:
+    with pytest.raises(ConfigError, match="sessions") as caught:
         PostgresLocker("postgresql://unused", sessions=sessions)
     assert isinstance(caught.value, ValueError)
 

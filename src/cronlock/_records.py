@@ -1,0 +1,76 @@
+"""Values every layer shares: what a run is told, how it went, and the names of the rules.
+
+A leaf module: it imports nothing from cronlock, so every other module may import it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Final, Literal, get_args
+
+__all__ = (
+    "DEFAULT_MISFIRE_GRACE",
+    "FINAL_OUTCOMES",
+    "OVERLAPS",
+    "Outcome",
+    "Overlap",
+    "RunContext",
+    "RunRecord",
+    "error_summary",
+)
+
+Overlap = Literal["skip", "queue", "allow", "replace"]
+"""What a job does when its next slot comes while a run is still going."""
+
+Outcome = Literal["succeeded", "failed", "timed_out", "cancelled", "lock_lost", "unfinished"]
+"""How a run ended; ``"unfinished"`` is a ledger row whose run has not (yet) ended."""
+
+OVERLAPS: Final[tuple[Overlap, ...]] = get_args(Overlap)
+FINAL_OUTCOMES: Final[frozenset[Outcome]] = frozenset(get_args(Outcome)) - {"unfinished"}
+
+DEFAULT_MISFIRE_GRACE: Final = 60.0
+"""Seconds a slot may be late and still run (per job: ``misfire_grace``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class RunContext:
+    """What a task learns about the run it is part of.
+
+    Declare a parameter annotated ``RunContext`` and the scheduler passes it by keyword.
+    """
+
+    job: str
+    """The job's name."""
+    slot: datetime
+    """The scheduled instant this run belongs to (aware UTC)."""
+    started_at: datetime
+    """When the run started, by the scheduler's clock (aware UTC)."""
+    run_number: int
+    """1 for the job's first run on this replica, then 2, 3, ..."""
+
+
+@dataclass(frozen=True, slots=True)
+class RunRecord:
+    """How one run went.
+
+    ``outcome`` is ``"unfinished"`` (and ``finished_at`` None) for a run a ledger shows as
+    started but not ended: still running, or its replica died.
+    """
+
+    slot: datetime
+    started_at: datetime
+    finished_at: datetime | None
+    outcome: Outcome
+    error: str | None = None
+    """A one-line summary of the exception, for failed runs."""
+    owner: str | None = None
+    """Who ran it (``host:pid``), when a ledger recorded it."""
+
+
+def error_summary(exc: BaseException, limit: int = 500) -> str:
+    """``Type: first line of the message``, at most *limit* characters (ledger, events)."""
+    text = (
+        f"{type(exc).__name__}: {exc}".strip().splitlines()[0] if str(exc) else type(exc).__name__
+    )
+    return text[:limit]
