@@ -39,13 +39,14 @@ from ._job import Job as Job
 from ._keys import job_lock_key as job_lock_key
 from ._locking import Elector as Elector
 from ._locking import FencedElector as FencedElector
-from ._locking import InMemoryLocker as InMemoryLocker
 from ._locking import Lease as Lease
 from ._locking import LedgerLocker as LedgerLocker
 from ._locking import Locker as Locker
 from ._locking import LosableLease as LosableLease
 from ._locking import RecordingLease as RecordingLease
 from ._locking import Refusal as Refusal
+from ._locking import ScheduleNotingLocker as ScheduleNotingLocker
+from ._memlock import InMemoryLocker as InMemoryLocker
 from ._once import OnceSchedule as OnceSchedule
 from ._once import once as once
 from ._records import Outcome as Outcome
@@ -97,6 +98,7 @@ __all__ = (
     "RunRecord",
     "Schedule",
     "ScheduleError",
+    "ScheduleNotingLocker",
     "Scheduler",
     "SchedulerStarted",
     "SchedulerStateError",

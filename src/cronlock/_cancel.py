@@ -13,7 +13,13 @@ import asyncio
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
-__all__ = ("cancel_and_wait", "claim_or_undo", "finish_uncancellably", "uncancellable")
+__all__ = (
+    "cancel_and_wait",
+    "claim_or_undo",
+    "finish_uncancellably",
+    "task_name",
+    "uncancellable",
+)
 
 _T = TypeVar("_T")
 
@@ -86,3 +92,11 @@ async def claim_or_undo(
             if pending is not None:
                 await finish_uncancellably(pending)
         raise
+
+
+def task_name(kind: str, job: str | None = None) -> str:
+    """The name of a task cronlock spawns: ``cronlock-<kind>`` or ``cronlock-<kind>:<job>``.
+
+    One scheme for every task, so ``asyncio.all_tasks()`` and debuggers show who owns what.
+    """
+    return f"cronlock-{kind}" if job is None else f"cronlock-{kind}:{job}"

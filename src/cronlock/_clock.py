@@ -7,7 +7,7 @@ import time
 from datetime import UTC, datetime
 from typing import Protocol, runtime_checkable
 
-__all__ = ("Clock", "SystemClock", "monotonic")
+__all__ = ("Clock", "SystemClock", "VirtualClock", "monotonic", "wait_tasks")
 
 
 def monotonic() -> float:
@@ -26,6 +26,31 @@ class Clock(Protocol):
     async def sleep_until(self, deadline: datetime) -> None:
         """Return once :meth:`now` is at or past *deadline* (an aware datetime)."""
         ...
+
+
+@runtime_checkable
+class VirtualClock(Clock, Protocol):
+    """A clock whose time is not the event loop's (:class:`cronlock.testing.FakeClock`).
+
+    The scheduler's stop timeout is then measured in the clock's own time: it asks the
+    clock to wait for the runs in flight instead of waiting on the event loop's timer.
+    """
+
+    async def wait_tasks(
+        self, tasks: set[asyncio.Task[None]], timeout: float
+    ) -> set[asyncio.Task[None]]:
+        """Wait up to *timeout* seconds of this clock's time; return the tasks still pending."""
+        ...
+
+
+async def wait_tasks(
+    clock: Clock, tasks: set[asyncio.Task[None]], timeout: float
+) -> set[asyncio.Task[None]]:
+    """Wait up to *timeout* seconds of *clock*'s time for *tasks*; return those still pending."""
+    if isinstance(clock, VirtualClock):
+        return await clock.wait_tasks(tasks, timeout)
+    _, pending = await asyncio.wait(tasks, timeout=timeout)
+    return pending
 
 
 class SystemClock:

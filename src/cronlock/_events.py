@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Literal
 
+from ._cancel import task_name
+
 __all__ = (
     "Event",
     "EventBus",
@@ -189,7 +191,10 @@ class EventBus:
                 _logger.exception("event listener %r failed on %r", sub.callback, event)
                 continue
             if inspect.isawaitable(result):
-                task = asyncio.ensure_future(self._await(sub, event, result))
+                task = asyncio.create_task(
+                    self._await(sub, event, result),
+                    name=task_name("listener", event.job if isinstance(event, JobEvent) else None),
+                )
                 self._pending.add(task)
                 task.add_done_callback(self._pending.discard)
 

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import typing
 from collections.abc import Callable
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING
 
 from ._cancel import finish_uncancellably
-from ._clock import Clock, SystemClock
+from ._clock import Clock
 from ._events import (
     EventBus,
     JobCancelled,
@@ -24,11 +24,9 @@ from ._events import (
 )
 from ._guard import Deadlines, RunGuard
 from ._job import Job
-from ._locking import Elector, Lease, Locker
-from ._records import RunRecord
-
-if TYPE_CHECKING:
-    from ._records import Outcome
+from ._locking import Elector, Lease, LosableLease, RecordingLease, lease_hooks
+from ._records import RunRecord, error_summary
+from ._state import RawRecord
 
 __all__ = ("Executor",)
 
@@ -40,6 +38,10 @@ _lock_logger = logging.getLogger("cronlock.lock")
 RELEASE_TIMEOUT = 30.0
 # How often a replica that did not run a slot re-reads the job's fleet-wide history.
 HISTORY_REFRESH = timedelta(seconds=30)
+
+# What one run produced: how it went (for the job's state and a recording lease), the final
+# event (None when nobody asked for it), and whether the run's task was cancelled.
+_Ended = tuple[RawRecord, JobEvent | None, bool]
 
 
 class Executor:
@@ -53,7 +55,6 @@ class Executor:
         "_deadlines",
         "_default_timeout",
         "_elector",
-        "_locker",
         "_reading",
     )
 
@@ -61,20 +62,20 @@ class Executor:
         self,
         *,
         clock: Clock,
+        loop_time: bool,
         bus: EventBus,
-        locker: Locker | None,
         elector: Elector | None,
         default_timeout: float | None,
         cancel_on_lock_loss: bool = True,
     ) -> None:
         self._cancel_on_lock_loss = cancel_on_lock_loss
         self._reading = False  # a history read is in flight (see refresh_history)
-        self._deadlines = Deadlines() if isinstance(clock, SystemClock) else None
+        # On the real clock every run deadline shares one event-loop timer.
+        self._deadlines = Deadlines() if loop_time else None
         # Guards of coordinated runs in flight: ended together when leadership is lost.
         self._coordinated: set[RunGuard] = set()
         self._clock = clock
         self._bus = bus
-        self._locker = locker
         self._elector = elector
         self._default_timeout = default_timeout
 
@@ -84,25 +85,37 @@ class Executor:
         With ``report=False`` a successful run nobody subscribed to returns ``None``
         instead of building an event no one reads (the run loop's hot path).
         """
-        if not job.distributed or (
-            self._elector is None and self._locker is None and job.locker is None
-        ):
-            return await self._execute(job, slot, None, report)
+        if not job._wiring.coordinated:
+            return self._conclude(job, await self._execute(job, slot, None, report))
         gate = await self._admit(job, slot)
         if isinstance(gate, JobEvent):
-            self._emit(gate)
+            self._bus.emit(gate)
             if isinstance(gate, JobSkipped) and gate.reason in ("already_ran", "locked"):
                 await self.refresh_history(job)  # another replica ran it: learn how it went
             return gate
         if gate is None:
-            return await self._execute(job, slot, None, report)
+            return self._conclude(job, await self._execute(job, slot, None, report))
+        ended: _Ended | None = None
         try:
-            return await self._execute(job, slot, gate, report)
+            ended = await self._execute(job, slot, gate, report)
+            return self._conclude(job, ended)
         finally:
-            record = getattr(gate, "record", None)
-            if record is not None and job.last_run is not None and job.last_run.slot == slot:
-                record(job.last_run)  # the ledger stores the outcome with the release
+            if ended is not None and lease_hooks(gate).records:
+                # The ledger stores the outcome with the release, in one round trip.
+                raw = ended[0]
+                record = raw if isinstance(raw, RunRecord) else RunRecord(*raw)
+                typing.cast(RecordingLease, gate).record(record)
             await self._release(job, slot, gate)
+
+    def _conclude(self, job: Job, ended: _Ended) -> JobEvent | None:
+        """Store how the run went, tell the listeners, and deliver a cancellation."""
+        record, event, cancelled = ended
+        job._state.finish(record)
+        if event is not None and (type(event) is not JobSucceeded or self._bus.wants(JobSucceeded)):
+            self._bus.emit(event)
+        if cancelled:
+            raise asyncio.CancelledError
+        return event
 
     def demote(self, reason: BaseException | None) -> None:
         """This replica stopped leading: end its coordinated runs (event ``LockLost``)."""
@@ -122,31 +135,26 @@ class Executor:
         queue a thousand reads a second in front of the locks (measured: the replicas
         then fell behind and missed most slots).
         """
-        locker = job.locker or self._locker
-        last_runs = getattr(locker, "last_runs", None)
-        if last_runs is None:
+        ledger = job._wiring.ledger
+        if ledger is None:
             return
+        state = job._state
         now = self._clock.now()
         if not force and (
             self._reading
-            or (job.history_checked is not None and now - job.history_checked < HISTORY_REFRESH)
+            or (state.history_checked is not None and now - state.history_checked < HISTORY_REFRESH)
         ):
             return
-        job.history_checked = now
+        state.checked(now)
         self._reading = True
         try:
-            last, success = await last_runs(job.name)
+            last, success = await ledger.last_runs(job.name)
         except Exception as exc:
             _lock_logger.warning("job %r: reading its run history failed: %r", job.name, exc)
             return
         finally:
             self._reading = False
-        if last is not None and (job.last_run is None or last.slot > job.last_run.slot):
-            job.last_run = last
-        if success is not None and (
-            job.last_success is None or success.slot > job.last_success.slot
-        ):
-            job.last_success = success
+        state.learn(last, success)
 
     async def _admit(self, job: Job, slot: datetime) -> Lease | JobEvent | None:
         """Ask the elector, then claim the slot; an event means: do not run."""
@@ -159,7 +167,7 @@ class Executor:
             if not leader:
                 _logger.debug("job %r slot %s: not the leader, skipped", job.name, slot)
                 return JobSkipped(job.name, slot, "not_leader")
-        locker = job.locker or self._locker
+        locker = job._wiring.locker
         if locker is None:
             return None
         try:
@@ -200,49 +208,44 @@ class Executor:
                 exc_info=exc,
             )
 
-    async def _execute(
-        self, job: Job, slot: datetime, lease: Lease | None, report: bool
-    ) -> JobEvent | None:
+    async def _execute(self, job: Job, slot: datetime, lease: Lease | None, report: bool) -> _Ended:
+        """Run the task; never raises (a cancellation is returned, delivered by the caller)."""
         clock = self._clock
         bus = self._bus
-        job.run_count += 1
+        number = job._state.begin()
         started = clock.now()
         if bus.wants(JobStarted):
-            bus.emit(JobStarted(job.name, slot, started, job.run_count))
+            bus.emit(JobStarted(job.name, slot, started, number))
         timeout = job.timeout if job.timeout is not None else self._default_timeout
-        coordinated = job.distributed and self._elector is not None
+        coordinated = job._wiring.elected
         if timeout is None and lease is None and not coordinated:
             # The common case pays for no timeout machinery at all.
             try:
-                result = await job.call(slot, started)
+                result = await job.call(slot, started, number)
             except asyncio.CancelledError:
-                self._cancelled(job, slot, started)
-                raise
+                return self._cancelled(job, slot, started)
             except Exception as exc:
                 return self._failed(job, slot, started, exc)
             return self._succeeded(job, slot, started, result, report)
         guard = RunGuard(clock, timeout, self._deadlines)
         if coordinated:
             self._coordinated.add(guard)
-        if lease is not None:
-            watch = getattr(lease, "on_lost", None)
-            if watch is not None:
-                watch(guard.lose if self._cancel_on_lock_loss else _log_loss(job, slot))
+        if lease is not None and lease_hooks(lease).losable:
+            typing.cast(LosableLease, lease).on_lost(
+                guard.lose if self._cancel_on_lock_loss else _log_loss(job, slot)
+            )
         try:
             async with guard:
-                result = await job.call(slot, started)
+                result = await job.call(slot, started, number)
         except asyncio.CancelledError:
-            self._coordinated.discard(guard)
-            self._cancelled(job, slot, started)
-            raise
+            return self._cancelled(job, slot, started)
         except Exception as exc:
-            self._coordinated.discard(guard)
             finished = clock.now()
             if guard.reason == "timeout" and isinstance(exc, TimeoutError):
                 assert timeout is not None
                 _logger.error("job %r slot %s timed out after %ss", job.name, slot, timeout)
-                self._record(job, slot, started, finished, "timed_out", None)
-                return self._emit(JobTimedOut(job.name, slot, started, finished, timeout))
+                event: JobEvent = JobTimedOut(job.name, slot, started, finished, timeout)
+                return RunRecord(slot, started, finished, "timed_out", None), event, False
             if guard.reason == "lock_lost" and isinstance(exc, TimeoutError):
                 _lock_logger.error(
                     "job %r slot %s cancelled: its lock was lost (%s)",
@@ -250,53 +253,32 @@ class Executor:
                     slot,
                     guard.lost_because,
                 )
-                self._record(job, slot, started, finished, "lock_lost", None)
-                return self._emit(LockLost(job.name, slot, started, finished, guard.lost_because))
+                event = LockLost(job.name, slot, started, finished, guard.lost_because)
+                return RunRecord(slot, started, finished, "lock_lost", None), event, False
             return self._failed(job, slot, started, exc)
-        self._coordinated.discard(guard)
+        finally:
+            self._coordinated.discard(guard)
         return self._succeeded(job, slot, started, result, report)
 
     def _succeeded(
         self, job: Job, slot: datetime, started: datetime, result: object, report: bool
-    ) -> JobEvent | None:
+    ) -> _Ended:
         finished = self._clock.now()
-        job._last_run = job._last_success = (slot, started, finished, "succeeded")
-        wanted = self._bus.wants(JobSucceeded)
-        if not (report or wanted):
-            return None
-        event = JobSucceeded(job.name, slot, started, finished, result)
-        if wanted:
-            self._bus.emit(event)
-        return event
+        raw = (slot, started, finished, "succeeded")
+        if not (report or self._bus.wants(JobSucceeded)):
+            return raw, None, False
+        return raw, JobSucceeded(job.name, slot, started, finished, result), False
 
-    def _failed(self, job: Job, slot: datetime, started: datetime, exc: Exception) -> JobEvent:
+    def _failed(self, job: Job, slot: datetime, started: datetime, exc: Exception) -> _Ended:
         finished = self._clock.now()
         _logger.error("job %r slot %s failed", job.name, slot, exc_info=exc)
-        self._record(job, slot, started, finished, "failed", _summary(exc))
-        return self._emit(JobFailed(job.name, slot, started, finished, exc))
+        record = RunRecord(slot, started, finished, "failed", error_summary(exc))
+        return record, JobFailed(job.name, slot, started, finished, exc), False
 
-    def _cancelled(self, job: Job, slot: datetime, started: datetime) -> None:
+    def _cancelled(self, job: Job, slot: datetime, started: datetime) -> _Ended:
         finished = self._clock.now()
-        self._record(job, slot, started, finished, "cancelled", None)
-        self._emit(JobCancelled(job.name, slot, started, finished))
-
-    def _record(
-        self,
-        job: Job,
-        slot: datetime,
-        started: datetime,
-        finished: datetime,
-        outcome: Outcome,
-        error: str | None,
-    ) -> None:
-        record = RunRecord(slot, started, finished, outcome, error)
-        job.last_run = record
-        if outcome == "succeeded":
-            job.last_success = record
-
-    def _emit(self, event: JobEvent) -> JobEvent:
-        self._bus.emit(event)
-        return event
+        record = RunRecord(slot, started, finished, "cancelled", None)
+        return record, JobCancelled(job.name, slot, started, finished), True
 
 
 def _log_loss(job: Job, slot: datetime) -> Callable[[BaseException | None], None]:
@@ -309,10 +291,3 @@ def _log_loss(job: Job, slot: datetime) -> Callable[[BaseException | None], None
         )
 
     return log
-
-
-def _summary(exc: BaseException) -> str:
-    text = (
-        f"{type(exc).__name__}: {exc}".strip().splitlines()[0] if str(exc) else type(exc).__name__
-    )
-    return text[:500]

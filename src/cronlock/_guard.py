@@ -9,7 +9,7 @@ from datetime import datetime, timedelta
 from types import TracebackType
 from typing import Literal
 
-from ._cancel import finish_uncancellably
+from ._cancel import cancel_and_wait, task_name
 from ._clock import Clock
 
 __all__ = ("Deadlines", "RunGuard")
@@ -116,7 +116,7 @@ class RunGuard:
             self._deadlines.add(loop.time() + self._seconds, self)
         else:
             deadline = self._clock.now() + timedelta(seconds=self._seconds)
-            self._dog = asyncio.create_task(self._watch(deadline), name="cronlock-timeout")
+            self._dog = asyncio.create_task(self._watch(deadline), name=task_name("timeout"))
 
     async def _watch(self, deadline: datetime) -> None:
         await self._clock.sleep_until(deadline)
@@ -144,9 +144,8 @@ class RunGuard:
         if self._deadlines is not None and self._seconds is not None:
             self._deadlines.ended()
         if self._dog is not None:
-            self._dog.cancel()
             # Wait for the watchdog without letting its cancellation count as ours.
-            await finish_uncancellably(asyncio.wait((self._dog,)))
+            await cancel_and_wait(self._dog)
         if self.reason is not None:
             assert self._task is not None
             # Take back our cancel; if it was the only one pending, the run ended because

@@ -1,4 +1,8 @@
-"""Jobs: a task bound to a schedule and options, plus its run history on this replica."""
+"""Jobs: a task bound to a schedule and options; its run state is read through properties.
+
+The run state itself lives in :class:`cronlock._state.RunState`, which is the only code
+that changes it.
+"""
 
 from __future__ import annotations
 
@@ -9,20 +13,36 @@ import typing
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from ._durations import optional_seconds
-from ._errors import ScheduleError
-from ._locking import Locker
+from ._cancel import task_name
+from ._clock import Clock
+from ._durations import optional_seconds, positive_int
+from ._errors import ScheduleError, SchedulerStateError
+from ._events import JobEvent
+from ._interval import IntervalSchedule
+from ._locking import Locker, Wiring
 from ._records import DEFAULT_MISFIRE_GRACE, OVERLAPS, Overlap, RunContext, RunRecord
 from ._schedule import Schedule
+from ._state import RunState
+from ._threads import in_thread
 from ._tz import to_utc
 
-if TYPE_CHECKING:
-    from ._events import JobEvent
-    from ._scheduler import Scheduler
 
-__all__ = ("Job",)
+class Controller(Protocol):
+    """What a job asks of the scheduler it is registered with (``pause()``, ``run_now()``)."""
+
+    @property
+    def clock(self) -> Clock: ...
+
+    def pause_job(self, job: Job) -> None: ...
+
+    def resume_job(self, job: Job) -> None: ...
+
+    async def run_job_now(self, job: Job) -> JobEvent: ...
+
+
+__all__ = ("Controller", "Job", "default_name", "jitter_offset", "normalise_tags")
 
 
 def jitter_offset(name: str, slot: datetime, jitter: float) -> timedelta:
@@ -78,30 +98,16 @@ class Job:
     distributed: bool = True
     locker: Locker | None = None
 
-    # State on this replica.
-    next_run: datetime | None = field(default=None, init=False)
-    """The next slot this replica will fire (aware UTC), or None when paused or exhausted."""
-    # The hot path stores a plain tuple; RunRecord is built when someone reads it.
-    _last_run: RunRecord | tuple[Any, ...] | None = field(default=None, init=False, repr=False)
-    _last_success: RunRecord | tuple[Any, ...] | None = field(default=None, init=False, repr=False)
-    run_count: int = field(default=0, init=False)
-    """How many runs started on this replica."""
-    paused: bool = field(default=False, init=False)
-    """True between ``pause()`` and ``resume()``."""
-    active: int = field(default=0, init=False, repr=False)
-    _scheduler: Scheduler | None = field(default=None, init=False, repr=False)
+    # Derived once from the configuration (never run state).
+    _scheduler: Controller | None = field(default=None, init=False, repr=False)
     _context_param: str | None = field(default=None, init=False, repr=False)
     _is_async: bool = field(default=True, init=False, repr=False)
-    generation: int = field(default=0, init=False, repr=False)
-    history_checked: datetime | None = field(default=None, init=False, repr=False)
     # For anchor + k*interval schedules the slot after a slot is one addition away.
     _grid_step: timedelta | None = field(default=None, init=False, repr=False)
-    task_name: str = field(default="", init=False, repr=False)
-    schedule_text: str = field(default="", init=False, repr=False)
-    # The locker's note_schedule(job, schedule, next_run), when it has one (status views).
-    note: Callable[[str, str, datetime | None], None] | None = field(
-        default=None, init=False, repr=False
-    )
+    _task_name: str = field(default="", init=False, repr=False)
+    _schedule_text: str = field(default="", init=False, repr=False)
+    _wiring: Wiring = field(default_factory=Wiring, init=False, repr=False)
+    _state: RunState = field(default_factory=RunState, init=False, repr=False)
 
     def __post_init__(self) -> None:
         name = self.name
@@ -124,13 +130,9 @@ class Job:
         self.misfire_grace = optional_seconds(
             self.misfire_grace, field="misfire_grace", job=name, allow_zero=True
         )
-        if self.max_runs is not None and (
-            isinstance(self.max_runs, bool)
-            or not isinstance(self.max_runs, int)
-            or self.max_runs < 1
-        ):
-            raise ScheduleError(
-                f"job {name!r}: max_runs must be a positive int, got {self.max_runs!r}"
+        if self.max_runs is not None:
+            positive_int(
+                self.max_runs, field="max_runs", owner=f"job {name!r}", error=ScheduleError
             )
         if self.start_at is not None:
             self.start_at = to_utc(self.start_at, field=f"job {name!r}: start_at")
@@ -152,46 +154,47 @@ class Job:
             getattr(target, "__call__", None)  # noqa: B004 - async callable objects
         )
         self._context_param = _context_parameter(self.func)
-        self.task_name = f"cronlock-run:{name}"
+        self._task_name = task_name("run", name)
         self.set_schedule(self.schedule)
 
-    # -- history -------------------------------------------------------------------
+    # -- run state (read-only; see cronlock._state) --------------------------------
+
+    @property
+    def next_run(self) -> datetime | None:
+        """The next slot this replica will fire (aware UTC), or None when paused or exhausted."""
+        return self._state.next_run
 
     @property
     def last_run(self) -> RunRecord | None:
         """The most recent finished run (fleet-wide when the locker keeps a ledger)."""
-        raw = self._last_run
-        if isinstance(raw, tuple):
-            record = RunRecord(*raw)
-            if self._last_success is raw:
-                self._last_success = record
-            self._last_run = raw = record
-        return raw
-
-    @last_run.setter
-    def last_run(self, record: RunRecord | None) -> None:
-        self._last_run = record
+        return self._state.last_run()
 
     @property
     def last_success(self) -> RunRecord | None:
         """The most recent successful run (fleet-wide when the locker keeps a ledger)."""
-        raw = self._last_success
-        if isinstance(raw, tuple):
-            self._last_success = raw = RunRecord(*raw)
-        return raw
+        return self._state.last_success()
 
-    @last_success.setter
-    def last_success(self, record: RunRecord | None) -> None:
-        self._last_success = record
+    @property
+    def run_count(self) -> int:
+        """How many runs started on this replica."""
+        return self._state.run_count
+
+    @property
+    def paused(self) -> bool:
+        """True between ``pause()`` and ``resume()``."""
+        return self._state.paused
+
+    @property
+    def running(self) -> bool:
+        """True while at least one run of this job is in flight on this replica."""
+        return self._state.active > 0
 
     # -- schedule maths ------------------------------------------------------------
 
     def set_schedule(self, schedule: Schedule) -> None:
         """Replace the schedule (history stays) and refresh what is derived from it."""
-        from ._interval import IntervalSchedule
-
         self.schedule = schedule
-        self.schedule_text = str(schedule)
+        self._schedule_text = str(schedule)
         self._grid_step = schedule.interval if type(schedule) is IntervalSchedule else None
 
     def following(self, slot: datetime) -> datetime | None:
@@ -223,13 +226,14 @@ class Job:
         """The next *n* slots after *after* (default: the next run, inclusive)."""
         out: list[datetime] = []
         if after is None:
-            if self.next_run is None:
-                if self._scheduler is None or self.paused:
+            planned = self._state.next_run
+            if planned is None:
+                if self._scheduler is None or self._state.paused:
                     return out
                 after = self._scheduler.clock.now()
             else:
-                out.append(self.next_run)
-                after = self.next_run
+                out.append(planned)
+                after = planned
         current: datetime | None = after
         while len(out) < n and current is not None:
             current = self.slot_after(current)
@@ -238,11 +242,6 @@ class Job:
         return out[:n]
 
     # -- state and control -----------------------------------------------------------
-
-    @property
-    def running(self) -> bool:
-        """True while at least one run of this job is in flight on this replica."""
-        return self.active > 0
 
     @property
     def coordinated(self) -> bool:
@@ -265,44 +264,21 @@ class Job:
         """
         return await self._require_scheduler().run_job_now(self)
 
-    def _require_scheduler(self) -> Scheduler:
+    def _require_scheduler(self) -> Controller:
         if self._scheduler is None:
-            from ._errors import SchedulerStateError
-
             raise SchedulerStateError(f"job {self.name!r} is not registered with a scheduler")
         return self._scheduler
 
     # -- invoking the task ---------------------------------------------------------
 
-    def call(self, slot: datetime, started: datetime) -> Awaitable[object]:
-        """Start the task for one run; plain functions go to a worker thread."""
+    def call(self, slot: datetime, started: datetime, number: int) -> Awaitable[object]:
+        """Start the task for run *number* of *slot*; plain functions go to a worker thread."""
         kwargs = dict(self.kwargs) if self.kwargs else {}
         if self._context_param is not None:
-            kwargs[self._context_param] = RunContext(self.name, slot, started, self.run_count)
+            kwargs[self._context_param] = RunContext(self.name, slot, started, number)
         if self._is_async:
             return typing.cast(Awaitable[object], self.func(*self.args, **kwargs))
-        return _in_thread(functools.partial(self.func, *self.args, **kwargs))
-
-
-_threads = 0
-
-
-def threads_in_flight() -> int:
-    """How many plain-function runs are executing in worker threads right now."""
-    return _threads
-
-
-async def _in_thread(call: Callable[[], object]) -> object:
-    import anyio.to_thread
-
-    global _threads
-    _threads += 1
-    try:
-        # A thread cannot be cancelled: on timeout or shutdown the run is abandoned and
-        # the thread finishes in the background.
-        return await anyio.to_thread.run_sync(call, abandon_on_cancel=True)
-    finally:
-        _threads -= 1
+        return in_thread(functools.partial(self.func, *self.args, **kwargs))
 
 
 def default_name(func: Callable[..., object]) -> str:

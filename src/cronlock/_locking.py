@@ -1,9 +1,15 @@
-"""The plug-in points for coordination (Locker, Lease, Elector) and the in-memory locker."""
+"""The plug-in points for coordination (Locker, Lease, Elector) and how a job is wired to them.
+
+Optional capabilities (a ledger, recording or losable leases, a fenced elector) are typed
+Protocols. They are checked once — when a job is registered (:func:`wire`) or once per
+lease class (:func:`lease_hooks`) — never probed again on every run.
+"""
 
 from __future__ import annotations
 
-import logging
+import functools
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Literal, Protocol, runtime_checkable
 
@@ -12,16 +18,18 @@ from ._records import RunRecord
 __all__ = (
     "Elector",
     "FencedElector",
-    "InMemoryLocker",
     "Lease",
+    "LeaseHooks",
     "LedgerLocker",
     "Locker",
     "LosableLease",
     "RecordingLease",
     "Refusal",
+    "ScheduleNotingLocker",
+    "Wiring",
+    "lease_hooks",
+    "wire",
 )
-
-_logger = logging.getLogger("cronlock.lock")
 
 
 @runtime_checkable
@@ -94,9 +102,14 @@ class LedgerLocker(Locker, Protocol):
         """The latest *limit* runs of *job*, newest first (unfinished ones included)."""
         ...
 
-    # Optional, looked up with getattr: ``note_schedule(job, schedule, next_run) -> None``,
-    # called (synchronously, on the hot path: no I/O) whenever a replica computes a job's
-    # next slot, so a ledger can show schedules and next slots in status views.
+
+@runtime_checkable
+class ScheduleNotingLocker(Locker, Protocol):
+    """A locker that wants to know each job's schedule and next slot (for status views)."""
+
+    def note_schedule(self, job: str, schedule: str, next_run: datetime | None) -> None:
+        """Called whenever this replica plans a job's next slot: synchronous, no I/O."""
+        ...
 
 
 @runtime_checkable
@@ -117,64 +130,54 @@ class FencedElector(Elector, Protocol):
         ...
 
 
-class _MemoryLease:
-    __slots__ = ("_job", "_locker", "_slot")
+@dataclass(frozen=True, slots=True)
+class Wiring:
+    """How one job is coordinated, decided once when it is registered.
 
-    def __init__(self, locker: InMemoryLocker, job: str, slot: datetime) -> None:
-        self._locker = locker
-        self._job = job
-        self._slot = slot
-
-    def record(self, record: RunRecord) -> None:
-        self._locker._claimed[self._job][self._slot] = record
-
-    async def release(self) -> None:
-        self._locker._held.discard(self._job)
-
-
-class InMemoryLocker:
-    """One process's locker: mutual exclusion per job and a run ledger per slot.
-
-    Several schedulers in one process that share it run each slot of a job once, catch up
-    on slots missed while none of them was running, and see each other's runs in
-    ``Job.last_run``/``last_success``: the single-process model of what
-    :class:`cronlock.postgres.PostgresLocker` does across hosts. It coordinates nothing
-    across processes; use :class:`cronlock.FileLocker` on one host.
-
-    *remember* bounds how many claimed slots are kept per job.
+    ``locker`` is None for a job that coordinates through no locker (``distributed=False``,
+    or a scheduler without one); ``ledger`` is the same locker when it keeps a run ledger;
+    ``elected`` says whether runs ask the elector first.
     """
 
-    def __init__(self, *, remember: int = 1024) -> None:
-        self._held: set[str] = set()
-        self._claimed: dict[str, dict[datetime, RunRecord | None]] = {}
-        self._remember = remember
+    locker: Locker | None = None
+    ledger: LedgerLocker | None = None
+    note: Callable[[str, str, datetime | None], None] | None = None
+    elected: bool = False
 
-    async def acquire(self, job: str, slot: datetime) -> Lease | Refusal | None:
-        """Claim *slot* of *job*: a lease, or ``"locked"`` / ``"already_ran"``."""
-        if job in self._held:
-            return "locked"
-        claimed = self._claimed.setdefault(job, {})
-        if slot in claimed:
-            return "already_ran"
-        claimed[slot] = None
-        if len(claimed) > self._remember:
-            del claimed[min(claimed)]
-        self._held.add(job)
-        return _MemoryLease(self, job, slot)
+    @property
+    def coordinated(self) -> bool:
+        """True when a run has anyone to ask before it starts."""
+        return self.elected or self.locker is not None
 
-    async def last_claimed(self, job: str) -> datetime | None:
-        """The latest slot of *job* claimed through this locker."""
-        claimed = self._claimed.get(job)
-        return max(claimed) if claimed else None
 
-    async def last_runs(self, job: str) -> tuple[RunRecord | None, RunRecord | None]:
-        """The latest finished run of *job*, and the latest successful one."""
-        runs = [r for r in self._claimed.get(job, {}).values() if r is not None]
-        last = max(runs, key=lambda r: r.slot, default=None)
-        ok = max((r for r in runs if r.outcome == "succeeded"), key=lambda r: r.slot, default=None)
-        return last, ok
+def wire(
+    *, distributed: bool, own: Locker | None, default: Locker | None, elector: Elector | None
+) -> Wiring:
+    """The wiring of a job with its *own* locker (or the scheduler's *default*)."""
+    if not distributed:
+        return Wiring()
+    locker = own if own is not None else default
+    return Wiring(
+        locker=locker,
+        ledger=locker if isinstance(locker, LedgerLocker) else None,
+        note=locker.note_schedule if isinstance(locker, ScheduleNotingLocker) else None,
+        elected=elector is not None,
+    )
 
-    async def history(self, job: str, limit: int = 20) -> list[RunRecord]:
-        """The latest *limit* finished runs of *job*, newest first."""
-        runs = [r for r in self._claimed.get(job, {}).values() if r is not None]
-        return sorted(runs, key=lambda r: r.slot, reverse=True)[:limit]
+
+@dataclass(frozen=True, slots=True)
+class LeaseHooks:
+    """Which optional lease capabilities a lease class has."""
+
+    records: bool
+    losable: bool
+
+
+@functools.cache
+def _hooks_of(kind: type) -> LeaseHooks:
+    return LeaseHooks(issubclass(kind, RecordingLease), issubclass(kind, LosableLease))
+
+
+def lease_hooks(lease: Lease) -> LeaseHooks:
+    """The optional capabilities of *lease*, checked once per lease class."""
+    return _hooks_of(type(lease))

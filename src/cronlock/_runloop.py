@@ -1,4 +1,4 @@
-"""When runs happen: the heap of due slots, misfires, overlap policies and the cap."""
+"""When runs happen: the heap of due slots, misfires, catch-up, overlap policies and the cap."""
 
 from __future__ import annotations
 
@@ -7,12 +7,12 @@ import functools
 import heapq
 import itertools
 import logging
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Iterable
 from datetime import datetime, timedelta
 from typing import Any
 
-from ._cancel import finish_uncancellably
-from ._clock import Clock, SystemClock
+from ._cancel import cancel_and_wait, finish_uncancellably, task_name
+from ._clock import Clock, wait_tasks
 from ._events import EventBus, JobEvent, JobSkipped
 from ._executor import Executor
 from ._job import Job
@@ -34,9 +34,16 @@ class RunLoop:
     """
 
     def __init__(
-        self, *, clock: Clock, executor: Executor, bus: EventBus, max_concurrent: int | None
+        self,
+        *,
+        clock: Clock,
+        loop_time: bool,
+        executor: Executor,
+        bus: EventBus,
+        max_concurrent: int | None,
     ) -> None:
         self._clock = clock
+        self._loop_time = loop_time  # the clock's time is the event loop's: sleep on a timer
         self._executor = executor
         self._bus = bus
         self._cap = max_concurrent
@@ -57,56 +64,60 @@ class RunLoop:
 
     def schedule(self, job: Job, after: datetime) -> None:
         """Queue the job's first slot strictly after *after* (or mark it exhausted)."""
-        job.generation += 1
+        generation = job._state.invalidate()
         try:
             slot = job.slot_after(after)
         except Exception:
             _logger.exception("job %r: its schedule failed; the job will not fire", job.name)
             slot = None
-        job.next_run = slot
-        if job.note is not None:
-            job.note(job.name, job.schedule_text, slot)
+        self._plan(job, slot)
         if slot is None:
             return
         seq = next(self._seq)
-        heapq.heappush(self._heap, (job.fire_time(slot), seq, job, job.generation, slot))
+        heapq.heappush(self._heap, (job.fire_time(slot), seq, job, generation, slot))
         if self._heap[0][1] == seq:
             self._poke()  # the new entry is the earliest: the loop sleeps too long
 
     def unschedule(self, job: Job) -> None:
         """Forget the job's pending slot (entries are dropped lazily when popped)."""
-        job.generation += 1
-        job.next_run = None
+        job._state.invalidate()
+        job._state.forget_plan()
         self._queued.pop(job, None)
+
+    @staticmethod
+    def _plan(job: Job, slot: datetime | None) -> None:
+        job._state.plan(slot)
+        note = job._wiring.note
+        if note is not None:
+            note(job.name, job._schedule_text, slot)
 
     # -- lifecycle -------------------------------------------------------------------
 
-    def start(self) -> None:
-        """Spawn the loop task."""
-        self._main = asyncio.create_task(self._loop(), name="cronlock-scheduler")
+    def start(self, catch_up: Iterable[Job] = ()) -> None:
+        """Spawn the loop task, and one task catching up on the jobs in *catch_up*."""
+        self._main = asyncio.create_task(self._loop(), name=task_name("scheduler"))
+        jobs = [job for job in catch_up if job._wiring.ledger is not None]
+        if jobs:
+            self._spawn(self._catch_up_all(jobs), name=task_name("catch-up"))
 
-    def spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
-        """Run a helper task (catch-up) owned by the loop: cancelled and awaited at stop."""
+    def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
+        """Run a helper task owned by the loop: cancelled and awaited at stop."""
         task = asyncio.create_task(coro, name=name)
         self._helpers.add(task)
         task.add_done_callback(self._helpers.discard)
 
-    async def stop(self, timeout: float | None) -> None:
+    async def stop(self, timeout: float) -> None:
         """Stop firing, wait up to *timeout* for runs in flight, then cancel and await them."""
         self._stopping = True
         self._poke()
         if self._main is not None:
             await finish_uncancellably(asyncio.wait((self._main,)))
-        if self._helpers:
-            helpers = tuple(self._helpers)
-            for task in helpers:
-                task.cancel()
-            await finish_uncancellably(asyncio.wait(helpers))
+        await cancel_and_wait(*self._helpers)
         for _, _, _, waiter in self._waiting:
             if waiter is not None and not waiter.done():
                 waiter.cancel()
         for job in {entry[2] for entry in self._waiting}:
-            job.active -= sum(1 for entry in self._waiting if entry[2] is job)
+            job._state.leave(sum(1 for entry in self._waiting if entry[2] is job))
         self._waiting.clear()
         for _, waiter in self._queued.values():
             if waiter is not None and not waiter.done():
@@ -115,19 +126,13 @@ class RunLoop:
         tasks = self.tasks()
         if tasks:
             # A virtual clock (cronlock.testing.FakeClock) measures the wait in its own time.
-            wait_tasks = getattr(self._clock, "wait_tasks", None)
-            if wait_tasks is not None:
-                pending = await wait_tasks(tasks, timeout)
-            else:
-                _, pending = await asyncio.wait(tasks, timeout=timeout)
-            for task in pending:
-                task.cancel()
+            pending = await wait_tasks(self._clock, tasks, timeout)
             if pending:
                 _logger.warning(
                     "shutdown: cancelled %d run(s) still going after %ss", len(pending), timeout
                 )
                 # Their cleanup (lease release) is bounded; wait for it even if cancelled.
-                await finish_uncancellably(asyncio.wait(pending))
+                await cancel_and_wait(*pending)
 
     def tasks(self) -> set[asyncio.Task[None]]:
         """Every run task in flight."""
@@ -140,7 +145,7 @@ class RunLoop:
             heap = self._heap
             while heap and heap[0][0] <= now:
                 _, _, job, generation, slot = heapq.heappop(heap)
-                if generation == job.generation:
+                if generation == job._state.generation:
                     self._fire(job, slot, now)
             if self._stopping:
                 break
@@ -149,12 +154,12 @@ class RunLoop:
             sleeper: asyncio.Task[None] | None = None
             if heap:
                 deadline = heap[0][0]
-                if isinstance(self._clock, SystemClock):
+                if self._loop_time:
                     delay = (deadline - self._clock.now()).total_seconds()
                     handle = loop.call_later(max(delay, 0.0), _set, wakeup)
                 else:
                     sleeper = asyncio.create_task(
-                        self._clock.sleep_until(deadline), name="cronlock-sleep"
+                        self._clock.sleep_until(deadline), name=task_name("sleep")
                     )
                     sleeper.add_done_callback(functools.partial(_wake, wakeup))
             try:
@@ -164,13 +169,74 @@ class RunLoop:
                 if handle is not None:
                     handle.cancel()
                 if sleeper is not None and not sleeper.done():
-                    sleeper.cancel()
-                    await finish_uncancellably(asyncio.wait((sleeper,)))
+                    await cancel_and_wait(sleeper)
 
     def _poke(self) -> None:
         """Wake the loop so it re-reads the heap (new earliest entry, stop)."""
         if self._wakeup is not None:
             _set(self._wakeup)
+
+    # -- catch-up after downtime ------------------------------------------------------
+
+    async def _catch_up_all(self, jobs: list[Job]) -> None:
+        """Catch up on *jobs* in turn.
+
+        One task walks the jobs, so at start a replica with a thousand jobs sends its
+        ledger reads one at a time rather than all at once in front of its locks.
+        """
+        for job in jobs:
+            if job._scheduler is not None:  # still registered
+                await self.catch_up(job)
+
+    async def catch_up(self, job: Job) -> None:
+        """If slots of *job* passed since the last one any replica claimed, deal with them.
+
+        The latest missed slot runs once (the ledger lets one replica claim it, the others
+        skip it ``already_ran``) when it is within ``misfire_grace``; otherwise it is
+        reported missed. A job the ledger has never seen is not caught up: a new deployment
+        starts fresh.
+        """
+        ledger = job._wiring.ledger
+        if ledger is None:
+            return
+        await self._executor.refresh_history(job, force=True)
+        try:
+            last = await ledger.last_claimed(job.name)
+        except Exception as exc:
+            _logger.error("job %r: reading the run ledger for catch-up failed: %r", job.name, exc)
+            return
+        if last is None:
+            return
+        now = self._clock.now()
+        first = job.slot_after(last)
+        if first is None or job.fire_time(first) > now:
+            return
+        planned = job._state.next_run
+        if planned is not None and first >= planned:
+            return  # the run loop has it already
+        latest, _ = self.latest_due(job, first, now)
+        span = (
+            first.isoformat() if latest == first else f"{first.isoformat()} .. {latest.isoformat()}"
+        )
+        lateness = misfired(job, latest, now)
+        if lateness is not None:
+            _logger.warning(
+                "job %r: slot(s) %s passed while no replica ran them; %.0fs late is past "
+                "misfire_grace (%ss): reported missed",
+                job.name,
+                span,
+                lateness,
+                job.misfire_grace,
+            )
+            self._bus.emit(JobSkipped(job.name, latest, "misfire"))
+            return
+        _logger.warning(
+            "job %r: slot(s) %s passed while no replica ran them; catching up with one run of %s",
+            job.name,
+            span,
+            latest.isoformat(),
+        )
+        self.dispatch(job, latest)
 
     # -- firing ------------------------------------------------------------------------
 
@@ -180,7 +246,7 @@ class RunLoop:
             latest, following = self.latest_due(job, slot, now)
         except Exception:
             _logger.exception("job %r: its schedule failed; the job will not fire", job.name)
-            job.next_run = None
+            job._state.forget_plan()
             return
         if latest != slot:
             _logger.warning(
@@ -189,14 +255,13 @@ class RunLoop:
                 slot.isoformat(),
                 latest.isoformat(),
             )
-        job.next_run = following
-        if job.note is not None:
-            job.note(job.name, job.schedule_text, following)
+        state = job._state
+        self._plan(job, following)
         if following is not None:
             fire = job.fire_time(following)
-            heapq.heappush(self._heap, (fire, next(self._seq), job, job.generation, following))
-        lateness = (now - job.fire_time(latest)).total_seconds()
-        if job.misfire_grace is not None and lateness > job.misfire_grace:
+            heapq.heappush(self._heap, (fire, next(self._seq), job, state.generation, following))
+        lateness = misfired(job, latest, now)
+        if lateness is not None:
             _logger.warning(
                 "job %r slot %s skipped: %.3fs late, past misfire_grace %ss",
                 job.name,
@@ -206,10 +271,10 @@ class RunLoop:
             )
             self._bus.emit(JobSkipped(job.name, latest, "misfire"))
             return
-        if job.max_runs is not None and job.run_count + job.active >= job.max_runs:
+        if job.max_runs is not None and state.run_count + state.active >= job.max_runs:
             return
         self.dispatch(job, latest)
-        if job.max_runs is not None and job.run_count + job.active >= job.max_runs:
+        if job.max_runs is not None and state.run_count + state.active >= job.max_runs:
             self.unschedule(job)
 
     def latest_due(
@@ -239,7 +304,7 @@ class RunLoop:
     ) -> None:
         """Apply the overlap policy and the concurrency cap, then start the run."""
         replaced: tuple[asyncio.Task[None], ...] = ()
-        if job.active:
+        if job._state.active:
             policy = job.overlap
             if policy == "skip" or (policy == "queue" and job in self._queued):
                 _logger.debug("job %r slot %s skipped: still running", job.name, slot)
@@ -255,7 +320,7 @@ class RunLoop:
                 for task in replaced:
                     task.cancel()
                 self._drop_waiting(job)
-        job.active += 1
+        job._state.admit()
         if self._cap is not None and self._running >= self._cap:
             heapq.heappush(self._waiting, (slot, next(self._seq), job, waiter))
             return
@@ -265,7 +330,7 @@ class RunLoop:
         kept = [entry for entry in self._waiting if entry[2] is not job]
         dropped = len(self._waiting) - len(kept)
         if dropped:
-            job.active -= dropped
+            job._state.leave(dropped)
             self._waiting = kept
             heapq.heapify(self._waiting)
 
@@ -277,7 +342,7 @@ class RunLoop:
         replaced: tuple[asyncio.Task[None], ...] = (),
     ) -> None:
         self._running += 1
-        task = asyncio.create_task(self._run(job, slot, waiter, replaced), name=job.task_name)
+        task = asyncio.create_task(self._run(job, slot, waiter, replaced), name=job._task_name)
         self._tasks.setdefault(job, set()).add(task)
 
     async def _run(
@@ -311,7 +376,7 @@ class RunLoop:
             tasks.discard(task)
             if not tasks:
                 del self._tasks[job]
-        job.active -= 1
+        job._state.leave()
         self._running -= 1
         if self._stopping:
             return
@@ -326,6 +391,17 @@ class RunLoop:
     def _resolve(waiter: asyncio.Future[JobEvent] | None, event: JobEvent | None) -> None:
         if waiter is not None and event is not None and not waiter.done():
             waiter.set_result(event)
+
+
+def misfired(job: Job, slot: datetime, now: datetime) -> float | None:
+    """How late *slot* is at *now*, when that is past the job's misfire grace; else None.
+
+    The one misfire rule, for a slot found late by the run loop and for one found missed
+    by catch-up after downtime.
+    """
+    lateness = (now - job.fire_time(slot)).total_seconds()
+    grace = job.misfire_grace
+    return lateness if grace is not None and lateness > grace else None
 
 
 def _wake(future: asyncio.Future[None], _: object) -> None:

@@ -7,6 +7,9 @@ from datetime import datetime
 from typing import Protocol, runtime_checkable
 from zoneinfo import ZoneInfo
 
+from ._calendar import CalendarSchedule
+from ._cron import CronSchedule
+
 __all__ = ("Schedule", "bind_zone", "upcoming")
 
 
@@ -26,7 +29,7 @@ class Schedule(Protocol):
 
 def bind_zone(schedule: Schedule, tz: ZoneInfo) -> Schedule:
     """Give a wall-clock schedule created without ``tz=`` the scheduler's zone."""
-    if dataclasses.is_dataclass(schedule) and getattr(schedule, "tz", 0) is None:
+    if isinstance(schedule, CronSchedule | CalendarSchedule) and schedule.tz is None:
         return dataclasses.replace(schedule, tz=tz)
     return schedule
 

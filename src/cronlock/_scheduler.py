@@ -31,7 +31,8 @@ from ._events import (
 from ._executor import Executor
 from ._job import Job, default_name, normalise_tags
 from ._keys import job_lock_key
-from ._locking import Elector, Locker
+from ._locking import Elector, FencedElector, Locker, wire
+from ._once import OnceSchedule
 from ._records import DEFAULT_MISFIRE_GRACE, Overlap
 from ._runloop import RunLoop
 from ._schedule import Schedule, bind_zone
@@ -194,8 +195,12 @@ class Scheduler:
             locker=options.get("locker"),
         )
         job._scheduler = self
-        if job.distributed:
-            job.note = getattr(job.locker or self._locker, "note_schedule", None)
+        job._wiring = wire(
+            distributed=job.distributed,
+            own=job.locker,
+            default=self._locker,
+            elector=self._elector,
+        )
         self._jobs[name] = job
         self._keys[key] = name
         if self._loop is not None:
@@ -298,7 +303,7 @@ class Scheduler:
         found = self.get_job(name)
         if self._loop is not None:
             self._loop.unschedule(found)
-        found.next_run = None
+        found._state.forget_plan()
         del self._jobs[name]
         del self._keys[job_lock_key(name)]
         found._scheduler = None
@@ -321,16 +326,15 @@ class Scheduler:
 
     def pause_job(self, job: Job) -> None:
         """Stop firing *job* (same as ``job.pause()``)."""
-        job.paused = True
+        job._state.pause()
         if self._loop is not None:
             self._loop.unschedule(job)
-        job.next_run = None
 
     def resume_job(self, job: Job) -> None:
         """Fire *job* again from its next slot after now (same as ``job.resume()``)."""
         if not job.paused:
             return
-        job.paused = False
+        job._state.resume()
         if self._loop is not None:
             self._loop.schedule(job, self._clock.now())
 
@@ -355,67 +359,37 @@ class Scheduler:
         """Start firing jobs; returns once running. Raises if already started."""
         if self._loop is not None:
             raise SchedulerStateError("the scheduler is already running")
+        # Decided once: the real clock sleeps on event-loop timers, a virtual one on itself.
+        loop_time = type(self._clock) is SystemClock
         executor = Executor(
             clock=self._clock,
+            loop_time=loop_time,
             bus=self._bus,
-            locker=self._locker,
             elector=self._elector,
             default_timeout=self._default_timeout,
             cancel_on_lock_loss=self._on_lock_lost == "cancel",
         )
         self._loop = RunLoop(
-            clock=self._clock, executor=executor, bus=self._bus, max_concurrent=self._max_concurrent
+            clock=self._clock,
+            loop_time=loop_time,
+            executor=executor,
+            bus=self._bus,
+            max_concurrent=self._max_concurrent,
         )
-        for job in self._jobs.values():
-            if not job.paused:
-                self._schedule_first(job)
-        self._loop.start()
-        self._catch_up(executor)
-        watch = getattr(self._elector, "on_demoted", None)
-        if watch is not None:
-            watch(executor.demote)
+        active = [job for job in self._jobs.values() if not job.paused]
+        for job in active:
+            self._schedule_first(job)
+        self._loop.start(catch_up=active)
+        if isinstance(self._elector, FencedElector):
+            self._elector.on_demoted(executor.demote)
         _logger.info("scheduler started with %d job(s)", len(self._jobs))
         self._bus.emit(SchedulerStarted())
-
-    def _catch_up(self, executor: Executor) -> None:
-        """Start catch-up for the coordinated jobs whose locker keeps a ledger.
-
-        One task walks the jobs in turn, so at start a replica with a thousand jobs sends
-        its ledger reads one at a time rather than all at once in front of its locks.
-        """
-        assert self._loop is not None
-        jobs = [
-            job
-            for job in self._jobs.values()
-            if not job.paused
-            and job.distributed
-            and hasattr(job.locker or self._locker, "last_claimed")
-        ]
-        if not jobs:
-            return
-        from ._catchup import catch_up
-
-        async def walk(loop: RunLoop) -> None:
-            for job in jobs:
-                if job._scheduler is self:  # still registered
-                    await catch_up(
-                        job,
-                        clock=self._clock,
-                        loop=loop,
-                        executor=executor,
-                        bus=self._bus,
-                        locker=job.locker or self._locker,
-                    )
-
-        self._loop.spawn(walk(self._loop), name="cronlock-catch-up")
 
     def _schedule_first(self, job: Job) -> None:
         assert self._loop is not None
         now = self._clock.now()
-        if getattr(job.schedule, "at_start", False):
+        if isinstance(job.schedule, OnceSchedule) and job.schedule.at_start:
             # once() without a time: the slot is the start instant itself.
-            from ._once import OnceSchedule
-
             job.set_schedule(OnceSchedule(instants=(now,)))
             self._loop.schedule(job, now - _ONE_MICROSECOND)
         else:

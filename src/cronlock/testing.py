@@ -16,8 +16,9 @@ import heapq
 import itertools
 from datetime import UTC, datetime, timedelta
 
-from ._clock import Clock, SystemClock
+from ._clock import Clock, SystemClock, wait_tasks
 from ._durations import Seconds, to_seconds
+from ._threads import threads_in_flight
 from ._tz import to_utc
 
 __all__ = ("FakeClock", "OffsetClock")
@@ -123,8 +124,6 @@ class FakeClock:
 
     async def settle(self) -> None:
         """Let the event loop run until everything it can run without time passing has run."""
-        from ._job import threads_in_flight
-
         loop = asyncio.get_running_loop()
         ready = getattr(loop, "_ready", None)  # CPython's run queue; absent on uvloop
         quiet = 0
@@ -163,9 +162,4 @@ class OffsetClock:
         self, tasks: set[asyncio.Task[None]], timeout: float
     ) -> set[asyncio.Task[None]]:
         """Wait for *tasks* up to *timeout* of the base clock's time (see FakeClock)."""
-        wait = getattr(self.base, "wait_tasks", None)
-        if wait is not None:
-            pending: set[asyncio.Task[None]] = await wait(tasks, timeout)
-            return pending
-        _, pending = await asyncio.wait(tasks, timeout=timeout)
-        return pending
+        return await wait_tasks(self.base, tasks, timeout)

@@ -1,0 +1,162 @@
+"""The house rules of the package's structure, checked on its source (docs/internals.md).
+
+No import cycle (``TYPE_CHECKING`` and function-level imports count), no module too long
+to read in one sitting, a job's run state changed by one module only, and optional
+capabilities declared as Protocols rather than probed with ``getattr``/``hasattr``.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+import cronlock
+
+PACKAGE = Path(cronlock.__file__).parent
+MAX_LINES = 450
+# Fields of cronlock._state.RunState: assigned in that module and nowhere else.
+RUN_STATE_FIELDS = frozenset(
+    {
+        "next_run",
+        "raw_last_run",
+        "raw_last_success",
+        "run_count",
+        "paused",
+        "active",
+        "generation",
+        "history_checked",
+    }
+)
+# getattr/hasattr on something that is not a user's callable: at most this many in src.
+MAX_PROBES = 3
+_INTROSPECTION = frozenset({"__annotations__", "__call__", "__module__", "__qualname__"})
+
+
+def _modules() -> Iterator[tuple[str, Path]]:
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        yield ".".join(parts), path
+
+
+def _imports(name: str, path: Path) -> set[str]:
+    """Every cronlock module *name* imports, wherever the import statement is."""
+    is_package = path.name == "__init__.py"
+    package = name if is_package else name.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.startswith("cronlock"))
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - node.level + 1]
+                target = ".".join([*base, node.module] if node.module else base)
+            else:
+                target = node.module or ""
+            if not target.startswith("cronlock"):
+                continue
+            found.add(target)
+            # "from . import x" / "from .pkg import mod" may name submodules.
+            found.update(f"{target}.{a.name}" for a in node.names)
+    return found
+
+
+def _graph() -> dict[str, set[str]]:
+    modules = dict(_modules())
+    return {
+        name: {t for t in _imports(name, path) if t in modules and t != name}
+        for name, path in modules.items()
+    }
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                out.append(sorted(component))
+
+    for v in graph:
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_no_import_cycles() -> None:
+    assert _cycles(_graph()) == []
+
+
+def test_the_cycle_check_finds_a_cycle() -> None:
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_no_module_is_too_long_to_read() -> None:
+    long = {
+        name: n
+        for name, path in _modules()
+        if (n := len(path.read_text().splitlines())) > MAX_LINES
+    }
+    assert long == {}
+
+
+def test_run_state_is_written_in_one_module() -> None:
+    writers: dict[str, list[int]] = {}
+    for name, path in _modules():
+        if name == "cronlock._state":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            targets: list[ast.expr] = []
+            if isinstance(node, ast.Assign):
+                targets = node.targets
+            elif isinstance(node, ast.AugAssign | ast.AnnAssign):
+                targets = [node.target]
+            for target in targets:
+                for sub in ast.walk(target):
+                    if (
+                        isinstance(sub, ast.Attribute)
+                        and sub.attr in RUN_STATE_FIELDS
+                        and not (isinstance(sub.value, ast.Name) and sub.value.id == "self")
+                    ):
+                        writers.setdefault(name, []).append(sub.lineno)
+    assert writers == {}
+
+
+def test_capabilities_are_not_probed() -> None:
+    probes: list[str] = []
+    for name, path in _modules():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Name)
+                and node.func.id in ("getattr", "hasattr")
+                and len(node.args) >= 2
+                and isinstance(node.args[1], ast.Constant)
+                and node.args[1].value not in _INTROSPECTION
+            ):
+                probes.append(f"{name}:{node.lineno}:{node.args[1].value!s}")
+    assert len(probes) <= MAX_PROBES, probes
