@@ -26,7 +26,6 @@ from ._guard import Deadlines, RunGuard
 from ._job import Job
 from ._locking import Elector, Lease, LosableLease, RecordingLease, lease_hooks
 from ._records import RunRecord, error_summary
-from ._state import RawRecord
 
 __all__ = ("Executor",)
 
@@ -38,10 +37,6 @@ _lock_logger = logging.getLogger("cronlock.lock")
 RELEASE_TIMEOUT = 30.0
 # How often a replica that did not run a slot re-reads the job's fleet-wide history.
 HISTORY_REFRESH = timedelta(seconds=30)
-
-# What one run produced: how it went (for the job's state and a recording lease), the final
-# event (None when nobody asked for it), and whether the run's task was cancelled.
-_Ended = tuple[RawRecord, JobEvent | None, bool]
 
 
 class Executor:
@@ -86,7 +81,7 @@ class Executor:
         instead of building an event no one reads (the run loop's hot path).
         """
         if not job._wiring.coordinated:
-            return self._conclude(job, await self._execute(job, slot, None, report))
+            return await self._execute(job, slot, None, report)
         gate = await self._admit(job, slot)
         if isinstance(gate, JobEvent):
             self._bus.emit(gate)
@@ -94,28 +89,11 @@ class Executor:
                 await self.refresh_history(job)  # another replica ran it: learn how it went
             return gate
         if gate is None:
-            return self._conclude(job, await self._execute(job, slot, None, report))
-        ended: _Ended | None = None
+            return await self._execute(job, slot, None, report)
         try:
-            ended = await self._execute(job, slot, gate, report)
-            return self._conclude(job, ended)
+            return await self._execute(job, slot, gate, report)
         finally:
-            if ended is not None and lease_hooks(gate).records:
-                # The ledger stores the outcome with the release, in one round trip.
-                raw = ended[0]
-                record = raw if isinstance(raw, RunRecord) else RunRecord(*raw)
-                typing.cast(RecordingLease, gate).record(record)
             await self._release(job, slot, gate)
-
-    def _conclude(self, job: Job, ended: _Ended) -> JobEvent | None:
-        """Store how the run went, tell the listeners, and deliver a cancellation."""
-        record, event, cancelled = ended
-        job._state.finish(record)
-        if event is not None and (type(event) is not JobSucceeded or self._bus.wants(JobSucceeded)):
-            self._bus.emit(event)
-        if cancelled:
-            raise asyncio.CancelledError
-        return event
 
     def demote(self, reason: BaseException | None) -> None:
         """This replica stopped leading: end its coordinated runs (event ``LockLost``)."""
@@ -208,8 +186,9 @@ class Executor:
                 exc_info=exc,
             )
 
-    async def _execute(self, job: Job, slot: datetime, lease: Lease | None, report: bool) -> _Ended:
-        """Run the task; never raises (a cancellation is returned, delivered by the caller)."""
+    async def _execute(
+        self, job: Job, slot: datetime, lease: Lease | None, report: bool
+    ) -> JobEvent | None:
         clock = self._clock
         bus = self._bus
         number = job._state.begin()
@@ -223,10 +202,11 @@ class Executor:
             try:
                 result = await job.call(slot, started, number)
             except asyncio.CancelledError:
-                return self._cancelled(job, slot, started)
+                self._cancelled(job, slot, started, None)
+                raise
             except Exception as exc:
-                return self._failed(job, slot, started, exc)
-            return self._succeeded(job, slot, started, result, report)
+                return self._failed(job, slot, started, exc, None)
+            return self._succeeded(job, slot, started, result, report, None)
         guard = RunGuard(clock, timeout, self._deadlines)
         if coordinated:
             self._coordinated.add(guard)
@@ -238,14 +218,16 @@ class Executor:
             async with guard:
                 result = await job.call(slot, started, number)
         except asyncio.CancelledError:
-            return self._cancelled(job, slot, started)
+            self._cancelled(job, slot, started, lease)
+            raise
         except Exception as exc:
             finished = clock.now()
             if guard.reason == "timeout" and isinstance(exc, TimeoutError):
                 assert timeout is not None
                 _logger.error("job %r slot %s timed out after %ss", job.name, slot, timeout)
+                record = RunRecord(slot, started, finished, "timed_out", None)
                 event: JobEvent = JobTimedOut(job.name, slot, started, finished, timeout)
-                return RunRecord(slot, started, finished, "timed_out", None), event, False
+                return self._end(job, lease, record, event)
             if guard.reason == "lock_lost" and isinstance(exc, TimeoutError):
                 _lock_logger.error(
                     "job %r slot %s cancelled: its lock was lost (%s)",
@@ -253,32 +235,63 @@ class Executor:
                     slot,
                     guard.lost_because,
                 )
+                record = RunRecord(slot, started, finished, "lock_lost", None)
                 event = LockLost(job.name, slot, started, finished, guard.lost_because)
-                return RunRecord(slot, started, finished, "lock_lost", None), event, False
-            return self._failed(job, slot, started, exc)
+                return self._end(job, lease, record, event)
+            return self._failed(job, slot, started, exc, lease)
         finally:
             self._coordinated.discard(guard)
-        return self._succeeded(job, slot, started, result, report)
+        return self._succeeded(job, slot, started, result, report, lease)
+
+    def _end(self, job: Job, lease: Lease | None, record: RunRecord, event: JobEvent) -> JobEvent:
+        """A run ended as *record* says: store it, hand it to a recording lease, emit *event*.
+
+        The record goes to the lease directly (the ledger writes it with the release, in
+        one round trip), never read back from the job.
+        """
+        job._state.finish(record)
+        if lease is not None and lease_hooks(lease).records:
+            typing.cast(RecordingLease, lease).record(record)
+        self._bus.emit(event)
+        return event
 
     def _succeeded(
-        self, job: Job, slot: datetime, started: datetime, result: object, report: bool
-    ) -> _Ended:
+        self,
+        job: Job,
+        slot: datetime,
+        started: datetime,
+        result: object,
+        report: bool,
+        lease: Lease | None,
+    ) -> JobEvent | None:
         finished = self._clock.now()
-        raw = (slot, started, finished, "succeeded")
-        if not (report or self._bus.wants(JobSucceeded)):
-            return raw, None, False
-        return raw, JobSucceeded(job.name, slot, started, finished, result), False
+        if lease is not None:
+            record = RunRecord(slot, started, finished, "succeeded")
+            event = JobSucceeded(job.name, slot, started, finished, result)
+            return self._end(job, lease, record, event)
+        # The hot path: a plain tuple, made into a RunRecord only if somebody reads it, and
+        # no event nobody listens to or waits for.
+        job._state.succeeded((slot, started, finished, "succeeded"))
+        wanted = self._bus.wants(JobSucceeded)
+        if not (report or wanted):
+            return None
+        event = JobSucceeded(job.name, slot, started, finished, result)
+        if wanted:
+            self._bus.emit(event)
+        return event
 
-    def _failed(self, job: Job, slot: datetime, started: datetime, exc: Exception) -> _Ended:
+    def _failed(
+        self, job: Job, slot: datetime, started: datetime, exc: Exception, lease: Lease | None
+    ) -> JobEvent:
         finished = self._clock.now()
         _logger.error("job %r slot %s failed", job.name, slot, exc_info=exc)
         record = RunRecord(slot, started, finished, "failed", error_summary(exc))
-        return record, JobFailed(job.name, slot, started, finished, exc), False
+        return self._end(job, lease, record, JobFailed(job.name, slot, started, finished, exc))
 
-    def _cancelled(self, job: Job, slot: datetime, started: datetime) -> _Ended:
+    def _cancelled(self, job: Job, slot: datetime, started: datetime, lease: Lease | None) -> None:
         finished = self._clock.now()
         record = RunRecord(slot, started, finished, "cancelled", None)
-        return record, JobCancelled(job.name, slot, started, finished), True
+        self._end(job, lease, record, JobCancelled(job.name, slot, started, finished))
 
 
 def _log_loss(job: Job, slot: datetime) -> Callable[[BaseException | None], None]:

@@ -144,9 +144,9 @@ class RunLoop:
             now = self._clock.now()
             heap = self._heap
             while heap and heap[0][0] <= now:
-                _, _, job, generation, slot = heapq.heappop(heap)
+                fire, _, job, generation, slot = heapq.heappop(heap)
                 if generation == job._state.generation:
-                    self._fire(job, slot, now)
+                    self._fire(job, fire, slot, now)
             if self._stopping:
                 break
             self._wakeup = wakeup = loop.create_future()
@@ -218,7 +218,7 @@ class RunLoop:
         span = (
             first.isoformat() if latest == first else f"{first.isoformat()} .. {latest.isoformat()}"
         )
-        lateness = misfired(job, latest, now)
+        lateness = misfired(job.misfire_grace, job.fire_time(latest), now)
         if lateness is not None:
             _logger.warning(
                 "job %r: slot(s) %s passed while no replica ran them; %.0fs late is past "
@@ -240,15 +240,26 @@ class RunLoop:
 
     # -- firing ------------------------------------------------------------------------
 
-    def _fire(self, job: Job, slot: datetime, now: datetime) -> None:
-        """Handle a popped due slot: coalesce missed ones, schedule the next, dispatch."""
+    def _fire(self, job: Job, fire: datetime, slot: datetime, now: datetime) -> None:
+        """Handle a popped due slot (firing at *fire*): coalesce missed ones, plan the next,
+        dispatch."""
+        latest = slot
         try:
-            latest, following = self.latest_due(job, slot, now)
+            following = job.following(slot)
+            if following is None:
+                next_fire = None
+            else:
+                next_fire = job.fire_time(following) if job.jitter else following
+            if next_fire is not None and next_fire <= now:
+                # Behind: more than one slot is due (the usual case is exactly one).
+                latest, following = self.latest_due(job, slot, now)
+                fire = job.fire_time(latest)
+                next_fire = None if following is None else job.fire_time(following)
         except Exception:
             _logger.exception("job %r: its schedule failed; the job will not fire", job.name)
             job._state.forget_plan()
             return
-        if latest != slot:
+        if latest is not slot:
             _logger.warning(
                 "job %r: missed slots from %s to %s coalesced into one run",
                 job.name,
@@ -256,11 +267,15 @@ class RunLoop:
                 latest.isoformat(),
             )
         state = job._state
-        self._plan(job, following)
-        if following is not None:
-            fire = job.fire_time(following)
-            heapq.heappush(self._heap, (fire, next(self._seq), job, state.generation, following))
-        lateness = misfired(job, latest, now)
+        state.plan(following)  # what _plan does, inline: this is the hot path
+        note = job._wiring.note
+        if note is not None:
+            note(job.name, job._schedule_text, following)
+        if next_fire is not None:
+            assert following is not None
+            entry = (next_fire, next(self._seq), job, state.generation, following)
+            heapq.heappush(self._heap, entry)
+        lateness = misfired(job.misfire_grace, fire, now)
         if lateness is not None:
             _logger.warning(
                 "job %r slot %s skipped: %.3fs late, past misfire_grace %ss",
@@ -310,7 +325,8 @@ class RunLoop:
                 _logger.debug("job %r slot %s skipped: still running", job.name, slot)
                 event = JobSkipped(job.name, slot, "overlap")
                 self._bus.emit(event)
-                self._resolve(waiter, event)
+                if waiter is not None and not waiter.done():
+                    waiter.set_result(event)
                 return
             if policy == "queue":
                 self._queued[job] = (slot, waiter)
@@ -357,7 +373,8 @@ class RunLoop:
                 # "replace": the old run's cleanup (lock release) finishes before we start.
                 await asyncio.wait(replaced)
             event = await self._executor.run(job, slot, report=waiter is not None)
-            self._resolve(waiter, event)
+            if waiter is not None and event is not None and not waiter.done():
+                waiter.set_result(event)
         except asyncio.CancelledError:
             if waiter is not None and not waiter.done():
                 waiter.cancel()
@@ -387,20 +404,14 @@ class RunLoop:
             slot, _, waiting_job, waiter = heapq.heappop(self._waiting)
             self._start(waiting_job, slot, waiter)
 
-    @staticmethod
-    def _resolve(waiter: asyncio.Future[JobEvent] | None, event: JobEvent | None) -> None:
-        if waiter is not None and event is not None and not waiter.done():
-            waiter.set_result(event)
 
-
-def misfired(job: Job, slot: datetime, now: datetime) -> float | None:
-    """How late *slot* is at *now*, when that is past the job's misfire grace; else None.
+def misfired(grace: float | None, fire: datetime, now: datetime) -> float | None:
+    """How late a slot due at *fire* is at *now*, when that is past *grace*; else None.
 
     The one misfire rule, for a slot found late by the run loop and for one found missed
     by catch-up after downtime.
     """
-    lateness = (now - job.fire_time(slot)).total_seconds()
-    grace = job.misfire_grace
+    lateness = (now - fire).total_seconds()
     return lateness if grace is not None and lateness > grace else None
 
 

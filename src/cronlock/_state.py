@@ -78,6 +78,10 @@ class RunState:
         if outcome == "succeeded":
             self.raw_last_success = record
 
+    def succeeded(self, raw: tuple[Any, ...]) -> None:
+        """A run of this replica succeeded (the hot path: *raw* is a plain tuple)."""
+        self.raw_last_run = self.raw_last_success = raw
+
     def learn(self, last: RunRecord | None, success: RunRecord | None) -> None:
         """Take the fleet's latest run and success from a ledger, when newer than ours."""
         if last is not None:
