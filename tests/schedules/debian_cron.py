@@ -36,6 +36,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
+from functools import cache
 from zoneinfo import ZoneInfo
 
 _MONTH_NAMES = ["jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec"]
@@ -86,11 +87,16 @@ class Entry:
         return (dom_ok and dow_ok) if (self.dom_star or self.dow_star) else (dom_ok or dow_ok)
 
 
-def _month_dates(day: date) -> list[date]:
-    dates = [day.replace(day=1)]
-    while (following := dates[-1] + timedelta(days=1)).month == day.month:
+def _month_dates(day: date) -> tuple[date, ...]:
+    return _dates_of(day.year, day.month)
+
+
+@cache
+def _dates_of(year: int, month: int) -> tuple[date, ...]:
+    dates = [date(year, month, 1)]
+    while (following := dates[-1] + timedelta(days=1)).month == month:
         dates.append(following)
-    return dates
+    return tuple(dates)
 
 
 def _dom_extra(extra: str, day: date) -> bool:
