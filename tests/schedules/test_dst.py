@@ -248,6 +248,12 @@ EXPRESSIONS = [
     "*/10 2 * * *",
     "30 0-4 * * *",
     "@hourly",
+    # Transition days picked by L and #: last Sundays (Europe), 1st/2nd Sundays (NY, Lord Howe).
+    "30 2 * * 0L",
+    "30 1 * * sun#1,sun#2",
+    "*/20 1-2 * * 0L,sun#1,7#2",
+    "15 2 1,L * 0L",
+    "45 1 LW * sun#1",
 ]
 CASES = [(zone, moment) for zone in ZONES for moment in transitions(zone, 2024)]
 
