@@ -11,9 +11,17 @@ canonical form (explicit value lists) whose meaning the two agree on:
 * ``5/15``: croniter reads ``5-59/15``; Debian reads ``5`` and silently drops ``/15``.
   Rejected as ambiguous.
 * ``*/2`` in day-of-month with a weekday: croniter ORs the two day fields unless they are
-  exactly ``*``; Debian ANDs them when either *starts* with ``*``. We pass ``day_or``.
+  exactly ``*``; Debian ANDs them when either *starts* with ``*``.
 * ``R`` (random) and ``H`` (hashed) values: every replica must compute the same slots,
   and Debian has neither. Rejected.
+* ``L``, ``W`` and ``#``: Debian's rule makes each field a union and ORs two restricted
+  day fields, but croniter fires ``0 0 1,15 * 1#1`` on first Mondays only, finds no date
+  for ``0 0 15 * fri#2``, keeps only the third Saturdays of ``*,sat#3`` and refuses
+  ``5,6#3``.
+
+So the day fields never reach croniter: :mod:`cronlock._cron_days` picks the dates, and
+croniter only walks the time of day inside them (its template is ``* * *`` from the day
+of month on).
 """
 
 from __future__ import annotations
@@ -22,12 +30,14 @@ import copy
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, time, timedelta
 from functools import lru_cache
 from zoneinfo import ZoneInfo
 
-from croniter import CroniterBadDateError, CroniterError, croniter
+from croniter import CroniterError, croniter
 
+from ._cron_days import DayFields, DayMatcher
+from ._cron_days import FieldError as _FieldError
 from ._errors import ScheduleError
 from ._tz import TimeZone, first_instant_after, resolve_tz
 
@@ -50,6 +60,7 @@ _MONTH_NAMES = (
 _MONTHS = {name[:3].lower(): i for i, name in enumerate(_MONTH_NAMES) if name}
 _WEEKDAYS = {"sun": 0, "mon": 1, "tue": 2, "wed": 3, "thu": 4, "fri": 5, "sat": 6}
 _MAX_DAYS = (0, 31, 29, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31)  # February: leap years
+_SECOND_DELTA = timedelta(seconds=1)
 
 
 @dataclass(frozen=True)
@@ -70,9 +81,6 @@ _DOW = _Field("day-of-week", 0, 7, _WEEKDAYS)  # Debian: 0 and 7 are both Sunday
 _VALUE = r"[0-9]+|[a-z]{3}"
 _RANGE_RE = re.compile(rf"^(?P<a>{_VALUE})(?:-(?P<b>{_VALUE}))?(?:/(?P<step>[0-9]+))?$")
 _STAR_RE = re.compile(r"^\*(?:/(?P<step>[0-9]+))?$")
-_NTH_RE = re.compile(rf"^(?P<day>{_VALUE})#(?P<nth>[0-9]+)$")  # croniter: 5#2 = 2nd Friday
-_LAST_DOW_RE = re.compile(rf"^(?:l(?P<a>{_VALUE})|(?P<b>{_VALUE})l)$")  # last Friday: 5L, L5
-_NEAREST_RE = re.compile(r"^(?:(?P<a>[0-9]+)w|w(?P<b>[0-9]+))$")  # croniter: 15W
 
 
 @dataclass(frozen=True)
@@ -80,11 +88,11 @@ class _Compiled:
     """What parsing one expression yields; cached per (expr, seconds)."""
 
     template: croniter[datetime]
+    """Walks the time of day only: ``* * *`` from the day-of-month field on."""
+    days: DayMatcher
+    last_time: time
+    """The day's last wall time: no call to croniter looks past it into the next day."""
     fixed_time: bool
-
-
-class _FieldError(Exception):
-    """A problem in one field; turned into a ScheduleError naming the expression."""
 
 
 def _number(token: str, spec: _Field) -> int:
@@ -96,8 +104,8 @@ def _number(token: str, spec: _Field) -> int:
     return value
 
 
-def _element(element: str, spec: _Field) -> set[int] | str:
-    """The values of one comma-separated element, or a croniter special token."""
+def _element(element: str, spec: _Field, days: DayFields) -> set[int]:
+    """The values of one comma-separated element (an L/W/# one is recorded in *days*)."""
     if star := _STAR_RE.match(element):
         a, b, step = spec.low, spec.high, star["step"]
         if spec is _DOW:
@@ -116,27 +124,23 @@ def _element(element: str, spec: _Field) -> set[int] | str:
                 "the range runs backwards; Debian cron does not wrap ranges, split it into a list"
             )
     else:
-        return _special(element, spec)
+        _special(element, spec, days)
+        return set()
     if step is not None and int(step) == 0:
         raise _FieldError("step 0 is not allowed")
     return set(range(a, b + 1, int(step or 1)))
 
 
-def _special(element: str, spec: _Field) -> str:
+def _special(element: str, spec: _Field, days: DayFields) -> None:
     """croniter's extensions that Debian lacks: L, W (day of month), # and L (weekday)."""
-    if spec is _DOM:
-        if element == "l":
-            return "l"
-        if m := _NEAREST_RE.match(element):
-            return f"{_number(m['a'] or m['b'], spec)}w"
-    if spec is _DOW:
-        if m := _NTH_RE.match(element):
-            nth = int(m["nth"])
-            if not 1 <= nth <= 5:
-                raise _FieldError("the week number after '#' must be 1-5")
-            return f"{_number(m['day'], spec) % 7}#{nth}"
-        if m := _LAST_DOW_RE.match(element):
-            return f"l{_number(m['a'] or m['b'], spec) % 7}"
+
+    def number(token: str) -> int:
+        return _number(token, spec)
+
+    if spec is _DOM and days.add_dom_extension(element, number):
+        return
+    if spec is _DOW and days.add_dow_extension(element, number):
+        return
     if element[:1] in ("h", "r") and spec.names.get(element) is None:
         raise _FieldError(
             "hashed (H) and random (R) values are not supported; "
@@ -145,33 +149,24 @@ def _special(element: str, spec: _Field) -> str:
     raise _FieldError(f"not a valid {spec.name} value")
 
 
-def _canonical(text: str, spec: _Field) -> tuple[str, set[int] | None]:
-    """The croniter spelling of one field and its values (None if it has specials)."""
-    if text == "*" or (text == "?" and spec in (_DOM, _DOW)):
-        # Quartz's '?' ("no specific value") is '*' for cron's purposes.
-        return "*", set(range(spec.low, min(spec.high, 31 if spec is _DOM else 6) + 1))
+def _values(text: str, spec: _Field, days: DayFields) -> set[int]:
+    """The plain values of one field: the union of its elements (L/W/# go to *days*)."""
+    if text == "?" and spec in (_DOM, _DOW):
+        text = "*"  # Quartz's '?' ("no specific value") is '*' for cron's purposes.
     if "?" in text:
         raise _FieldError("'?' must stand alone, and only in the day fields")
     values: set[int] = set()
-    specials: list[str] = []
     elements = text.split(",")
     for element in elements:
         if not element:
             raise _FieldError("empty list element")
         try:
-            part = _element(element, spec)
+            values |= _element(element, spec, days)
         except _FieldError as exc:
             if len(elements) == 1:
                 raise
             raise _FieldError(f"{element!r}: {exc}") from None
-        if isinstance(part, str):
-            specials.append(part)
-        else:
-            values |= part
-    if spec is _DOW:
-        values = {v % 7 for v in values}
-    spelled = ",".join([*map(str, sorted(values)), *specials])
-    return spelled, None if specials else values
+    return {v % 7 for v in values} if spec is _DOW else values
 
 
 def _never_fires(days: set[int], months: set[int]) -> str | None:
@@ -209,42 +204,62 @@ def _compile(expr: str, seconds: bool) -> _Compiled:
         raise ScheduleError(
             f"cron {expr!r}: expected {len(specs)} fields ({layout}), got {len(parts)}{hint}"
         )
-    canonical: list[str] = []
-    values: dict[str, set[int] | None] = {}
+    values: dict[str, set[int]] = {}
+    days = DayFields()
     for part, spec, original in zip(parts, specs, shown, strict=True):
         try:
-            spelled, values[spec.name] = _canonical(part, spec)
+            values[spec.name] = _values(part, spec, days)
         except _FieldError as exc:
             raise ScheduleError(f"cron {expr!r}: {spec.name} field {original!r}: {exc}") from None
-        canonical.append(spelled)
     fields = dict(zip((s.name for s in specs), parts, strict=True))
+    originals = dict(zip((s.name for s in specs), shown, strict=True))
+    days.dom, days.dow, months = values["day-of-month"], values["day-of-week"], values["month"]
+    if missing := days.missing_nearest(months):
+        day, lacking = missing
+        dom = originals["day-of-month"]
+        where = f"{dom!r}" if dom.lower() in (f"{day}w", f"w{day}") else f"{dom!r}: {day}W"
+        names = ", ".join(_MONTH_NAMES[m] for m in lacking)
+        if day == 29:
+            names += " in common years"
+        raise ScheduleError(
+            f"cron {expr!r}: day-of-month field {where}: {names} "
+            f"{'has' if len(lacking) == 1 else 'have'} no day {day}, so no weekday nearest "
+            "to it, and crons disagree on what to do then (croniter takes the month's last "
+            "weekday); restrict the month field, or use LW"
+        )
     # Debian's rule: a day field that starts with '*' (or Quartz's '?') makes the two day
     # fields AND; otherwise a day matches if either field matches.
     dom_star = fields["day-of-month"][0] in "*?"
     dow_star = fields["day-of-week"][0] in "*?"
-    days, months = values["day-of-month"], values["month"]
-    if (
-        dow_star
-        and days is not None
-        and months is not None
-        and (reason := _never_fires(days, months))
-    ):
+    matcher = DayMatcher(days, months, both=dom_star or dow_star)
+    if matcher.never_fires():
+        reason = None if days.dom_extended or not dow_star else _never_fires(days.dom, months)
+        if reason is None:
+            dom, dow = originals["day-of-month"], originals["day-of-week"]
+            month_text = ", ".join(_MONTH_NAMES[m] for m in sorted(months))
+            in_months = "" if len(months) == 12 else f" in {month_text}"
+            reason = (
+                f"no day{in_months} matches both day-of-month {dom!r} and day-of-week "
+                f"{dow!r}, which must both match as one of them starts with '*'"
+                if dom_star or dow_star
+                else f"no day{in_months} matches day-of-month {dom!r} or day-of-week {dow!r}"
+            )
         raise ScheduleError(f"cron {expr!r}: never fires ({reason})")
+    time_fields = [
+        ",".join(map(str, sorted(values[s.name]))) for s in specs if s in (_SECOND, _MINUTE, _HOUR)
+    ]
     try:
         template: croniter[datetime] = croniter(
-            " ".join(canonical),
+            " ".join([*time_fields, "*", "*", "*"]),
             datetime(2000, 1, 1),  # explicit: croniter would otherwise read the clock
             ret_type=datetime,
-            day_or=not (dom_star or dow_star),
             second_at_beginning=seconds,
         )
-        template.get_next(datetime)  # probe: raises if no date ever matches
-    except CroniterBadDateError:
-        raise ScheduleError(f"cron {expr!r}: never fires (no date matches)") from None
-    except (CroniterError, ValueError, KeyError) as exc:
+    except (CroniterError, ValueError, KeyError) as exc:  # pragma: no cover - validated above
         raise ScheduleError(f"cron {expr!r}: {exc}") from None
+    last = time(max(values["hour"]), max(values["minute"]), max(values.get("second", {0})))
     fixed = fields["minute"][0] != "*" and fields["hour"][0] != "*"
-    return _Compiled(template, fixed)
+    return _Compiled(template, matcher, last, fixed)
 
 
 @dataclass(frozen=True, slots=True, repr=False)
@@ -294,12 +309,21 @@ class CronSchedule:
         it = copy.copy(self._compiled.template)
         # Walls are whole seconds, so "after start" equals "after start truncated";
         # dropping microseconds keeps croniter's float timestamps exact.
-        it.set_current(start.replace(microsecond=0), force=True)
-        while True:
-            try:
-                yield it.get_next(datetime)
-            except CroniterBadDateError:
-                return  # unreachable for validated expressions: they fire every <50 years
+        start = start.replace(microsecond=0)
+        last = self._compiled.last_time
+        for day in self._compiled.days.dates_from(start.date()):
+            if day == start.date():
+                if start.time() >= last:
+                    continue  # no wall left today
+                it.set_current(start, force=True)
+            else:
+                it.set_current(datetime.combine(day, time()) - _SECOND_DELTA, force=True)
+            # croniter walks the times of this one day; each call finds a wall on it.
+            while True:
+                wall = it.get_next(datetime)
+                yield wall
+                if wall.time() >= last:
+                    break
 
     def __str__(self) -> str:
         zone = f" in {self.tz.key}" if self.tz is not None else ""
@@ -318,17 +342,21 @@ def cron(expr: str, *, seconds: bool = False, tz: TimeZone | None = None) -> Cro
     seconds first (as gocron and Quartz). Lists, ranges, steps (``1-10/3``, ``*/15``),
     month and weekday names (``JAN``, ``MON-FRI``, case-insensitive), weekday 0 or 7 for
     Sunday, and the aliases ``@yearly @annually @monthly @weekly @daily @midnight @hourly``.
-    croniter's extensions are accepted too: ``L`` (last day of month), ``15W`` (nearest
-    weekday), ``5#2`` (second Friday), ``5L`` (last Friday).
+    croniter's extensions are accepted too: ``L`` (last day of month), ``LW`` (its last
+    weekday), ``15W`` (the weekday nearest the 15th, within the month), ``5#2`` (second
+    Friday), ``5L`` (last Friday), and ``?`` for ``*`` in a day field.
 
-    Day fields follow Debian: if either starts with ``*`` a day must match both, otherwise
-    either. DST follows Debian: a *fixed-time* job (minute and hour not starting with ``*``)
-    runs once when its wall time is skipped (at the end of the gap) or repeated (first
-    pass); a *wildcard* job skips nonexistent times and runs in both passes of a repeated
-    hour.
+    Day fields follow Debian: a field is the union of its list, extensions included, and if
+    either day field starts with ``*`` (or is ``?``) a day must match both, otherwise
+    either: ``0 0 1,15 * 1#1`` fires on the 1st, the 15th and the first Monday.
+
+    DST follows Debian: a *fixed-time* job (minute and hour not starting with ``*``) runs
+    once when its wall time is skipped (at the end of the gap) or repeated (first pass); a
+    *wildcard* job skips nonexistent times and runs in both passes of a repeated hour.
 
     Raises :class:`~cronlock.ScheduleError` naming the expression and the bad part for a
-    wrong field count, an invalid value, ``@reboot``, or an expression that never fires
-    (``0 0 31 2 *``). ``tz=None`` takes the scheduler's zone.
+    wrong field count, an invalid value, ``@reboot``, ``31W`` when a selected month has no
+    31st (crons disagree there), or an expression that never fires (``0 0 31 2 *``).
+    ``tz=None`` takes the scheduler's zone.
     """
     return CronSchedule(expr, seconds, None if tz is None else resolve_tz(tz))

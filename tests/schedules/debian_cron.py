@@ -6,6 +6,14 @@ fields ``minute hour day-of-month month day-of-week``, each a comma list of ``*`
 Sunday; a day field starting with ``*`` makes the two day fields AND, otherwise OR; a job
 is *wildcard* when its minute or hour field starts with ``*``.
 
+Debian has no ``L``, ``W``, ``#`` or ``?``; cronlock accepts them, and this parser gives
+them the meaning Debian's rules give any value, computed its own way (by scanning the
+month's dates, where cronlock uses arithmetic): each is one more member of its field's
+union, and the star rule looks at the field's first character as always (``?`` counts as
+``*``). ``L`` is the last day of the month, ``LW`` its last weekday (Mon-Fri), ``15W`` the
+weekday of the month closest to the 15th (none if the month has no 15th), ``5#2`` the
+second Friday, ``5L`` the last Friday.
+
 The simulator follows Vixie cron's cron.c main loop: it wakes once per real (UTC) minute,
 reads the local wall minute, and compares it with the wall minute it expected
 ("virtual time"):
@@ -28,6 +36,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
+from functools import cache
 from zoneinfo import ZoneInfo
 
 _MONTH_NAMES = ["jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec"]
@@ -56,19 +65,60 @@ class Entry:
     dom_star: bool
     dow_star: bool
     wildcard: bool  # MIN_STAR or HR_STAR
+    dom_extras: frozenset[str] = frozenset()  # "l", "lw", "15w"
+    dow_extras: frozenset[tuple[int, str]] = frozenset()  # (5, "#2"), (5, "l")
 
     def matches(self, wall: datetime) -> bool:
         """Whether the job runs in this local wall minute (cron's find_jobs test)."""
-        cron_dow = (wall.weekday() + 1) % 7
-        dom_ok = wall.day in self.dom
-        dow_ok = cron_dow in self.dow
-        days_ok = (dom_ok and dow_ok) if (self.dom_star or self.dow_star) else (dom_ok or dow_ok)
         return (
             wall.minute in self.minute
             and wall.hour in self.hour
             and wall.month in self.month
-            and days_ok
+            and self.matches_day(wall.date())
         )
+
+    def matches_day(self, day: date) -> bool:
+        """The day part of find_jobs: the two day fields, ANDed or ORed."""
+        cron_dow = (day.weekday() + 1) % 7
+        dom_ok = day.day in self.dom or any(_dom_extra(x, day) for x in self.dom_extras)
+        dow_ok = cron_dow in self.dow or any(
+            weekday == cron_dow and _dow_extra(x, day) for weekday, x in self.dow_extras
+        )
+        return (dom_ok and dow_ok) if (self.dom_star or self.dow_star) else (dom_ok or dow_ok)
+
+
+def _month_dates(day: date) -> tuple[date, ...]:
+    return _dates_of(day.year, day.month)
+
+
+@cache
+def _dates_of(year: int, month: int) -> tuple[date, ...]:
+    dates = [date(year, month, 1)]
+    while (following := dates[-1] + timedelta(days=1)).month == month:
+        dates.append(following)
+    return tuple(dates)
+
+
+def _dom_extra(extra: str, day: date) -> bool:
+    dates = _month_dates(day)
+    weekdays = [d for d in dates if d.weekday() < 5]
+    if extra == "l":
+        return day == dates[-1]
+    if extra == "lw":
+        return day == weekdays[-1]
+    target = int(extra[:-1])  # "15w"
+    if target > len(dates):
+        return False
+    return day == min(weekdays, key=lambda d: abs(d.day - target))
+
+
+def _dow_extra(extra: str, day: date) -> bool:
+    """*day* already has the element's weekday; is it the right occurrence in its month?"""
+    same = [d for d in _month_dates(day) if d.weekday() == day.weekday()]
+    if extra == "l":
+        return day == same[-1]
+    nth = int(extra[1:])  # "#2"
+    return len(same) >= nth and day == same[nth - 1]
 
 
 def _value(text: str, field: str) -> int:
@@ -88,6 +138,8 @@ def _field(text: str, field: str) -> frozenset[int]:
     low, high = _BOUNDS[field]
     values: set[int] = set()
     for item in text.split(","):
+        if _extra(item, field) is not None:
+            continue
         rng, _, step_text = item.partition("/")
         step = int(step_text) if step_text else 1
         if step < 1:
@@ -110,10 +162,31 @@ def _field(text: str, field: str) -> frozenset[int]:
     return frozenset(values)
 
 
+def _extra(item: str, field: str) -> str | tuple[int, str] | None:
+    """An L/W/# list element, spelled for Entry; None for an ordinary one."""
+    item = item.lower()
+    if field == "dom":
+        if item in ("l", "lw"):
+            return item
+        if item.endswith("w"):
+            return f"{_value(item[:-1], 'dom')}w"
+    if field == "dow":
+        if "#" in item:
+            weekday, nth = item.split("#")
+            if not 1 <= int(nth) <= 5:
+                raise ValueError("bad week number")
+            return _value(weekday, "dow") % 7, f"#{nth}"
+        if item.endswith("l") and len(item) > 1:
+            return _value(item[:-1], "dow") % 7, "l"
+    return None
+
+
 def parse(expr: str) -> Entry:
     """Parse a 5-field expression (or an @alias) the way Vixie cron's entry.c does."""
     expr = _ALIASES.get(expr.strip().lower(), expr)
-    minute, hour, dom, month, dow = expr.split()
+    minute, hour, dom, month, dow = expr.replace("?", "*").split()
+    dom_extras = [_extra(item, "dom") for item in dom.split(",")]
+    dow_extras = [_extra(item, "dow") for item in dow.split(",")]
     return Entry(
         minute=_field(minute, "minute"),
         hour=_field(hour, "hour"),
@@ -123,7 +196,16 @@ def parse(expr: str) -> Entry:
         dom_star=dom.startswith("*"),
         dow_star=dow.startswith("*"),
         wildcard=minute.startswith("*") or hour.startswith("*"),
+        dom_extras=frozenset(x for x in dom_extras if isinstance(x, str)),
+        dow_extras=frozenset(x for x in dow_extras if isinstance(x, tuple)),
     )
+
+
+def fire_days(expr: str, start: date, end: date) -> list[date]:
+    """The dates in [start, end) on which the job runs at least once."""
+    entry = parse(expr)
+    days = (start + timedelta(days=i) for i in range((end - start).days))
+    return [d for d in days if d.month in entry.month and entry.matches_day(d)]
 
 
 def _wall_minute(instant: datetime, tz: ZoneInfo) -> int:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
 from zoneinfo import ZoneInfo
 
 import pytest
@@ -10,7 +10,7 @@ import pytest
 from cronlock._cron import cron
 from cronlock._schedule import upcoming
 
-from .debian_cron import parse, simulate, transitions
+from .debian_cron import fire_days, parse, simulate, transitions
 
 NY = ZoneInfo("America/New_York")  # 2024: -5 -> -4 on 10 Mar 07:00Z; back on 3 Nov 06:00Z
 BERLIN = ZoneInfo("Europe/Berlin")  # 2024: +1 -> +2 on 31 Mar 01:00Z; back on 27 Oct 01:00Z
@@ -163,6 +163,41 @@ def test_reference_parser() -> None:
     assert not parse("0 0 */2 * 1").matches(datetime(2024, 1, 8))  # AND: even day
 
 
+def test_reference_day_extensions() -> None:
+    """L, W, # and ? in the reference: hand-checked against a printed calendar."""
+    d = date
+    assert fire_days("0 0 1,15 * 1#1", d(2024, 2, 1), d(2024, 3, 1)) == [
+        d(2024, 2, 1),
+        d(2024, 2, 5),
+        d(2024, 2, 15),
+    ]
+    assert fire_days("0 0 L * *", d(2024, 2, 1), d(2024, 3, 1)) == [d(2024, 2, 29)]
+    assert fire_days("0 0 LW * *", d(2024, 3, 1), d(2024, 4, 1)) == [d(2024, 3, 29)]
+    # 1 June 2024 is a Saturday: 1W moves forward; 31 March 2024 a Sunday: 31W moves back.
+    assert fire_days("0 0 1W,15W * *", d(2024, 6, 1), d(2024, 7, 1)) == [
+        d(2024, 6, 3),
+        d(2024, 6, 14),
+    ]
+    assert fire_days("0 0 31W 3 *", d(2024, 1, 1), d(2025, 1, 1)) == [d(2024, 3, 29)]
+    assert fire_days("0 0 * * 2#5", d(2024, 1, 1), d(2025, 1, 1)) == [
+        d(2024, 1, 30),
+        d(2024, 4, 30),
+        d(2024, 7, 30),
+        d(2024, 10, 29),
+        d(2024, 12, 31),
+    ]
+    assert fire_days("0 0 * 2 4L", d(2024, 1, 1), d(2025, 1, 1)) == [d(2024, 2, 29)]
+    assert fire_days("0 0 * * 5,6#3", d(2024, 1, 1), d(2024, 1, 22)) == [
+        d(2024, 1, 5),
+        d(2024, 1, 12),
+        d(2024, 1, 19),
+        d(2024, 1, 20),
+    ]
+    assert len(fire_days("0 0 * * *,sat#3", d(2024, 1, 1), d(2024, 2, 1))) == 31
+    assert parse("0 0 ? * 1#1").dom_star
+    assert fire_days("0 0 ? * 1#1", d(2024, 1, 1), d(2024, 3, 1)) == [d(2024, 1, 1), d(2024, 2, 5)]
+
+
 def test_reference_simulator() -> None:
     start, end = utc(2024, 11, 2, 12), utc(2024, 11, 4)
     assert simulate("30 1 * * *", NY, start, end) == [utc(2024, 11, 3, 5, 30)]
@@ -213,6 +248,12 @@ EXPRESSIONS = [
     "*/10 2 * * *",
     "30 0-4 * * *",
     "@hourly",
+    # Transition days picked by L and #: last Sundays (Europe), 1st/2nd Sundays (NY, Lord Howe).
+    "30 2 * * 0L",
+    "30 1 * * sun#1,sun#2",
+    "*/20 1-2 * * 0L,sun#1,7#2",
+    "15 2 1,L * 0L",
+    "45 1 LW * sun#1",
 ]
 CASES = [(zone, moment) for zone in ZONES for moment in transitions(zone, 2024)]
 

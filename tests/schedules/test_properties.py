@@ -41,6 +41,10 @@ EXPRESSIONS = [
     "0 0 L * *",
     "@weekly",
     "0 0 1 * 1",
+    "0 0 1,15 * 1#1",
+    "30 2 * * 0L",
+    "*/30 1-3 * * 5,sun#2",
+    "0 12 LW,15W * ?",
 ]
 zones = st.sampled_from(ZONES)
 UTC_ZONE = ZoneInfo("UTC")
