@@ -2,21 +2,44 @@
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
+from importlib.metadata import version
 
 import pytest
 
+# Nothing listens on port 9 (discard) here: a DSN that fails at once.
+UNREACHABLE = "postgresql://nobody@127.0.0.1:9/none"
 
-def cronlock(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+
+def cronlock(
+    *args: str, timeout: float = 120, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "cronlock", *args],
         capture_output=True,
         text=True,
         timeout=timeout,
         check=False,
+        env=None if env is None else {**os.environ, **env},
     )
+
+
+def test_help_lists_only_the_public_verbs() -> None:
+    result = cronlock("--help")
+    assert result.returncode == 0, result.stderr
+    assert "{next,demo,migrate,status,history}" in result.stdout
+    assert "_replica" not in result.stdout
+    assert "SUPPRESS" not in result.stdout
+    assert "--version" in result.stdout
+
+
+def test_version() -> None:
+    result = cronlock("--version")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == f"cronlock {version('cronlock')}\n"
 
 
 def test_next_prints_local_and_utc_slots() -> None:
@@ -55,17 +78,65 @@ def test_next_with_seconds_field_first() -> None:
         (("next", "0 25 * * *"), "25"),
         (("next", "0 0 31 2 *"), "never fires"),
         (("next", "@daily", "--tz", "Mars/Olympus"), "Mars/Olympus"),
-        (("next", "@daily", "-n", "0"), "-n"),
-        (("next", "@daily", "--after", "yesterday"), "--after"),
-        (("next", "@daily", "--after", "2026-01-01T00:00"), "naive"),
+        (("next", "@daily", "-n", "0"), "-n must be between 1 and 10000, got 0"),
+        (("next", "@daily", "-n", "5000000"), "-n must be between 1 and 10000, got 5000000"),
+        (("next", "@daily", "--after", "yesterday"), "--after: 'yesterday' is not an ISO 8601"),
+        (("next", "@daily", "--after", "2026-13-01T00:00"), "--after: '2026-13-01T00:00'"),
+        (("next", "@daily", "--after", "9999-12-31T23:00", "--tz", "America/New_York"), "--after"),
+        (("next", "0 0 3 * * *"), "pass --seconds for a leading seconds field"),
+        (("next", "0 3 * * *", "--seconds"), "leave out --seconds"),
     ],
 )
 def test_bad_input_is_one_clear_line_and_status_2(args: tuple[str, ...], needle: str) -> None:
     result = cronlock(*args)
     assert result.returncode == 2
     assert result.stdout == ""
-    assert len(result.stderr.strip().splitlines()) == 1
-    assert needle in result.stderr
+    [line] = result.stderr.splitlines()
+    assert line.startswith("cronlock: error: ")
+    assert needle in line
+    assert "seconds=True" not in line  # the library's spelling, not the command line's
+    assert "datetime.datetime" not in line
+    assert line.count("--after:") <= 1
+
+
+def test_naive_after_is_a_wall_time_in_tz() -> None:
+    # 00:30 in Berlin is 23:30 UTC the day before: the 01:00 slot half an hour later is next.
+    # (Read as UTC, 00:30 would be 01:30 in Berlin, and the next slot a day later.)
+    result = cronlock(
+        "next", "0 1 * * *", "--tz", "Europe/Berlin", "-n", "1", "--after", "2026-03-29T00:30"
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[1:] == [
+        "  2026-03-29 01:00 CET    (+0100)  =  2026-03-29 00:00 UTC"
+    ]
+
+
+def test_naive_after_defaults_to_utc() -> None:
+    result = cronlock("next", "@daily", "-n", "1", "--after", "2026-03-29T01:00")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[1:] == [
+        "  2026-03-30 00:00 UTC    (+0000)  =  2026-03-30 00:00 UTC"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("args", "printed"),
+    [
+        (("@daily", "-n", "5", "--after", "9999-12-30T00:00Z"), 1),
+        (("@daily", "-n", "10000", "--after", "9999-12-01T00:00Z"), 30),
+        (("@daily", "--after", "9999-12-31T12:00Z"), 0),
+        (("0 3 * * *", "--tz", "America/New_York", "--after", "9999-12-30T00:00Z"), 2),
+    ],
+)
+def test_the_end_of_the_calendar_stops_cleanly(args: tuple[str, ...], printed: int) -> None:
+    result = cronlock("next", *args)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == ""
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith(f"next {printed} slot(s) of ")
+    assert len(lines) == printed + 2
+    assert lines[-1].startswith("stopped: no slot after 9999-12-")
+    assert lines[-1].endswith("(the calendar ends at 9999-12-31 23:59:59 UTC)")
 
 
 def test_demo_runs_each_slot_once_with_file_locks() -> None:
@@ -78,7 +149,7 @@ def test_demo_runs_each_slot_once_with_file_locks() -> None:
 
 
 def test_demo_with_unreachable_database_is_one_line_and_status_2() -> None:
-    result = cronlock("demo", "--dsn", "postgresql://nobody@127.0.0.1:9/none", timeout=60)
+    result = cronlock("demo", "--dsn", UNREACHABLE, timeout=60)
     assert result.returncode == 2
     assert len(result.stderr.strip().splitlines()) == 1
     assert "cannot connect to PostgreSQL" in result.stderr

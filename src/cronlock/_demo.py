@@ -16,7 +16,7 @@ from typing import Any
 from ._clock import SystemClock
 from ._errors import CronlockError
 
-__all__ = ("add_demo_parser", "run_demo")
+__all__ = ("add_demo_parser", "replica_main", "run_demo")
 
 JOB = "cronlock-demo-tick"
 # Replicas need a moment to import and start; the first slot is this far ahead.
@@ -24,7 +24,7 @@ _BOOT_SECONDS = 3
 
 
 def add_demo_parser(verbs: Any) -> None:
-    """Register the ``demo`` verb and the hidden per-replica verb."""
+    """Register the ``demo`` verb (its replicas run through :func:`replica_main`)."""
     demo = verbs.add_parser(
         "demo", help="run N replica processes of one every-second job and count duplicates"
     )
@@ -36,20 +36,23 @@ def add_demo_parser(verbs: Any) -> None:
         action="store_true",
         help="with --dsn: advisory locks without the run ledger (can run a slot twice)",
     )
-    replica = verbs.add_parser("_replica", help=argparse.SUPPRESS)
+
+
+def replica_main(argv: list[str]) -> int:
+    """``python -m cronlock _replica ...``: one replica of the demo (not a public verb)."""
+    replica = argparse.ArgumentParser(prog="cronlock _replica")
     replica.add_argument("--id", type=int, required=True)
     replica.add_argument("--start", type=float, required=True)
     replica.add_argument("--duration", type=int, required=True)
     replica.add_argument("--lockdir")
     replica.add_argument("--dsn")
     replica.add_argument("--lock-only", action="store_true")
+    asyncio.run(_replica(replica.parse_args(argv)))
+    return 0
 
 
 def run_demo(args: argparse.Namespace) -> int:
-    """Dispatch ``demo`` (the parent) and ``_replica`` (one child)."""
-    if args.verb == "_replica":
-        asyncio.run(_replica(args))
-        return 0
+    """Run ``demo``: the parent, which starts ``_replica`` children."""
     if not 1 <= args.replicas <= 32:
         raise CronlockError(f"--replicas must be between 1 and 32, got {args.replicas}")
     if not 1 <= args.duration <= 3600:
