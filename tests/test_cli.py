@@ -6,6 +6,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from importlib.metadata import version
 
 import pytest
@@ -85,6 +86,8 @@ def test_next_with_seconds_field_first() -> None:
         (("next", "@daily", "--after", "9999-12-31T23:00", "--tz", "America/New_York"), "--after"),
         (("next", "0 0 3 * * *"), "pass --seconds for a leading seconds field"),
         (("next", "0 3 * * *", "--seconds"), "leave out --seconds"),
+        (("demo", "--skew", "3"), "--skew must be between 0 and 2"),
+        (("demo", "--lock-only", "--locker", "file"), "--lock-only needs PostgreSQL"),
     ],
 )
 def test_bad_input_is_one_clear_line_and_status_2(args: tuple[str, ...], needle: str) -> None:
@@ -139,17 +142,68 @@ def test_the_end_of_the_calendar_stops_cleanly(args: tuple[str, ...], printed: i
     assert lines[-1].endswith("(the calendar ends at 9999-12-31 23:59:59 UTC)")
 
 
-def test_demo_runs_each_slot_once_with_file_locks() -> None:
-    result = cronlock("demo", "--replicas", "3", "--duration", "4")
+SLOT_LINE = re.compile(r"  \d\d:\d\d:\d\d  ")
+
+
+def _slot_lines(stdout: str) -> list[str]:
+    return [line for line in stdout.splitlines() if SLOT_LINE.match(line)]
+
+
+def test_demo_with_file_locks_prints_each_slot_as_it_happens() -> None:
+    args = ["demo", "--replicas", "3", "--duration", "4", "--locker", "file"]
+    started = time.monotonic()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "cronlock", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    arrivals = [(time.monotonic() - started, line.rstrip("\n")) for line in proc.stdout]
+    assert proc.wait(timeout=60) == 0, proc.stderr.read() if proc.stderr else ""
+    lines = [line for _, line in arrivals]
+    assert lines[0].startswith("backend: FileLocker")
+    assert lines[1].startswith("3 replica(s), job 'cronlock-demo-tick' every second for 4s")
+    slots = [(t, line) for t, line in arrivals if SLOT_LINE.match(line)]
+    assert len(slots) == 4
+    for _, line in slots:
+        # Exactly one replica ran it; the other two say why they did not.
+        assert re.fullmatch(
+            r"  \d\d:\d\d:\d\d  ran on replica-[123]  skipped: "
+            r"replica-\d \((locked|already ran)\), replica-\d \((locked|already ran)\)",
+            line,
+        ), line
+    # Live: the slots come about a second apart, the first well before the end.
+    assert arrivals[-1][0] - slots[0][0] > 2.5
+    assert lines[-1] == "slots 4, runs 4, duplicates 0, missed 0"
+
+
+def test_demo_with_skewed_clocks_and_file_locks_runs_each_slot_once() -> None:
+    result = cronlock(
+        "demo", "--replicas", "3", "--duration", "3", "--locker", "file", "--skew", "0.3"
+    )
     assert result.returncode == 0, result.stdout + result.stderr
-    slot_lines = [line for line in result.stdout.splitlines() if " UTC  " in line]
-    assert len(slot_lines) == 4
-    assert all(re.search(r"UTC  replica [123]$", line) for line in slot_lines)
-    assert result.stdout.splitlines()[-1] == "slots 4, runs 4, duplicates 0, missed 0"
+    assert "clocks +0.00s, -0.30s, -0.60s" in result.stdout.splitlines()[1]
+    slots = _slot_lines(result.stdout)
+    assert len(slots) == 3
+    # Replicas behind find the slot in the file ledger.
+    assert all("(already ran)" in line for line in slots)
+    assert result.stdout.splitlines()[-1] == "slots 3, runs 3, duplicates 0, missed 0"
+
+
+def test_demo_falls_back_to_file_locks_and_says_why() -> None:
+    result = cronlock(
+        "demo", "--replicas", "2", "--duration", "2", env={"CRONLOCK_DSN": UNREACHABLE}
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    first, why = result.stdout.splitlines()[:2]
+    assert first.startswith("backend: FileLocker")
+    assert why.startswith("  not PostgreSQL: cannot connect to PostgreSQL with CRONLOCK_DSN: ")
+    assert result.stdout.splitlines()[-1] == "slots 2, runs 2, duplicates 0, missed 0"
 
 
 def test_demo_with_unreachable_database_is_one_line_and_status_2() -> None:
     result = cronlock("demo", "--dsn", UNREACHABLE, timeout=60)
     assert result.returncode == 2
     assert len(result.stderr.strip().splitlines()) == 1
-    assert "cannot connect to PostgreSQL" in result.stderr
+    assert "cannot connect to PostgreSQL with --dsn" in result.stderr
