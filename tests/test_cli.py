@@ -2,21 +2,45 @@
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
+import time
+from importlib.metadata import version
 
 import pytest
 
+# Nothing listens on port 9 (discard) here: a DSN that fails at once.
+UNREACHABLE = "postgresql://nobody@127.0.0.1:9/none"
 
-def cronlock(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+
+def cronlock(
+    *args: str, timeout: float = 120, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "cronlock", *args],
         capture_output=True,
         text=True,
         timeout=timeout,
         check=False,
+        env=None if env is None else {**os.environ, **env},
     )
+
+
+def test_help_lists_only_the_public_verbs() -> None:
+    result = cronlock("--help")
+    assert result.returncode == 0, result.stderr
+    assert "{next,demo,migrate,status,history}" in result.stdout
+    assert "_replica" not in result.stdout
+    assert "SUPPRESS" not in result.stdout
+    assert "--version" in result.stdout
+
+
+def test_version() -> None:
+    result = cronlock("--version")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == f"cronlock {version('cronlock')}\n"
 
 
 def test_next_prints_local_and_utc_slots() -> None:
@@ -55,30 +79,131 @@ def test_next_with_seconds_field_first() -> None:
         (("next", "0 25 * * *"), "25"),
         (("next", "0 0 31 2 *"), "never fires"),
         (("next", "@daily", "--tz", "Mars/Olympus"), "Mars/Olympus"),
-        (("next", "@daily", "-n", "0"), "-n"),
-        (("next", "@daily", "--after", "yesterday"), "--after"),
-        (("next", "@daily", "--after", "2026-01-01T00:00"), "naive"),
+        (("next", "@daily", "-n", "0"), "-n must be between 1 and 10000, got 0"),
+        (("next", "@daily", "-n", "5000000"), "-n must be between 1 and 10000, got 5000000"),
+        (("next", "@daily", "--after", "yesterday"), "--after: 'yesterday' is not an ISO 8601"),
+        (("next", "@daily", "--after", "2026-13-01T00:00"), "--after: '2026-13-01T00:00'"),
+        (("next", "@daily", "--after", "9999-12-31T23:00", "--tz", "America/New_York"), "--after"),
+        (("next", "0 0 3 * * *"), "pass --seconds for a leading seconds field"),
+        (("next", "0 3 * * *", "--seconds"), "leave out --seconds"),
+        (("demo", "--skew", "3"), "--skew must be between 0 and 2"),
+        (("demo", "--lock-only", "--locker", "file"), "--lock-only needs PostgreSQL"),
     ],
 )
 def test_bad_input_is_one_clear_line_and_status_2(args: tuple[str, ...], needle: str) -> None:
     result = cronlock(*args)
     assert result.returncode == 2
     assert result.stdout == ""
-    assert len(result.stderr.strip().splitlines()) == 1
-    assert needle in result.stderr
+    [line] = result.stderr.splitlines()
+    assert line.startswith("cronlock: error: ")
+    assert needle in line
+    assert "seconds=True" not in line  # the library's spelling, not the command line's
+    assert "datetime.datetime" not in line
+    assert line.count("--after:") <= 1
 
 
-def test_demo_runs_each_slot_once_with_file_locks() -> None:
-    result = cronlock("demo", "--replicas", "3", "--duration", "4")
+def test_naive_after_is_a_wall_time_in_tz() -> None:
+    # 00:30 in Berlin is 23:30 UTC the day before: the 01:00 slot half an hour later is next.
+    # (Read as UTC, 00:30 would be 01:30 in Berlin, and the next slot a day later.)
+    result = cronlock(
+        "next", "0 1 * * *", "--tz", "Europe/Berlin", "-n", "1", "--after", "2026-03-29T00:30"
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[1:] == [
+        "  2026-03-29 01:00 CET    (+0100)  =  2026-03-29 00:00 UTC"
+    ]
+
+
+def test_naive_after_defaults_to_utc() -> None:
+    result = cronlock("next", "@daily", "-n", "1", "--after", "2026-03-29T01:00")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[1:] == [
+        "  2026-03-30 00:00 UTC    (+0000)  =  2026-03-30 00:00 UTC"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("args", "printed"),
+    [
+        (("@daily", "-n", "5", "--after", "9999-12-30T00:00Z"), 1),
+        (("@daily", "-n", "10000", "--after", "9999-12-01T00:00Z"), 30),
+        (("@daily", "--after", "9999-12-31T12:00Z"), 0),
+        (("0 3 * * *", "--tz", "America/New_York", "--after", "9999-12-30T00:00Z"), 2),
+    ],
+)
+def test_the_end_of_the_calendar_stops_cleanly(args: tuple[str, ...], printed: int) -> None:
+    result = cronlock("next", *args)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == ""
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith(f"next {printed} slot(s) of ")
+    assert len(lines) == printed + 2
+    assert lines[-1].startswith("stopped: no slot after 9999-12-")
+    assert lines[-1].endswith("(the calendar ends at 9999-12-31 23:59:59 UTC)")
+
+
+SLOT_LINE = re.compile(r"  \d\d:\d\d:\d\d  ")
+
+
+def _slot_lines(stdout: str) -> list[str]:
+    return [line for line in stdout.splitlines() if SLOT_LINE.match(line)]
+
+
+def test_demo_with_file_locks_prints_each_slot_as_it_happens() -> None:
+    args = ["demo", "--replicas", "3", "--duration", "4", "--locker", "file"]
+    started = time.monotonic()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "cronlock", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    arrivals = [(time.monotonic() - started, line.rstrip("\n")) for line in proc.stdout]
+    assert proc.wait(timeout=60) == 0, proc.stderr.read() if proc.stderr else ""
+    lines = [line for _, line in arrivals]
+    assert lines[0].startswith("backend: FileLocker")
+    assert lines[1].startswith("3 replica(s), job 'cronlock-demo-tick' every second for 4s")
+    slots = [(t, line) for t, line in arrivals if SLOT_LINE.match(line)]
+    assert len(slots) == 4
+    for _, line in slots:
+        # Exactly one replica ran it; the other two say why they did not.
+        assert re.fullmatch(
+            r"  \d\d:\d\d:\d\d  ran on replica-[123]  skipped: "
+            r"replica-\d \((locked|already ran)\), replica-\d \((locked|already ran)\)",
+            line,
+        ), line
+    # Live: the slots come about a second apart, the first well before the end.
+    assert arrivals[-1][0] - slots[0][0] > 2.5
+    assert lines[-1] == "slots 4, runs 4, duplicates 0, missed 0"
+
+
+def test_demo_with_skewed_clocks_and_file_locks_runs_each_slot_once() -> None:
+    result = cronlock(
+        "demo", "--replicas", "3", "--duration", "3", "--locker", "file", "--skew", "0.3"
+    )
     assert result.returncode == 0, result.stdout + result.stderr
-    slot_lines = [line for line in result.stdout.splitlines() if " UTC  " in line]
-    assert len(slot_lines) == 4
-    assert all(re.search(r"UTC  replica [123]$", line) for line in slot_lines)
-    assert result.stdout.splitlines()[-1] == "slots 4, runs 4, duplicates 0, missed 0"
+    assert "clocks +0.00s, -0.30s, -0.60s" in result.stdout.splitlines()[1]
+    slots = _slot_lines(result.stdout)
+    assert len(slots) == 3
+    # Replicas behind find the slot in the file ledger.
+    assert all("(already ran)" in line for line in slots)
+    assert result.stdout.splitlines()[-1] == "slots 3, runs 3, duplicates 0, missed 0"
+
+
+def test_demo_falls_back_to_file_locks_and_says_why() -> None:
+    result = cronlock(
+        "demo", "--replicas", "2", "--duration", "2", env={"CRONLOCK_DSN": UNREACHABLE}
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    first, why = result.stdout.splitlines()[:2]
+    assert first.startswith("backend: FileLocker")
+    assert why.startswith("  not PostgreSQL: cannot connect to PostgreSQL with CRONLOCK_DSN: ")
+    assert result.stdout.splitlines()[-1] == "slots 2, runs 2, duplicates 0, missed 0"
 
 
 def test_demo_with_unreachable_database_is_one_line_and_status_2() -> None:
-    result = cronlock("demo", "--dsn", "postgresql://nobody@127.0.0.1:9/none", timeout=60)
+    result = cronlock("demo", "--dsn", UNREACHABLE, timeout=60)
     assert result.returncode == 2
     assert len(result.stderr.strip().splitlines()) == 1
-    assert "cannot connect to PostgreSQL" in result.stderr
+    assert "cannot connect to PostgreSQL with --dsn" in result.stderr

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-from collections.abc import Sequence
+import difflib
+import sys
+from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -41,10 +43,12 @@ def add_pg_parsers(verbs: Any) -> None:
         "status", help="per job: last success and failure, next slot, who holds the lock"
     )
     common(status)
-    status.add_argument("jobs", nargs="*", metavar="JOB", help="only these jobs")
+    status.add_argument(
+        "jobs", nargs="*", metavar="JOB", help="only these jobs (exit status 1 if one is unknown)"
+    )
     history = verbs.add_parser("history", help="the latest runs of one job from the ledger")
     common(history)
-    history.add_argument("job", metavar="JOB")
+    history.add_argument("job", metavar="JOB", help="exit status 1 if the ledger does not know it")
     history.add_argument("-n", type=int, default=20, help="how many runs (default: 20)")
 
 
@@ -119,18 +123,20 @@ async def _status(conn: Any, table: Any, only: Sequence[str]) -> int:
     from ._pg_ledger import to_record
 
     jobs = await conn.fetch(table.jobs_sql)
+    # A job is known once a replica noted its schedule or claimed a slot of it.
+    known = {row["job"]: row for row in jobs}
+    unknown: list[str] = []
     if only:
-        known = {row["job"]: row for row in jobs}
-        jobs = [
-            known.get(name) or {"job": name, "schedule": None, "next_run": None} for name in only
-        ]
+        wanted = list(dict.fromkeys(only))
+        unknown = [name for name in wanted if name not in known]
+        jobs = [known[name] for name in wanted if name in known]
     names = [row["job"] for row in jobs]
     holders: dict[int, list[Any]] = {}
     for row in await conn.fetch(_HOLDERS_SQL, [job_lock_key(name) for name in names]):
         holders.setdefault(row["key"], []).append(row)
     print(f"run ledger {table.runs}: {len(names)} job(s); times in UTC")
     if not names:
-        return 0
+        return _unknown(unknown, known)
     lines = []
     for row in jobs:
         found = {r["kind"]: to_record(r) for r in await conn.fetch(table.last_runs_sql, row["job"])}
@@ -154,7 +160,16 @@ async def _status(conn: Any, table: Any, only: Sequence[str]) -> int:
         )
     header = ["JOB", "SCHEDULE", "LAST SUCCESS", "LAST FAILURE", "NEXT SLOT", "LOCK HELD BY"]
     _table(header, lines)
-    return 0
+    return _unknown(unknown, known)
+
+
+def _unknown(names: Sequence[str], known: Iterable[str]) -> int:
+    """Say on stderr which of *names* the ledger does not know; 1 if any, else 0."""
+    for name in names:
+        close = difflib.get_close_matches(name, list(known), n=1)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        print(f"unknown job: {name}{hint}", file=sys.stderr)
+    return 1 if names else 0
 
 
 async def _history(conn: Any, table: Any, job: str, limit: int) -> int:
@@ -162,7 +177,10 @@ async def _history(conn: Any, table: Any, job: str, limit: int) -> int:
 
     records = [to_record(row) for row in await conn.fetch(table.history_sql, job, limit)]
     if not records:
-        print(f"no runs of {job!r} in {table.runs}")
+        known = {row["job"] for row in await conn.fetch(table.jobs_sql)}
+        if job not in known:
+            return _unknown([job], known)
+        print(f"no runs of {job!r} in {table.runs} yet")  # its schedule is noted
         return 0
     print(f"last {len(records)} run(s) of {job!r}, newest first; times in UTC")
     lines = []

@@ -123,3 +123,43 @@ async def test_missing_ledger_is_a_clear_error(pg_dsn: str, schema: str) -> None
     assert result.returncode == 2
     assert "migrate" in result.stderr
     assert len(result.stderr.splitlines()) == 1
+
+
+async def test_unknown_jobs_are_named_and_exit_status_1(pg_dsn: str, schema: str) -> None:
+    job = "nightly-reindex"
+    locker = PostgresLocker(pg_dsn, schema=schema, application_name="cli-test-unknown")
+    async with locker:
+        lease = await locker.acquire(job, SLOT)
+        assert isinstance(lease, PostgresLease)
+        now = datetime.now(UTC)
+        lease.record(RunRecord(SLOT, now, now, "succeeded", None))
+        await lease.release()
+        # Noted but never run: known, with no history yet.
+        locker.note_schedule("weekly-report", "cron '0 8 * * MON'", SLOT + timedelta(days=6))
+
+    status = await cli("status", job, "nosuchjob", "--dsn", pg_dsn, "--schema", schema)
+    assert status.returncode == 1
+    assert status.stderr == "unknown job: nosuchjob\n"
+    lines = status.stdout.splitlines()
+    assert "1 job(s)" in lines[0]
+    [row] = lines[2:]
+    assert row.startswith(job)
+    assert "2030-01-01 03:00:00" in row
+    assert not any(set(line) <= set("- ") for line in lines)  # no row of dashes
+
+    typo = await cli("status", "nightly-reindx", "--dsn", pg_dsn, "--schema", schema)
+    assert typo.returncode == 1
+    assert typo.stderr == "unknown job: nightly-reindx (did you mean nightly-reindex?)\n"
+
+    known = await cli("status", job, "weekly-report", "--dsn", pg_dsn, "--schema", schema)
+    assert known.returncode == 0, known.stderr
+    assert "2 job(s)" in known.stdout.splitlines()[0]
+
+    history = await cli("history", "nosuchjob", "--dsn", pg_dsn, "--schema", schema)
+    assert history.returncode == 1
+    assert history.stdout == ""
+    assert history.stderr == "unknown job: nosuchjob\n"
+
+    noted = await cli("history", "weekly-report", "--dsn", pg_dsn, "--schema", schema)
+    assert noted.returncode == 0, noted.stderr
+    assert noted.stdout.startswith("no runs of 'weekly-report'")
