@@ -251,7 +251,7 @@ def _compile(expr: str, seconds: bool) -> _Compiled:
     try:
         template: croniter[datetime] = croniter(
             " ".join([*time_fields, "*", "*", "*"]),
-            datetime(2000, 1, 1),  # explicit: croniter would otherwise read the clock
+            datetime(2000, 1, 1),  # noqa: DTZ001 - wall time; explicit, or croniter reads the clock
             ret_type=datetime,
             second_at_beginning=seconds,
         )
