@@ -33,14 +33,14 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Self
 
-from ._cancel import finish_uncancellably
-from ._clock import monotonic
-from ._durations import Seconds, optional_seconds, to_seconds
-from ._errors import LockError
-from ._keys import job_lock_key
-from ._pg_common import (
-    BACKEND_ERRORS,
-    TRY_LOCK_SQL,
+from .._cancel import finish_uncancellably
+from .._clock import monotonic
+from .._durations import Seconds, optional_seconds, to_seconds
+from .._errors import LockError
+from .._keys import job_lock_key
+from ._advisory import TRY_LOCK_SQL
+from ._backend_errors import BACKEND_ERRORS
+from ._connections import (
     ConnectionSource,
     Keepalives,
     configure_session,
@@ -48,7 +48,7 @@ from ._pg_common import (
     is_closed,
     terminate,
 )
-from ._pg_fencing import (
+from ._fencing import (
     ACQUIRE_SQL,
     ELECTOR_KEEPALIVES,
     HEARTBEAT_SQL,

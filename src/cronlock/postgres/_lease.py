@@ -8,11 +8,11 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING
 
-from ._cancel import uncancellable
+from .._cancel import uncancellable
 
 if TYPE_CHECKING:
-    from ._pg_locker import PostgresLocker
-    from ._records import RunRecord
+    from .._records import RunRecord
+    from ._locker import PostgresLocker
 
 __all__ = ("PostgresLease", "PostgresLockerStatistics")
 

@@ -2,8 +2,8 @@
 
 The locker hands out leases, keeps in-process exclusion and shards jobs over its lock
 sessions by lock key; the pieces it is built from live next to it: a session
-(:mod:`._pg_session`), the statements of a run
-(:mod:`._pg_claim`), the leases (:mod:`._pg_lease`) and upkeep (:mod:`._pg_upkeep`).
+(:mod:`._session`), the statements of a run
+(:mod:`._claims`), the leases (:mod:`._lease`) and upkeep (:mod:`._upkeep`).
 """
 
 from __future__ import annotations
@@ -17,25 +17,21 @@ from datetime import datetime, timedelta
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self, TypeVar
 
-from ._cancel import uncancellable
-from ._durations import Seconds, optional_seconds, to_seconds
-from ._errors import ConfigError, LockError
-from ._keys import job_lock_key
-from ._locking import Refusal
-from ._pg_claim import Claims
-from ._pg_common import (
-    BACKEND_ERRORS,
-    ConnectionSource,
-    Keepalives,
-    default_application_name,
-)
-from ._pg_lease import PostgresLease, PostgresLockerStatistics
-from ._pg_ledger import DEFAULT_TABLE, LedgerTable, to_record
-from ._pg_session import GONE_OR_FAILED, LockSession, SessionGone
-from ._pg_upkeep import Upkeep
+from .._cancel import uncancellable
+from .._durations import Seconds, optional_seconds, to_seconds
+from .._errors import ConfigError, LockError
+from .._keys import job_lock_key
+from .._locking import Refusal
+from ._backend_errors import BACKEND_ERRORS, GONE_OR_FAILED, SessionGone
+from ._claims import Claims
+from ._connections import ConnectionSource, Keepalives, default_application_name
+from ._lease import PostgresLease, PostgresLockerStatistics
+from ._ledger import DEFAULT_TABLE, LedgerTable, to_record
+from ._session import LockSession
+from ._upkeep import Upkeep
 
 if TYPE_CHECKING:
-    from ._records import RunRecord
+    from .._records import RunRecord
 
 __all__ = ("PostgresLease", "PostgresLocker", "PostgresLockerStatistics")
 

@@ -12,9 +12,9 @@ import hashlib
 from dataclasses import dataclass
 from typing import Any
 
-from ._errors import LedgerNameError
-from ._keys import job_lock_key
-from ._records import RunRecord
+from .._errors import LedgerNameError
+from .._keys import job_lock_key
+from .._records import RunRecord
 
 __all__ = (
     "DEFAULT_TABLE",

@@ -13,15 +13,16 @@ import os
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from ._cancel import finish_uncancellably, uncancellable
-from ._errors import LockError
-from ._locking import Refusal
-from ._pg_common import BACKEND_ERRORS, TRY_LOCK_SQL, UNLOCK_SQL
-from ._pg_ledger import LedgerTable
-from ._pg_session import LockSession, SessionGone
+from .._cancel import finish_uncancellably, uncancellable
+from .._errors import LockError
+from .._locking import Refusal
+from ._advisory import TRY_LOCK_SQL, UNLOCK_SQL
+from ._backend_errors import BACKEND_ERRORS, SessionGone
+from ._ledger import LedgerTable
+from ._session import LockSession
 
 if TYPE_CHECKING:
-    from ._records import RunRecord
+    from .._records import RunRecord
 
 __all__ = ("Claims",)
 

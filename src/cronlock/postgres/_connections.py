@@ -1,4 +1,4 @@
-"""Shared plumbing of the PostgreSQL backend: connection sources, error translation, cleanup.
+"""Where the backend's connections come from, how each session is set up, how it is dropped.
 
 Only :mod:`cronlock.postgres` imports this module, so asyncpg stays an optional extra.
 """
@@ -11,24 +11,20 @@ import os
 import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 import asyncpg
 
-from ._errors import LockError
+from .._errors import LockError
+from ._backend_errors import BACKEND_ERRORS
 
-_T = TypeVar("_T")
-
-TRY_LOCK_SQL = "SELECT pg_try_advisory_lock($1::bigint)"
-UNLOCK_SQL = "SELECT pg_advisory_unlock($1::bigint)"
-
-# What asyncpg and the socket layer raise when the server or the network misbehaves.
-# TimeoutError is an OSError, so timeouts we impose ourselves are covered too.
-BACKEND_ERRORS: tuple[type[BaseException], ...] = (
-    asyncpg.PostgresError,
-    asyncpg.InterfaceError,
-    asyncpg.InternalClientError,
-    OSError,
+__all__ = (
+    "ConnectionSource",
+    "Keepalives",
+    "configure_session",
+    "default_application_name",
+    "is_closed",
+    "terminate",
 )
 
 # PostgreSQL truncates application_name to NAMEDATALEN - 1 bytes.

@@ -18,29 +18,22 @@ from typing import Any, TypeVar
 
 import asyncpg
 
-from ._cancel import uncancellable
-from ._errors import LockError
-from ._pg_common import (
-    BACKEND_ERRORS,
+from .._cancel import uncancellable
+from .._errors import LockError
+from ._backend_errors import BACKEND_ERRORS, SessionGone
+from ._connections import (
     ConnectionSource,
     Keepalives,
     configure_session,
     is_closed,
     terminate,
 )
-from ._pg_ledger import LedgerTable, migrate, tables_exist
+from ._ledger import LedgerTable, migrate, tables_exist
 
-__all__ = ("GONE_OR_FAILED", "LockSession", "SessionGone")
+__all__ = ("LockSession",)
 
 _logger = logging.getLogger("cronlock.postgres")
 _T = TypeVar("_T")
-
-
-class SessionGone(Exception):
-    """The session a statement was meant for has been replaced or closed."""
-
-
-GONE_OR_FAILED: tuple[type[BaseException], ...] = (SessionGone, *BACKEND_ERRORS)
 
 
 class LockSession:

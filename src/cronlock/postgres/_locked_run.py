@@ -11,18 +11,13 @@ from contextlib import AbstractAsyncContextManager
 from types import TracebackType
 from typing import Any, TypeVar, TypeVarTuple, Unpack
 
-from ._cancel import finish_uncancellably, uncancellable
-from ._durations import Seconds, to_seconds
-from ._errors import LockError
-from ._keys import job_lock_key
-from ._pg_common import (
-    BACKEND_ERRORS,
-    TRY_LOCK_SQL,
-    UNLOCK_SQL,
-    ConnectionSource,
-    is_closed,
-    terminate,
-)
+from .._cancel import finish_uncancellably, uncancellable
+from .._durations import Seconds, to_seconds
+from .._errors import LockError
+from .._keys import job_lock_key
+from ._advisory import TRY_LOCK_SQL, UNLOCK_SQL
+from ._backend_errors import BACKEND_ERRORS
+from ._connections import ConnectionSource, is_closed, terminate
 
 __all__ = ("RunLock", "locked_run", "run_locked")
 

@@ -15,14 +15,15 @@ from collections.abc import Callable, Collection, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from ._cancel import finish_uncancellably, uncancellable
-from ._errors import LockError
-from ._pg_common import is_closed
-from ._pg_ledger import LedgerTable
-from ._pg_session import GONE_OR_FAILED, LockSession
+from .._cancel import finish_uncancellably, uncancellable
+from .._errors import LockError
+from ._backend_errors import GONE_OR_FAILED
+from ._connections import is_closed
+from ._ledger import LedgerTable
+from ._session import LockSession
 
 if TYPE_CHECKING:
-    from ._records import RunRecord
+    from .._records import RunRecord
 
 __all__ = ("NOTE_EVERY", "PRUNE_BATCH", "PRUNE_EVERY", "Upkeep")
 
