@@ -107,6 +107,16 @@ class Claims:
         except BACKEND_ERRORS as exc:
             raise LockError(f"job {job!r}: the claim statement failed: {exc!r}") from exc
 
+    async def release(
+        self, generation: int, job: str, key: int, slot: datetime, record: RunRecord | None
+    ) -> bool:
+        """Record *record* (if any) and unlock on the session the lock was granted on.
+
+        False when that session (of *generation*) is gone, with the lock, or the statement
+        failed (the session is then terminated, which releases the lock server-side).
+        """
+        return await self.finish(self._session.conn, generation, job, key, slot, record)
+
     async def finish(
         self,
         conn: Any,

@@ -223,7 +223,14 @@ class PostgresLocker:
         claimed[slot] = None
         if len(claimed) > self._remember:
             del claimed[next(iter(claimed))]
-        lease = PostgresLease(self, job, key, slot, generation)
+        lease = PostgresLease(
+            job,
+            key,
+            slot,
+            claims=self._claims[self._shard(key)],
+            generation=generation,
+            on_released=self._on_released,
+        )
         self._held[key] = lease
         return lease
 
@@ -324,12 +331,10 @@ class PostgresLocker:
         lost = [
             lease
             for key, lease in self._held.items()
-            if not lease._lost and self._shard(key) == shard
+            if not lease.lost and self._shard(key) == shard
         ]
         for lease in lost:
-            lease._mark_lost(
-                LockError(f"job {lease.job!r}: the lock session was dropped: {reason}")
-            )
+            lease.mark_lost(LockError(f"job {lease.job!r}: the lock session was dropped: {reason}"))
         self._lost += len(lost)
         if lost:
             _logger.error(
@@ -357,24 +362,10 @@ class PostgresLocker:
         except BACKEND_ERRORS as exc:
             raise LockError(f"job {job!r}: reading the run ledger failed: {exc!r}") from exc
 
-    async def _release(self, lease: PostgresLease) -> None:
-        try:
-            shard = self._shard(lease.key)
-            done = not lease._lost and await self._claims[shard].finish(
-                self._shards[shard].conn,
-                lease._generation,
-                lease.job,
-                lease.key,
-                lease.slot,
-                lease._record,
-            )
-            if not done and self._table is not None and lease._record is not None:
-                # The session is gone, and the lock with it; the outcome is still worth
-                # keeping: upkeep writes it once a session is back.
-                self._upkeep.write_late(lease.job, lease.slot, lease._record)
-        finally:
-            # Only now may this process take the job again: before the unlock finished the
-            # session still held the key, and re-acquiring would just bump its count.
-            if self._held.get(lease.key) is lease:
-                del self._held[lease.key]
-            self._released += 1
+    def _on_released(self, lease: PostgresLease, unwritten: RunRecord | None) -> None:
+        """*lease* was released: forget it; keep an outcome its dead session lost."""
+        if unwritten is not None and self._table is not None:
+            self._upkeep.write_late(lease.job, lease.slot, unwritten)
+        if self._held.get(lease.key) is lease:
+            del self._held[lease.key]
+        self._released += 1
