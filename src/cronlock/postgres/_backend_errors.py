@@ -5,9 +5,14 @@ Only :mod:`cronlock.postgres` imports this module, so asyncpg stays an optional 
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import asyncpg
 
-__all__ = ("BACKEND_ERRORS", "GONE_OR_FAILED", "SessionGone")
+from .._errors import LockError
+
+__all__ = ("BACKEND_ERRORS", "GONE_OR_FAILED", "SessionGone", "backend_errors")
 
 # What asyncpg and the socket layer raise when the server or the network misbehaves.
 # TimeoutError is an OSError, so timeouts we impose ourselves are covered too.
@@ -24,3 +29,20 @@ class SessionGone(Exception):
 
 
 GONE_OR_FAILED: tuple[type[BaseException], ...] = (SessionGone, *BACKEND_ERRORS)
+
+
+@contextlib.contextmanager
+def backend_errors(message: str, *, session_lost: str | None = None) -> Iterator[None]:
+    """Translate a backend failure inside the block into :class:`cronlock.LockError`.
+
+    Raises ``LockError(f"{message}: {exc!r}") from exc`` for :data:`BACKEND_ERRORS` (the
+    cause stays reachable, e.g. to tell a slow server from a dead session) and for
+    :class:`SessionGone`, which becomes ``LockError(session_lost)`` when that is given.
+    Everything else, cancellation and a ``LockError`` raised inside included, passes.
+    """
+    try:
+        yield
+    except SessionGone as exc:
+        raise LockError(session_lost or f"{message}: {exc!r}") from exc
+    except BACKEND_ERRORS as exc:
+        raise LockError(f"{message}: {exc!r}") from exc

@@ -17,7 +17,7 @@ from .._cancel import finish_uncancellably, uncancellable
 from .._errors import LockError
 from .._locking import Refusal
 from ._advisory import TRY_LOCK_SQL, UNLOCK_SQL
-from ._backend_errors import BACKEND_ERRORS, SessionGone
+from ._backend_errors import BACKEND_ERRORS, SessionGone, backend_errors
 from ._ledger import LedgerTable
 from ._session import LockSession
 
@@ -92,7 +92,11 @@ class Claims:
             name=f"cronlock.postgres.claim[{job}]",
         )
         try:
-            return await finish_uncancellably(attempt)
+            with backend_errors(
+                f"job {job!r}: the claim statement failed",
+                session_lost=f"job {job!r}: the lock session was lost; try again",
+            ):
+                return await finish_uncancellably(attempt)
         except asyncio.CancelledError:
             if not attempt.cancelled() and attempt.exception() is None and attempt.result() is None:
                 # Granted, but our caller is gone: give the slot and the lock back before
@@ -102,10 +106,6 @@ class Claims:
                     name=f"cronlock.postgres.undo[{job}]",
                 )
             raise
-        except SessionGone as exc:
-            raise LockError(f"job {job!r}: the lock session was lost; try again") from exc
-        except BACKEND_ERRORS as exc:
-            raise LockError(f"job {job!r}: the claim statement failed: {exc!r}") from exc
 
     async def release(
         self, generation: int, job: str, key: int, slot: datetime, record: RunRecord | None

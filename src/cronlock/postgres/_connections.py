@@ -16,7 +16,7 @@ from typing import Any
 import asyncpg
 
 from .._errors import LockError
-from ._backend_errors import BACKEND_ERRORS
+from ._backend_errors import BACKEND_ERRORS, backend_errors
 
 __all__ = (
     "ConnectionSource",
@@ -139,22 +139,21 @@ class ConnectionSource:
 
         Raises :class:`LockError` when none can be had: pool exhausted, server unreachable.
         """
-        try:
-            if self._pool is not None:
-                return await self._pool.acquire(timeout=timeout)
-            return await asyncpg.connect(self._dsn, timeout=timeout, **self._connect_kwargs)
-        except TimeoutError as exc:
-            if self._pool is not None:
+        with backend_errors(f"could not get a connection from the {self.describe()}"):
+            try:
+                if self._pool is not None:
+                    return await self._pool.acquire(timeout=timeout)
+                return await asyncpg.connect(self._dsn, timeout=timeout, **self._connect_kwargs)
+            except TimeoutError as exc:  # an OSError too, but worth its own message
+                if self._pool is not None:
+                    raise LockError(
+                        f"no connection free in the {self.describe()} after {timeout:g}s "
+                        f"({self._pool.get_size() - self._pool.get_idle_size()} in use): the "
+                        "pool is exhausted; raise max_size or acquire_timeout"
+                    ) from exc
                 raise LockError(
-                    f"no connection free in the {self.describe()} after {timeout:g}s "
-                    f"({self._pool.get_size() - self._pool.get_idle_size()} in use): the pool "
-                    "is exhausted; raise max_size or acquire_timeout"
+                    f"could not connect to the PostgreSQL server in {timeout:g}s"
                 ) from exc
-            raise LockError(f"could not connect to the PostgreSQL server in {timeout:g}s") from exc
-        except BACKEND_ERRORS as exc:
-            raise LockError(
-                f"could not get a connection from the {self.describe()}: {exc!r}"
-            ) from exc
 
     async def checkin(self, conn: Any, *, timeout: float) -> None:
         """Give *conn* back (pool) or close it (DSN); terminate it if that fails or times out.

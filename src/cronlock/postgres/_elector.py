@@ -39,7 +39,7 @@ from .._durations import Seconds, optional_seconds, to_seconds
 from .._errors import LockError
 from .._keys import job_lock_key
 from ._advisory import TRY_LOCK_SQL
-from ._backend_errors import BACKEND_ERRORS
+from ._backend_errors import BACKEND_ERRORS, backend_errors
 from ._connections import (
     ConnectionSource,
     Keepalives,
@@ -232,11 +232,9 @@ class PostgresElector:
         conn = self._conn
         if conn is None or is_closed(conn):
             raise LockError(f"election {self._name!r}: no election session is open")
-        try:
+        with backend_errors(f"election {self._name!r}: reading settings failed"):
             async with self._statement_lock, asyncio.timeout(self._statement_timeout):
                 rows = await conn.fetch(SETTINGS_SQL)
-        except BACKEND_ERRORS as exc:
-            raise LockError(f"election {self._name!r}: reading settings failed: {exc!r}") from exc
         return {row["name"]: row["seconds"] for row in rows}
 
     async def start(self) -> None:
@@ -361,14 +359,13 @@ class PostgresElector:
     async def _open(self) -> Any:
         conn = await self._source.checkout(timeout=self._connect_timeout)
         try:
-            async with asyncio.timeout(self._connect_timeout):
-                await configure_session(
-                    conn, application_name=self._application_name, keepalives=self._keepalives
-                )
-        except BaseException as exc:
+            with backend_errors("could not set up the election session"):
+                async with asyncio.timeout(self._connect_timeout):
+                    await configure_session(
+                        conn, application_name=self._application_name, keepalives=self._keepalives
+                    )
+        except BaseException:
             terminate(conn)  # synchronous: a second cancel cannot skip it
-            if isinstance(exc, BACKEND_ERRORS):
-                raise LockError(f"could not set up the election session: {exc!r}") from exc
             raise
         self._sessions_opened += 1
         if self._failing:
@@ -385,13 +382,11 @@ class PostgresElector:
             sql, args = TRY_LOCK_SQL, (self._key,)
         while True:
             send = monotonic()
-            try:
-                # A timeout or failure leaves us unsure whether the server granted the lock;
-                # the caller then terminates the session, which settles it.
+            # A timeout or failure leaves us unsure whether the server granted the lock;
+            # the caller then terminates the session, which settles it.
+            with backend_errors("pg_try_advisory_lock failed"):
                 async with self._statement_lock, asyncio.timeout(self._statement_timeout):
                     got = await conn.fetchval(sql, *args)
-            except BACKEND_ERRORS as exc:
-                raise LockError(f"pg_try_advisory_lock failed: {exc!r}") from exc
             received = monotonic()
             self._polls += 1
             if got:

@@ -13,10 +13,9 @@ from typing import Any, TypeVar, TypeVarTuple, Unpack
 
 from .._cancel import finish_uncancellably, uncancellable
 from .._durations import Seconds, to_seconds
-from .._errors import LockError
 from .._keys import job_lock_key
 from ._advisory import TRY_LOCK_SQL, UNLOCK_SQL
-from ._backend_errors import BACKEND_ERRORS
+from ._backend_errors import BACKEND_ERRORS, backend_errors
 from ._connections import ConnectionSource, is_closed, terminate
 
 __all__ = ("RunLock", "locked_run", "run_locked")
@@ -139,11 +138,9 @@ class _LockedRun(AbstractAsyncContextManager[RunLock]):
         )
 
     async def _try_lock(self, conn: Any) -> bool:
-        try:
+        with backend_errors(f"job {self._name!r}: pg_try_advisory_lock failed"):
             async with asyncio.timeout(self._acquire_timeout):
                 return bool(await conn.fetchval(TRY_LOCK_SQL, self._key))
-        except BACKEND_ERRORS as exc:
-            raise LockError(f"job {self._name!r}: pg_try_advisory_lock failed: {exc!r}") from exc
 
     async def _give_back_uncancellably(self, conn: Any, held: _Held) -> None:
         await uncancellable(

@@ -22,7 +22,7 @@ from .._durations import Seconds, optional_seconds, to_seconds
 from .._errors import ConfigError, LockError
 from .._keys import job_lock_key
 from .._locking import Refusal
-from ._backend_errors import BACKEND_ERRORS, GONE_OR_FAILED, SessionGone
+from ._backend_errors import GONE_OR_FAILED, backend_errors
 from ._claims import Claims
 from ._connections import ConnectionSource, Keepalives, default_application_name
 from ._lease import PostgresLease, PostgresLockerStatistics
@@ -350,17 +350,16 @@ class PostgresLocker:
             raise LockError(f"job {job!r}: the PostgresLocker is closed")
         session = self._shards[self._shard(job_lock_key(job))]
         conn, generation = await session.ensure()
-        try:
+        with backend_errors(
+            f"job {job!r}: reading the run ledger failed",
+            session_lost=f"job {job!r}: the lock session was lost; try again",
+        ):
             return await uncancellable(
                 session.run(
                     conn, generation, call, what="a ledger read", keep_on_server_error=True
                 ),
                 name=f"cronlock.postgres.read[{job}]",
             )
-        except SessionGone as exc:
-            raise LockError(f"job {job!r}: the lock session was lost; try again") from exc
-        except BACKEND_ERRORS as exc:
-            raise LockError(f"job {job!r}: reading the run ledger failed: {exc!r}") from exc
 
     def _on_released(self, lease: PostgresLease, unwritten: RunRecord | None) -> None:
         """*lease* was released: forget it; keep an outcome its dead session lost."""

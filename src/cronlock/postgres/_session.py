@@ -20,7 +20,7 @@ import asyncpg
 
 from .._cancel import uncancellable
 from .._errors import LockError
-from ._backend_errors import BACKEND_ERRORS, SessionGone
+from ._backend_errors import BACKEND_ERRORS, SessionGone, backend_errors
 from ._connections import (
     ConnectionSource,
     Keepalives,
@@ -98,17 +98,18 @@ class LockSession:
                 self.drop(self.conn, reason="its connection was closed")
             conn = await self._source.checkout(timeout=self._connect_timeout)
             try:
-                async with asyncio.timeout(self._connect_timeout):
-                    await configure_session(
-                        conn, application_name=self._application_name, keepalives=self._keepalives
-                    )
-                    await self._prepare_ledger(conn)
-            except BaseException as exc:
+                with backend_errors("could not set up the lock session"):
+                    async with asyncio.timeout(self._connect_timeout):
+                        await configure_session(
+                            conn,
+                            application_name=self._application_name,
+                            keepalives=self._keepalives,
+                        )
+                        await self._prepare_ledger(conn)
+            except BaseException:
                 # Includes cancellation: an unconfigured session we do not keep must not
                 # linger. terminate() is synchronous, so a second cancel cannot skip it.
                 terminate(conn)
-                if isinstance(exc, BACKEND_ERRORS):
-                    raise LockError(f"could not set up the lock session: {exc!r}") from exc
                 raise
             self.generation += 1
             self.conn = conn

@@ -16,8 +16,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from .._cancel import finish_uncancellably, uncancellable
-from .._errors import LockError
-from ._backend_errors import GONE_OR_FAILED
+from ._backend_errors import GONE_OR_FAILED, backend_errors
 from ._connections import is_closed
 from ._ledger import LedgerTable
 from ._session import LockSession
@@ -103,12 +102,10 @@ class Upkeep:
             found = self._any_open()
             session = found[0] if found else self._sessions[0]
             conn, generation = found[1:] if found else await session.ensure()
-            try:
+            with backend_errors("pruning the run ledger failed"):
                 deleted = await uncancellable(
                     self._prune_batch(session, conn, generation), name="cronlock.postgres.prune"
                 )
-            except GONE_OR_FAILED as exc:
-                raise LockError(f"pruning the run ledger failed: {exc!r}") from exc
             total += deleted
             if deleted < PRUNE_BATCH:
                 return total
