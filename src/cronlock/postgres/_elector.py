@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Self
 
-from .._cancel import finish_uncancellably
+from .._cancel import cancel_and_wait
 from .._clock import monotonic
 from .._durations import Seconds, optional_seconds, to_seconds
 from .._errors import LockError
@@ -257,10 +257,9 @@ class PostgresElector:
         task, self._task = self._task, None
         if task is None:
             return
-        task.cancel()
-        # asyncio.wait never raises the task's outcome; finish_uncancellably keeps waiting
-        # through further cancels, so the session is surely gone when close() returns.
-        await finish_uncancellably(asyncio.wait((task,)))
+        # Its outcome is not raised; we keep waiting through further cancels, so the
+        # session is surely gone when close() returns.
+        await cancel_and_wait(task)
 
     async def __aenter__(self) -> Self:
         await self.start()

@@ -15,7 +15,7 @@ from collections.abc import Callable, Collection, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from .._cancel import finish_uncancellably, uncancellable
+from .._cancel import cancel_and_wait, uncancellable
 from ._backend_errors import GONE_OR_FAILED, backend_errors
 from ._connections import is_closed
 from ._ledger import LedgerTable
@@ -90,8 +90,7 @@ class Upkeep:
         """Cancel the upkeep task and wait until it is done."""
         task, self._task = self._task, None
         if task is not None:
-            task.cancel()
-            await finish_uncancellably(asyncio.wait((task,)))
+            await cancel_and_wait(task)
 
     async def prune(self) -> int:
         """Prune batches now, connecting if needed, until one is not full; return the total."""
