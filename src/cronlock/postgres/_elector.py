@@ -36,7 +36,7 @@ from typing import Any, Self
 from .._cancel import cancel_and_wait
 from .._clock import monotonic
 from .._durations import Seconds, optional_seconds, to_seconds
-from .._errors import LockError
+from .._errors import ConfigError, LockError
 from .._keys import job_lock_key
 from ._advisory import TRY_LOCK_SQL
 from ._backend_errors import BACKEND_ERRORS, backend_errors
@@ -141,15 +141,23 @@ class PostgresElector:
         self._source = ConnectionSource(pool_or_dsn, connect_kwargs)
         self._name = name
         self._key = job_lock_key(name)
-        self._poll = to_seconds(poll_interval, field="poll_interval")
-        self._beat = to_seconds(heartbeat_interval, field="heartbeat_interval")
-        self._lease = to_seconds(lease, field="lease")
-        delay = optional_seconds(takeover_delay, field="takeover_delay", allow_zero=True)
+        self._poll = to_seconds(poll_interval, field="poll_interval", error=ConfigError)
+        self._beat = to_seconds(heartbeat_interval, field="heartbeat_interval", error=ConfigError)
+        self._lease = to_seconds(lease, field="lease", error=ConfigError)
+        delay = optional_seconds(
+            takeover_delay, field="takeover_delay", allow_zero=True, error=ConfigError
+        )
         self._takeover = self._lease if delay is None else delay
-        self._idle_timeout = to_seconds(idle_session_timeout, field="idle_session_timeout")
+        self._idle_timeout = to_seconds(
+            idle_session_timeout, field="idle_session_timeout", error=ConfigError
+        )
         self._keepalives = keepalives
-        self._connect_timeout = to_seconds(connect_timeout, field="connect_timeout")
-        self._statement_timeout = to_seconds(statement_timeout, field="statement_timeout")
+        self._connect_timeout = to_seconds(
+            connect_timeout, field="connect_timeout", error=ConfigError
+        )
+        self._statement_timeout = to_seconds(
+            statement_timeout, field="statement_timeout", error=ConfigError
+        )
         self._application_name = application_name or default_application_name()
         check_fencing(
             beat=self._beat,

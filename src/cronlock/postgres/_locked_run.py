@@ -12,6 +12,7 @@ from typing import Any, TypeVar, TypeVarTuple, Unpack
 
 from .._cancel import claim_or_undo, uncancellable
 from .._durations import Seconds, to_seconds
+from .._errors import ConfigError
 from .._keys import job_lock_key
 from ._advisory import TRY_LOCK_SQL, UNLOCK_SQL
 from ._backend_errors import BACKEND_ERRORS, backend_errors
@@ -206,8 +207,8 @@ def locked_run(
     return _LockedRun(
         ConnectionSource(pool_or_dsn),
         name,
-        to_seconds(acquire_timeout, field="acquire_timeout"),
-        to_seconds(unlock_timeout, field="unlock_timeout"),
+        to_seconds(acquire_timeout, field="acquire_timeout", error=ConfigError),
+        to_seconds(unlock_timeout, field="unlock_timeout", error=ConfigError),
     )
 
 

@@ -18,7 +18,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self, TypeVar
 
 from .._cancel import uncancellable
-from .._durations import Seconds, optional_seconds, to_seconds
+from .._durations import Seconds, optional_seconds, positive_int, to_seconds
 from .._errors import ConfigError, LockError
 from .._keys import job_lock_key
 from .._locking import Refusal
@@ -101,16 +101,16 @@ class PostgresLocker:
         remember: int = 1024,
         connect_kwargs: Mapping[str, Any] | None = None,
     ) -> None:
-        if isinstance(sessions, bool) or not isinstance(sessions, int) or not 1 <= sessions <= 64:
-            raise ConfigError(
-                f"PostgresLocker: sessions must be an integer from 1 to 64, got {sessions!r}"
-            )
+        sessions = positive_int(sessions, field="sessions", owner="PostgresLocker", upper=64)
+        remember = positive_int(remember, field="remember", owner="PostgresLocker")
         source = ConnectionSource(pool_or_dsn, connect_kwargs)
         self._table = LedgerTable(table, schema) if ledger else None
-        retention_s = to_seconds(retention, field="retention")
-        heartbeat_s = optional_seconds(heartbeat, field="heartbeat")
-        connect_timeout_s = to_seconds(connect_timeout, field="connect_timeout")
-        statement_timeout_s = to_seconds(statement_timeout, field="statement_timeout")
+        retention_s = to_seconds(retention, field="retention", error=ConfigError)
+        heartbeat_s = optional_seconds(heartbeat, field="heartbeat", error=ConfigError)
+        connect_timeout_s = to_seconds(connect_timeout, field="connect_timeout", error=ConfigError)
+        statement_timeout_s = to_seconds(
+            statement_timeout, field="statement_timeout", error=ConfigError
+        )
         self._application_name = application_name or default_application_name()
         self._remember = remember
         self._closed = False
