@@ -13,6 +13,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from ._cancel import claim_or_undo
+from ._claimed import remember_claim
 from ._errors import ConfigError, LockError
 from ._locking import Lease, Refusal
 
@@ -183,7 +184,9 @@ class FileLocker:
             if key in previous:
                 _logger.debug("slot %s of job %r was already claimed", key, job)
                 return "already_ran"
-            self._write_ledger(job, [*previous, key][-self._remember :])
+            claimed = dict.fromkeys(previous)
+            remember_claim(claimed, key, None, remember=self._remember)
+            self._write_ledger(job, list(claimed))
             lease = _FileLease(self, job, fd, previous)
             return lease
         except OSError as exc:

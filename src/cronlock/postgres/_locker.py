@@ -18,6 +18,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self, TypeVar
 
 from .._cancel import uncancellable
+from .._claimed import remember_claim
 from .._durations import Seconds, optional_seconds, positive_int, to_seconds
 from .._errors import ConfigError, LockError
 from .._keys import job_lock_key
@@ -219,10 +220,7 @@ class PostgresLocker:
             _logger.debug("job %r slot %s: another replica already ran the slot", job, slot)
             return refusal
         self._granted += 1
-        claimed = self._claimed.setdefault(job, {})
-        claimed[slot] = None
-        if len(claimed) > self._remember:
-            del claimed[next(iter(claimed))]
+        remember_claim(self._claimed.setdefault(job, {}), slot, None, remember=self._remember)
         lease = PostgresLease(
             job,
             key,
