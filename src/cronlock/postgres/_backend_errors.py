@@ -1,6 +1,7 @@
 """What the server and the network raise, and how the backend tells its callers about it.
 
-Only :mod:`cronlock.postgres` imports this module, so asyncpg stays an optional extra.
+It imports asyncpg: only the :mod:`cronlock.postgres` subpackage may import it, so that
+asyncpg stays an optional extra.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """Where the backend's connections come from, how each session is set up, how it is dropped.
 
-Only :mod:`cronlock.postgres` imports this module, so asyncpg stays an optional extra.
+It imports asyncpg: only the :mod:`cronlock.postgres` subpackage may import it, so that
+asyncpg stays an optional extra.
 """
 
 from __future__ import annotations
