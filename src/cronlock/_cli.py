@@ -60,7 +60,7 @@ def _build_parser() -> argparse.ArgumentParser:
     from ._demo import add_demo_parser
 
     add_demo_parser(verbs)
-    from ._cli_pg import add_pg_parsers
+    from ._cli_ledger import add_pg_parsers
 
     add_pg_parsers(verbs)
     return parser
@@ -156,7 +156,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = _build_parser().parse_args(arguments)
         if args.verb == "next":
             return _cmd_next(args)
-        from ._cli_pg import PG_VERBS, run_pg
+        from ._cli_ledger import PG_VERBS, run_pg
 
         if args.verb in PG_VERBS:
             return run_pg(args)

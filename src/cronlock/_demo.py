@@ -145,7 +145,7 @@ async def _postgres_backend(dsn: str, source: str, *, lock_only: bool) -> _Backe
         import asyncpg
     except ImportError:
         raise CronlockError("asyncpg is not installed: pip install 'cronlock[postgres]'") from None
-    from ._pg_ledger import DEFAULT_TABLE, LedgerTable, migrate
+    from .postgres._ledger import DEFAULT_TABLE, LedgerTable, migrate
 
     try:
         conn = await asyncpg.connect(
@@ -190,7 +190,7 @@ async def _postgres_backend(dsn: str, source: str, *, lock_only: bool) -> _Backe
 async def _drop_schema(dsn: str, schema: str) -> None:
     import asyncpg
 
-    from ._pg_ledger import quote_ident
+    from .postgres._ledger import quote_ident
 
     try:
         conn = await asyncpg.connect(dsn, timeout=10)

@@ -12,7 +12,8 @@ import threading
 from datetime import UTC, datetime
 from pathlib import Path
 
-from ._cancel import finish_uncancellably
+from ._cancel import claim_or_undo
+from ._claimed import remember_claim
 from ._errors import ConfigError, LockError
 from ._locking import Lease, Refusal
 
@@ -142,19 +143,16 @@ class FileLocker:
         raises :class:`cronlock.LockError`.
         """
         key = _slot_key(job, slot)
-        work = asyncio.create_task(
-            asyncio.to_thread(self._acquire_sync, job, key), name=f"cronlock-flock:{job}"
+
+        def undo(claimed: _FileLease | Refusal) -> None:
+            if isinstance(claimed, _FileLease):
+                claimed._abandon()
+
+        # The thread cannot be stopped, so wait for it whatever happens: otherwise a
+        # cancelled acquire could leave a lock held by nobody.
+        return await claim_or_undo(
+            asyncio.to_thread(self._acquire_sync, job, key), undo, name=f"cronlock-flock:{job}"
         )
-        try:
-            # The thread cannot be stopped, so wait for it whatever happens: otherwise a
-            # cancelled acquire could leave a lock held by nobody.
-            return await finish_uncancellably(work)
-        except asyncio.CancelledError:
-            if work.done() and not work.cancelled() and work.exception() is None:
-                lease = work.result()
-                if isinstance(lease, _FileLease):
-                    lease._abandon()
-            raise
 
     def _lock_path(self, job: str) -> Path:
         return self._directory / f"{_stem(job)}.lock"
@@ -186,7 +184,9 @@ class FileLocker:
             if key in previous:
                 _logger.debug("slot %s of job %r was already claimed", key, job)
                 return "already_ran"
-            self._write_ledger(job, [*previous, key][-self._remember :])
+            claimed = dict.fromkeys(previous)
+            remember_claim(claimed, key, None, remember=self._remember)
+            self._write_ledger(job, list(claimed))
             lease = _FileLease(self, job, fd, previous)
             return lease
         except OSError as exc:

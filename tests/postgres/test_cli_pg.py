@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from cronlock import RunRecord
-from cronlock._pg_ledger import quote_ident
 from cronlock.postgres import PostgresLease, PostgresLocker
+from cronlock.postgres._ledger import quote_ident
 
 pytestmark = pytest.mark.postgres
 

@@ -25,8 +25,8 @@ from cronlock import (
     SystemClock,
     every,
 )
-from cronlock._pg_ledger import LedgerTable, quote_ident
 from cronlock.postgres import LedgerNameError, PostgresLease, PostgresLocker
+from cronlock.postgres._ledger import LedgerTable, quote_ident
 
 from .events import Events
 from .proxy import TcpProxy, via

@@ -15,7 +15,7 @@ from typing import Any
 import asyncpg
 import pytest
 
-from cronlock import LockError
+from cronlock import ConfigError, LockError
 from cronlock.postgres import RunLock, job_lock_key, locked_run, run_locked
 
 LocksHeld = Callable[[Iterable[str]], Awaitable[int]]
@@ -269,3 +269,9 @@ async def test_reusing_the_context_manager_is_an_error(pool: Any) -> None:
 def test_rejects_what_is_neither_pool_nor_dsn() -> None:
     with pytest.raises(TypeError, match=r"asyncpg\.Pool or a DSN"):
         locked_run(object(), "x")
+
+
+@pytest.mark.parametrize("option", ["acquire_timeout", "unlock_timeout"])
+def test_bad_timeouts_raise_config_error(option: str) -> None:
+    with pytest.raises(ConfigError, match=option):
+        locked_run("postgresql://unused", "x", **{option: -1})

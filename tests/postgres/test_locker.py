@@ -206,6 +206,23 @@ def test_sessions_must_be_from_1_to_64(sessions: Any) -> None:
     assert isinstance(caught.value, ValueError)
 
 
+@pytest.mark.parametrize(
+    ("options", "field"),
+    [
+        ({"retention": -1}, "retention"),
+        ({"heartbeat": 0}, "heartbeat"),
+        ({"connect_timeout": "soon"}, "connect_timeout"),
+        ({"statement_timeout": float("nan")}, "statement_timeout"),
+        ({"remember": 0}, "remember"),
+    ],
+)
+def test_bad_settings_raise_config_error_naming_the_setting(
+    options: dict[str, Any], field: str
+) -> None:
+    with pytest.raises(ConfigError, match=field):
+        PostgresLocker("postgresql://unused", **options)
+
+
 async def test_borrowing_from_a_pool_takes_at_most_sessions_connections(
     pool: Any, app_name: str, locks_held: LocksHeld, sessions_named: SessionsNamed
 ) -> None:

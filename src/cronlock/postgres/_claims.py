@@ -10,18 +10,20 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+from collections.abc import Awaitable
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from ._cancel import finish_uncancellably, uncancellable
-from ._errors import LockError
-from ._locking import Refusal
-from ._pg_common import BACKEND_ERRORS, TRY_LOCK_SQL, UNLOCK_SQL
-from ._pg_ledger import LedgerTable
-from ._pg_session import LockSession, SessionGone
+from .._cancel import claim_or_undo
+from .._errors import LockError
+from .._locking import Refusal
+from ._advisory import TRY_LOCK_SQL, UNLOCK_SQL
+from ._backend_errors import BACKEND_ERRORS, SessionGone, backend_errors
+from ._ledger import LedgerTable
+from ._session import LockSession
 
 if TYPE_CHECKING:
-    from ._records import RunRecord
+    from .._records import RunRecord
 
 __all__ = ("Claims",)
 
@@ -82,29 +84,44 @@ class Claims:
     async def _claim(
         self, conn: Any, generation: int, job: str, key: int, slot: datetime
     ) -> Refusal | None:
+        def undo(refusal: Refusal | None) -> Awaitable[None] | None:
+            if refusal is not None:
+                return None  # refused: nothing is held, nothing claimed
+            # Granted, but our caller is gone: give the slot and the lock back before
+            # delivering the cancel, so that another replica may still run the slot.
+            return asyncio.create_task(
+                self._unclaim(conn, generation, job, key, slot),
+                name=f"cronlock.postgres.undo[{job}]",
+            )
+
         # Run the statement in a task that cancellation does not interrupt: cancelling it
         # mid-flight would leave us unsure whether the server granted the lock, and would
-        # send a cancel request to a session shared by the shard's running jobs. It is short and
-        # bounded; once it is done we know exactly what to undo.
-        attempt = asyncio.create_task(
-            self._attempt(conn, generation, job, key, slot),
-            name=f"cronlock.postgres.claim[{job}]",
-        )
-        try:
-            return await finish_uncancellably(attempt)
-        except asyncio.CancelledError:
-            if not attempt.cancelled() and attempt.exception() is None and attempt.result() is None:
-                # Granted, but our caller is gone: give the slot and the lock back before
-                # delivering the cancel, so that another replica may still run the slot.
-                await uncancellable(
-                    self.finish(conn, generation, job, key, slot, None, unclaim=True),
-                    name=f"cronlock.postgres.undo[{job}]",
-                )
-            raise
-        except SessionGone as exc:
-            raise LockError(f"job {job!r}: the lock session was lost; try again") from exc
-        except BACKEND_ERRORS as exc:
-            raise LockError(f"job {job!r}: the claim statement failed: {exc!r}") from exc
+        # send a cancel request to a session shared by the shard's running jobs. It is
+        # short and bounded; once it is done we know exactly what to undo.
+        with backend_errors(
+            f"job {job!r}: the claim statement failed",
+            session_lost=f"job {job!r}: the lock session was lost; try again",
+        ):
+            return await claim_or_undo(
+                self._attempt(conn, generation, job, key, slot),
+                undo,
+                name=f"cronlock.postgres.claim[{job}]",
+            )
+
+    async def _unclaim(
+        self, conn: Any, generation: int, job: str, key: int, slot: datetime
+    ) -> None:
+        await self.finish(conn, generation, job, key, slot, None, unclaim=True)
+
+    async def release(
+        self, generation: int, job: str, key: int, slot: datetime, record: RunRecord | None
+    ) -> bool:
+        """Record *record* (if any) and unlock on the session the lock was granted on.
+
+        False when that session (of *generation*) is gone, with the lock, or the statement
+        failed (the session is then terminated, which releases the lock server-side).
+        """
+        return await self.finish(self._session.conn, generation, job, key, slot, record)
 
     async def finish(
         self,

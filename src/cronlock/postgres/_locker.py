@@ -2,8 +2,8 @@
 
 The locker hands out leases, keeps in-process exclusion and shards jobs over its lock
 sessions by lock key; the pieces it is built from live next to it: a session
-(:mod:`._pg_session`), the statements of a run
-(:mod:`._pg_claim`), the leases (:mod:`._pg_lease`) and upkeep (:mod:`._pg_upkeep`).
+(:mod:`._session`), the statements of a run
+(:mod:`._claims`), the leases (:mod:`._lease`) and upkeep (:mod:`._upkeep`).
 """
 
 from __future__ import annotations
@@ -17,25 +17,22 @@ from datetime import datetime, timedelta
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self, TypeVar
 
-from ._cancel import uncancellable
-from ._durations import Seconds, optional_seconds, to_seconds
-from ._errors import ConfigError, LockError
-from ._keys import job_lock_key
-from ._locking import Refusal
-from ._pg_claim import Claims
-from ._pg_common import (
-    BACKEND_ERRORS,
-    ConnectionSource,
-    Keepalives,
-    default_application_name,
-)
-from ._pg_lease import PostgresLease, PostgresLockerStatistics
-from ._pg_ledger import DEFAULT_TABLE, LedgerTable, to_record
-from ._pg_session import GONE_OR_FAILED, LockSession, SessionGone
-from ._pg_upkeep import Upkeep
+from .._cancel import uncancellable
+from .._claimed import remember_claim
+from .._durations import Seconds, optional_seconds, positive_int, to_seconds
+from .._errors import ConfigError, LockError
+from .._keys import job_lock_key
+from .._locking import Refusal
+from ._backend_errors import GONE_OR_FAILED, backend_errors
+from ._claims import Claims
+from ._connections import ConnectionSource, Keepalives, default_application_name
+from ._lease import PostgresLease, PostgresLockerStatistics
+from ._ledger import DEFAULT_TABLE, LedgerTable, to_record
+from ._session import LockSession
+from ._upkeep import Upkeep
 
 if TYPE_CHECKING:
-    from ._records import RunRecord
+    from .._records import RunRecord
 
 __all__ = ("PostgresLease", "PostgresLocker", "PostgresLockerStatistics")
 
@@ -105,16 +102,16 @@ class PostgresLocker:
         remember: int = 1024,
         connect_kwargs: Mapping[str, Any] | None = None,
     ) -> None:
-        if isinstance(sessions, bool) or not isinstance(sessions, int) or not 1 <= sessions <= 64:
-            raise ConfigError(
-                f"PostgresLocker: sessions must be an integer from 1 to 64, got {sessions!r}"
-            )
+        sessions = positive_int(sessions, field="sessions", owner="PostgresLocker", upper=64)
+        remember = positive_int(remember, field="remember", owner="PostgresLocker")
         source = ConnectionSource(pool_or_dsn, connect_kwargs)
         self._table = LedgerTable(table, schema) if ledger else None
-        retention_s = to_seconds(retention, field="retention")
-        heartbeat_s = optional_seconds(heartbeat, field="heartbeat")
-        connect_timeout_s = to_seconds(connect_timeout, field="connect_timeout")
-        statement_timeout_s = to_seconds(statement_timeout, field="statement_timeout")
+        retention_s = to_seconds(retention, field="retention", error=ConfigError)
+        heartbeat_s = optional_seconds(heartbeat, field="heartbeat", error=ConfigError)
+        connect_timeout_s = to_seconds(connect_timeout, field="connect_timeout", error=ConfigError)
+        statement_timeout_s = to_seconds(
+            statement_timeout, field="statement_timeout", error=ConfigError
+        )
         self._application_name = application_name or default_application_name()
         self._remember = remember
         self._closed = False
@@ -223,11 +220,15 @@ class PostgresLocker:
             _logger.debug("job %r slot %s: another replica already ran the slot", job, slot)
             return refusal
         self._granted += 1
-        claimed = self._claimed.setdefault(job, {})
-        claimed[slot] = None
-        if len(claimed) > self._remember:
-            del claimed[next(iter(claimed))]
-        lease = PostgresLease(self, job, key, slot, generation)
+        remember_claim(self._claimed.setdefault(job, {}), slot, None, remember=self._remember)
+        lease = PostgresLease(
+            job,
+            key,
+            slot,
+            claims=self._claims[self._shard(key)],
+            generation=generation,
+            on_released=self._on_released,
+        )
         self._held[key] = lease
         return lease
 
@@ -328,12 +329,10 @@ class PostgresLocker:
         lost = [
             lease
             for key, lease in self._held.items()
-            if not lease._lost and self._shard(key) == shard
+            if not lease.lost and self._shard(key) == shard
         ]
         for lease in lost:
-            lease._mark_lost(
-                LockError(f"job {lease.job!r}: the lock session was dropped: {reason}")
-            )
+            lease.mark_lost(LockError(f"job {lease.job!r}: the lock session was dropped: {reason}"))
         self._lost += len(lost)
         if lost:
             _logger.error(
@@ -349,36 +348,21 @@ class PostgresLocker:
             raise LockError(f"job {job!r}: the PostgresLocker is closed")
         session = self._shards[self._shard(job_lock_key(job))]
         conn, generation = await session.ensure()
-        try:
+        with backend_errors(
+            f"job {job!r}: reading the run ledger failed",
+            session_lost=f"job {job!r}: the lock session was lost; try again",
+        ):
             return await uncancellable(
                 session.run(
                     conn, generation, call, what="a ledger read", keep_on_server_error=True
                 ),
                 name=f"cronlock.postgres.read[{job}]",
             )
-        except SessionGone as exc:
-            raise LockError(f"job {job!r}: the lock session was lost; try again") from exc
-        except BACKEND_ERRORS as exc:
-            raise LockError(f"job {job!r}: reading the run ledger failed: {exc!r}") from exc
 
-    async def _release(self, lease: PostgresLease) -> None:
-        try:
-            shard = self._shard(lease.key)
-            done = not lease._lost and await self._claims[shard].finish(
-                self._shards[shard].conn,
-                lease._generation,
-                lease.job,
-                lease.key,
-                lease.slot,
-                lease._record,
-            )
-            if not done and self._table is not None and lease._record is not None:
-                # The session is gone, and the lock with it; the outcome is still worth
-                # keeping: upkeep writes it once a session is back.
-                self._upkeep.write_late(lease.job, lease.slot, lease._record)
-        finally:
-            # Only now may this process take the job again: before the unlock finished the
-            # session still held the key, and re-acquiring would just bump its count.
-            if self._held.get(lease.key) is lease:
-                del self._held[lease.key]
-            self._released += 1
+    def _on_released(self, lease: PostgresLease, unwritten: RunRecord | None) -> None:
+        """*lease* was released: forget it; keep an outcome its dead session lost."""
+        if unwritten is not None and self._table is not None:
+            self._upkeep.write_late(lease.job, lease.slot, unwritten)
+        if self._held.get(lease.key) is lease:
+            del self._held[lease.key]
+        self._released += 1

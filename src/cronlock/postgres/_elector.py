@@ -33,14 +33,14 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Self
 
-from ._cancel import finish_uncancellably
-from ._clock import monotonic
-from ._durations import Seconds, optional_seconds, to_seconds
-from ._errors import LockError
-from ._keys import job_lock_key
-from ._pg_common import (
-    BACKEND_ERRORS,
-    TRY_LOCK_SQL,
+from .._cancel import cancel_and_wait
+from .._clock import monotonic
+from .._durations import Seconds, optional_seconds, to_seconds
+from .._errors import ConfigError, LockError
+from .._keys import job_lock_key
+from ._advisory import TRY_LOCK_SQL
+from ._backend_errors import BACKEND_ERRORS, backend_errors
+from ._connections import (
     ConnectionSource,
     Keepalives,
     configure_session,
@@ -48,7 +48,7 @@ from ._pg_common import (
     is_closed,
     terminate,
 )
-from ._pg_fencing import (
+from ._fencing import (
     ACQUIRE_SQL,
     ELECTOR_KEEPALIVES,
     HEARTBEAT_SQL,
@@ -141,15 +141,23 @@ class PostgresElector:
         self._source = ConnectionSource(pool_or_dsn, connect_kwargs)
         self._name = name
         self._key = job_lock_key(name)
-        self._poll = to_seconds(poll_interval, field="poll_interval")
-        self._beat = to_seconds(heartbeat_interval, field="heartbeat_interval")
-        self._lease = to_seconds(lease, field="lease")
-        delay = optional_seconds(takeover_delay, field="takeover_delay", allow_zero=True)
+        self._poll = to_seconds(poll_interval, field="poll_interval", error=ConfigError)
+        self._beat = to_seconds(heartbeat_interval, field="heartbeat_interval", error=ConfigError)
+        self._lease = to_seconds(lease, field="lease", error=ConfigError)
+        delay = optional_seconds(
+            takeover_delay, field="takeover_delay", allow_zero=True, error=ConfigError
+        )
         self._takeover = self._lease if delay is None else delay
-        self._idle_timeout = to_seconds(idle_session_timeout, field="idle_session_timeout")
+        self._idle_timeout = to_seconds(
+            idle_session_timeout, field="idle_session_timeout", error=ConfigError
+        )
         self._keepalives = keepalives
-        self._connect_timeout = to_seconds(connect_timeout, field="connect_timeout")
-        self._statement_timeout = to_seconds(statement_timeout, field="statement_timeout")
+        self._connect_timeout = to_seconds(
+            connect_timeout, field="connect_timeout", error=ConfigError
+        )
+        self._statement_timeout = to_seconds(
+            statement_timeout, field="statement_timeout", error=ConfigError
+        )
         self._application_name = application_name or default_application_name()
         check_fencing(
             beat=self._beat,
@@ -232,11 +240,9 @@ class PostgresElector:
         conn = self._conn
         if conn is None or is_closed(conn):
             raise LockError(f"election {self._name!r}: no election session is open")
-        try:
+        with backend_errors(f"election {self._name!r}: reading settings failed"):
             async with self._statement_lock, asyncio.timeout(self._statement_timeout):
                 rows = await conn.fetch(SETTINGS_SQL)
-        except BACKEND_ERRORS as exc:
-            raise LockError(f"election {self._name!r}: reading settings failed: {exc!r}") from exc
         return {row["name"]: row["seconds"] for row in rows}
 
     async def start(self) -> None:
@@ -259,10 +265,9 @@ class PostgresElector:
         task, self._task = self._task, None
         if task is None:
             return
-        task.cancel()
-        # asyncio.wait never raises the task's outcome; finish_uncancellably keeps waiting
-        # through further cancels, so the session is surely gone when close() returns.
-        await finish_uncancellably(asyncio.wait((task,)))
+        # Its outcome is not raised; we keep waiting through further cancels, so the
+        # session is surely gone when close() returns.
+        await cancel_and_wait(task)
 
     async def __aenter__(self) -> Self:
         await self.start()
@@ -361,14 +366,13 @@ class PostgresElector:
     async def _open(self) -> Any:
         conn = await self._source.checkout(timeout=self._connect_timeout)
         try:
-            async with asyncio.timeout(self._connect_timeout):
-                await configure_session(
-                    conn, application_name=self._application_name, keepalives=self._keepalives
-                )
-        except BaseException as exc:
+            with backend_errors("could not set up the election session"):
+                async with asyncio.timeout(self._connect_timeout):
+                    await configure_session(
+                        conn, application_name=self._application_name, keepalives=self._keepalives
+                    )
+        except BaseException:
             terminate(conn)  # synchronous: a second cancel cannot skip it
-            if isinstance(exc, BACKEND_ERRORS):
-                raise LockError(f"could not set up the election session: {exc!r}") from exc
             raise
         self._sessions_opened += 1
         if self._failing:
@@ -385,13 +389,11 @@ class PostgresElector:
             sql, args = TRY_LOCK_SQL, (self._key,)
         while True:
             send = monotonic()
-            try:
-                # A timeout or failure leaves us unsure whether the server granted the lock;
-                # the caller then terminates the session, which settles it.
+            # A timeout or failure leaves us unsure whether the server granted the lock;
+            # the caller then terminates the session, which settles it.
+            with backend_errors("pg_try_advisory_lock failed"):
                 async with self._statement_lock, asyncio.timeout(self._statement_timeout):
                     got = await conn.fetchval(sql, *args)
-            except BACKEND_ERRORS as exc:
-                raise LockError(f"pg_try_advisory_lock failed: {exc!r}") from exc
             received = monotonic()
             self._polls += 1
             if got:

@@ -15,14 +15,14 @@ from collections.abc import Callable, Collection, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from ._cancel import finish_uncancellably, uncancellable
-from ._errors import LockError
-from ._pg_common import is_closed
-from ._pg_ledger import LedgerTable
-from ._pg_session import GONE_OR_FAILED, LockSession
+from .._cancel import cancel_and_wait, uncancellable
+from ._backend_errors import GONE_OR_FAILED, backend_errors
+from ._connections import is_closed
+from ._ledger import LedgerTable
+from ._session import LockSession
 
 if TYPE_CHECKING:
-    from ._records import RunRecord
+    from .._records import RunRecord
 
 __all__ = ("NOTE_EVERY", "PRUNE_BATCH", "PRUNE_EVERY", "Upkeep")
 
@@ -90,8 +90,7 @@ class Upkeep:
         """Cancel the upkeep task and wait until it is done."""
         task, self._task = self._task, None
         if task is not None:
-            task.cancel()
-            await finish_uncancellably(asyncio.wait((task,)))
+            await cancel_and_wait(task)
 
     async def prune(self) -> int:
         """Prune batches now, connecting if needed, until one is not full; return the total."""
@@ -102,12 +101,10 @@ class Upkeep:
             found = self._any_open()
             session = found[0] if found else self._sessions[0]
             conn, generation = found[1:] if found else await session.ensure()
-            try:
+            with backend_errors("pruning the run ledger failed"):
                 deleted = await uncancellable(
                     self._prune_batch(session, conn, generation), name="cronlock.postgres.prune"
                 )
-            except GONE_OR_FAILED as exc:
-                raise LockError(f"pruning the run ledger failed: {exc!r}") from exc
             total += deleted
             if deleted < PRUNE_BATCH:
                 return total

@@ -4,39 +4,25 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import enum
 import logging
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from types import TracebackType
 from typing import Any, TypeVar, TypeVarTuple, Unpack
 
-from ._cancel import finish_uncancellably, uncancellable
-from ._durations import Seconds, to_seconds
-from ._errors import LockError
-from ._keys import job_lock_key
-from ._pg_common import (
-    BACKEND_ERRORS,
-    TRY_LOCK_SQL,
-    UNLOCK_SQL,
-    ConnectionSource,
-    is_closed,
-    terminate,
-)
+from .._cancel import claim_or_undo, uncancellable
+from .._durations import Seconds, to_seconds
+from .._errors import ConfigError
+from .._keys import job_lock_key
+from ._advisory import TRY_LOCK_SQL, UNLOCK_SQL
+from ._backend_errors import BACKEND_ERRORS, backend_errors
+from ._connections import ConnectionSource, is_closed, terminate
 
 __all__ = ("RunLock", "locked_run", "run_locked")
 
 _logger = logging.getLogger("cronlock.postgres")
 _T = TypeVar("_T")
 _Ts = TypeVarTuple("_Ts")
-
-
-class _Held(enum.Enum):
-    """What we know about the lock on a connection we are about to give back."""
-
-    NO = "no"
-    YES = "yes"
-    UNKNOWN = "unknown"  # the try-lock failed half way: the server may have granted it
 
 
 class RunLock:
@@ -96,23 +82,21 @@ class _LockedRun(AbstractAsyncContextManager[RunLock]):
         # The try-lock runs in its own task that a cancellation does not interrupt: a
         # statement cancelled mid-flight may still have been granted by the server, and we
         # would not know whether to unlock. Waiting for it (it does not block server-side)
-        # tells us exactly what to undo.
-        attempt = asyncio.create_task(
-            self._try_lock(conn), name=f"cronlock.locked_run.try_lock[{self._name}]"
+        # tells us exactly what to undo when we were cancelled meanwhile: the lock, if
+        # granted, and the connection. A try-lock that failed has terminated conn itself.
+
+        def undo(granted: bool) -> Awaitable[None]:
+            return asyncio.create_task(
+                self._give_back(conn, locked=granted),
+                name=f"cronlock.locked_run.release[{self._name}]",
+            )
+
+        granted = await claim_or_undo(
+            self._try_lock(conn), undo, name=f"cronlock.locked_run.try_lock[{self._name}]"
         )
-        try:
-            granted = await finish_uncancellably(attempt)
-        except BaseException:
-            # Cancelled (the attempt has finished anyway), or the statement failed.
-            if attempt.cancelled() or attempt.exception() is not None:
-                held = _Held.UNKNOWN
-            else:
-                held = _Held.YES if attempt.result() else _Held.NO
-            await self._give_back_uncancellably(conn, held)
-            raise
         if not granted:
             _logger.debug("job %r: another session holds the lock; not running", self._name)
-            await self._give_back_uncancellably(conn, _Held.NO)
+            await self._give_back_uncancellably(conn, locked=False)
             return RunLock(self._name, self._key, acquired=False)
         self._conn = conn
         conn.add_termination_listener(self._on_connection_lost)
@@ -133,7 +117,7 @@ class _LockedRun(AbstractAsyncContextManager[RunLock]):
         # Runs whatever ended the body: return, exception, cancellation (once or repeatedly)
         # or an asyncio.timeout() deadline. A cancellation that arrives meanwhile is
         # delivered after the unlock, so the caller still sees it.
-        await self._give_back_uncancellably(conn, _Held.YES)
+        await self._give_back_uncancellably(conn, locked=True)
 
     def _on_connection_lost(self, _conn: object) -> None:
         self._result._lost = True
@@ -144,29 +128,37 @@ class _LockedRun(AbstractAsyncContextManager[RunLock]):
         )
 
     async def _try_lock(self, conn: Any) -> bool:
-        try:
-            async with asyncio.timeout(self._acquire_timeout):
-                return bool(await conn.fetchval(TRY_LOCK_SQL, self._key))
-        except BACKEND_ERRORS as exc:
-            raise LockError(f"job {self._name!r}: pg_try_advisory_lock failed: {exc!r}") from exc
+        """Try the lock on *conn*; if that fails, terminate *conn* and raise LockError.
 
-    async def _give_back_uncancellably(self, conn: Any, held: _Held) -> None:
+        A try-lock that failed or timed out may still have been granted by the server:
+        dropping the session is the one way to be sure nothing stays held.
+        """
+        try:
+            with backend_errors(f"job {self._name!r}: pg_try_advisory_lock failed"):
+                async with asyncio.timeout(self._acquire_timeout):
+                    return bool(await conn.fetchval(TRY_LOCK_SQL, self._key))
+        except BaseException:
+            terminate(conn)  # synchronous: nothing can interrupt it
+            raise
+
+    async def _give_back_uncancellably(self, conn: Any, *, locked: bool) -> None:
         await uncancellable(
-            self._give_back(conn, held), name=f"cronlock.locked_run.release[{self._name}]"
+            self._give_back(conn, locked=locked),
+            name=f"cronlock.locked_run.release[{self._name}]",
         )
 
-    async def _give_back(self, conn: Any, held: _Held) -> None:
-        """Unlock if held, then return the connection; bounded by unlock_timeout.
+    async def _give_back(self, conn: Any, *, locked: bool) -> None:
+        """Unlock if *locked*, then return the connection; bounded by unlock_timeout.
 
         When that cannot complete, terminate the connection: the server then releases
         every lock of the session. Never raises a backend error.
         """
-        if held is _Held.UNKNOWN or is_closed(conn):
+        if is_closed(conn):
             terminate(conn)
             return
         try:
             async with asyncio.timeout(self._unlock_timeout):
-                if held is _Held.YES and not await conn.fetchval(UNLOCK_SQL, self._key):
+                if locked and not await conn.fetchval(UNLOCK_SQL, self._key):
                     _logger.warning(
                         "job %r: its lock was no longer held by this session at unlock",
                         self._name,
@@ -215,8 +207,8 @@ def locked_run(
     return _LockedRun(
         ConnectionSource(pool_or_dsn),
         name,
-        to_seconds(acquire_timeout, field="acquire_timeout"),
-        to_seconds(unlock_timeout, field="unlock_timeout"),
+        to_seconds(acquire_timeout, field="acquire_timeout", error=ConfigError),
+        to_seconds(unlock_timeout, field="unlock_timeout", error=ConfigError),
     )
 
 

@@ -1,4 +1,7 @@
-"""``python -m cronlock migrate|status|history``: the run ledger from the command line."""
+"""``python -m cronlock migrate|status|history``: the run ledger from the command line.
+
+The arguments are declared in :mod:`cronlock._cli_ledger`, which needs no asyncpg.
+"""
 
 from __future__ import annotations
 
@@ -10,12 +13,13 @@ from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from ._errors import CronlockError
-from ._keys import job_lock_key
+import asyncpg
 
-__all__ = ("PG_VERBS", "add_pg_parsers", "run_pg")
+from .._errors import CronlockError
+from .._keys import job_lock_key
+from ._ledger import DEFAULT_TABLE, LedgerTable, migrate, tables_exist, to_record
 
-PG_VERBS = frozenset({"migrate", "status", "history"})
+__all__ = ("run_verb",)
 
 # A bigint advisory key k is stored in pg_locks as classid = k >> 32, objid = k & 0xffffffff
 # (objsubid = 1); advisory locks are per database, hence the database filter.
@@ -29,52 +33,19 @@ WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted
 """
 
 
-def add_pg_parsers(verbs: Any) -> None:
-    """Register ``migrate``, ``status`` and ``history``."""
-
-    def common(parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("--dsn", required=True, help="PostgreSQL DSN (postgresql://...)")
-        parser.add_argument("--schema", help="schema of the ledger (default: search_path)")
-        parser.add_argument("--table", default=None, help="ledger table (cronlock_runs)")
-
-    migrate = verbs.add_parser("migrate", help="create the run ledger tables if missing")
-    common(migrate)
-    status = verbs.add_parser(
-        "status", help="per job: last success and failure, next slot, who holds the lock"
-    )
-    common(status)
-    status.add_argument(
-        "jobs", nargs="*", metavar="JOB", help="only these jobs (exit status 1 if one is unknown)"
-    )
-    history = verbs.add_parser("history", help="the latest runs of one job from the ledger")
-    common(history)
-    history.add_argument("job", metavar="JOB", help="exit status 1 if the ledger does not know it")
-    history.add_argument("-n", type=int, default=20, help="how many runs (default: 20)")
-
-
-def run_pg(args: argparse.Namespace) -> int:
+def run_verb(args: argparse.Namespace) -> int:
     """Run one of the ledger verbs; errors are raised as :class:`CronlockError`."""
-    try:
-        import asyncpg  # noqa: F401
-    except ImportError:
-        raise CronlockError(
-            f"{args.verb} needs asyncpg: pip install 'cronlock[postgres]'"
-        ) from None
-    from ._pg_ledger import DEFAULT_TABLE, LedgerTable
-
     table = LedgerTable(args.table or DEFAULT_TABLE, args.schema)
     if args.verb == "history" and args.n < 1:
         raise CronlockError(f"-n must be at least 1, got {args.n}")
     return asyncio.run(_run(args, table))
 
 
-async def _run(args: argparse.Namespace, table: Any) -> int:
+async def _run(args: argparse.Namespace, table: LedgerTable) -> int:
     conn = await _connect(args.dsn)
     try:
         if args.verb == "migrate":
             return await _migrate(conn, table)
-        from ._pg_ledger import tables_exist
-
         if not await tables_exist(conn, table):
             raise CronlockError(
                 f"no run ledger {table.runs} in this database; create it with "
@@ -88,8 +59,6 @@ async def _run(args: argparse.Namespace, table: Any) -> int:
 
 
 async def _connect(dsn: str) -> Any:
-    import asyncpg
-
     try:
         return await asyncpg.connect(dsn, timeout=10)
     except Exception as exc:  # bad syntax, refused, auth, unknown database: one clear line
@@ -97,9 +66,7 @@ async def _connect(dsn: str) -> Any:
         raise CronlockError(f"cannot connect to PostgreSQL with --dsn: {reason}") from None
 
 
-async def _migrate(conn: Any, table: Any) -> int:
-    from ._pg_ledger import migrate
-
+async def _migrate(conn: Any, table: LedgerTable) -> int:
     try:
         created = await migrate(conn, table)
     except Exception as exc:
@@ -119,9 +86,7 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
         print("  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip())
 
 
-async def _status(conn: Any, table: Any, only: Sequence[str]) -> int:
-    from ._pg_ledger import to_record
-
+async def _status(conn: Any, table: LedgerTable, only: Sequence[str]) -> int:
     jobs = await conn.fetch(table.jobs_sql)
     # A job is known once a replica noted its schedule or claimed a slot of it.
     known = {row["job"]: row for row in jobs}
@@ -172,9 +137,7 @@ def _unknown(names: Sequence[str], known: Iterable[str]) -> int:
     return 1 if names else 0
 
 
-async def _history(conn: Any, table: Any, job: str, limit: int) -> int:
-    from ._pg_ledger import to_record
-
+async def _history(conn: Any, table: LedgerTable, job: str, limit: int) -> int:
     records = [to_record(row) for row in await conn.fetch(table.history_sql, job, limit)]
     if not records:
         known = {row["job"] for row in await conn.fetch(table.jobs_sql)}

@@ -8,11 +8,11 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING
 
-from ._cancel import uncancellable
+from .._cancel import uncancellable
 
 if TYPE_CHECKING:
-    from ._pg_locker import PostgresLocker
-    from ._records import RunRecord
+    from .._records import RunRecord
+    from ._claims import Claims
 
 __all__ = ("PostgresLease", "PostgresLockerStatistics")
 
@@ -50,14 +50,21 @@ class PostgresLockerStatistics:
 
 
 class PostgresLease:
-    """The lock of one job for one slot, held on the locker's session for that job."""
+    """The lock of one job for one slot, held on the locker's session for that job.
+
+    Made by :meth:`PostgresLocker.acquire`: *claims* are the statements of the job's shard,
+    *generation* the session generation the lock was granted on, and *on_released* is
+    called once the release is over, with the outcome the release could not write (its
+    session was gone) or ``None``.
+    """
 
     __slots__ = (
+        "_claims",
         "_done",
         "_generation",
-        "_locker",
         "_lost",
         "_lost_because",
+        "_on_released",
         "_record",
         "_watchers",
         "job",
@@ -66,13 +73,21 @@ class PostgresLease:
     )
 
     def __init__(
-        self, locker: PostgresLocker, job: str, key: int, slot: datetime, generation: int
+        self,
+        job: str,
+        key: int,
+        slot: datetime,
+        *,
+        claims: Claims,
+        generation: int,
+        on_released: Callable[[PostgresLease, RunRecord | None], None],
     ) -> None:
-        self._locker = locker
         self.job = job
         self.key = key
         self.slot = slot
+        self._claims = claims
         self._generation = generation
+        self._on_released = on_released
         self._lost = False
         self._lost_because: BaseException | None = None
         self._watchers: list[Callable[[BaseException | None], None]] = []
@@ -101,7 +116,11 @@ class PostgresLease:
         else:
             self._watchers.append(callback)
 
-    def _mark_lost(self, because: BaseException) -> None:
+    def mark_lost(self, because: BaseException) -> None:
+        """Note that the session holding this lock was dropped; called by the locker.
+
+        The :meth:`on_lost` callbacks then run with *because*, unless the release started.
+        """
         self._lost = True
         self._lost_because = because
         watchers, self._watchers = self._watchers, []
@@ -123,9 +142,21 @@ class PostgresLease:
         if self._done:
             return
         self._done = True
-        await uncancellable(
-            self._locker._release(self), name=f"cronlock.postgres.release[{self.job}]"
-        )
+        await uncancellable(self._finish(), name=f"cronlock.postgres.release[{self.job}]")
+
+    async def _finish(self) -> None:
+        unwritten: RunRecord | None = None
+        try:
+            if self._lost or not await self._claims.release(
+                self._generation, self.job, self.key, self.slot, self._record
+            ):
+                # The session is gone, and the lock with it; the outcome is still worth
+                # keeping: the locker writes it once a session is back.
+                unwritten = self._record
+        finally:
+            # Only now may this process take the job again: before the unlock finished the
+            # session still held the key, and re-acquiring would just bump its count.
+            self._on_released(self, unwritten)
 
     def __repr__(self) -> str:
         state = "released" if self._done else "lost" if self._lost else "held"

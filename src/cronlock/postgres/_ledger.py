@@ -2,8 +2,8 @@
 
 A ledger is one table of runs keyed by (job, slot) plus a small table of job schedules.
 Every statement here is parameterized; the only text spliced into SQL is identifiers,
-always through :func:`quote_ident`. Only :mod:`cronlock.postgres` and the command line
-import this module, so asyncpg stays an optional extra.
+always through :func:`quote_ident`. The locker and the ledger verbs of the command line
+run them.
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ import hashlib
 from dataclasses import dataclass
 from typing import Any
 
-from ._errors import LedgerNameError
-from ._keys import job_lock_key
-from ._records import RunRecord
+from .._errors import LedgerNameError
+from .._keys import job_lock_key
+from .._records import RunRecord
 
 __all__ = (
     "DEFAULT_TABLE",

@@ -18,29 +18,22 @@ from typing import Any, TypeVar
 
 import asyncpg
 
-from ._cancel import uncancellable
-from ._errors import LockError
-from ._pg_common import (
-    BACKEND_ERRORS,
+from .._cancel import uncancellable
+from .._errors import LockError
+from ._backend_errors import BACKEND_ERRORS, SessionGone, backend_errors
+from ._connections import (
     ConnectionSource,
     Keepalives,
     configure_session,
     is_closed,
     terminate,
 )
-from ._pg_ledger import LedgerTable, migrate, tables_exist
+from ._ledger import LedgerTable, migrate, tables_exist
 
-__all__ = ("GONE_OR_FAILED", "LockSession", "SessionGone")
+__all__ = ("LockSession",)
 
 _logger = logging.getLogger("cronlock.postgres")
 _T = TypeVar("_T")
-
-
-class SessionGone(Exception):
-    """The session a statement was meant for has been replaced or closed."""
-
-
-GONE_OR_FAILED: tuple[type[BaseException], ...] = (SessionGone, *BACKEND_ERRORS)
 
 
 class LockSession:
@@ -105,17 +98,18 @@ class LockSession:
                 self.drop(self.conn, reason="its connection was closed")
             conn = await self._source.checkout(timeout=self._connect_timeout)
             try:
-                async with asyncio.timeout(self._connect_timeout):
-                    await configure_session(
-                        conn, application_name=self._application_name, keepalives=self._keepalives
-                    )
-                    await self._prepare_ledger(conn)
-            except BaseException as exc:
+                with backend_errors("could not set up the lock session"):
+                    async with asyncio.timeout(self._connect_timeout):
+                        await configure_session(
+                            conn,
+                            application_name=self._application_name,
+                            keepalives=self._keepalives,
+                        )
+                        await self._prepare_ledger(conn)
+            except BaseException:
                 # Includes cancellation: an unconfigured session we do not keep must not
                 # linger. terminate() is synchronous, so a second cancel cannot skip it.
                 terminate(conn)
-                if isinstance(exc, BACKEND_ERRORS):
-                    raise LockError(f"could not set up the lock session: {exc!r}") from exc
                 raise
             self.generation += 1
             self.conn = conn

@@ -1,6 +1,7 @@
-"""Shared plumbing of the PostgreSQL backend: connection sources, error translation, cleanup.
+"""Where the backend's connections come from, how each session is set up, how it is dropped.
 
-Only :mod:`cronlock.postgres` imports this module, so asyncpg stays an optional extra.
+It imports asyncpg: only the :mod:`cronlock.postgres` subpackage may import it, so that
+asyncpg stays an optional extra.
 """
 
 from __future__ import annotations
@@ -11,24 +12,20 @@ import os
 import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 import asyncpg
 
-from ._errors import LockError
+from .._errors import LockError
+from ._backend_errors import BACKEND_ERRORS, backend_errors
 
-_T = TypeVar("_T")
-
-TRY_LOCK_SQL = "SELECT pg_try_advisory_lock($1::bigint)"
-UNLOCK_SQL = "SELECT pg_advisory_unlock($1::bigint)"
-
-# What asyncpg and the socket layer raise when the server or the network misbehaves.
-# TimeoutError is an OSError, so timeouts we impose ourselves are covered too.
-BACKEND_ERRORS: tuple[type[BaseException], ...] = (
-    asyncpg.PostgresError,
-    asyncpg.InterfaceError,
-    asyncpg.InternalClientError,
-    OSError,
+__all__ = (
+    "ConnectionSource",
+    "Keepalives",
+    "configure_session",
+    "default_application_name",
+    "is_closed",
+    "terminate",
 )
 
 # PostgreSQL truncates application_name to NAMEDATALEN - 1 bytes.
@@ -143,22 +140,21 @@ class ConnectionSource:
 
         Raises :class:`LockError` when none can be had: pool exhausted, server unreachable.
         """
-        try:
-            if self._pool is not None:
-                return await self._pool.acquire(timeout=timeout)
-            return await asyncpg.connect(self._dsn, timeout=timeout, **self._connect_kwargs)
-        except TimeoutError as exc:
-            if self._pool is not None:
+        with backend_errors(f"could not get a connection from the {self.describe()}"):
+            try:
+                if self._pool is not None:
+                    return await self._pool.acquire(timeout=timeout)
+                return await asyncpg.connect(self._dsn, timeout=timeout, **self._connect_kwargs)
+            except TimeoutError as exc:  # an OSError too, but worth its own message
+                if self._pool is not None:
+                    raise LockError(
+                        f"no connection free in the {self.describe()} after {timeout:g}s "
+                        f"({self._pool.get_size() - self._pool.get_idle_size()} in use): the "
+                        "pool is exhausted; raise max_size or acquire_timeout"
+                    ) from exc
                 raise LockError(
-                    f"no connection free in the {self.describe()} after {timeout:g}s "
-                    f"({self._pool.get_size() - self._pool.get_idle_size()} in use): the pool "
-                    "is exhausted; raise max_size or acquire_timeout"
+                    f"could not connect to the PostgreSQL server in {timeout:g}s"
                 ) from exc
-            raise LockError(f"could not connect to the PostgreSQL server in {timeout:g}s") from exc
-        except BACKEND_ERRORS as exc:
-            raise LockError(
-                f"could not get a connection from the {self.describe()}: {exc!r}"
-            ) from exc
 
     async def checkin(self, conn: Any, *, timeout: float) -> None:
         """Give *conn* back (pool) or close it (DSN); terminate it if that fails or times out.

@@ -1,9 +1,9 @@
-"""The election's SQL and the fencing rule its settings must obey (see _pg_elector)."""
+"""The election's SQL and the fencing rule its settings must obey (see _elector)."""
 
 from __future__ import annotations
 
-from ._errors import ConfigError
-from ._pg_common import Keepalives
+from .._errors import ConfigError
+from ._connections import Keepalives
 
 __all__ = (
     "ACQUIRE_SQL",

@@ -14,17 +14,17 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
         "install the extra with: pip install 'cronlock[postgres]'"
     ) from exc
 
-from ._errors import LedgerNameError as LedgerNameError
-from ._keys import job_lock_key as job_lock_key
-from ._pg_common import Keepalives as Keepalives
-from ._pg_elector import PostgresElector as PostgresElector
-from ._pg_elector import PostgresElectorStatistics as PostgresElectorStatistics
-from ._pg_lease import PostgresLease as PostgresLease
-from ._pg_lease import PostgresLockerStatistics as PostgresLockerStatistics
-from ._pg_locker import PostgresLocker as PostgresLocker
-from ._pg_run import RunLock as RunLock
-from ._pg_run import locked_run as locked_run
-from ._pg_run import run_locked as run_locked
+from .._errors import LedgerNameError as LedgerNameError
+from .._keys import job_lock_key as job_lock_key
+from ._connections import Keepalives as Keepalives
+from ._elector import PostgresElector as PostgresElector
+from ._elector import PostgresElectorStatistics as PostgresElectorStatistics
+from ._lease import PostgresLease as PostgresLease
+from ._lease import PostgresLockerStatistics as PostgresLockerStatistics
+from ._locked_run import RunLock as RunLock
+from ._locked_run import locked_run as locked_run
+from ._locked_run import run_locked as run_locked
+from ._locker import PostgresLocker as PostgresLocker
 
 __all__ = (
     "Keepalives",

@@ -1,0 +1,52 @@
+"""``python -m cronlock migrate|status|history``: the ledger verbs' arguments and dispatch.
+
+The verbs themselves run on asyncpg, in :mod:`cronlock.postgres._cli`; this module only
+declares their arguments, so the command line (``next``, ``demo``) works without the
+``postgres`` extra.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from ._errors import CronlockError
+
+__all__ = ("PG_VERBS", "add_pg_parsers", "run_pg")
+
+PG_VERBS = frozenset({"migrate", "status", "history"})
+
+
+def add_pg_parsers(verbs: Any) -> None:
+    """Register ``migrate``, ``status`` and ``history``."""
+
+    def common(parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--dsn", required=True, help="PostgreSQL DSN (postgresql://...)")
+        parser.add_argument("--schema", help="schema of the ledger (default: search_path)")
+        parser.add_argument("--table", default=None, help="ledger table (cronlock_runs)")
+
+    migrate = verbs.add_parser("migrate", help="create the run ledger tables if missing")
+    common(migrate)
+    status = verbs.add_parser(
+        "status", help="per job: last success and failure, next slot, who holds the lock"
+    )
+    common(status)
+    status.add_argument(
+        "jobs", nargs="*", metavar="JOB", help="only these jobs (exit status 1 if one is unknown)"
+    )
+    history = verbs.add_parser("history", help="the latest runs of one job from the ledger")
+    common(history)
+    history.add_argument("job", metavar="JOB", help="exit status 1 if the ledger does not know it")
+    history.add_argument("-n", type=int, default=20, help="how many runs (default: 20)")
+
+
+def run_pg(args: argparse.Namespace) -> int:
+    """Run one of the ledger verbs; errors are raised as :class:`CronlockError`."""
+    try:
+        # cronlock.postgres refuses to import without asyncpg, its one extra dependency.
+        from .postgres._cli import run_verb
+    except ImportError:
+        raise CronlockError(
+            f"{args.verb} needs asyncpg: pip install 'cronlock[postgres]'"
+        ) from None
+    return run_verb(args)
