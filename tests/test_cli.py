@@ -152,15 +152,15 @@ def _slot_lines(stdout: str) -> list[str]:
 def test_demo_with_file_locks_prints_each_slot_as_it_happens() -> None:
     args = ["demo", "--replicas", "3", "--duration", "4", "--locker", "file"]
     started = time.monotonic()
-    proc = subprocess.Popen(
+    with subprocess.Popen(
         [sys.executable, "-m", "cronlock", *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-    )
-    assert proc.stdout is not None
-    arrivals = [(time.monotonic() - started, line.rstrip("\n")) for line in proc.stdout]
-    assert proc.wait(timeout=60) == 0, proc.stderr.read() if proc.stderr else ""
+    ) as proc:
+        assert proc.stdout is not None
+        arrivals = [(time.monotonic() - started, line.rstrip("\n")) for line in proc.stdout]
+        assert proc.wait(timeout=60) == 0, proc.stderr.read() if proc.stderr else ""
     lines = [line for _, line in arrivals]
     assert lines[0].startswith("backend: FileLocker")
     assert lines[1].startswith("3 replica(s), job 'cronlock-demo-tick' every second for 4s")

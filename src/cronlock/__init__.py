@@ -45,6 +45,7 @@ from ._locking import Locker as Locker
 from ._locking import LosableLease as LosableLease
 from ._locking import RecordingLease as RecordingLease
 from ._locking import Refusal as Refusal
+from ._locking import Resource as Resource
 from ._locking import ScheduleNotingLocker as ScheduleNotingLocker
 from ._memlock import InMemoryLocker as InMemoryLocker
 from ._once import OnceSchedule as OnceSchedule
@@ -94,6 +95,7 @@ __all__ = (
     "Overlap",
     "RecordingLease",
     "Refusal",
+    "Resource",
     "RunContext",
     "RunRecord",
     "Schedule",

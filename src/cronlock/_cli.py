@@ -100,6 +100,10 @@ def _after(text: str, zone: ZoneInfo) -> datetime:
         ) from None
 
 
+# Schedules look a day or two ahead (DST changes), so near the end they stop early.
+_LAST_DAYS = datetime(9999, 12, 29, tzinfo=UTC)
+
+
 def _slots(schedule: Schedule, after: datetime, n: int) -> tuple[list[datetime], str | None]:
     """Up to *n* slots after *after*, and why there are fewer, if there are."""
     slots: list[datetime] = []
@@ -119,6 +123,12 @@ def _slots(schedule: Schedule, after: datetime, n: int) -> tuple[list[datetime],
             )
         if slot is None:
             shown = current.strftime("%Y-%m-%d %H:%M:%S")
+            if current > _LAST_DAYS:
+                # Within the look-ahead of the calendar's end: "none" may mean "none left".
+                return slots, (
+                    f"stopped: no slot after {shown} UTC can be computed "
+                    f"(the calendar ends at {_END_OF_CALENDAR})"
+                )
             return slots, f"stopped: the schedule has no slot after {shown} UTC"
         slots.append(slot)
         current = slot

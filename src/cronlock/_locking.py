@@ -26,6 +26,7 @@ __all__ = (
     "LosableLease",
     "RecordingLease",
     "Refusal",
+    "Resource",
     "ScheduleNotingLocker",
     "Wiring",
     "lease_hooks",
@@ -110,6 +111,32 @@ class ScheduleNotingLocker(Locker, Protocol):
 
     def note_schedule(self, job: str, schedule: str, next_run: datetime | None) -> None:
         """Called whenever this replica plans a job's next slot: synchronous, no I/O."""
+        ...
+
+
+@runtime_checkable
+class Resource(Protocol):
+    """A locker or elector that holds connections or tasks until it is closed.
+
+    The ownership rule: a :class:`~cronlock.Scheduler` closes the resources it was given
+    (its locker, its elector, the jobs' own lockers) when it shuts down, so nothing it
+    opened or borrowed is left behind — unless the user holds one open with ``async with``,
+    which then closes it at the end of that block (use that to share one locker between
+    schedulers, or to keep it across a restart of the scheduler).
+    """
+
+    @property
+    def closed(self) -> bool:
+        """True once :meth:`close` has begun; a closed resource is never used again."""
+        ...
+
+    @property
+    def held_open(self) -> bool:
+        """True while an ``async with`` block holds it open."""
+        ...
+
+    async def close(self) -> None:
+        """Give back everything held (idempotent)."""
         ...
 
 

@@ -34,6 +34,7 @@ from ._keys import job_lock_key
 from ._locking import Elector, FencedElector, Locker, wire
 from ._once import OnceSchedule
 from ._records import DEFAULT_MISFIRE_GRACE, Overlap
+from ._resources import Resources
 from ._runloop import RunLoop
 from ._schedule import Schedule, bind_zone
 from ._tz import TimeZone, resolve_tz
@@ -82,6 +83,11 @@ class Scheduler:
     restricts coordinated jobs to the leader replica. *on_lock_lost* says what happens to a
     run whose lock is lost mid-run (its database session died): ``"cancel"`` it (default;
     event ``LockLost``) or let it ``"continue"`` (logged at ERROR).
+
+    **Ownership.** The scheduler closes the lockers and electors it was given (these and
+    the jobs' ``locker=``) when it shuts down, unless one is held open with ``async with``
+    (then that block closes it): after ``async with scheduler:`` nothing cronlock opened or
+    borrowed is still held, and closing the pool it borrowed from returns at once.
     """
 
     def __init__(
@@ -109,6 +115,9 @@ class Scheduler:
         self._clock: Clock = clock if clock is not None else SystemClock()
         self._locker = locker
         self._elector = elector
+        self._resources = Resources()
+        self._resources.add(locker)
+        self._resources.add(elector)
         if on_lock_lost not in ("cancel", "continue"):
             raise ConfigError(
                 f"Scheduler: on_lock_lost must be 'cancel' or 'continue', got {on_lock_lost!r}"
@@ -195,6 +204,7 @@ class Scheduler:
             locker=options.get("locker"),
         )
         job._scheduler = self
+        self._resources.add(job.locker)
         job._wiring = wire(
             distributed=job.distributed,
             own=job.locker,
@@ -359,6 +369,7 @@ class Scheduler:
         """Start firing jobs; returns once running. Raises if already started."""
         if self._loop is not None:
             raise SchedulerStateError("the scheduler is already running")
+        self._resources.check_open()
         # Decided once: the real clock sleeps on event-loop timers, a virtual one on itself.
         loop_time = type(self._clock) is SystemClock
         executor = Executor(
@@ -397,13 +408,16 @@ class Scheduler:
 
     async def shutdown(self, timeout: Seconds | None = None) -> None:
         """Stop firing; wait up to *timeout* (default ``stop_timeout``) for runs in flight,
-        then cancel them and wait for their cleanup. Calling it twice is harmless."""
+        then cancel them and wait for their cleanup; then close the lockers and electors it
+        was given, except those held open with ``async with``. Calling it twice is harmless.
+        """
         loop, self._loop = self._loop, None
         if loop is None:
             return
         wait = optional_seconds(timeout, field="timeout", allow_zero=True)
         await loop.stop(self._stop_timeout if wait is None else wait)
         await self._bus.drain()
+        await self._resources.close()
         _logger.info("scheduler stopped")
         self._bus.emit(SchedulerStopped())
 

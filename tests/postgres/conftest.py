@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import glob
+import hashlib
 import importlib
 import os
 import pwd
@@ -104,8 +105,68 @@ def _local_cluster(reasons: list[str]) -> contextlib.AbstractContextManager[str]
 
 
 @pytest.fixture(scope="session")
-def pg_dsn() -> Iterator[str]:
-    """The DSN of a PostgreSQL server the tests may use freely."""
+def pg_dsn(pg_server: str) -> Iterator[str]:
+    """The DSN the tests use: the server's, with a throwaway schema first in search_path.
+
+    Every ledger table a test creates without naming a schema lands in that schema, which
+    is dropped at the end of the session (and one left by an interrupted run is dropped at
+    the start of the next): a user who points the suite at a database finds it as it was.
+    Subprocesses given this DSN (replicas, the command line) use the same schema, since
+    asyncpg passes unknown DSN parameters on as server settings.
+    """
+    schema = f"{_schema_prefix()}{os.getpid()}_{uuid.uuid4().hex[:6]}"
+    asyncio.run(_create_schema(pg_server, schema))
+    separator = "&" if "?" in pg_server else "?"
+    try:
+        yield f"{pg_server}{separator}search_path={schema}"
+    finally:
+        asyncio.run(_drop_schemas(pg_server, [schema]))
+
+
+def _schema_prefix() -> str:
+    """``cronlock_test_<host>_``: this host's test schemas (the pid of their run follows)."""
+    host = hashlib.blake2b(socket.gethostname().encode(), digest_size=4).hexdigest()
+    return f"cronlock_test_{host}_"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+async def _create_schema(dsn: str, schema: str) -> None:
+    conn = await asyncpg.connect(dsn)
+    try:
+        # Schemas left by runs on this host that died without cleaning up (killed).
+        prefix = _schema_prefix()
+        for row in await conn.fetch(
+            "SELECT nspname FROM pg_namespace WHERE starts_with(nspname, $1)", prefix
+        ):
+            pid = row[0][len(prefix) :].partition("_")[0]
+            if pid.isdigit() and not _alive(int(pid)):
+                await conn.execute(f'DROP SCHEMA IF EXISTS "{row[0]}" CASCADE')
+        await conn.execute(f'CREATE SCHEMA "{schema}"')
+    finally:
+        await conn.close()
+
+
+async def _drop_schemas(dsn: str, schemas: list[str]) -> None:
+    conn = await asyncpg.connect(dsn)
+    try:
+        for schema in schemas:
+            await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+    finally:
+        await conn.close()
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[str]:
+    """The DSN of a PostgreSQL server the tests may use (in their own schema: ``pg_dsn``)."""
     dsn = os.environ.get("CRONLOCK_TEST_DSN")
     if dsn:
         yield dsn

@@ -18,13 +18,13 @@ from .._errors import LedgerNameError as LedgerNameError
 from .._keys import job_lock_key as job_lock_key
 from ._connections import Keepalives as Keepalives
 from ._elector import PostgresElector as PostgresElector
-from ._elector import PostgresElectorStatistics as PostgresElectorStatistics
 from ._lease import PostgresLease as PostgresLease
-from ._lease import PostgresLockerStatistics as PostgresLockerStatistics
 from ._locked_run import RunLock as RunLock
 from ._locked_run import locked_run as locked_run
 from ._locked_run import run_locked as run_locked
 from ._locker import PostgresLocker as PostgresLocker
+from ._statistics import PostgresElectorStatistics as PostgresElectorStatistics
+from ._statistics import PostgresLockerStatistics as PostgresLockerStatistics
 
 __all__ = (
     "Keepalives",

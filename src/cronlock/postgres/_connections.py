@@ -129,6 +129,10 @@ class ConnectionSource:
         """True when connections are borrowed from a pool rather than opened directly."""
         return self._pool is not None
 
+    def pool_closing(self) -> bool:
+        """True when the pool we borrow from is being closed (never, for a DSN)."""
+        return self._pool is not None and bool(self._pool.is_closing())
+
     def describe(self) -> str:
         """A short description for error messages; never includes a password."""
         if self._pool is not None:

@@ -29,7 +29,6 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Self
 
@@ -55,34 +54,15 @@ from ._fencing import (
     SETTINGS_SQL,
     check_fencing,
 )
+from ._statistics import PostgresElectorStatistics
 
-__all__ = ("PostgresElector", "PostgresElectorStatistics")
+__all__ = ("PostgresElector",)
 
 _logger = logging.getLogger("cronlock.election")
 
 
 class _Demoted(Exception):
     """Ends a term; the message says why."""
-
-
-@dataclass(frozen=True, slots=True)
-class PostgresElectorStatistics:
-    """Counters of one :class:`PostgresElector`, from :meth:`PostgresElector.statistics`.
-
-    *leader*: leading right now. *terms*: times it became leader. *demotions*: times it
-    stopped (closing while leader included). *polls*: lock attempts as a follower.
-    *heartbeats*: successful heartbeats. *sessions_opened*: election sessions opened (one
-    more after each demotion or lost connection). *lease_remaining*: seconds left on the
-    lease, ``None`` when not holding the lock.
-    """
-
-    leader: bool
-    terms: int
-    demotions: int
-    polls: int
-    heartbeats: int
-    sessions_opened: int
-    lease_remaining: float | None
 
 
 class _Term:
@@ -169,6 +149,7 @@ class PostgresElector:
         self._callbacks: list[Callable[[BaseException | None], None]] = []
         self._task: asyncio.Task[None] | None = None
         self._closed = False
+        self._entered = 0  # open async-with blocks: the Scheduler then leaves closing to them
         self._conn: Any = None
         # asyncpg runs one statement at a time per connection; session_settings() queues.
         self._statement_lock = asyncio.Lock()
@@ -269,8 +250,19 @@ class PostgresElector:
         # session is surely gone when close() returns.
         await cancel_and_wait(task)
 
+    @property
+    def closed(self) -> bool:
+        """True once :meth:`close` has begun."""
+        return self._closed
+
+    @property
+    def held_open(self) -> bool:
+        """True inside ``async with elector:``; a Scheduler then leaves closing it to you."""
+        return self._entered > 0
+
     async def __aenter__(self) -> Self:
         await self.start()
+        self._entered += 1
         return self
 
     async def __aexit__(
@@ -279,7 +271,9 @@ class PostgresElector:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        await self.close()
+        self._entered -= 1
+        if not self._entered:
+            await self.close()
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else "leader" if self._leading() else "follower"

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING
 
@@ -14,39 +13,7 @@ if TYPE_CHECKING:
     from .._records import RunRecord
     from ._claims import Claims
 
-__all__ = ("PostgresLease", "PostgresLockerStatistics")
-
-
-@dataclass(frozen=True, slots=True)
-class PostgresLockerStatistics:
-    """Counters of one :class:`PostgresLocker`, from :meth:`PostgresLocker.statistics`."""
-
-    held: int
-    """Leases currently held (lost ones included until they are released)."""
-    granted: int
-    """Slots granted (locked, and claimed in the ledger) since the locker was created."""
-    contended: int
-    """Acquires refused ``"locked"`` because another session (replica) holds the lock."""
-    busy_here: int
-    """Acquires refused in-process: the job is running here, or the slot was claimed."""
-    released: int
-    """Leases released."""
-    lost: int
-    """Leases whose session died (or was terminated) while they were held."""
-    sessions_opened: int
-    """Lock sessions opened: one per shard used, plus one per reconnect."""
-    session_open: bool
-    """Whether any lock session is open right now."""
-    already_ran: int = 0
-    """Acquires refused ``"already_ran"`` by the ledger: another replica claimed the slot."""
-    statements: int = 0
-    """Statements (round trips) sent on the lock sessions, heartbeats and upkeep included."""
-    heartbeats: int = 0
-    """Heartbeat checks sent while leases were held and their session was otherwise idle."""
-    sessions: int = 1
-    """Lock sessions (shards) the locker may open: its *sessions* option."""
-    sessions_open: int = 0
-    """Lock sessions open right now (each is opened on first use by a job of its shard)."""
+__all__ = ("PostgresLease",)
 
 
 class PostgresLease:

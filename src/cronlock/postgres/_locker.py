@@ -8,6 +8,7 @@ sessions by lock key; the pieces it is built from live next to it: a session
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
 import logging
@@ -17,7 +18,7 @@ from datetime import datetime, timedelta
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self, TypeVar
 
-from .._cancel import uncancellable
+from .._cancel import cancel_and_wait, task_name, uncancellable
 from .._claimed import remember_claim
 from .._durations import Seconds, optional_seconds, positive_int, to_seconds
 from .._errors import ConfigError, LockError
@@ -26,15 +27,23 @@ from .._locking import Refusal
 from ._backend_errors import GONE_OR_FAILED, backend_errors
 from ._claims import Claims
 from ._connections import ConnectionSource, Keepalives, default_application_name
-from ._lease import PostgresLease, PostgresLockerStatistics
+from ._lease import PostgresLease
 from ._ledger import DEFAULT_TABLE, LedgerTable, to_record
 from ._session import LockSession
+from ._statistics import PostgresLockerStatistics
 from ._upkeep import Upkeep
 
 if TYPE_CHECKING:
     from .._records import RunRecord
 
 __all__ = ("PostgresLease", "PostgresLocker", "PostgresLockerStatistics")
+
+POOL_WATCH_INTERVAL = 0.5
+"""Seconds between two looks at whether a borrowed-from pool is closing."""
+_CLOSED = (
+    "the PostgresLocker is closed (a Scheduler closes the locker it was given when it "
+    "shuts down; hold it open with 'async with locker:' to use it across schedulers)"
+)
 
 _logger = logging.getLogger("cronlock.postgres")
 _T = TypeVar("_T")
@@ -115,6 +124,9 @@ class PostgresLocker:
         self._application_name = application_name or default_application_name()
         self._remember = remember
         self._closed = False
+        self._entered = 0  # open async-with blocks: the Scheduler then leaves closing to them
+        self._source = source
+        self._pool_watch: asyncio.Task[None] | None = None
         # The shards: a job's lock, claim, release and reads go to session key % sessions.
         self._shards = tuple(
             LockSession(
@@ -193,7 +205,7 @@ class PostgresLocker:
         or fails. If the calling task is cancelled, nothing stays held or claimed.
         """
         if self._closed:
-            raise LockError(f"job {job!r}: the PostgresLocker is closed")
+            raise LockError(f"job {job!r}: {_CLOSED}")
         key = job_lock_key(job)
         if key in self._held or key in self._pending:
             self._busy_here += 1
@@ -287,6 +299,9 @@ class PostgresLocker:
         self._closed = True
         for session in self._shards:
             session.closed = True
+        watch, self._pool_watch = self._pool_watch, None
+        if watch is not None and watch is not asyncio.current_task():
+            await cancel_and_wait(watch)
         await self._upkeep.stop()
         if self._held and any(s.conn is not None for s in self._shards):
             _logger.warning(
@@ -308,7 +323,18 @@ class PostgresLocker:
                         )
                 await session.hand_back(conn)
 
+    @property
+    def closed(self) -> bool:
+        """True once :meth:`close` has begun."""
+        return self._closed
+
+    @property
+    def held_open(self) -> bool:
+        """True inside ``async with locker:``; a Scheduler then leaves closing it to you."""
+        return self._entered > 0
+
     async def __aenter__(self) -> Self:
+        self._entered += 1
         return self
 
     async def __aexit__(
@@ -317,12 +343,38 @@ class PostgresLocker:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        await self.close()
+        self._entered -= 1
+        if not self._entered:
+            await self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else f"{sum(s.is_open for s in self._shards)} open"
+        return f"<PostgresLocker {self._application_name!r} sessions: {state}>"
 
     # -- the sessions and what runs on them ---------------------------------------------------
 
     def _on_session_opened(self) -> None:
         self._upkeep.start()
+        if self._source.pooled and self._pool_watch is None and not self._closed:
+            self._pool_watch = asyncio.create_task(self._watch_pool(), name=task_name("pool-watch"))
+
+    async def _watch_pool(self) -> None:
+        """Give the borrowed connections back when their pool starts closing.
+
+        ``Pool.close()`` waits for every borrowed connection to come back, so closing the
+        pool while this locker is open would hang (asyncpg only warns after a minute).
+        Instead: say what to fix, and hand them back now.
+        """
+        while not self._closed:
+            await asyncio.sleep(POOL_WATCH_INTERVAL)
+            if self._source.pool_closing():
+                _logger.warning(
+                    "the asyncpg pool is closing while a PostgresLocker still borrows its "
+                    "connections; handing them back now (their locks are lost). Shut the "
+                    "Scheduler down (or close the locker) before closing the pool."
+                )
+                await self.close()
+                return
 
     def _on_session_dropped(self, shard: int, reason: str) -> None:
         """Every lock on the dropped session is gone: mark the leases of its shard lost."""

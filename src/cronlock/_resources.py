@@ -1,0 +1,52 @@
+"""What a scheduler was given and closes when it stops (the ownership rule).
+
+A :class:`~cronlock.Scheduler` closes the lockers and electors it was given — its own, and
+the jobs' ``locker=`` options — when it shuts down, so that a user's ``pool.close()``
+afterwards returns at once and nothing is left for the garbage collector to warn about.
+One the user holds open with ``async with`` is left to that block.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from ._errors import SchedulerStateError
+from ._locking import Resource
+
+__all__ = ("Resources",)
+
+_logger = logging.getLogger("cronlock")
+
+
+class Resources:
+    """The closeable things given to one scheduler, each once, in the order given."""
+
+    __slots__ = ("_given",)
+
+    def __init__(self) -> None:
+        self._given: dict[int, Resource] = {}
+
+    def add(self, thing: object) -> None:
+        """Take charge of *thing* if it is a :class:`~cronlock.Resource` (else ignore it)."""
+        if isinstance(thing, Resource):
+            self._given.setdefault(id(thing), thing)
+
+    def check_open(self) -> None:
+        """Refuse to start with a resource that was closed (by an earlier shutdown, say)."""
+        for thing in self._given.values():
+            if thing.closed:
+                raise SchedulerStateError(
+                    f"{thing!r} is closed: a Scheduler closes the lockers and electors it "
+                    "was given when it shuts down; to use one across a restart or between "
+                    "schedulers, hold it open with 'async with'"
+                )
+
+    async def close(self) -> None:
+        """Close every resource not held open by an ``async with`` of the user's."""
+        for thing in self._given.values():
+            if thing.held_open or thing.closed:
+                continue
+            try:
+                await thing.close()
+            except Exception:  # its own errors are the resource's; shutdown goes on
+                _logger.exception("closing %r at shutdown failed", thing)
