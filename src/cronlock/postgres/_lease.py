@@ -1,4 +1,4 @@
-"""What a PostgresLocker hands out and reports: the lease of one slot, and its counters."""
+"""What a PostgresLocker hands out: the lease of one slot."""
 
 from __future__ import annotations
 
