@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
+from ._durations import positive_int
 from ._locking import Lease, Refusal
 from ._records import RunRecord
 
@@ -38,6 +39,7 @@ class InMemoryLocker:
     """
 
     def __init__(self, *, remember: int = 1024) -> None:
+        remember = positive_int(remember, field="remember", owner="InMemoryLocker")
         self._held: set[str] = set()
         self._claimed: dict[str, dict[datetime, RunRecord | None]] = {}
         self._remember = remember
