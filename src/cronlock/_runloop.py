@@ -259,7 +259,7 @@ class RunLoop:
             _logger.exception("job %r: its schedule failed; the job will not fire", job.name)
             job._state.forget_plan()
             return
-        if latest is not slot:
+        if latest != slot:
             _logger.warning(
                 "job %r: missed slots from %s to %s coalesced into one run",
                 job.name,
