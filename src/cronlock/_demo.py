@@ -375,7 +375,7 @@ async def _replica(args: argparse.Namespace) -> None:
     from ._events import Event, JobSkipped, LockFailed
     from ._filelock import FileLocker
     from ._interval import every
-    from ._locking import Locker
+    from ._locking import Locker, Resource
     from ._records import RunContext
     from ._scheduler import Scheduler
     from .testing import OffsetClock
@@ -415,6 +415,6 @@ async def _replica(args: argparse.Namespace) -> None:
         async with scheduler:
             await clock.sleep_until(stop + timedelta(seconds=1.5))
     finally:
-        close = getattr(locker, "close", None)
-        if close is not None:
-            await close()
+        # The scheduler closes the locker it was given; this covers a failed start.
+        if isinstance(locker, Resource) and not locker.closed:
+            await locker.close()
