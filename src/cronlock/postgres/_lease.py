@@ -47,6 +47,10 @@ class PostgresLockerStatistics:
     """Lock sessions (shards) the locker may open: its *sessions* option."""
     sessions_open: int = 0
     """Lock sessions open right now (each is opened on first use by a job of its shard)."""
+    crashed: int = 0
+    """Runs of other replicas this locker found crashed and marked so in the ledger."""
+    reran: int = 0
+    """Slots of crashed runs this locker claimed again, for their rerun (attempt 2)."""
 
 
 class PostgresLease:
@@ -55,7 +59,7 @@ class PostgresLease:
     Made by :meth:`PostgresLocker.acquire`: *claims* are the statements of the job's shard,
     *generation* the session generation the lock was granted on, and *on_released* is
     called once the release is over, with the outcome the release could not write (its
-    session was gone) or ``None``.
+    session was gone) or ``None``. *attempt* is 2 for the rerun of a crashed run.
     """
 
     __slots__ = (
@@ -67,6 +71,7 @@ class PostgresLease:
         "_on_released",
         "_record",
         "_watchers",
+        "attempt",
         "job",
         "key",
         "slot",
@@ -81,8 +86,10 @@ class PostgresLease:
         claims: Claims,
         generation: int,
         on_released: Callable[[PostgresLease, RunRecord | None], None],
+        attempt: int = 1,
     ) -> None:
         self.job = job
+        self.attempt = attempt
         self.key = key
         self.slot = slot
         self._claims = claims
