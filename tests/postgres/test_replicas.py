@@ -14,6 +14,7 @@ import subprocess
 import threading
 import time
 import uuid
+from collections.abc import Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -52,11 +53,21 @@ class Replica:
         *,
         interval: float = 1.0,
         hold: float = 0.2,
+        extra: Sequence[str] = (),
     ) -> None:
         self.id = rid
         self.proc = subprocess.Popen(
             replica_command(
-                dsn, job, rid, start, slots, "--interval", str(interval), "--hold", str(hold)
+                dsn,
+                job,
+                rid,
+                start,
+                slots,
+                "--interval",
+                str(interval),
+                "--hold",
+                str(hold),
+                *extra,
             ),
             stdout=subprocess.PIPE,
             text=True,
@@ -98,6 +109,13 @@ class Replica:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGKILL)
             self.proc.wait(timeout=30)
+
+    def close(self) -> None:
+        """Kill the process if it still runs, and close its pipe once it is read."""
+        self.kill()
+        self._reader.join(timeout=10)
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
 
 
 def first_slot_in(seconds: int) -> float:
