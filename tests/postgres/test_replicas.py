@@ -101,6 +101,8 @@ class Replica:
     def finish(self, timeout: float = 120) -> list[Record]:
         self.proc.wait(timeout=timeout)
         self._reader.join(timeout=10)
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()  # read to the end: an open pipe is a ResourceWarning
         while not self.lines.empty():
             self.seen.append(self.lines.get())
         return self.seen
@@ -175,8 +177,8 @@ def test_a_killed_holder_frees_the_lock_for_another_replica(pg_dsn: str) -> None
         failover = took_over["t"] - killed_at
         print(f"\nfailover after SIGKILL: {failover:.2f}s (slot interval 1s)")
     finally:
-        a.kill()
-        b.kill()
+        a.close()
+        b.close()
 
 
 async def test_database_down_is_reported_and_the_scheduler_recovers(
