@@ -20,6 +20,7 @@ from ._errors import ScheduleError as ScheduleError
 from ._errors import SchedulerStateError as SchedulerStateError
 from ._events import Event as Event
 from ._events import JobCancelled as JobCancelled
+from ._events import JobCrashed as JobCrashed
 from ._events import JobEvent as JobEvent
 from ._events import JobFailed as JobFailed
 from ._events import JobSkipped as JobSkipped
@@ -37,6 +38,7 @@ from ._interval import IntervalSchedule as IntervalSchedule
 from ._interval import every as every
 from ._job import Job as Job
 from ._keys import job_lock_key as job_lock_key
+from ._locking import CrashWatchingLocker as CrashWatchingLocker
 from ._locking import Elector as Elector
 from ._locking import FencedElector as FencedElector
 from ._locking import Lease as Lease
@@ -63,6 +65,7 @@ __version__ = "0.1.0.dev0"
 __all__ = (
     "Clock",
     "ConfigError",
+    "CrashWatchingLocker",
     "CronSchedule",
     "CronlockError",
     "Elector",
@@ -74,6 +77,7 @@ __all__ = (
     "Job",
     "JobCancelled",
     "JobConflictError",
+    "JobCrashed",
     "JobEvent",
     "JobFailed",
     "JobLookupError",

@@ -16,6 +16,7 @@ __all__ = (
     "Event",
     "EventBus",
     "JobCancelled",
+    "JobCrashed",
     "JobEvent",
     "JobFailed",
     "JobSkipped",
@@ -131,6 +132,21 @@ class LockLost(JobEvent):
     started_at: datetime
     finished_at: datetime
     exception: BaseException | None
+
+
+@dataclass(frozen=True, slots=True)
+class JobCrashed(JobEvent):
+    """A run of *slot* claimed by *owner* (``host:pid``) died mid-run: this replica found
+    its ledger row unfinished and its lock session gone, and marked it ``"crashed"``.
+
+    *recovered*: this replica runs the slot again (the job has ``recover=True`` and the slot
+    is within ``misfire_grace``); that run's own events follow. Emitted on the one replica
+    that marked the row.
+    """
+
+    owner: str
+    started_at: datetime
+    recovered: bool
 
 
 Listener = Callable[[Event], object] | Callable[[Event], Awaitable[object]]

@@ -97,6 +97,7 @@ class Job:
     misfire_grace: float | None = DEFAULT_MISFIRE_GRACE
     distributed: bool = True
     locker: Locker | None = None
+    recover: bool = False
 
     # Derived once from the configuration (never run state).
     _scheduler: Controller | None = field(default=None, init=False, repr=False)
@@ -130,6 +131,10 @@ class Job:
         self.misfire_grace = optional_seconds(
             self.misfire_grace, field="misfire_grace", job=name, allow_zero=True
         )
+        if not isinstance(self.recover, bool):
+            raise ScheduleError(
+                f"job {name!r}: recover must be True or False, got {self.recover!r}"
+            )
         if self.max_runs is not None:
             positive_int(
                 self.max_runs, field="max_runs", owner=f"job {name!r}", error=ScheduleError

@@ -1,8 +1,9 @@
 """The plug-in points for coordination (Locker, Lease, Elector) and how a job is wired to them.
 
-Optional capabilities (a ledger, recording or losable leases, a fenced elector) are typed
-Protocols. They are checked once — when a job is registered (:func:`wire`) or once per
-lease class (:func:`lease_hooks`) — never probed again on every run.
+Optional capabilities (a ledger, crash reports, recording or losable leases, a fenced
+elector) are typed Protocols. They are checked once — when a job is registered
+(:func:`wire`) or once per lease class (:func:`lease_hooks`) — never probed again on every
+run.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from typing import Literal, Protocol, runtime_checkable
 from ._records import RunRecord
 
 __all__ = (
+    "CrashCallback",
+    "CrashWatchingLocker",
     "Elector",
     "FencedElector",
     "Lease",
@@ -114,6 +117,25 @@ class ScheduleNotingLocker(Locker, Protocol):
         ...
 
 
+CrashCallback = Callable[[str, RunRecord], bool]
+"""Told of each crashed run a locker found: ``(job, record)``; returns True when the caller
+runs that slot again (the locker then lets its next acquire of the slot take it over)."""
+
+
+@runtime_checkable
+class CrashWatchingLocker(Locker, Protocol):
+    """A locker that notices runs whose replica died mid-run, and can have them rerun.
+
+    It marks such a run ``"crashed"`` in its ledger and calls each callback with the job
+    and the run's record; if one returns True, its next :meth:`acquire` of that slot may
+    claim it once more (once fleet-wide).
+    """
+
+    def on_crashed(self, callback: CrashCallback) -> None:
+        """Call *callback* (from the event loop) for each crashed run this locker marks."""
+        ...
+
+
 @runtime_checkable
 class Resource(Protocol):
     """A locker or elector that holds connections or tasks until it is closed.
@@ -170,6 +192,8 @@ class Wiring:
     locker: Locker | None = None
     ledger: LedgerLocker | None = None
     note: Callable[[str, str, datetime | None], None] | None = None
+    crashes: CrashWatchingLocker | None = None
+    """The same locker when it reports crashed runs (the scheduler may rerun them)."""
     elected: bool = False
     coordinated: bool = False
     """True when a run has anyone to ask before it starts (elector or locker)."""
@@ -184,21 +208,26 @@ def wire(
     locker = own if own is not None else default
     if locker is None:
         return Wiring(elected=elector is not None, coordinated=elector is not None)
-    ledger, notes = _locker_kinds(type(locker))
+    ledger, notes, crashes = _locker_kinds(type(locker))
     return Wiring(
         locker=locker,
         ledger=typing.cast(LedgerLocker, locker) if ledger else None,
         note=typing.cast(ScheduleNotingLocker, locker).note_schedule if notes else None,
+        crashes=typing.cast(CrashWatchingLocker, locker) if crashes else None,
         elected=elector is not None,
         coordinated=True,
     )
 
 
 @functools.cache
-def _locker_kinds(kind: type) -> tuple[bool, bool]:
+def _locker_kinds(kind: type) -> tuple[bool, bool, bool]:
     # A runtime Protocol check walks every member (~20 us); registering 100,000 jobs on
     # one locker pays for it once.
-    return issubclass(kind, LedgerLocker), issubclass(kind, ScheduleNotingLocker)
+    return (
+        issubclass(kind, LedgerLocker),
+        issubclass(kind, ScheduleNotingLocker),
+        issubclass(kind, CrashWatchingLocker),
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,8 +23,11 @@ __all__ = (
 Overlap = Literal["skip", "queue", "allow", "replace"]
 """What a job does when its next slot comes while a run is still going."""
 
-Outcome = Literal["succeeded", "failed", "timed_out", "cancelled", "lock_lost", "unfinished"]
-"""How a run ended; ``"unfinished"`` is a ledger row whose run has not (yet) ended."""
+Outcome = Literal[
+    "succeeded", "failed", "timed_out", "cancelled", "lock_lost", "crashed", "unfinished"
+]
+"""How a run ended. ``"crashed"``: a ledger row whose replica died mid-run (its lock session
+is gone); ``"unfinished"``: a ledger row whose run has not (yet) ended."""
 
 OVERLAPS: Final[tuple[Overlap, ...]] = get_args(Overlap)
 FINAL_OUTCOMES: Final[frozenset[Outcome]] = frozenset(get_args(Outcome)) - {"unfinished"}
@@ -55,7 +58,9 @@ class RunRecord:
     """How one run went.
 
     ``outcome`` is ``"unfinished"`` (and ``finished_at`` None) for a run a ledger shows as
-    started but not ended: still running, or its replica died.
+    started but not ended: still running, or its replica died moments ago. ``"crashed"`` is
+    such a run once a live replica found its lock session gone (``finished_at`` is then
+    when it noticed).
     """
 
     slot: datetime
@@ -66,6 +71,8 @@ class RunRecord:
     """A one-line summary of the exception, for failed runs."""
     owner: str | None = None
     """Who ran it (``host:pid``), when a ledger recorded it."""
+    attempt: int = 1
+    """1 for a slot's first run; 2 for the rerun of a crashed one (``recover=True``)."""
 
 
 def error_summary(exc: BaseException, limit: int = 500) -> str:

@@ -34,6 +34,7 @@ from ._keys import job_lock_key
 from ._locking import Elector, FencedElector, Locker, wire
 from ._once import OnceSchedule
 from ._records import DEFAULT_MISFIRE_GRACE, Overlap
+from ._recovery import Recovery
 from ._resources import Resources
 from ._runloop import RunLoop
 from ._schedule import Schedule, bind_zone
@@ -62,6 +63,7 @@ class JobOptions(TypedDict, total=False):
     misfire_grace: Seconds | None
     distributed: bool
     locker: Locker | None
+    recover: bool
 
 
 _OPTION_NAMES = frozenset(JobOptions.__annotations__)
@@ -127,6 +129,10 @@ class Scheduler:
         self._jobs: dict[str, Job] = {}
         self._keys: dict[int, str] = {}
         self._loop: RunLoop | None = None
+        # Told by crash-watching lockers of runs whose replica died (recover=True reruns).
+        self._recovery = Recovery(
+            jobs=self._jobs, clock=self._clock, bus=self._bus, loop=lambda: self._loop
+        )
 
     # -- properties ------------------------------------------------------------------
 
@@ -202,6 +208,7 @@ class Scheduler:
             misfire_grace=seconds("misfire_grace", DEFAULT_MISFIRE_GRACE),
             distributed=options.get("distributed", True),
             locker=options.get("locker"),
+            recover=options.get("recover", False),
         )
         job._scheduler = self
         self._resources.add(job.locker)
@@ -211,6 +218,7 @@ class Scheduler:
             default=self._locker,
             elector=self._elector,
         )
+        self._recovery.watch(job._wiring)
         self._jobs[name] = job
         self._keys[key] = name
         if self._loop is not None:

@@ -9,6 +9,10 @@ S seconds ahead (negative: behind) of the real one; ``--hold-range LO HI`` makes
 take a duration drawn from the slot (every replica draws the same one); ``--no-ledger``
 uses the locker in lock-only mode; ``--trace`` also prints every acquire ("attempt", with
 the real-time window of the call and its answer) and every lease release ("released").
+
+Options for the crash tests: ``--table T`` names the ledger table; ``--recover`` sets the
+job's ``recover=True``; a ``JobCrashed`` this replica emits is printed as "crashed" (with
+the owner and whether it reruns the slot), and "running" once the scheduler started.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from typing import Any
 
 from cronlock import (
     Event,
+    JobCrashed,
     JobSkipped,
     LockFailed,
     LockLost,
@@ -115,12 +120,17 @@ async def main() -> None:
     parser.add_argument("--trace", action="store_true", help="print acquires and releases")
     parser.add_argument("--misfire-grace", type=float, help="default: one interval")
     parser.add_argument("--until", type=float, help="exit at this epoch (default: after stop)")
+    parser.add_argument("--table", help="ledger table (default: cronlock_runs)")
+    parser.add_argument("--recover", action="store_true", help="rerun crashed slots")
     args = parser.parse_args()
 
     start = datetime.fromtimestamp(args.start, UTC)
     stop = start + timedelta(seconds=args.interval * (args.slots - 1))
     locker = PostgresLocker(
-        args.dsn, application_name=f"cronlock-test-replica-{args.id}", ledger=not args.no_ledger
+        args.dsn,
+        application_name=f"cronlock-test-replica-{args.id}",
+        ledger=not args.no_ledger,
+        **({"table": args.table} if args.table else {}),
     )
     real = SystemClock()
     clock = OffsetClock(args.offset) if args.offset else real
@@ -157,6 +167,15 @@ async def main() -> None:
             )
         elif isinstance(event, LockLost):
             emit(event="lock_lost", replica=args.id, slot=event.slot.timestamp(), t=time.time())
+        elif isinstance(event, JobCrashed):
+            emit(
+                event="crashed",
+                replica=args.id,
+                slot=event.slot.timestamp(),
+                owner=event.owner,
+                recovered=event.recovered,
+                t=time.time(),
+            )
 
     scheduler.subscribe(report)
     scheduler.add_job(
@@ -166,9 +185,11 @@ async def main() -> None:
         start_at=start,
         stop_at=stop,
         misfire_grace=args.interval if args.misfire_grace is None else args.misfire_grace,
+        recover=args.recover,
     )
     emit(event="ready", replica=args.id, t=time.time())
     async with locker, scheduler:
+        emit(event="running", replica=args.id, t=time.time())
         if args.until is not None:
             await real.sleep_until(datetime.fromtimestamp(args.until, UTC))
         else:

@@ -347,6 +347,8 @@ class ElectorProcess:
             except subprocess.TimeoutExpired:
                 await self.kill()
         await asyncio.to_thread(self._reader.join, 10)
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()  # read to the end: an open pipe is a ResourceWarning
         if self.ended_at is None:
             self.ended_at = time.time()
 

@@ -14,6 +14,7 @@ import subprocess
 import threading
 import time
 import uuid
+from collections.abc import Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -52,11 +53,21 @@ class Replica:
         *,
         interval: float = 1.0,
         hold: float = 0.2,
+        extra: Sequence[str] = (),
     ) -> None:
         self.id = rid
         self.proc = subprocess.Popen(
             replica_command(
-                dsn, job, rid, start, slots, "--interval", str(interval), "--hold", str(hold)
+                dsn,
+                job,
+                rid,
+                start,
+                slots,
+                "--interval",
+                str(interval),
+                "--hold",
+                str(hold),
+                *extra,
             ),
             stdout=subprocess.PIPE,
             text=True,
@@ -91,6 +102,8 @@ class Replica:
     def finish(self, timeout: float = 120) -> list[Record]:
         self.proc.wait(timeout=timeout)
         self._reader.join(timeout=10)
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()  # read to the end: an open pipe is a ResourceWarning
         while not self.lines.empty():
             self.seen.append(self.lines.get())
         return self.seen
@@ -99,6 +112,13 @@ class Replica:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGKILL)
             self.proc.wait(timeout=30)
+
+    def close(self) -> None:
+        """Kill the process if it still runs, and close its pipe once it is read."""
+        self.kill()
+        self._reader.join(timeout=10)
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
 
 
 def first_slot_in(seconds: int) -> float:
@@ -158,8 +178,8 @@ def test_a_killed_holder_frees_the_lock_for_another_replica(pg_dsn: str) -> None
         failover = took_over["t"] - killed_at
         print(f"\nfailover after SIGKILL: {failover:.2f}s (slot interval 1s)")
     finally:
-        a.kill()
-        b.kill()
+        a.close()
+        b.close()
 
 
 async def test_database_down_is_reported_and_the_scheduler_recovers(

@@ -19,6 +19,7 @@ from .._errors import LockError
 from .._locking import Refusal
 from ._advisory import TRY_LOCK_SQL, UNLOCK_SQL
 from ._backend_errors import BACKEND_ERRORS, SessionGone, backend_errors
+from ._crashes import recover_sql
 from ._ledger import LedgerTable
 from ._session import LockSession
 
@@ -40,17 +41,19 @@ class Claims:
         self._session = session
         self._table = table
         self._host = host
+        self._recover_sql = None if table is None else recover_sql(table)
 
     async def claim_reconnecting(
-        self, job: str, key: int, slot: datetime
+        self, job: str, key: int, slot: datetime, *, rerun: bool = False
     ) -> tuple[Refusal | None, int]:
         """Lock (and claim) *slot* of *job*, reconnecting once if the session died.
 
         Returns ``None`` (granted) or the refusal, with the session generation it ran on.
+        *rerun*: take over the slot's ``crashed`` row instead (see :mod:`._crashes`).
         """
         conn, generation = await self._session.ensure()
         try:
-            return await self._claim(conn, generation, job, key, slot), generation
+            return await self._claim(conn, generation, job, key, slot, rerun), generation
         except LockError as exc:
             if isinstance(exc.__cause__, TimeoutError):
                 raise  # a slow server: retrying would only double the wait
@@ -58,10 +61,10 @@ class Claims:
         # with it, so one attempt on a fresh session is safe.
         _logger.info("job %r: lock session lost; reconnecting", job)
         conn, generation = await self._session.ensure()
-        return await self._claim(conn, generation, job, key, slot), generation
+        return await self._claim(conn, generation, job, key, slot, rerun), generation
 
     async def _attempt(
-        self, conn: Any, generation: int, job: str, key: int, slot: datetime
+        self, conn: Any, generation: int, job: str, key: int, slot: datetime, rerun: bool
     ) -> Refusal | None:
         """One round trip: lock (and claim, with the ledger); ``None`` means granted."""
         run = self._session.run
@@ -70,7 +73,8 @@ class Claims:
                 conn, generation, lambda c: c.fetchval(TRY_LOCK_SQL, key), what="try-lock"
             )
             return None if got else "locked"
-        sql, pid = self._table.claim_sql, os.getpid()
+        sql = self._recover_sql if rerun and self._recover_sql else self._table.claim_sql
+        pid = os.getpid()
         row = await run(
             conn,
             generation,
@@ -82,7 +86,7 @@ class Claims:
         return "already_ran" if row["ran"] or row["got"] else "locked"
 
     async def _claim(
-        self, conn: Any, generation: int, job: str, key: int, slot: datetime
+        self, conn: Any, generation: int, job: str, key: int, slot: datetime, rerun: bool
     ) -> Refusal | None:
         def undo(refusal: Refusal | None) -> Awaitable[None] | None:
             if refusal is not None:
@@ -103,7 +107,7 @@ class Claims:
             session_lost=f"job {job!r}: the lock session was lost; try again",
         ):
             return await claim_or_undo(
-                self._attempt(conn, generation, job, key, slot),
+                self._attempt(conn, generation, job, key, slot, rerun),
                 undo,
                 name=f"cronlock.postgres.claim[{job}]",
             )

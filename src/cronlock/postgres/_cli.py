@@ -17,7 +17,7 @@ import asyncpg
 
 from .._errors import CronlockError
 from .._keys import job_lock_key
-from ._ledger import DEFAULT_TABLE, LedgerTable, migrate, tables_exist, to_record
+from ._ledger import DEFAULT_TABLE, LedgerTable, ledger_state, migrate, to_record
 
 __all__ = ("run_verb",)
 
@@ -46,9 +46,15 @@ async def _run(args: argparse.Namespace, table: LedgerTable) -> int:
     try:
         if args.verb == "migrate":
             return await _migrate(conn, table)
-        if not await tables_exist(conn, table):
+        state = await ledger_state(conn, table)
+        if state == "missing":
             raise CronlockError(
                 f"no run ledger {table.runs} in this database; create it with "
+                f"'python -m cronlock migrate --dsn ...' or start a PostgresLocker"
+            )
+        if state == "old":
+            raise CronlockError(
+                f"the run ledger {table.runs} was made by an older cronlock; upgrade it with "
                 f"'python -m cronlock migrate --dsn ...' or start a PostgresLocker"
             )
         if args.verb == "status":
@@ -68,16 +74,22 @@ async def _connect(dsn: str) -> Any:
 
 async def _migrate(conn: Any, table: LedgerTable) -> int:
     try:
-        created = await migrate(conn, table)
+        done = await migrate(conn, table)
     except Exception as exc:
         raise CronlockError(f"could not create the run ledger {table.runs}: {exc}") from None
-    state = "created" if created else "already there"
-    print(f"run ledger {table.runs} and {table.jobs}: {state}")
+    print(f"run ledger {table.runs} and {table.jobs}: {done or 'already there'}")
     return 0
 
 
 def _when(value: datetime | None) -> str:
     return "-" if value is None else value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _outcome(row: Any) -> str:
+    """A ledger row's outcome as stored (one this version does not know is shown as it is;
+    none is ``unfinished``), with the attempt when the run was the rerun of a crashed one."""
+    text = row["outcome"] or "unfinished"
+    return text if row["attempt"] == 1 else f"{text} (attempt {row['attempt']})"
 
 
 def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
@@ -104,9 +116,9 @@ async def _status(conn: Any, table: LedgerTable, only: Sequence[str]) -> int:
         return _unknown(unknown, known)
     lines = []
     for row in jobs:
-        found = {r["kind"]: to_record(r) for r in await conn.fetch(table.last_runs_sql, row["job"])}
+        found = {r["kind"]: r for r in await conn.fetch(table.last_runs_sql, row["job"])}
         ok, failed = found.get("ok"), found.get("failed")
-        failure = "-" if failed is None else f"{_when(failed.slot)} {failed.outcome}"
+        failure = "-" if failed is None else f"{_when(failed['slot'])} {_outcome(failed)}"
         held = holders.get(job_lock_key(row["job"]), [])
         who = ", ".join(
             f"pid {h['pid']} {h['application_name'] or '?'}"
@@ -117,7 +129,7 @@ async def _status(conn: Any, table: LedgerTable, only: Sequence[str]) -> int:
             [
                 row["job"],
                 row["schedule"] or "-",
-                "-" if ok is None else _when(ok.slot),
+                "-" if ok is None else _when(ok["slot"]),
                 failure,
                 _when(row["next_run"]),
                 who or "-",
@@ -138,7 +150,8 @@ def _unknown(names: Sequence[str], known: Iterable[str]) -> int:
 
 
 async def _history(conn: Any, table: LedgerTable, job: str, limit: int) -> int:
-    records = [to_record(row) for row in await conn.fetch(table.history_sql, job, limit)]
+    rows = await conn.fetch(table.history_sql, job, limit)
+    records = [to_record(row) for row in rows]
     if not records:
         known = {row["job"] for row in await conn.fetch(table.jobs_sql)}
         if job not in known:
@@ -147,14 +160,21 @@ async def _history(conn: Any, table: LedgerTable, job: str, limit: int) -> int:
         return 0
     print(f"last {len(records)} run(s) of {job!r}, newest first; times in UTC")
     lines = []
-    for r in records:
+    for row, r in zip(rows, records, strict=True):
         took = (
             "-"
             if r.finished_at is None
             else f"{(r.finished_at - r.started_at).total_seconds():.3f}s"
         )
         lines.append(
-            [_when(r.slot), r.outcome, _when(r.started_at), took, r.owner or "-", r.error or ""]
+            [
+                _when(r.slot),
+                _outcome(row),
+                _when(r.started_at),
+                took,
+                r.owner or "-",
+                r.error or "",
+            ]
         )
     _table(["SLOT", "OUTCOME", "STARTED", "TOOK", "OWNER", "ERROR"], lines)
     return 0

@@ -22,7 +22,7 @@ class PostgresLease:
     Made by :meth:`PostgresLocker.acquire`: *claims* are the statements of the job's shard,
     *generation* the session generation the lock was granted on, and *on_released* is
     called once the release is over, with the outcome the release could not write (its
-    session was gone) or ``None``.
+    session was gone) or ``None``. *attempt* is 2 for the rerun of a crashed run.
     """
 
     __slots__ = (
@@ -34,6 +34,7 @@ class PostgresLease:
         "_on_released",
         "_record",
         "_watchers",
+        "attempt",
         "job",
         "key",
         "slot",
@@ -48,8 +49,10 @@ class PostgresLease:
         claims: Claims,
         generation: int,
         on_released: Callable[[PostgresLease, RunRecord | None], None],
+        attempt: int = 1,
     ) -> None:
         self.job = job
+        self.attempt = attempt
         self.key = key
         self.slot = slot
         self._claims = claims

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from .._errors import LedgerNameError
 from .._keys import job_lock_key
@@ -18,9 +18,12 @@ from .._records import RunRecord
 
 __all__ = (
     "DEFAULT_TABLE",
+    "LedgerState",
     "LedgerTable",
+    "ledger_state",
     "migrate",
     "quote_ident",
+    "tables_exist",
     "to_record",
 )
 
@@ -28,7 +31,12 @@ DEFAULT_TABLE = "cronlock_runs"
 # PostgreSQL truncates identifiers to NAMEDATALEN - 1 bytes; a longer name would silently
 # become another name, so it is refused instead.
 _MAX_IDENTIFIER = 63
-_OUTCOMES = frozenset({"succeeded", "failed", "timed_out", "cancelled", "lock_lost"})
+_OUTCOMES = frozenset({"succeeded", "failed", "timed_out", "cancelled", "lock_lost", "crashed"})
+# The columns a ledger made by an older cronlock lacks; migrate() adds them.
+_ADDED_COLUMNS = ("session", "attempt")
+
+LedgerState = Literal["missing", "old", "current"]
+"""A ledger's tables are missing, predate the crash-detection columns, or are current."""
 
 
 def quote_ident(name: str, *, field: str = "identifier") -> str:
@@ -62,10 +70,11 @@ def _derived(table: str, suffix: str) -> str:
 
 
 def to_record(row: Any) -> RunRecord:
-    """A ledger row (slot, started_at, finished_at, outcome, error, host, pid) as a record.
+    """A ledger row (slot, started_at, finished_at, outcome, error, host, pid, attempt) as
+    a record.
 
-    A row without an outcome is ``"unfinished"``: still running, its replica died, or it
-    was released without an outcome (then *finished_at* is set).
+    A row without an outcome is ``"unfinished"``: still running, its replica died moments
+    ago, or it was released without an outcome (then *finished_at* is set).
     """
     outcome = row["outcome"]
     return RunRecord(
@@ -75,6 +84,7 @@ def to_record(row: Any) -> RunRecord:
         outcome=outcome if outcome in _OUTCOMES else "unfinished",
         error=row["error"],
         owner=f"{row['host']}:{row['pid']}",
+        attempt=row["attempt"],
     )
 
 
@@ -121,6 +131,7 @@ class LedgerTable:
     def ddl(self) -> list[str]:
         """The statements that create the ledger, each idempotent."""
         slot_index = quote_ident(_derived(self.table, "_slot_idx"))
+        unfinished_index = quote_ident(_derived(self.table, "_unfinished_idx"))
         statements = []
         if self.schema is not None:
             statements.append(f"CREATE SCHEMA IF NOT EXISTS {quote_ident(self.schema)}")
@@ -134,10 +145,21 @@ class LedgerTable:
                 finished_at timestamptz,
                 outcome     text,
                 error       text,
+                session     integer,
+                attempt     smallint    NOT NULL DEFAULT 1,
                 PRIMARY KEY (job, slot)
             )""",
+            # A ledger made by an older cronlock: add what it lacks (no table rewrite: the
+            # default is a constant).
+            f"""ALTER TABLE {self.runs}
+                ADD COLUMN IF NOT EXISTS session integer,
+                ADD COLUMN IF NOT EXISTS attempt smallint NOT NULL DEFAULT 1""",
             # For pruning by age across jobs; (job, slot) lookups use the primary key.
             f"CREATE INDEX IF NOT EXISTS {slot_index} ON {self.runs} (slot)",
+            # The crash check reads only the unfinished runs, a handful however long the
+            # ledger is.
+            f"""CREATE INDEX IF NOT EXISTS {unfinished_index} ON {self.runs} (session)
+                WHERE finished_at IS NULL""",
             f"""CREATE TABLE IF NOT EXISTS {self.jobs} (
                 job        text        PRIMARY KEY,
                 schedule   text        NOT NULL,
@@ -149,9 +171,15 @@ class LedgerTable:
         return statements
 
     @property
-    def exists_sql(self) -> str:
-        """``$1, $2``: the quoted names of both tables; true when both exist."""
-        return "SELECT to_regclass($1) IS NOT NULL AND to_regclass($2) IS NOT NULL"
+    def state_sql(self) -> str:
+        """``$1, $2``: the quoted names of both tables, ``$3`` the columns a current ledger
+        has that an old one lacks. NULL when a table is missing, else whether it is current.
+        """
+        return """
+            SELECT CASE WHEN to_regclass($1) IS NULL OR to_regclass($2) IS NULL THEN NULL
+                   ELSE (SELECT count(*) = cardinality($3::text[]) FROM pg_attribute
+                         WHERE attrelid = to_regclass($1) AND attname = ANY($3::text[])
+                           AND NOT attisdropped) END"""
 
     # -- the hot path: one round trip to claim, one to finish ----------------------------
 
@@ -165,7 +193,8 @@ class LedgerTable:
         the lock was granted; *started_at* set when this call claimed the slot. A lock
         granted for a slot another replica claimed meanwhile is given back in the same
         statement (the ``ON CONFLICT`` is what makes the claim unique; the pre-check only
-        saves the lock churn).
+        saves the lock churn). The claim records this session's backend pid: that is how a
+        crashed run is told from one in progress (see :mod:`._crashes`).
         """
         return f"""
             WITH seen AS MATERIALIZED (
@@ -176,8 +205,9 @@ class LedgerTable:
                             ELSE pg_try_advisory_lock($1::bigint) END AS got
                 FROM seen
             ), ins AS (
-                INSERT INTO {self.runs} (job, slot, host, pid)
-                SELECT $2::text, $3::timestamptz, $4::text, $5::integer FROM l WHERE l.got
+                INSERT INTO {self.runs} (job, slot, host, pid, session)
+                SELECT $2::text, $3::timestamptz, $4::text, $5::integer, pg_backend_pid()
+                FROM l WHERE l.got
                 ON CONFLICT (job, slot) DO NOTHING
                 RETURNING started_at
             ), c AS MATERIALIZED (
@@ -216,13 +246,21 @@ class LedgerTable:
         """Undo a claim whose caller was cancelled before the run began; and unlock.
 
         ``$1`` job, ``$2`` slot, ``$3`` host, ``$4`` pid, ``$5`` lock key. The slot is
-        given up so that another replica may still run it.
+        given up so that another replica may still run it. A rerun of a crashed run
+        (attempt 2) is recorded ``"cancelled"`` instead: the row also stands for the first
+        attempt, and no replica may take the slot over again.
         """
         return f"""
             WITH del AS (
                 DELETE FROM {self.runs}
                 WHERE job = $1 AND slot = $2 AND host = $3 AND pid = $4
-                  AND finished_at IS NULL
+                  AND finished_at IS NULL AND attempt = 1
+            ), rerun AS (
+                UPDATE {self.runs}
+                SET finished_at = clock_timestamp(), outcome = 'cancelled',
+                    error = 'cancelled before the rerun began'
+                WHERE job = $1 AND slot = $2 AND host = $3 AND pid = $4
+                  AND finished_at IS NULL AND attempt > 1
             )
             SELECT pg_advisory_unlock($5::bigint)"""
 
@@ -230,14 +268,21 @@ class LedgerTable:
     def late_finish_sql(self) -> str:
         """Record outcomes of runs whose session died (no lock to release any more).
 
-        Arrays: ``$1`` jobs, ``$2`` slots, ``$3`` outcomes, ``$4`` errors, ``$5`` times.
+        Arrays: ``$1`` jobs, ``$2`` slots, ``$3`` outcomes, ``$4`` errors, ``$5`` times,
+        ``$6`` attempts; ``$7`` host, ``$8`` pid: only this process's own claims are
+        written. Another replica may have marked such a run ``"crashed"`` meanwhile (its
+        session was gone): the real outcome replaces that, unless a rerun took the slot
+        over (the row is then another attempt's).
         """
         return f"""
             UPDATE {self.runs} AS r
             SET finished_at = u.finished_at, outcome = u.outcome, error = u.error
             FROM unnest($1::text[], $2::timestamptz[], $3::text[], $4::text[],
-                        $5::timestamptz[]) AS u(job, slot, outcome, error, finished_at)
-            WHERE r.job = u.job AND r.slot = u.slot AND r.finished_at IS NULL"""
+                        $5::timestamptz[], $6::smallint[])
+                 AS u(job, slot, outcome, error, finished_at, attempt)
+            WHERE r.job = u.job AND r.slot = u.slot AND r.attempt = u.attempt
+              AND r.host = $7::text AND r.pid = $8::integer
+              AND (r.finished_at IS NULL OR r.outcome = 'crashed')"""
 
     # -- reads -----------------------------------------------------------------------------
 
@@ -249,7 +294,7 @@ class LedgerTable:
     @property
     def last_runs_sql(self) -> str:
         """``$1`` job: rows ('last', latest finished run) and ('ok', latest success)."""
-        cols = "slot, started_at, finished_at, outcome, error, host, pid"
+        cols = "slot, started_at, finished_at, outcome, error, host, pid, attempt"
         return f"""
             (SELECT 'last' AS kind, {cols} FROM {self.runs}
              WHERE job = $1 AND finished_at IS NOT NULL ORDER BY slot DESC LIMIT 1)
@@ -264,7 +309,7 @@ class LedgerTable:
     def history_sql(self) -> str:
         """``$1`` job, ``$2`` limit: the latest runs, newest first."""
         return f"""
-            SELECT slot, started_at, finished_at, outcome, error, host, pid
+            SELECT slot, started_at, finished_at, outcome, error, host, pid, attempt
             FROM {self.runs} WHERE job = $1 ORDER BY slot DESC LIMIT $2"""
 
     @property
@@ -331,24 +376,39 @@ class LedgerTable:
             SELECT count(*) FROM gone"""
 
 
-async def migrate(conn: Any, table: LedgerTable, *, timeout: float = 30.0) -> bool:
-    """Create the ledger's tables if missing, in one transaction; return whether it did.
+async def migrate(
+    conn: Any, table: LedgerTable, *, timeout: float = 30.0
+) -> Literal["created", "upgraded"] | None:
+    """Create the ledger's tables if missing, or add what a ledger made by an older
+    cronlock lacks, in one transaction; return what it did (``None``: nothing to do).
 
     Concurrent callers (replicas starting together) are serialised with a transaction
-    advisory lock, since concurrent ``CREATE TABLE IF NOT EXISTS`` of one name can fail.
-    Tables that already exist are detected first, so a role without CREATE rights on
-    the schema can use a ledger someone else created.
+    advisory lock, since concurrent ``CREATE TABLE IF NOT EXISTS`` of one name can fail;
+    the state is checked again under it. A current ledger is detected first, so a role
+    without CREATE rights on the schema can use a ledger someone else made. Every
+    statement is idempotent, and an upgraded ledger still works for older replicas (the
+    new columns have defaults), so replicas can be upgraded one at a time.
     """
-    if await tables_exist(conn, table):
-        return False
+    if await ledger_state(conn, table) == "current":
+        return None
     async with conn.transaction():
         await conn.execute(f"SET LOCAL lock_timeout = {int(timeout * 1000)}")
         await conn.execute("SELECT pg_advisory_xact_lock($1::bigint)", table.migrate_key)
+        state = await ledger_state(conn, table)
+        if state == "current":
+            return None  # another replica did it while we waited
         for statement in table.ddl():
             await conn.execute(statement)
-    return True
+    return "created" if state == "missing" else "upgraded"
+
+
+async def ledger_state(conn: Any, table: LedgerTable) -> LedgerState:
+    """Whether the ledger's tables are missing, of an older shape, or current, as this
+    session resolves their names: one catalog query."""
+    current = await conn.fetchval(table.state_sql, table.runs, table.jobs, list(_ADDED_COLUMNS))
+    return "missing" if current is None else "current" if current else "old"
 
 
 async def tables_exist(conn: Any, table: LedgerTable) -> bool:
     """Whether both ledger tables exist (as this session resolves their names)."""
-    return bool(await conn.fetchval(table.exists_sql, table.runs, table.jobs))
+    return await ledger_state(conn, table) != "missing"

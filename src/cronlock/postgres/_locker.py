@@ -27,6 +27,7 @@ from .._locking import Refusal
 from ._backend_errors import GONE_OR_FAILED, backend_errors
 from ._claims import Claims
 from ._connections import ConnectionSource, Keepalives, default_application_name
+from ._crashes import CrashWatch
 from ._lease import PostgresLease
 from ._ledger import DEFAULT_TABLE, LedgerTable, to_record
 from ._session import LockSession
@@ -34,6 +35,7 @@ from ._statistics import PostgresLockerStatistics
 from ._upkeep import Upkeep
 
 if TYPE_CHECKING:
+    from .._locking import CrashCallback
     from .._records import RunRecord
 
 __all__ = ("PostgresLease", "PostgresLocker", "PostgresLockerStatistics")
@@ -147,7 +149,9 @@ class PostgresLocker:
         self._held: dict[int, PostgresLease] = {}
         self._pending: set[int] = set()
         self._claimed: dict[str, dict[datetime, None]] = {}
-        # Upkeep: heartbeat, schedules to write, outcomes of lost leases to write, pruning.
+        self._crashes = None if self._table is None else CrashWatch(self._table, host)
+        # Upkeep: heartbeat, schedules to write, outcomes of lost leases to write, crashed
+        # runs to mark, pruning.
         self._upkeep = Upkeep(
             self._shards,
             self._table,
@@ -155,9 +159,11 @@ class PostgresLocker:
             heartbeat=heartbeat_s,
             application_name=self._application_name,
             holding=lambda: {key % sessions for key in self._held},
+            host=host,
+            crashes=self._crashes,
         )
         self._granted = self._contended = self._busy_here = self._already_ran = 0
-        self._released = self._lost = 0
+        self._released = self._lost = self._reran = 0
 
     @property
     def application_name(self) -> str:
@@ -194,6 +200,8 @@ class PostgresLocker:
             heartbeats=self._upkeep.heartbeats,
             sessions=len(shards),
             sessions_open=sum(s.is_open for s in shards),
+            crashed=0 if self._crashes is None else self._crashes.marked,
+            reran=self._reran,
         )
 
     async def acquire(self, job: str, slot: datetime) -> PostgresLease | Refusal:
@@ -216,11 +224,14 @@ class PostgresLocker:
             self._busy_here += 1
             _logger.debug("job %r slot %s: already claimed by this process", job, slot)
             return "already_ran"
+        # A slot whose crashed run this replica said it would rerun is claimed by taking
+        # that run's row over (once: a failed attempt is not retried).
+        rerun = self._crashes is not None and self._crashes.take(job, slot)
         # Reserve the key in-process first: the session would grant it twice (re-entrant).
         self._pending.add(key)
         try:
             claims = self._claims[self._shard(key)]
-            refusal, generation = await claims.claim_reconnecting(job, key, slot)
+            refusal, generation = await claims.claim_reconnecting(job, key, slot, rerun=rerun)
         finally:
             self._pending.discard(key)
         if refusal == "locked":
@@ -232,6 +243,9 @@ class PostgresLocker:
             _logger.debug("job %r slot %s: another replica already ran the slot", job, slot)
             return refusal
         self._granted += 1
+        if rerun:
+            self._reran += 1
+            _logger.info("job %r slot %s: rerunning the crashed run", job, slot)
         remember_claim(self._claimed.setdefault(job, {}), slot, None, remember=self._remember)
         lease = PostgresLease(
             job,
@@ -240,6 +254,7 @@ class PostgresLocker:
             claims=self._claims[self._shard(key)],
             generation=generation,
             on_released=self._on_released,
+            attempt=2 if rerun else 1,
         )
         self._held[key] = lease
         return lease
@@ -274,6 +289,21 @@ class PostgresLocker:
         sql = self._table.history_sql
         rows = await self._read(job, lambda s: s.fetch(sql, job, limit))
         return [to_record(row) for row in rows]
+
+    def on_crashed(self, callback: CrashCallback) -> None:
+        """Call *callback* ``(job, record)`` for each crashed run this locker marks.
+
+        With a ledger, every few seconds the locker marks ``"crashed"`` the runs whose
+        replica died mid-run (the row is unfinished and the session that claimed it is
+        gone); each row is marked by one replica only, and only that one calls its
+        callbacks. A callback returns True when it will run that slot again: this locker's
+        next :meth:`acquire` of the slot then takes the crashed row over (attempt 2), which
+        succeeds at most once fleet-wide. The scheduler registers itself here (job option
+        ``recover``). Adding the same callback twice calls it once. Without a ledger, never
+        called.
+        """
+        if self._crashes is not None:
+            self._crashes.on_crashed(callback)
 
     def note_schedule(self, job: str, schedule: str, next_run: datetime | None) -> None:
         """Remember *job*'s schedule and next slot for status views; no I/O.
@@ -414,7 +444,7 @@ class PostgresLocker:
     def _on_released(self, lease: PostgresLease, unwritten: RunRecord | None) -> None:
         """*lease* was released: forget it; keep an outcome its dead session lost."""
         if unwritten is not None and self._table is not None:
-            self._upkeep.write_late(lease.job, lease.slot, unwritten)
+            self._upkeep.write_late(lease.job, lease.slot, unwritten, lease.attempt)
         if self._held.get(lease.key) is lease:
             del self._held[lease.key]
         self._released += 1

@@ -28,7 +28,7 @@ from ._connections import (
     is_closed,
     terminate,
 )
-from ._ledger import LedgerTable, migrate, tables_exist
+from ._ledger import LedgerTable, ledger_state, migrate
 
 __all__ = ("LockSession",)
 
@@ -120,16 +120,23 @@ class LockSession:
 
     async def _prepare_ledger(self, conn: Any) -> None:
         table = self._table
-        if table is None or await tables_exist(conn, table):
+        if table is None:
+            return
+        # Once per session: a ledger made by an older cronlock is upgraded here too.
+        state = await ledger_state(conn, table)
+        if state == "current":
             return
         if not self._create_table:
+            problem = "does not exist" if state == "missing" else "predates this cronlock"
             raise LockError(
-                f"the run ledger table {table.runs} does not exist; create it with "
+                f"the run ledger table {table.runs} {problem}; "
+                f"{'create' if state == 'missing' else 'upgrade'} it with "
                 "'python -m cronlock migrate --dsn DSN' (with --schema/--table as configured), "
                 "or pass create_table=True"
             )
-        if await migrate(conn, table, timeout=self._connect_timeout):
-            _logger.info("created the run ledger %s", table.runs)
+        done = await migrate(conn, table, timeout=self._connect_timeout)
+        if done:
+            _logger.info("%s the run ledger %s", done, table.runs)
 
     def _on_terminated(self, conn: object) -> None:
         # asyncpg calls this soon after the connection closes, whatever closed it.

@@ -37,6 +37,10 @@ class PostgresLockerStatistics:
     """Lock sessions (shards) the locker may open: its *sessions* option."""
     sessions_open: int = 0
     """Lock sessions open right now (each is opened on first use by a job of its shard)."""
+    crashed: int = 0
+    """Runs of other replicas this locker found crashed and marked so in the ledger."""
+    reran: int = 0
+    """Slots of crashed runs this locker claimed again, for their rerun (attempt 2)."""
 
 
 @dataclass(frozen=True, slots=True)

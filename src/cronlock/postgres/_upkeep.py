@@ -3,13 +3,15 @@
 One background task per locker, from its first session to its close. It never opens a
 session itself (only acquiring and reading do), and it rides on the lock sessions: the
 heartbeat checks each session that holds leases (so a heartbeat that fails drops that
-session like any other statement would); writes and pruning use any open session.
+session like any other statement would); writes, the check for crashed runs
+(:mod:`._crashes`) and pruning use any open session.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import random
 from collections.abc import Callable, Collection, Sequence
 from datetime import datetime
@@ -18,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from .._cancel import cancel_and_wait, uncancellable
 from ._backend_errors import GONE_OR_FAILED, backend_errors
 from ._connections import is_closed
+from ._crashes import CHECK_EVERY, CrashWatch
 from ._ledger import LedgerTable
 from ._session import LockSession
 
@@ -41,7 +44,8 @@ class Upkeep:
 
     *sessions* are the locker's shards; *holding* gives the indexes of those holding leases
     right now: only they are worth a heartbeat. *table* ``None`` (lock-only mode) leaves
-    just the heartbeat.
+    just the heartbeat. *crashes* checks for crashed runs every few seconds; *host* is this
+    replica's, whose own runs' late outcomes are written.
     """
 
     def __init__(
@@ -53,6 +57,8 @@ class Upkeep:
         heartbeat: float | None,
         application_name: str,
         holding: Callable[[], Collection[int]],
+        host: str,
+        crashes: CrashWatch | None = None,
     ) -> None:
         self._sessions = sessions
         self._table = table
@@ -62,7 +68,10 @@ class Upkeep:
         self._holding = holding
         self._notes: dict[str, tuple[str, datetime | None]] = {}
         self._dirty: set[str] = set()
-        self._late: list[tuple[str, datetime, RunRecord]] = []
+        self._late: list[tuple[str, datetime, RunRecord, int]] = []
+        self._host = host
+        self._crashes = crashes
+        self._crash_at = 0.0  # loop time of the next check for crashed runs
         self._task: asyncio.Task[None] | None = None
         self._noted_at = float("-inf")
         self._prune_at = PRUNE_EVERY * random.uniform(0.2, 0.4)  # relative until started
@@ -75,9 +84,9 @@ class Upkeep:
         self._notes[job] = (schedule, next_run)
         self._dirty.add(job)
 
-    def write_late(self, job: str, slot: datetime, record: RunRecord) -> None:
+    def write_late(self, job: str, slot: datetime, record: RunRecord, attempt: int = 1) -> None:
         """Keep the outcome of a lease whose session died, to write once a session is back."""
-        self._late.append((job, slot, record))
+        self._late.append((job, slot, record, attempt))
 
     def start(self) -> None:
         """Start the upkeep task, unless it runs already."""
@@ -136,6 +145,8 @@ class Upkeep:
     async def _keep(self) -> None:
         """Owned by the locker from the first session to its close."""
         tick = min(self._heartbeat or NOTE_EVERY, NOTE_EVERY)
+        if self._crashes is not None:
+            tick = min(tick, CHECK_EVERY)
         loop = asyncio.get_running_loop()
         while True:
             await asyncio.sleep(tick)
@@ -160,6 +171,15 @@ class Upkeep:
                     await uncancellable(
                         self.flush(session, conn, generation), name="cronlock.postgres.flush"
                     )
+                # Other replicas' runs whose session is gone (ours are left to the late
+                # writes above, which replace a "crashed" another replica may have set).
+                if self._crashes is not None and now >= self._crash_at:
+                    # Less half a tick: with a tick of CHECK_EVERY, a check on every tick.
+                    self._crash_at = now + CHECK_EVERY - tick / 2
+                    await uncancellable(
+                        self._crashes.check(session, conn, generation),
+                        name="cronlock.postgres.crashes",
+                    )
                 if now >= self._prune_at:
                     deleted = await uncancellable(
                         self._prune_batch(session, conn, generation),
@@ -179,13 +199,16 @@ class Upkeep:
             return
         late, self._late = self._late, []
         if late:
-            jobs, slots, records = zip(*late, strict=True)
+            jobs, slots, records, attempts = zip(*late, strict=True)
             args = (
                 list(jobs),
                 list(slots),
                 [r.outcome for r in records],
                 [r.error for r in records],
                 [r.finished_at for r in records],
+                list(attempts),
+                self._host,
+                os.getpid(),
             )
             try:
                 await session.run(

@@ -1,0 +1,156 @@
+"""Crashed runs: found, marked ``crashed``, reported, and rerun at most once fleet-wide.
+
+Each claim records the backend pid of the session that made it (``session``). While a run
+goes on, that session holds the job's advisory lock, so it is alive and listed in
+``pg_stat_activity``. An unfinished row whose session is gone is therefore a crash: its
+replica died (or lost its session) mid-run, and the server released its lock. Every
+locker with a ledger looks for such rows every :data:`CHECK_EVERY` seconds, in one
+``UPDATE ... RETURNING`` that marks them, so exactly one replica gets each row.
+
+A recycled pid can only delay the check (the row looks alive until that backend ends);
+it can never make a live run look crashed, since a live run's session keeps its pid.
+
+The replica that marked a row tells its callbacks (the scheduler); if one will rerun the
+slot, the locker's next acquire of that slot uses :func:`recover_sql`, which takes the row
+over only while it is ``crashed`` on its first attempt: one rerun fleet-wide, never more.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from ._ledger import LedgerTable, to_record
+
+if TYPE_CHECKING:
+    from .._locking import CrashCallback
+    from .._records import RunRecord
+    from ._session import LockSession
+
+__all__ = ("CHECK_EVERY", "CrashWatch", "crashed_sql", "recover_sql")
+
+_logger = logging.getLogger("cronlock.postgres")
+
+CHECK_EVERY = 3.0
+"""Seconds between two checks for crashed runs by one locker (while a session is open)."""
+_REMEMBER = 1024  # slots awaiting their rerun, per locker; older ones are forgotten
+
+
+def crashed_sql(table: LedgerTable) -> str:
+    """Mark unfinished runs whose claiming session is gone ``crashed``; return them.
+
+    ``$1`` host, ``$2`` pid: this process's own runs are left alone, since it writes their
+    real outcome itself once a session is back (a run whose session died under a live
+    replica ends ``lock_lost``). Concurrent checks by several replicas mark each row once:
+    the second one finds it finished.
+    """
+    return f"""
+        UPDATE {table.runs} AS r
+        SET outcome = 'crashed', finished_at = clock_timestamp(),
+            error = 'its replica (' || r.host || ':' || r.pid
+                    || ') died mid-run: lock session gone'
+        WHERE r.finished_at IS NULL AND r.session IS NOT NULL
+          AND NOT (r.host = $1::text AND r.pid = $2::integer)
+          AND NOT EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.pid = r.session)
+        RETURNING r.job, r.slot, r.started_at, r.finished_at, r.outcome, r.error, r.host,
+                  r.pid, r.attempt"""
+
+
+def recover_sql(table: LedgerTable) -> str:
+    """Lock and take over a crashed run's slot, in one statement: the claim of its rerun.
+
+    The same parameters and answers as :attr:`LedgerTable.claim_sql` (*ran* is always
+    false: the row is expected). Only a row marked ``crashed`` on its first attempt is
+    taken over (attempt 2, this replica as owner, started now), so a slot is rerun at most
+    once fleet-wide, and one whose rerun crashed too is left ``crashed``. A lock granted
+    for a row that cannot be taken over is given back in the same statement.
+    """
+    return f"""
+        WITH l AS MATERIALIZED (
+            SELECT pg_try_advisory_lock($1::bigint) AS got
+        ), up AS (
+            INSERT INTO {table.runs} AS r (job, slot, host, pid, session, attempt)
+            SELECT $2::text, $3::timestamptz, $4::text, $5::integer, pg_backend_pid(), 2
+            FROM l WHERE l.got
+            ON CONFLICT (job, slot) DO UPDATE
+            SET host = EXCLUDED.host, pid = EXCLUDED.pid, session = EXCLUDED.session,
+                started_at = clock_timestamp(), finished_at = NULL, outcome = NULL,
+                error = NULL, attempt = r.attempt + 1
+            WHERE r.outcome = 'crashed' AND r.attempt = 1
+            RETURNING r.started_at
+        ), c AS MATERIALIZED (
+            SELECT l.got, (SELECT started_at FROM up) AS started_at FROM l
+        )
+        SELECT false AS ran, c.got, c.started_at,
+               CASE WHEN c.got AND c.started_at IS NULL
+                    THEN pg_advisory_unlock($1::bigint) END AS undone
+        FROM c"""
+
+
+class CrashWatch:
+    """One locker's part in crash detection: the check, who to tell, what to rerun."""
+
+    __slots__ = ("_callbacks", "_host", "_pid", "_recoverable", "_sql", "marked", "rerun")
+
+    def __init__(self, table: LedgerTable, host: str) -> None:
+        self._sql = crashed_sql(table)
+        self._host = host
+        self._pid = os.getpid()
+        self._callbacks: list[CrashCallback] = []
+        self._recoverable: dict[tuple[str, datetime], None] = {}
+        self.marked = 0
+        """Rows this locker marked ``crashed``."""
+        self.rerun = 0
+        """Of those, how many a callback said it would run again."""
+
+    def on_crashed(self, callback: CrashCallback) -> None:
+        """Tell *callback* of each row marked from now on (once, however often added)."""
+        if callback not in self._callbacks:
+            self._callbacks.append(callback)
+
+    def take(self, job: str, slot: datetime) -> bool:
+        """Whether *slot* of *job* is to be claimed as a rerun; forgets it (one attempt)."""
+        try:
+            del self._recoverable[job, slot]
+        except KeyError:
+            return False
+        return True
+
+    async def check(self, session: LockSession, conn: Any, generation: int) -> int:
+        """Mark crashed runs on *session* and report each; return how many were marked."""
+        rows = await session.run(
+            conn,
+            generation,
+            lambda c: c.fetch(self._sql, self._host, self._pid),
+            what="checking for crashed runs",
+            keep_on_server_error=True,
+        )
+        for row in rows:
+            self._report(row["job"], to_record(row))
+        return len(rows)
+
+    def _report(self, job: str, record: RunRecord) -> None:
+        self.marked += 1
+        rerun = False
+        for callback in tuple(self._callbacks):
+            try:
+                rerun = bool(callback(job, record)) or rerun
+            except Exception:
+                _logger.exception("crash callback %r failed on job %r", callback, job)
+        if rerun:
+            self.rerun += 1
+            self._recoverable[job, record.slot] = None
+            if len(self._recoverable) > _REMEMBER:
+                del self._recoverable[next(iter(self._recoverable))]
+        _logger.warning(
+            "job %r slot %s: the run by %s (started %s, attempt %d) crashed: its lock "
+            "session is gone; marked crashed%s",
+            job,
+            record.slot.isoformat(),
+            record.owner,
+            record.started_at.isoformat(),
+            record.attempt,
+            "; this replica runs it again" if rerun else "",
+        )

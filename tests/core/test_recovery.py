@@ -1,0 +1,143 @@
+"""The scheduler's answer to a crashed run, on the fake clock: ``JobCrashed`` and the one
+rule of a rerun (``recover=True``, not paused, a first attempt, within ``misfire_grace``).
+
+The locker here reports crashes when told to; finding them is the PostgreSQL locker's job
+(tests/postgres/test_crashed.py).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+import pytest
+
+from cronlock import (
+    CrashWatchingLocker,
+    InMemoryLocker,
+    JobCrashed,
+    JobStarted,
+    RunContext,
+    RunRecord,
+    ScheduleError,
+    Scheduler,
+    every,
+)
+from cronlock._locking import CrashCallback, Lease, Refusal
+from cronlock.testing import FakeClock
+
+from .conftest import T0, Recorder
+
+SLOT = T0 + timedelta(minutes=30)  # a crashed run of another replica
+
+
+class _Watching:
+    """An in-memory locker that reports the crashes a test makes up."""
+
+    def __init__(self) -> None:
+        self._inner = InMemoryLocker()
+        self.callbacks: list[CrashCallback] = []
+        self.acquired: list[tuple[str, datetime]] = []
+
+    async def acquire(self, job: str, slot: datetime) -> Lease | Refusal | None:
+        self.acquired.append((job, slot))
+        return await self._inner.acquire(job, slot)
+
+    def on_crashed(self, callback: CrashCallback) -> None:
+        self.callbacks.append(callback)
+
+    def crash(self, job: str, slot: datetime = SLOT, attempt: int = 1) -> list[bool]:
+        record = RunRecord(slot, slot, slot, "crashed", None, "other-host:4242", attempt)
+        return [callback(job, record) for callback in self.callbacks]
+
+
+def _scheduler(
+    clock: FakeClock, locker: _Watching, runs: list[datetime], **options: object
+) -> Scheduler:
+    scheduler = Scheduler(clock=clock, locker=locker)
+
+    async def work(ctx: RunContext) -> None:
+        runs.append(ctx.slot)
+
+    scheduler.add_job(work, every(hours=1), name="job", **options)  # type: ignore[arg-type]
+    return scheduler
+
+
+def test_the_recover_option_is_a_bool(scheduler: Scheduler) -> None:
+    assert scheduler.add_job(lambda: None, every(10), name="default").recover is False
+    with pytest.raises(ScheduleError, match="recover"):
+        scheduler.add_job(lambda: None, every(10), name="bad", recover="yes")  # type: ignore[arg-type]
+
+
+async def test_a_crash_within_the_grace_is_rerun_at_its_slot(clock: FakeClock) -> None:
+    locker = _Watching()
+    assert isinstance(locker, CrashWatchingLocker)
+    runs: list[datetime] = []
+    scheduler = _scheduler(clock, locker, runs, recover=True, misfire_grace=60)
+    recorder = Recorder()
+    scheduler.subscribe(recorder)
+    async with scheduler:
+        await clock.advance_to(SLOT + timedelta(seconds=60))  # exactly the grace: still in
+        assert locker.crash("job") == [True]
+        await clock.advance(1)
+    assert runs == [SLOT]
+    assert ("job", SLOT) in locker.acquired
+    [crashed] = recorder.of(JobCrashed)
+    assert crashed == JobCrashed("job", SLOT, "other-host:4242", SLOT, recovered=True)
+    [started] = recorder.of(JobStarted)
+    assert started.slot == SLOT  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(
+    ("options", "late", "attempt", "pause"),
+    [
+        pytest.param({"recover": False}, 5, 1, False, id="recover-off"),
+        pytest.param({"recover": True, "misfire_grace": 60}, 60.001, 1, False, id="past-grace"),
+        pytest.param({"recover": True}, 5, 2, False, id="already-a-rerun"),
+        pytest.param({"recover": True}, 5, 1, True, id="paused"),
+    ],
+)
+async def test_a_crash_is_reported_and_not_rerun(
+    clock: FakeClock, options: dict[str, object], late: float, attempt: int, pause: bool
+) -> None:
+    locker = _Watching()
+    runs: list[datetime] = []
+    scheduler = _scheduler(clock, locker, runs, **options)
+    recorder = Recorder()
+    scheduler.subscribe(recorder)
+    async with scheduler:
+        if pause:
+            scheduler.get_job("job").pause()
+        await clock.advance_to(SLOT + timedelta(seconds=late))
+        assert locker.crash("job", attempt=attempt) == [False]
+        await clock.advance(1)
+    assert runs == []
+    [crashed] = recorder.of(JobCrashed)
+    assert crashed.recovered is False  # type: ignore[attr-defined]
+
+
+async def test_crashes_of_other_jobs_or_while_stopped_are_not_reported(
+    clock: FakeClock,
+) -> None:
+    locker = _Watching()
+    runs: list[datetime] = []
+    scheduler = _scheduler(clock, locker, runs, recover=True)
+    recorder = Recorder()
+    scheduler.subscribe(recorder)
+    assert locker.crash("job") == [False]  # not started
+    async with scheduler:
+        assert locker.crash("another-job") == [False]
+    assert locker.crash("job") == [False]  # stopped
+    assert recorder.of(JobCrashed) == []
+    assert runs == []
+
+
+def test_a_scheduler_registers_once_per_locker(clock: FakeClock) -> None:
+    locker = _Watching()
+    scheduler = _scheduler(clock, locker, [])
+    for name in ("b", "c"):
+        scheduler.add_job(lambda: None, every(10), name=name)
+    scheduler.add_job(lambda: None, every(10), name="local", distributed=False)
+    assert len(locker.callbacks) == 1
+    other = Scheduler(clock=clock, locker=locker)
+    other.add_job(lambda: None, every(10), name="x")
+    assert len(locker.callbacks) == 2
