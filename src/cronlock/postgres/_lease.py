@@ -47,6 +47,12 @@ class PostgresLockerStatistics:
     """Lock sessions (shards) the locker may open: its *sessions* option."""
     sessions_open: int = 0
     """Lock sessions open right now (each is opened on first use by a job of its shard)."""
+    connect_attempts: int = 0
+    """Connections the lock sessions tried to open, failed ones included. While the server
+    is down each session tries again only after a growing wait (backoff), however many
+    acquires come in meanwhile."""
+    connect_failures: int = 0
+    """Connect attempts of the lock sessions that failed."""
 
 
 class PostgresLease:

@@ -182,6 +182,8 @@ class PostgresLocker:
             heartbeats=self._upkeep.heartbeats,
             sessions=len(shards),
             sessions_open=sum(s.is_open for s in shards),
+            connect_attempts=sum(s.backoff.attempts for s in shards),
+            connect_failures=sum(s.backoff.total_failures for s in shards),
         )
 
     async def acquire(self, job: str, slot: datetime) -> PostgresLease | Refusal:
