@@ -312,11 +312,12 @@ class ElectorProcess:
 
     def _read(self) -> None:
         assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            try:
-                self.records.append(json.loads(line))
-            except ValueError:
-                continue
+        with self.proc.stdout:  # closed at end of file: no ResourceWarning when collected
+            for line in self.proc.stdout:
+                try:
+                    self.records.append(json.loads(line))
+                except ValueError:
+                    continue
 
     def find(self, event: str, after: float = 0.0) -> Record | None:
         for record in tuple(self.records):

@@ -69,11 +69,12 @@ class Replica:
 
     def _read(self) -> None:
         assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            try:
-                self.lines.put(json.loads(line))
-            except ValueError:
-                continue
+        with self.proc.stdout:  # closed at end of file: no ResourceWarning when collected
+            for line in self.proc.stdout:
+                try:
+                    self.lines.put(json.loads(line))
+                except ValueError:
+                    continue
 
     def wait_for(self, predicate: Any, timeout: float) -> Record | None:
         deadline = time.monotonic() + timeout
