@@ -16,6 +16,7 @@ from ._errors import JobConflictError as JobConflictError
 from ._errors import JobLookupError as JobLookupError
 from ._errors import LedgerNameError as LedgerNameError
 from ._errors import LockError as LockError
+from ._errors import LockUnavailable as LockUnavailable
 from ._errors import ScheduleError as ScheduleError
 from ._errors import SchedulerStateError as SchedulerStateError
 from ._events import Event as Event
@@ -92,6 +93,7 @@ __all__ = (
     "LockError",
     "LockFailed",
     "LockLost",
+    "LockUnavailable",
     "Locker",
     "LosableLease",
     "OnceSchedule",

@@ -38,6 +38,16 @@ class LockError(CronlockError, RuntimeError):
     """A locking backend failed: connection refused or lost, pool exhausted, server error."""
 
 
+class LockUnavailable(LockError):
+    """The locking backend cannot be reached right now: connecting failed, or was not tried.
+
+    Raised by :class:`cronlock.postgres.PostgresLocker` when a lock session cannot connect,
+    and then, without trying, while it waits before its next attempt (it backs off rather
+    than trying again on every acquire); the message says when it tries next. The locker
+    logs the outage itself, once, so the scheduler logs these at DEBUG only.
+    """
+
+
 class LedgerNameError(ConfigError):
     """A run-ledger table or schema name PostgreSQL cannot store as given.
 

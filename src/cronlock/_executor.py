@@ -10,6 +10,7 @@ from datetime import datetime, timedelta
 
 from ._cancel import finish_uncancellably
 from ._clock import Clock
+from ._errors import LockUnavailable
 from ._events import (
     EventBus,
     JobCancelled,
@@ -150,6 +151,11 @@ class Executor:
             return None
         try:
             claim = await locker.acquire(job.name, slot)
+        except LockUnavailable as exc:
+            # The backend is down and the locker waits before trying it again; it logged
+            # the outage once. One ERROR per skipped run would bury that line.
+            _lock_logger.debug("job %r slot %s: run skipped: %s", job.name, slot, exc)
+            return LockFailed(job.name, slot, exc)
         except Exception as exc:
             _lock_logger.error(
                 "job %r slot %s: lock failed, run skipped: %s",

@@ -31,6 +31,8 @@ import pytest
 
 from cronlock._keys import job_lock_key
 
+from .cluster import Cluster, ClusterUnavailable
+
 
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on (at the time of asking)."""
@@ -279,3 +281,30 @@ def sessions_named(admin: Any) -> SessionsNamed:
 def unreachable_dsn() -> str:
     """A DSN pointing at a local port where nothing listens."""
     return f"postgresql://postgres@127.0.0.1:{free_port()}/postgres"
+
+
+# -- a throwaway cluster a test may stop, restart or crash (never the shared server) ------
+
+
+@pytest.fixture(scope="module")
+def restartable_cluster() -> Iterator[Cluster]:
+    """One throwaway cluster per test module (initdb takes seconds); see cluster.py."""
+    try:
+        cluster = Cluster()
+    except ClusterUnavailable as exc:
+        message = f"NO THROWAWAY POSTGRESQL CLUSTER: {exc}"
+        if os.environ.get("CI"):
+            pytest.fail(message, pytrace=False)
+        pytest.skip(message)
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.destroy()
+
+
+@pytest.fixture
+def restartable_pg(restartable_cluster: Cluster) -> Cluster:
+    """The module's throwaway cluster, running: the test may stop, restart or crash it."""
+    restartable_cluster.start()  # a test that stopped it, then failed, left it down
+    return restartable_cluster

@@ -2,7 +2,8 @@
 
 Modes: ``pass`` forwards bytes; ``refuse`` closes new connections at once; ``freeze``
 holds bytes in both directions (a hung network or a frozen peer) until thawed. ``cut()``
-drops every open connection, as a broken network path would.
+drops every open connection, as a broken network path would. ``accepted`` counts the
+connections clients opened to the proxy: an outside count of connect attempts.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ class TcpProxy:
         self._writers: set[asyncio.StreamWriter] = set()
         self._tasks: set[asyncio.Task[None]] = set()
         self.port = 0
+        self.accepted = 0
 
     async def start(self) -> int:
         self._server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
@@ -54,6 +56,7 @@ class TcpProxy:
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.accepted += 1
         if self.mode == "refuse":
             writer.transport.abort()
             return

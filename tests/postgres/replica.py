@@ -23,21 +23,27 @@ import hashlib
 import json
 import sys
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from typing import Any
 
 from cronlock import (
     Event,
     JobCrashed,
     JobSkipped,
+    LedgerLocker,
     LockFailed,
     LockLost,
+    LosableLease,
+    RecordingLease,
+    Refusal,
     RunContext,
+    RunRecord,
+    ScheduleNotingLocker,
     Scheduler,
     SystemClock,
     every,
 )
-from cronlock.postgres import PostgresLocker
+from cronlock.postgres import PostgresLease, PostgresLocker
 from cronlock.testing import OffsetClock
 
 
@@ -71,13 +77,23 @@ def drawn(slot: datetime, low: float, high: float) -> float:
 
 
 class _TracedLease:
-    def __init__(self, lease: Any, rid: int, slot: float) -> None:
+    """Prints each release; forwards the rest. Every capability is a method of its own:
+    the scheduler checks them on the class (once), where ``__getattr__`` shows nothing."""
+
+    def __init__(self, lease: PostgresLease, rid: int, slot: float) -> None:
         self._lease = lease
         self._rid = rid
         self._slot = slot
 
-    def __getattr__(self, name: str) -> Any:  # record(), on_lost(), lost
-        return getattr(self._lease, name)
+    @property
+    def lost(self) -> bool:
+        return self._lease.lost
+
+    def record(self, record: RunRecord) -> None:
+        self._lease.record(record)
+
+    def on_lost(self, callback: Callable[[BaseException | None], None]) -> None:
+        self._lease.on_lost(callback)
 
     async def release(self) -> None:
         await self._lease.release()
@@ -85,16 +101,26 @@ class _TracedLease:
 
 
 class _TracedLocker:
-    """Prints each acquire's real-time window and answer; forwards everything else."""
+    """Prints each acquire's real-time window and answer; forwards the rest (explicitly,
+    as for the lease: a ledger locker is recognised by its class)."""
 
     def __init__(self, locker: PostgresLocker, rid: int) -> None:
         self._locker = locker
         self._rid = rid
 
-    def __getattr__(self, name: str) -> Any:  # last_claimed(), last_runs(), note_schedule()
-        return getattr(self._locker, name)
+    async def last_claimed(self, job: str) -> datetime | None:
+        return await self._locker.last_claimed(job)
 
-    async def acquire(self, job: str, slot: datetime) -> Any:
+    async def last_runs(self, job: str) -> tuple[RunRecord | None, RunRecord | None]:
+        return await self._locker.last_runs(job)
+
+    async def history(self, job: str, limit: int = 20) -> list[RunRecord]:
+        return await self._locker.history(job, limit)
+
+    def note_schedule(self, job: str, schedule: str, next_run: datetime | None) -> None:
+        self._locker.note_schedule(job, schedule, next_run)
+
+    async def acquire(self, job: str, slot: datetime) -> _TracedLease | Refusal:
         t0 = time.time()
         result = await self._locker.acquire(job, slot)
         t1 = time.time()
@@ -103,6 +129,12 @@ class _TracedLocker:
         if isinstance(result, str):
             return result
         return _TracedLease(result, self._rid, slot.timestamp())
+
+
+# The scheduler checks a locker's and a lease's capabilities on their classes: the tracing
+# wrappers must keep every one of them, or --trace would change what it traces.
+assert issubclass(_TracedLocker, LedgerLocker) and issubclass(_TracedLocker, ScheduleNotingLocker)
+assert issubclass(_TracedLease, RecordingLease) and issubclass(_TracedLease, LosableLease)
 
 
 async def main() -> None:
@@ -199,7 +231,12 @@ async def main() -> None:
 
 def _counters(locker: PostgresLocker) -> dict[str, int]:
     stats = locker.statistics()
-    return {"granted": stats.granted, "statements": stats.statements}
+    return {
+        "granted": stats.granted,
+        "statements": stats.statements,
+        "connect_attempts": stats.connect_attempts,
+        "connect_failures": stats.connect_failures,
+    }
 
 
 if __name__ == "__main__":

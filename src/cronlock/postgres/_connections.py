@@ -129,9 +129,13 @@ class ConnectionSource:
         """True when connections are borrowed from a pool rather than opened directly."""
         return self._pool is not None
 
-    def pool_closing(self) -> bool:
-        """True when the pool we borrow from is being closed (never, for a DSN)."""
-        return self._pool is not None and bool(self._pool.is_closing())
+    async def wait_pool_closing(self, interval: float) -> None:
+        """Return once the pool we borrow from starts closing (looked at every *interval*).
+
+        Never returns for a DSN. asyncpg has no hook for it, hence the (cheap) polling.
+        """
+        while self._pool is None or not self._pool.is_closing():  # noqa: ASYNC110 - no event
+            await asyncio.sleep(interval)
 
     def describe(self) -> str:
         """A short description for error messages; never includes a password."""

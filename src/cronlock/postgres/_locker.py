@@ -202,6 +202,8 @@ class PostgresLocker:
             sessions_open=sum(s.is_open for s in shards),
             crashed=0 if self._crashes is None else self._crashes.marked,
             reran=self._reran,
+            connect_attempts=sum(s.backoff.attempts for s in shards),
+            connect_failures=sum(s.backoff.total_failures for s in shards),
         )
 
     async def acquire(self, job: str, slot: datetime) -> PostgresLease | Refusal:
@@ -386,25 +388,21 @@ class PostgresLocker:
     def _on_session_opened(self) -> None:
         self._upkeep.start()
         if self._source.pooled and self._pool_watch is None and not self._closed:
-            self._pool_watch = asyncio.create_task(self._watch_pool(), name=task_name("pool-watch"))
+            # Pool.close() waits for every borrowed connection: closing the pool while this
+            # locker is open would hang. The watch hands them back (and says what to fix).
+            watch = self._source.wait_pool_closing(POOL_WATCH_INTERVAL)
+            self._pool_watch = asyncio.create_task(
+                self._on_pool_closing(watch), name=task_name("pool-watch")
+            )
 
-    async def _watch_pool(self) -> None:
-        """Give the borrowed connections back when their pool starts closing.
-
-        ``Pool.close()`` waits for every borrowed connection to come back, so closing the
-        pool while this locker is open would hang (asyncpg only warns after a minute).
-        Instead: say what to fix, and hand them back now.
-        """
-        while not self._closed:
-            await asyncio.sleep(POOL_WATCH_INTERVAL)
-            if self._source.pool_closing():
-                _logger.warning(
-                    "the asyncpg pool is closing while a PostgresLocker still borrows its "
-                    "connections; handing them back now (their locks are lost). Shut the "
-                    "Scheduler down (or close the locker) before closing the pool."
-                )
-                await self.close()
-                return
+    async def _on_pool_closing(self, watch: Awaitable[None]) -> None:
+        await watch
+        _logger.warning(
+            "the asyncpg pool is closing while a PostgresLocker still borrows its "
+            "connections; handing them back now (their locks are lost). Shut the "
+            "Scheduler down (or close the locker) before closing the pool."
+        )
+        await self.close()
 
     def _on_session_dropped(self, shard: int, reason: str) -> None:
         """Every lock on the dropped session is gone: mark the leases of its shard lost."""

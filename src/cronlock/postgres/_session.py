@@ -5,7 +5,8 @@ lives on its session, so the session's life decides theirs: when it is dropped, 
 is told (the shard's leases are then lost). Statements on it are
 serialised and bounded; each new connection bumps the *generation*, and a statement meant
 for an older generation is refused rather than sent to a session that holds none of its
-locks.
+locks. A session that cannot connect backs off (:mod:`._backoff`): until its next attempt
+is due, :meth:`LockSession.ensure` fails at once with :class:`cronlock.LockUnavailable`.
 """
 
 from __future__ import annotations
@@ -19,8 +20,10 @@ from typing import Any, TypeVar
 import asyncpg
 
 from .._cancel import uncancellable
-from .._errors import LockError
+from .._clock import monotonic
+from .._errors import LockError, LockUnavailable
 from ._backend_errors import BACKEND_ERRORS, SessionGone, backend_errors
+from ._backoff import Backoff
 from ._connections import (
     ConnectionSource,
     Keepalives,
@@ -41,7 +44,8 @@ class LockSession:
 
     *on_open* is called after each new connection is set up; *on_drop* with the reason
     whenever the current connection is dropped (its locks are then gone). Only
-    :meth:`ensure` connects, and not once :attr:`closed` is set.
+    :meth:`ensure` connects, and not once :attr:`closed` is set, nor while
+    :attr:`backoff` says to wait after a failed connect.
     """
 
     def __init__(
@@ -78,6 +82,7 @@ class LockSession:
         self.statements = 0
         self.last_ok = float("-inf")
         """Loop time of the last statement that succeeded: proof the session was alive."""
+        self.backoff = Backoff(source.describe())
 
     @property
     def is_open(self) -> bool:
@@ -85,10 +90,18 @@ class LockSession:
         return self.conn is not None and not is_closed(self.conn)
 
     async def ensure(self) -> tuple[Any, int]:
-        """The open connection and its generation; connect (and set up) if there is none."""
+        """The open connection and its generation; connect (and set up) if there is none.
+
+        Raises :class:`LockUnavailable` (a :class:`LockError`) when the connect fails, and,
+        without trying, while the backoff after a failed connect lasts or another task's
+        retry is in flight: callers never queue up behind a server that is down. The
+        outage is logged here, once (see :class:`._backoff.Backoff`).
+        """
         conn = self.conn
         if conn is not None and not is_closed(conn):
             return conn, self.generation
+        if not self.closed:
+            self._refuse_while_down(retrying=self.connect_lock.locked())
         async with self.connect_lock:
             if self.closed:
                 raise LockError("the PostgresLocker is closed")
@@ -96,27 +109,54 @@ class LockSession:
                 if not is_closed(self.conn):
                     return self.conn, self.generation  # another task reconnected
                 self.drop(self.conn, reason="its connection was closed")
-            conn = await self._source.checkout(timeout=self._connect_timeout)
+            self._refuse_while_down(retrying=False)  # another task's attempt just failed
+            self.backoff.trying()
             try:
-                with backend_errors("could not set up the lock session"):
-                    async with asyncio.timeout(self._connect_timeout):
-                        await configure_session(
-                            conn,
-                            application_name=self._application_name,
-                            keepalives=self._keepalives,
-                        )
-                        await self._prepare_ledger(conn)
-            except BaseException:
-                # Includes cancellation: an unconfigured session we do not keep must not
-                # linger. terminate() is synchronous, so a second cancel cannot skip it.
-                terminate(conn)
-                raise
+                conn = await self._connect()
+            except Exception as exc:
+                delay = self.backoff.failed(monotonic(), exc)
+                if not isinstance(exc, LockError):
+                    raise
+                raise LockUnavailable(f"{exc}; reconnecting in {delay:.2f}s") from _cause(exc)
+            self.backoff.succeeded(monotonic(), again=self.opened > 0)
             self.generation += 1
             self.conn = conn
             self.opened += 1
             conn.add_termination_listener(self._on_terminated)
             self._on_open()
             return conn, self.generation
+
+    def _refuse_while_down(self, *, retrying: bool) -> None:
+        backoff = self.backoff
+        if not backoff.failures:
+            return  # never failed, or connected since: go ahead (and queue if need be)
+        left = backoff.wait(monotonic())
+        if left <= 0 and not retrying:
+            return
+        when = f"reconnecting in {left:.2f}s" if left > 0 else "a reconnect is in progress"
+        last = backoff.last_error
+        raise LockUnavailable(
+            f"the lock session is down ({backoff.failures} failed connect(s), the last: "
+            f"{last}); {when}"
+        ) from (None if last is None else _cause(last))
+
+    async def _connect(self) -> Any:
+        conn = await self._source.checkout(timeout=self._connect_timeout)
+        try:
+            with backend_errors("could not set up the lock session"):
+                async with asyncio.timeout(self._connect_timeout):
+                    await configure_session(
+                        conn,
+                        application_name=self._application_name,
+                        keepalives=self._keepalives,
+                    )
+                    await self._prepare_ledger(conn)
+        except BaseException:
+            # Includes cancellation: an unconfigured session we do not keep must not
+            # linger. terminate() is synchronous, so a second cancel cannot skip it.
+            terminate(conn)
+            raise
+        return conn
 
     async def _prepare_ledger(self, conn: Any) -> None:
         table = self._table
@@ -148,6 +188,8 @@ class LockSession:
         if conn is self.conn:
             self.conn = None
             self.generation += 1
+            if not self.closed:
+                self.backoff.lost(monotonic())
             self._on_drop(reason)
         with contextlib.suppress(*BACKEND_ERRORS):  # a proxy already handed back
             conn.remove_termination_listener(self._on_terminated)
@@ -194,3 +236,8 @@ class LockSession:
                 raise
             self.last_ok = asyncio.get_running_loop().time()
             return result
+
+
+def _cause(exc: BaseException) -> BaseException:
+    """The asyncpg or OS exception behind *exc*: the ``__cause__`` of every LockError."""
+    return exc.__cause__ or exc

@@ -41,6 +41,12 @@ class PostgresLockerStatistics:
     """Runs of other replicas this locker found crashed and marked so in the ledger."""
     reran: int = 0
     """Slots of crashed runs this locker claimed again, for their rerun (attempt 2)."""
+    connect_attempts: int = 0
+    """Connections the lock sessions tried to open, failed ones included. While the server
+    is down each session tries again only after a growing wait (backoff), however many
+    acquires come in meanwhile."""
+    connect_failures: int = 0
+    """Connect attempts of the lock sessions that failed."""
 
 
 @dataclass(frozen=True, slots=True)

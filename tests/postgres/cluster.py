@@ -1,0 +1,337 @@
+"""A throwaway PostgreSQL cluster that a test may stop, restart and crash.
+
+Never the machine's shared server: :class:`Cluster` makes its own with the local
+``initdb``/``pg_ctl`` in ``/tmp/cronlock-pg-*`` (as the ``postgres`` user when running as
+root) and removes it when stopped for good. It must not outlive the test run, even when
+pytest is killed without a chance to run its finalizers:
+
+- each cluster has a **watchdog**, a small process of its own (this file, run as a
+  script) holding the read end of a pipe whose write end only the owning process holds.
+  When the owner exits or is killed (SIGKILL included) the pipe reports end-of-file, and
+  the watchdog stops the cluster (``pg_ctl -m immediate stop``) and removes its directory.
+  It runs in a session of its own, so a Ctrl-C meant for pytest does not reach it.
+- the first start in a process **sweeps** ``/tmp/cronlock-pg-*`` for clusters whose owner
+  (recorded with its start time, against pid reuse) is gone, in case a watchdog was killed
+  too. Directories without an owner file are somebody else's and left alone.
+
+Only the standard library is imported here, so the watchdog starts quickly.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import os
+import pwd
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from types import TracebackType
+from typing import Literal
+
+__all__ = (
+    "PREFIX",
+    "Cluster",
+    "ClusterUnavailable",
+    "Mode",
+    "local_binaries",
+    "postmaster_pid",
+    "sweep",
+)
+
+PREFIX = "cronlock-pg-"
+OWNER_FILE = "owner"  # "<pid> <start time>" of the process the cluster belongs to
+_DONE = b"q"  # the owner stopped the cluster itself: the watchdog just leaves
+
+Mode = Literal["smart", "fast", "immediate"]
+
+
+class ClusterUnavailable(RuntimeError):
+    """No local PostgreSQL binaries (or no user to run them as): no cluster can be made."""
+
+
+def local_binaries() -> str | None:
+    """The directory of the newest local ``initdb``/``pg_ctl``, or ``None``."""
+    found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
+    if found:
+        return os.path.dirname(found[-1])
+    initdb = shutil.which("initdb")
+    return os.path.dirname(initdb) if initdb else None
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _start_time(pid: int) -> str | None:
+    """The start time of process *pid* (clock ticks since boot); ``None`` if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    fields = stat.rsplit(")", 1)[1].split()  # the command name may contain spaces
+    if fields[0] == "Z":
+        return None  # a zombie has exited: only its exit status is left to collect
+    return fields[19]
+
+
+def postmaster_pid(data: str) -> int | None:
+    """The pid of the postmaster running on *data*, or ``None`` if none is."""
+    try:
+        with open(os.path.join(data, "postmaster.pid")) as f:
+            pid = int(f.readline())
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            cmdline = f.read().split(b"\0")
+    except (OSError, ValueError):
+        return None
+    if _start_time(pid) is None or os.fsencode(data) not in cmdline:
+        return None  # gone, or the pid now belongs to another process
+    return pid
+
+
+def _run(args: list[str], run_as: str | None, timeout: float = 120) -> None:
+    subprocess.run(args, check=True, capture_output=True, user=run_as, timeout=timeout)
+
+
+def _dispose(root: str, bindir: str, run_as: str | None, *, grace: float = 1.0) -> None:
+    """Stop whatever postmaster runs in *root* (immediately) and remove the directory.
+
+    Keeps looking for *grace* seconds after the postmaster is gone, in case a start was
+    still in flight when the owner died.
+    """
+    data = os.path.join(root, "data")
+    quiet_since: float | None = None
+    give_up = time.monotonic() + 60
+    while time.monotonic() < give_up:
+        pid = postmaster_pid(data)
+        if pid is None:
+            quiet_since = quiet_since or time.monotonic()
+            if time.monotonic() - quiet_since >= grace:
+                break
+            time.sleep(0.1)
+            continue
+        quiet_since = None
+        try:
+            _run([f"{bindir}/pg_ctl", "-D", data, "-m", "immediate", "-w", "stop"], run_as, 30)
+        except (OSError, subprocess.SubprocessError):
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGQUIT)  # what pg_ctl -m immediate sends
+            time.sleep(0.2)
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def sweep() -> list[str]:
+    """Stop and remove the ``/tmp/cronlock-pg-*`` clusters whose owner is gone; list them."""
+    bindir = local_binaries()
+    swept: list[str] = []
+    for root in glob.glob(os.path.join(tempfile.gettempdir(), PREFIX + "*")):
+        try:
+            with open(os.path.join(root, OWNER_FILE)) as f:
+                pid_text, started = f.read().split()
+        except (OSError, ValueError):
+            continue  # not made by Cluster (or not yet written): not ours to judge
+        if _start_time(int(pid_text)) == started:
+            continue  # its owner runs: another test run, maybe in another worktree
+        if bindir is not None:
+            _dispose(root, bindir, _run_as(), grace=0)
+            swept.append(root)
+    return swept
+
+
+def _run_as() -> str | None:
+    if os.geteuid() != 0:
+        return None
+    try:
+        pwd.getpwnam("postgres")
+    except KeyError:
+        raise ClusterUnavailable(
+            "running as root and there is no 'postgres' user for initdb"
+        ) from None
+    return "postgres"
+
+
+_swept = False
+
+
+class Cluster:
+    """A PostgreSQL cluster of its own on a free port of 127.0.0.1, trust authentication.
+
+    ``start()`` (the first one runs ``initdb``), ``stop(mode)``, ``restart(mode)``,
+    ``destroy()`` (stop and remove everything; also what ``with Cluster() as c:`` does on
+    exit). The port, hence :attr:`dsn`, stays the same across restarts.
+    """
+
+    def __init__(self, *, watchdog: bool = True) -> None:
+        bindir = local_binaries()
+        if bindir is None:
+            raise ClusterUnavailable("no initdb/pg_ctl under /usr/lib/postgresql/*/bin or on PATH")
+        self._bindir = bindir
+        self._run_as = _run_as()
+        self._watch = watchdog
+        self.port = _free_port()
+        self.root: str | None = None
+        self._watchdog: subprocess.Popen[bytes] | None = None
+        self._pipe: int | None = None
+
+    @property
+    def dsn(self) -> str:
+        """A DSN of the cluster's ``postgres`` database, as the ``postgres`` superuser."""
+        return f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
+
+    @property
+    def data(self) -> str:
+        """The data directory."""
+        assert self.root is not None, "the cluster was never started"
+        return os.path.join(self.root, "data")
+
+    @property
+    def postmaster_pid(self) -> int | None:
+        """The postmaster's pid while the server runs, else ``None``."""
+        return None if self.root is None else postmaster_pid(self.data)
+
+    @property
+    def running(self) -> bool:
+        """Whether the server runs right now."""
+        return self.postmaster_pid is not None
+
+    def start(self) -> None:
+        """Start the server (making the cluster first if needed); return once it accepts."""
+        if self.root is None:
+            self._create()
+        if self.running:
+            return
+        options = (
+            f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c max_connections=300"
+        )
+        self._pg_ctl("-o", options, "start")
+
+    def stop(self, mode: Mode = "fast") -> None:
+        """Stop the server: ``fast`` (sessions terminated) or ``immediate`` (a crash)."""
+        self._pg_ctl("-m", mode, "stop")
+
+    def restart(self, mode: Mode = "fast") -> None:
+        """Stop the server in *mode* and start it again, with the same options and port."""
+        self._pg_ctl("-m", mode, "restart")  # the options are kept in postmaster.opts
+
+    def destroy(self) -> None:
+        """Stop the server at once and remove the cluster; idempotent."""
+        root, self.root = self.root, None
+        if root is not None:
+            _dispose(root, self._bindir, self._run_as, grace=0)
+        pipe, self._pipe = self._pipe, None
+        if pipe is not None:
+            with contextlib.suppress(OSError):
+                os.write(pipe, _DONE)
+            os.close(pipe)
+        watchdog, self._watchdog = self._watchdog, None
+        if watchdog is not None:
+            try:
+                watchdog.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                watchdog.kill()
+                watchdog.wait()
+
+    def __enter__(self) -> Cluster:
+        try:
+            self.start()
+        except BaseException:
+            self.destroy()
+            raise
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.destroy()
+
+    # -- internals -------------------------------------------------------------------------
+
+    def _root(self) -> str:
+        assert self.root is not None
+        return self.root
+
+    def _pg_ctl(self, *args: str) -> None:
+        # Always -l: a postmaster that logged to pg_ctl's captured stdout would hold that
+        # pipe open, and pg_ctl's caller would wait for it forever.
+        log = os.path.join(self._root(), "log")
+        _run(
+            [f"{self._bindir}/pg_ctl", "-D", self.data, "-l", log, "-w", "-t", "60", *args],
+            self._run_as,
+        )
+
+    def _create(self) -> None:
+        global _swept
+        if not _swept:
+            _swept = True
+            sweep()
+        root = tempfile.mkdtemp(prefix=PREFIX)
+        self.root = root
+        with open(os.path.join(root, OWNER_FILE), "w") as f:
+            f.write(f"{os.getpid()} {_start_time(os.getpid())}\n")
+        if self._run_as is not None:
+            shutil.chown(root, user=self._run_as)
+        if self._watch:
+            self._spawn_watchdog(root)
+        initdb = f"{self._bindir}/initdb"
+        _run(
+            [initdb, "-D", self.data, "-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-sync"],
+            self._run_as,
+        )
+
+    def _spawn_watchdog(self, root: str) -> None:
+        read, write = os.pipe()  # both ends non-inheritable: no other child holds them
+        try:
+            self._watchdog = subprocess.Popen(
+                [sys.executable, __file__, "--watch", str(read), root, self._bindir]
+                + ([self._run_as] if self._run_as else []),
+                pass_fds=(read,),
+                start_new_session=True,  # out of reach of the terminal's Ctrl-C
+                stdin=subprocess.DEVNULL,
+            )
+        except BaseException:
+            os.close(write)
+            raise
+        finally:
+            os.close(read)
+        self._pipe = write
+
+
+class _Terminated(Exception):
+    pass
+
+
+def _terminated(signum: int, frame: object) -> None:
+    raise _Terminated
+
+
+def _watch(fd: int, root: str, bindir: str, run_as: str | None) -> None:
+    """The watchdog: wait for the owner to go, then dispose of the cluster."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    # SIGTERM (someone cleaning up processes): dispose of the cluster too, then exit.
+    signal.signal(signal.SIGTERM, _terminated)
+    told = b""
+    try:
+        # End of file once every write end is closed: the owner is done, or dead.
+        while chunk := os.read(fd, 64):
+            told += chunk
+    except _Terminated:
+        told = b""
+    if _DONE not in told:
+        _dispose(root, bindir, run_as)
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["--watch"]:
+    _fd, _root_dir, _bindir = int(sys.argv[2]), sys.argv[3], sys.argv[4]
+    _watch(_fd, _root_dir, _bindir, sys.argv[5] if len(sys.argv) > 5 else None)
