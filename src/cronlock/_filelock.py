@@ -12,7 +12,7 @@ import threading
 from datetime import UTC, datetime
 from pathlib import Path
 
-from ._cancel import claim_or_undo
+from ._cancel import claim_or_undo, task_name
 from ._claimed import remember_claim
 from ._errors import ConfigError, LockError
 from ._locking import Lease, Refusal
@@ -151,7 +151,7 @@ class FileLocker:
         # The thread cannot be stopped, so wait for it whatever happens: otherwise a
         # cancelled acquire could leave a lock held by nobody.
         return await claim_or_undo(
-            asyncio.to_thread(self._acquire_sync, job, key), undo, name=f"cronlock-flock:{job}"
+            asyncio.to_thread(self._acquire_sync, job, key), undo, name=task_name("flock", job)
         )
 
     def _lock_path(self, job: str) -> Path:

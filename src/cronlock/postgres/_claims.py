@@ -14,7 +14,7 @@ from collections.abc import Awaitable
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from .._cancel import claim_or_undo
+from .._cancel import claim_or_undo, task_name
 from .._errors import LockError
 from .._locking import Refusal
 from ._advisory import TRY_LOCK_SQL, UNLOCK_SQL
@@ -95,7 +95,7 @@ class Claims:
             # delivering the cancel, so that another replica may still run the slot.
             return asyncio.create_task(
                 self._unclaim(conn, generation, job, key, slot),
-                name=f"cronlock.postgres.undo[{job}]",
+                name=task_name("pg-undo", job),
             )
 
         # Run the statement in a task that cancellation does not interrupt: cancelling it
@@ -109,7 +109,7 @@ class Claims:
             return await claim_or_undo(
                 self._attempt(conn, generation, job, key, slot, rerun),
                 undo,
-                name=f"cronlock.postgres.claim[{job}]",
+                name=task_name("pg-claim", job),
             )
 
     async def _unclaim(

@@ -32,7 +32,7 @@ from collections.abc import Callable, Mapping
 from types import TracebackType
 from typing import Any, Self
 
-from .._cancel import cancel_and_wait
+from .._cancel import cancel_and_wait, task_name
 from .._clock import monotonic
 from .._durations import Seconds, optional_seconds, to_seconds
 from .._errors import ConfigError, LockError
@@ -234,7 +234,7 @@ class PostgresElector:
         if self._closed:
             raise LockError(f"election {self._name!r}: the PostgresElector is closed")
         if self._task is None:
-            self._task = asyncio.create_task(self._main(), name=f"cronlock.election[{self._name}]")
+            self._task = asyncio.create_task(self._main(), name=task_name("election", self._name))
 
     async def close(self) -> None:
         """Stop leading or following and drop the session, which frees the lock at once.

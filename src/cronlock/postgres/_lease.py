@@ -7,7 +7,7 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import TYPE_CHECKING
 
-from .._cancel import uncancellable
+from .._cancel import task_name, uncancellable
 
 if TYPE_CHECKING:
     from .._records import RunRecord
@@ -112,7 +112,7 @@ class PostgresLease:
         if self._done:
             return
         self._done = True
-        await uncancellable(self._finish(), name=f"cronlock.postgres.release[{self.job}]")
+        await uncancellable(self._finish(), name=task_name("pg-release", self.job))
 
     async def _finish(self) -> None:
         unwritten: RunRecord | None = None

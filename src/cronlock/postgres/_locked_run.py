@@ -10,7 +10,7 @@ from contextlib import AbstractAsyncContextManager
 from types import TracebackType
 from typing import Any, TypeVar, TypeVarTuple, Unpack
 
-from .._cancel import claim_or_undo, uncancellable
+from .._cancel import claim_or_undo, task_name, uncancellable
 from .._durations import Seconds, to_seconds
 from .._errors import ConfigError
 from .._keys import job_lock_key
@@ -88,11 +88,11 @@ class _LockedRun(AbstractAsyncContextManager[RunLock]):
         def undo(granted: bool) -> Awaitable[None]:
             return asyncio.create_task(
                 self._give_back(conn, locked=granted),
-                name=f"cronlock.locked_run.release[{self._name}]",
+                name=task_name("locked-run-release", self._name),
             )
 
         granted = await claim_or_undo(
-            self._try_lock(conn), undo, name=f"cronlock.locked_run.try_lock[{self._name}]"
+            self._try_lock(conn), undo, name=task_name("locked-run-try-lock", self._name)
         )
         if not granted:
             _logger.debug("job %r: another session holds the lock; not running", self._name)
@@ -144,7 +144,7 @@ class _LockedRun(AbstractAsyncContextManager[RunLock]):
     async def _give_back_uncancellably(self, conn: Any, *, locked: bool) -> None:
         await uncancellable(
             self._give_back(conn, locked=locked),
-            name=f"cronlock.locked_run.release[{self._name}]",
+            name=task_name("locked-run-release", self._name),
         )
 
     async def _give_back(self, conn: Any, *, locked: bool) -> None:

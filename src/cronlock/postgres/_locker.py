@@ -351,7 +351,7 @@ class PostgresLocker:
                     with contextlib.suppress(*GONE_OR_FAILED):
                         await uncancellable(
                             self._upkeep.flush(session, conn, session.generation),
-                            name="cronlock.postgres.flush",
+                            name=task_name("pg-flush"),
                         )
                 await session.hand_back(conn)
 
@@ -436,7 +436,7 @@ class PostgresLocker:
                 session.run(
                     conn, generation, call, what="a ledger read", keep_on_server_error=True
                 ),
-                name=f"cronlock.postgres.read[{job}]",
+                name=task_name("pg-read", job),
             )
 
     def _on_released(self, lease: PostgresLease, unwritten: RunRecord | None) -> None:

@@ -17,7 +17,7 @@ from collections.abc import Callable, Collection, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from .._cancel import cancel_and_wait, uncancellable
+from .._cancel import cancel_and_wait, task_name, uncancellable
 from ._backend_errors import GONE_OR_FAILED, backend_errors
 from ._connections import is_closed
 from ._crashes import CHECK_EVERY, CrashWatch
@@ -93,7 +93,7 @@ class Upkeep:
         if self._task is None:
             loop = asyncio.get_running_loop()
             self._prune_at += loop.time()
-            self._task = loop.create_task(self._keep(), name="cronlock.postgres.upkeep")
+            self._task = loop.create_task(self._keep(), name=task_name("pg-upkeep"))
 
     async def stop(self) -> None:
         """Cancel the upkeep task and wait until it is done."""
@@ -112,7 +112,7 @@ class Upkeep:
             conn, generation = found[1:] if found else await session.ensure()
             with backend_errors("pruning the run ledger failed"):
                 deleted = await uncancellable(
-                    self._prune_batch(session, conn, generation), name="cronlock.postgres.prune"
+                    self._prune_batch(session, conn, generation), name=task_name("pg-prune")
                 )
             total += deleted
             if deleted < PRUNE_BATCH:
@@ -161,7 +161,7 @@ class Upkeep:
                     if now - self._sessions[i].last_ok >= beat
                 ]
                 if due:
-                    await uncancellable(self._beat_all(due), name="cronlock.postgres.heartbeat")
+                    await uncancellable(self._beat_all(due), name=task_name("pg-heartbeat"))
             found = self._any_open()
             if self._table is None or found is None:
                 continue  # only acquire reconnects: upkeep alone never opens a session
@@ -169,7 +169,7 @@ class Upkeep:
             try:
                 if self._late or (self._dirty and now - self._noted_at >= NOTE_EVERY):
                     await uncancellable(
-                        self.flush(session, conn, generation), name="cronlock.postgres.flush"
+                        self.flush(session, conn, generation), name=task_name("pg-flush")
                     )
                 # Other replicas' runs whose session is gone (ours are left to the late
                 # writes above, which replace a "crashed" another replica may have set).
@@ -178,12 +178,12 @@ class Upkeep:
                     self._crash_at = now + CHECK_EVERY - tick / 2
                     await uncancellable(
                         self._crashes.check(session, conn, generation),
-                        name="cronlock.postgres.crashes",
+                        name=task_name("pg-crashes"),
                     )
                 if now >= self._prune_at:
                     deleted = await uncancellable(
                         self._prune_batch(session, conn, generation),
-                        name="cronlock.postgres.prune",
+                        name=task_name("pg-prune"),
                     )
                     full = deleted >= PRUNE_BATCH
                     self._prune_at = now + (tick if full else PRUNE_EVERY * random.uniform(1, 1.2))
