@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 import asyncpg
 
-from .._cancel import uncancellable
+from .._cancel import finish_uncancellably, uncancellable
 from .._errors import LockError
 from ._backend_errors import BACKEND_ERRORS, SessionGone, backend_errors
 from ._connections import (
@@ -97,26 +97,37 @@ class LockSession:
                     return self.conn, self.generation  # another task reconnected
                 self.drop(self.conn, reason="its connection was closed")
             conn = await self._source.checkout(timeout=self._connect_timeout)
+            # The setup runs to its end even if we are cancelled meanwhile (it is bounded
+            # by connect_timeout), and a session set up is kept: cut off mid-statement, it
+            # would have to be terminated, costing a pool its connection (a scheduler shut
+            # down just after it started cancels its catch-up read here).
+            setup = asyncio.create_task(self._set_up(conn), name="cronlock.postgres.setup")
+            interrupted: BaseException | None = None
             try:
-                with backend_errors("could not set up the lock session"):
-                    async with asyncio.timeout(self._connect_timeout):
-                        await configure_session(
-                            conn,
-                            application_name=self._application_name,
-                            keepalives=self._keepalives,
-                        )
-                        await self._prepare_ledger(conn)
-            except BaseException:
-                # Includes cancellation: an unconfigured session we do not keep must not
-                # linger. terminate() is synchronous, so a second cancel cannot skip it.
-                terminate(conn)
-                raise
+                await finish_uncancellably(setup)
+            except BaseException as exc:
+                if not setup.done() or setup.cancelled() or setup.exception() is not None:
+                    # An unconfigured session we do not keep must not linger.
+                    # terminate() is synchronous, so a second cancel cannot skip it.
+                    terminate(conn)
+                    raise
+                interrupted = exc  # set up: keep it, then deliver the cancellation
             self.generation += 1
             self.conn = conn
             self.opened += 1
             conn.add_termination_listener(self._on_terminated)
             self._on_open()
+            if interrupted is not None:
+                raise interrupted
             return conn, self.generation
+
+    async def _set_up(self, conn: Any) -> None:
+        with backend_errors("could not set up the lock session"):
+            async with asyncio.timeout(self._connect_timeout):
+                await configure_session(
+                    conn, application_name=self._application_name, keepalives=self._keepalives
+                )
+                await self._prepare_ledger(conn)
 
     async def _prepare_ledger(self, conn: Any) -> None:
         table = self._table
