@@ -152,6 +152,44 @@ async def poll(what: str, bound: float, check: Any) -> Any:
         await asyncio.sleep(0.1)
 
 
+async def watch_it_run(
+    seen: Observed, port: int, admin: Any, table: str, app_name: str, *, alive: Callable[[], None]
+) -> None:
+    """Ask the service over HTTP, then wait until a report run has just started."""
+
+    async def answering() -> Any:
+        alive()
+        try:
+            return await asyncio.to_thread(get_json, port, "/jobs")
+        except OSError:
+            return None
+
+    view = await poll("GET /jobs answered", STARTUP_BOUND, answering)
+    assert {job["name"] for job in view["jobs"]} == {"heartbeat", "report"}
+    assert all(job["next_run"] is not None for job in view["jobs"])
+    for _ in range(6):  # served by whichever worker the kernel hands the connection
+        seen.served_by.add((await asyncio.to_thread(get_json, port, "/jobs"))["pid"])
+    assert seen.served_by <= seen.worker_pids
+
+    async def report_just_started() -> dict[str, Any] | None:
+        alive()
+        beats = await admin.fetchval(f'SELECT count(*) FROM "{table}" WHERE job = $1', "heartbeat")
+        if beats < HEARTBEATS_BEFORE_STOP:
+            return None
+        # Started less than a second ago: it has seconds of work left at SIGTERM.
+        row = await admin.fetchrow(
+            f'SELECT id, slot, pid FROM "{table}" '
+            "WHERE job = 'report' AND finished_at IS NULL "
+            "AND started_at > clock_timestamp() - interval '1 second'"
+        )
+        return None if row is None else dict(row)
+
+    seen.in_flight = await poll("a report run started", RUNNING_BOUND, report_just_started)
+    recent = await asyncio.to_thread(get_json, port, "/heartbeats?limit=5")
+    assert len(recent["rows"]) == 5
+    seen.cronlock_sessions = await admin.fetchval(SESSIONS_SQL, f"{app_name}:cronlock:%")
+
+
 async def exercise(
     label: str,
     command: Callable[[int, int], list[str]],
@@ -160,9 +198,11 @@ async def exercise(
     tmp_path: Path,
     *,
     stop_timeout: float,
+    booting: bool = False,
 ) -> Observed:
     """Start the service, watch it run, SIGTERM its master while a report run has seconds
-    of work left, and collect what happened."""
+    of work left (*booting*: as soon as a worker opened its pool), and collect what
+    happened."""
     seen = Observed(label, stop_timeout=stop_timeout)
     tag = uuid.uuid4().hex[:10]
     table, ledger, app_name = f"heartbeat_{tag}", f"runs_{tag}", f"cronlock-svc-{tag}"
@@ -207,41 +247,15 @@ async def exercise(
                 pids = {row[0] for row in await admin.fetch(WORKERS_SQL, f"{app_name}:app:%")}
                 return pids if len(pids) == WORKERS else set()
 
-            seen.worker_pids = await poll(f"{WORKERS} workers up", STARTUP_BOUND, workers_up)
-
-            async def answering() -> Any:
+            async def a_worker_booting() -> set[int]:
                 alive(proc)
-                try:
-                    return await asyncio.to_thread(get_json, port, "/jobs")
-                except OSError:
-                    return None
+                return {row[0] for row in await admin.fetch(WORKERS_SQL, f"{app_name}:app:%")}
 
-            view = await poll("GET /jobs answered", STARTUP_BOUND, answering)
-            assert {job["name"] for job in view["jobs"]} == {"heartbeat", "report"}
-            assert all(job["next_run"] is not None for job in view["jobs"])
-            for _ in range(6):  # served by whichever worker the kernel hands the connection
-                seen.served_by.add((await asyncio.to_thread(get_json, port, "/jobs"))["pid"])
-            assert seen.served_by <= seen.worker_pids
-
-            async def report_just_started() -> dict[str, Any] | None:
-                alive(proc)
-                beats = await admin.fetchval(
-                    f'SELECT count(*) FROM "{table}" WHERE job = $1', "heartbeat"
-                )
-                if beats < HEARTBEATS_BEFORE_STOP:
-                    return None
-                # Started less than a second ago: it has seconds of work left at SIGTERM.
-                row = await admin.fetchrow(
-                    f'SELECT id, slot, pid, clock_timestamp() AS now FROM "{table}" '
-                    "WHERE job = 'report' AND finished_at IS NULL "
-                    "AND started_at > clock_timestamp() - interval '1 second'"
-                )
-                return None if row is None else dict(row)
-
-            seen.in_flight = await poll("a report run started", RUNNING_BOUND, report_just_started)
-            recent = await asyncio.to_thread(get_json, port, "/heartbeats?limit=5")
-            assert len(recent["rows"]) == 5
-            seen.cronlock_sessions = await admin.fetchval(SESSIONS_SQL, f"{app_name}:cronlock:%")
+            if booting:
+                seen.worker_pids = await poll("a worker booting", STARTUP_BOUND, a_worker_booting)
+            else:
+                seen.worker_pids = await poll(f"{WORKERS} workers up", STARTUP_BOUND, workers_up)
+                await watch_it_run(seen, port, admin, table, app_name, alive=lambda: alive(proc))
 
             seen.sigterm_at = await admin.fetchval("SELECT clock_timestamp()")
             stopping = time.monotonic()
@@ -264,15 +278,20 @@ async def exercise(
 
     await poll("the service's sessions closed", SESSIONS_BOUND, sessions_gone)
     seen.sessions_left = await admin.fetchval(SESSIONS_SQL, f"{app_name}:%")
-    seen.rows = [
-        dict(row) for row in await admin.fetch(f'SELECT job, slot, pid, finished_at FROM "{table}"')
-    ]
+
+    async def rows_of(name: str, columns: str) -> list[dict[str, Any]]:
+        # A service stopped while it boots may not have created its tables.
+        if await admin.fetchval("SELECT to_regclass($1)", f'"{name}"') is None:
+            return []
+        return [dict(row) for row in await admin.fetch(f'SELECT {columns} FROM "{name}"')]
+
+    seen.rows = await rows_of(table, "job, slot, pid, finished_at")
     seen.ledger = {
-        (row["job"], row["slot"]): dict(row)
-        for row in await admin.fetch(f'SELECT job, slot, outcome, finished_at FROM "{ledger}"')
+        (row["job"], row["slot"]): row
+        for row in await rows_of(ledger, "job, slot, outcome, finished_at")
     }
     for name in (table, ledger, f"{ledger}_jobs"):
-        await admin.execute(f'DROP TABLE "{name}"')
+        await admin.execute(f'DROP TABLE IF EXISTS "{name}"')
     seen.stderr = err_path.read_text()
     return seen
 
@@ -376,3 +395,30 @@ async def test_a_run_past_stop_timeout_is_cancelled_and_the_exit_is_still_clean(
     assert flight["finished_at"] > seen.sigterm_at
     assert "shutdown: cancelled 1 run(s) still going after 1.0s" in seen.stderr
     report(seen, "cancelled at stop_timeout, recorded cancelled")
+
+
+@pytest.mark.parametrize("server", SERVERS)
+async def test_a_service_stopped_while_it_boots_exits_cleanly(
+    server: str, pg_dsn: str, admin: Any, tmp_path: Path
+) -> None:
+    # SIGTERM as soon as a worker opened its pool: workers stop while their schedulers start
+    # (a deploy rolled back, Ctrl-C right after starting it).
+    seen = await exercise(
+        server, SERVERS[server], pg_dsn, admin, tmp_path, stop_timeout=LONG_STOP, booting=True
+    )
+    assert seen.exit_status == 0, seen.stderr[-3000:]
+    assert problems(seen.stderr, seen.port) == []
+    assert seen.sessions_left == 0
+    # Every scheduler that started was shut down.
+    started = seen.stderr.count("INFO cronlock: scheduler started")
+    assert seen.stderr.count("INFO cronlock: scheduler stopped") == started
+    # Whatever ran before the stop ran once and finished.
+    slots = [(row["job"], row["slot"]) for row in seen.rows]
+    assert len(slots) == len(set(slots))
+    assert [row for row in seen.rows if row["finished_at"] is None] == []
+    assert {entry["outcome"] for entry in seen.ledger.values()} <= {"succeeded"}
+    print(
+        f"\n[measured] {seen.label} stopped while booting: {started} scheduler(s) started "
+        f"and stopped, {len(slots)} run(s); shutdown {seen.shutdown_seconds:.2f}s, "
+        f"exit status {seen.exit_status}, sessions left {seen.sessions_left}"
+    )
