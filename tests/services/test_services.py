@@ -13,7 +13,8 @@ would check:
   it (its row and its ledger entry), or, with a ``stop_timeout`` shorter than its remaining
   work, was cancelled and recorded ``cancelled`` in the ledger;
 - no session of the service is left in ``pg_stat_activity``, and its stderr has no
-  traceback, no ``Task was destroyed``, no ``ResourceWarning``.
+  traceback, no ``Task was destroyed``, no ``ResourceWarning``; also when the service is
+  stopped while its workers boot (their schedulers stop as they start).
 
 Timings are printed (``[measured]``), never asserted: the bounds below only stop a hang.
 """
