@@ -15,7 +15,7 @@ PYTHONS = ["3.11", "3.12", "3.13"]
 @nox.session(python=PYTHONS)
 def tests(session: nox.Session) -> None:
     """Run the test suite with coverage (PostgreSQL tests need CRONLOCK_TEST_DSN)."""
-    session.install("-e", ".[postgres,test]")
+    session.install("-e", ".[postgres,test,examples]")
     session.run(
         "python",
         "-m",
@@ -31,14 +31,15 @@ def tests(session: nox.Session) -> None:
 def lint(session: nox.Session) -> None:
     """ruff check and format check."""
     session.install("ruff")
-    session.run("ruff", "check", "src", "tests", "benchmarks", "noxfile.py")
-    session.run("ruff", "format", "--check", "src", "tests", "benchmarks", "noxfile.py")
+    paths = ("src", "tests", "benchmarks", "examples", "noxfile.py")
+    session.run("ruff", "check", *paths)
+    session.run("ruff", "format", "--check", *paths)
 
 
 @nox.session
 def typing(session: nox.Session) -> None:
-    """mypy --strict on src and tests."""
-    session.install("-e", ".[postgres,test,lint]")
+    """mypy --strict on src, tests and examples."""
+    session.install("-e", ".[postgres,test,lint,examples]")
     session.run("mypy")
 
 

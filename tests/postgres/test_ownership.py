@@ -17,6 +17,7 @@ import textwrap
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import asyncpg
 import pytest
@@ -25,6 +26,7 @@ from cronlock import LockError, Scheduler, SchedulerStateError, every
 from cronlock.postgres import PostgresElector, PostgresLocker
 
 from .conftest import SessionsNamed
+from .proxy import TcpProxy, via
 
 pytestmark = pytest.mark.postgres
 
@@ -242,3 +244,41 @@ def test_the_readme_snippets_completed_exit_promptly_without_warnings(
     # -X dev shows ResourceWarnings and "Task was destroyed" reports; none may appear.
     for marker in ("Warning", "Traceback", "Exception ignored", "Task was destroyed"):
         assert marker not in result.stderr, result.stderr
+
+
+async def test_a_session_setup_interrupted_by_shutdown_leaves_the_pool_connection_alive(
+    pg_dsn: str,
+) -> None:
+    # A scheduler shut down right after it started (SIGTERM while a service boots) cancels
+    # the catch-up read while the locker is setting up its session on a pooled connection.
+    # The setup finishes and the connection goes back to the pool alive: terminated, the
+    # pool would reconnect in the background, and a pool.close() during that reconnect
+    # logs "Future exception was never retrieved" (asyncpg).
+    target = urlsplit(pg_dsn)
+    proxy = TcpProxy(target.hostname or "127.0.0.1", target.port or 5432)
+    port = await proxy.start()
+    try:
+        pool = await asyncpg.create_pool(via(pg_dsn, port), min_size=1, max_size=2)
+        try:
+            backend = await pool.fetchval("SELECT pg_backend_pid()")
+            locker = PostgresLocker(pool, sessions=1)
+            proxy.set_mode("freeze")  # the setup's first statement waits in the proxy
+            reading = asyncio.create_task(locker.last_runs("interrupted-setup"))
+            async with asyncio.timeout(PROMPT):
+                while pool.get_idle_size():  # the locker has checked the connection out
+                    await asyncio.sleep(0.01)
+            reading.cancel()
+            await asyncio.sleep(0.1)
+            proxy.set_mode("pass")
+            with pytest.raises(asyncio.CancelledError):
+                async with asyncio.timeout(PROMPT):
+                    await reading
+            await locker.close()
+            assert pool.get_size() == pool.get_idle_size() == 1
+            # The same server session: handed back, not terminated and replaced.
+            assert await pool.fetchval("SELECT pg_backend_pid()") == backend
+        finally:
+            async with asyncio.timeout(PROMPT):
+                await pool.close()
+    finally:
+        await proxy.close()

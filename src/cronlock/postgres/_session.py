@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 
 import asyncpg
 
-from .._cancel import uncancellable
+from .._cancel import finish_uncancellably, task_name, uncancellable
 from .._clock import monotonic
 from .._errors import LockError, LockUnavailable
 from ._backend_errors import BACKEND_ERRORS, SessionGone, backend_errors
@@ -112,7 +112,7 @@ class LockSession:
             self._refuse_while_down(retrying=False)  # another task's attempt just failed
             self.backoff.trying()
             try:
-                conn = await self._connect()
+                conn, interrupted = await self._connect()
             except Exception as exc:
                 delay = self.backoff.failed(monotonic(), exc)
                 if not isinstance(exc, LockError):
@@ -124,6 +124,8 @@ class LockSession:
             self.opened += 1
             conn.add_termination_listener(self._on_terminated)
             self._on_open()
+            if interrupted is not None:
+                raise interrupted
             return conn, self.generation
 
     def _refuse_while_down(self, *, retrying: bool) -> None:
@@ -140,23 +142,35 @@ class LockSession:
             f"{last}); {when}"
         ) from (None if last is None else _cause(last))
 
-    async def _connect(self) -> Any:
+    async def _connect(self) -> tuple[Any, BaseException | None]:
+        """A connection set up as a lock session, and the cancellation that came meanwhile.
+
+        The setup runs to its end even if we are cancelled meanwhile (it is bounded by
+        connect_timeout), and a session set up is kept: cut off mid-statement, it would have
+        to be terminated, costing a pool its connection (a scheduler shut down just after it
+        started cancels its catch-up read here). The caller keeps the session, then delivers
+        the cancellation.
+        """
         conn = await self._source.checkout(timeout=self._connect_timeout)
+        setup = asyncio.create_task(self._set_up(conn), name=task_name("pg-setup"))
         try:
-            with backend_errors("could not set up the lock session"):
-                async with asyncio.timeout(self._connect_timeout):
-                    await configure_session(
-                        conn,
-                        application_name=self._application_name,
-                        keepalives=self._keepalives,
-                    )
-                    await self._prepare_ledger(conn)
-        except BaseException:
-            # Includes cancellation: an unconfigured session we do not keep must not
-            # linger. terminate() is synchronous, so a second cancel cannot skip it.
-            terminate(conn)
-            raise
-        return conn
+            await finish_uncancellably(setup)
+        except BaseException as exc:
+            if not setup.done() or setup.cancelled() or setup.exception() is not None:
+                # An unconfigured session we do not keep must not linger.
+                # terminate() is synchronous, so a second cancel cannot skip it.
+                terminate(conn)
+                raise
+            return conn, exc  # set up: keep it, then deliver the cancellation
+        return conn, None
+
+    async def _set_up(self, conn: Any) -> None:
+        with backend_errors("could not set up the lock session"):
+            async with asyncio.timeout(self._connect_timeout):
+                await configure_session(
+                    conn, application_name=self._application_name, keepalives=self._keepalives
+                )
+                await self._prepare_ledger(conn)
 
     async def _prepare_ledger(self, conn: Any) -> None:
         table = self._table
@@ -202,7 +216,7 @@ class LockSession:
             self.drop(conn, reason="the locker was closed", kill=False)
         await uncancellable(
             self._source.checkin(conn, timeout=self._statement_timeout),
-            name="cronlock.postgres.close",
+            name=task_name("pg-close"),
         )
 
     async def run(
