@@ -9,6 +9,7 @@ One the user holds open with ``async with`` is left to that block.
 from __future__ import annotations
 
 import logging
+import typing
 
 from ._errors import SchedulerStateError
 from ._locking import Resource
@@ -21,15 +22,24 @@ _logger = logging.getLogger("cronlock")
 class Resources:
     """The closeable things given to one scheduler, each once, in the order given."""
 
-    __slots__ = ("_given",)
+    __slots__ = ("_given", "_kinds")
 
     def __init__(self) -> None:
         self._given: dict[int, Resource] = {}
+        # A runtime Protocol check costs ~40 us; add_job calls add() for every job, so the
+        # answer is kept per class (a job's locker is usually None or the same object).
+        self._kinds: dict[type, bool] = {}
 
     def add(self, thing: object) -> None:
         """Take charge of *thing* if it is a :class:`~cronlock.Resource` (else ignore it)."""
-        if isinstance(thing, Resource):
-            self._given.setdefault(id(thing), thing)
+        if thing is None or id(thing) in self._given:
+            return
+        kind = type(thing)
+        closeable = self._kinds.get(kind)
+        if closeable is None:
+            closeable = self._kinds[kind] = isinstance(thing, Resource)
+        if closeable:
+            self._given[id(thing)] = typing.cast(Resource, thing)
 
     def check_open(self) -> None:
         """Refuse to start with a resource that was closed (by an earlier shutdown, say)."""
