@@ -10,13 +10,49 @@ from __future__ import annotations
 
 import logging
 import typing
+from types import TracebackType
+from typing import Self
 
 from ._errors import SchedulerStateError
 from ._locking import Resource
 
-__all__ = ("Resources",)
+__all__ = ("HeldOpenByBlocks", "Resources")
 
 _logger = logging.getLogger("cronlock")
+
+
+class HeldOpenByBlocks:
+    """Mixin for a :class:`~cronlock.Resource`: ``async with`` holds it open, and the
+    outermost block closes it. Subclasses set ``self._entered = 0`` and define
+    ``close()``; ``_on_enter()`` runs first on each entry (start a task, say)."""
+
+    _entered: int
+
+    async def close(self) -> None:  # pragma: no cover - every subclass defines it
+        raise NotImplementedError
+
+    @property
+    def held_open(self) -> bool:
+        """True inside ``async with``; a Scheduler then leaves closing it to that block."""
+        return self._entered > 0
+
+    async def _on_enter(self) -> None:
+        """Called on each entry, before the block runs."""
+
+    async def __aenter__(self) -> Self:
+        await self._on_enter()
+        self._entered += 1
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._entered -= 1
+        if not self._entered:
+            await self.close()
 
 
 class Resources:

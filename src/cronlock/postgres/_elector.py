@@ -29,14 +29,14 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable, Mapping
-from types import TracebackType
-from typing import Any, Self
+from typing import Any
 
 from .._cancel import cancel_and_wait, task_name
 from .._clock import monotonic
 from .._durations import Seconds, optional_seconds, to_seconds
 from .._errors import ConfigError, LockError
 from .._keys import job_lock_key
+from .._resources import HeldOpenByBlocks
 from ._advisory import TRY_LOCK_SQL
 from ._backend_errors import BACKEND_ERRORS, backend_errors
 from ._connections import (
@@ -77,7 +77,7 @@ class _Term:
         self.ended = asyncio.Event()
 
 
-class PostgresElector:
+class PostgresElector(HeldOpenByBlocks):
     """A :class:`cronlock.FencedElector` on one PostgreSQL session advisory lock.
 
     Every replica runs one; the one whose dedicated session holds
@@ -255,25 +255,8 @@ class PostgresElector:
         """True once :meth:`close` has begun."""
         return self._closed
 
-    @property
-    def held_open(self) -> bool:
-        """True inside ``async with elector:``; a Scheduler then leaves closing it to you."""
-        return self._entered > 0
-
-    async def __aenter__(self) -> Self:
+    async def _on_enter(self) -> None:
         await self.start()
-        self._entered += 1
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self._entered -= 1
-        if not self._entered:
-            await self.close()
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else "leader" if self._leading() else "follower"

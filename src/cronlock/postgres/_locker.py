@@ -15,8 +15,7 @@ import logging
 import socket
 from collections.abc import Awaitable, Callable, Mapping
 from datetime import datetime, timedelta
-from types import TracebackType
-from typing import TYPE_CHECKING, Any, Self, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from .._cancel import cancel_and_wait, task_name, uncancellable
 from .._claimed import remember_claim
@@ -24,6 +23,7 @@ from .._durations import Seconds, optional_seconds, positive_int, to_seconds
 from .._errors import ConfigError, LockError
 from .._keys import job_lock_key
 from .._locking import Refusal
+from .._resources import HeldOpenByBlocks
 from ._backend_errors import GONE_OR_FAILED, backend_errors
 from ._claims import Claims
 from ._connections import ConnectionSource, Keepalives, default_application_name
@@ -51,7 +51,7 @@ _logger = logging.getLogger("cronlock.postgres")
 _T = TypeVar("_T")
 
 
-class PostgresLocker:
+class PostgresLocker(HeldOpenByBlocks):
     """A :class:`cronlock.LedgerLocker` on PostgreSQL: advisory locks plus a run ledger.
 
     **Exactly once.** A lock alone only keeps two replicas from running a job *at the
@@ -359,25 +359,6 @@ class PostgresLocker:
     def closed(self) -> bool:
         """True once :meth:`close` has begun."""
         return self._closed
-
-    @property
-    def held_open(self) -> bool:
-        """True inside ``async with locker:``; a Scheduler then leaves closing it to you."""
-        return self._entered > 0
-
-    async def __aenter__(self) -> Self:
-        self._entered += 1
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self._entered -= 1
-        if not self._entered:
-            await self.close()
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"{sum(s.is_open for s in self._shards)} open"
