@@ -223,6 +223,72 @@ SNIPPETS = {
 
         asyncio.run(main())
     """,
+    "fastapi_lifespan": """
+        import asyncio, sys
+        from contextlib import asynccontextmanager
+        from fastapi import FastAPI
+        from cronlock import Scheduler
+        from cronlock.postgres import PostgresLocker
+
+        locker = PostgresLocker(sys.argv[1])
+        scheduler = Scheduler(tz="Europe/Berlin", locker=locker)
+        ran = asyncio.Event()
+
+        @scheduler.cron("* * * * * *", seconds=True, timeout=600)
+        async def nightly_reindex() -> None:
+            ran.set()
+
+        @asynccontextmanager
+        async def lifespan(app: FastAPI):
+            async with locker, scheduler:
+                yield
+
+        app = FastAPI(lifespan=lifespan)
+
+        async def main() -> None:  # what uvicorn does with the lifespan
+            async with app.router.lifespan_context(app):
+                await asyncio.wait_for(ran.wait(), 20)
+            print("ok")
+
+        asyncio.run(main())
+    """,
+    "elector_held_open": """
+        import asyncio, sys
+        from cronlock import Scheduler
+        from cronlock.postgres import PostgresElector, PostgresLocker
+
+        async def main() -> None:
+            elector = PostgresElector(sys.argv[1])
+            scheduler = Scheduler(elector=elector, locker=PostgresLocker(sys.argv[1]))
+            ran = asyncio.Event()
+
+            @scheduler.every(0.2)
+            async def tick() -> None:
+                ran.set()
+
+            async with elector, scheduler:
+                await asyncio.wait_for(ran.wait(), 20)
+            print("ok")
+
+        asyncio.run(main())
+    """,
+    "run_locked": """
+        import asyncio, sys
+        import asyncpg
+        from cronlock.postgres import run_locked
+
+        async def reindex() -> int:
+            return 42
+
+        async def main() -> None:
+            pool = await asyncpg.create_pool(sys.argv[1])
+            ran, result = await run_locked(pool, "nightly-reindex", reindex)
+            assert ran and result == 42
+            await pool.close()
+            print("ok")
+
+        asyncio.run(main())
+    """,
 }
 
 
