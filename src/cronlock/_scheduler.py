@@ -31,7 +31,7 @@ from ._events import (
 from ._executor import Executor
 from ._job import Job, default_name, normalise_tags
 from ._keys import job_lock_key
-from ._locking import Elector, FencedElector, Locker, wire
+from ._locking import Elector, FencedElector, Locker, Wiring, wire
 from ._once import OnceSchedule
 from ._records import DEFAULT_MISFIRE_GRACE, Overlap
 from ._recovery import Recovery
@@ -118,6 +118,7 @@ class Scheduler:
         self._locker = locker
         self._elector = elector
         self._resources = Resources()
+        self._wirings: dict[tuple[bool, int], Wiring] = {}
         self._resources.add(locker)
         self._resources.add(elector)
         if on_lock_lost not in ("cancel", "continue"):
@@ -212,12 +213,16 @@ class Scheduler:
         )
         job._scheduler = self
         self._resources.add(job.locker)
-        job._wiring = wire(
-            distributed=job.distributed,
-            own=job.locker,
-            default=self._locker,
-            elector=self._elector,
-        )
+        alike = (job.distributed, id(job.locker))  # jobs wired alike share one Wiring
+        wiring = self._wirings.get(alike)
+        if wiring is None:
+            wiring = self._wirings[alike] = wire(
+                distributed=job.distributed,
+                own=job.locker,
+                default=self._locker,
+                elector=self._elector,
+            )
+        job._wiring = wiring
         self._recovery.watch(job._wiring)
         self._jobs[name] = job
         self._keys[key] = name
