@@ -14,15 +14,19 @@ import argparse
 import datetime as dt
 import hashlib
 import json
+import math
 import os
 import platform
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import psutil
 from report import render, targets
 
 HERE = Path(__file__).resolve().parent
@@ -30,7 +34,7 @@ CONTENDERS_DIR = HERE / "contenders"
 VENVS = HERE / ".venvs"
 RESULTS = HERE / "results"
 CONTENDERS = ("floor", "cronlock", "aps3", "aps4", "aiocron")
-SCENARIOS = ("precision", "scale", "coordination", "replicas", "import")
+SCENARIOS = ("precision", "scale", "coordination", "replicas", "burst", "import")
 DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/test"
 
 FULL: dict[str, Any] = {
@@ -43,6 +47,8 @@ FULL: dict[str, Any] = {
     "replica_jobs": 1000,
     "replica_slots": 5,
     "replica_ledger": [True, False],
+    "burst_jobs": [1000, 10000],
+    "burst_window": 50,
     "import_repeats": 10,
 }
 QUICK: dict[str, Any] = {
@@ -55,6 +61,8 @@ QUICK: dict[str, Any] = {
     "replica_jobs": 1000,
     "replica_slots": 3,
     "replica_ledger": [True, False],
+    "burst_jobs": [1000],
+    "burst_window": 50,
     "import_repeats": 3,
 }
 
@@ -191,34 +199,116 @@ def replicas(cfg: dict[str, Any], dsn: str) -> dict[str, Any]:
         for ledger in cfg["replica_ledger"]:
             label = "run ledger (default)" if ledger else "lock alone (ledger=False)"
             first = int(time.time()) + 5  # every replica is up and registered by then
-            cmd = [sys.executable, "replica.py", dsn, f"--jobs={jobs}", f"--first={first}"]
-            cmd += [f"--slots={slots}", *([f"--schema={schema}"] if ledger else [])]
-            procs = [
-                subprocess.Popen(
-                    [*cmd, f"--replica={r}"],
-                    cwd=CONTENDERS_DIR,
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.PIPE,
-                    text=True,
-                )
-                for r in range(3)
-            ]
-            results = []
-            for proc in procs:
-                try:
-                    stdout, stderr = proc.communicate(timeout=slots + 60)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    stdout, stderr = proc.communicate()
-                lines = stdout.strip().splitlines()
-                if proc.returncode != 0 or not lines:
-                    results.append({"error": (stderr.strip().splitlines() or ["?"])[-1][:200]})
-                else:
-                    results.append(json.loads(lines[-1]))
-            out[label] = settle(results, jobs, first, slots)
+            args = [f"--jobs={jobs}", f"--first={first}", f"--slots={slots}"]
+            args += [f"--schema={schema}"] if ledger else []
+            results, _ = run_replicas(dsn, args, timeout=slots + 60)
+            out[label] = settle(results, jobs, first, slots, 1)
             log(f"replicas, {label}: {out[label]}")
     finally:
         sql(dsn, f"DROP SCHEMA {schema} CASCADE")
+    return out
+
+
+def burst(cfg: dict[str, Any], dsn: str) -> dict[str, Any]:
+    """Three replicas, N jobs ``every(60)`` all anchored at one instant: one slot measured."""
+    out: dict[str, Any] = {}
+    window = cfg["burst_window"]
+    schema = f"cronlock_bench_burst_{os.getpid()}"
+    sql(dsn, f"CREATE SCHEMA {schema}")
+    try:
+        for jobs in cfg["burst_jobs"]:
+            lead = 5 + jobs / 1000  # importing and registering N jobs in three processes
+            first = int(time.time() + lead)
+            args = [f"--jobs={jobs}", f"--first={first}", "--slots=1", "--interval=60"]
+            args += [f"--window={window}", f"--schema={schema}"]
+            results, cpu = run_replicas(dsn, args, timeout=lead + window + 60, first=first)
+            r = settle(results, jobs, first, 1, 60)
+            if "error" not in r:
+                end = max(end for x in results for *_, end in x["runs"]) if r["ran"] else first
+                r["server_cpu_pct"] = cpu(first, end)
+                r["ready_before_first_s"] = min(x["ready_before_first_s"] for x in results)
+            out[str(jobs)] = r
+            log(f"burst, {jobs} jobs: {r}")
+    finally:
+        sql(dsn, f"DROP SCHEMA {schema} CASCADE")
+    return out
+
+
+CpuShare = Callable[[float, float], float | None]
+
+
+def run_replicas(
+    dsn: str, args: list[str], timeout: float, first: float | None = None
+) -> tuple[list[dict[str, Any]], CpuShare]:
+    """Run three replica.py processes with *args*; their results and the server's CPU.
+
+    The second value maps a span (t0, t1) to the PostgreSQL server processes' CPU time over
+    it as a percentage of the machine (all cores), from psutil samples taken every 0.25 s
+    from just before *first* until the replicas exit (None when not sampled).
+    """
+    cmd = [sys.executable, "replica.py", dsn, *args]
+    with tempfile.TemporaryDirectory() as tmp:
+        outs = [Path(tmp, f"replica{r}.out") for r in range(3)]
+        errs = [Path(tmp, f"replica{r}.err") for r in range(3)]
+        procs = []
+        for r in range(3):
+            with outs[r].open("w") as stdout, errs[r].open("w") as stderr:
+                procs.append(
+                    subprocess.Popen(
+                        [*cmd, f"--replica={r}"],
+                        cwd=CONTENDERS_DIR,
+                        stdout=stdout,
+                        stderr=stderr,
+                        text=True,
+                    )
+                )
+        samples: list[tuple[float, dict[int, float]]] = []
+        deadline = time.time() + timeout
+        try:
+            while any(p.poll() is None for p in procs) and time.time() < deadline:
+                if first is not None and time.time() > first - 1:
+                    samples.append((time.time(), server_cpu()))
+                time.sleep(0.25)
+            if first is not None:
+                samples.append((time.time(), server_cpu()))
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+                p.wait()
+        results = []
+        for proc, out, err in zip(procs, outs, errs, strict=True):
+            lines = out.read_text().strip().splitlines()
+            if proc.returncode != 0 or not lines:
+                tail = err.read_text().strip().splitlines() or [f"exit {proc.returncode}"]
+                results.append({"error": tail[-1][:200]})
+            else:
+                results.append(json.loads(lines[-1]))
+
+    def share(t0: float, t1: float) -> float | None:
+        before = [s for s in samples if s[0] <= t0]
+        after = [s for s in samples if s[0] >= t1]
+        if not before or not after or not after[0][1]:
+            return None
+        (a_t, a), b_t = before[-1], after[0][0]
+        # a backend that exits before b_t counts with its last sample (<= 0.25 s lost)
+        seen: dict[int, float] = {}
+        for t, sample in samples:
+            if a_t < t <= b_t:
+                seen.update(sample)
+        used = sum(cpu - a.get(pid, 0.0) for pid, cpu in seen.items())
+        return 100 * used / ((b_t - a_t) * (os.cpu_count() or 1))
+
+    return results, share
+
+
+def server_cpu() -> dict[int, float]:
+    """CPU seconds (user + system) of each process named postgres on this machine."""
+    out: dict[int, float] = {}
+    for proc in psutil.process_iter(["name", "cpu_times"]):
+        times = proc.info["cpu_times"]
+        if proc.info["name"] == "postgres" and times is not None:
+            out[proc.pid] = times.user + times.system
     return out
 
 
@@ -233,27 +323,45 @@ def sql(dsn: str, statement: str) -> None:
     subprocess.run([sys.executable, "-c", code, dsn, statement], check=True, timeout=60)
 
 
-def settle(results: list[dict[str, Any]], jobs: int, first: int, slots: int) -> dict[str, Any]:
+def settle(
+    results: list[dict[str, Any]], jobs: int, first: int, slots: int, interval: int
+) -> dict[str, Any]:
     errors = [r["error"] for r in results if "error" in r]
     if errors:
         return {"error": errors[0]}
     count: dict[tuple[int, int], int] = {}
     last_end: dict[int, float] = {}
+    late: list[float] = []
     for r in results:
-        for job, slot, end in r["runs"]:
+        for job, slot, start, end in r["runs"]:
             count[(job, slot)] = count.get((job, slot), 0) + 1
             last_end[slot] = max(last_end.get(slot, 0.0), end)
+            late.append(start - slot)
+    late.sort()
     expected = jobs * slots
-    settles = [last_end[s] - s for s in range(first, first + slots) if s in last_end]
+    measured = range(first, first + slots * interval, interval)
+    settles = [last_end[s] - s for s in measured if s in last_end]
     return {
         "expected": expected,
         "ran": len(count),
         "duplicates": sum(c - 1 for c in count.values()),
         "misses": expected - len(count),
+        "start_p50_ms": percentile(late, 50) * 1e3 if late else None,
+        "start_p99_ms": percentile(late, 99) * 1e3 if late else None,
+        "last_start_s": late[-1] if late else None,
         "settle_p50_s": statistics.median(settles) if settles else None,
         "settle_max_s": max(settles) if settles else None,
         "runs_per_replica": [len(r["runs"]) for r in results],
+        # every replica tries every (job, slot): its statements per slot run due
+        "round_trips": [r["statements"] / expected for r in results],
+        "replica_cpu_s": [r["cpu_s"] for r in results],
     }
+
+
+def percentile(ordered: list[float], pct: float) -> float:
+    """Nearest-rank percentile of an ascending list."""
+    rank = max(1, math.ceil(pct / 100 * len(ordered)))
+    return ordered[rank - 1]
 
 
 IMPORTS = {
@@ -353,7 +461,7 @@ def main() -> None:
         results["precision"] = precision(cfg, repeats)
     if "scale" in wanted:
         results["scale"] = scale(cfg, min(repeats, cfg["scale_repeats"]))
-    if "coordination" in wanted or "replicas" in wanted:
+    if {"coordination", "replicas", "burst"} & set(wanted):
         problem = pg_available(args.dsn)
         if problem is not None:
             log(f"PostgreSQL at {args.dsn} unreachable ({problem}): skipping its scenarios")
@@ -362,6 +470,8 @@ def main() -> None:
                 results["coordination"] = coordination(cfg, args.dsn)
             if "replicas" in wanted:
                 results["replicas"] = replicas(cfg, args.dsn)
+            if "burst" in wanted:
+                results["burst"] = burst(cfg, args.dsn)
     if "import" in wanted:
         results["import"] = imports(cfg)
     results["elapsed_s"] = round(time.time() - began)

@@ -1,10 +1,17 @@
-"""Scenario 5, one replica: a Scheduler with a PostgresLocker and N locked ``every(1)`` jobs.
+"""Scenarios 5 and 6, one replica: a Scheduler with a PostgresLocker and N locked jobs.
 
     python replica.py DSN --replica 0 --jobs 1000 --first 1700000000 --slots 5 [--hold 0]
+    python replica.py DSN --replica 0 --jobs 10000 --first 1700000000 --slots 1 --interval 60
 
-Starts just before slot *first*, stops after slot ``first + slots - 1`` has settled, and
-prints one JSON object: the runs of the measured slots as ``[job, slot, end]`` triples
-(``end``: when the task returned, ``time.time()``) plus the locker's counters.
+Every job is ``every(interval, anchor=first)``, so all N jobs are due at the same instants
+*first*, *first + interval*, ... Starts just before slot *first*. With ``--interval 1``
+(scenario 5) it stops a fixed 2.5 s after slot ``first + slots - 1``; with a longer
+interval (scenario 6, the burst) it stops as soon as this replica's locker has decided
+every (job, slot) of the measured slots and released every lease, or after *--window*
+seconds past the last slot, whichever comes first. Prints one JSON object: the runs of the
+measured slots as ``[job, slot, start, end]`` (``time.time()`` when the task began and
+returned), the statements (round trips) the locker sent from just before the first slot to
+the end, this process's CPU seconds over the same span, and the locker's counters.
 """
 
 from __future__ import annotations
@@ -16,7 +23,12 @@ import time
 from datetime import UTC, datetime
 
 from cronlock import RunContext, Scheduler, every
-from cronlock.postgres import PostgresLocker
+from cronlock.postgres import PostgresLocker, PostgresLockerStatistics
+
+
+def decided(stats: PostgresLockerStatistics) -> int:
+    """Acquires this locker has answered (granted or refused, for whatever reason)."""
+    return stats.granted + stats.contended + stats.busy_here + stats.already_ran
 
 
 async def main() -> None:
@@ -26,41 +38,66 @@ async def main() -> None:
     parser.add_argument("--jobs", type=int, default=1000)
     parser.add_argument("--first", type=int, required=True)
     parser.add_argument("--slots", type=int, default=5)
+    parser.add_argument("--interval", type=int, default=1, help="seconds between slots")
+    parser.add_argument("--window", type=float, default=50.0, help="burst: longest wait")
     parser.add_argument("--hold", type=float, default=0.0)
     parser.add_argument("--schema", default=None, help="the run ledger's schema; none: no ledger")
     args = parser.parse_args()
-    runs: list[tuple[int, int, float]] = []
-    first, last = args.first, args.first + args.slots - 1
+    runs: list[tuple[int, int, float, float]] = []
+    first = args.first
+    last = first + (args.slots - 1) * args.interval
 
     async def task(i: int, ctx: RunContext) -> None:
+        start = time.time()
         if args.hold:
             await asyncio.sleep(args.hold)
         slot = int(ctx.slot.timestamp())
         if first <= slot <= last:
-            runs.append((i, slot, time.time()))
+            runs.append((i, slot, start, time.time()))
 
     if args.schema:
         locker = PostgresLocker(args.dsn, schema=args.schema)
     else:
         locker = PostgresLocker(args.dsn, ledger=False)
     scheduler = Scheduler(locker=locker)
+    schedule = every(args.interval, anchor=datetime.fromtimestamp(first, UTC))
     for i in range(args.jobs):
-        scheduler.add_job(task, every(1), name=f"replica-job-{i}", args=(i,))
+        scheduler.add_job(task, schedule, name=f"replica-job-{i}", args=(i,))
+    registered = time.time()
     while (wait := first - 1.5 - time.time()) > 0:
         await asyncio.sleep(wait)
     async with locker:
         await scheduler.start()
-        while (wait := last + 2.5 + args.hold - time.time()) > 0:
-            await asyncio.sleep(wait)
-        await scheduler.shutdown(timeout=5)
+        ready = time.time()
+        before = locker.statistics()
+        cpu = time.process_time()
+        if args.interval == 1:
+            while (wait := last + 2.5 + args.hold - time.time()) > 0:
+                await asyncio.sleep(wait)
+        else:
+            due = args.jobs * args.slots
+            while time.time() < last + args.window:
+                await asyncio.sleep(0.1)
+                stats = locker.statistics()
+                done = decided(stats) - decided(before) >= due and stats.held == 0
+                if done and time.time() > last:
+                    break
         stats = locker.statistics()
+        cpu = time.process_time() - cpu
+        await scheduler.shutdown(timeout=5)
     print(
         json.dumps(
             {
                 "replica": args.replica,
                 "runs": runs,
+                "statements": stats.statements - before.statements,
+                "cpu_s": cpu,
+                "ready_before_first_s": first - ready,
+                "registered_before_first_s": first - registered,
                 "granted": stats.granted,
                 "contended": stats.contended,
+                "already_ran": stats.already_ran,
+                "busy_here": stats.busy_here,
                 "started": datetime.now(UTC).isoformat(),
             }
         ),
