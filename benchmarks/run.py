@@ -355,6 +355,11 @@ def settle(
         # every replica tries every (job, slot): its statements per slot run due
         "round_trips": [r["statements"] / expected for r in results],
         "replica_cpu_s": [r["cpu_s"] for r in results],
+        # each replica's acquires, by answer (counted since its locker was made)
+        "acquires": [
+            {k: r[k] for k in ("granted", "contended", "already_ran", "busy_here") if k in r}
+            for r in results
+        ],
     }
 
 
