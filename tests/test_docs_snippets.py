@@ -154,12 +154,29 @@ async def run_chain(snippet: Snippet, namespace: dict[str, Any]) -> None:
             await run_snippet(block, namespace)
 
 
+def check_shown_only(snippet: Snippet) -> None:
+    """A ``Name(params)`` block is checked against ``cronlock.Name``'s signature."""
+    text = snippet.code.strip()
+    name, _, rest = text.partition("(")
+    if name.isidentifier() and text.endswith(")"):
+        shown = ast.parse(f"def {name}({rest[:-1]}): pass").body[0]
+        assert isinstance(shown, ast.FunctionDef)
+        args = shown.args
+        documented = [a.arg for a in (*args.posonlyargs, *args.args, *args.kwonlyargs)]
+        import cronlock
+
+        actual = list(inspect.signature(getattr(cronlock, name)).parameters)
+        assert documented == actual, f"{snippet.id}: the page shows {name}{documented}"
+        return
+    compile(text, str(snippet.path), "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
+
+
 @pytest.mark.parametrize("snippet", [s for s in ALL if not s.needs_postgres], ids=lambda s: s.id)
 async def test_snippet_runs(snippet: Snippet) -> None:
     if "skip" in snippet.flags:
-        # Not runnable as written (its reason is on the page), but it must still parse:
-        # a block that is only shown cannot rot into invalid Python unnoticed.
-        compile(snippet.code, str(snippet.path), "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
+        # Not runnable as written (its reason is on the page), but it must not rot: a
+        # signature must match the code's, anything else must still parse.
+        check_shown_only(snippet)
         return
     await run_chain(snippet, {})
 
