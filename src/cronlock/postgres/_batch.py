@@ -117,11 +117,11 @@ class Batcher:
 
     # -- what callers ask --------------------------------------------------------------
 
-    async def claim(self, job: str, key: int, slot: datetime) -> ClaimAnswer:
+    def claim(self, job: str, key: int, slot: datetime) -> asyncio.Future[ClaimAnswer]:
         """Lock (and claim) *slot* of *job* with whatever else is due on this session.
 
-        Raises :class:`cronlock.LockError` when the statement failed. Not to be cancelled
-        mid-flight by a caller who would not know what to undo: see :mod:`._claims`.
+        The future fails with :class:`cronlock.LockError` when the statement failed. Its
+        waiter must not cancel it (it would not know what to undo): see :mod:`._claims`.
         """
         if "\x00" in job:
             # The one value the server refuses in text: never let it fail a whole batch.
@@ -129,7 +129,7 @@ class Batcher:
         future: asyncio.Future[ClaimAnswer] = asyncio.get_running_loop().create_future()
         self._claims.append(_Claim(job, key, slot, future))
         self._kick()
-        return await future
+        return future
 
     async def finish(
         self,

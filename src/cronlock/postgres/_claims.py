@@ -55,7 +55,7 @@ class Claims:
         delivered. *rerun*: take over the slot's ``crashed`` row instead (see
         :mod:`._crashes`); a rare statement of its own, not batched.
         """
-        attempt: Coroutine[Any, Any, ClaimAnswer]
+        attempt: Coroutine[Any, Any, ClaimAnswer] | asyncio.Future[ClaimAnswer]
         if rerun and self._recover_sql is not None:
             attempt = self._rerun_reconnecting(job, key, slot, self._recover_sql)
         else:
