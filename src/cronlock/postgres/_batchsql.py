@@ -46,15 +46,19 @@ def claim_many_sql(table: LedgerTable) -> str:
     none): the fleet's history a losing replica learns without reading it again. That
     look-up is one backward step on the primary key, and runs only for refused rows (its
     gate refers to the outer row alone, so the planner skips the scan for granted ones).
+    Every look-up is a ``LATERAL ... LIMIT 1``: a probe of the primary key per row, never
+    the hashed sequential scan of the whole ledger the planner may pick for an ``EXISTS``
+    over a few hundred rows.
     """
     runs = table.runs
     return f"""
         WITH u AS MATERIALIZED (
-            SELECT u.i, u.key, u.job, u.slot,
-                   EXISTS (SELECT 1 FROM {runs} r WHERE r.job = u.job AND r.slot = u.slot)
-                       AS ran
+            SELECT u.i, u.key, u.job, u.slot, seen.job IS NOT NULL AS ran
             FROM unnest($1::bigint[], $2::text[], $3::timestamptz[]) WITH ORDINALITY
                  AS u(key, job, slot, i)
+            LEFT JOIN LATERAL (
+                SELECT r.job FROM {runs} r WHERE r.job = u.job AND r.slot = u.slot LIMIT 1
+            ) seen ON true
         ), l AS MATERIALIZED (
             SELECT u.i, u.key, u.job, u.slot, u.ran,
                    CASE WHEN u.ran THEN false ELSE pg_try_advisory_lock(u.key) END AS got
@@ -134,9 +138,11 @@ def catch_up_sql(table: LedgerTable) -> str:
     last = ", ".join(f"l.{c} AS l_{c}" for c in cols)
     ok = ", ".join(f"s.{c} AS s_{c}" for c in cols)
     return f"""
-        SELECT u.job, (SELECT max(r.slot) FROM {runs} r WHERE r.job = u.job) AS claimed,
-               {last}, {ok}
+        SELECT u.job, m.slot AS claimed, {last}, {ok}
         FROM unnest($1::text[]) AS u(job)
+        LEFT JOIN LATERAL (
+            SELECT r.slot FROM {runs} r WHERE r.job = u.job ORDER BY r.slot DESC LIMIT 1
+        ) m ON true
         LEFT JOIN LATERAL (
             SELECT {_RUN} FROM {runs} r WHERE r.job = u.job AND r.finished_at IS NOT NULL
             ORDER BY r.slot DESC LIMIT 1
