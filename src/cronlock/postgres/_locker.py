@@ -73,8 +73,9 @@ class PostgresLocker(HeldOpenByBlocks):
     uses session ``job_lock_key(job) % sessions`` (its shard) for its lock, its claim, its
     release and its ledger reads; statements on one session are serialised, so the shards
     share out the round trips, and runs due together share them too: a session sends all
-    the claims waiting on it in one statement, and all the ends of runs in another. Given a DSN, the locker opens those connections itself
-    (``asyncpg.connect``, no pool, so no pool reset can drop its locks); given an
+    the claims waiting on it in one statement, and all the ends of runs in another. Given
+    a DSN, the locker opens those connections itself (``asyncpg.connect``, no pool, so no
+    pool reset can drop its locks); given an
     ``asyncpg.Pool``, it borrows them for its lifetime (close the locker before the pool).
     Each session is opened on first use by a job of its shard.
 
