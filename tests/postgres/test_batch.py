@@ -21,7 +21,7 @@ from typing import Any
 import asyncpg
 import pytest
 
-from cronlock import RunContext, RunRecord, Scheduler, every
+from cronlock import LockError, RunContext, RunRecord, Scheduler, every
 from cronlock.postgres import PostgresLease, PostgresLocker
 
 pytestmark = pytest.mark.postgres
@@ -299,3 +299,23 @@ def test_a_burst_across_three_replica_processes_runs_each_slot_once(pg_dsn: str)
     assert {slot for _, slot in ran} == {float(at)}
     # Claims and ends of 1,500 jobs over 4 sessions: a few dozen statements per replica.
     assert all(out["statements"] < jobs / 10 for out in outputs), outputs
+
+
+async def test_a_row_the_server_would_refuse_does_not_fail_its_batch(
+    pg_dsn: str, app_name: str, locks_held: LocksHeld
+) -> None:
+    jobs = names(20)
+    bad = "bad\x00name"
+    async with locker(pg_dsn, app_name, sessions=1) as lk:
+        results = await asyncio.gather(
+            *(lk.acquire(job, SLOT) for job in [*jobs[:10], bad, *jobs[10:]]),
+            return_exceptions=True,
+        )
+        failed = results.pop(10)
+        assert isinstance(failed, LockError)
+        assert "NUL" in str(failed)
+        assert all(isinstance(lease, PostgresLease) for lease in results)
+        for lease in results:
+            assert isinstance(lease, PostgresLease)
+            await lease.release()
+    assert await locks_held(jobs) == 0
