@@ -27,6 +27,7 @@ from .._resources import HeldOpenByBlocks
 from ._backend_errors import GONE_OR_FAILED, backend_errors
 from ._claims import Claims
 from ._connections import ConnectionSource, Keepalives, default_application_name
+from ._control import FleetWatch
 from ._crashes import CrashWatch
 from ._lease import PostgresLease
 from ._ledger import DEFAULT_TABLE, LedgerTable, to_record
@@ -35,7 +36,7 @@ from ._statistics import PostgresLockerStatistics
 from ._upkeep import Upkeep
 
 if TYPE_CHECKING:
-    from .._locking import CrashCallback
+    from .._locking import CrashCallback, FleetCallback
     from .._records import RunRecord
 
 __all__ = ("PostgresLease", "PostgresLocker", "PostgresLockerStatistics")
@@ -162,6 +163,7 @@ class PostgresLocker(HeldOpenByBlocks):
             host=host,
             crashes=self._crashes,
         )
+        self._fleet = None if self._table is None else FleetWatch(self._table, self._shards)
         self._granted = self._contended = self._busy_here = self._already_ran = 0
         self._released = self._lost = self._reran = 0
 
@@ -310,6 +312,16 @@ class PostgresLocker(HeldOpenByBlocks):
         if self._crashes is not None:
             self._crashes.on_crashed(callback)
 
+    def watch_fleet(
+        self, callback: FleetCallback, jobs: Callable[[], Mapping[str, float | None]]
+    ) -> None:
+        """Call *callback* with each read of the fleet's state (see :class:`FleetWatch`)."""
+        if self._fleet is not None:
+            self._fleet.add(callback, jobs)
+            self._upkeep.graces = self._fleet.graces
+            if any(s.is_open for s in self._shards):
+                self._fleet.start()
+
     def note_schedule(self, job: str, schedule: str, next_run: datetime | None) -> None:
         """Remember *job*'s schedule and next slot for status views; no I/O.
 
@@ -338,6 +350,8 @@ class PostgresLocker(HeldOpenByBlocks):
         if watch is not None and watch is not asyncio.current_task():
             await cancel_and_wait(watch)
         await self._upkeep.stop()
+        if self._fleet is not None:
+            await self._fleet.stop()
         if self._held and any(s.conn is not None for s in self._shards):
             _logger.warning(
                 "PostgresLocker closed while holding the locks of %s",
@@ -371,6 +385,8 @@ class PostgresLocker(HeldOpenByBlocks):
 
     def _on_session_opened(self) -> None:
         self._upkeep.start()
+        if self._fleet is not None and not self._closed:
+            self._fleet.start()
         if self._source.pooled and self._pool_watch is None and not self._closed:
             # Pool.close() waits for every borrowed connection: closing the pool while this
             # locker is open would hang. The watch hands them back (and says what to fix).

@@ -13,7 +13,7 @@ import asyncio
 import logging
 import os
 import random
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -76,8 +76,8 @@ class Upkeep:
         self._noted_at = float("-inf")
         self._prune_at = PRUNE_EVERY * random.uniform(0.2, 0.4)  # relative until started
         self.heartbeats = 0
-        self.grace: Callable[[str], float | None] = lambda job: None
-        """A job's overdue grace, written with its schedule (set by the fleet watch)."""
+        self.graces: Callable[[], Mapping[str, float | None]] = dict
+        """The jobs' overdue graces, written with their schedules (set by the fleet watch)."""
 
     def note(self, job: str, schedule: str, next_run: datetime | None) -> None:
         """Remember *job*'s schedule and next slot; written if changed, batched."""
@@ -228,6 +228,7 @@ class Upkeep:
         dirty, self._dirty = self._dirty, set()
         names = sorted(dirty)
         notes = [self._notes[name] for name in names]
+        graces = self.graces()
         try:
             await session.run(
                 conn,
@@ -238,7 +239,7 @@ class Upkeep:
                     [schedule for schedule, _ in notes],
                     [next_run for _, next_run in notes],
                     self._application_name,
-                    [self.grace(name) for name in names],
+                    [graces.get(name) for name in names],
                 ),
                 what="writing schedules",
                 keep_on_server_error=True,
