@@ -12,19 +12,19 @@ reports the fleet's last success. The overdue rule is written once here.
 from __future__ import annotations
 
 import functools
-import logging
 from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta
 
 from ._clock import Clock
 from ._job import Job
 from ._locking import FleetView, FleetWatchingLocker, Wiring
+from ._logs import at, get_logger
 from ._records import DEFAULT_MISFIRE_GRACE
 from ._runloop import RunLoop
 
 __all__ = ("Fleet", "FleetViews", "grace")
 
-_logger = logging.getLogger("cronlock")
+_logger = get_logger("cronlock")
 _REMEMBER = 256  # triggers already started, per locker (each is started once)
 
 
@@ -110,7 +110,7 @@ class Fleet:
                 "job %r: triggered fleet-wide; claiming slot %s",
                 name,
                 slot.isoformat(),
-                extra={"job": name, "slot": slot},
+                extra=at(name, slot),
             )
             loop.dispatch(job, slot)
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import logging
 import typing
 from collections.abc import Callable, Sequence
 from datetime import datetime, time, timedelta, tzinfo
@@ -33,6 +32,7 @@ from ._fleet import Fleet, FleetViews
 from ._job import Job, default_name, normalise_tags
 from ._keys import job_lock_key
 from ._locking import Elector, FencedElector, Locker, Wiring, wire
+from ._logs import get_logger
 from ._once import OnceSchedule
 from ._options import OPTION_NAMES, JobOptions
 from ._records import DEFAULT_MISFIRE_GRACE
@@ -44,7 +44,7 @@ from ._tz import TimeZone, resolve_tz
 
 __all__ = ("JobOptions", "Scheduler")
 
-_logger = logging.getLogger("cronlock")
+_logger = get_logger("cronlock")
 _F = TypeVar("_F", bound=Callable[..., object])
 _ONE_MICROSECOND = timedelta(microseconds=1)
 

@@ -12,7 +12,6 @@ fleet-wide.
 from __future__ import annotations
 
 import asyncio
-import logging
 import os
 import socket
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -23,6 +22,7 @@ from .._cancel import cancel_and_wait, task_name, uncancellable
 from .._errors import ConfigError, LockError
 from .._keys import job_lock_key
 from .._locking import FleetCallback, FleetView
+from .._logs import get_logger
 from .._records import RunRecord
 from ._backend_errors import backend_errors
 from ._connections import ConnectionSource
@@ -38,7 +38,7 @@ __all__ = (
     "control_sql",
 )
 
-_logger = logging.getLogger("cronlock.postgres")
+_logger = get_logger("cronlock.postgres")
 
 TRIGGER_EXPIRES = 3600
 """Seconds after which a trigger no replica claimed is dropped (nobody runs that job)."""

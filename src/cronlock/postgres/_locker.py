@@ -11,10 +11,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import logging
 import socket
 from collections.abc import Awaitable, Callable, Mapping
 from datetime import datetime, timedelta
+from logging import DEBUG, INFO
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from .._cancel import cancel_and_wait, task_name, uncancellable
@@ -23,6 +23,7 @@ from .._durations import Seconds, optional_seconds, positive_int, to_seconds
 from .._errors import ConfigError, LockError
 from .._keys import job_lock_key
 from .._locking import Refusal
+from .._logs import get_logger, say
 from .._resources import HeldOpenByBlocks
 from ._backend_errors import GONE_OR_FAILED, backend_errors
 from ._claims import Claims
@@ -48,7 +49,7 @@ _CLOSED = (
     "shuts down; hold it open with 'async with locker:' to use it across schedulers)"
 )
 
-_logger = logging.getLogger("cronlock.postgres")
+_logger = get_logger("cronlock.postgres")
 _T = TypeVar("_T")
 
 
@@ -222,12 +223,12 @@ class PostgresLocker(HeldOpenByBlocks):
         key = job_lock_key(job)
         if key in self._held or key in self._pending:
             self._busy_here += 1
-            _logger.debug("job %r slot %s: already running in this process", job, slot)
+            say(_logger, DEBUG, job, slot, "already running in this process")
             return "locked"
         claimed = self._claimed.get(job)
         if claimed and slot in claimed:
             self._busy_here += 1
-            _logger.debug("job %r slot %s: already claimed by this process", job, slot)
+            say(_logger, DEBUG, job, slot, "already claimed by this process")
             return "already_ran"
         # A slot whose crashed run this replica said it would rerun is claimed by taking
         # that run's row over (once: a failed attempt is not retried).
@@ -241,18 +242,18 @@ class PostgresLocker(HeldOpenByBlocks):
             self._pending.discard(key)
         if refusal == "locked":
             self._contended += 1
-            _logger.debug("job %r slot %s: another replica holds the lock", job, slot)
+            say(_logger, DEBUG, job, slot, "another replica holds the lock")
             return refusal
         if refusal == "already_ran":
             self._already_ran += 1
-            _logger.debug("job %r slot %s: another replica already ran the slot", job, slot)
+            say(_logger, DEBUG, job, slot, "another replica already ran the slot")
             return refusal
         if refusal == "paused":
             return refusal  # paused fleet-wide (the claim statement read it)
         self._granted += 1
         if rerun:
             self._reran += 1
-            _logger.info("job %r slot %s: rerunning the crashed run", job, slot)
+            say(_logger, INFO, job, slot, "rerunning the crashed run")
         remember_claim(self._claimed.setdefault(job, {}), slot, None, remember=self._remember)
         lease = PostgresLease(
             job,

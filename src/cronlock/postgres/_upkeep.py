@@ -10,7 +10,6 @@ session like any other statement would); writes, the check for crashed runs
 from __future__ import annotations
 
 import asyncio
-import logging
 import os
 import random
 from collections.abc import Callable, Collection, Mapping, Sequence
@@ -18,6 +17,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from .._cancel import cancel_and_wait, task_name, uncancellable
+from .._logs import get_logger
 from ._backend_errors import GONE_OR_FAILED, backend_errors
 from ._connections import is_closed
 from ._crashes import CHECK_EVERY, CrashWatch
@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
 __all__ = ("NOTE_EVERY", "PRUNE_BATCH", "PRUNE_EVERY", "Upkeep")
 
-_logger = logging.getLogger("cronlock.postgres")
+_logger = get_logger("cronlock.postgres")
 
 NOTE_EVERY = 5.0
 """Seconds between writes of changed job schedules (``note_schedule``) per locker."""
