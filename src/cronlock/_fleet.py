@@ -17,7 +17,7 @@ from datetime import datetime, timedelta
 
 from ._clock import Clock
 from ._job import Job
-from ._locking import FleetView, FleetWatchingLocker, Wiring
+from ._locking import FleetView, FleetWatchingLocker, Health, Wiring
 from ._logs import at, get_logger
 from ._records import DEFAULT_MISFIRE_GRACE
 from ._runloop import RunLoop
@@ -69,7 +69,7 @@ class Fleet:
         key = id(locker)
         self._watched[key] = locker
         self._started[key] = {}
-        locker.watch_fleet(functools.partial(self._seen, key), functools.partial(self._graces, key))
+        locker.watch_fleet(functools.partial(self._seen, key), functools.partial(self._health, key))
 
     def started(self, now: datetime) -> None:
         """The scheduler started at *now*: a job that never succeeded is judged from then."""
@@ -83,8 +83,19 @@ class Fleet:
     def _mine(self, key: int) -> list[Job]:
         return [job for job in self._jobs.values() if id(job._wiring.fleet) == key]
 
-    def _graces(self, key: int) -> dict[str, float | None]:
-        return {job.name: grace(job, self._default_timeout) for job in self._mine(key)}
+    def _health(self, key: int) -> dict[str, Health]:
+        return {
+            job.name: (grace(job, self._default_timeout), self.due(job)) for job in self._mine(key)
+        }
+
+    def due(self, job: Job) -> datetime | None:
+        """The slot *job* is due by: its first slot after its latest success (after the
+        scheduler started if it never succeeded); ``None`` while paused or finished."""
+        if job.paused or self.paused(job) or job._state.next_run is None:
+            return None
+        success = job.last_success
+        since = success.slot if success is not None else self._since
+        return None if since is None else job.slot_after(since)
 
     def _seen(self, key: int, view: FleetView) -> None:
         self._paused[key] = view.paused
@@ -122,13 +133,7 @@ class Fleet:
         """Whether *job* is overdue at *now*: its first slot after its latest success
         (anywhere in the fleet, with a ledger), or after the scheduler started if it never
         succeeded, fell due more than its grace ago. Paused and finished jobs never are."""
-        if job.paused or self.paused(job) or job._state.next_run is None:
-            return False
-        success = job.last_success
-        since = success.slot if success is not None else self._since
-        if since is None:
-            return False
-        due = job.slot_after(since)
+        due = self.due(job)
         if due is None:
             return False
         limit = timedelta(seconds=grace(job, self._default_timeout))

@@ -26,6 +26,7 @@ __all__ = (
     "FleetCallback",
     "FleetView",
     "FleetWatchingLocker",
+    "Health",
     "Lease",
     "LeaseHooks",
     "LedgerLocker",
@@ -158,6 +159,9 @@ class FleetView:
 
 
 FleetCallback = Callable[[FleetView], None]
+Health = tuple[float, datetime | None]
+"""A job's overdue grace in seconds, and the slot it is due by (its first slot after its
+latest success; ``None``: nothing due)."""
 
 
 @runtime_checkable
@@ -166,12 +170,12 @@ class FleetWatchingLocker(Locker, Protocol):
     tells the scheduler, every second or so, with no read per job or per scrape."""
 
     def watch_fleet(
-        self, callback: FleetCallback, jobs: Callable[[], Mapping[str, float | None]]
+        self, callback: FleetCallback, jobs: Callable[[], Mapping[str, Health]]
     ) -> None:
         """Call *callback* (from the event loop) with each :class:`FleetView` read.
 
-        *jobs* gives the jobs whose latest runs to read, with each one's overdue grace in
-        seconds (published for ``python -m cronlock status --check``).
+        *jobs* gives the jobs whose latest runs to read, with each one's :data:`Health`
+        (published for ``python -m cronlock status --check``).
         """
         ...
 

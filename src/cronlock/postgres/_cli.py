@@ -102,25 +102,15 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
         print("  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip())
 
 
-# $1 job, $2 its latest success's slot (NULL: none): the first slot claimed after it.
-_FIRST_AFTER_SQL = (
-    "SELECT min(slot) FROM {runs} WHERE job = $1 AND slot > coalesce($2, '-infinity')"
-)
-
-
-async def _overdue(conn: Any, table: LedgerTable, row: Any, ok: Any, now: datetime) -> bool:
-    """Whether the job of *row* (with its noted grace) is overdue: the first slot after its
-    latest success (claimed in the ledger, or planned by a replica) fell due more than its
-    grace ago. A job whose replicas never noted a grace (an older cronlock) is not judged."""
-    grace = row["grace"]
-    if grace is None:
+def _overdue(row: Any, ok: Any, now: datetime) -> bool:
+    """Whether the job of *row* is overdue: the slot its replicas said it is due by (its
+    first slot after its latest success) fell due more than its grace ago, and no run of
+    it or of a later slot succeeded since. A job whose replicas never said (an older
+    cronlock, or paused) is not judged."""
+    grace, due = row["grace"], row["due"]
+    if grace is None or due is None or (ok is not None and ok["slot"] >= due):
         return False
-    ok_slot = None if ok is None else ok["slot"]
-    due = await conn.fetchval(_FIRST_AFTER_SQL.format(runs=table.runs), row["job"], ok_slot)
-    planned = row["next_run"]
-    if planned is not None and (ok_slot is None or planned > ok_slot):
-        due = planned if due is None else min(due, planned)
-    return due is not None and (now - due).total_seconds() > grace
+    return bool((now - due).total_seconds() > grace)
 
 
 async def _control(conn: Any, table: LedgerTable, verb: str, job: str, *, force: bool) -> int:
@@ -170,7 +160,7 @@ async def _status(conn: Any, table: LedgerTable, only: Sequence[str], *, check: 
         failure = "-" if failed is None else f"{_when(failed['slot'])} {_outcome(failed)}"
         if row["job"] in paused:
             state = "paused"
-        elif await _overdue(conn, table, row, ok, now):
+        elif _overdue(row, ok, now):
             state = "OVERDUE"
             overdue.append(row["job"])
         else:

@@ -21,7 +21,7 @@ from typing import Any, Self
 from .._cancel import cancel_and_wait, task_name, uncancellable
 from .._errors import ConfigError, LockError
 from .._keys import job_lock_key
-from .._locking import FleetCallback, FleetView
+from .._locking import FleetCallback, FleetView, Health
 from .._logs import get_logger
 from .._records import RunRecord
 from ._backend_errors import backend_errors
@@ -211,7 +211,7 @@ class FleetWatch:
     def __init__(self, table: LedgerTable, sessions: Sequence[LockSession]) -> None:
         self._sql = control_sql(table)
         self._sessions = sessions
-        self._watchers: list[tuple[FleetCallback, Callable[[], Mapping[str, float | None]]]] = []
+        self._watchers: list[tuple[FleetCallback, Callable[[], Mapping[str, Health]]]] = []
         self._task: asyncio.Task[None] | None = None
         self._runs_at = float("-inf")
         self.reads = 0
@@ -221,13 +221,13 @@ class FleetWatch:
         """Whether anyone watches (the task is started only then)."""
         return bool(self._watchers)
 
-    def add(self, callback: FleetCallback, jobs: Callable[[], Mapping[str, float | None]]) -> None:
+    def add(self, callback: FleetCallback, jobs: Callable[[], Mapping[str, Health]]) -> None:
         """Call *callback* with each read; *jobs* gives the jobs to read runs of."""
         self._watchers.append((callback, jobs))
 
-    def graces(self) -> dict[str, float | None]:
-        """Every watched job with its overdue grace."""
-        out: dict[str, float | None] = {}
+    def health(self) -> dict[str, Health]:
+        """Every watched job with its overdue grace and the slot it is due by."""
+        out: dict[str, Health] = {}
         for _, jobs in self._watchers:
             out.update(jobs())
         return out
@@ -267,7 +267,7 @@ class FleetWatch:
         sessions = self._sessions
         session = next((s for s in sessions if s.is_open), None)
         if session is None:
-            first = min(self.graces(), default="")
+            first = min(self.health(), default="")
             session = sessions[job_lock_key(first) % len(sessions)]
         conn, generation = await session.ensure()
         with backend_errors("reading the fleet's state failed"):
@@ -284,7 +284,7 @@ class FleetWatch:
         triggers = {row["job"]: row["trigger_slot"] for row in rows if row["trigger_slot"]}
         runs: dict[str, tuple[RunRecord | None, RunRecord | None]] | None = None
         if now - self._runs_at >= RUNS_EVERY:
-            names = sorted(self.graces())
+            names = sorted(self.health())
             found = await self._read(lambda c: c.fetch(self._sql["fleet_runs"], names))
             self._runs_at = now
             last = {row["job"]: to_record(row) for row in found if row["kind"] == "last"}

@@ -37,7 +37,7 @@ from ._statistics import PostgresLockerStatistics
 from ._upkeep import Upkeep
 
 if TYPE_CHECKING:
-    from .._locking import CrashCallback, FleetCallback
+    from .._locking import CrashCallback, FleetCallback, Health
     from .._records import RunRecord
 
 __all__ = ("PostgresLease", "PostgresLocker", "PostgresLockerStatistics")
@@ -314,12 +314,12 @@ class PostgresLocker(HeldOpenByBlocks):
             self._crashes.on_crashed(callback)
 
     def watch_fleet(
-        self, callback: FleetCallback, jobs: Callable[[], Mapping[str, float | None]]
+        self, callback: FleetCallback, jobs: Callable[[], Mapping[str, Health]]
     ) -> None:
         """Call *callback* with each read of the fleet's state (see :class:`FleetWatch`)."""
         if self._fleet is not None:
             self._fleet.add(callback, jobs)
-            self._upkeep.graces = self._fleet.graces
+            self._upkeep.health = self._fleet.health
             if any(s.is_open for s in self._shards):
                 self._fleet.start()
 

@@ -25,6 +25,7 @@ from ._ledger import LedgerTable
 from ._session import LockSession
 
 if TYPE_CHECKING:
+    from .._locking import Health
     from .._records import RunRecord
 
 __all__ = ("NOTE_EVERY", "PRUNE_BATCH", "PRUNE_EVERY", "Upkeep")
@@ -76,8 +77,9 @@ class Upkeep:
         self._noted_at = float("-inf")
         self._prune_at = PRUNE_EVERY * random.uniform(0.2, 0.4)  # relative until started
         self.heartbeats = 0
-        self.graces: Callable[[], Mapping[str, float | None]] = dict
-        """The jobs' overdue graces, written with their schedules (set by the fleet watch)."""
+        self.health: Callable[[], Mapping[str, Health]] = dict
+        """The jobs' overdue graces and due slots, written with their schedules (set by the
+        fleet watch)."""
 
     def note(self, job: str, schedule: str, next_run: datetime | None) -> None:
         """Remember *job*'s schedule and next slot; written if changed, batched."""
@@ -228,7 +230,9 @@ class Upkeep:
         dirty, self._dirty = self._dirty, set()
         names = sorted(dirty)
         notes = [self._notes[name] for name in names]
-        graces = self.graces()
+        health = self.health()
+        graces = [health[name][0] if name in health else None for name in names]
+        dues = [health[name][1] if name in health else None for name in names]
         try:
             await session.run(
                 conn,
@@ -239,7 +243,8 @@ class Upkeep:
                     [schedule for schedule, _ in notes],
                     [next_run for _, next_run in notes],
                     self._application_name,
-                    [graces.get(name) for name in names],
+                    graces,
+                    dues,
                 ),
                 what="writing schedules",
                 keep_on_server_error=True,
