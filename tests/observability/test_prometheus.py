@@ -5,10 +5,6 @@ from __future__ import annotations
 import asyncio
 from datetime import UTC, datetime, timedelta
 
-import pytest
-
-pytest.importorskip("prometheus_client")
-
 from prometheus_client import CollectorRegistry, generate_latest
 
 from cronlock import Scheduler

@@ -19,9 +19,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-pytest.importorskip("prometheus_client")
-
 from prometheus_client import CollectorRegistry
 
 from cronlock import Scheduler, every
