@@ -11,11 +11,13 @@ reports the fleet's last success. The overdue rule is written once here.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 from collections.abc import Callable, Iterator, Mapping
 from datetime import datetime, timedelta
 
 from ._clock import Clock
+from ._events import JobEvent, JobSkipped, LockFailed
 from ._job import Job
 from ._locking import FleetView, FleetWatchingLocker, Health, Wiring
 from ._logs import at, get_logger
@@ -145,7 +147,26 @@ class Fleet:
                 slot.isoformat(),
                 extra=at(name, slot),
             )
-            loop.dispatch(job, slot)
+            waiter: asyncio.Future[JobEvent] = asyncio.get_running_loop().create_future()
+            waiter.add_done_callback(functools.partial(self._tried, started, (name, slot)))
+            loop.dispatch(job, slot, waiter)
+
+    @staticmethod
+    def _tried(
+        started: dict[tuple[str, datetime], None],
+        trigger: tuple[str, datetime],
+        waiter: asyncio.Future[JobEvent],
+    ) -> None:
+        """A triggered slot this replica could not even try (the job was still running
+        here, its lock was busy, the locker failed) is tried again at the next poll, if no
+        replica has claimed it by then."""
+        if waiter.cancelled():
+            return
+        event = waiter.result()
+        if isinstance(event, LockFailed) or (
+            isinstance(event, JobSkipped) and event.reason in ("overlap", "locked")
+        ):
+            started.pop(trigger, None)
 
     def overdue(self, now: datetime) -> tuple[Job, ...]:
         """The jobs overdue at *now* (see :meth:`FleetViews.overdue`)."""

@@ -7,6 +7,7 @@ import asyncio
 import logging
 import uuid
 from datetime import UTC, datetime
+from typing import Any
 
 import pytest
 from opentelemetry.sdk.trace import TracerProvider
@@ -14,7 +15,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from prometheus_client import CollectorRegistry
 
-from cronlock import JobSkipped, JobSucceeded, RunRecord, Schedule, Scheduler
+from cronlock import JobSkipped, JobSucceeded, RunContext, RunRecord, Schedule, Scheduler
 from cronlock.otel import instrument as instrument_traces
 from cronlock.postgres import (
     FleetControl,
@@ -173,3 +174,31 @@ async def test_the_lockers_log_records_carry_job_and_slot(pg_dsn: str, table: st
         assert record.job == "nightly"  # type: ignore[attr-defined]
         assert record.slot == slot.isoformat()  # type: ignore[attr-defined]
         assert record.replica  # type: ignore[attr-defined]
+
+
+async def test_a_trigger_that_finds_the_job_running_is_tried_again(
+    pg_dsn: str, table: str, admin: Any
+) -> None:
+    scheduler = Scheduler(locker=PostgresLocker(pg_dsn, table=table))
+    release = asyncio.Event()
+    slots: list[datetime] = []
+
+    async def task(ctx: RunContext) -> None:
+        slots.append(ctx.slot)
+        await release.wait()
+
+    job = scheduler.add_job(task, _daily(), name="long")
+    skipped: list[JobSkipped] = []
+    scheduler.subscribe(skipped.append, JobSkipped)  # type: ignore[arg-type]
+    async with scheduler, FleetControl(pg_dsn, table=table) as control:
+        running = asyncio.create_task(job.run_now())
+        await eventually(lambda: len(slots) == 1, "the first run")
+        await control.trigger("long")
+        await eventually(lambda: any(e.reason == "overlap" for e in skipped), "overlap skip")
+        release.set()
+        await running
+        triggered = await admin.fetchval(
+            f'SELECT trigger_slot FROM "{table}_control" WHERE job = $1', "long"
+        )
+        await eventually(lambda: triggered in slots, "the trigger run after the first")
+    assert len(slots) == 2
