@@ -43,6 +43,8 @@ from ._locking import BatchLedgerLocker as BatchLedgerLocker
 from ._locking import CrashWatchingLocker as CrashWatchingLocker
 from ._locking import Elector as Elector
 from ._locking import FencedElector as FencedElector
+from ._locking import FleetView as FleetView
+from ._locking import FleetWatchingLocker as FleetWatchingLocker
 from ._locking import Lease as Lease
 from ._locking import LedgerLocker as LedgerLocker
 from ._locking import LedgerSummary as LedgerSummary
@@ -76,6 +78,8 @@ __all__ = (
     "Event",
     "FencedElector",
     "FileLocker",
+    "FleetView",
+    "FleetWatchingLocker",
     "InMemoryLocker",
     "IntervalSchedule",
     "Job",

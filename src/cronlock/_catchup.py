@@ -16,7 +16,6 @@ no replica's run loop fires any more, are logged as missed, at WARNING.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
@@ -24,6 +23,7 @@ from typing import TYPE_CHECKING
 from ._clock import Clock
 from ._events import EventBus, JobSkipped
 from ._locking import BatchLedgerLocker
+from ._logs import at, get_logger
 
 if TYPE_CHECKING:
     from ._executor import Executor
@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 
 __all__ = ("CatchUp", "misfired")
 
-_logger = logging.getLogger("cronlock")
+_logger = get_logger("cronlock")
 
 LatestDue = Callable[["Job", datetime, datetime], tuple[datetime, "datetime | None"]]
 
@@ -90,6 +90,7 @@ class CatchUp:
                     "reading the run ledger for catch-up of %d job(s) failed: %r",
                     len(group),
                     exc,
+                    extra=at(None),
                 )
                 continue
             now = self._clock.now()
@@ -113,7 +114,12 @@ class CatchUp:
         try:
             last = await ledger.last_claimed(job.name)
         except Exception as exc:
-            _logger.error("job %r: reading the run ledger for catch-up failed: %r", job.name, exc)
+            _logger.error(
+                "job %r: reading the run ledger for catch-up failed: %r",
+                job.name,
+                exc,
+                extra=at(job.name),
+            )
             return
         self.decide(job, last, started, planned)
 
@@ -148,6 +154,7 @@ class CatchUp:
                 _span(first, latest),
                 lateness,
                 grace,
+                extra=at(job.name, latest),
             )
             self._bus.emit(JobSkipped(job.name, latest, "misfire"))
             return
@@ -162,6 +169,7 @@ class CatchUp:
                 job.name,
                 _span(first, stale),
                 latest.isoformat(),
+                extra=at(job.name, latest),
             )
         else:
             _logger.info(
@@ -170,6 +178,7 @@ class CatchUp:
                 job.name,
                 _span(first, latest),
                 latest.isoformat(),
+                extra=at(job.name, latest),
             )
         self._dispatch(job, latest)
 

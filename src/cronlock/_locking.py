@@ -8,6 +8,7 @@ run.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import typing
 from collections.abc import Callable, Mapping, Sequence
@@ -23,6 +24,10 @@ __all__ = (
     "CrashWatchingLocker",
     "Elector",
     "FencedElector",
+    "FleetCallback",
+    "FleetView",
+    "FleetWatchingLocker",
+    "Health",
     "Lease",
     "LeaseHooks",
     "LedgerLocker",
@@ -48,8 +53,9 @@ class Lease(Protocol):
         ...
 
 
-Refusal = Literal["locked", "already_ran"]
-"""Why a locker declined a slot: another holder has the job's lock, or the slot already ran."""
+Refusal = Literal["locked", "already_ran", "paused"]
+"""Why a locker declined a slot: another holder has the job's lock, the slot already ran, or
+the job is paused fleet-wide (:class:`cronlock.postgres.FleetControl`)."""
 
 
 @runtime_checkable
@@ -61,7 +67,8 @@ class Locker(Protocol):
 
         ``None`` or ``"locked"``: another holder has the job's lock, the normal case on every
         replica but one. ``"already_ran"``: the slot was claimed before (lockers that keep a
-        record of slots). A backend failure raises :class:`cronlock.LockError`.
+        record of slots). ``"paused"``: the job is paused fleet-wide. A backend failure
+        raises :class:`cronlock.LockError`.
         """
         ...
 
@@ -163,6 +170,43 @@ class CrashWatchingLocker(Locker, Protocol):
         ...
 
 
+@dataclass(frozen=True, slots=True)
+class FleetView:
+    """What a locker last read of the fleet's shared state.
+
+    *paused*: the jobs paused fleet-wide. *triggers*: per job, the slot of a run asked for
+    fleet-wide and not claimed yet (claim it like any slot: one replica runs it). *runs*:
+    per job, the latest finished run and the latest success of any replica, or ``None``
+    when this read did not include them (they are read less often).
+    """
+
+    paused: frozenset[str] = frozenset()
+    triggers: Mapping[str, datetime] = dataclasses.field(default_factory=dict)
+    runs: Mapping[str, tuple[RunRecord | None, RunRecord | None]] | None = None
+
+
+FleetCallback = Callable[[FleetView], None]
+Health = tuple[float, datetime | None]
+"""A job's overdue grace in seconds, and the slot it is due by (its first slot after its
+latest success; ``None``: nothing due)."""
+
+
+@runtime_checkable
+class FleetWatchingLocker(Locker, Protocol):
+    """A locker that reads the fleet's shared state (pauses, triggers, latest runs) and
+    tells the scheduler, every second or so, with no read per job or per scrape."""
+
+    def watch_fleet(
+        self, callback: FleetCallback, jobs: Callable[[], Mapping[str, Health]]
+    ) -> None:
+        """Call *callback* (from the event loop) with each :class:`FleetView` read.
+
+        *jobs* gives the jobs whose latest runs to read, with each one's :data:`Health`
+        (published for ``python -m cronlock status --check``).
+        """
+        ...
+
+
 @runtime_checkable
 class Resource(Protocol):
     """A locker or elector that holds connections or tasks until it is closed.
@@ -223,6 +267,8 @@ class Wiring:
     """The same locker when it reports crashed runs (the scheduler may rerun them)."""
     batch: BatchLedgerLocker | None = None
     """The same locker when it reads in batches and answers refusals with history."""
+    fleet: FleetWatchingLocker | None = None
+    """The same locker when it reads the fleet's pauses, triggers and latest runs."""
     elected: bool = False
     coordinated: bool = False
     """True when a run has anyone to ask before it starts (elector or locker)."""
@@ -237,20 +283,21 @@ def wire(
     locker = own if own is not None else default
     if locker is None:
         return Wiring(elected=elector is not None, coordinated=elector is not None)
-    ledger, notes, crashes, batch = _locker_kinds(type(locker))
+    ledger, notes, crashes, batch, fleet = _locker_kinds(type(locker))
     return Wiring(
         locker=locker,
         ledger=typing.cast(LedgerLocker, locker) if ledger else None,
         note=typing.cast(ScheduleNotingLocker, locker).note_schedule if notes else None,
         crashes=typing.cast(CrashWatchingLocker, locker) if crashes else None,
         batch=typing.cast(BatchLedgerLocker, locker) if batch else None,
+        fleet=typing.cast(FleetWatchingLocker, locker) if fleet else None,
         elected=elector is not None,
         coordinated=True,
     )
 
 
 @functools.cache
-def _locker_kinds(kind: type) -> tuple[bool, bool, bool, bool]:
+def _locker_kinds(kind: type) -> tuple[bool, bool, bool, bool, bool]:
     # A runtime Protocol check walks every member (~20 us); registering 100,000 jobs on
     # one locker pays for it once.
     return (
@@ -258,6 +305,7 @@ def _locker_kinds(kind: type) -> tuple[bool, bool, bool, bool]:
         issubclass(kind, ScheduleNotingLocker),
         issubclass(kind, CrashWatchingLocker),
         issubclass(kind, BatchLedgerLocker),
+        issubclass(kind, FleetWatchingLocker),
     )
 
 

@@ -6,7 +6,6 @@ import asyncio
 import functools
 import heapq
 import itertools
-import logging
 from collections.abc import Coroutine, Iterable
 from datetime import datetime, timedelta
 from typing import Any
@@ -17,10 +16,11 @@ from ._clock import Clock, wait_tasks
 from ._events import EventBus, JobEvent, JobSkipped
 from ._executor import Executor
 from ._job import Job
+from ._logs import at, get_logger
 
 __all__ = ("RunLoop", "misfired")
 
-_logger = logging.getLogger("cronlock")
+_logger = get_logger("cronlock")
 
 # (fire time, tie-breaker, job, job generation when pushed, slot)
 _Entry = tuple[datetime, int, Job, int, datetime]
@@ -69,7 +69,9 @@ class RunLoop:
         try:
             slot = job.slot_after(after)
         except Exception:
-            _logger.exception("job %r: its schedule failed; the job will not fire", job.name)
+            _logger.exception(
+                "job %r: its schedule failed; the job will not fire", job.name, extra=at(job.name)
+            )
             slot = None
         self._plan(job, slot)
         if slot is None:
@@ -205,7 +207,9 @@ class RunLoop:
                 fire = job.fire_time(latest)
                 next_fire = None if following is None else job.fire_time(following)
         except Exception:
-            _logger.exception("job %r: its schedule failed; the job will not fire", job.name)
+            _logger.exception(
+                "job %r: its schedule failed; the job will not fire", job.name, extra=at(job.name)
+            )
             job._state.forget_plan()
             return
         if latest != slot:
@@ -214,6 +218,7 @@ class RunLoop:
                 job.name,
                 slot.isoformat(),
                 latest.isoformat(),
+                extra=at(job.name, latest),
             )
         state = job._state
         state.plan(following)  # what _plan does, inline: this is the hot path
@@ -232,6 +237,7 @@ class RunLoop:
                 latest.isoformat(),
                 lateness,
                 job.misfire_grace,
+                extra=at(job.name, latest),
             )
             self._bus.emit(JobSkipped(job.name, latest, "misfire"))
             return
@@ -271,7 +277,12 @@ class RunLoop:
         if job._state.active:
             policy = job.overlap
             if policy == "skip" or (policy == "queue" and job in self._queued):
-                _logger.debug("job %r slot %s skipped: still running", job.name, slot)
+                _logger.debug(
+                    "job %r slot %s skipped: still running",
+                    job.name,
+                    slot,
+                    extra=at(job.name, slot),
+                )
                 event = JobSkipped(job.name, slot, "overlap")
                 self._bus.emit(event)
                 if waiter is not None and not waiter.done():
@@ -329,7 +340,9 @@ class RunLoop:
                 waiter.cancel()
             raise
         except Exception:  # a bug of ours: never let it kill the scheduler
-            _logger.exception("job %r slot %s: internal error", job.name, slot)
+            _logger.exception(
+                "job %r slot %s: internal error", job.name, slot, extra=at(job.name, slot)
+            )
             if waiter is not None and not waiter.done():
                 waiter.cancel()
         finally:

@@ -22,7 +22,7 @@ import asyncpg
 import pytest
 
 from cronlock import LockError, RunContext, RunRecord, Scheduler, every
-from cronlock.postgres import PostgresLease, PostgresLocker
+from cronlock.postgres import FleetControl, PostgresLease, PostgresLocker
 
 pytestmark = pytest.mark.postgres
 
@@ -272,6 +272,11 @@ async def test_catch_up_reads_in_one_batch_and_warns_only_of_missed_slots(
     assert all(any(repr(name) in m for m in passed) for name in missed)
     span = f"{(previous - timedelta(hours=2)).isoformat()} .. "
     assert all(span in m for m in passed)  # the slots past grace, not the one that ran
+    # Catch-up's records carry the job, the slot it runs and the replica as attributes.
+    caught = [r for r in caplog.records if r.name == "cronlock" and "catching up" in r.msg]
+    assert sorted(r.job for r in caught) == sorted(recent + missed)  # type: ignore[attr-defined]
+    assert {r.slot for r in caught} == {previous.isoformat()}  # type: ignore[attr-defined]
+    assert all(r.replica for r in caught)  # type: ignore[attr-defined]
     # One read for the 210 jobs, and the 110 catch-up runs claimed and ended in batches.
     assert statements < 30, statements
 
@@ -319,3 +324,37 @@ async def test_a_row_the_server_would_refuse_does_not_fail_its_batch(
             assert isinstance(lease, PostgresLease)
             await lease.release()
     assert await locks_held(jobs) == 0
+
+
+async def test_a_batch_refuses_only_its_paused_jobs_and_runs_their_triggered_slot(
+    pg_dsn: str, app_name: str
+) -> None:
+    """Claims sent in one statement: a job paused fleet-wide is refused ``"paused"`` (no lock
+    tried), the others are granted, and the paused job's triggered slot is still claimed."""
+    paused, others = names(1), names(50)
+    async with locker(pg_dsn, app_name) as lk:
+        await lk.last_claimed(others[0])  # the ledger exists
+        table = lk.ledger
+        assert table is not None
+        async with FleetControl(pg_dsn, table=table.table) as control:
+            await control.pause(paused[0])
+            await control.trigger(paused[0])
+            conn = await asyncpg.connect(pg_dsn)
+            try:
+                triggered = await conn.fetchval(
+                    f"SELECT trigger_slot FROM {table.control} WHERE job = $1", paused[0]
+                )
+            finally:
+                await conn.close()
+            before = lk.statistics().statements
+            answers = await acquire_all(lk, paused + others)
+            assert lk.statistics().statements - before <= lk.statistics().sessions  # one each
+            assert answers[0] == "paused"
+            assert all(isinstance(lease, PostgresLease) for lease in answers[1:])
+            lease = await lk.acquire(paused[0], triggered)
+            assert isinstance(lease, PostgresLease)
+            await asyncio.gather(*(lease.release() for lease in [lease, *answers[1:]]))
+            await control.resume(paused[0])
+            resumed = await lk.acquire(paused[0], SLOT + timedelta(hours=1))
+            assert isinstance(resumed, PostgresLease)
+            await resumed.release()

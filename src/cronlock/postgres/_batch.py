@@ -19,7 +19,6 @@ claim whose session died is retried once on a fresh one, as a single claim is.
 from __future__ import annotations
 
 import asyncio
-import logging
 import os
 from dataclasses import dataclass
 from datetime import datetime
@@ -28,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 from .._cancel import finish_uncancellably, task_name
 from .._errors import LockError
 from .._locking import Refusal
+from .._logs import at, get_logger
 from ._advisory import UNLOCK_SQL
 from ._backend_errors import BACKEND_ERRORS, SessionGone, backend_errors
 from ._batchsql import (
@@ -45,7 +45,7 @@ if TYPE_CHECKING:
 
 __all__ = ("MAX_BATCH", "Batcher", "ClaimAnswer", "Told")
 
-_logger = logging.getLogger("cronlock.postgres")
+_logger = get_logger("cronlock.postgres")
 
 MAX_BATCH = 1000
 """Rows per statement at most: a bigger batch waits for the next one (bounds how long one
@@ -210,7 +210,11 @@ class Batcher:
                 raise  # a slow server: retrying would only double the wait
         # The session died under us (killed, network cut, server restart). Its locks died
         # with it, so one attempt on a fresh session is safe.
-        _logger.info("lock session lost during a claim of %d job(s); reconnecting", len(claims))
+        _logger.info(
+            "lock session lost during a claim of %d job(s); reconnecting",
+            len(claims),
+            extra=_about([(claim.job, claim.slot) for claim in claims]),
+        )
         conn, generation = await session.ensure()
         return await self._claim_once(conn, generation, claims)
 
@@ -244,7 +248,11 @@ class Batcher:
         for row in rows:
             if row["started_at"] is not None:
                 continue
-            refusal: Refusal = "already_ran" if row["ran"] or row["got"] else "locked"
+            refusal: Refusal
+            if row["paused"]:
+                refusal = "paused"
+            else:
+                refusal = "already_ran" if row["ran"] or row["got"] else "locked"
             told: Told = (None, None)
             if row["p_slot"] is not None:
                 last = to_record(Prefixed(row, "p_"))
@@ -299,6 +307,7 @@ class Batcher:
                 "the locks server-side",
                 sorted({end.job for end in current}),
                 exc,
+                extra=_about([(end.job, end.slot) for end in current]),
             )
             for end in current:
                 _settle(end.future, False)
@@ -306,8 +315,18 @@ class Batcher:
         for row in rows:
             end = current[row["i"] - 1]
             if not row["released"]:
-                _logger.warning("job %r: its lock was no longer held at unlock", end.job)
+                _logger.warning(
+                    "job %r: its lock was no longer held at unlock",
+                    end.job,
+                    extra=at(end.job, end.slot),
+                )
             _settle(end.future, True)
+
+
+def _about(items: list[tuple[str, datetime]]) -> dict[str, object]:
+    """The record attributes of a record about a batch: its job and slot when it holds
+    one, none (``None``) for several."""
+    return at(*items[0]) if len(items) == 1 else at(None)
 
 
 def _settle(future: asyncio.Future[Any], value: object) -> None:

@@ -41,7 +41,9 @@ def claim_many_sql(table: LedgerTable) -> str:
     :attr:`LedgerTable.claim_sql` does for one.
 
     Arrays ``$1`` keys, ``$2`` jobs, ``$3`` slots; ``$4`` host, ``$5`` pid. Answers
-    (i, ran, got, started_at, undone) per element, plus, for a refused one, the job's
+    (i, ran, paused, got, started_at, undone) per element (*paused*: the job is paused
+    fleet-wide and the slot is not its triggered one, see :mod:`._control`; no lock is
+    tried then), plus, for a refused one, the job's
     latest *finished* run at or before that slot (``p_*`` columns, NULL when there is
     none): the fleet's history a losing replica learns without reading it again. That
     look-up is one backward step on the primary key, and runs only for refused rows (its
@@ -53,15 +55,23 @@ def claim_many_sql(table: LedgerTable) -> str:
     runs = table.runs
     return f"""
         WITH u AS MATERIALIZED (
-            SELECT u.i, u.key, u.job, u.slot, seen.job IS NOT NULL AS ran
+            SELECT u.i, u.key, u.job, u.slot, seen.job IS NOT NULL AS ran,
+                   coalesce(pz.paused, false) AS paused
             FROM unnest($1::bigint[], $2::text[], $3::timestamptz[]) WITH ORDINALITY
                  AS u(key, job, slot, i)
             LEFT JOIN LATERAL (
                 SELECT r.job FROM {runs} r WHERE r.job = u.job AND r.slot = u.slot LIMIT 1
             ) seen ON true
+            LEFT JOIN LATERAL (
+                SELECT true AS paused FROM {table.control} pc
+                WHERE pc.job = u.job AND pc.paused_at IS NOT NULL
+                  AND pc.trigger_slot IS DISTINCT FROM u.slot
+                LIMIT 1
+            ) pz ON true
         ), l AS MATERIALIZED (
-            SELECT u.i, u.key, u.job, u.slot, u.ran,
-                   CASE WHEN u.ran THEN false ELSE pg_try_advisory_lock(u.key) END AS got
+            SELECT u.i, u.key, u.job, u.slot, u.ran, u.paused,
+                   CASE WHEN u.ran OR u.paused THEN false
+                        ELSE pg_try_advisory_lock(u.key) END AS got
             FROM u
         ), ins AS (
             INSERT INTO {runs} (job, slot, host, pid, session)
@@ -70,10 +80,10 @@ def claim_many_sql(table: LedgerTable) -> str:
             ON CONFLICT (job, slot) DO NOTHING
             RETURNING job, slot, started_at
         ), c AS MATERIALIZED (
-            SELECT l.i, l.key, l.job, l.slot, l.ran, l.got, ins.started_at
+            SELECT l.i, l.key, l.job, l.slot, l.ran, l.paused, l.got, ins.started_at
             FROM l LEFT JOIN ins ON ins.job = l.job AND ins.slot = l.slot
         )
-        SELECT c.i, c.ran, c.got, c.started_at,
+        SELECT c.i, c.ran, c.paused, c.got, c.started_at,
                CASE WHEN c.got AND c.started_at IS NULL
                     THEN pg_advisory_unlock(c.key) END AS undone,
                p.slot AS p_slot, p.started_at AS p_started_at,

@@ -10,7 +10,6 @@ session in one statement. Both are made safe against cancellation here.
 from __future__ import annotations
 
 import asyncio
-import logging
 import os
 from collections.abc import Awaitable, Coroutine
 from datetime import datetime
@@ -18,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._cancel import claim_or_undo, task_name
 from .._errors import LockError
+from .._logs import at, get_logger
 from ._backend_errors import backend_errors
 from ._batch import Batcher, ClaimAnswer
 from ._crashes import recover_sql
@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
 __all__ = ("Claims",)
 
-_logger = logging.getLogger("cronlock.postgres")
+_logger = get_logger("cronlock.postgres")
 
 
 class Claims:
@@ -100,7 +100,7 @@ class Claims:
         except LockError as exc:
             if isinstance(exc.__cause__, TimeoutError):
                 raise  # a slow server: retrying would only double the wait
-        _logger.info("job %r: lock session lost; reconnecting", job)
+        _logger.info("job %r: lock session lost; reconnecting", job, extra=at(job))
         conn, generation = await self._session.ensure()
         return await self._rerun(conn, generation, job, key, slot, sql)
 
@@ -120,4 +120,6 @@ class Claims:
             )
         if row["started_at"] is not None:
             return ClaimAnswer(None, generation)
+        if row["paused"]:
+            return ClaimAnswer("paused", generation)
         return ClaimAnswer("already_ran" if row["got"] else "locked", generation)

@@ -1,4 +1,5 @@
-"""``python -m cronlock migrate|status|history``: the run ledger from the command line.
+"""``python -m cronlock migrate|status|history|pause|resume|trigger``: the run ledger and
+fleet control from the command line.
 
 The arguments are declared in :mod:`cronlock._cli_ledger`, which needs no asyncpg.
 """
@@ -17,6 +18,7 @@ import asyncpg
 
 from .._errors import CronlockError
 from .._keys import job_lock_key
+from ._control import control_sql
 from ._ledger import DEFAULT_TABLE, LedgerTable, ledger_state, migrate, to_record
 
 __all__ = ("run_verb",)
@@ -58,7 +60,9 @@ async def _run(args: argparse.Namespace, table: LedgerTable) -> int:
                 f"'python -m cronlock migrate --dsn ...' or start a PostgresLocker"
             )
         if args.verb == "status":
-            return await _status(conn, table, args.jobs)
+            return await _status(conn, table, args.jobs, check=args.check)
+        if args.verb in ("pause", "resume", "trigger"):
+            return await _control(conn, table, args.verb, args.job, force=args.force)
         return await _history(conn, table, args.job, args.n)
     finally:
         await conn.close()
@@ -98,7 +102,39 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
         print("  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip())
 
 
-async def _status(conn: Any, table: LedgerTable, only: Sequence[str]) -> int:
+def _overdue(row: Any, ok: Any, now: datetime) -> bool:
+    """Whether the job of *row* is overdue: the slot its replicas said it is due by (its
+    first slot after its latest success) fell due more than its grace ago, and no run of
+    it or of a later slot succeeded since. A job whose replicas never said (an older
+    cronlock, or paused) is not judged."""
+    grace, due = row["grace"], row["due"]
+    if grace is None or due is None or (ok is not None and ok["slot"] >= due):
+        return False
+    return bool((now - due).total_seconds() > grace)
+
+
+async def _control(conn: Any, table: LedgerTable, verb: str, job: str, *, force: bool) -> int:
+    known = {row["job"] for row in await conn.fetch(table.jobs_sql)}
+    if job not in known and not force:
+        _unknown([job], known)
+        print(f"(nothing done; pass --force to {verb} it anyway)", file=sys.stderr)
+        return 1
+    sql = control_sql(table)[verb]
+    who = "cli:" + (await conn.fetchval("SELECT current_user"))
+    if verb == "resume":
+        await conn.execute(sql, job)
+    else:
+        await conn.execute(sql, job, who)
+    done = {
+        "pause": "paused on every replica (until 'resume')",
+        "resume": "resumed on every replica, from its next slot",
+        "trigger": "triggered: one replica runs it within about a second",
+    }[verb]
+    print(f"{job}: {done}")
+    return 0
+
+
+async def _status(conn: Any, table: LedgerTable, only: Sequence[str], *, check: bool) -> int:
     jobs = await conn.fetch(table.jobs_sql)
     # A job is known once a replica noted its schedule or claimed a slot of it.
     known = {row["job"]: row for row in jobs}
@@ -114,11 +150,21 @@ async def _status(conn: Any, table: LedgerTable, only: Sequence[str]) -> int:
     print(f"run ledger {table.runs}: {len(names)} job(s); times in UTC")
     if not names:
         return _unknown(unknown, known)
+    paused = {row["job"] for row in await conn.fetch(control_sql(table)["paused"])}
+    now = await conn.fetchval("SELECT clock_timestamp()")
+    overdue: list[str] = []
     lines = []
     for row in jobs:
         found = {r["kind"]: r for r in await conn.fetch(table.last_runs_sql, row["job"])}
         ok, failed = found.get("ok"), found.get("failed")
         failure = "-" if failed is None else f"{_when(failed['slot'])} {_outcome(failed)}"
+        if row["job"] in paused:
+            state = "paused"
+        elif _overdue(row, ok, now):
+            state = "OVERDUE"
+            overdue.append(row["job"])
+        else:
+            state = "ok" if row["grace"] is not None else "-"
         held = holders.get(job_lock_key(row["job"]), [])
         who = ", ".join(
             f"pid {h['pid']} {h['application_name'] or '?'}"
@@ -128,6 +174,7 @@ async def _status(conn: Any, table: LedgerTable, only: Sequence[str]) -> int:
         lines.append(
             [
                 row["job"],
+                state,
                 row["schedule"] or "-",
                 "-" if ok is None else _when(ok["slot"]),
                 failure,
@@ -135,9 +182,13 @@ async def _status(conn: Any, table: LedgerTable, only: Sequence[str]) -> int:
                 who or "-",
             ]
         )
-    header = ["JOB", "SCHEDULE", "LAST SUCCESS", "LAST FAILURE", "NEXT SLOT", "LOCK HELD BY"]
-    _table(header, lines)
-    return _unknown(unknown, known)
+    header = ["JOB", "STATE", "SCHEDULE", "LAST SUCCESS", "LAST FAILURE", "NEXT SLOT"]
+    _table([*header, "LOCK HELD BY"], lines)
+    status = _unknown(unknown, known)
+    if check and overdue:
+        print(f"overdue: {', '.join(overdue)}")
+        return 1
+    return status
 
 
 def _unknown(names: Sequence[str], known: Iterable[str]) -> int:
