@@ -1,0 +1,21 @@
+"""A live web dashboard of the fleet, read from the run ledger: ``cronlock.web.app(pool)``.
+
+Needs the ``web`` extra: ``pip install 'cronlock[web]'`` (Starlette, Jinja2, asyncpg, and
+uvicorn for ``python -m cronlock web``). See ``docs/dashboard.md``.
+"""
+
+from __future__ import annotations
+
+try:
+    import jinja2  # noqa: F401  (fail here, with instructions, rather than deeper inside)
+    import starlette  # noqa: F401
+except ImportError as exc:  # pragma: no cover - exercised only without the extra
+    raise ImportError(
+        "cronlock.web needs Starlette and Jinja2, which are not installed; "
+        "install the extra with: pip install 'cronlock[web]'"
+    ) from exc
+
+from ._app import Authorize as Authorize
+from ._app import app as app
+
+__all__ = ("Authorize", "app")
