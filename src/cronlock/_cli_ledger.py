@@ -1,4 +1,4 @@
-"""``python -m cronlock migrate|status|history``: the ledger verbs' arguments and dispatch.
+"""``python -m cronlock migrate|status|history|web``: the ledger verbs' arguments and dispatch.
 
 The verbs themselves run on asyncpg, in :mod:`cronlock.postgres._cli`; this module only
 declares their arguments, so the command line (``next``, ``demo``) works without the
@@ -14,7 +14,7 @@ from ._errors import CronlockError
 
 __all__ = ("PG_VERBS", "add_pg_parsers", "run_pg")
 
-PG_VERBS = frozenset({"migrate", "status", "history"})
+PG_VERBS = frozenset({"migrate", "status", "history", "web"})
 
 
 def add_pg_parsers(verbs: Any) -> None:
@@ -38,10 +38,24 @@ def add_pg_parsers(verbs: Any) -> None:
     common(history)
     history.add_argument("job", metavar="JOB", help="exit status 1 if the ledger does not know it")
     history.add_argument("-n", type=int, default=20, help="how many runs (default: 20)")
+    web = verbs.add_parser("web", help="serve the live dashboard of the fleet (read-only)")
+    common(web)
+    web.add_argument("--host", default="127.0.0.1", help="address to listen on (127.0.0.1)")
+    web.add_argument("--port", type=int, default=8080, help="port to listen on (default: 8080)")
+    web.add_argument(
+        "--refresh", type=float, default=3.0, help="seconds between live updates (default: 3)"
+    )
 
 
 def run_pg(args: argparse.Namespace) -> int:
     """Run one of the ledger verbs; errors are raised as :class:`CronlockError`."""
+    if args.verb == "web":
+        try:
+            # The dashboard's extra: Starlette, Jinja2 and uvicorn (and asyncpg).
+            from .web._serve import serve
+        except ImportError:
+            raise CronlockError("web needs the web extra: pip install 'cronlock[web]'") from None
+        return serve(args)
     try:
         # cronlock.postgres refuses to import without asyncpg, its one extra dependency.
         from .postgres._cli import run_verb
