@@ -1,4 +1,5 @@
-"""``python -m cronlock migrate|status|history|web``: the ledger verbs' arguments and dispatch.
+"""``python -m cronlock migrate|status|history|pause|resume|trigger|web``: the ledger verbs'
+arguments and dispatch.
 
 The verbs themselves run on asyncpg, in :mod:`cronlock.postgres._cli`; this module only
 declares their arguments, so the command line (``next``, ``demo``) works without the
@@ -14,11 +15,11 @@ from ._errors import CronlockError
 
 __all__ = ("PG_VERBS", "add_pg_parsers", "run_pg")
 
-PG_VERBS = frozenset({"migrate", "status", "history", "web"})
+PG_VERBS = frozenset({"migrate", "status", "history", "pause", "resume", "trigger", "web"})
 
 
 def add_pg_parsers(verbs: Any) -> None:
-    """Register ``migrate``, ``status`` and ``history``."""
+    """Register ``migrate``, ``status``, ``history`` and the fleet control verbs."""
 
     def common(parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--dsn", required=True, help="PostgreSQL DSN (postgresql://...)")
@@ -34,6 +35,11 @@ def add_pg_parsers(verbs: Any) -> None:
     status.add_argument(
         "jobs", nargs="*", metavar="JOB", help="only these jobs (exit status 1 if one is unknown)"
     )
+    status.add_argument(
+        "--check",
+        action="store_true",
+        help="health check: exit status 1, naming them, if jobs are overdue (0 otherwise)",
+    )
     history = verbs.add_parser("history", help="the latest runs of one job from the ledger")
     common(history)
     history.add_argument("job", metavar="JOB", help="exit status 1 if the ledger does not know it")
@@ -45,6 +51,17 @@ def add_pg_parsers(verbs: Any) -> None:
     web.add_argument(
         "--refresh", type=float, default=3.0, help="seconds between live updates (default: 3)"
     )
+    for verb, what in (
+        ("pause", "pause a job on every replica (until resume)"),
+        ("resume", "resume a paused job on every replica"),
+        ("trigger", "run a job once now, on exactly one replica"),
+    ):
+        control = verbs.add_parser(verb, help=what)
+        common(control)
+        control.add_argument("job", metavar="JOB", help="the job's name")
+        control.add_argument(
+            "--force", action="store_true", help="even if the ledger does not know the job yet"
+        )
 
 
 def run_pg(args: argparse.Namespace) -> int:

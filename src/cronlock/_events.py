@@ -34,7 +34,7 @@ __all__ = (
 
 _logger = logging.getLogger("cronlock.events")
 
-SkipReason = Literal["overlap", "misfire", "locked", "not_leader", "already_ran"]
+SkipReason = Literal["overlap", "misfire", "locked", "not_leader", "already_ran", "paused"]
 
 
 @dataclass(frozen=True, slots=True)

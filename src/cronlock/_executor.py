@@ -171,6 +171,9 @@ class Executor:
         if claim == "already_ran":
             _lock_logger.debug("job %r slot %s: slot already ran", job.name, slot)
             return JobSkipped(job.name, slot, "already_ran")
+        if claim == "paused":
+            _lock_logger.info("job %r slot %s: paused fleet-wide, skipped", job.name, slot)
+            return JobSkipped(job.name, slot, "paused")
         assert not isinstance(claim, str)
         return claim
 

@@ -46,8 +46,9 @@ class Lease(Protocol):
         ...
 
 
-Refusal = Literal["locked", "already_ran"]
-"""Why a locker declined a slot: another holder has the job's lock, or the slot already ran."""
+Refusal = Literal["locked", "already_ran", "paused"]
+"""Why a locker declined a slot: another holder has the job's lock, the slot already ran, or
+the job is paused fleet-wide (:class:`cronlock.postgres.FleetControl`)."""
 
 
 @runtime_checkable
@@ -59,7 +60,8 @@ class Locker(Protocol):
 
         ``None`` or ``"locked"``: another holder has the job's lock, the normal case on every
         replica but one. ``"already_ran"``: the slot was claimed before (lockers that keep a
-        record of slots). A backend failure raises :class:`cronlock.LockError`.
+        record of slots). ``"paused"``: the job is paused fleet-wide. A backend failure
+        raises :class:`cronlock.LockError`.
         """
         ...
 

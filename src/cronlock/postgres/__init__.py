@@ -17,8 +17,10 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 from .._errors import LedgerNameError as LedgerNameError
 from .._keys import job_lock_key as job_lock_key
 from ._connections import Keepalives as Keepalives
+from ._control import FleetControl as FleetControl
 from ._elector import PostgresElector as PostgresElector
 from ._lease import PostgresLease as PostgresLease
+from ._ledger import DEFAULT_TABLE as DEFAULT_TABLE
 from ._locked_run import RunLock as RunLock
 from ._locked_run import locked_run as locked_run
 from ._locked_run import run_locked as run_locked
@@ -27,6 +29,8 @@ from ._statistics import PostgresElectorStatistics as PostgresElectorStatistics
 from ._statistics import PostgresLockerStatistics as PostgresLockerStatistics
 
 __all__ = (
+    "DEFAULT_TABLE",
+    "FleetControl",
     "Keepalives",
     "LedgerNameError",
     "PostgresElector",

@@ -83,6 +83,8 @@ class Claims:
         )
         if row["started_at"] is not None:
             return None
+        if row["paused"]:
+            return "paused"
         return "already_ran" if row["ran"] or row["got"] else "locked"
 
     async def _claim(

@@ -1,4 +1,5 @@
-"""``python -m cronlock migrate|status|history``: the run ledger from the command line.
+"""``python -m cronlock migrate|status|history|pause|resume|trigger``: the run ledger and
+fleet control from the command line.
 
 The arguments are declared in :mod:`cronlock._cli_ledger`, which needs no asyncpg.
 """
@@ -17,7 +18,8 @@ import asyncpg
 
 from .._errors import CronlockError
 from .._records import RunRecord
-from ._fleet import read_jobs, read_runs
+from ._control import control_sql
+from ._fleet import read_jobs, read_paused, read_runs, server_now
 from ._ledger import DEFAULT_TABLE, LedgerTable, ledger_state, migrate
 
 __all__ = ("run_verb",)
@@ -48,7 +50,9 @@ async def _run(args: argparse.Namespace, table: LedgerTable) -> int:
                 f"'python -m cronlock migrate --dsn ...' or start a PostgresLocker"
             )
         if args.verb == "status":
-            return await _status(conn, table, args.jobs)
+            return await _status(conn, table, args.jobs, check=args.check)
+        if args.verb in ("pause", "resume", "trigger"):
+            return await _control(conn, table, args.verb, args.job, force=args.force)
         return await _history(conn, table, args.job, args.n)
     finally:
         await conn.close()
@@ -87,7 +91,28 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
         print("  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip())
 
 
-async def _status(conn: Any, table: LedgerTable, only: Sequence[str]) -> int:
+async def _control(conn: Any, table: LedgerTable, verb: str, job: str, *, force: bool) -> int:
+    known = {row["job"] for row in await conn.fetch(table.jobs_sql)}
+    if job not in known and not force:
+        _unknown([job], known)
+        print(f"(nothing done; pass --force to {verb} it anyway)", file=sys.stderr)
+        return 1
+    sql = control_sql(table)[verb]
+    who = "cli:" + (await conn.fetchval("SELECT current_user"))
+    if verb == "resume":
+        await conn.execute(sql, job)
+    else:
+        await conn.execute(sql, job, who)
+    done = {
+        "pause": "paused on every replica (until 'resume')",
+        "resume": "resumed on every replica, from its next slot",
+        "trigger": "triggered: one replica runs it within about a second",
+    }[verb]
+    print(f"{job}: {done}")
+    return 0
+
+
+async def _status(conn: Any, table: LedgerTable, only: Sequence[str], *, check: bool) -> int:
     # A job is known once a replica noted its schedule or claimed a slot of it.
     jobs = await read_jobs(conn, table, list(only) if only else None)
     unknown: list[str] = []
@@ -98,13 +123,24 @@ async def _status(conn: Any, table: LedgerTable, only: Sequence[str]) -> int:
     print(f"run ledger {table.runs}: {len(jobs)} job(s); times in UTC")
     if not jobs:
         return _unknown(unknown, known)
+    paused = await read_paused(conn, table)
+    now = await server_now(conn)
+    overdue: list[str] = []
     lines = []
     for job in jobs:
         ok, failed = job.last_success, job.last_failure
         failure = "-" if failed is None else f"{_when(failed.slot)} {_outcome(failed)}"
+        if job.name in paused:
+            state = "paused"
+        elif job.overdue_since(now) is not None:
+            state = "OVERDUE"
+            overdue.append(job.name)
+        else:
+            state = "ok" if job.grace is not None else "-"
         lines.append(
             [
                 job.name,
+                state,
                 job.schedule or "-",
                 "-" if ok is None else _when(ok.slot),
                 failure,
@@ -112,9 +148,13 @@ async def _status(conn: Any, table: LedgerTable, only: Sequence[str]) -> int:
                 ", ".join(h.describe() for h in job.holders) or "-",
             ]
         )
-    header = ["JOB", "SCHEDULE", "LAST SUCCESS", "LAST FAILURE", "NEXT SLOT", "LOCK HELD BY"]
-    _table(header, lines)
-    return _unknown(unknown, known)
+    header = ["JOB", "STATE", "SCHEDULE", "LAST SUCCESS", "LAST FAILURE", "NEXT SLOT"]
+    _table([*header, "LOCK HELD BY"], lines)
+    status = _unknown(unknown, known)
+    if check and overdue:
+        print(f"overdue: {', '.join(overdue)}")
+        return 1
+    return status
 
 
 def _unknown(names: Sequence[str], known: Iterable[str]) -> int:

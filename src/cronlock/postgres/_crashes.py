@@ -83,7 +83,7 @@ def recover_sql(table: LedgerTable) -> str:
         ), c AS MATERIALIZED (
             SELECT l.got, (SELECT started_at FROM up) AS started_at FROM l
         )
-        SELECT false AS ran, c.got, c.started_at,
+        SELECT false AS ran, false AS paused, c.got, c.started_at,
                CASE WHEN c.got AND c.started_at IS NULL
                     THEN pg_advisory_unlock($1::bigint) END AS undone
         FROM c"""

@@ -13,6 +13,7 @@ from typing import Any
 
 from .._keys import job_lock_key
 from .._records import RunRecord
+from ._control import control_sql
 from ._ledger import LedgerTable, to_record
 
 __all__ = (
@@ -21,6 +22,7 @@ __all__ = (
     "LockHolder",
     "read_holders",
     "read_jobs",
+    "read_paused",
     "read_runs",
     "server_now",
 )
@@ -131,7 +133,7 @@ async def read_jobs(
     jobs = []
     for row in rows:
         last = {r["kind"]: to_record(r) for r in await conn.fetch(table.last_runs_sql, row["job"])}
-        grace = row.get("grace")  # noted by replicas that know the overdue rule
+        grace = row["grace"]  # None: noted by a replica that predates the overdue rule
         first = None
         if grace is not None:
             ok = last.get("ok")
@@ -185,3 +187,8 @@ async def server_now(conn: Any) -> datetime:
     """The database server's clock: the fleet's shared time, which overdue is judged by."""
     now: datetime = await conn.fetchval("SELECT clock_timestamp()")
     return now
+
+
+async def read_paused(conn: Any, table: LedgerTable) -> frozenset[str]:
+    """The jobs paused fleet-wide (:class:`~cronlock.postgres.FleetControl`)."""
+    return frozenset(row["job"] for row in await conn.fetch(control_sql(table)["paused"]))

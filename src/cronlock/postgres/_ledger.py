@@ -122,6 +122,12 @@ class LedgerTable:
         return self._qualified(_derived(self.table, "_jobs"))
 
     @property
+    def control(self) -> str:
+        """The fleet control table (``<table>_control``: pauses, triggers), quoted and
+        qualified."""
+        return self._qualified(_derived(self.table, "_control"))
+
+    @property
     def migrate_key(self) -> int:
         """The transaction advisory lock key that serialises concurrent migrations."""
         return job_lock_key(f"cronlock:migrate:{self.runs}")
@@ -167,19 +173,33 @@ class LedgerTable:
                 updated_at timestamptz NOT NULL DEFAULT clock_timestamp(),
                 updated_by text
             )""",
+            # Each job's overdue grace, for 'status --check' (an older ledger lacks it).
+            f"ALTER TABLE {self.jobs} ADD COLUMN IF NOT EXISTS grace float8",
+            # Fleet control (cronlock.postgres.FleetControl): a paused job is refused at
+            # claim time; a trigger is a slot of its own, claimed like any other.
+            f"""CREATE TABLE IF NOT EXISTS {self.control} (
+                job          text        PRIMARY KEY,
+                paused_at    timestamptz,
+                paused_by    text,
+                trigger_slot timestamptz,
+                triggered_by text,
+                updated_at   timestamptz NOT NULL DEFAULT clock_timestamp()
+            )""",
         ]
         return statements
 
     @property
     def state_sql(self) -> str:
         """``$1, $2``: the quoted names of both tables, ``$3`` the columns a current ledger
-        has that an old one lacks. NULL when a table is missing, else whether it is current.
+        has that an old one lacks, ``$4`` the control table (an older ledger lacks it). NULL
+        when a table is missing, else whether it is current.
         """
         return """
             SELECT CASE WHEN to_regclass($1) IS NULL OR to_regclass($2) IS NULL THEN NULL
                    ELSE (SELECT count(*) = cardinality($3::text[]) FROM pg_attribute
                          WHERE attrelid = to_regclass($1) AND attname = ANY($3::text[])
-                           AND NOT attisdropped) END"""
+                           AND NOT attisdropped)
+                        AND to_regclass($4) IS NOT NULL END"""
 
     # -- the hot path: one round trip to claim, one to finish ----------------------------
 
@@ -188,8 +208,10 @@ class LedgerTable:
         """Lock and claim in one statement.
 
         ``$1`` lock key, ``$2`` job, ``$3`` slot, ``$4`` host, ``$5`` pid. Returns
-        (ran, got, started_at): *ran* the slot was already in the ledger (the lock was not
-        even tried, so a lagging replica never blocks a leading one's next slot); *got*
+        (ran, paused, got, started_at): *ran* the slot was already in the ledger (the lock
+        was not even tried, so a lagging replica never blocks a leading one's next slot);
+        *paused* the job is paused fleet-wide (:mod:`._control`; a triggered slot is
+        exempt), also without trying the lock, so a pause costs no extra round trip; *got*
         the lock was granted; *started_at* set when this call claimed the slot. A lock
         granted for a slot another replica claimed meanwhile is given back in the same
         statement (the ``ON CONFLICT`` is what makes the claim unique; the pre-check only
@@ -198,10 +220,13 @@ class LedgerTable:
         """
         return f"""
             WITH seen AS MATERIALIZED (
-                SELECT EXISTS (SELECT 1 FROM {self.runs} WHERE job = $2 AND slot = $3) AS ran
+                SELECT EXISTS (SELECT 1 FROM {self.runs} WHERE job = $2 AND slot = $3) AS ran,
+                       EXISTS (SELECT 1 FROM {self.control} WHERE job = $2
+                               AND paused_at IS NOT NULL
+                               AND trigger_slot IS DISTINCT FROM $3) AS paused
             ), l AS MATERIALIZED (
-                SELECT seen.ran,
-                       CASE WHEN seen.ran THEN false
+                SELECT seen.ran, seen.paused,
+                       CASE WHEN seen.ran OR seen.paused THEN false
                             ELSE pg_try_advisory_lock($1::bigint) END AS got
                 FROM seen
             ), ins AS (
@@ -211,9 +236,9 @@ class LedgerTable:
                 ON CONFLICT (job, slot) DO NOTHING
                 RETURNING started_at
             ), c AS MATERIALIZED (
-                SELECT l.ran, l.got, (SELECT started_at FROM ins) AS started_at FROM l
+                SELECT l.ran, l.paused, l.got, (SELECT started_at FROM ins) AS started_at FROM l
             )
-            SELECT c.ran, c.got, c.started_at,
+            SELECT c.ran, c.paused, c.got, c.started_at,
                    CASE WHEN c.got AND c.started_at IS NULL
                         THEN pg_advisory_unlock($1::bigint) END AS undone
             FROM c"""
@@ -314,7 +339,7 @@ class LedgerTable:
 
     @property
     def jobs_sql(self) -> str:
-        """Every job with a schedule note or a run, with its schedule and next slot.
+        """Every job with a schedule note or a run: its schedule, next slot and grace.
 
         Distinct jobs of the runs table come from a recursive skip scan of the primary
         key: one index probe per job, however many runs each has.
@@ -327,7 +352,7 @@ class LedgerTable:
                         ORDER BY r.job LIMIT 1)
                 FROM seen WHERE seen.job IS NOT NULL
             )
-            SELECT coalesce(j.job, s.job) AS job, j.schedule, j.next_run, j.updated_at
+            SELECT coalesce(j.job, s.job) AS job, j.schedule, j.next_run, j.updated_at, j.grace
             FROM {self.jobs} j
             FULL JOIN (SELECT job FROM seen WHERE job IS NOT NULL) s ON s.job = j.job
             ORDER BY 1"""
@@ -336,17 +361,21 @@ class LedgerTable:
 
     @property
     def note_sql(self) -> str:
-        """Upsert job schedules; arrays ``$1`` jobs, ``$2`` schedules, ``$3`` next slots;
-        ``$4`` who writes. Rows already up to date are left alone (no dead tuples)."""
+        """Upsert job schedules; arrays ``$1`` jobs, ``$2`` schedules, ``$3`` next slots,
+        ``$5`` overdue graces in seconds; ``$4`` who writes. Rows already up to date are
+        left alone (no dead tuples)."""
         return f"""
-            INSERT INTO {self.jobs} AS j (job, schedule, next_run, updated_at, updated_by)
-            SELECT u.job, u.schedule, u.next_run, clock_timestamp(), $4::text
-            FROM unnest($1::text[], $2::text[], $3::timestamptz[]) AS u(job, schedule, next_run)
+            INSERT INTO {self.jobs} AS j (job, schedule, next_run, updated_at, updated_by, grace)
+            SELECT u.job, u.schedule, u.next_run, clock_timestamp(), $4::text, u.grace
+            FROM unnest($1::text[], $2::text[], $3::timestamptz[], $5::float8[])
+                 AS u(job, schedule, next_run, grace)
             ON CONFLICT (job) DO UPDATE
             SET schedule = EXCLUDED.schedule, next_run = EXCLUDED.next_run,
-                updated_at = EXCLUDED.updated_at, updated_by = EXCLUDED.updated_by
+                updated_at = EXCLUDED.updated_at, updated_by = EXCLUDED.updated_by,
+                grace = EXCLUDED.grace
             WHERE j.schedule IS DISTINCT FROM EXCLUDED.schedule
-               OR j.next_run IS DISTINCT FROM EXCLUDED.next_run"""
+               OR j.next_run IS DISTINCT FROM EXCLUDED.next_run
+               OR j.grace IS DISTINCT FROM EXCLUDED.grace"""
 
     @property
     def prune_sql(self) -> str:
@@ -405,10 +434,12 @@ async def migrate(
 async def ledger_state(conn: Any, table: LedgerTable) -> LedgerState:
     """Whether the ledger's tables are missing, of an older shape, or current, as this
     session resolves their names: one catalog query."""
-    current = await conn.fetchval(table.state_sql, table.runs, table.jobs, list(_ADDED_COLUMNS))
+    current = await conn.fetchval(
+        table.state_sql, table.runs, table.jobs, list(_ADDED_COLUMNS), table.control
+    )
     return "missing" if current is None else "current" if current else "old"
 
 
 async def tables_exist(conn: Any, table: LedgerTable) -> bool:
-    """Whether both ledger tables exist (as this session resolves their names)."""
+    """Whether the ledger's runs and jobs tables exist (as this session resolves their names)."""
     return await ledger_state(conn, table) != "missing"

@@ -211,8 +211,9 @@ class PostgresLocker(HeldOpenByBlocks):
 
         ``"locked"``: the job's lock is held, by another replica or by a run in this process.
         ``"already_ran"``: the slot was claimed before, by any replica (with the ledger) or
-        by this locker. Raises :class:`cronlock.LockError` when the server cannot be reached
-        or fails. If the calling task is cancelled, nothing stays held or claimed.
+        by this locker. ``"paused"``: the job is paused fleet-wide (:class:`FleetControl`).
+        Raises :class:`cronlock.LockError` when the server cannot be reached or fails. If
+        the calling task is cancelled, nothing stays held or claimed.
         """
         if self._closed:
             raise LockError(f"job {job!r}: {_CLOSED}")
@@ -244,6 +245,8 @@ class PostgresLocker(HeldOpenByBlocks):
             self._already_ran += 1
             _logger.debug("job %r slot %s: another replica already ran the slot", job, slot)
             return refusal
+        if refusal == "paused":
+            return refusal  # paused fleet-wide (the claim statement read it)
         self._granted += 1
         if rerun:
             self._reran += 1

@@ -76,6 +76,8 @@ class Upkeep:
         self._noted_at = float("-inf")
         self._prune_at = PRUNE_EVERY * random.uniform(0.2, 0.4)  # relative until started
         self.heartbeats = 0
+        self.grace: Callable[[str], float | None] = lambda job: None
+        """A job's overdue grace, written with its schedule (set by the fleet watch)."""
 
     def note(self, job: str, schedule: str, next_run: datetime | None) -> None:
         """Remember *job*'s schedule and next slot; written if changed, batched."""
@@ -236,6 +238,7 @@ class Upkeep:
                     [schedule for schedule, _ in notes],
                     [next_run for _, next_run in notes],
                     self._application_name,
+                    [self.grace(name) for name in names],
                 ),
                 what="writing schedules",
                 keep_on_server_error=True,

@@ -8,18 +8,22 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..postgres._control import FleetControl
 from ..postgres._ledger import LedgerTable
 
-__all__ = ("ACTIONS", "act", "read_paused")
+__all__ = ("ACTIONS", "act")
 
 ACTIONS = frozenset({"pause", "resume", "trigger"})
 
 
-async def read_paused(conn: Any, table: LedgerTable) -> frozenset[str]:
-    """The jobs paused fleet-wide (none until fleet control exists)."""
-    return frozenset()
-
-
 async def act(source: Any, table: LedgerTable, verb: str, job: str) -> None:
-    """Pause, resume or trigger *job* on every replica."""
-    raise NotImplementedError(f"{verb} {job!r}: fleet control is not available yet")
+    """Pause, resume or trigger *job* on every replica (*source*: a pool or a DSN)."""
+    async with FleetControl(source, table=table.table, schema=table.schema) as control:
+        if verb == "pause":
+            await control.pause(job)
+        elif verb == "resume":
+            await control.resume(job)
+        elif verb == "trigger":
+            await control.trigger(job)
+        else:
+            raise ValueError(f"unknown action {verb!r}")

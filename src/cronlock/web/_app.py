@@ -27,9 +27,9 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from .._errors import ConfigError
-from ..postgres._fleet import read_jobs, read_runs, server_now
+from ..postgres._fleet import read_jobs, read_paused, read_runs, server_now
 from ..postgres._ledger import DEFAULT_TABLE, LedgerTable
-from ._actions import ACTIONS, act, read_paused
+from ._actions import ACTIONS, act
 from ._csrf import COOKIE, Csrf
 from ._headers import SecurityHeaders
 from ._model import chart, job_view, run_json, run_view

@@ -1,0 +1,175 @@
+"""Fleet-wide control: pause, resume and trigger a job on every replica at once.
+
+The state lives in the ledger's control table (``<table>_control``, created by ``migrate``
+like the ledger's other tables). Replicas never read it on their own schedule to obey a
+pause: the claim statement itself refuses a paused job (:attr:`LedgerTable.claim_sql`), so
+a pause takes effect at the next slot on every replica with no extra round trip. A trigger
+is a slot of its own (the server's time when it was asked for): replicas that run the job
+pick it up from :class:`FleetWatch`'s poll and claim it like any slot, so it runs once
+fleet-wide.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from types import TracebackType
+from typing import Any, Self
+
+from .._errors import ConfigError, LockError
+from ._backend_errors import backend_errors
+from ._connections import ConnectionSource
+from ._ledger import DEFAULT_TABLE, LedgerTable, migrate
+
+__all__ = ("TRIGGER_EXPIRES", "FleetControl", "control_sql")
+
+TRIGGER_EXPIRES = 3600
+"""Seconds after which a trigger no replica claimed is dropped (nobody runs that job)."""
+_TIMEOUT = 10.0
+
+
+def control_sql(table: LedgerTable) -> dict[str, str]:
+    """The statements of the control verbs on *table*'s control table."""
+    control = table.control
+    return {
+        # $1 job, $2 who. Pausing a paused job keeps the first pause's time.
+        "pause": f"""
+            INSERT INTO {control} AS c (job, paused_at, paused_by)
+            VALUES ($1::text, clock_timestamp(), $2::text)
+            ON CONFLICT (job) DO UPDATE
+            SET paused_at = coalesce(c.paused_at, EXCLUDED.paused_at),
+                paused_by = coalesce(c.paused_by, EXCLUDED.paused_by),
+                updated_at = clock_timestamp()""",
+        "resume": f"""
+            UPDATE {control} SET paused_at = NULL, paused_by = NULL,
+                                 updated_at = clock_timestamp()
+            WHERE job = $1::text AND paused_at IS NOT NULL""",
+        # $1 job, $2 who. A trigger still pending is replaced: two requests, one run. The
+        # slot is truncated to milliseconds so that it reads back the same everywhere.
+        "trigger": f"""
+            INSERT INTO {control} AS c (job, trigger_slot, triggered_by)
+            VALUES ($1::text, date_trunc('milliseconds', clock_timestamp()), $2::text)
+            ON CONFLICT (job) DO UPDATE
+            SET trigger_slot = EXCLUDED.trigger_slot, triggered_by = EXCLUDED.triggered_by,
+                updated_at = clock_timestamp()
+            RETURNING trigger_slot""",
+        "paused": f"SELECT job FROM {control} WHERE paused_at IS NOT NULL ORDER BY job",
+        # What a replica polls: paused jobs, and triggers no replica has claimed yet (a
+        # claimed trigger has its row in the ledger) and that are not too old.
+        "poll": f"""
+            SELECT c.job, c.paused_at IS NOT NULL AS paused,
+                   CASE WHEN c.trigger_slot > clock_timestamp() - $1::float8 * interval '1 s'
+                         AND NOT EXISTS (SELECT 1 FROM {table.runs} r
+                                         WHERE r.job = c.job AND r.slot = c.trigger_slot)
+                        THEN c.trigger_slot END AS trigger_slot
+            FROM {control} c
+            WHERE c.paused_at IS NOT NULL OR c.trigger_slot IS NOT NULL""",
+        # $1 jobs: each one's latest finished run and latest success (two index probes).
+        "fleet_runs": f"""
+            SELECT u.job, 'last' AS kind, r.* FROM unnest($1::text[]) AS u(job)
+            CROSS JOIN LATERAL (
+                SELECT slot, started_at, finished_at, outcome, error, host, pid, attempt
+                FROM {table.runs} WHERE job = u.job AND finished_at IS NOT NULL
+                ORDER BY slot DESC LIMIT 1) r
+            UNION ALL
+            SELECT u.job, 'ok' AS kind, r.* FROM unnest($1::text[]) AS u(job)
+            CROSS JOIN LATERAL (
+                SELECT slot, started_at, finished_at, outcome, error, host, pid, attempt
+                FROM {table.runs} WHERE job = u.job AND outcome = 'succeeded'
+                ORDER BY slot DESC LIMIT 1) r""",
+    }
+
+
+def _job_name(job: object, verb: str) -> str:
+    if not isinstance(job, str) or not job:
+        raise ConfigError(f"FleetControl.{verb}: job must be a non-empty string, got {job!r}")
+    return job
+
+
+class FleetControl:
+    """Pause, resume and trigger jobs on every replica that shares a run ledger.
+
+    ``async with FleetControl(pool_or_dsn) as control: await control.pause("nightly")``.
+    *table* and *schema* name the ledger as the replicas' :class:`PostgresLocker` does; its
+    tables are created (or upgraded) on entry if needed. Given a DSN it opens one connection
+    for the block; given an ``asyncpg.Pool`` it borrows one per call.
+
+    A pause is honoured by every replica at its next claim of the job (the claim statement
+    reads it: no polling), and lasts until :meth:`resume`, across restarts and deploys.
+    A trigger runs the job once, now, on exactly one replica (one that has the job
+    registered and running), even while it is paused.
+    """
+
+    def __init__(
+        self, pool_or_dsn: Any, *, table: str = DEFAULT_TABLE, schema: str | None = None
+    ) -> None:
+        self._source = ConnectionSource(pool_or_dsn)
+        self._table = LedgerTable(table, schema)
+        self._sql = control_sql(self._table)
+        self._conn: Any = None
+        self._who = f"{socket.gethostname()}:{os.getpid()}"
+        self._ready = False
+
+    @property
+    def ledger(self) -> LedgerTable:
+        """Where the ledger (and its control table) lives."""
+        return self._table
+
+    async def __aenter__(self) -> Self:
+        if not self._source.pooled:
+            self._conn = await self._source.checkout(timeout=_TIMEOUT)
+        try:
+            await self._call(lambda c: self._prepare(c))
+        except BaseException:
+            await self.__aexit__(None, None, None)
+            raise
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            await self._source.checkin(conn, timeout=_TIMEOUT)
+
+    async def _prepare(self, conn: Any) -> None:
+        if not self._ready:
+            await migrate(conn, self._table, timeout=_TIMEOUT)
+            self._ready = True
+
+    async def _call(self, fn: Any) -> Any:
+        with backend_errors("fleet control: the statement failed"):
+            if self._conn is not None:
+                return await fn(self._conn)
+            if self._source.pooled:
+                conn = await self._source.checkout(timeout=_TIMEOUT)
+                try:
+                    await self._prepare(conn)
+                    return await fn(conn)
+                finally:
+                    await self._source.checkin(conn, timeout=_TIMEOUT)
+        raise LockError("FleetControl is not open: use it as 'async with FleetControl(...)'")
+
+    async def pause(self, job: str) -> None:
+        """Stop *job* on every replica from its next slot on (a run in flight goes on)."""
+        name = _job_name(job, "pause")
+        await self._call(lambda c: c.execute(self._sql["pause"], name, self._who))
+
+    async def resume(self, job: str) -> None:
+        """Let *job* run again on every replica, from its next slot (missed slots stay
+        missed)."""
+        name = _job_name(job, "resume")
+        await self._call(lambda c: c.execute(self._sql["resume"], name))
+
+    async def trigger(self, job: str) -> None:
+        """Run *job* once, now, on exactly one replica (within about a second)."""
+        name = _job_name(job, "trigger")
+        await self._call(lambda c: c.fetchval(self._sql["trigger"], name, self._who))
+
+    async def paused(self) -> frozenset[str]:
+        """The jobs paused fleet-wide."""
+        rows = await self._call(lambda c: c.fetch(self._sql["paused"]))
+        return frozenset(row["job"] for row in rows)
