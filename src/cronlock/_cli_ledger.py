@@ -44,13 +44,6 @@ def add_pg_parsers(verbs: Any) -> None:
     common(history)
     history.add_argument("job", metavar="JOB", help="exit status 1 if the ledger does not know it")
     history.add_argument("-n", type=int, default=20, help="how many runs (default: 20)")
-    web = verbs.add_parser("web", help="serve the live dashboard of the fleet (read-only)")
-    common(web)
-    web.add_argument("--host", default="127.0.0.1", help="address to listen on (127.0.0.1)")
-    web.add_argument("--port", type=int, default=8080, help="port to listen on (default: 8080)")
-    web.add_argument(
-        "--refresh", type=float, default=3.0, help="seconds between live updates (default: 3)"
-    )
     for verb, what in (
         ("pause", "pause a job on every replica (until resume)"),
         ("resume", "resume a paused job on every replica"),
@@ -62,6 +55,14 @@ def add_pg_parsers(verbs: Any) -> None:
         control.add_argument(
             "--force", action="store_true", help="even if the ledger does not know the job yet"
         )
+
+    web = verbs.add_parser("web", help="serve the live dashboard of the fleet (read-only)")
+    common(web)
+    web.add_argument("--host", default="127.0.0.1", help="address to listen on (127.0.0.1)")
+    web.add_argument("--port", type=int, default=8080, help="port to listen on (default: 8080)")
+    web.add_argument(
+        "--refresh", type=float, default=3.0, help="seconds between live updates (default: 3)"
+    )
 
 
 def run_pg(args: argparse.Namespace) -> int:
