@@ -212,6 +212,7 @@ def test_an_xss_shaped_name_is_text(fleet: Fleet, browser: Any) -> None:
 
 def test_an_overdue_job_turns_red(fleet: Fleet, browser: Any) -> None:
     browser.get(fleet.url + "/")
+
     def ok() -> bool:
         return bool(rows(browser)["doomed"].get_attribute("data-status") == "ok")
 
