@@ -191,7 +191,7 @@ def test_a_run_appears_without_reloading(fleet: Fleet, browser: Any) -> None:
     first = browser.find_element(By.CSS_SELECTOR, "table.runs tbody tr td").text
 
     def newer() -> bool:
-        cell = browser.find_element(By.CSS_SELECTOR, "table.runs tbody tr td").text
+        cell = str(browser.find_element(By.CSS_SELECTOR, "table.runs tbody tr td").text)
         return cell != first and cell.endswith("UTC")
 
     wait_for(newer, "a newer run of tick on its page")
