@@ -237,3 +237,32 @@ def test_bad_options_are_refused() -> None:
         cronlock.web.app("postgresql://x", page_size=0)
     with pytest.raises(cronlock.ConfigError, match=r"DSN or an asyncpg\.Pool"):
         cronlock.web.app(42)
+
+
+async def test_served_from_aiohttp(pg_dsn: str, ledger: str) -> None:
+    from aiohttp import web
+    from aiohttp.test_utils import TestClient, TestServer
+
+    def authorize(request: Request) -> bool:
+        return True
+
+    service = web.Application()
+    handler = cronlock.web.aiohttp_handler(
+        cronlock.web.app(pg_dsn, table=ledger, authorize=authorize), prefix="/cron"
+    )
+    service.router.add_route("*", "/cron", handler)
+    service.router.add_route("*", "/cron/{tail:.*}", handler)
+    async with TestClient(TestServer(service)) as c:
+        page = await c.get("/cron/")
+        text = await page.text()
+        assert page.status == 200 and 'href="/cron/jobs/nightly"' in text
+        assert page.cookies["cronlock_csrf"]["path"] == "/cron"
+        assert page.headers["content-security-policy"].startswith("default-src 'none'")
+        api = await (await c.get("/cron/api/jobs/nightly/runs?limit=2")).json()
+        assert len(api["runs"]) == 2
+        form = {"job": "nightly", "csrf": _csrf(text)}
+        done = await c.post("/cron/actions/pause", data=form, allow_redirects=False)
+        assert (done.status, done.headers["location"]) == (303, "/cron/")
+        refused = await c.post("/cron/actions/pause", data={"job": "nightly", "csrf": "0"})
+        assert refused.status == 403
+    assert await _paused(pg_dsn, ledger) == {"nightly"}
