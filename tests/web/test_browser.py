@@ -142,9 +142,17 @@ def _answers(url: str) -> bool:
 
 
 def wait_for(check: Callable[[], T], what: str, timeout: float = WAIT) -> T:
+    """Poll *check* until it is true; an element the live update replaced meanwhile
+    (stale) or one not there yet only means "not yet"."""
+    from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
+
     deadline = time.monotonic() + timeout
     while True:
-        value = check()
+        value: T | None
+        try:
+            value = check()
+        except (StaleElementReferenceException, NoSuchElementException, KeyError):
+            value = None
         if value:
             return value
         if time.monotonic() > deadline:
@@ -188,7 +196,10 @@ def test_a_run_appears_without_reloading(fleet: Fleet, browser: Any) -> None:
 
     browser.get(fleet.url + "/jobs/tick")
     browser.execute_script("window.notReloaded = true;")
-    first = browser.find_element(By.CSS_SELECTOR, "table.runs tbody tr td").text
+    first = wait_for(
+        lambda: str(browser.find_element(By.CSS_SELECTOR, "table.runs tbody tr td").text),
+        "the newest run of tick",
+    )
 
     def newer() -> bool:
         cell = str(browser.find_element(By.CSS_SELECTOR, "table.runs tbody tr td").text)
@@ -205,7 +216,12 @@ def test_an_xss_shaped_name_is_text(fleet: Fleet, browser: Any) -> None:
     browser.get(fleet.url + "/")
     wait_for(lambda: XSS in rows(browser), "the XSS-named job")
     assert browser.execute_script("return window.pwned === undefined;")
-    rows(browser)[XSS].find_element(By.CSS_SELECTOR, "td.name a").click()
+
+    def open_it() -> bool:
+        rows(browser)[XSS].find_element(By.CSS_SELECTOR, "td.name a").click()
+        return True
+
+    wait_for(open_it, "the XSS-named job's link")
     wait_for(lambda: browser.find_element(By.CSS_SELECTOR, "h1.job-name").text == XSS, "its page")
     assert browser.execute_script("return window.pwned === undefined;")
 
@@ -235,7 +251,12 @@ def test_an_overdue_job_turns_red(fleet: Fleet, browser: Any) -> None:
 def _click(browser: Any, job: str, action: str) -> None:
     from selenium.webdriver.common.by import By
 
-    rows(browser)[job].find_element(By.CSS_SELECTOR, f'button[data-action="{action}"]').click()
+    def click() -> bool:
+        row = rows(browser)[job]
+        row.find_element(By.CSS_SELECTOR, f'button[data-action="{action}"]').click()
+        return True
+
+    wait_for(click, f"the {action} button of {job}")
 
 
 def test_an_unauthorized_pause_is_refused(fleet: Fleet, browser: Any) -> None:
