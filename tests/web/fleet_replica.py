@@ -2,7 +2,8 @@
 real PostgresLocker, running until SIGTERM (then it stops cleanly, writing its notes).
 
 Run as ``python fleet_replica.py --dsn DSN --table T --job NAME=SECONDS ...``; a job whose
-name starts with ``fail`` raises on every run. Prints ``running`` once started.
+name starts with ``fail`` raises on every run, one starting with ``slow`` takes 1.5 s.
+Prints ``running`` once started.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ async def main() -> None:
     for name, seconds in args.job:
 
         async def work(name: str = name) -> None:
-            await asyncio.sleep(0.05)
+            await asyncio.sleep(1.5 if name.startswith("slow") else 0.05)
             if name.startswith("fail"):
                 raise RuntimeError(f"{name} failed on purpose")
 

@@ -162,12 +162,12 @@ def wait_for(check: Callable[[], T], what: str, timeout: float = WAIT) -> T:
 
 @pytest.fixture(scope="module")
 def fleet(pg_dsn: str, browser: Any) -> Iterator[Fleet]:
-    """Two replicas sharing ``tick`` (every second) and the XSS-named job, a third running
-    ``doomed``, and the dashboard server."""
+    """Two replicas sharing ``tick`` (every second), the XSS-named job, a slow one and a
+    failing one, a third running ``doomed``, and the dashboard server."""
     fleet = Fleet(pg_dsn, table_name())
     try:
-        fleet.replica("a", "tick=1", f"{XSS}=2")
-        fleet.replica("b", "tick=1", f"{XSS}=2")
+        fleet.replica("a", "tick=1", f"{XSS}=2", "slow-report=2", "failing-export=3")
+        fleet.replica("b", "tick=1", f"{XSS}=2", "slow-report=2", "failing-export=3")
         fleet.replica("c", "doomed=2")
         fleet.server()
         yield fleet
@@ -189,6 +189,26 @@ def test_the_page_lists_the_jobs(fleet: Fleet, browser: Any) -> None:
     browser.get(fleet.url + "/")
     wait_for(lambda: {"tick", "doomed", XSS} <= set(rows(browser)), "the three jobs listed")
     assert "read-only" not in browser.find_element("css selector", "header .mode").text
+
+
+def test_the_lock_holder_and_a_failure_show(fleet: Fleet, browser: Any) -> None:
+    from selenium.webdriver.common.by import By
+
+    browser.get(fleet.url + "/")
+
+    def held() -> bool:
+        cell = str(rows(browser)["slow-report"].find_element(By.CSS_SELECTOR, "td.holder").text)
+        return "cronlock-web-replica-" in cell
+
+    wait_for(held, "a replica named as the holder of slow-report's lock")
+
+    def failing() -> bool:
+        return bool(rows(browser)["failing-export"].get_attribute("data-status") == "failing")
+
+    wait_for(failing, "failing-export shown failing")
+    browser.get(fleet.url + "/jobs/failing-export")
+    error = wait_for(lambda: browser.find_element(By.CSS_SELECTOR, "code.error").text, "error")
+    assert error == "RuntimeError: failing-export failed on purpose"
 
 
 def test_a_run_appears_without_reloading(fleet: Fleet, browser: Any) -> None:

@@ -144,7 +144,7 @@ class JobView:
 
 def job_view(job: FleetJob, now: datetime, *, paused: bool) -> JobView:
     """How *job* looks at *now* (the database server's time, which overdue is judged by)."""
-    described = describe(job.schedule, job.next_run)
+    described = describe(job.schedule, job.next_run, now=now)
     late = job.overdue_since(now)
     status: Status
     if paused:

@@ -62,20 +62,29 @@ class Described:
     """The next slots from the noted one on (at most the number asked; may be empty)."""
 
 
-def describe(note: str | None, next_run: datetime | None, count: int = 3) -> Described:
-    """Read a schedule note (``None``: no replica noted one) and the noted next slot."""
+def describe(
+    note: str | None, next_run: datetime | None, count: int = 3, now: datetime | None = None
+) -> Described:
+    """Read a schedule note (``None``: no replica noted one) and the noted next slot.
+
+    With *now*, the upcoming slots are those after it (a noted slot already past, because
+    the replicas stopped or note only every few seconds, is stepped over).
+    """
     if not note:
         return Described("unknown (no replica noted a schedule)", "-", _first(next_run))
     found = _CRON.match(note)
     if found:
-        return _cron(found, next_run, count)
+        return _cron(found, next_run, count, now)
     zone_match = _ZONE.search(note)
     zone = zone_match["zone"] if zone_match else "UTC"
     every = _EVERY.match(note)
     if every and next_run is not None:
         step = sum(float(m["n"]) * _UNIT_SECONDS[m["unit"]] for m in _SPAN.finditer(every["span"]))
         if step > 0:
-            upcoming = tuple(next_run + timedelta(seconds=step * k) for k in range(count))
+            first = next_run
+            if now is not None and first <= now:
+                first += timedelta(seconds=step * ((now - first).total_seconds() // step + 1))
+            upcoming = tuple(first + timedelta(seconds=step * k) for k in range(count))
             return Described(note, zone, upcoming)
     return Described(note, zone, _first(next_run))
 
@@ -84,7 +93,9 @@ def _first(next_run: datetime | None) -> tuple[datetime, ...]:
     return () if next_run is None else (next_run,)
 
 
-def _cron(found: re.Match[str], next_run: datetime | None, count: int) -> Described:
+def _cron(
+    found: re.Match[str], next_run: datetime | None, count: int, now: datetime | None
+) -> Described:
     try:
         expr = ast.literal_eval(found["expr"])
     except (ValueError, SyntaxError):
@@ -98,7 +109,10 @@ def _cron(found: re.Match[str], next_run: datetime | None, count: int) -> Descri
         schedule = cron(str(expr), seconds=six, tz=zone)
     except CronlockError:
         return Described(words, zone, _first(next_run))
-    slots = [next_run]
+    first = next_run
+    if now is not None and first <= now:
+        first = schedule.next_after(now) or next_run
+    slots = [first]
     while len(slots) < count:
         following = schedule.next_after(slots[-1])
         if following is None:
