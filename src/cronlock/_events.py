@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Literal
 
 from ._cancel import task_name
+from ._logs import at, get_logger
 
 __all__ = (
     "Event",
@@ -32,7 +32,7 @@ __all__ = (
     "Subscription",
 )
 
-_logger = logging.getLogger("cronlock.events")
+_logger = get_logger("cronlock.events")
 
 SkipReason = Literal["overlap", "misfire", "locked", "not_leader", "already_ran", "paused"]
 
@@ -204,7 +204,9 @@ class EventBus:
             try:
                 result = sub.callback(event)
             except Exception:
-                _logger.exception("event listener %r failed on %r", sub.callback, event)
+                _logger.exception(
+                    "event listener %r failed on %r", sub.callback, event, extra=_about(event)
+                )
                 continue
             if inspect.isawaitable(result):
                 task = asyncio.create_task(
@@ -219,9 +221,16 @@ class EventBus:
         try:
             await result
         except Exception:
-            _logger.exception("event listener %r failed on %r", sub.callback, event)
+            _logger.exception(
+                "event listener %r failed on %r", sub.callback, event, extra=_about(event)
+            )
 
     async def drain(self) -> None:
         """Wait for async listeners still running (used at shutdown)."""
         while self._pending:
             await asyncio.gather(*tuple(self._pending), return_exceptions=True)
+
+
+def _about(event: Event) -> dict[str, object]:
+    """The log record attributes of a record about *event*."""
+    return at(event.job, event.slot) if isinstance(event, JobEvent) else at(None)

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-import logging
 import typing
 from collections.abc import Callable
 from datetime import datetime, timedelta
+from logging import DEBUG
 
 from ._cancel import finish_uncancellably
 from ._clock import Clock
@@ -26,12 +26,13 @@ from ._events import (
 from ._guard import Deadlines, RunGuard
 from ._job import Job
 from ._locking import Elector, Lease, LosableLease, RecordingLease, lease_hooks
+from ._logs import at, get_logger, say
 from ._records import RunRecord, error_summary
 
 __all__ = ("Executor",)
 
-_logger = logging.getLogger("cronlock")
-_lock_logger = logging.getLogger("cronlock.lock")
+_logger = get_logger("cronlock")
+_lock_logger = get_logger("cronlock.lock")
 
 # A lease release that takes longer than this is abandoned (and logged); backends bound
 # their own release and terminate the session when it cannot finish.
@@ -129,7 +130,9 @@ class Executor:
         try:
             last, success = await ledger.last_runs(job.name)
         except Exception as exc:
-            _lock_logger.warning("job %r: reading its run history failed: %r", job.name, exc)
+            _lock_logger.warning(
+                "job %r: reading its run history failed: %r", job.name, exc, extra=at(job.name)
+            )
             return
         finally:
             self._reading = False
@@ -141,10 +144,16 @@ class Executor:
             try:
                 leader = await self._elector.is_leader()
             except Exception as exc:
-                _logger.error("job %r slot %s: elector failed: %r", job.name, slot, exc)
+                _logger.error(
+                    "job %r slot %s: elector failed: %r",
+                    job.name,
+                    slot,
+                    exc,
+                    extra=at(job.name, slot),
+                )
                 return LockFailed(job.name, slot, exc)
             if not leader:
-                _logger.debug("job %r slot %s: not the leader, skipped", job.name, slot)
+                say(_logger, DEBUG, job.name, slot, "not the leader, skipped")
                 return JobSkipped(job.name, slot, "not_leader")
         locker = job._wiring.locker
         if locker is None:
@@ -154,7 +163,9 @@ class Executor:
         except LockUnavailable as exc:
             # The backend is down and the locker waits before trying it again; it logged
             # the outage once. One ERROR per skipped run would bury that line.
-            _lock_logger.debug("job %r slot %s: run skipped: %s", job.name, slot, exc)
+            _lock_logger.debug(
+                "job %r slot %s: run skipped: %s", job.name, slot, exc, extra=at(job.name, slot)
+            )
             return LockFailed(job.name, slot, exc)
         except Exception as exc:
             _lock_logger.error(
@@ -163,16 +174,17 @@ class Executor:
                 slot,
                 exc,
                 exc_info=exc,
+                extra=at(job.name, slot),
             )
             return LockFailed(job.name, slot, exc)
         if claim is None or claim == "locked":
-            _lock_logger.debug("job %r slot %s: another holder has the lock", job.name, slot)
+            say(_lock_logger, DEBUG, job.name, slot, "another holder has the lock")
             return JobSkipped(job.name, slot, "locked")
         if claim == "already_ran":
-            _lock_logger.debug("job %r slot %s: slot already ran", job.name, slot)
+            say(_lock_logger, DEBUG, job.name, slot, "slot already ran")
             return JobSkipped(job.name, slot, "already_ran")
         if claim == "paused":
-            _lock_logger.info("job %r slot %s: paused fleet-wide, skipped", job.name, slot)
+            say(_lock_logger, DEBUG, job.name, slot, "paused fleet-wide, skipped")
             return JobSkipped(job.name, slot, "paused")
         assert not isinstance(claim, str)
         return claim
@@ -193,6 +205,7 @@ class Executor:
                 slot,
                 exc,
                 exc_info=exc,
+                extra=at(job.name, slot),
             )
 
     async def _execute(
@@ -233,7 +246,13 @@ class Executor:
             finished = clock.now()
             if guard.reason == "timeout" and isinstance(exc, TimeoutError):
                 assert timeout is not None
-                _logger.error("job %r slot %s timed out after %ss", job.name, slot, timeout)
+                _logger.error(
+                    "job %r slot %s timed out after %ss",
+                    job.name,
+                    slot,
+                    timeout,
+                    extra=at(job.name, slot),
+                )
                 record = RunRecord(slot, started, finished, "timed_out", None)
                 event: JobEvent = JobTimedOut(job.name, slot, started, finished, timeout)
                 return self._end(job, lease, record, event)
@@ -243,6 +262,7 @@ class Executor:
                     job.name,
                     slot,
                     guard.lost_because,
+                    extra=at(job.name, slot),
                 )
                 record = RunRecord(slot, started, finished, "lock_lost", None)
                 event = LockLost(job.name, slot, started, finished, guard.lost_because)
@@ -293,7 +313,9 @@ class Executor:
         self, job: Job, slot: datetime, started: datetime, exc: Exception, lease: Lease | None
     ) -> JobEvent:
         finished = self._clock.now()
-        _logger.error("job %r slot %s failed", job.name, slot, exc_info=exc)
+        _logger.error(
+            "job %r slot %s failed", job.name, slot, exc_info=exc, extra=at(job.name, slot)
+        )
         record = RunRecord(slot, started, finished, "failed", error_summary(exc))
         return self._end(job, lease, record, JobFailed(job.name, slot, started, finished, exc))
 
@@ -310,6 +332,7 @@ def _log_loss(job: Job, slot: datetime) -> Callable[[BaseException | None], None
             job.name,
             slot,
             exc,
+            extra=at(job.name, slot),
         )
 
     return log

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import logging
 import os
 import re
 import sys
@@ -16,13 +15,14 @@ from ._cancel import claim_or_undo, task_name
 from ._claimed import remember_claim
 from ._errors import ConfigError, LockError
 from ._locking import Lease, Refusal
+from ._logs import at, get_logger
 
 if sys.platform != "win32":
     import fcntl
 
 __all__ = ("FileLocker",)
 
-_logger = logging.getLogger("cronlock.lock")
+_logger = get_logger("cronlock.lock")
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]+")
 
 
@@ -97,11 +97,21 @@ class _FileLease:
         try:
             self._locker._write_ledger(self._job, self._previous)
         except LockError:
-            _logger.warning("job %r: could not undo a cancelled claim", self._job, exc_info=True)
+            _logger.warning(
+                "job %r: could not undo a cancelled claim",
+                self._job,
+                exc_info=True,
+                extra=at(self._job),
+            )
         try:
             self._release()
         except LockError:
-            _logger.warning("job %r: could not unlock after a cancel", self._job, exc_info=True)
+            _logger.warning(
+                "job %r: could not unlock after a cancel",
+                self._job,
+                exc_info=True,
+                extra=at(self._job),
+            )
 
 
 class FileLocker:
@@ -167,7 +177,7 @@ class FileLocker:
     def _acquire_sync(self, job: str, key: str) -> _FileLease | Refusal:
         with self._mutex:
             if job in self._held:
-                _logger.debug("job %r is already held by this process", job)
+                _logger.debug("job %r is already held by this process", job, extra=at(job))
                 return "locked"
             self._held.add(job)
         path = self._lock_path(job)
@@ -178,11 +188,11 @@ class FileLocker:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
-                _logger.debug("job %r is held by another process", job)
+                _logger.debug("job %r is held by another process", job, extra=at(job))
                 return "locked"
             previous = self._read_ledger(job)
             if key in previous:
-                _logger.debug("slot %s of job %r was already claimed", key, job)
+                _logger.debug("slot %s of job %r was already claimed", key, job, extra=at(job))
                 return "already_ran"
             claimed = dict.fromkeys(previous)
             remember_claim(claimed, key, None, remember=self._remember)

@@ -98,6 +98,9 @@ class Job:
     distributed: bool = True
     locker: Locker | None = None
     recover: bool = False
+    alert_after: float | None = None
+    """How long after a slot fell due, with no success since, the job is overdue
+    (default: ``misfire_grace`` + ``timeout``); see :meth:`Scheduler.overdue`."""
 
     # Derived once from the configuration (never run state).
     _scheduler: Controller | None = field(default=None, init=False, repr=False)
@@ -131,6 +134,7 @@ class Job:
         self.misfire_grace = optional_seconds(
             self.misfire_grace, field="misfire_grace", job=name, allow_zero=True
         )
+        self.alert_after = optional_seconds(self.alert_after, field="alert_after", job=name)
         if not isinstance(self.recover, bool):
             raise ScheduleError(
                 f"job {name!r}: recover must be True or False, got {self.recover!r}"

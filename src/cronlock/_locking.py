@@ -8,9 +8,10 @@ run.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Literal, Protocol, runtime_checkable
@@ -22,6 +23,10 @@ __all__ = (
     "CrashWatchingLocker",
     "Elector",
     "FencedElector",
+    "FleetCallback",
+    "FleetView",
+    "FleetWatchingLocker",
+    "Health",
     "Lease",
     "LeaseHooks",
     "LedgerLocker",
@@ -138,6 +143,43 @@ class CrashWatchingLocker(Locker, Protocol):
         ...
 
 
+@dataclass(frozen=True, slots=True)
+class FleetView:
+    """What a locker last read of the fleet's shared state.
+
+    *paused*: the jobs paused fleet-wide. *triggers*: per job, the slot of a run asked for
+    fleet-wide and not claimed yet (claim it like any slot: one replica runs it). *runs*:
+    per job, the latest finished run and the latest success of any replica, or ``None``
+    when this read did not include them (they are read less often).
+    """
+
+    paused: frozenset[str] = frozenset()
+    triggers: Mapping[str, datetime] = dataclasses.field(default_factory=dict)
+    runs: Mapping[str, tuple[RunRecord | None, RunRecord | None]] | None = None
+
+
+FleetCallback = Callable[[FleetView], None]
+Health = tuple[float, datetime | None]
+"""A job's overdue grace in seconds, and the slot it is due by (its first slot after its
+latest success; ``None``: nothing due)."""
+
+
+@runtime_checkable
+class FleetWatchingLocker(Locker, Protocol):
+    """A locker that reads the fleet's shared state (pauses, triggers, latest runs) and
+    tells the scheduler, every second or so, with no read per job or per scrape."""
+
+    def watch_fleet(
+        self, callback: FleetCallback, jobs: Callable[[], Mapping[str, Health]]
+    ) -> None:
+        """Call *callback* (from the event loop) with each :class:`FleetView` read.
+
+        *jobs* gives the jobs whose latest runs to read, with each one's :data:`Health`
+        (published for ``python -m cronlock status --check``).
+        """
+        ...
+
+
 @runtime_checkable
 class Resource(Protocol):
     """A locker or elector that holds connections or tasks until it is closed.
@@ -196,6 +238,8 @@ class Wiring:
     note: Callable[[str, str, datetime | None], None] | None = None
     crashes: CrashWatchingLocker | None = None
     """The same locker when it reports crashed runs (the scheduler may rerun them)."""
+    fleet: FleetWatchingLocker | None = None
+    """The same locker when it reads the fleet's pauses, triggers and latest runs."""
     elected: bool = False
     coordinated: bool = False
     """True when a run has anyone to ask before it starts (elector or locker)."""
@@ -210,25 +254,27 @@ def wire(
     locker = own if own is not None else default
     if locker is None:
         return Wiring(elected=elector is not None, coordinated=elector is not None)
-    ledger, notes, crashes = _locker_kinds(type(locker))
+    ledger, notes, crashes, fleet = _locker_kinds(type(locker))
     return Wiring(
         locker=locker,
         ledger=typing.cast(LedgerLocker, locker) if ledger else None,
         note=typing.cast(ScheduleNotingLocker, locker).note_schedule if notes else None,
         crashes=typing.cast(CrashWatchingLocker, locker) if crashes else None,
+        fleet=typing.cast(FleetWatchingLocker, locker) if fleet else None,
         elected=elector is not None,
         coordinated=True,
     )
 
 
 @functools.cache
-def _locker_kinds(kind: type) -> tuple[bool, bool, bool]:
+def _locker_kinds(kind: type) -> tuple[bool, bool, bool, bool]:
     # A runtime Protocol check walks every member (~20 us); registering 100,000 jobs on
     # one locker pays for it once.
     return (
         issubclass(kind, LedgerLocker),
         issubclass(kind, ScheduleNotingLocker),
         issubclass(kind, CrashWatchingLocker),
+        issubclass(kind, FleetWatchingLocker),
     )
 
 

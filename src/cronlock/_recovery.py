@@ -10,19 +10,19 @@ loop like any other run: overlap policy, concurrency cap, elector and locker.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Mapping
 
 from ._clock import Clock
 from ._events import EventBus, JobCrashed
 from ._job import Job
 from ._locking import CrashWatchingLocker, Wiring
+from ._logs import at, get_logger
 from ._records import RunRecord
 from ._runloop import RunLoop, misfired
 
 __all__ = ("Recovery",)
 
-_logger = logging.getLogger("cronlock")
+_logger = get_logger("cronlock")
 
 
 class Recovery:
@@ -71,6 +71,7 @@ class Recovery:
                     name,
                     record.slot.isoformat(),
                     why_not,
+                    extra=at(name, record.slot),
                 )
             return False
         loop.dispatch(job, record.slot)

@@ -8,17 +8,17 @@ One the user holds open with ``async with`` is left to that block.
 
 from __future__ import annotations
 
-import logging
 import typing
 from types import TracebackType
 from typing import Self
 
 from ._errors import SchedulerStateError
 from ._locking import Resource
+from ._logs import get_logger
 
 __all__ = ("HeldOpenByBlocks", "Resources")
 
-_logger = logging.getLogger("cronlock")
+_logger = get_logger("cronlock")
 
 
 class HeldOpenByBlocks:

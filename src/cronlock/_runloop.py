@@ -6,7 +6,6 @@ import asyncio
 import functools
 import heapq
 import itertools
-import logging
 from collections.abc import Coroutine, Iterable
 from datetime import datetime, timedelta
 from typing import Any
@@ -16,10 +15,11 @@ from ._clock import Clock, wait_tasks
 from ._events import EventBus, JobEvent, JobSkipped
 from ._executor import Executor
 from ._job import Job
+from ._logs import at, get_logger
 
 __all__ = ("RunLoop",)
 
-_logger = logging.getLogger("cronlock")
+_logger = get_logger("cronlock")
 
 # (fire time, tie-breaker, job, job generation when pushed, slot)
 _Entry = tuple[datetime, int, Job, int, datetime]
@@ -68,7 +68,9 @@ class RunLoop:
         try:
             slot = job.slot_after(after)
         except Exception:
-            _logger.exception("job %r: its schedule failed; the job will not fire", job.name)
+            _logger.exception(
+                "job %r: its schedule failed; the job will not fire", job.name, extra=at(job.name)
+            )
             slot = None
         self._plan(job, slot)
         if slot is None:
@@ -203,7 +205,12 @@ class RunLoop:
         try:
             last = await ledger.last_claimed(job.name)
         except Exception as exc:
-            _logger.error("job %r: reading the run ledger for catch-up failed: %r", job.name, exc)
+            _logger.error(
+                "job %r: reading the run ledger for catch-up failed: %r",
+                job.name,
+                exc,
+                extra=at(job.name),
+            )
             return
         if last is None:
             return
@@ -227,6 +234,7 @@ class RunLoop:
                 span,
                 lateness,
                 job.misfire_grace,
+                extra=at(job.name, latest),
             )
             self._bus.emit(JobSkipped(job.name, latest, "misfire"))
             return
@@ -235,6 +243,7 @@ class RunLoop:
             job.name,
             span,
             latest.isoformat(),
+            extra=at(job.name, latest),
         )
         self.dispatch(job, latest)
 
@@ -256,7 +265,9 @@ class RunLoop:
                 fire = job.fire_time(latest)
                 next_fire = None if following is None else job.fire_time(following)
         except Exception:
-            _logger.exception("job %r: its schedule failed; the job will not fire", job.name)
+            _logger.exception(
+                "job %r: its schedule failed; the job will not fire", job.name, extra=at(job.name)
+            )
             job._state.forget_plan()
             return
         if latest != slot:
@@ -265,6 +276,7 @@ class RunLoop:
                 job.name,
                 slot.isoformat(),
                 latest.isoformat(),
+                extra=at(job.name, latest),
             )
         state = job._state
         state.plan(following)  # what _plan does, inline: this is the hot path
@@ -283,6 +295,7 @@ class RunLoop:
                 latest.isoformat(),
                 lateness,
                 job.misfire_grace,
+                extra=at(job.name, latest),
             )
             self._bus.emit(JobSkipped(job.name, latest, "misfire"))
             return
@@ -322,7 +335,12 @@ class RunLoop:
         if job._state.active:
             policy = job.overlap
             if policy == "skip" or (policy == "queue" and job in self._queued):
-                _logger.debug("job %r slot %s skipped: still running", job.name, slot)
+                _logger.debug(
+                    "job %r slot %s skipped: still running",
+                    job.name,
+                    slot,
+                    extra=at(job.name, slot),
+                )
                 event = JobSkipped(job.name, slot, "overlap")
                 self._bus.emit(event)
                 if waiter is not None and not waiter.done():
@@ -380,7 +398,9 @@ class RunLoop:
                 waiter.cancel()
             raise
         except Exception:  # a bug of ours: never let it kill the scheduler
-            _logger.exception("job %r slot %s: internal error", job.name, slot)
+            _logger.exception(
+                "job %r slot %s: internal error", job.name, slot, extra=at(job.name, slot)
+            )
             if waiter is not None and not waiter.done():
                 waiter.cancel()
         finally:

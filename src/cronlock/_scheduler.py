@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-import logging
 import typing
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime, time, timedelta, tzinfo
 from types import TracebackType
-from typing import Any, Literal, TypedDict, TypeVar, Unpack
+from typing import Any, Literal, TypeVar, Unpack
 
 from ._clock import Clock, SystemClock
 from ._durations import Seconds, optional_seconds, positive_int, to_seconds
@@ -29,11 +28,14 @@ from ._events import (
     Subscription,
 )
 from ._executor import Executor
+from ._fleet import Fleet, FleetViews
 from ._job import Job, default_name, normalise_tags
 from ._keys import job_lock_key
 from ._locking import Elector, FencedElector, Locker, Wiring, wire
+from ._logs import get_logger
 from ._once import OnceSchedule
-from ._records import DEFAULT_MISFIRE_GRACE, Overlap
+from ._options import OPTION_NAMES, JobOptions
+from ._records import DEFAULT_MISFIRE_GRACE
 from ._recovery import Recovery
 from ._resources import Resources
 from ._runloop import RunLoop
@@ -42,34 +44,12 @@ from ._tz import TimeZone, resolve_tz
 
 __all__ = ("JobOptions", "Scheduler")
 
-_logger = logging.getLogger("cronlock")
+_logger = get_logger("cronlock")
 _F = TypeVar("_F", bound=Callable[..., object])
 _ONE_MICROSECOND = timedelta(microseconds=1)
 
 
-class JobOptions(TypedDict, total=False):
-    """Options accepted by :meth:`Scheduler.add_job` and every decorator."""
-
-    name: str | None
-    args: Sequence[Any]
-    kwargs: Mapping[str, Any] | None
-    tags: str | Iterable[str] | None
-    timeout: Seconds | None
-    overlap: Overlap
-    jitter: Seconds | None
-    max_runs: int | None
-    start_at: datetime | None
-    stop_at: datetime | None
-    misfire_grace: Seconds | None
-    distributed: bool
-    locker: Locker | None
-    recover: bool
-
-
-_OPTION_NAMES = frozenset(JobOptions.__annotations__)
-
-
-class Scheduler:
+class Scheduler(FleetViews):
     """Runs async (and plain) functions on schedules; coordinates replicas through a locker.
 
     Use it as an async context manager (``async with scheduler:``), or call
@@ -134,6 +114,7 @@ class Scheduler:
         self._recovery = Recovery(
             jobs=self._jobs, clock=self._clock, bus=self._bus, loop=lambda: self._loop
         )
+        self._fleet = Fleet(self._jobs, lambda: self._loop, self._default_timeout)
 
     # -- properties ------------------------------------------------------------------
 
@@ -174,11 +155,11 @@ class Scheduler:
         Everything is validated here, so a typo fails at startup, not at the first firing.
         """
         name: str = options.get("name") or default_name(func)
-        unknown = set(options) - _OPTION_NAMES
+        unknown = set(options) - OPTION_NAMES
         if unknown:
             raise ScheduleError(
                 f"job {name!r}: unknown option(s) {', '.join(sorted(unknown))}; "
-                f"known: {', '.join(sorted(_OPTION_NAMES))}"
+                f"known: {', '.join(sorted(OPTION_NAMES))}"
             )
         if name in self._jobs:
             raise JobConflictError(f"a job named {name!r} is already registered")
@@ -210,6 +191,7 @@ class Scheduler:
             distributed=options.get("distributed", True),
             locker=options.get("locker"),
             recover=options.get("recover", False),
+            alert_after=seconds("alert_after"),
         )
         job._scheduler = self
         self._resources.add(job.locker)
@@ -224,6 +206,7 @@ class Scheduler:
             )
         job._wiring = wiring
         self._recovery.watch(job._wiring)
+        self._fleet.watch(job._wiring)
         self._jobs[name] = job
         self._keys[key] = name
         if self._loop is not None:
@@ -400,6 +383,7 @@ class Scheduler:
             bus=self._bus,
             max_concurrent=self._max_concurrent,
         )
+        self._fleet.started(self._clock.now())
         active = [job for job in self._jobs.values() if not job.paused]
         for job in active:
             self._schedule_first(job)

@@ -80,7 +80,7 @@ async def test_an_old_ledger_gets_the_control_table_from_migrate(
     qualified = LedgerTable(table, schema)
     assert qualified.control.endswith(f'"{table}_control"')
     await admin.execute(f"DROP TABLE {qualified.control}")
-    await admin.execute(f"ALTER TABLE {qualified.jobs} DROP COLUMN grace")
+    await admin.execute(f"ALTER TABLE {qualified.jobs} DROP COLUMN grace, DROP COLUMN due")
     done = await cli("migrate", "--dsn", pg_dsn, "--table", table)
     assert done.returncode == 0, done.stderr
     assert "upgraded" in done.stdout

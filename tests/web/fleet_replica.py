@@ -2,7 +2,9 @@
 real PostgresLocker, running until SIGTERM (then it stops cleanly, writing its notes).
 
 Run as ``python fleet_replica.py --dsn DSN --table T --job NAME=SECONDS ...``; a job whose
-name starts with ``fail`` raises on every run, one starting with ``slow`` takes 1.5 s.
+name starts with ``fail`` raises on every run, one starting with ``slow`` takes 1.5 s;
+one starting with ``doomed`` is overdue 3 s after a slot without success (``alert_after``),
+the others after an hour.
 Prints ``running`` once started.
 """
 
@@ -39,7 +41,13 @@ async def main() -> None:
             if name.startswith("fail"):
                 raise RuntimeError(f"{name} failed on purpose")
 
-        scheduler.add_job(work, every(seconds), name=name, misfire_grace=seconds)
+        scheduler.add_job(
+            work,
+            every(seconds),
+            name=name,
+            misfire_grace=seconds,
+            alert_after=3 if name.startswith("doomed") else 3600,
+        )
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
     async with locker, scheduler:

@@ -35,7 +35,7 @@ async def seed(
     table: str,
     notes: list[tuple[str, str, datetime | None]],
     runs: list[Run],
-    graces: dict[str, float] | None = None,
+    graces: dict[str, tuple[float, datetime]] | None = None,
 ) -> LedgerTable:
     """Create the ledger *table* and write schedule notes and finished runs into it."""
     ledger = LedgerTable(table)
@@ -73,7 +73,11 @@ async def seed(
     return ledger
 
 
-async def set_graces(conn: Any, ledger: LedgerTable, graces: dict[str, float]) -> None:
-    """Note each job's overdue grace, as replicas that know the rule do."""
-    for job, grace in graces.items():
-        await conn.execute(f"UPDATE {ledger.jobs} SET grace = $2 WHERE job = $1", job, grace)
+async def set_graces(
+    conn: Any, ledger: LedgerTable, graces: dict[str, tuple[float, datetime]]
+) -> None:
+    """Note each job's overdue grace and the slot it is due by, as replicas do."""
+    for job, (grace, due) in graces.items():
+        await conn.execute(
+            f"UPDATE {ledger.jobs} SET grace = $2, due = $3 WHERE job = $1", job, grace, due
+        )

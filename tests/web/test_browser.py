@@ -254,8 +254,6 @@ def test_an_overdue_job_turns_red(fleet: Fleet, browser: Any) -> None:
 
     wait_for(ok, "doomed ok")
     fleet.stop("c")  # its only replica goes away: nobody runs doomed any more
-    # The grace replicas note with each schedule; set here until they note it themselves.
-    fleet.sql(f'UPDATE "{fleet.table}_jobs" SET grace = 3 WHERE job = $1', "doomed")
 
     def red() -> bool:
         row = rows(browser)["doomed"]

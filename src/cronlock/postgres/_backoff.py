@@ -12,9 +12,10 @@ back in lockstep) and starts over after a success.
 
 from __future__ import annotations
 
-import logging
 import random
 from collections.abc import Callable
+
+from .._logs import get_logger
 
 __all__ = (
     "RECONNECT_FIRST",
@@ -25,7 +26,7 @@ __all__ = (
     "backoff_step",
 )
 
-_logger = logging.getLogger("cronlock.postgres")
+_logger = get_logger("cronlock.postgres")
 
 RECONNECT_FIRST = 0.1
 """Seconds a session waits after its first failed connect (before jitter)."""

@@ -8,7 +8,6 @@ one, they are a bare try-lock and unlock. Both are made safe against cancellatio
 from __future__ import annotations
 
 import asyncio
-import logging
 import os
 from collections.abc import Awaitable
 from datetime import datetime
@@ -17,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from .._cancel import claim_or_undo, task_name
 from .._errors import LockError
 from .._locking import Refusal
+from .._logs import at, get_logger
 from ._advisory import TRY_LOCK_SQL, UNLOCK_SQL
 from ._backend_errors import BACKEND_ERRORS, SessionGone, backend_errors
 from ._crashes import recover_sql
@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 
 __all__ = ("Claims",)
 
-_logger = logging.getLogger("cronlock.postgres")
+_logger = get_logger("cronlock.postgres")
 
 
 class Claims:
@@ -59,7 +59,7 @@ class Claims:
                 raise  # a slow server: retrying would only double the wait
         # The session died under us (killed, network cut, server restart). Its locks died
         # with it, so one attempt on a fresh session is safe.
-        _logger.info("job %r: lock session lost; reconnecting", job)
+        _logger.info("job %r: lock session lost; reconnecting", job, extra=at(job))
         conn, generation = await self._session.ensure()
         return await self._claim(conn, generation, job, key, slot, rerun), generation
 
@@ -174,8 +174,9 @@ class Claims:
                 "releases the lock server-side",
                 job,
                 exc,
+                extra=at(job),
             )
             return False
         if not released:
-            _logger.warning("job %r: its lock was no longer held at unlock", job)
+            _logger.warning("job %r: its lock was no longer held at unlock", job, extra=at(job))
         return True

@@ -11,17 +11,34 @@ fleet-wide.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Self
 
+from .._cancel import cancel_and_wait, task_name, uncancellable
 from .._errors import ConfigError, LockError
+from .._keys import job_lock_key
+from .._locking import FleetCallback, FleetView, Health
+from .._logs import get_logger
+from .._records import RunRecord
 from ._backend_errors import backend_errors
 from ._connections import ConnectionSource
-from ._ledger import DEFAULT_TABLE, LedgerTable, migrate
+from ._ledger import DEFAULT_TABLE, LedgerTable, migrate, to_record
+from ._session import LockSession
 
-__all__ = ("TRIGGER_EXPIRES", "FleetControl", "control_sql")
+__all__ = (
+    "POLL_EVERY",
+    "RUNS_EVERY",
+    "TRIGGER_EXPIRES",
+    "FleetControl",
+    "FleetWatch",
+    "control_sql",
+)
+
+_logger = get_logger("cronlock.postgres")
 
 TRIGGER_EXPIRES = 3600
 """Seconds after which a trigger no replica claimed is dropped (nobody runs that job)."""
@@ -173,3 +190,104 @@ class FleetControl:
         """The jobs paused fleet-wide."""
         rows = await self._call(lambda c: c.fetch(self._sql["paused"]))
         return frozenset(row["job"] for row in rows)
+
+
+POLL_EVERY = 1.0
+"""Seconds between two reads of the control table by one locker (triggers start within it)."""
+RUNS_EVERY = 15.0
+"""Seconds between two reads of the fleet's latest runs of this locker's jobs."""
+
+
+class FleetWatch:
+    """A locker's reads of the fleet's shared state, one task from its first session on.
+
+    Every :data:`POLL_EVERY` seconds it reads the control table (pauses, pending triggers:
+    one small statement), and every :data:`RUNS_EVERY` seconds the latest run and success of
+    every watched job (one statement for all of them, two index probes a job); it hands
+    each read to the callbacks as a :class:`~cronlock.FleetView`. It reads on the locker's
+    lock *sessions*.
+    """
+
+    def __init__(self, table: LedgerTable, sessions: Sequence[LockSession]) -> None:
+        self._sql = control_sql(table)
+        self._sessions = sessions
+        self._watchers: list[tuple[FleetCallback, Callable[[], Mapping[str, Health]]]] = []
+        self._task: asyncio.Task[None] | None = None
+        self._runs_at = float("-inf")
+        self.reads = 0
+
+    @property
+    def watched(self) -> bool:
+        """Whether anyone watches (the task is started only then)."""
+        return bool(self._watchers)
+
+    def add(self, callback: FleetCallback, jobs: Callable[[], Mapping[str, Health]]) -> None:
+        """Call *callback* with each read; *jobs* gives the jobs to read runs of."""
+        self._watchers.append((callback, jobs))
+
+    def health(self) -> dict[str, Health]:
+        """Every watched job with its overdue grace and the slot it is due by."""
+        out: dict[str, Health] = {}
+        for _, jobs in self._watchers:
+            out.update(jobs())
+        return out
+
+    def start(self) -> None:
+        """Start the task (once)."""
+        if self._task is None and self._watchers:
+            self._task = asyncio.get_running_loop().create_task(
+                self._watch(), name=task_name("pg-fleet")
+            )
+
+    async def stop(self) -> None:
+        """Cancel the task and wait until it is done."""
+        task, self._task = self._task, None
+        if task is not None:
+            await cancel_and_wait(task)
+
+    async def _watch(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                view = await self.read_once(loop.time())
+            except LockError as exc:
+                # The lock sessions log outages themselves; the next read tries again.
+                _logger.debug("reading the fleet's state failed: %s", exc)
+            else:
+                for callback, _ in tuple(self._watchers):
+                    try:
+                        callback(view)
+                    except Exception:
+                        _logger.exception("fleet callback %r failed", callback)
+            await asyncio.sleep(POLL_EVERY)
+
+    async def _read(self, call: Callable[[Any], Awaitable[Any]]) -> Any:
+        """Run *call* on an open lock session; with none open, on the shard of a watched job
+        (which that job's runs open anyway): the watch alone opens no extra session."""
+        sessions = self._sessions
+        session = next((s for s in sessions if s.is_open), None)
+        if session is None:
+            first = min(self.health(), default="")
+            session = sessions[job_lock_key(first) % len(sessions)]
+        conn, generation = await session.ensure()
+        with backend_errors("reading the fleet's state failed"):
+            return await uncancellable(
+                session.run(conn, generation, call, what="a fleet read", keep_on_server_error=True),
+                name=task_name("pg-fleet-read"),
+            )
+
+    async def read_once(self, now: float) -> FleetView:
+        """Read the control table, and the latest runs when they are due at *now*."""
+        rows = await self._read(lambda c: c.fetch(self._sql["poll"], float(TRIGGER_EXPIRES)))
+        self.reads += 1
+        paused = frozenset(row["job"] for row in rows if row["paused"])
+        triggers = {row["job"]: row["trigger_slot"] for row in rows if row["trigger_slot"]}
+        runs: dict[str, tuple[RunRecord | None, RunRecord | None]] | None = None
+        if now - self._runs_at >= RUNS_EVERY:
+            names = sorted(self.health())
+            found = await self._read(lambda c: c.fetch(self._sql["fleet_runs"], names))
+            self._runs_at = now
+            last = {row["job"]: to_record(row) for row in found if row["kind"] == "last"}
+            ok = {row["job"]: to_record(row) for row in found if row["kind"] == "ok"}
+            runs = {name: (last.get(name), ok.get(name)) for name in names}
+        return FleetView(paused=paused, triggers=triggers, runs=runs)

@@ -17,11 +17,11 @@ over only while it is ``crashed`` on its first attempt: one rerun fleet-wide, ne
 
 from __future__ import annotations
 
-import logging
 import os
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from .._logs import at, get_logger
 from ._ledger import LedgerTable, to_record
 
 if TYPE_CHECKING:
@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 
 __all__ = ("CHECK_EVERY", "CrashWatch", "crashed_sql", "recover_sql")
 
-_logger = logging.getLogger("cronlock.postgres")
+_logger = get_logger("cronlock.postgres")
 
 CHECK_EVERY = 3.0
 """Seconds between two checks for crashed runs by one locker (while a session is open)."""
@@ -138,7 +138,9 @@ class CrashWatch:
             try:
                 rerun = bool(callback(job, record)) or rerun
             except Exception:
-                _logger.exception("crash callback %r failed on job %r", callback, job)
+                _logger.exception(
+                    "crash callback %r failed on job %r", callback, job, extra=at(job)
+                )
         if rerun:
             self.rerun += 1
             self._recoverable[job, record.slot] = None
@@ -153,4 +155,5 @@ class CrashWatch:
             record.started_at.isoformat(),
             record.attempt,
             "; this replica runs it again" if rerun else "",
+            extra=at(job, record.slot),
         )

@@ -36,6 +36,7 @@ from .._clock import monotonic
 from .._durations import Seconds, optional_seconds, to_seconds
 from .._errors import ConfigError, LockError
 from .._keys import job_lock_key
+from .._logs import get_logger
 from .._resources import HeldOpenByBlocks
 from ._advisory import TRY_LOCK_SQL
 from ._backend_errors import BACKEND_ERRORS, backend_errors
@@ -58,7 +59,7 @@ from ._statistics import PostgresElectorStatistics
 
 __all__ = ("PostgresElector",)
 
-_logger = logging.getLogger("cronlock.election")
+_logger = get_logger("cronlock.election")
 
 
 class _Demoted(Exception):

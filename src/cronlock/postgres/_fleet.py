@@ -76,27 +76,21 @@ class FleetJob:
     """Who holds the job's lock right now (empty when nobody runs it)."""
     grace: float | None = None
     """Seconds a slot may stay without a success before the job is overdue, as its replicas
-    noted it; ``None`` when they did not (an older cronlock): such a job is never judged."""
-    first_claimed_after_success: datetime | None = None
-    """The earliest slot claimed after the latest success (or ever, without one)."""
+    noted it; ``None`` when they did not (an older cronlock, or the job is paused)."""
+    due: datetime | None = None
+    """The slot its replicas said it is due by: its first slot after its latest success."""
 
     def overdue_since(self, now: datetime) -> datetime | None:
         """The late slot when the job is overdue at *now* (server time), else ``None``.
 
-        The rule: the first slot after the latest success, whether a replica claimed it
-        (and it failed, or is still running) or only planned it (the noted next slot), fell
-        due more than :attr:`grace` ago, and nothing at or after it succeeded anywhere.
+        The rule of ``status --check``: the slot the replicas said the job is due by fell
+        due more than its grace ago, and no run of it or of a later slot succeeded since.
+        A job whose replicas never said is not judged.
         """
-        if self.grace is None:
+        grace, due, ok = self.grace, self.due, self.last_success
+        if grace is None or due is None or (ok is not None and ok.slot >= due):
             return None
-        ok = None if self.last_success is None else self.last_success.slot
-        due = self.first_claimed_after_success
-        planned = self.next_run
-        if planned is not None and (ok is None or planned > ok):
-            due = planned if due is None else min(due, planned)
-        if due is None or (now - due).total_seconds() <= self.grace:
-            return None
-        return due
+        return due if (now - due).total_seconds() > grace else None
 
     @property
     def failing(self) -> bool:
@@ -121,23 +115,16 @@ async def read_jobs(
     in name order; with *only*, those of them that exist, in the order given.
 
     One query for the jobs, one for the lock holders, one per job for its latest runs
-    and, for a job with a noted grace, one for the first slot after its latest success
-    (each an index probe on the primary key).
+    (index probes on the primary key).
     """
     rows = await conn.fetch(table.jobs_sql)
     if only is not None:
         known = {row["job"]: row for row in rows}
         rows = [known[name] for name in dict.fromkeys(only) if name in known]
     holders = await read_holders(conn, [row["job"] for row in rows])
-    first_after = _first_after_sql(table)
     jobs = []
     for row in rows:
         last = {r["kind"]: to_record(r) for r in await conn.fetch(table.last_runs_sql, row["job"])}
-        grace = row["grace"]  # None: noted by a replica that predates the overdue rule
-        first = None
-        if grace is not None:
-            ok = last.get("ok")
-            first = await conn.fetchval(first_after, row["job"], None if ok is None else ok.slot)
         jobs.append(
             FleetJob(
                 name=row["job"],
@@ -148,19 +135,11 @@ async def read_jobs(
                 last_success=last.get("ok"),
                 last_failure=last.get("failed"),
                 holders=holders[row["job"]],
-                grace=grace,
-                first_claimed_after_success=first,
+                grace=row["grace"],
+                due=row["due"],
             )
         )
     return jobs
-
-
-def _first_after_sql(table: LedgerTable) -> str:
-    """``$1`` job, ``$2`` its latest success's slot (NULL: none): the first slot claimed
-    after it (an index range scan on the primary key)."""
-    return f"""
-        SELECT min(slot) FROM {table.runs}
-        WHERE job = $1 AND slot > coalesce($2::timestamptz, '-infinity')"""
 
 
 def _page_sql(table: LedgerTable) -> str:

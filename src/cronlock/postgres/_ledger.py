@@ -173,8 +173,10 @@ class LedgerTable:
                 updated_at timestamptz NOT NULL DEFAULT clock_timestamp(),
                 updated_by text
             )""",
-            # Each job's overdue grace, for 'status --check' (an older ledger lacks it).
-            f"ALTER TABLE {self.jobs} ADD COLUMN IF NOT EXISTS grace float8",
+            # Each job's overdue grace and the slot it is due by, for 'status --check' (an
+            # older ledger lacks them).
+            f"""ALTER TABLE {self.jobs} ADD COLUMN IF NOT EXISTS grace float8,
+                ADD COLUMN IF NOT EXISTS due timestamptz""",
             # Fleet control (cronlock.postgres.FleetControl): a paused job is refused at
             # claim time; a trigger is a slot of its own, claimed like any other.
             f"""CREATE TABLE IF NOT EXISTS {self.control} (
@@ -339,7 +341,7 @@ class LedgerTable:
 
     @property
     def jobs_sql(self) -> str:
-        """Every job with a schedule note or a run: its schedule, next slot and grace.
+        """Every job with a schedule note or a run: its schedule, next slot, grace and due slot.
 
         Distinct jobs of the runs table come from a recursive skip scan of the primary
         key: one index probe per job, however many runs each has.
@@ -352,7 +354,8 @@ class LedgerTable:
                         ORDER BY r.job LIMIT 1)
                 FROM seen WHERE seen.job IS NOT NULL
             )
-            SELECT coalesce(j.job, s.job) AS job, j.schedule, j.next_run, j.updated_at, j.grace
+            SELECT coalesce(j.job, s.job) AS job, j.schedule, j.next_run, j.updated_at,
+                   j.grace, j.due
             FROM {self.jobs} j
             FULL JOIN (SELECT job FROM seen WHERE job IS NOT NULL) s ON s.job = j.job
             ORDER BY 1"""
@@ -362,20 +365,23 @@ class LedgerTable:
     @property
     def note_sql(self) -> str:
         """Upsert job schedules; arrays ``$1`` jobs, ``$2`` schedules, ``$3`` next slots,
-        ``$5`` overdue graces in seconds; ``$4`` who writes. Rows already up to date are
-        left alone (no dead tuples)."""
+        ``$5`` overdue graces in seconds, ``$6`` the slots they are due by; ``$4`` who writes.
+        Rows already up to date are left alone (no dead tuples)."""
         return f"""
-            INSERT INTO {self.jobs} AS j (job, schedule, next_run, updated_at, updated_by, grace)
-            SELECT u.job, u.schedule, u.next_run, clock_timestamp(), $4::text, u.grace
-            FROM unnest($1::text[], $2::text[], $3::timestamptz[], $5::float8[])
-                 AS u(job, schedule, next_run, grace)
+            INSERT INTO {self.jobs} AS j
+                (job, schedule, next_run, updated_at, updated_by, grace, due)
+            SELECT u.job, u.schedule, u.next_run, clock_timestamp(), $4::text, u.grace, u.due
+            FROM unnest($1::text[], $2::text[], $3::timestamptz[], $5::float8[],
+                        $6::timestamptz[])
+                 AS u(job, schedule, next_run, grace, due)
             ON CONFLICT (job) DO UPDATE
             SET schedule = EXCLUDED.schedule, next_run = EXCLUDED.next_run,
                 updated_at = EXCLUDED.updated_at, updated_by = EXCLUDED.updated_by,
-                grace = EXCLUDED.grace
+                grace = EXCLUDED.grace, due = EXCLUDED.due
             WHERE j.schedule IS DISTINCT FROM EXCLUDED.schedule
                OR j.next_run IS DISTINCT FROM EXCLUDED.next_run
-               OR j.grace IS DISTINCT FROM EXCLUDED.grace"""
+               OR j.grace IS DISTINCT FROM EXCLUDED.grace
+               OR j.due IS DISTINCT FROM EXCLUDED.due"""
 
     @property
     def prune_sql(self) -> str:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from types import TracebackType
@@ -14,13 +13,14 @@ from .._cancel import claim_or_undo, task_name, uncancellable
 from .._durations import Seconds, to_seconds
 from .._errors import ConfigError
 from .._keys import job_lock_key
+from .._logs import at, get_logger
 from ._advisory import TRY_LOCK_SQL, UNLOCK_SQL
 from ._backend_errors import BACKEND_ERRORS, backend_errors
 from ._connections import ConnectionSource, is_closed, terminate
 
 __all__ = ("RunLock", "locked_run", "run_locked")
 
-_logger = logging.getLogger("cronlock.postgres")
+_logger = get_logger("cronlock.postgres")
 _T = TypeVar("_T")
 _Ts = TypeVarTuple("_Ts")
 
@@ -95,7 +95,11 @@ class _LockedRun(AbstractAsyncContextManager[RunLock]):
             self._try_lock(conn), undo, name=task_name("locked-run-try-lock", self._name)
         )
         if not granted:
-            _logger.debug("job %r: another session holds the lock; not running", self._name)
+            _logger.debug(
+                "job %r: another session holds the lock; not running",
+                self._name,
+                extra=at(self._name),
+            )
             await self._give_back_uncancellably(conn, locked=False)
             return RunLock(self._name, self._key, acquired=False)
         self._conn = conn
@@ -125,6 +129,7 @@ class _LockedRun(AbstractAsyncContextManager[RunLock]):
             "job %r: the connection holding its lock was closed while the job ran; "
             "the server released the lock",
             self._name,
+            extra=at(self._name),
         )
 
     async def _try_lock(self, conn: Any) -> bool:
@@ -162,6 +167,7 @@ class _LockedRun(AbstractAsyncContextManager[RunLock]):
                     _logger.warning(
                         "job %r: its lock was no longer held by this session at unlock",
                         self._name,
+                        extra=at(self._name),
                     )
                 await self._source.checkin(conn, timeout=self._unlock_timeout)
         except BACKEND_ERRORS as exc:
@@ -171,6 +177,7 @@ class _LockedRun(AbstractAsyncContextManager[RunLock]):
                 self._name,
                 self._unlock_timeout,
                 exc,
+                extra=at(self._name),
             )
             terminate(conn)
 

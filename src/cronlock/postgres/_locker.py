@@ -11,10 +11,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import logging
 import socket
 from collections.abc import Awaitable, Callable, Mapping
 from datetime import datetime, timedelta
+from logging import DEBUG, INFO
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from .._cancel import cancel_and_wait, task_name, uncancellable
@@ -23,10 +23,12 @@ from .._durations import Seconds, optional_seconds, positive_int, to_seconds
 from .._errors import ConfigError, LockError
 from .._keys import job_lock_key
 from .._locking import Refusal
+from .._logs import get_logger, say
 from .._resources import HeldOpenByBlocks
 from ._backend_errors import GONE_OR_FAILED, backend_errors
 from ._claims import Claims
 from ._connections import ConnectionSource, Keepalives, default_application_name
+from ._control import FleetWatch
 from ._crashes import CrashWatch
 from ._lease import PostgresLease
 from ._ledger import DEFAULT_TABLE, LedgerTable, to_record
@@ -35,7 +37,7 @@ from ._statistics import PostgresLockerStatistics
 from ._upkeep import Upkeep
 
 if TYPE_CHECKING:
-    from .._locking import CrashCallback
+    from .._locking import CrashCallback, FleetCallback, Health
     from .._records import RunRecord
 
 __all__ = ("PostgresLease", "PostgresLocker", "PostgresLockerStatistics")
@@ -47,7 +49,7 @@ _CLOSED = (
     "shuts down; hold it open with 'async with locker:' to use it across schedulers)"
 )
 
-_logger = logging.getLogger("cronlock.postgres")
+_logger = get_logger("cronlock.postgres")
 _T = TypeVar("_T")
 
 
@@ -162,6 +164,7 @@ class PostgresLocker(HeldOpenByBlocks):
             host=host,
             crashes=self._crashes,
         )
+        self._fleet = None if self._table is None else FleetWatch(self._table, self._shards)
         self._granted = self._contended = self._busy_here = self._already_ran = 0
         self._released = self._lost = self._reran = 0
 
@@ -220,12 +223,12 @@ class PostgresLocker(HeldOpenByBlocks):
         key = job_lock_key(job)
         if key in self._held or key in self._pending:
             self._busy_here += 1
-            _logger.debug("job %r slot %s: already running in this process", job, slot)
+            say(_logger, DEBUG, job, slot, "already running in this process")
             return "locked"
         claimed = self._claimed.get(job)
         if claimed and slot in claimed:
             self._busy_here += 1
-            _logger.debug("job %r slot %s: already claimed by this process", job, slot)
+            say(_logger, DEBUG, job, slot, "already claimed by this process")
             return "already_ran"
         # A slot whose crashed run this replica said it would rerun is claimed by taking
         # that run's row over (once: a failed attempt is not retried).
@@ -239,18 +242,18 @@ class PostgresLocker(HeldOpenByBlocks):
             self._pending.discard(key)
         if refusal == "locked":
             self._contended += 1
-            _logger.debug("job %r slot %s: another replica holds the lock", job, slot)
+            say(_logger, DEBUG, job, slot, "another replica holds the lock")
             return refusal
         if refusal == "already_ran":
             self._already_ran += 1
-            _logger.debug("job %r slot %s: another replica already ran the slot", job, slot)
+            say(_logger, DEBUG, job, slot, "another replica already ran the slot")
             return refusal
         if refusal == "paused":
             return refusal  # paused fleet-wide (the claim statement read it)
         self._granted += 1
         if rerun:
             self._reran += 1
-            _logger.info("job %r slot %s: rerunning the crashed run", job, slot)
+            say(_logger, INFO, job, slot, "rerunning the crashed run")
         remember_claim(self._claimed.setdefault(job, {}), slot, None, remember=self._remember)
         lease = PostgresLease(
             job,
@@ -310,6 +313,16 @@ class PostgresLocker(HeldOpenByBlocks):
         if self._crashes is not None:
             self._crashes.on_crashed(callback)
 
+    def watch_fleet(
+        self, callback: FleetCallback, jobs: Callable[[], Mapping[str, Health]]
+    ) -> None:
+        """Call *callback* with each read of the fleet's state (see :class:`FleetWatch`)."""
+        if self._fleet is not None:
+            self._fleet.add(callback, jobs)
+            self._upkeep.health = self._fleet.health
+            if any(s.is_open for s in self._shards):
+                self._fleet.start()
+
     def note_schedule(self, job: str, schedule: str, next_run: datetime | None) -> None:
         """Remember *job*'s schedule and next slot for status views; no I/O.
 
@@ -338,6 +351,8 @@ class PostgresLocker(HeldOpenByBlocks):
         if watch is not None and watch is not asyncio.current_task():
             await cancel_and_wait(watch)
         await self._upkeep.stop()
+        if self._fleet is not None:
+            await self._fleet.stop()
         if self._held and any(s.conn is not None for s in self._shards):
             _logger.warning(
                 "PostgresLocker closed while holding the locks of %s",
@@ -371,6 +386,8 @@ class PostgresLocker(HeldOpenByBlocks):
 
     def _on_session_opened(self) -> None:
         self._upkeep.start()
+        if self._fleet is not None and not self._closed:
+            self._fleet.start()
         if self._source.pooled and self._pool_watch is None and not self._closed:
             # Pool.close() waits for every borrowed connection: closing the pool while this
             # locker is open would hang. The watch hands them back (and says what to fix).

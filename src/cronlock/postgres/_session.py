@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -22,6 +21,7 @@ import asyncpg
 from .._cancel import finish_uncancellably, task_name, uncancellable
 from .._clock import monotonic
 from .._errors import LockError, LockUnavailable
+from .._logs import get_logger
 from ._backend_errors import BACKEND_ERRORS, SessionGone, backend_errors
 from ._backoff import Backoff
 from ._connections import (
@@ -35,7 +35,7 @@ from ._ledger import LedgerTable, ledger_state, migrate
 
 __all__ = ("LockSession",)
 
-_logger = logging.getLogger("cronlock.postgres")
+_logger = get_logger("cronlock.postgres")
 _T = TypeVar("_T")
 
 

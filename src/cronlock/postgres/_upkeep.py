@@ -10,14 +10,14 @@ session like any other statement would); writes, the check for crashed runs
 from __future__ import annotations
 
 import asyncio
-import logging
 import os
 import random
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from .._cancel import cancel_and_wait, task_name, uncancellable
+from .._logs import get_logger
 from ._backend_errors import GONE_OR_FAILED, backend_errors
 from ._connections import is_closed
 from ._crashes import CHECK_EVERY, CrashWatch
@@ -25,11 +25,12 @@ from ._ledger import LedgerTable
 from ._session import LockSession
 
 if TYPE_CHECKING:
+    from .._locking import Health
     from .._records import RunRecord
 
 __all__ = ("NOTE_EVERY", "PRUNE_BATCH", "PRUNE_EVERY", "Upkeep")
 
-_logger = logging.getLogger("cronlock.postgres")
+_logger = get_logger("cronlock.postgres")
 
 NOTE_EVERY = 5.0
 """Seconds between writes of changed job schedules (``note_schedule``) per locker."""
@@ -76,8 +77,9 @@ class Upkeep:
         self._noted_at = float("-inf")
         self._prune_at = PRUNE_EVERY * random.uniform(0.2, 0.4)  # relative until started
         self.heartbeats = 0
-        self.grace: Callable[[str], float | None] = lambda job: None
-        """A job's overdue grace, written with its schedule (set by the fleet watch)."""
+        self.health: Callable[[], Mapping[str, Health]] = dict
+        """The jobs' overdue graces and due slots, written with their schedules (set by the
+        fleet watch)."""
 
     def note(self, job: str, schedule: str, next_run: datetime | None) -> None:
         """Remember *job*'s schedule and next slot; written if changed, batched."""
@@ -228,6 +230,9 @@ class Upkeep:
         dirty, self._dirty = self._dirty, set()
         names = sorted(dirty)
         notes = [self._notes[name] for name in names]
+        health = self.health()
+        graces = [health[name][0] if name in health else None for name in names]
+        dues = [health[name][1] if name in health else None for name in names]
         try:
             await session.run(
                 conn,
@@ -238,7 +243,8 @@ class Upkeep:
                     [schedule for schedule, _ in notes],
                     [next_run for _, next_run in notes],
                     self._application_name,
-                    [self.grace(name) for name in names],
+                    graces,
+                    dues,
                 ),
                 what="writing schedules",
                 keep_on_server_error=True,

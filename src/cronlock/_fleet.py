@@ -1,0 +1,162 @@
+"""What the fleet says about this scheduler's jobs: pauses, triggers, latest runs, overdue.
+
+A locker that reads the fleet's shared state (:class:`~cronlock.FleetWatchingLocker`, the
+PostgreSQL locker with its ledger) hands :class:`Fleet` a :class:`~cronlock.FleetView`
+every second or so. Fleet keeps the jobs paused fleet-wide (for status views and metrics;
+the locker itself refuses their claims), starts the runs triggered fleet-wide (each one is
+a slot claimed like any other, so one replica runs it), and copies the fleet's latest run
+and success into each job, so that every replica, even one that never ran the job,
+reports the fleet's last success. The overdue rule is written once here.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Mapping
+from datetime import datetime, timedelta
+
+from ._clock import Clock
+from ._job import Job
+from ._locking import FleetView, FleetWatchingLocker, Health, Wiring
+from ._logs import at, get_logger
+from ._records import DEFAULT_MISFIRE_GRACE
+from ._runloop import RunLoop
+
+__all__ = ("Fleet", "FleetViews", "grace")
+
+_logger = get_logger("cronlock")
+_REMEMBER = 256  # triggers already started, per locker (each is started once)
+
+
+def grace(job: Job, default_timeout: float | None = None) -> float:
+    """Seconds after a slot fell due before the job counts as overdue: ``alert_after``, or
+    its ``misfire_grace`` (the default when unlimited) plus its timeout."""
+    if job.alert_after is not None:
+        return job.alert_after
+    misfire = job.misfire_grace if job.misfire_grace is not None else DEFAULT_MISFIRE_GRACE
+    timeout = job.timeout if job.timeout is not None else default_timeout
+    return misfire + (timeout or 0.0)
+
+
+class Fleet:
+    """The fleet callback of one scheduler, registered once with each locker that has one.
+
+    *jobs* is the scheduler's registry (a live view), *loop* returns its run loop or
+    ``None`` while it is not running (triggers are then left to other replicas).
+    """
+
+    __slots__ = ("_default_timeout", "_jobs", "_loop", "_paused", "_since", "_started", "_watched")
+
+    def __init__(
+        self,
+        jobs: Mapping[str, Job],
+        loop: Callable[[], RunLoop | None],
+        default_timeout: float | None,
+    ) -> None:
+        self._jobs = jobs
+        self._loop = loop
+        self._default_timeout = default_timeout
+        self._watched: dict[int, FleetWatchingLocker] = {}
+        self._paused: dict[int, frozenset[str]] = {}
+        self._started: dict[int, dict[tuple[str, datetime], None]] = {}
+        self._since: datetime | None = None
+
+    def watch(self, wiring: Wiring) -> None:
+        """Register with the job's locker, if it reads the fleet (once per locker)."""
+        locker = wiring.fleet
+        if locker is None or id(locker) in self._watched:
+            return
+        key = id(locker)
+        self._watched[key] = locker
+        self._started[key] = {}
+        locker.watch_fleet(functools.partial(self._seen, key), functools.partial(self._health, key))
+
+    def started(self, now: datetime) -> None:
+        """The scheduler started at *now*: a job that never succeeded is judged from then."""
+        self._since = now
+
+    def paused(self, job: Job) -> bool:
+        """Whether *job* is paused fleet-wide (as of its locker's last read)."""
+        fleet = job._wiring.fleet
+        return fleet is not None and job.name in self._paused.get(id(fleet), ())
+
+    def _mine(self, key: int) -> list[Job]:
+        return [job for job in self._jobs.values() if id(job._wiring.fleet) == key]
+
+    def _health(self, key: int) -> dict[str, Health]:
+        return {
+            job.name: (grace(job, self._default_timeout), self.due(job)) for job in self._mine(key)
+        }
+
+    def due(self, job: Job) -> datetime | None:
+        """The slot *job* is due by: its first slot after its latest success (after the
+        scheduler started if it never succeeded); ``None`` while paused or finished."""
+        if job.paused or self.paused(job) or job._state.next_run is None:
+            return None
+        success = job.last_success
+        since = success.slot if success is not None else self._since
+        return None if since is None else job.slot_after(since)
+
+    def _seen(self, key: int, view: FleetView) -> None:
+        self._paused[key] = view.paused
+        if view.runs is not None:
+            for name, (last, success) in view.runs.items():
+                job = self._jobs.get(name)
+                if job is not None and id(job._wiring.fleet) == key:
+                    job._state.learn(last, success)
+        loop = self._loop()
+        if loop is None or not view.triggers:
+            return
+        started = self._started[key]
+        for name, slot in view.triggers.items():
+            job = self._jobs.get(name)
+            if job is None or id(job._wiring.fleet) != key or job.paused:
+                continue  # not ours, or paused here: another replica takes it
+            if (name, slot) in started:
+                continue
+            started[(name, slot)] = None
+            if len(started) > _REMEMBER:
+                del started[next(iter(started))]
+            _logger.info(
+                "job %r: triggered fleet-wide; claiming slot %s",
+                name,
+                slot.isoformat(),
+                extra=at(name, slot),
+            )
+            loop.dispatch(job, slot)
+
+    def overdue(self, now: datetime) -> tuple[Job, ...]:
+        """The jobs overdue at *now* (see :meth:`FleetViews.overdue`)."""
+        return tuple(job for job in self._jobs.values() if self.is_overdue(job, now))
+
+    def is_overdue(self, job: Job, now: datetime) -> bool:
+        """Whether *job* is overdue at *now*: its first slot after its latest success
+        (anywhere in the fleet, with a ledger), or after the scheduler started if it never
+        succeeded, fell due more than its grace ago. Paused and finished jobs never are."""
+        due = self.due(job)
+        if due is None:
+            return False
+        limit = timedelta(seconds=grace(job, self._default_timeout))
+        return now - job.fire_time(due) > limit
+
+
+class FleetViews:
+    """The scheduler's fleet-wide views (a mixin of :class:`~cronlock.Scheduler`)."""
+
+    _fleet: Fleet
+    _clock: Clock
+
+    def overdue(self) -> tuple[Job, ...]:
+        """The jobs that stopped: a slot fell due more than the job's grace ago and no run
+        of it or of a later slot succeeded (anywhere in the fleet, with a run ledger).
+
+        The grace is the job's ``alert_after``, by default its ``misfire_grace`` plus its
+        timeout. A job that never succeeded is judged from the scheduler's start. Paused
+        jobs (here or fleet-wide) are never overdue.
+        """
+        return self._fleet.overdue(self._clock.now())
+
+    def paused_fleet_wide(self, job: Job) -> bool:
+        """Whether *job* is paused on every replica (``cronlock.postgres.FleetControl``),
+        as of its locker's last read, about a second old."""
+        return self._fleet.paused(job)

@@ -1,0 +1,205 @@
+"""Prometheus metrics for a scheduler: ``cronlock.prometheus.instrument(scheduler)``.
+
+Needs the ``prometheus`` extra (``pip install 'cronlock[prometheus]'``); ``import cronlock``
+never imports it. The metric names are part of the API:
+
+- ``cronlock_job_last_success_timestamp_seconds{job}`` and
+  ``cronlock_job_last_run_timestamp_seconds{job}`` (when the latest successful / finished
+  run ended; fleet-wide with a run ledger: every replica reports the fleet's, read every 15
+  seconds in one statement, never per scrape),
+- ``cronlock_job_next_run_timestamp_seconds{job}``, ``cronlock_job_overdue{job}`` (0/1, see
+  :meth:`cronlock.Scheduler.overdue`), ``cronlock_job_paused{job}`` (0/1, here or fleet-wide),
+- ``cronlock_runs_total{job,outcome}``, ``cronlock_skips_total{job,reason}`` (lock contention
+  is ``reason="locked"``/``"already_ran"``), ``cronlock_lock_errors_total{job}`` (this
+  replica's),
+- ``cronlock_run_duration_seconds{job}``, ``cronlock_start_lateness_seconds{job}``
+  (histograms), ``cronlock_leader`` (0/1, when the scheduler has an elector that can tell
+  without a round trip, as :class:`cronlock.postgres.PostgresElector` can).
+
+The gauges are computed at scrape time from the scheduler's state; the counters and
+histograms are fed by its events.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+try:
+    from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram
+    from prometheus_client.core import GaugeMetricFamily
+    from prometheus_client.registry import Collector
+except ImportError as exc:  # pragma: no cover - exercised only without the extra
+    raise ImportError(
+        "cronlock.prometheus needs prometheus_client, which is not installed; "
+        "install the extra with: pip install 'cronlock[prometheus]'"
+    ) from exc
+
+from ._events import (
+    Event,
+    JobCancelled,
+    JobFailed,
+    JobSkipped,
+    JobStarted,
+    JobSucceeded,
+    JobTimedOut,
+    LockFailed,
+    LockLost,
+    Subscription,
+)
+
+if TYPE_CHECKING:
+    from ._scheduler import Scheduler
+
+__all__ = ("Instrumentation", "instrument")
+
+_OUTCOMES: dict[type[Event], str] = {
+    JobSucceeded: "succeeded",
+    JobFailed: "failed",
+    JobTimedOut: "timed_out",
+    JobCancelled: "cancelled",
+    LockLost: "lock_lost",
+}
+_FINAL = JobSucceeded | JobFailed | JobTimedOut | JobCancelled | LockLost
+_DURATION_BUCKETS = (0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 900, 1800, 3600, float("inf"))
+_LATENESS_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 30, 60, float("inf"))
+
+
+@runtime_checkable
+class _KnowsLeadership(Protocol):
+    @property
+    def is_leader_now(self) -> bool: ...
+
+
+class Instrumentation:
+    """What :func:`instrument` registered; :meth:`close` takes it all back."""
+
+    def __init__(self, scheduler: Scheduler, registry: CollectorRegistry) -> None:
+        self._scheduler = scheduler
+        self._registry = registry
+        self.runs = Counter(
+            "cronlock_runs", "Runs that ended on this replica", ["job", "outcome"], registry=None
+        )
+        self.skips = Counter(
+            "cronlock_skips", "Slots this replica did not run, by reason", ["job", "reason"],
+            registry=None,
+        )  # fmt: skip
+        self.lock_errors = Counter(
+            "cronlock_lock_errors", "Locker or elector failures on this replica", ["job"],
+            registry=None,
+        )  # fmt: skip
+        self.duration = Histogram(
+            "cronlock_run_duration_seconds",
+            "How long runs took on this replica",
+            ["job"],
+            buckets=_DURATION_BUCKETS,
+            registry=None,
+        )
+        self.lateness = Histogram(
+            "cronlock_start_lateness_seconds",
+            "How late after its fire time a run started on this replica",
+            ["job"],
+            buckets=_LATENESS_BUCKETS,
+            registry=None,
+        )
+        self._state = _StateCollector(scheduler)
+        self._collectors: tuple[Collector, ...] = (
+            self.runs,
+            self.skips,
+            self.lock_errors,
+            self.duration,
+            self.lateness,
+            self._state,
+        )
+        for collector in self._collectors:
+            registry.register(collector)
+        self._subscription: Subscription | None = scheduler.subscribe(self._on_event)
+
+    def _on_event(self, event: Event) -> None:
+        kind = type(event)
+        outcome = _OUTCOMES.get(kind)
+        if outcome is not None:
+            assert isinstance(
+                event, JobSucceeded | JobFailed | JobTimedOut | JobCancelled | LockLost
+            )
+            self.runs.labels(event.job, outcome).inc()
+            took = (event.finished_at - event.started_at).total_seconds()
+            self.duration.labels(event.job).observe(max(took, 0.0))
+        elif kind is JobSkipped:
+            assert isinstance(event, JobSkipped)
+            self.skips.labels(event.job, event.reason).inc()
+        elif kind is LockFailed:
+            assert isinstance(event, LockFailed)
+            self.lock_errors.labels(event.job).inc()
+        elif kind is JobStarted:
+            assert isinstance(event, JobStarted)
+            try:
+                fire = self._scheduler.get_job(event.job).fire_time(event.slot)
+            except KeyError:
+                fire = event.slot
+            late = (event.started_at - fire).total_seconds()
+            self.lateness.labels(event.job).observe(max(late, 0.0))
+
+    def close(self) -> None:
+        """Stop counting and unregister every metric (idempotent)."""
+        sub, self._subscription = self._subscription, None
+        if sub is None:
+            return
+        sub.unsubscribe()
+        for collector in self._collectors:
+            self._registry.unregister(collector)
+
+
+class _StateCollector(Collector):
+    """The gauges, computed from the scheduler's state at scrape time (no I/O)."""
+
+    def __init__(self, scheduler: Scheduler) -> None:
+        self._scheduler = scheduler
+
+    def describe(self) -> list[GaugeMetricFamily]:
+        return list(self._families())
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        scheduler = self._scheduler
+        success, last, nxt, overdue, paused = self._families()
+        late = {job.name for job in scheduler.overdue()}
+        for job in scheduler.jobs:
+            name = job.name
+            if job.last_success is not None and job.last_success.finished_at is not None:
+                success.add_metric([name], job.last_success.finished_at.timestamp())
+            if job.last_run is not None and job.last_run.finished_at is not None:
+                last.add_metric([name], job.last_run.finished_at.timestamp())
+            if job.next_run is not None:
+                nxt.add_metric([name], job.next_run.timestamp())
+            overdue.add_metric([name], 1.0 if name in late else 0.0)
+            paused.add_metric(
+                [name], 1.0 if job.paused or scheduler.paused_fleet_wide(job) else 0.0
+            )
+        yield from (success, last, nxt, overdue, paused)
+        elector = scheduler._elector
+        if elector is not None and isinstance(elector, _KnowsLeadership):
+            leader = GaugeMetricFamily("cronlock_leader", "1 while this replica leads")
+            leader.add_metric([], 1.0 if elector.is_leader_now else 0.0)
+            yield leader
+
+    @staticmethod
+    def _families() -> tuple[GaugeMetricFamily, ...]:
+        def gauge(name: str, text: str) -> GaugeMetricFamily:
+            return GaugeMetricFamily(f"cronlock_job_{name}", text, labels=["job"])
+
+        return (
+            gauge("last_success_timestamp_seconds", "When the latest successful run ended"),
+            gauge("last_run_timestamp_seconds", "When the latest finished run ended"),
+            gauge("next_run_timestamp_seconds", "The next slot this replica will fire"),
+            gauge("overdue", "1 when a slot fell due longer ago than the grace, unrun"),
+            gauge("paused", "1 while the job is paused, here or fleet-wide"),
+        )
+
+
+def instrument(scheduler: Scheduler, registry: CollectorRegistry | None = None) -> Instrumentation:
+    """Register cronlock's metrics for *scheduler* in *registry* (default: the global one).
+
+    Returns a handle whose ``close()`` unregisters them. Instrument each scheduler once per
+    registry (the names would clash otherwise).
+    """
+    return Instrumentation(scheduler, REGISTRY if registry is None else registry)

@@ -1,0 +1,94 @@
+"""Every log record cronlock writes carries ``job``, ``slot`` and ``replica`` attributes."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+from collections.abc import Iterator
+from datetime import UTC, datetime
+
+import pytest
+
+from cronlock import Scheduler
+from cronlock.testing import FakeClock
+
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+class Inspector(logging.Handler):
+    """Keeps every record it sees, as a JSON formatter would get them."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+@pytest.fixture
+def inspector() -> Iterator[Inspector]:
+    handler = Inspector()
+    root = logging.getLogger("cronlock")
+    level = root.level
+    root.addHandler(handler)
+    root.setLevel(logging.DEBUG)
+    try:
+        yield handler
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(level)
+
+
+def check(records: list[logging.LogRecord]) -> None:
+    """Every record has the three attributes; one that names a job has it as ``job``."""
+    replica = f"{socket.gethostname()}:{os.getpid()}"
+    for record in records:
+        attributes = record.__dict__
+        assert {"job", "slot", "replica"} <= attributes.keys(), record.getMessage()
+        assert record.replica == replica  # type: ignore[attr-defined]
+        message = record.getMessage()
+        if message.startswith("job "):
+            assert record.job is not None, message  # type: ignore[attr-defined]
+            assert f"job {record.job!r}" in message  # type: ignore[attr-defined]
+        if message.startswith("job ") and " slot " in message.split(":")[0]:
+            slot = record.slot  # type: ignore[attr-defined]
+            assert isinstance(slot, str), message
+            assert datetime.fromisoformat(slot).tzinfo is not None
+
+
+async def test_run_records_carry_job_slot_and_replica(inspector: Inspector) -> None:
+    clock = FakeClock(T0)
+    scheduler = Scheduler(clock=clock)
+
+    @scheduler.every(10, name="broken")
+    async def broken() -> None:
+        raise RuntimeError("boom")
+
+    @scheduler.every(10, name="slow", timeout=5)
+    async def slow() -> None:
+        await asyncio.sleep(3600)
+
+    @scheduler.every(10, name="long", overlap="skip")
+    async def long() -> None:
+        await clock.sleep(15)
+
+    async with scheduler:
+        await clock.advance(30)
+    records = inspector.records
+    check(records)
+    failed = [r for r in records if r.getMessage().startswith("job 'broken' slot")]
+    assert failed
+    assert all(r.job == "broken" for r in failed)  # type: ignore[attr-defined]
+    assert {r.slot for r in failed} == {  # type: ignore[attr-defined]
+        "2026-01-01T00:00:10+00:00",
+        "2026-01-01T00:00:20+00:00",
+        "2026-01-01T00:00:30+00:00",
+    }
+    assert any(r.job == "slow" and "timed out" in r.getMessage() for r in records)  # type: ignore[attr-defined]
+    assert any(r.job == "long" and "still running" in r.getMessage() for r in records)  # type: ignore[attr-defined]
+    started = [r for r in records if r.getMessage().startswith("scheduler started")]
+    assert started[0].job is None  # type: ignore[attr-defined]
+    assert started[0].slot is None  # type: ignore[attr-defined]

@@ -1,0 +1,191 @@
+"""Fleet control with three real replica processes and an observer that never runs the job.
+
+Pause stops the job on every replica within one slot, resume restarts it, a trigger runs
+it once fleet-wide (even while paused); the observer (a replica that never leads, so never
+runs it) reports the fleet's last success in its metrics, and once the replicas are gone
+the job is overdue: the gauge flips and ``status --check`` exits 1 naming it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import uuid
+from collections.abc import Callable
+from datetime import datetime
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from cronlock import Scheduler, every
+from cronlock.postgres import FleetControl, PostgresLocker, _control
+from cronlock.prometheus import instrument
+
+from .test_cli_pg import cli
+
+pytestmark = [pytest.mark.postgres, pytest.mark.slow]
+
+REPLICA = Path(__file__).with_name("fleet_replica.py")
+INTERVAL = 1.0
+
+
+class NeverLeader:
+    """An elector that never lets this replica run a coordinated job."""
+
+    async def is_leader(self) -> bool:
+        return False
+
+
+class Replicas:
+    """Three replica processes and the JSON lines they printed."""
+
+    def __init__(self) -> None:
+        self.procs: list[asyncio.subprocess.Process] = []
+        self.lines: list[dict[str, Any]] = []
+        self._readers: list[asyncio.Task[None]] = []
+
+    async def start(self, dsn: str, table: str, n: int) -> None:
+        for rid in range(1, n + 1):
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable,
+                str(REPLICA),
+                "--dsn",
+                dsn,
+                "--table",
+                table,
+                "--id",
+                str(rid),
+                "--interval",
+                str(INTERVAL),
+                stdout=asyncio.subprocess.PIPE,
+            )
+            self.procs.append(proc)
+            self._readers.append(asyncio.create_task(self._read(proc)))
+
+    async def _read(self, proc: asyncio.subprocess.Process) -> None:
+        assert proc.stdout is not None
+        async for line in proc.stdout:
+            self.lines.append(json.loads(line))
+
+    async def stop(self) -> None:
+        for proc in self.procs:
+            if proc.returncode is None:
+                proc.kill()
+        for proc in self.procs:
+            await proc.wait()
+        await asyncio.gather(*self._readers, return_exceptions=True)
+
+    def starts(self, after: float = float("-inf")) -> list[dict[str, Any]]:
+        return [x for x in self.lines if x["event"] == "start" and x["slot"] > after]
+
+    def paused_skips(self, rid: int) -> int:
+        return sum(
+            1
+            for x in self.lines
+            if x["event"] == "skipped" and x["reason"] == "paused" and x["replica"] == rid
+        )
+
+
+async def eventually(check: Callable[[], bool], what: str, limit: float = 90.0) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + limit
+    while not check():
+        if loop.time() > deadline:
+            pytest.fail(f"never happened: {what}")
+        await asyncio.sleep(0.05)
+
+
+async def test_pause_resume_trigger_across_three_replicas(
+    pg_dsn: str, admin: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_control, "RUNS_EVERY", 0.5)  # the observer's fleet reads
+    table = f"fleet_{uuid.uuid4().hex[:10]}"
+    observer = Scheduler(locker=PostgresLocker(pg_dsn, table=table), elector=NeverLeader())
+    job = observer.add_job(lambda: None, every(INTERVAL), name="pulse", alert_after=3)
+    registry = CollectorRegistry()
+    instrument(observer, registry)
+
+    def gauge(name: str) -> float | None:
+        return registry.get_sample_value(f"cronlock_job_{name}", {"job": "pulse"})
+
+    async def server_now() -> float:
+        now: datetime = await admin.fetchval("SELECT clock_timestamp()")
+        return now.timestamp()
+
+    replicas = Replicas()
+    try:
+        async with observer, FleetControl(pg_dsn, table=table) as control:
+            await replicas.start(pg_dsn, table, 3)
+            await eventually(lambda: len(replicas.starts()) >= 3, "three runs")
+
+            # The observer never ran the job, yet reports the fleet's last success.
+            ran: datetime = await admin.fetchval(
+                f'SELECT max(finished_at) FROM "{table}" WHERE outcome = $1', "succeeded"
+            )
+            await eventually(
+                lambda: (gauge("last_success_timestamp_seconds") or 0) >= ran.timestamp(),
+                "the fleet's last success in the observer's gauge",
+            )
+            assert job.run_count == 0
+            assert gauge("overdue") == 0
+
+            # Pause: no replica starts a slot later than one slot after the pause.
+            await control.pause("pulse")
+            paused_at = await server_now()
+            for rid in (1, 2, 3):
+                await eventually(
+                    partial(lambda r: replicas.paused_skips(r) >= 2, rid), f"replica {rid} paused"
+                )
+            assert replicas.starts(after=paused_at + INTERVAL) == []
+            await eventually(lambda: gauge("paused") == 1, "the paused gauge")
+            status = await cli("status", "--dsn", pg_dsn, "--table", table)
+            [line] = [x for x in status.stdout.splitlines() if x.startswith("pulse ")]
+            assert line.split()[1] == "paused"
+
+            # A trigger runs once fleet-wide, even while paused.
+            await control.trigger("pulse")
+            triggered: datetime = await admin.fetchval(
+                f'SELECT trigger_slot FROM "{table}_control" WHERE job = $1', "pulse"
+            )
+            slot = triggered.timestamp()
+            await eventually(
+                lambda: any(x["slot"] == slot for x in replicas.starts()), "the triggered run"
+            )
+            seen = {rid: replicas.paused_skips(rid) for rid in (1, 2, 3)}
+            for rid in (1, 2, 3):  # every replica polled again several times since
+                await eventually(
+                    partial(lambda r: replicas.paused_skips(r) >= seen[r] + 3, rid),
+                    f"replica {rid} polled",
+                )
+            assert [x["slot"] for x in replicas.starts()].count(slot) == 1
+            assert replicas.starts(after=paused_at + INTERVAL) == [
+                x for x in replicas.starts() if x["slot"] == slot
+            ]
+
+            # Resume: the job runs again, every slot once.
+            await control.resume("pulse")
+            resumed_at = await server_now()
+            await eventually(lambda: len(replicas.starts(after=resumed_at)) >= 3, "runs again")
+            later = [x["slot"] for x in replicas.starts(after=resumed_at)]
+            assert len(later) == len(set(later))
+            await eventually(lambda: gauge("paused") == 0, "the paused gauge back to 0")
+            healthy = await cli("status", "--check", "--dsn", pg_dsn, "--table", table)
+            assert healthy.returncode == 0, healthy.stdout + healthy.stderr
+
+            # Every replica gone: the job stops; the observer sees it overdue.
+            await replicas.stop()
+            await eventually(lambda: gauge("overdue") == 1, "the overdue gauge")
+            assert [j.name for j in observer.overdue()] == ["pulse"]
+            for _ in range(120):
+                check = await cli("status", "--check", "--dsn", pg_dsn, "--table", table)
+                if check.returncode == 1:
+                    break
+                await asyncio.sleep(0.5)
+            assert check.returncode == 1, check.stdout + check.stderr
+            assert "overdue: pulse" in check.stdout
+    finally:
+        await replicas.stop()
