@@ -42,6 +42,8 @@ from ._keys import job_lock_key as job_lock_key
 from ._locking import CrashWatchingLocker as CrashWatchingLocker
 from ._locking import Elector as Elector
 from ._locking import FencedElector as FencedElector
+from ._locking import FleetView as FleetView
+from ._locking import FleetWatchingLocker as FleetWatchingLocker
 from ._locking import Lease as Lease
 from ._locking import LedgerLocker as LedgerLocker
 from ._locking import Locker as Locker
@@ -73,6 +75,8 @@ __all__ = (
     "Event",
     "FencedElector",
     "FileLocker",
+    "FleetView",
+    "FleetWatchingLocker",
     "InMemoryLocker",
     "IntervalSchedule",
     "Job",

@@ -173,12 +173,10 @@ class LedgerTable:
                 updated_at timestamptz NOT NULL DEFAULT clock_timestamp(),
                 updated_by text
             )""",
-            # Each job's overdue grace and the slot it is due by, for 'status --check' (an
-            # older ledger lacks them).
+            # Each job's overdue grace and due slot, for 'status --check' (added later).
             f"""ALTER TABLE {self.jobs} ADD COLUMN IF NOT EXISTS grace float8,
                 ADD COLUMN IF NOT EXISTS due timestamptz""",
-            # Fleet control (cronlock.postgres.FleetControl): a paused job is refused at
-            # claim time; a trigger is a slot of its own, claimed like any other.
+            # Fleet control (FleetControl, ._control): pauses and triggers.
             f"""CREATE TABLE IF NOT EXISTS {self.control} (
                 job          text        PRIMARY KEY,
                 paused_at    timestamptz,
