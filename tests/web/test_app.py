@@ -270,3 +270,12 @@ async def test_served_from_aiohttp(pg_dsn: str, ledger: str) -> None:
         refused = await c.post("/cron/actions/pause", data={"job": "nightly", "csrf": "0"})
         assert refused.status == 403
     assert await _paused(pg_dsn, ledger) == {"nightly"}
+
+
+async def test_a_missing_ledger_is_named_with_the_fix(pg_dsn: str) -> None:
+    async with client(cronlock.web.app(pg_dsn, table="no_such_ledger")) as c:
+        page = await c.get("/")
+        api = await c.get("/api/jobs")
+    assert page.status_code == api.status_code == 503
+    assert "python -m cronlock migrate" in page.text
+    assert "no current run ledger" in api.json()["error"]

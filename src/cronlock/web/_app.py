@@ -16,6 +16,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, quote
+from zoneinfo import ZoneInfo
 
 import asyncpg
 from jinja2 import Environment, FileSystemLoader, select_autoescape
@@ -68,8 +69,6 @@ def _local(value: datetime | None, zone: str) -> str:
     if value is None:
         return "-"
     try:
-        from zoneinfo import ZoneInfo
-
         local = value.astimezone(ZoneInfo(zone))
     except (ValueError, KeyError, OSError):
         return value.strftime("%Y-%m-%d %H:%M:%S UTC")
@@ -125,7 +124,11 @@ class _Dashboard:
                 async with self.source.acquire(timeout=10) as conn:
                     yield conn
         except (asyncpg.UndefinedTableError, asyncpg.InvalidSchemaNameError) as exc:
-            raise HTTPException(503, f"no run ledger {self.table.runs} here yet") from exc
+            raise HTTPException(
+                503,
+                f"no current run ledger {self.table.runs} here: start a replica, or run "
+                "'python -m cronlock migrate --dsn ...' to create or upgrade it",
+            ) from exc
         except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
             # Logged for the operator; the page never shows it (it may name hosts or users).
             _logger.warning("dashboard: the database could not be read: %r", exc)
