@@ -187,6 +187,17 @@ async def test_an_authorized_pause_and_resume(pg_dsn: str, ledger: str) -> None:
         )
         assert back.headers["location"] == "/jobs/nightly"
         assert await _paused(pg_dsn, ledger) == frozenset()
+        pulled = await c.post("/actions/trigger", data={"job": "nightly", "csrf": token})
+        assert pulled.status_code == 303
+    conn = await asyncpg.connect(pg_dsn)
+    try:
+        pending = await conn.fetchval(
+            f"SELECT count(*) FROM {ledger}_control WHERE job = 'nightly' "
+            "AND trigger_slot IS NOT NULL"
+        )
+    finally:
+        await conn.close()
+    assert pending == 1  # one replica will claim it, like a slot
 
 
 @pytest.mark.parametrize("case", ["read-only", "no-token", "wrong-token", "other-origin", "denied"])
