@@ -11,11 +11,13 @@ reports the fleet's last success. The overdue rule is written once here.
 
 from __future__ import annotations
 
+import asyncio
 import functools
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from datetime import datetime, timedelta
 
 from ._clock import Clock
+from ._events import JobEvent, JobSkipped, LockFailed
 from ._job import Job
 from ._locking import FleetView, FleetWatchingLocker, Health, Wiring
 from ._logs import at, get_logger
@@ -45,7 +47,16 @@ class Fleet:
     ``None`` while it is not running (triggers are then left to other replicas).
     """
 
-    __slots__ = ("_default_timeout", "_jobs", "_loop", "_paused", "_since", "_started", "_watched")
+    __slots__ = (
+        "_default_timeout",
+        "_dues",
+        "_jobs",
+        "_loop",
+        "_paused",
+        "_since",
+        "_started",
+        "_watched",
+    )
 
     def __init__(
         self,
@@ -60,6 +71,10 @@ class Fleet:
         self._paused: dict[int, frozenset[str]] = {}
         self._started: dict[int, dict[tuple[str, datetime], None]] = {}
         self._since: datetime | None = None
+        # Per job: (the instant its due slot was computed after, that slot). A schedule's
+        # next_after can cost tens of microseconds (cron): computed again only when the
+        # job's latest success moved, not on every scrape of 10,000 jobs.
+        self._dues: dict[str, tuple[datetime, datetime | None]] = {}
 
     def watch(self, wiring: Wiring) -> None:
         """Register with the job's locker, if it reads the fleet (once per locker)."""
@@ -83,10 +98,8 @@ class Fleet:
     def _mine(self, key: int) -> list[Job]:
         return [job for job in self._jobs.values() if id(job._wiring.fleet) == key]
 
-    def _health(self, key: int) -> dict[str, Health]:
-        return {
-            job.name: (grace(job, self._default_timeout), self.due(job)) for job in self._mine(key)
-        }
+    def _health(self, key: int) -> Mapping[str, Health]:
+        return _HealthView(self, {job.name: job for job in self._mine(key)})
 
     def due(self, job: Job) -> datetime | None:
         """The slot *job* is due by: its first slot after its latest success (after the
@@ -95,7 +108,18 @@ class Fleet:
             return None
         success = job.last_success
         since = success.slot if success is not None else self._since
-        return None if since is None else job.slot_after(since)
+        if since is None:
+            return None
+        cached = self._dues.get(job.name)
+        if cached is not None and cached[0] == since:
+            return cached[1]
+        due = job.slot_after(since)
+        self._dues[job.name] = (since, due)
+        return due
+
+    def health(self, job: Job) -> Health:
+        """*job*'s overdue grace and the slot it is due by."""
+        return grace(job, self._default_timeout), self.due(job)
 
     def _seen(self, key: int, view: FleetView) -> None:
         self._paused[key] = view.paused
@@ -123,7 +147,26 @@ class Fleet:
                 slot.isoformat(),
                 extra=at(name, slot),
             )
-            loop.dispatch(job, slot)
+            waiter: asyncio.Future[JobEvent] = asyncio.get_running_loop().create_future()
+            waiter.add_done_callback(functools.partial(self._tried, started, (name, slot)))
+            loop.dispatch(job, slot, waiter)
+
+    @staticmethod
+    def _tried(
+        started: dict[tuple[str, datetime], None],
+        trigger: tuple[str, datetime],
+        waiter: asyncio.Future[JobEvent],
+    ) -> None:
+        """A triggered slot this replica could not even try (the job was still running
+        here, its lock was busy, the locker failed) is tried again at the next poll, if no
+        replica has claimed it by then."""
+        if waiter.cancelled():
+            return
+        event = waiter.result()
+        if isinstance(event, LockFailed) or (
+            isinstance(event, JobSkipped) and event.reason in ("overlap", "locked")
+        ):
+            started.pop(trigger, None)
 
     def overdue(self, now: datetime) -> tuple[Job, ...]:
         """The jobs overdue at *now* (see :meth:`FleetViews.overdue`)."""
@@ -138,6 +181,24 @@ class Fleet:
             return False
         limit = timedelta(seconds=grace(job, self._default_timeout))
         return now - job.fire_time(due) > limit
+
+
+class _HealthView(Mapping[str, Health]):
+    """The health of a locker's jobs, each computed only when asked for (the locker lists
+    the names every poll, and wants the health of the few whose notes it writes)."""
+
+    def __init__(self, fleet: Fleet, jobs: dict[str, Job]) -> None:
+        self._fleet = fleet
+        self._jobs = jobs
+
+    def __getitem__(self, name: str) -> Health:
+        return self._fleet.health(self._jobs[name])
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._jobs)
+
+    def __len__(self) -> int:
+        return len(self._jobs)
 
 
 class FleetViews:

@@ -4,13 +4,27 @@ replica that never ran a job reports the fleet's last success, pauses show."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import uuid
 from datetime import UTC, datetime
+from typing import Any
 
 import pytest
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from prometheus_client import CollectorRegistry
 
-from cronlock import JobSkipped, RunRecord, Schedule, Scheduler
-from cronlock.postgres import FleetControl, PostgresLease, PostgresLocker, _control
+from cronlock import JobSkipped, JobSucceeded, RunContext, RunRecord, Schedule, Scheduler
+from cronlock.otel import instrument as instrument_traces
+from cronlock.postgres import (
+    FleetControl,
+    PostgresElector,
+    PostgresLease,
+    PostgresLocker,
+    _control,
+)
+from cronlock.prometheus import instrument as instrument_metrics
 
 pytestmark = pytest.mark.postgres
 
@@ -100,3 +114,91 @@ def _daily() -> Schedule:
     from cronlock import daily
 
     return daily("03:00")
+
+
+async def test_leader_gauge_and_run_spans_with_the_real_backend(pg_dsn: str, table: str) -> None:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    elector = PostgresElector(pg_dsn, name=f"leader-{table}")
+    scheduler = Scheduler(locker=PostgresLocker(pg_dsn, table=table), elector=elector)
+    job = scheduler.add_job(lambda: None, _daily(), name="nightly")
+    registry = CollectorRegistry()
+    instrument_metrics(scheduler, registry)
+    instrument_traces(scheduler, tracer_provider=provider)
+    async with scheduler, FleetControl(pg_dsn, table=table) as control:
+        assert registry.get_sample_value("cronlock_leader") == 0.0  # elected on first use
+        await elector.start()
+        await eventually(lambda: registry.get_sample_value("cronlock_leader") == 1.0, "leadership")
+        assert isinstance(await job.run_now(), JobSucceeded)
+        await control.pause("nightly")
+        skipped = await job.run_now()
+        assert isinstance(skipped, JobSkipped)
+    [span] = exporter.get_finished_spans()  # the skipped run makes none
+    assert span.attributes is not None
+    assert span.attributes["cronlock.lock"] == "granted"
+    assert span.attributes["cronlock.outcome"] == "succeeded"
+    reasons = {"job": "nightly", "reason": "paused"}
+    assert registry.get_sample_value("cronlock_skips_total", reasons) == 1
+
+
+async def test_the_lockers_log_records_carry_job_and_slot(pg_dsn: str, table: str) -> None:
+    records: list[logging.LogRecord] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record)
+
+    handler = Keep(logging.DEBUG)
+    logger = logging.getLogger("cronlock")
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.DEBUG)
+    slot = datetime(2026, 1, 1, 3, tzinfo=UTC)
+    try:
+        async with (
+            PostgresLocker(pg_dsn, table=table) as one,
+            PostgresLocker(pg_dsn, table=table) as two,
+        ):
+            lease = await one.acquire("nightly", slot)
+            assert isinstance(lease, PostgresLease)
+            assert await two.acquire("nightly", slot) == "already_ran"
+            await lease.release()
+            assert await one.acquire("nightly", slot) == "already_ran"  # remembered
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+    about = [r for r in records if r.name == "cronlock.postgres" and "slot" in r.getMessage()]
+    assert len(about) >= 2
+    for record in about:
+        assert record.job == "nightly"  # type: ignore[attr-defined]
+        assert record.slot == slot.isoformat()  # type: ignore[attr-defined]
+        assert record.replica  # type: ignore[attr-defined]
+
+
+async def test_a_trigger_that_finds_the_job_running_is_tried_again(
+    pg_dsn: str, table: str, admin: Any
+) -> None:
+    scheduler = Scheduler(locker=PostgresLocker(pg_dsn, table=table))
+    release = asyncio.Event()
+    slots: list[datetime] = []
+
+    async def task(ctx: RunContext) -> None:
+        slots.append(ctx.slot)
+        await release.wait()
+
+    job = scheduler.add_job(task, _daily(), name="long")
+    skipped: list[JobSkipped] = []
+    scheduler.subscribe(skipped.append, JobSkipped)  # type: ignore[arg-type]
+    async with scheduler, FleetControl(pg_dsn, table=table) as control:
+        running = asyncio.create_task(job.run_now())
+        await eventually(lambda: len(slots) == 1, "the first run")
+        await control.trigger("long")
+        await eventually(lambda: any(e.reason == "overlap" for e in skipped), "overlap skip")
+        release.set()
+        await running
+        triggered = await admin.fetchval(
+            f'SELECT trigger_slot FROM "{table}_control" WHERE job = $1', "long"
+        )
+        await eventually(lambda: triggered in slots, "the trigger run after the first")
+    assert len(slots) == 2

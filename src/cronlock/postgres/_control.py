@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
+from collections import ChainMap
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Self
@@ -225,12 +226,13 @@ class FleetWatch:
         """Call *callback* with each read; *jobs* gives the jobs to read runs of."""
         self._watchers.append((callback, jobs))
 
-    def health(self) -> dict[str, Health]:
-        """Every watched job with its overdue grace and the slot it is due by."""
-        out: dict[str, Health] = {}
-        for _, jobs in self._watchers:
-            out.update(jobs())
-        return out
+    def names(self) -> list[str]:
+        """Every watched job, sorted."""
+        return sorted({name for _, jobs in self._watchers for name in jobs()})
+
+    def health(self) -> Mapping[str, Health]:
+        """Each watched job's overdue grace and the slot it is due by, computed when read."""
+        return ChainMap(*(jobs() for _, jobs in self._watchers))  # type: ignore[arg-type]
 
     def start(self) -> None:
         """Start the task (once)."""
@@ -267,7 +269,7 @@ class FleetWatch:
         sessions = self._sessions
         session = next((s for s in sessions if s.is_open), None)
         if session is None:
-            first = min(self.health(), default="")
+            first = min(self.names(), default="")
             session = sessions[job_lock_key(first) % len(sessions)]
         conn, generation = await session.ensure()
         with backend_errors("reading the fleet's state failed"):
@@ -284,7 +286,7 @@ class FleetWatch:
         triggers = {row["job"]: row["trigger_slot"] for row in rows if row["trigger_slot"]}
         runs: dict[str, tuple[RunRecord | None, RunRecord | None]] | None = None
         if now - self._runs_at >= RUNS_EVERY:
-            names = sorted(self.health())
+            names = self.names()
             found = await self._read(lambda c: c.fetch(self._sql["fleet_runs"], names))
             self._runs_at = now
             last = {row["job"]: to_record(row) for row in found if row["kind"] == "last"}

@@ -62,14 +62,20 @@ def recover_sql(table: LedgerTable) -> str:
     """Lock and take over a crashed run's slot, in one statement: the claim of its rerun.
 
     The same parameters and answers as :attr:`LedgerTable.claim_sql` (*ran* is always
-    false: the row is expected). Only a row marked ``crashed`` on its first attempt is
-    taken over (attempt 2, this replica as owner, started now), so a slot is rerun at most
-    once fleet-wide, and one whose rerun crashed too is left ``crashed``. A lock granted
-    for a row that cannot be taken over is given back in the same statement.
+    false: the row is expected; a job paused fleet-wide is refused as by the claim). Only a
+    row marked ``crashed`` on its first attempt is taken over (attempt 2, this replica as
+    owner, started now), so a slot is rerun at most once fleet-wide, and one whose rerun
+    crashed too is left ``crashed``. A lock granted for a row that cannot be taken over is
+    given back in the same statement.
     """
     return f"""
-        WITH l AS MATERIALIZED (
-            SELECT pg_try_advisory_lock($1::bigint) AS got
+        WITH p AS MATERIALIZED (
+            SELECT EXISTS (SELECT 1 FROM {table.control}
+                           WHERE job = $2 AND paused_at IS NOT NULL) AS paused
+        ), l AS MATERIALIZED (
+            SELECT p.paused,
+                   CASE WHEN p.paused THEN false ELSE pg_try_advisory_lock($1::bigint) END AS got
+            FROM p
         ), up AS (
             INSERT INTO {table.runs} AS r (job, slot, host, pid, session, attempt)
             SELECT $2::text, $3::timestamptz, $4::text, $5::integer, pg_backend_pid(), 2
@@ -81,9 +87,9 @@ def recover_sql(table: LedgerTable) -> str:
             WHERE r.outcome = 'crashed' AND r.attempt = 1
             RETURNING r.started_at
         ), c AS MATERIALIZED (
-            SELECT l.got, (SELECT started_at FROM up) AS started_at FROM l
+            SELECT l.paused, l.got, (SELECT started_at FROM up) AS started_at FROM l
         )
-        SELECT false AS ran, false AS paused, c.got, c.started_at,
+        SELECT false AS ran, c.paused, c.got, c.started_at,
                CASE WHEN c.got AND c.started_at IS NULL
                     THEN pg_advisory_unlock($1::bigint) END AS undone
         FROM c"""

@@ -230,9 +230,10 @@ class Upkeep:
         dirty, self._dirty = self._dirty, set()
         names = sorted(dirty)
         notes = [self._notes[name] for name in names]
-        health = self.health()
-        graces = [health[name][0] if name in health else None for name in names]
-        dues = [health[name][1] if name in health else None for name in names]
+        known = self.health()  # read once: each job's health is computed when looked up
+        health = [known.get(name) for name in names]
+        graces = [None if h is None else h[0] for h in health]
+        dues = [None if h is None else h[1] for h in health]
         try:
             await session.run(
                 conn,
