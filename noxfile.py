@@ -15,7 +15,7 @@ PYTHONS = ["3.11", "3.12", "3.13"]
 @nox.session(python=PYTHONS)
 def tests(session: nox.Session) -> None:
     """Run the test suite with coverage (PostgreSQL tests need CRONLOCK_TEST_DSN)."""
-    session.install("-e", ".[postgres,prometheus,otel,test,examples]")
+    session.install("-e", ".[postgres,web,prometheus,otel,test,examples]")
     session.run(
         "python",
         "-m",
@@ -39,7 +39,7 @@ def lint(session: nox.Session) -> None:
 @nox.session
 def typing(session: nox.Session) -> None:
     """mypy --strict on src, tests and examples."""
-    session.install("-e", ".[postgres,prometheus,otel,test,lint,examples]")
+    session.install("-e", ".[postgres,web,prometheus,otel,test,lint,examples]")
     session.run("mypy")
 
 

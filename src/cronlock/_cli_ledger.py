@@ -1,4 +1,4 @@
-"""``python -m cronlock migrate|status|history|pause|resume|trigger``: the ledger verbs'
+"""``python -m cronlock migrate|status|history|pause|resume|trigger|web``: the ledger verbs'
 arguments and dispatch.
 
 The verbs themselves run on asyncpg, in :mod:`cronlock.postgres._cli`; this module only
@@ -15,7 +15,7 @@ from ._errors import CronlockError
 
 __all__ = ("PG_VERBS", "add_pg_parsers", "run_pg")
 
-PG_VERBS = frozenset({"migrate", "status", "history", "pause", "resume", "trigger"})
+PG_VERBS = frozenset({"migrate", "status", "history", "pause", "resume", "trigger", "web"})
 
 
 def add_pg_parsers(verbs: Any) -> None:
@@ -56,9 +56,24 @@ def add_pg_parsers(verbs: Any) -> None:
             "--force", action="store_true", help="even if the ledger does not know the job yet"
         )
 
+    web = verbs.add_parser("web", help="serve the live dashboard of the fleet (read-only)")
+    common(web)
+    web.add_argument("--host", default="127.0.0.1", help="address to listen on (127.0.0.1)")
+    web.add_argument("--port", type=int, default=8080, help="port to listen on (default: 8080)")
+    web.add_argument(
+        "--refresh", type=float, default=3.0, help="seconds between live updates (default: 3)"
+    )
+
 
 def run_pg(args: argparse.Namespace) -> int:
     """Run one of the ledger verbs; errors are raised as :class:`CronlockError`."""
+    if args.verb == "web":
+        try:
+            # The dashboard's extra: Starlette, Jinja2 and uvicorn (and asyncpg).
+            from .web._serve import serve
+        except ImportError:
+            raise CronlockError("web needs the web extra: pip install 'cronlock[web]'") from None
+        return serve(args)
     try:
         # cronlock.postgres refuses to import without asyncpg, its one extra dependency.
         from .postgres._cli import run_verb

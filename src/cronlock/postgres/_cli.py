@@ -17,22 +17,12 @@ from typing import Any
 import asyncpg
 
 from .._errors import CronlockError
-from .._keys import job_lock_key
+from .._records import RunRecord
 from ._control import control_sql
-from ._ledger import DEFAULT_TABLE, LedgerTable, ledger_state, migrate, to_record
+from ._fleet import read_jobs, read_paused, read_runs, server_now
+from ._ledger import DEFAULT_TABLE, LedgerTable, ledger_state, migrate
 
 __all__ = ("run_verb",)
-
-# A bigint advisory key k is stored in pg_locks as classid = k >> 32, objid = k & 0xffffffff
-# (objsubid = 1); advisory locks are per database, hence the database filter.
-_HOLDERS_SQL = """
-SELECT (l.classid::int8 << 32) | l.objid::int8 AS key, a.pid, a.application_name,
-       host(a.client_addr) AS addr, a.backend_start
-FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
-WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted
-  AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
-  AND ((l.classid::int8 << 32) | l.objid::int8) = ANY($1::int8[])
-"""
 
 
 def run_verb(args: argparse.Namespace) -> int:
@@ -89,28 +79,16 @@ def _when(value: datetime | None) -> str:
     return "-" if value is None else value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S")
 
 
-def _outcome(row: Any) -> str:
-    """A ledger row's outcome as stored (one this version does not know is shown as it is;
-    none is ``unfinished``), with the attempt when the run was the rerun of a crashed one."""
-    text = row["outcome"] or "unfinished"
-    return text if row["attempt"] == 1 else f"{text} (attempt {row['attempt']})"
+def _outcome(record: RunRecord) -> str:
+    """A run's outcome, with the attempt when the run was the rerun of a crashed one."""
+    text = record.outcome
+    return text if record.attempt == 1 else f"{text} (attempt {record.attempt})"
 
 
 def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
     for line in (header, *rows):
         print("  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip())
-
-
-def _overdue(row: Any, ok: Any, now: datetime) -> bool:
-    """Whether the job of *row* is overdue: the slot its replicas said it is due by (its
-    first slot after its latest success) fell due more than its grace ago, and no run of
-    it or of a later slot succeeded since. A job whose replicas never said (an older
-    cronlock, or paused) is not judged."""
-    grace, due = row["grace"], row["due"]
-    if grace is None or due is None or (ok is not None and ok["slot"] >= due):
-        return False
-    return bool((now - due).total_seconds() > grace)
 
 
 async def _control(conn: Any, table: LedgerTable, verb: str, job: str, *, force: bool) -> int:
@@ -135,51 +113,39 @@ async def _control(conn: Any, table: LedgerTable, verb: str, job: str, *, force:
 
 
 async def _status(conn: Any, table: LedgerTable, only: Sequence[str], *, check: bool) -> int:
-    jobs = await conn.fetch(table.jobs_sql)
     # A job is known once a replica noted its schedule or claimed a slot of it.
-    known = {row["job"]: row for row in jobs}
+    jobs = await read_jobs(conn, table, list(only) if only else None)
     unknown: list[str] = []
+    known: list[str] = [job.name for job in jobs]
     if only:
-        wanted = list(dict.fromkeys(only))
-        unknown = [name for name in wanted if name not in known]
-        jobs = [known[name] for name in wanted if name in known]
-    names = [row["job"] for row in jobs]
-    holders: dict[int, list[Any]] = {}
-    for row in await conn.fetch(_HOLDERS_SQL, [job_lock_key(name) for name in names]):
-        holders.setdefault(row["key"], []).append(row)
-    print(f"run ledger {table.runs}: {len(names)} job(s); times in UTC")
-    if not names:
+        known = [row["job"] for row in await conn.fetch(table.jobs_sql)]
+        unknown = [name for name in dict.fromkeys(only) if name not in known]
+    print(f"run ledger {table.runs}: {len(jobs)} job(s); times in UTC")
+    if not jobs:
         return _unknown(unknown, known)
-    paused = {row["job"] for row in await conn.fetch(control_sql(table)["paused"])}
-    now = await conn.fetchval("SELECT clock_timestamp()")
+    paused = await read_paused(conn, table)
+    now = await server_now(conn)
     overdue: list[str] = []
     lines = []
-    for row in jobs:
-        found = {r["kind"]: r for r in await conn.fetch(table.last_runs_sql, row["job"])}
-        ok, failed = found.get("ok"), found.get("failed")
-        failure = "-" if failed is None else f"{_when(failed['slot'])} {_outcome(failed)}"
-        if row["job"] in paused:
+    for job in jobs:
+        ok, failed = job.last_success, job.last_failure
+        failure = "-" if failed is None else f"{_when(failed.slot)} {_outcome(failed)}"
+        if job.name in paused:
             state = "paused"
-        elif _overdue(row, ok, now):
+        elif job.overdue_since(now) is not None:
             state = "OVERDUE"
-            overdue.append(row["job"])
+            overdue.append(job.name)
         else:
-            state = "ok" if row["grace"] is not None else "-"
-        held = holders.get(job_lock_key(row["job"]), [])
-        who = ", ".join(
-            f"pid {h['pid']} {h['application_name'] or '?'}"
-            + (f" {h['addr']}" if h["addr"] else "")
-            for h in held
-        )
+            state = "ok" if job.grace is not None else "-"
         lines.append(
             [
-                row["job"],
+                job.name,
                 state,
-                row["schedule"] or "-",
-                "-" if ok is None else _when(ok["slot"]),
+                job.schedule or "-",
+                "-" if ok is None else _when(ok.slot),
                 failure,
-                _when(row["next_run"]),
-                who or "-",
+                _when(job.next_run),
+                ", ".join(h.describe() for h in job.holders) or "-",
             ]
         )
     header = ["JOB", "STATE", "SCHEDULE", "LAST SUCCESS", "LAST FAILURE", "NEXT SLOT"]
@@ -201,8 +167,7 @@ def _unknown(names: Sequence[str], known: Iterable[str]) -> int:
 
 
 async def _history(conn: Any, table: LedgerTable, job: str, limit: int) -> int:
-    rows = await conn.fetch(table.history_sql, job, limit)
-    records = [to_record(row) for row in rows]
+    records = await read_runs(conn, table, job, limit)
     if not records:
         known = {row["job"] for row in await conn.fetch(table.jobs_sql)}
         if job not in known:
@@ -211,21 +176,14 @@ async def _history(conn: Any, table: LedgerTable, job: str, limit: int) -> int:
         return 0
     print(f"last {len(records)} run(s) of {job!r}, newest first; times in UTC")
     lines = []
-    for row, r in zip(rows, records, strict=True):
+    for r in records:
         took = (
             "-"
             if r.finished_at is None
             else f"{(r.finished_at - r.started_at).total_seconds():.3f}s"
         )
         lines.append(
-            [
-                _when(r.slot),
-                _outcome(row),
-                _when(r.started_at),
-                took,
-                r.owner or "-",
-                r.error or "",
-            ]
+            [_when(r.slot), _outcome(r), _when(r.started_at), took, r.owner or "-", r.error or ""]
         )
     _table(["SLOT", "OUTCOME", "STARTED", "TOOK", "OWNER", "ERROR"], lines)
     return 0

@@ -1,0 +1,173 @@
+"""Reading the fleet from the run ledger: every job's last runs, lock holders, run pages.
+
+What the ``status`` and ``history`` verbs print and what the web dashboard shows come from
+here, so the command line and the page never disagree. Read-only: nothing here writes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from .._keys import job_lock_key
+from .._records import RunRecord
+from ._control import control_sql
+from ._ledger import LedgerTable, to_record
+
+__all__ = (
+    "HOLDERS_SQL",
+    "FleetJob",
+    "LockHolder",
+    "read_holders",
+    "read_jobs",
+    "read_paused",
+    "read_runs",
+    "server_now",
+)
+
+# A bigint advisory key k is stored in pg_locks as classid = k >> 32, objid = k & 0xffffffff
+# (objsubid = 1); advisory locks are per database, hence the database filter.
+HOLDERS_SQL = """
+SELECT (l.classid::int8 << 32) | l.objid::int8 AS key, a.pid, a.application_name,
+       host(a.client_addr) AS addr, a.backend_start
+FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted
+  AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+  AND ((l.classid::int8 << 32) | l.objid::int8) = ANY($1::int8[])
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class LockHolder:
+    """A server session holding a job's advisory lock right now."""
+
+    pid: int
+    """The holder's backend pid."""
+    application: str
+    """Its ``application_name`` (cronlock sets one naming the replica), or ``""``."""
+    address: str | None
+    """Its client address, ``None`` over a Unix socket."""
+
+    def describe(self) -> str:
+        """``pid 123 app 10.0.0.5``: one line for a table cell."""
+        where = f" {self.address}" if self.address else ""
+        return f"pid {self.pid} {self.application or '?'}{where}"
+
+
+@dataclass(frozen=True, slots=True)
+class FleetJob:
+    """One job as the ledger knows it: its schedule note and its latest runs fleet-wide."""
+
+    name: str
+    schedule: str | None
+    """The schedule as a replica noted it (``str(schedule)``), ``None`` if none did."""
+    next_run: datetime | None
+    """The next slot a replica noted, ``None`` if unknown or none is left."""
+    noted_at: datetime | None
+    """When a replica last wrote the note."""
+    last_run: RunRecord | None
+    """The latest finished run, whatever its outcome."""
+    last_success: RunRecord | None
+    last_failure: RunRecord | None
+    """The latest run that did not succeed (unfinished ones included)."""
+    holders: tuple[LockHolder, ...]
+    """Who holds the job's lock right now (empty when nobody runs it)."""
+    grace: float | None = None
+    """Seconds a slot may stay without a success before the job is overdue, as its replicas
+    noted it; ``None`` when they did not (an older cronlock, or the job is paused)."""
+    due: datetime | None = None
+    """The slot its replicas said it is due by: its first slot after its latest success."""
+
+    def overdue_since(self, now: datetime) -> datetime | None:
+        """The late slot when the job is overdue at *now* (server time), else ``None``.
+
+        The rule of ``status --check``: the slot the replicas said the job is due by fell
+        due more than its grace ago, and no run of it or of a later slot succeeded since.
+        A job whose replicas never said is not judged.
+        """
+        grace, due, ok = self.grace, self.due, self.last_success
+        if grace is None or due is None or (ok is not None and ok.slot >= due):
+            return None
+        return due if (now - due).total_seconds() > grace else None
+
+    @property
+    def failing(self) -> bool:
+        """Its latest finished run did not succeed."""
+        return self.last_run is not None and self.last_run.outcome != "succeeded"
+
+
+async def read_holders(conn: Any, names: Sequence[str]) -> dict[str, tuple[LockHolder, ...]]:
+    """Who holds each job's lock now: one query over ``pg_locks`` for all of *names*."""
+    by_key = {job_lock_key(name): name for name in names}
+    found: dict[str, list[LockHolder]] = {}
+    for row in await conn.fetch(HOLDERS_SQL, list(by_key)):
+        holder = LockHolder(row["pid"], row["application_name"] or "", row["addr"])
+        found.setdefault(by_key[row["key"]], []).append(holder)
+    return {name: tuple(found.get(name, ())) for name in names}
+
+
+async def read_jobs(
+    conn: Any, table: LedgerTable, only: Sequence[str] | None = None
+) -> list[FleetJob]:
+    """Every job the ledger knows (a replica noted its schedule or claimed a slot of it),
+    in name order; with *only*, those of them that exist, in the order given.
+
+    One query for the jobs, one for the lock holders, one per job for its latest runs
+    (index probes on the primary key).
+    """
+    rows = await conn.fetch(table.jobs_sql)
+    if only is not None:
+        known = {row["job"]: row for row in rows}
+        rows = [known[name] for name in dict.fromkeys(only) if name in known]
+    holders = await read_holders(conn, [row["job"] for row in rows])
+    jobs = []
+    for row in rows:
+        last = {r["kind"]: to_record(r) for r in await conn.fetch(table.last_runs_sql, row["job"])}
+        jobs.append(
+            FleetJob(
+                name=row["job"],
+                schedule=row["schedule"],
+                next_run=row["next_run"],
+                noted_at=row["updated_at"],
+                last_run=last.get("last"),
+                last_success=last.get("ok"),
+                last_failure=last.get("failed"),
+                holders=holders[row["job"]],
+                grace=row["grace"],
+                due=row["due"],
+            )
+        )
+    return jobs
+
+
+def _page_sql(table: LedgerTable) -> str:
+    return f"""
+        SELECT slot, started_at, finished_at, outcome, error, host, pid, attempt
+        FROM {table.runs}
+        WHERE job = $1 AND ($3::timestamptz IS NULL OR slot < $3::timestamptz)
+        ORDER BY slot DESC LIMIT $2"""
+
+
+async def read_runs(
+    conn: Any, table: LedgerTable, job: str, limit: int, before: datetime | None = None
+) -> list[RunRecord]:
+    """The latest *limit* runs of *job*, newest first; with *before*, those of earlier
+    slots only (the next page: pass the oldest slot of the previous one)."""
+    if before is None:
+        rows = await conn.fetch(table.history_sql, job, limit)
+    else:
+        rows = await conn.fetch(_page_sql(table), job, limit, before)
+    return [to_record(row) for row in rows]
+
+
+async def server_now(conn: Any) -> datetime:
+    """The database server's clock: the fleet's shared time, which overdue is judged by."""
+    now: datetime = await conn.fetchval("SELECT clock_timestamp()")
+    return now
+
+
+async def read_paused(conn: Any, table: LedgerTable) -> frozenset[str]:
+    """The jobs paused fleet-wide (:class:`~cronlock.postgres.FleetControl`)."""
+    return frozenset(row["job"] for row in await conn.fetch(control_sql(table)["paused"]))

@@ -1,0 +1,22 @@
+"""A live web dashboard of the fleet, read from the run ledger: ``cronlock.web.app(pool)``.
+
+Needs the ``web`` extra: ``pip install 'cronlock[web]'`` (Starlette, Jinja2, asyncpg, and
+uvicorn for ``python -m cronlock web``). See ``docs/dashboard.md``.
+"""
+
+try:  # fail here, with instructions, rather than deeper inside
+    import jinja2 as _jinja2
+    import starlette as _starlette
+except ImportError as exc:  # pragma: no cover - exercised only without the extra
+    raise ImportError(
+        "cronlock.web needs Starlette and Jinja2, which are not installed; "
+        "install the extra with: pip install 'cronlock[web]'"
+    ) from exc
+
+from ._aiohttp import aiohttp_handler as aiohttp_handler
+from ._app import Authorize as Authorize
+from ._app import app as app
+
+__all__ = ("Authorize", "aiohttp_handler", "app")
+
+del _jinja2, _starlette

@@ -1,0 +1,292 @@
+"""The dashboard over HTTP (httpx against the ASGI app) with a real PostgreSQL ledger:
+pages, the JSON API, escaping, what is never shown, and the actions' refusals."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+from urllib.parse import quote
+from zoneinfo import ZoneInfo
+
+import asyncpg
+import httpx
+import pytest
+from starlette.requests import Request
+
+import cronlock.web
+from cronlock.postgres import FleetControl
+
+from .seed import Run, seed, table_name
+
+pytestmark = pytest.mark.postgres
+
+XSS = "<script>alert('pwned')</script>"
+NOW = datetime.now(UTC).replace(microsecond=0)  # test data only: the app reads server time
+
+
+@pytest.fixture
+async def ledger(pg_dsn: str) -> str:
+    """A ledger with a healthy job, a failing one, an overdue one and an XSS-shaped one."""
+    table = table_name()
+    hour = timedelta(hours=1)
+    await seed(
+        pg_dsn,
+        table,
+        notes=[
+            ("nightly", "cron '0 3 * * *' in Europe/Berlin", NOW + 5 * hour),
+            ("flaky", "every 5m", NOW + timedelta(minutes=3)),
+            ("stalled", "every 1m", NOW - hour),
+            (XSS, "every 1h", NOW + hour),
+        ],
+        runs=[
+            *(Run("nightly", NOW - timedelta(days=d), "succeeded", took=d) for d in range(1, 8)),
+            Run("flaky", NOW - 2 * hour, "succeeded"),
+            Run(
+                "flaky",
+                NOW - hour,
+                "failed",
+                error="ValueError: <img src=x onerror=alert(1)>\nTraceback (most recent call last)",
+            ),
+            Run("stalled", NOW - 2 * hour, "succeeded"),
+            Run(XSS, NOW - hour, "succeeded"),
+        ],
+        graces={
+            "nightly": (600.0, NOW + 5 * hour),
+            "flaky": (7200.0, NOW - hour),
+            "stalled": (120.0, NOW - hour),
+        },
+    )
+    return table
+
+
+def client(app: Any) -> httpx.AsyncClient:
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://dash")
+
+
+@pytest.fixture
+async def read_only(pg_dsn: str, ledger: str) -> AsyncIterator[httpx.AsyncClient]:
+    async with client(cronlock.web.app(pg_dsn, table=ledger)) as c:
+        yield c
+
+
+async def test_the_list_shows_every_job_with_its_status(read_only: httpx.AsyncClient) -> None:
+    page = await read_only.get("/")
+    assert page.status_code == 200
+    statuses = dict(re.findall(r'data-job="([^"]*)" data-status="(\w+)"', page.text))
+    assert statuses == {
+        "nightly": "ok",
+        "flaky": "failing",
+        "stalled": "overdue",
+        "&lt;script&gt;alert(&#39;pwned&#39;)&lt;/script&gt;": "ok",
+    }
+    assert "at 03:00 every day" in page.text and "zone Europe/Berlin" in page.text
+    assert "<form" not in page.text  # read-only: no action anywhere
+
+
+async def test_job_names_and_errors_are_text_never_markup(read_only: httpx.AsyncClient) -> None:
+    for url in ("/", "/jobs/flaky", "/jobs/" + quote(XSS, safe="")):
+        page = await read_only.get(url)
+        assert page.status_code == 200, url
+        assert "<script>alert" not in page.text
+        assert "<img src=x" not in page.text
+    assert "&lt;img src=x onerror=alert(1)&gt;" in (await read_only.get("/jobs/flaky")).text
+    assert page.headers["content-security-policy"].startswith("default-src 'none'")
+
+
+async def test_no_traceback_dsn_or_password_is_shown(pg_dsn: str, ledger: str) -> None:
+    async with client(cronlock.web.app(pg_dsn, table=ledger)) as c:
+        text = (await c.get("/jobs/flaky")).text + (await c.get("/api/jobs")).text
+    assert "Traceback" not in text
+    assert pg_dsn not in text and "search_path" not in text
+    secret = "postgresql://cron:hunter2@127.0.0.1:1/db"
+    async with client(cronlock.web.app(secret)) as c:
+        for url in ("/", "/api/jobs", "/jobs/x"):
+            answer = await c.get(url)
+            assert answer.status_code == 503
+            assert "hunter2" not in answer.text and "127.0.0.1" not in answer.text
+
+
+async def test_api_jobs(read_only: httpx.AsyncClient) -> None:
+    body = (await read_only.get("/api/jobs")).json()
+    assert body["read_only"] is True
+    jobs = {job["name"]: job for job in body["jobs"]}
+    assert set(jobs) == {"nightly", "flaky", "stalled", XSS}
+    nightly = jobs["nightly"]
+    assert nightly["status"] == "ok"
+    assert nightly["zone"] == "Europe/Berlin"
+    assert nightly["last_success"]["slot"] == (NOW - timedelta(days=1)).isoformat()
+    assert nightly["last_success"]["duration_seconds"] == 1.0
+    assert nightly["last_success"]["replica"] == "replica-a:4242"
+    slots = [datetime.fromisoformat(s) for s in nightly["next_slots"]]
+    assert len(slots) == 3 and slots[0] == NOW + timedelta(hours=5)
+    assert all(s.astimezone(ZoneInfo("Europe/Berlin")).hour == 3 for s in slots[1:])
+    assert jobs["flaky"]["last_failure"]["error"] == "ValueError: <img src=x onerror=alert(1)>"
+    assert jobs["stalled"]["overdue_since"] == (NOW - timedelta(hours=1)).isoformat()
+
+
+async def test_api_runs_pages_back_through_the_history(read_only: httpx.AsyncClient) -> None:
+    seen: list[str] = []
+    url = "/api/jobs/nightly/runs?limit=3"
+    while True:
+        body = (await read_only.get(url)).json()
+        seen += [run["slot"] for run in body["runs"]]
+        if body["next_before"] is None:
+            break
+        url = f"/api/jobs/nightly/runs?limit=3&before={quote(body['next_before'])}"
+    assert seen == [(NOW - timedelta(days=d)).isoformat() for d in range(1, 8)]
+
+
+async def test_api_answers_bad_requests_clearly(read_only: httpx.AsyncClient) -> None:
+    missing = await read_only.get("/api/jobs/nope/runs")
+    assert (missing.status_code, missing.json()) == (
+        404,
+        {"error": "no such job in the run ledger"},
+    )
+    assert (await read_only.get("/api/jobs/nightly/runs?limit=0")).status_code == 400
+    assert (await read_only.get("/api/jobs/nightly/runs?before=yesterday")).status_code == 400
+    assert (await read_only.get("/jobs/nope")).status_code == 404
+
+
+async def test_job_page_has_history_chart_and_pager(read_only: httpx.AsyncClient) -> None:
+    page = (await read_only.get("/jobs/nightly?limit=5")).text
+    assert page.count('<tr class="run ') == 5
+    assert page.count("<rect ") == 5
+    assert 'class="older"' in page
+
+
+def _csrf(page: str) -> str:
+    found = re.search(r'name="csrf" value="([0-9a-f]+)"', page)
+    assert found, "no CSRF token on the page"
+    return found.group(1)
+
+
+async def _paused(dsn: str, table: str) -> frozenset[str]:
+    async with FleetControl(dsn, table=table) as control:
+        return await control.paused()
+
+
+async def test_an_authorized_pause_and_resume(pg_dsn: str, ledger: str) -> None:
+    def authorize(request: Request) -> bool:
+        return request.headers.get("x-operator") == "yes"
+
+    app = cronlock.web.app(pg_dsn, table=ledger, authorize=authorize)
+    async with client(app) as c:
+        c.headers["x-operator"] = "yes"
+        token = _csrf((await c.get("/")).text)
+        done = await c.post("/actions/pause", data={"job": "nightly", "csrf": token})
+        assert (done.status_code, done.headers["location"]) == (303, "/")
+        assert await _paused(pg_dsn, ledger) == {"nightly"}
+        page = (await c.get("/")).text
+        assert 'data-job="nightly" data-status="paused"' in page
+        jobs = {job["name"]: job for job in (await c.get("/api/jobs")).json()["jobs"]}
+        assert jobs["nightly"]["paused"] is True
+        back = await c.post(
+            "/actions/resume", data={"job": "nightly", "csrf": token, "back": "job"}
+        )
+        assert back.headers["location"] == "/jobs/nightly"
+        assert await _paused(pg_dsn, ledger) == frozenset()
+        pulled = await c.post("/actions/trigger", data={"job": "nightly", "csrf": token})
+        assert pulled.status_code == 303
+    conn = await asyncpg.connect(pg_dsn)
+    try:
+        pending = await conn.fetchval(
+            f"SELECT count(*) FROM {ledger}_control WHERE job = 'nightly' "
+            "AND trigger_slot IS NOT NULL"
+        )
+    finally:
+        await conn.close()
+    assert pending == 1  # one replica will claim it, like a slot
+
+
+@pytest.mark.parametrize("case", ["read-only", "no-token", "wrong-token", "other-origin", "denied"])
+async def test_every_refusal_is_a_403_that_changes_nothing(
+    pg_dsn: str, ledger: str, case: str
+) -> None:
+    async def authorize(request: Request) -> bool:  # async callables are awaited
+        return case != "denied"
+
+    app = cronlock.web.app(
+        pg_dsn, table=ledger, authorize=None if case == "read-only" else authorize
+    )
+    async with client(app) as c:
+        token = _csrf((await c.get("/")).text) if case != "read-only" else "0" * 64
+        form = {"job": "nightly", "csrf": token}
+        headers = {}
+        if case == "no-token":
+            del form["csrf"]
+        elif case == "wrong-token":
+            form["csrf"] = "f" * 64
+        elif case == "other-origin":
+            headers["origin"] = "https://evil.example"
+        for verb in ("pause", "trigger"):
+            refused = await c.post(f"/actions/{verb}", data=form, headers=headers)
+            assert refused.status_code == 403, (verb, refused.text)
+        assert (await c.get("/actions/pause")).status_code == 405
+    assert await _paused(pg_dsn, ledger) == frozenset()
+    conn = await asyncpg.connect(pg_dsn)
+    try:
+        control = await conn.fetchval(f"SELECT count(*) FROM {ledger}_control")
+    finally:
+        await conn.close()
+    assert control == 0  # no trigger, no pause: nothing written
+
+
+async def test_mounted_under_a_prefix(pg_dsn: str, ledger: str) -> None:
+    from starlette.applications import Starlette
+    from starlette.routing import Mount
+
+    outer = Starlette(routes=[Mount("/cron", cronlock.web.app(pg_dsn, table=ledger))])
+    async with client(outer) as c:
+        page = (await c.get("/cron/")).text
+        assert 'href="/cron/jobs/nightly"' in page and 'src="/cron/static/live.js"' in page
+        assert (await c.get("/cron/static/live.js")).status_code == 200
+        assert len((await c.get("/cron/api/jobs")).json()["jobs"]) == 4
+
+
+def test_bad_options_are_refused() -> None:
+    with pytest.raises(cronlock.ConfigError, match="refresh"):
+        cronlock.web.app("postgresql://x", refresh=0)
+    with pytest.raises(cronlock.ConfigError, match="page_size"):
+        cronlock.web.app("postgresql://x", page_size=0)
+    with pytest.raises(cronlock.ConfigError, match=r"DSN or an asyncpg\.Pool"):
+        cronlock.web.app(42)
+
+
+async def test_served_from_aiohttp(pg_dsn: str, ledger: str) -> None:
+    from aiohttp import web
+    from aiohttp.test_utils import TestClient, TestServer
+
+    def authorize(request: Request) -> bool:
+        return True
+
+    service = web.Application()
+    handler = cronlock.web.aiohttp_handler(
+        cronlock.web.app(pg_dsn, table=ledger, authorize=authorize), prefix="/cron"
+    )
+    service.router.add_route("*", "/cron", handler)
+    service.router.add_route("*", "/cron/{tail:.*}", handler)
+    async with TestClient(TestServer(service)) as c:
+        page = await c.get("/cron/")
+        text = await page.text()
+        assert page.status == 200 and 'href="/cron/jobs/nightly"' in text
+        assert page.cookies["cronlock_csrf"]["path"] == "/cron"
+        assert page.headers["content-security-policy"].startswith("default-src 'none'")
+        api = await (await c.get("/cron/api/jobs/nightly/runs?limit=2")).json()
+        assert len(api["runs"]) == 2
+        form = {"job": "nightly", "csrf": _csrf(text)}
+        done = await c.post("/cron/actions/pause", data=form, allow_redirects=False)
+        assert (done.status, done.headers["location"]) == (303, "/cron/")
+        refused = await c.post("/cron/actions/pause", data={"job": "nightly", "csrf": "0"})
+        assert refused.status == 403
+    assert await _paused(pg_dsn, ledger) == {"nightly"}
+
+
+async def test_a_missing_ledger_is_named_with_the_fix(pg_dsn: str) -> None:
+    async with client(cronlock.web.app(pg_dsn, table="no_such_ledger")) as c:
+        page = await c.get("/")
+        api = await c.get("/api/jobs")
+    assert page.status_code == api.status_code == 503
+    assert "python -m cronlock migrate" in page.text
+    assert "no current run ledger" in api.json()["error"]
