@@ -20,6 +20,9 @@ PAGES = {
     "cronlock": "reference/cronlock.html",
     "cronlock.postgres": "reference/postgres.html",
     "cronlock.testing": "reference/testing.html",
+    "cronlock.prometheus": "reference/prometheus.html",
+    "cronlock.otel": "reference/otel.html",
+    "cronlock.web": "reference/web.html",
 }
 
 

@@ -45,6 +45,7 @@ if TYPE_CHECKING:
 __all__ = ("SPAN_NAME", "Tracing", "instrument")
 
 SPAN_NAME = "cronlock.run"
+"""The name of the span each run gets (one span per run, ended with the run)."""
 _ENDINGS: dict[type[Event], str] = {
     JobSucceeded: "succeeded",
     JobFailed: "failed",
