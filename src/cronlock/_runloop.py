@@ -53,12 +53,13 @@ class RunLoop:
         self._queued: dict[
             Job, tuple[datetime, asyncio.Future[JobEvent] | None]
         ] = {}  # overlap="queue": one pending slot per job
-        self._tasks: dict[Job, set[asyncio.Task[None]]] = {}
+        self._tasks: dict[Job, set[asyncio.Task[Any]]] = {}
         self._running = 0
         self._wakeup: asyncio.Future[None] | None = None
         self._stopping = False
         self._main: asyncio.Task[None] | None = None
         self._helpers: set[asyncio.Task[None]] = set()
+        self._loop = asyncio.get_running_loop()  # made by Scheduler.start, in its loop
 
     # -- the heap --------------------------------------------------------------------
 
@@ -95,7 +96,7 @@ class RunLoop:
 
     def start(self, catch_up: Iterable[Job] = ()) -> None:
         """Spawn the loop task, and one task catching up on the jobs in *catch_up*."""
-        self._main = asyncio.create_task(self._loop(), name=task_name("scheduler"))
+        self._main = self._loop.create_task(self._run_loop(), name=task_name("scheduler"))
         jobs = [job for job in catch_up if job._wiring.ledger is not None]
         if jobs:
             self._spawn(self._catch_up_all(jobs), name=task_name("catch-up"))
@@ -134,11 +135,11 @@ class RunLoop:
                 # Their cleanup (lease release) is bounded; wait for it even if cancelled.
                 await cancel_and_wait(*pending)
 
-    def tasks(self) -> set[asyncio.Task[None]]:
+    def tasks(self) -> set[asyncio.Task[Any]]:
         """Every run task in flight."""
         return set().union(*self._tasks.values()) if self._tasks else set()
 
-    async def _loop(self) -> None:
+    async def _run_loop(self) -> None:
         loop = asyncio.get_running_loop()
         while not self._stopping:
             now = self._clock.now()
@@ -318,7 +319,7 @@ class RunLoop:
         self, job: Job, slot: datetime, waiter: asyncio.Future[JobEvent] | None = None
     ) -> None:
         """Apply the overlap policy and the concurrency cap, then start the run."""
-        replaced: tuple[asyncio.Task[None], ...] = ()
+        replaced: tuple[asyncio.Task[Any], ...] = ()
         if job._state.active:
             policy = job.overlap
             if policy == "skip" or (policy == "queue" and job in self._queued):
@@ -355,10 +356,15 @@ class RunLoop:
         job: Job,
         slot: datetime,
         waiter: asyncio.Future[JobEvent] | None,
-        replaced: tuple[asyncio.Task[None], ...] = (),
+        replaced: tuple[asyncio.Task[Any], ...] = (),
     ) -> None:
         self._running += 1
-        task = asyncio.create_task(self._run(job, slot, waiter, replaced), name=job._task_name)
+        coro = None
+        if waiter is None and not replaced:
+            coro = self._executor.direct(job, slot, self._finished)
+        if coro is None:
+            coro = self._run(job, slot, waiter, replaced)
+        task = self._loop.create_task(coro, name=job._task_name)
         self._tasks.setdefault(job, set()).add(task)
 
     async def _run(
@@ -366,7 +372,7 @@ class RunLoop:
         job: Job,
         slot: datetime,
         waiter: asyncio.Future[JobEvent] | None,
-        replaced: tuple[asyncio.Task[None], ...],
+        replaced: tuple[asyncio.Task[Any], ...],
     ) -> None:
         try:
             if replaced:
@@ -384,10 +390,9 @@ class RunLoop:
             if waiter is not None and not waiter.done():
                 waiter.cancel()
         finally:
-            self._finished(job)
+            self._finished(job, asyncio.current_task())
 
-    def _finished(self, job: Job) -> None:
-        task = asyncio.current_task()
+    def _finished(self, job: Job, task: asyncio.Task[Any] | None) -> None:
         tasks = self._tasks.get(job)
         if tasks is not None and task is not None:
             tasks.discard(task)
