@@ -1,0 +1,50 @@
+"""What importing cronlock loads: only what the path in use needs (issue 10).
+
+Asserted on the modules loaded, never on time: a fresh interpreter per case.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+import cronlock
+import cronlock.postgres
+
+
+def _loaded_after(code: str) -> set[str]:
+    done = subprocess.run(
+        [sys.executable, "-c", f"import sys\n{code}\nprint(' '.join(sys.modules))"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    )
+    return set(done.stdout.split())
+
+
+@pytest.mark.parametrize(
+    ("code", "absent"),
+    [
+        ("import cronlock", {"asyncpg", "croniter", "anyio", "cronlock._scheduler"}),
+        (
+            "from cronlock import Scheduler, every",
+            {"asyncpg", "croniter", "dateutil", "anyio", "calendar", "cronlock._cron"},
+        ),
+        ("from cronlock import cron; cron('0 3 * * *')", {"asyncpg", "anyio"}),
+        ("import cronlock.postgres", {"asyncpg", "croniter", "cronlock.postgres._locker"}),
+    ],
+)
+def test_imports_load_only_what_is_used(code: str, absent: set[str]) -> None:
+    assert not (_loaded_after(code) & absent)
+
+
+def test_every_public_name_resolves() -> None:
+    for package in (cronlock, cronlock.postgres):
+        for name in package.__all__:
+            assert getattr(package, name) is not None, name
+        assert set(package.__all__) <= set(dir(package))
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        cronlock.nope  # noqa: B018
