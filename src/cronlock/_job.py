@@ -13,6 +13,7 @@ import typing
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from types import MappingProxyType
 from typing import Any, Protocol
 
 from ._cancel import task_name
@@ -42,7 +43,16 @@ class Controller(Protocol):
     async def run_job_now(self, job: Job) -> JobEvent: ...
 
 
-__all__ = ("Controller", "Job", "default_name", "jitter_offset", "normalise_tags")
+__all__ = ("NO_KWARGS", "Controller", "Job", "default_name", "jitter_offset", "normalise_tags")
+
+# Shared by every job registered without kwargs (read-only, so one serves them all).
+NO_KWARGS: MappingProxyType[str, Any] = MappingProxyType({})
+# Jobs not yet wired share this one (Wiring is frozen); add_job sets the real one.
+_UNWIRED = Wiring()
+# A service registers the same function and schedule many times over: what is derived
+# from them is kept for the last one seen (one entry each, so nothing piles up).
+_last_func: list[Any] = [None, True, None]  # func, is async, RunContext parameter
+_last_schedule: list[Any] = [None, ""]  # schedule, its text
 
 
 def jitter_offset(name: str, slot: datetime, jitter: float) -> timedelta:
@@ -86,7 +96,7 @@ class Job:
     func: Callable[..., object]
     schedule: Schedule
     args: tuple[Any, ...] = ()
-    kwargs: Mapping[str, Any] = field(default_factory=dict)
+    kwargs: Mapping[str, Any] = field(default_factory=NO_KWARGS.copy)
     tags: frozenset[str] = frozenset()
     timeout: float | None = None
     overlap: Overlap = "skip"
@@ -107,7 +117,7 @@ class Job:
     _grid_step: timedelta | None = field(default=None, init=False, repr=False)
     _task_name: str = field(default="", init=False, repr=False)
     _schedule_text: str = field(default="", init=False, repr=False)
-    _wiring: Wiring = field(default_factory=Wiring, init=False, repr=False)
+    _wiring: Wiring = field(default=_UNWIRED, init=False, repr=False)
     _state: RunState = field(default_factory=RunState, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -152,13 +162,20 @@ class Job:
             self.tags = frozenset((self.tags,))
         else:
             self.tags = frozenset(self.tags)
-        target = self.func
-        while isinstance(target, functools.partial):
-            target = target.func
-        self._is_async = inspect.iscoroutinefunction(target) or inspect.iscoroutinefunction(
-            getattr(target, "__call__", None)  # noqa: B004 - async callable objects
-        )
-        self._context_param = _context_parameter(self.func)
+        func = self.func
+        if func is not _last_func[0]:
+            target = func
+            while isinstance(target, functools.partial):
+                target = target.func
+            _last_func[:] = (
+                func,
+                inspect.iscoroutinefunction(target)
+                or inspect.iscoroutinefunction(
+                    getattr(target, "__call__", None)  # noqa: B004 - async callable objects
+                ),
+                _context_parameter(func),
+            )
+        self._is_async, self._context_param = _last_func[1], _last_func[2]
         self._task_name = task_name("run", name)
         self.set_schedule(self.schedule)
 
@@ -199,7 +216,9 @@ class Job:
     def set_schedule(self, schedule: Schedule) -> None:
         """Replace the schedule (history stays) and refresh what is derived from it."""
         self.schedule = schedule
-        self._schedule_text = str(schedule)
+        if schedule is not _last_schedule[0]:
+            _last_schedule[:] = (schedule, str(schedule))
+        self._schedule_text = _last_schedule[1]
         self._grid_step = schedule.interval if type(schedule) is IntervalSchedule else None
 
     def following(self, slot: datetime) -> datetime | None:

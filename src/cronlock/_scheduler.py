@@ -29,7 +29,7 @@ from ._events import (
     Subscription,
 )
 from ._executor import Executor
-from ._job import Job, default_name, normalise_tags
+from ._job import NO_KWARGS, Job, default_name, normalise_tags
 from ._keys import job_lock_key
 from ._locking import Elector, FencedElector, Locker, Wiring, wire
 from ._once import OnceSchedule
@@ -174,8 +174,8 @@ class Scheduler:
         Everything is validated here, so a typo fails at startup, not at the first firing.
         """
         name: str = options.get("name") or default_name(func)
-        unknown = set(options) - _OPTION_NAMES
-        if unknown:
+        if not _OPTION_NAMES.issuperset(options):
+            unknown = set(options) - _OPTION_NAMES
             raise ScheduleError(
                 f"job {name!r}: unknown option(s) {', '.join(sorted(unknown))}; "
                 f"known: {', '.join(sorted(_OPTION_NAMES))}"
@@ -188,25 +188,23 @@ class Scheduler:
             raise JobConflictError(
                 f"jobs {other!r} and {name!r} have the same lock key {key}; rename one"
             )
-
-        def seconds(field: str, default: Seconds | None = None) -> float | None:
-            value = typing.cast("Seconds | None", options.get(field, default))
-            return optional_seconds(value, field=field, job=name, allow_zero=field != "timeout")
-
-        job = Job(
+        kwargs = options.get("kwargs")
+        job = Job(  # Job validates every option (durations, overlap, bounds) once
             name,
             func,
             bind_zone(schedule, self._tz),
             tuple(options.get("args", ())),
-            dict(options.get("kwargs") or {}),
+            dict(kwargs) if kwargs else NO_KWARGS,
             normalise_tags(options.get("tags")),
-            timeout=seconds("timeout"),
+            timeout=typing.cast(float | None, options.get("timeout")),
             overlap=options.get("overlap", "skip"),
-            jitter=seconds("jitter"),
+            jitter=typing.cast(float | None, options.get("jitter")),
             max_runs=options.get("max_runs"),
             start_at=options.get("start_at"),
             stop_at=options.get("stop_at"),
-            misfire_grace=seconds("misfire_grace", DEFAULT_MISFIRE_GRACE),
+            misfire_grace=typing.cast(
+                float | None, options.get("misfire_grace", DEFAULT_MISFIRE_GRACE)
+            ),
             distributed=options.get("distributed", True),
             locker=options.get("locker"),
             recover=options.get("recover", False),
