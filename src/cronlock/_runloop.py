@@ -63,8 +63,12 @@ class RunLoop:
 
     # -- the heap --------------------------------------------------------------------
 
-    def schedule(self, job: Job, after: datetime) -> None:
-        """Queue the job's first slot strictly after *after* (or mark it exhausted)."""
+    def schedule(self, job: Job, after: datetime, *, batch: bool = False) -> None:
+        """Queue the job's first slot strictly after *after* (or mark it exhausted).
+
+        With *batch* the entry is only appended: :meth:`heapify` must follow (at start,
+        one heapify of N entries instead of N pushes).
+        """
         generation = job._state.invalidate()
         try:
             slot = job.slot_after(after)
@@ -75,9 +79,17 @@ class RunLoop:
         if slot is None:
             return
         seq = next(self._seq)
+        if batch:
+            self._heap.append((job.fire_time(slot), seq, job, generation, slot))
+            return
         heapq.heappush(self._heap, (job.fire_time(slot), seq, job, generation, slot))
         if self._heap[0][1] == seq:
             self._poke()  # the new entry is the earliest: the loop sleeps too long
+
+    def heapify(self) -> None:
+        """Restore the heap after batched :meth:`schedule` calls."""
+        heapq.heapify(self._heap)
+        self._poke()
 
     def unschedule(self, job: Job) -> None:
         """Forget the job's pending slot (entries are dropped lazily when popped)."""

@@ -399,23 +399,25 @@ class Scheduler:
             max_concurrent=self._max_concurrent,
         )
         active = [job for job in self._jobs.values() if not job.paused]
+        now = self._clock.now()
         for job in active:
-            self._schedule_first(job)
+            self._schedule_first(job, now)
+        self._loop.heapify()
         self._loop.start(catch_up=active)
         if isinstance(self._elector, FencedElector):
             self._elector.on_demoted(executor.demote)
         _logger.info("scheduler started with %d job(s)", len(self._jobs))
         self._bus.emit(SchedulerStarted())
 
-    def _schedule_first(self, job: Job) -> None:
+    def _schedule_first(self, job: Job, at_start: datetime | None = None) -> None:
+        """Plan *job*'s first slot; at start (*at_start*: its instant) in a batch."""
         assert self._loop is not None
-        now = self._clock.now()
+        now = self._clock.now() if at_start is None else at_start
         if isinstance(job.schedule, OnceSchedule) and job.schedule.at_start:
             # once() without a time: the slot is the start instant itself.
             job.set_schedule(OnceSchedule(instants=(now,)))
-            self._loop.schedule(job, now - _ONE_MICROSECOND)
-        else:
-            self._loop.schedule(job, now)
+            now -= _ONE_MICROSECOND
+        self._loop.schedule(job, now, batch=at_start is not None)
 
     async def shutdown(self, timeout: Seconds | None = None) -> None:
         """Stop firing; wait up to *timeout* (default ``stop_timeout``) for runs in flight,
