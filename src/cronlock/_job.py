@@ -55,6 +55,7 @@ _UNWIRED = Wiring()
 # from them is kept for the last one seen (one entry each, so nothing piles up).
 _last_func: list[Any] = [None, True, None]  # func, is async, RunContext parameter
 _last_schedule: list[Any] = [None, ""]  # schedule, its text
+_last_durations: list[Any] = [None, None, None, None]  # given, timeout, jitter, grace
 
 
 def jitter_offset(name: str, slot: datetime, jitter: float) -> timedelta:
@@ -138,11 +139,16 @@ class Job:
             raise ScheduleError(
                 f"job {name!r}: overlap must be one of {', '.join(OVERLAPS)}, got {self.overlap!r}"
             )
-        self.timeout = optional_seconds(self.timeout, field="timeout", job=name)
-        self.jitter = optional_seconds(self.jitter, field="jitter", job=name, allow_zero=True)
-        self.misfire_grace = optional_seconds(
-            self.misfire_grace, field="misfire_grace", job=name, allow_zero=True
-        )
+        timeout, jitter, grace = self.timeout, self.jitter, self.misfire_grace
+        given = (type(timeout), timeout, type(jitter), jitter, type(grace), grace)
+        if given != _last_durations[0]:  # else: the same as the last job's, checked then
+            _last_durations[:] = (
+                given,
+                optional_seconds(timeout, field="timeout", job=name),
+                optional_seconds(jitter, field="jitter", job=name, allow_zero=True),
+                optional_seconds(grace, field="misfire_grace", job=name, allow_zero=True),
+            )
+        self.timeout, self.jitter, self.misfire_grace = _last_durations[1:]
         if not isinstance(self.recover, bool):
             raise ScheduleError(
                 f"job {name!r}: recover must be True or False, got {self.recover!r}"

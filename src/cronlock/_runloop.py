@@ -49,6 +49,7 @@ class RunLoop:
         self._cap = max_concurrent
         self._heap: list[_Entry] = []
         self._seq = itertools.count()
+        self._interned: dict[datetime, datetime] = {}  # first slots, while batching
         self._waiting: list[_Waiting] = []  # runs held back by the concurrency cap
         self._queued: dict[
             Job, tuple[datetime, asyncio.Future[JobEvent] | None]
@@ -75,6 +76,8 @@ class RunLoop:
         except Exception:
             _logger.exception("job %r: its schedule failed; the job will not fire", job.name)
             slot = None
+        if batch and slot is not None:  # jobs alike share one datetime (48 B each otherwise)
+            slot = self._interned.setdefault(slot, slot)
         self._plan(job, slot)
         if slot is None:
             return
@@ -88,6 +91,7 @@ class RunLoop:
 
     def heapify(self) -> None:
         """Restore the heap after batched :meth:`schedule` calls."""
+        self._interned.clear()
         heapq.heapify(self._heap)
         self._poke()
 
