@@ -54,7 +54,7 @@ class RunLoop:
         self._queued: dict[
             Job, tuple[datetime, asyncio.Future[JobEvent] | None]
         ] = {}  # overlap="queue": one pending slot per job
-        self._tasks: dict[Job, set[asyncio.Task[Any]]] = {}
+        self._tasks: dict[asyncio.Task[Any], Job] = {}  # every run in flight, and its job
         self._running = 0
         self._wakeup: asyncio.Future[None] | None = None
         self._stopping = False
@@ -153,7 +153,7 @@ class RunLoop:
 
     def tasks(self) -> set[asyncio.Task[Any]]:
         """Every run task in flight."""
-        return set().union(*self._tasks.values()) if self._tasks else set()
+        return set(self._tasks)
 
     async def _run_loop(self) -> None:
         loop = asyncio.get_running_loop()
@@ -349,7 +349,7 @@ class RunLoop:
                 self._queued[job] = (slot, waiter)
                 return
             if policy == "replace":
-                replaced = tuple(self._tasks.get(job, ()))
+                replaced = tuple(t for t, j in self._tasks.items() if j is job)
                 for task in replaced:
                     task.cancel()
                 self._drop_waiting(job)
@@ -381,7 +381,7 @@ class RunLoop:
         if coro is None:
             coro = self._run(job, slot, waiter, replaced)
         task = self._loop.create_task(coro, name=job._task_name)
-        self._tasks.setdefault(job, set()).add(task)
+        self._tasks[task] = job
 
     async def _run(
         self,
@@ -409,11 +409,8 @@ class RunLoop:
             self._finished(job, asyncio.current_task())
 
     def _finished(self, job: Job, task: asyncio.Task[Any] | None) -> None:
-        tasks = self._tasks.get(job)
-        if tasks is not None and task is not None:
-            tasks.discard(task)
-            if not tasks:
-                del self._tasks[job]
+        if task is not None:
+            self._tasks.pop(task, None)
         job._state.leave()
         self._running -= 1
         if self._stopping:
