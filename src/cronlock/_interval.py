@@ -117,8 +117,8 @@ def every(
     or infinite part or total, and for a naive anchor.
     """
     key = (type(interval), interval, seconds, minutes, hours, days, anchor)
-    if key == _last_every[0]:  # the same arguments again (a service's many alike jobs)
-        schedule: IntervalSchedule = _last_every[1]
+    schedule = _recent.get(key)  # the same arguments again (a service's many alike jobs)
+    if schedule is not None:
         return schedule
     step = timedelta(0)
     if (
@@ -132,12 +132,14 @@ def every(
         schedule = IntervalSchedule(step, _EPOCH if anchor is None else anchor)
     else:
         schedule = _every(interval, seconds, minutes, hours, days, anchor)
-    _last_every[:] = (key, schedule)
+    if len(_recent) >= 256:
+        _recent.clear()
+    _recent[key] = schedule
     return schedule
 
 
-# The last every() call's arguments and its schedule (schedules are immutable: shared).
-_last_every: list[Any] = [None, None]
+# Recent every() arguments and their schedule (schedules are immutable: shared), bounded.
+_recent: dict[tuple[Any, ...], IntervalSchedule] = {}
 
 
 def _every(

@@ -6,6 +6,7 @@ that changes it.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import inspect
@@ -54,7 +55,7 @@ _UNWIRED = Wiring()
 # A service registers the same function and schedule many times over: what is derived
 # from them is kept for the last one seen (one entry each, so nothing piles up).
 _last_func: list[Any] = [None, True, None]  # func, is async, RunContext parameter
-_last_schedule: list[Any] = [None, ""]  # schedule, its text
+_texts: dict[Any, str] = {}  # recent schedules' text, bounded
 _last_durations: list[Any] = [None, None, None, None]  # given, timeout, jitter, grace
 
 
@@ -224,9 +225,17 @@ class Job:
     def set_schedule(self, schedule: Schedule) -> None:
         """Replace the schedule (history stays) and refresh what is derived from it."""
         self.schedule = schedule
-        if schedule is not _last_schedule[0]:
-            _last_schedule[:] = (schedule, str(schedule))
-        self._schedule_text = _last_schedule[1]
+        try:
+            text = _texts.get(schedule)
+        except TypeError:  # an unhashable schedule of the user's
+            text = None
+        if text is None:
+            text = str(schedule)
+            if len(_texts) >= 256:
+                _texts.clear()
+            with contextlib.suppress(TypeError):
+                _texts[schedule] = text
+        self._schedule_text = text
         self._grid_step = schedule.interval if type(schedule) is IntervalSchedule else None
 
     def following(self, slot: datetime) -> datetime | None:
