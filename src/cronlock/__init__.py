@@ -46,11 +46,13 @@ if _TYPE_CHECKING:
     from ._interval import every as every
     from ._job import Job as Job
     from ._keys import job_lock_key as job_lock_key
+    from ._locking import BatchLedgerLocker as BatchLedgerLocker
     from ._locking import CrashWatchingLocker as CrashWatchingLocker
     from ._locking import Elector as Elector
     from ._locking import FencedElector as FencedElector
     from ._locking import Lease as Lease
     from ._locking import LedgerLocker as LedgerLocker
+    from ._locking import LedgerSummary as LedgerSummary
     from ._locking import Locker as Locker
     from ._locking import LosableLease as LosableLease
     from ._locking import RecordingLease as RecordingLease
@@ -106,11 +108,13 @@ _WHERE = {
     "every": "._interval",
     "Job": "._job",
     "job_lock_key": "._keys",
+    "BatchLedgerLocker": "._locking",
     "CrashWatchingLocker": "._locking",
     "Elector": "._locking",
     "FencedElector": "._locking",
     "Lease": "._locking",
     "LedgerLocker": "._locking",
+    "LedgerSummary": "._locking",
     "Locker": "._locking",
     "LosableLease": "._locking",
     "RecordingLease": "._locking",
@@ -132,6 +136,7 @@ _WHERE = {
 __version__ = "0.1.0.dev0"
 
 __all__ = (
+    "BatchLedgerLocker",
     "Clock",
     "ConfigError",
     "CrashWatchingLocker",
@@ -158,6 +163,7 @@ __all__ = (
     "Lease",
     "LedgerLocker",
     "LedgerNameError",
+    "LedgerSummary",
     "LockError",
     "LockFailed",
     "LockLost",
