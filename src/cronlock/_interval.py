@@ -117,7 +117,10 @@ def every(
     or infinite part or total, and for a naive anchor.
     """
     key = (type(interval), interval, seconds, minutes, hours, days, anchor)
-    schedule = _recent.get(key)  # the same arguments again (a service's many alike jobs)
+    try:
+        schedule = _recent.get(key)  # the same arguments again (a service's many alike jobs)
+    except TypeError:  # an unhashable argument: the checks below name it
+        return _every(interval, seconds, minutes, hours, days, anchor)
     if schedule is not None:
         return schedule
     step = timedelta(0)
