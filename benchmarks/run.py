@@ -370,7 +370,14 @@ def percentile(ordered: list[float], pct: float) -> float:
 
 
 IMPORTS = {
-    "cronlock": ["cronlock", "cronlock.postgres"],
+    # Names load on first use (PEP 562), so the bare imports are cheap; the "from" rows
+    # are what a service with interval jobs, and one with a PostgreSQL locker, imports.
+    "cronlock": [
+        "cronlock",
+        "cronlock.postgres",
+        "cronlock; from cronlock import Scheduler, every",
+        "cronlock.postgres; from cronlock.postgres import PostgresLocker",
+    ],
     "aps3": ["apscheduler", "apscheduler.schedulers.asyncio"],
     "aps4": ["apscheduler", "apscheduler._schedulers.async_"],
     "aiocron": ["aiocron"],

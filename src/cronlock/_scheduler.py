@@ -29,7 +29,7 @@ from ._events import (
 )
 from ._executor import Executor
 from ._fleet import Fleet, FleetViews
-from ._job import Job, default_name, normalise_tags
+from ._job import NO_KWARGS, Job, default_name, normalise_tags
 from ._keys import job_lock_key
 from ._locking import Elector, FencedElector, Locker, Wiring, wire
 from ._logs import get_logger
@@ -155,8 +155,8 @@ class Scheduler(FleetViews):
         Everything is validated here, so a typo fails at startup, not at the first firing.
         """
         name: str = options.get("name") or default_name(func)
-        unknown = set(options) - OPTION_NAMES
-        if unknown:
+        if not OPTION_NAMES.issuperset(options):
+            unknown = set(options) - OPTION_NAMES
             raise ScheduleError(
                 f"job {name!r}: unknown option(s) {', '.join(sorted(unknown))}; "
                 f"known: {', '.join(sorted(OPTION_NAMES))}"
@@ -169,29 +169,27 @@ class Scheduler(FleetViews):
             raise JobConflictError(
                 f"jobs {other!r} and {name!r} have the same lock key {key}; rename one"
             )
-
-        def seconds(field: str, default: Seconds | None = None) -> float | None:
-            value = typing.cast("Seconds | None", options.get(field, default))
-            return optional_seconds(value, field=field, job=name, allow_zero=field != "timeout")
-
-        job = Job(
+        kwargs = options.get("kwargs")
+        job = Job(  # Job validates every option (durations, overlap, bounds) once
             name,
             func,
             bind_zone(schedule, self._tz),
             tuple(options.get("args", ())),
-            dict(options.get("kwargs") or {}),
+            dict(kwargs) if kwargs else NO_KWARGS,
             normalise_tags(options.get("tags")),
-            timeout=seconds("timeout"),
+            timeout=typing.cast(float | None, options.get("timeout")),
             overlap=options.get("overlap", "skip"),
-            jitter=seconds("jitter"),
+            jitter=typing.cast(float | None, options.get("jitter")),
             max_runs=options.get("max_runs"),
             start_at=options.get("start_at"),
             stop_at=options.get("stop_at"),
-            misfire_grace=seconds("misfire_grace", DEFAULT_MISFIRE_GRACE),
+            misfire_grace=typing.cast(
+                float | None, options.get("misfire_grace", DEFAULT_MISFIRE_GRACE)
+            ),
             distributed=options.get("distributed", True),
             locker=options.get("locker"),
             recover=options.get("recover", False),
-            alert_after=seconds("alert_after"),
+            alert_after=typing.cast(float | None, options.get("alert_after")),
         )
         job._scheduler = self
         self._resources.add(job.locker)
@@ -385,23 +383,25 @@ class Scheduler(FleetViews):
         )
         self._fleet.started(self._clock.now())
         active = [job for job in self._jobs.values() if not job.paused]
+        now = self._clock.now()
         for job in active:
-            self._schedule_first(job)
+            self._schedule_first(job, now)
+        self._loop.heapify()
         self._loop.start(catch_up=active)
         if isinstance(self._elector, FencedElector):
             self._elector.on_demoted(executor.demote)
         _logger.info("scheduler started with %d job(s)", len(self._jobs))
         self._bus.emit(SchedulerStarted())
 
-    def _schedule_first(self, job: Job) -> None:
+    def _schedule_first(self, job: Job, at_start: datetime | None = None) -> None:
+        """Plan *job*'s first slot; at start (*at_start*: its instant) in a batch."""
         assert self._loop is not None
-        now = self._clock.now()
+        now = self._clock.now() if at_start is None else at_start
         if isinstance(job.schedule, OnceSchedule) and job.schedule.at_start:
             # once() without a time: the slot is the start instant itself.
             job.set_schedule(OnceSchedule(instants=(now,)))
-            self._loop.schedule(job, now - _ONE_MICROSECOND)
-        else:
-            self._loop.schedule(job, now)
+            now -= _ONE_MICROSECOND
+        self._loop.schedule(job, now, batch=at_start is not None)
 
     async def shutdown(self, timeout: Seconds | None = None) -> None:
         """Stop firing; wait up to *timeout* (default ``stop_timeout``) for runs in flight,
