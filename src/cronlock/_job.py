@@ -44,12 +44,20 @@ class Controller(Protocol):
     async def run_job_now(self, job: Job) -> JobEvent: ...
 
 
-__all__ = ("NO_KWARGS", "Controller", "Job", "default_name", "jitter_offset", "normalise_tags")
+__all__ = (
+    "NO_KWARGS",
+    "NO_TAGS",
+    "Controller",
+    "Job",
+    "default_name",
+    "jitter_offset",
+    "normalise_tags",
+)
 
 # Shared by every job registered without kwargs (read-only, so one serves them all).
 NO_KWARGS: MappingProxyType[str, Any] = MappingProxyType({})
 # One empty tag set for every job without tags (an empty frozenset is not shared: 216 B).
-_NO_TAGS: frozenset[str] = frozenset()
+NO_TAGS: frozenset[str] = frozenset()
 # Jobs not yet wired share this one (Wiring is frozen); add_job sets the real one.
 _UNWIRED = Wiring()
 # A service registers the same function and schedule many times over: what is derived
@@ -101,7 +109,7 @@ class Job:
     schedule: Schedule
     args: tuple[Any, ...] = ()
     kwargs: Mapping[str, Any] = field(default_factory=NO_KWARGS.copy)
-    tags: frozenset[str] = _NO_TAGS
+    tags: frozenset[str] = NO_TAGS
     timeout: float | None = None
     overlap: Overlap = "skip"
     jitter: float | None = None
@@ -185,10 +193,9 @@ class Job:
                 f"job {name!r}: stop_at {self.stop_at.isoformat()} is before "
                 f"start_at {self.start_at.isoformat()}"
             )
-        if isinstance(self.tags, str):
-            self.tags = frozenset((self.tags,))
-        else:
-            self.tags = frozenset(self.tags)
+        tags = self.tags
+        if type(tags) is not frozenset:  # add_job passes one already
+            self.tags = frozenset((tags,)) if isinstance(tags, str) else frozenset(tags)
         func = self.func
         if func is not _last_func[0]:
             target = func
@@ -353,7 +360,7 @@ def default_name(func: Callable[..., object]) -> str:
 def normalise_tags(tags: str | Iterable[str] | None) -> frozenset[str]:
     """Accept one tag or an iterable of them."""
     if tags is None:
-        return _NO_TAGS
+        return NO_TAGS
     if isinstance(tags, str):
         return frozenset((tags,))
     return frozenset(tags)

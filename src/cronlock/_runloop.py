@@ -85,8 +85,9 @@ class RunLoop:
         if slot is None:
             return
         seq = next(self._seq)
-        if batch:
-            self._heap.append((job.fire_time(slot), seq, job, generation, slot))
+        if batch:  # at start, for every job: fire_time() only with a jitter to add
+            fire = job.fire_time(slot) if job.jitter else slot
+            self._heap.append((fire, seq, job, generation, slot))
             return
         heapq.heappush(self._heap, (job.fire_time(slot), seq, job, generation, slot))
         if self._heap[0][1] == seq:

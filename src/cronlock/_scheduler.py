@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import typing
 from collections.abc import Callable, Sequence
 from datetime import datetime, time, timedelta, tzinfo
 from types import TracebackType
@@ -29,7 +28,7 @@ from ._events import (
 )
 from ._executor import Executor
 from ._fleet import Fleet, FleetViews
-from ._job import NO_KWARGS, Job, default_name, normalise_tags
+from ._job import NO_KWARGS, NO_TAGS, Job, default_name, normalise_tags
 from ._keys import job_lock_key
 from ._locking import Elector, FencedElector, Locker, Wiring, wire
 from ._logs import get_logger
@@ -169,42 +168,43 @@ class Scheduler(FleetViews):
             raise JobConflictError(
                 f"jobs {other!r} and {name!r} have the same lock key {key}; rename one"
             )
-        kwargs = options.get("kwargs")
+        get: Callable[..., Any] = options.get  # Any: no typing.cast call per field
+        kwargs = get("kwargs")
+        tags = get("tags")
         job = Job(  # Job validates every option (durations, overlap, bounds) once
             name,
             func,
             bind_zone(schedule, self._tz),
-            tuple(options.get("args", ())),
+            tuple(get("args", ())),
             dict(kwargs) if kwargs else NO_KWARGS,
-            normalise_tags(options.get("tags")),
-            timeout=typing.cast(float | None, options.get("timeout")),
-            overlap=options.get("overlap", "skip"),
-            jitter=typing.cast(float | None, options.get("jitter")),
-            max_runs=options.get("max_runs"),
-            start_at=options.get("start_at"),
-            stop_at=options.get("stop_at"),
-            misfire_grace=typing.cast(
-                float | None, options.get("misfire_grace", DEFAULT_MISFIRE_GRACE)
-            ),
-            distributed=options.get("distributed", True),
-            locker=options.get("locker"),
-            recover=options.get("recover", False),
-            alert_after=typing.cast(float | None, options.get("alert_after")),
+            normalise_tags(tags) if tags is not None else NO_TAGS,
+            timeout=get("timeout"),
+            overlap=get("overlap", "skip"),
+            jitter=get("jitter"),
+            max_runs=get("max_runs"),
+            start_at=get("start_at"),
+            stop_at=get("stop_at"),
+            misfire_grace=get("misfire_grace", DEFAULT_MISFIRE_GRACE),
+            distributed=get("distributed", True),
+            locker=get("locker"),
+            recover=get("recover", False),
+            alert_after=get("alert_after"),
         )
         job._scheduler = self
-        self._resources.add(job.locker)
         alike = (job.distributed, id(job.locker))  # jobs wired alike share one Wiring
         wiring = self._wirings.get(alike)
         if wiring is None:
+            self._resources.add(job.locker)
             wiring = self._wirings[alike] = wire(
                 distributed=job.distributed,
                 own=job.locker,
                 default=self._locker,
                 elector=self._elector,
             )
+            # Once per Wiring: both register once per locker, and jobs alike share it.
+            self._recovery.watch(wiring)
+            self._fleet.watch(wiring)
         job._wiring = wiring
-        self._recovery.watch(job._wiring)
-        self._fleet.watch(job._wiring)
         self._jobs[name] = job
         self._keys[key] = name
         if self._loop is not None:
