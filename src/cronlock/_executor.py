@@ -143,7 +143,7 @@ class Executor:
                 except Exception as exc:
                     self._failed(job, slot, started, exc, None)
                     return
-                self._succeeded(job, slot, started, result, False, None)
+                self._done(job, slot, started, result)
                 return
             # RunGuard's rules, inline: at the deadline the task is cancelled; on the way
             # out our cancel is taken back, and a cancellation that was only ours is a timeout.
@@ -166,14 +166,25 @@ class Executor:
                 else:
                     self._failed(job, slot, started, exc, None)
                 return
-            self._left(deadline)
-            self._succeeded(job, slot, started, result, False, None)
+            deadline.exited = True  # what _left does, inline: this is the hot path
+            self._deadlines.ended()
+            if deadline.reason is not None:  # expired as it returned: take our cancel back
+                task.uncancel()
+            self._done(job, slot, started, result)
         except Exception:  # a bug of ours: never let it kill the scheduler
             _logger.exception(
                 "job %r slot %s: internal error", job.name, slot, extra=at(job.name, slot)
             )
         finally:
             ended(job, task)
+
+    def _done(self, job: Job, slot: datetime, started: datetime, result: object) -> None:
+        """A direct run succeeded: :meth:`_succeeded` for a run nobody waits for."""
+        finished = self._clock.now()
+        job._state.succeeded((slot, started, finished, "succeeded"))
+        bus = self._bus
+        if bus.wants(JobSucceeded):
+            bus.emit(JobSucceeded(job.name, slot, started, finished, result))
 
     def _left(self, deadline: TaskDeadline) -> int:
         """A direct run under *deadline* ended: drop it, take back our cancel (if any);
