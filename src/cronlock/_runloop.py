@@ -62,6 +62,7 @@ class RunLoop:
         self._main: asyncio.Task[None] | None = None
         self._helpers: set[asyncio.Task[None]] = set()
         self._loop = asyncio.get_running_loop()  # made by Scheduler.start, in its loop
+        self._ended = self._finished  # bound once: the direct path hands it to every run
 
     # -- the heap --------------------------------------------------------------------
 
@@ -338,7 +339,7 @@ class RunLoop:
         self._running += 1
         coro = None
         if waiter is None and not replaced:
-            coro = self._executor.direct(job, slot, self._finished)
+            coro = self._executor.direct(job, slot, self._ended)
         if coro is None:
             coro = self._run(job, slot, waiter, replaced)
         task = self._loop.create_task(coro, name=job._task_name)

@@ -382,7 +382,7 @@ class Scheduler(FleetViews):
             max_concurrent=self._max_concurrent,
         )
         self._fleet.started(self._clock.now())
-        active = [job for job in self._jobs.values() if not job.paused]
+        active = [job for job in self._jobs.values() if not job._state.paused]
         now = self._clock.now()
         for job in active:
             self._schedule_first(job, now)
