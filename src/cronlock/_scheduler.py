@@ -34,7 +34,6 @@ from ._locking import Elector, FencedElector, Locker, Wiring, wire
 from ._logs import get_logger
 from ._once import OnceSchedule
 from ._options import OPTION_NAMES, JobOptions
-from ._records import DEFAULT_MISFIRE_GRACE
 from ._recovery import Recovery
 from ._resources import Resources
 from ._runloop import RunLoop
@@ -168,27 +167,22 @@ class Scheduler(FleetViews):
             raise JobConflictError(
                 f"jobs {other!r} and {name!r} have the same lock key {key}; rename one"
             )
-        get: Callable[..., Any] = options.get  # Any: no typing.cast call per field
-        kwargs = get("kwargs")
-        tags = get("tags")
+        # The other options are Job's keyword fields, with the same names and defaults:
+        # passed through as given, they cost nothing when left out (most are).
+        settings: dict[str, Any] = dict(options)
+        pop = settings.pop
+        pop("name", None)
+        args = pop("args", ())
+        kwargs = pop("kwargs", None)
+        tags = pop("tags", None)
         job = Job(  # Job validates every option (durations, overlap, bounds) once
             name,
             func,
             bind_zone(schedule, self._tz),
-            tuple(get("args", ())),
+            tuple(args),
             dict(kwargs) if kwargs else NO_KWARGS,
             normalise_tags(tags) if tags is not None else NO_TAGS,
-            timeout=get("timeout"),
-            overlap=get("overlap", "skip"),
-            jitter=get("jitter"),
-            max_runs=get("max_runs"),
-            start_at=get("start_at"),
-            stop_at=get("stop_at"),
-            misfire_grace=get("misfire_grace", DEFAULT_MISFIRE_GRACE),
-            distributed=get("distributed", True),
-            locker=get("locker"),
-            recover=get("recover", False),
-            alert_after=get("alert_after"),
+            **settings,
         )
         job._scheduler = self
         alike = (job.distributed, id(job.locker))  # jobs wired alike share one Wiring
