@@ -1,69 +1,141 @@
 """cronlock: an asyncio scheduler that runs each scheduled slot exactly once across replicas.
 
-The package only re-exports; the implementation lives in private modules.
+The package only re-exports; the implementation lives in private modules. Names are
+loaded on first use (PEP 562 ``__getattr__``), so ``import cronlock`` costs little and a
+service pays only for what it uses: croniter, for one, only with a cron schedule.
 """
 
-from ._calendar import daily as daily
-from ._calendar import monthly as monthly
-from ._calendar import weekly as weekly
-from ._clock import Clock as Clock
-from ._clock import SystemClock as SystemClock
-from ._cron import CronSchedule as CronSchedule
-from ._cron import cron as cron
-from ._errors import ConfigError as ConfigError
-from ._errors import CronlockError as CronlockError
-from ._errors import JobConflictError as JobConflictError
-from ._errors import JobLookupError as JobLookupError
-from ._errors import LedgerNameError as LedgerNameError
-from ._errors import LockError as LockError
-from ._errors import LockUnavailable as LockUnavailable
-from ._errors import ScheduleError as ScheduleError
-from ._errors import SchedulerStateError as SchedulerStateError
-from ._events import Event as Event
-from ._events import JobCancelled as JobCancelled
-from ._events import JobCrashed as JobCrashed
-from ._events import JobEvent as JobEvent
-from ._events import JobFailed as JobFailed
-from ._events import JobSkipped as JobSkipped
-from ._events import JobStarted as JobStarted
-from ._events import JobSucceeded as JobSucceeded
-from ._events import JobTimedOut as JobTimedOut
-from ._events import LockFailed as LockFailed
-from ._events import LockLost as LockLost
-from ._events import SchedulerStarted as SchedulerStarted
-from ._events import SchedulerStopped as SchedulerStopped
-from ._events import SkipReason as SkipReason
-from ._events import Subscription as Subscription
-from ._filelock import FileLocker as FileLocker
-from ._interval import IntervalSchedule as IntervalSchedule
-from ._interval import every as every
-from ._job import Job as Job
-from ._keys import job_lock_key as job_lock_key
-from ._locking import BatchLedgerLocker as BatchLedgerLocker
-from ._locking import CrashWatchingLocker as CrashWatchingLocker
-from ._locking import Elector as Elector
-from ._locking import FencedElector as FencedElector
-from ._locking import FleetView as FleetView
-from ._locking import FleetWatchingLocker as FleetWatchingLocker
-from ._locking import Lease as Lease
-from ._locking import LedgerLocker as LedgerLocker
-from ._locking import LedgerSummary as LedgerSummary
-from ._locking import Locker as Locker
-from ._locking import LosableLease as LosableLease
-from ._locking import RecordingLease as RecordingLease
-from ._locking import Refusal as Refusal
-from ._locking import Resource as Resource
-from ._locking import ScheduleNotingLocker as ScheduleNotingLocker
-from ._memlock import InMemoryLocker as InMemoryLocker
-from ._once import OnceSchedule as OnceSchedule
-from ._once import once as once
-from ._records import Outcome as Outcome
-from ._records import Overlap as Overlap
-from ._records import RunContext as RunContext
-from ._records import RunRecord as RunRecord
-from ._schedule import Schedule as Schedule
-from ._scheduler import JobOptions as JobOptions
-from ._scheduler import Scheduler as Scheduler
+import importlib as _importlib
+from typing import TYPE_CHECKING as _TYPE_CHECKING
+from typing import Any as _Any
+
+if _TYPE_CHECKING:
+    from ._calendar import daily as daily
+    from ._calendar import monthly as monthly
+    from ._calendar import weekly as weekly
+    from ._clock import Clock as Clock
+    from ._clock import SystemClock as SystemClock
+    from ._cron import CronSchedule as CronSchedule
+    from ._cron import cron as cron
+    from ._errors import ConfigError as ConfigError
+    from ._errors import CronlockError as CronlockError
+    from ._errors import JobConflictError as JobConflictError
+    from ._errors import JobLookupError as JobLookupError
+    from ._errors import LedgerNameError as LedgerNameError
+    from ._errors import LockError as LockError
+    from ._errors import LockUnavailable as LockUnavailable
+    from ._errors import ScheduleError as ScheduleError
+    from ._errors import SchedulerStateError as SchedulerStateError
+    from ._events import Event as Event
+    from ._events import JobCancelled as JobCancelled
+    from ._events import JobCrashed as JobCrashed
+    from ._events import JobEvent as JobEvent
+    from ._events import JobFailed as JobFailed
+    from ._events import JobSkipped as JobSkipped
+    from ._events import JobStarted as JobStarted
+    from ._events import JobSucceeded as JobSucceeded
+    from ._events import JobTimedOut as JobTimedOut
+    from ._events import LockFailed as LockFailed
+    from ._events import LockLost as LockLost
+    from ._events import SchedulerStarted as SchedulerStarted
+    from ._events import SchedulerStopped as SchedulerStopped
+    from ._events import SkipReason as SkipReason
+    from ._events import Subscription as Subscription
+    from ._filelock import FileLocker as FileLocker
+    from ._interval import IntervalSchedule as IntervalSchedule
+    from ._interval import every as every
+    from ._job import Job as Job
+    from ._keys import job_lock_key as job_lock_key
+    from ._locking import BatchLedgerLocker as BatchLedgerLocker
+    from ._locking import CrashWatchingLocker as CrashWatchingLocker
+    from ._locking import Elector as Elector
+    from ._locking import FencedElector as FencedElector
+    from ._locking import FleetView as FleetView
+    from ._locking import FleetWatchingLocker as FleetWatchingLocker
+    from ._locking import Lease as Lease
+    from ._locking import LedgerLocker as LedgerLocker
+    from ._locking import LedgerSummary as LedgerSummary
+    from ._locking import Locker as Locker
+    from ._locking import LosableLease as LosableLease
+    from ._locking import RecordingLease as RecordingLease
+    from ._locking import Refusal as Refusal
+    from ._locking import Resource as Resource
+    from ._locking import ScheduleNotingLocker as ScheduleNotingLocker
+    from ._memlock import InMemoryLocker as InMemoryLocker
+    from ._once import OnceSchedule as OnceSchedule
+    from ._once import once as once
+    from ._records import Outcome as Outcome
+    from ._records import Overlap as Overlap
+    from ._records import RunContext as RunContext
+    from ._records import RunRecord as RunRecord
+    from ._schedule import Schedule as Schedule
+    from ._scheduler import JobOptions as JobOptions
+    from ._scheduler import Scheduler as Scheduler
+
+# Where each public name lives (its module is imported on first access).
+_WHERE = {
+    "daily": "._calendar",
+    "monthly": "._calendar",
+    "weekly": "._calendar",
+    "Clock": "._clock",
+    "SystemClock": "._clock",
+    "CronSchedule": "._cron",
+    "cron": "._cron",
+    "ConfigError": "._errors",
+    "CronlockError": "._errors",
+    "JobConflictError": "._errors",
+    "JobLookupError": "._errors",
+    "LedgerNameError": "._errors",
+    "LockError": "._errors",
+    "LockUnavailable": "._errors",
+    "ScheduleError": "._errors",
+    "SchedulerStateError": "._errors",
+    "Event": "._events",
+    "JobCancelled": "._events",
+    "JobCrashed": "._events",
+    "JobEvent": "._events",
+    "JobFailed": "._events",
+    "JobSkipped": "._events",
+    "JobStarted": "._events",
+    "JobSucceeded": "._events",
+    "JobTimedOut": "._events",
+    "LockFailed": "._events",
+    "LockLost": "._events",
+    "SchedulerStarted": "._events",
+    "SchedulerStopped": "._events",
+    "SkipReason": "._events",
+    "Subscription": "._events",
+    "FileLocker": "._filelock",
+    "IntervalSchedule": "._interval",
+    "every": "._interval",
+    "Job": "._job",
+    "job_lock_key": "._keys",
+    "BatchLedgerLocker": "._locking",
+    "CrashWatchingLocker": "._locking",
+    "Elector": "._locking",
+    "FencedElector": "._locking",
+    "FleetView": "._locking",
+    "FleetWatchingLocker": "._locking",
+    "Lease": "._locking",
+    "LedgerLocker": "._locking",
+    "LedgerSummary": "._locking",
+    "Locker": "._locking",
+    "LosableLease": "._locking",
+    "RecordingLease": "._locking",
+    "Refusal": "._locking",
+    "Resource": "._locking",
+    "ScheduleNotingLocker": "._locking",
+    "InMemoryLocker": "._memlock",
+    "OnceSchedule": "._once",
+    "once": "._once",
+    "Outcome": "._records",
+    "Overlap": "._records",
+    "RunContext": "._records",
+    "RunRecord": "._records",
+    "Schedule": "._schedule",
+    "JobOptions": "._scheduler",
+    "Scheduler": "._scheduler",
+}
 
 __version__ = "0.1.0.dev0"
 
@@ -130,3 +202,17 @@ __all__ = (
     "once",
     "weekly",
 )
+
+
+def __getattr__(name: str) -> _Any:
+    """Import the module defining *name* on first access, then keep the name here."""
+    where = _WHERE.get(name)
+    if where is None:
+        raise AttributeError(f"module 'cronlock' has no attribute {name!r}")
+    value = getattr(_importlib.import_module(where, __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

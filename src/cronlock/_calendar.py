@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import calendar
 import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -10,6 +9,7 @@ from datetime import date, datetime, time, timedelta
 from typing import Literal
 from zoneinfo import ZoneInfo
 
+from ._cron_days import month_length
 from ._errors import ScheduleError
 from ._tz import TimeZone, first_instant_after, resolve_tz
 
@@ -94,7 +94,7 @@ class CalendarSchedule:
                 year, month = 1970 + index // 12, index % 12 + 1
                 if year > 9999:
                     return
-                last = calendar.monthrange(year, month)[1]
+                last = month_length(year, month)
                 # A day the month lacks (31 in April, -30 in February) is skipped, as cron.
                 days = {d if d > 0 else last + 1 + d for d in self.on}
                 for d in sorted(days):

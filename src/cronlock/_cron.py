@@ -32,14 +32,16 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, time, timedelta
 from functools import lru_cache
+from typing import TYPE_CHECKING
 from zoneinfo import ZoneInfo
-
-from croniter import CroniterError, croniter
 
 from ._cron_days import DayFields, DayMatcher
 from ._cron_days import FieldError as _FieldError
 from ._errors import ScheduleError
 from ._tz import TimeZone, first_instant_after, resolve_tz
+
+if TYPE_CHECKING:
+    from croniter import croniter
 
 __all__ = ("CronSchedule", "cron")
 
@@ -248,6 +250,9 @@ def _compile(expr: str, seconds: bool) -> _Compiled:
     time_fields = [
         ",".join(map(str, sorted(values[s.name]))) for s in specs if s in (_SECOND, _MINUTE, _HOUR)
     ]
+    # Imported here: croniter (and dateutil under it) costs ~20 ms, paid only by cron users.
+    from croniter import CroniterError, croniter
+
     try:
         template: croniter[datetime] = croniter(
             " ".join([*time_fields, "*", "*", "*"]),

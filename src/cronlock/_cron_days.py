@@ -25,14 +25,13 @@ What each extension means:
 
 from __future__ import annotations
 
-import calendar
 import re
 from bisect import bisect_left
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import date
 
-__all__ = ("DayFields", "DayMatcher", "FieldError")
+__all__ = ("DayFields", "DayMatcher", "FieldError", "month_length")
 
 _VALUE = r"[0-9]+|[a-z]{3}"
 _NTH_RE = re.compile(rf"^(?P<day>{_VALUE})#(?P<nth>[0-9]+)$")
@@ -188,7 +187,8 @@ class DayMatcher:
         year, month, day = start.year, start.month, start.day
         while year <= 9999:
             if month in self._months:
-                weekday, length = calendar.monthrange(year, month)  # weekday: Monday = 0
+                weekday = date(year, month, 1).weekday()  # Monday = 0
+                length = month_length(year, month)
                 days = self._table[length, (weekday + 1) % 7]
                 for d in days[bisect_left(days, day) :]:
                     yield date(year, month, d)
@@ -196,3 +196,10 @@ class DayMatcher:
             month += 1
             if month == 13:
                 year, month = year + 1, 1
+
+
+def month_length(year: int, month: int) -> int:
+    """Days in *month* of *year* (the calendar module costs ~5 ms to import)."""
+    if month == 12:
+        return 31
+    return (date(year, month + 1, 1) - date(year, month, 1)).days

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from datetime import datetime, timedelta
 from logging import DEBUG
+from typing import Any
 
 from ._cancel import finish_uncancellably
 from ._clock import Clock
@@ -23,7 +24,7 @@ from ._events import (
     LockFailed,
     LockLost,
 )
-from ._guard import Deadlines, RunGuard
+from ._guard import Deadlines, RunGuard, TaskDeadline
 from ._job import Job
 from ._locking import Elector, Lease, LosableLease, RecordingLease, lease_hooks
 from ._logs import at, get_logger, say
@@ -103,6 +104,117 @@ class Executor:
             return await self._execute(job, slot, gate, report)
         finally:
             await self._release(job, slot, gate)
+
+    def direct(
+        self, job: Job, slot: datetime, ended: Callable[[Job, asyncio.Task[Any] | None], None]
+    ) -> Coroutine[Any, Any, None] | None:
+        """The coroutine of a run task on the direct path, or None if the run needs :meth:`run`.
+
+        The direct path is the common run: no elector or locker to ask, nobody waiting for
+        its event, and its timeout (if any) on the real clock's shared timer. It does in one
+        coroutine what :meth:`run`, ``_execute`` and :class:`RunGuard` do in four, and calls
+        *ended* with the task last.
+        """
+        timeout = job.timeout if job.timeout is not None else self._default_timeout
+        if job._wiring.coordinated or (timeout is not None and self._deadlines is None):
+            return None
+        return self._direct(job, slot, timeout, ended)
+
+    async def _direct(
+        self,
+        job: Job,
+        slot: datetime,
+        timeout: float | None,
+        ended: Callable[[Job, asyncio.Task[Any] | None], None],
+    ) -> None:
+        task = asyncio.current_task()
+        try:
+            bus = self._bus
+            number = job._state.begin()
+            started = self._clock.now()
+            if bus.wants(JobStarted):
+                bus.emit(JobStarted(job.name, slot, started, number))
+            if timeout is None:
+                try:
+                    result = await job.call(slot, started, number)
+                except asyncio.CancelledError:
+                    self._cancelled(job, slot, started, None)
+                    raise
+                except Exception as exc:
+                    self._failed(job, slot, started, exc, None)
+                    return
+                self._done(job, slot, started, result)
+                return
+            # RunGuard's rules, inline: at the deadline the task is cancelled; on the way
+            # out our cancel is taken back, and a cancellation that was only ours is a timeout.
+            assert task is not None and self._deadlines is not None
+            cancelling = task.cancelling()
+            deadline = TaskDeadline(task)
+            self._deadlines.add(task.get_loop().time() + timeout, deadline)
+            try:
+                result = await job.call(slot, started, number)
+            except asyncio.CancelledError:
+                if self._left(deadline) <= cancelling and deadline.reason is not None:
+                    self._timed_out(job, slot, started, timeout)
+                    return
+                self._cancelled(job, slot, started, None)
+                raise
+            except Exception as exc:
+                self._left(deadline)
+                if deadline.reason == "timeout" and isinstance(exc, TimeoutError):
+                    self._timed_out(job, slot, started, timeout)
+                else:
+                    self._failed(job, slot, started, exc, None)
+                return
+            deadline.exited = True  # what _left does, inline: this is the hot path
+            self._deadlines.ended()
+            if deadline.reason is not None:  # expired as it returned: take our cancel back
+                task.uncancel()
+            self._done(job, slot, started, result)
+        except Exception:  # a bug of ours: never let it kill the scheduler
+            _logger.exception(
+                "job %r slot %s: internal error", job.name, slot, extra=at(job.name, slot)
+            )
+        finally:
+            ended(job, task)
+
+    def _done(self, job: Job, slot: datetime, started: datetime, result: object) -> None:
+        """A direct run succeeded: :meth:`_succeeded` for a run nobody waits for."""
+        finished = self._clock.now()
+        job._state.succeeded((slot, started, finished, "succeeded"))
+        bus = self._bus
+        if bus.wants(JobSucceeded):
+            bus.emit(JobSucceeded(job.name, slot, started, finished, result))
+
+    def _left(self, deadline: TaskDeadline) -> int:
+        """A direct run under *deadline* ended: drop it, take back our cancel (if any);
+        return the task's cancellations still pending."""
+        deadline.exited = True
+        assert self._deadlines is not None
+        self._deadlines.ended()
+        task = deadline.task
+        return task.uncancel() if deadline.reason is not None else task.cancelling()
+
+    def _timed_out(
+        self,
+        job: Job,
+        slot: datetime,
+        started: datetime,
+        timeout: float | None,
+        lease: Lease | None = None,
+    ) -> JobEvent:
+        assert timeout is not None
+        finished = self._clock.now()
+        _logger.error(
+            "job %r slot %s timed out after %ss",
+            job.name,
+            slot,
+            timeout,
+            extra=at(job.name, slot),
+        )
+        record = RunRecord(slot, started, finished, "timed_out", None)
+        event = JobTimedOut(job.name, slot, started, finished, timeout)
+        return self._end(job, lease, record, event)
 
     def demote(self, reason: BaseException | None) -> None:
         """This replica stopped leading: end its coordinated runs (event ``LockLost``)."""
@@ -250,20 +362,10 @@ class Executor:
             self._cancelled(job, slot, started, lease)
             raise
         except Exception as exc:
-            finished = clock.now()
             if guard.reason == "timeout" and isinstance(exc, TimeoutError):
-                assert timeout is not None
-                _logger.error(
-                    "job %r slot %s timed out after %ss",
-                    job.name,
-                    slot,
-                    timeout,
-                    extra=at(job.name, slot),
-                )
-                record = RunRecord(slot, started, finished, "timed_out", None)
-                event: JobEvent = JobTimedOut(job.name, slot, started, finished, timeout)
-                return self._end(job, lease, record, event)
+                return self._timed_out(job, slot, started, timeout, lease)
             if guard.reason == "lock_lost" and isinstance(exc, TimeoutError):
+                finished = clock.now()
                 _lock_logger.error(
                     "job %r slot %s cancelled: its lock was lost (%s)",
                     job.name,
@@ -272,7 +374,7 @@ class Executor:
                     extra=at(job.name, slot),
                 )
                 record = RunRecord(slot, started, finished, "lock_lost", None)
-                event = LockLost(job.name, slot, started, finished, guard.lost_because)
+                event: JobEvent = LockLost(job.name, slot, started, finished, guard.lost_because)
                 return self._end(job, lease, record, event)
             return self._failed(job, slot, started, exc, lease)
         finally:

@@ -12,7 +12,7 @@ from typing import Literal
 from ._cancel import cancel_and_wait, task_name
 from ._clock import Clock
 
-__all__ = ("Deadlines", "RunGuard")
+__all__ = ("Deadlines", "RunGuard", "TaskDeadline")
 
 Reason = Literal["timeout", "lock_lost"]
 
@@ -30,13 +30,13 @@ class Deadlines:
     __slots__ = ("_armed", "_dead", "_handle", "_heap", "_seq")
 
     def __init__(self) -> None:
-        self._heap: list[tuple[float, int, RunGuard]] = []
+        self._heap: list[tuple[float, int, RunGuard | TaskDeadline]] = []
         self._seq = itertools.count()
         self._handle: asyncio.TimerHandle | None = None
         self._armed: float | None = None
         self._dead = 0
 
-    def add(self, when: float, guard: RunGuard) -> None:
+    def add(self, when: float, guard: RunGuard | TaskDeadline) -> None:
         """Expire *guard* at loop time *when* unless it has ended by then."""
         heapq.heappush(self._heap, (when, next(self._seq), guard))
         if self._armed is None or when < self._armed:
@@ -68,6 +68,25 @@ class Deadlines:
                 guard.expire("timeout")
         if heap:
             self._arm(heap[0][0])
+
+
+class TaskDeadline:
+    """The deadline of a run on the executor's direct path: :class:`RunGuard` without the
+    context manager, the watchdog or lock loss (the executor does the way out itself).
+    """
+
+    __slots__ = ("exited", "reason", "task")
+
+    def __init__(self, task: asyncio.Task[object]) -> None:
+        self.task = task
+        self.exited = False
+        self.reason: Reason | None = None
+
+    def expire(self, reason: Reason) -> None:
+        """End the run now (no-op once it has ended)."""
+        if self.reason is None and not self.exited:
+            self.reason = reason
+            self.task.cancel()
 
 
 class RunGuard:

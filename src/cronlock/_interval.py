@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from ._errors import ScheduleError
 from ._tz import to_utc
@@ -13,6 +14,7 @@ __all__ = ("IntervalSchedule", "every")
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MAX = datetime.max.replace(tzinfo=UTC)
+_MICROSECOND = timedelta(microseconds=1)
 
 
 def _micros(delta: timedelta) -> int:
@@ -58,10 +60,10 @@ class IntervalSchedule:
 
     def next_after(self, after: datetime) -> datetime | None:
         """The first ``anchor + k * interval`` strictly after *after*; None past year 9999."""
-        step = _micros(self.interval)
+        step = self.interval // _MICROSECOND  # _micros(), inline: start plans every job
         if after.tzinfo is not UTC:  # the scheduler passes UTC already: skip the conversion
             after = to_utc(after, field="next_after")
-        elapsed = _micros(after - self.anchor)
+        elapsed = (after - self.anchor) // _MICROSECOND
         # Floor division rounds toward -inf, so this is right for anchors in the future too.
         k = elapsed // step + 1
         try:
@@ -115,6 +117,43 @@ def every(
     Raises :class:`~cronlock.ScheduleError` naming the bad value for a zero, negative, NaN
     or infinite part or total, and for a naive anchor.
     """
+    key = (type(interval), interval, seconds, minutes, hours, days, anchor)
+    try:
+        schedule = _recent.get(key)  # the same arguments again (a service's many alike jobs)
+    except TypeError:  # an unhashable argument: the checks below name it
+        return _every(interval, seconds, minutes, hours, days, anchor)
+    if schedule is not None:
+        return schedule
+    step = timedelta(0)
+    if (
+        type(interval) in (int, float)
+        and 0 < interval < 86_400_000_000  # type: ignore[operator]
+        and not (seconds or minutes or hours or days)
+        and (anchor is None or (type(anchor) is datetime and anchor.tzinfo is UTC))
+    ):
+        step = timedelta(seconds=interval)  # type: ignore[arg-type]
+    if step > timedelta(0):  # a plain number of seconds: nothing else to check
+        schedule = IntervalSchedule(step, _EPOCH if anchor is None else anchor)
+    else:
+        schedule = _every(interval, seconds, minutes, hours, days, anchor)
+    if len(_recent) >= 256:
+        _recent.clear()
+    _recent[key] = schedule
+    return schedule
+
+
+# Recent every() arguments and their schedule (schedules are immutable: shared), bounded.
+_recent: dict[tuple[Any, ...], IntervalSchedule] = {}
+
+
+def _every(
+    interval: float | timedelta | None,
+    seconds: float,
+    minutes: float,
+    hours: float,
+    days: float,
+    anchor: datetime | None,
+) -> IntervalSchedule:
     total = timedelta(0)
     for name, value in (
         ("interval", interval),

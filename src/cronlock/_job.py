@@ -6,6 +6,7 @@ that changes it.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import inspect
@@ -13,6 +14,7 @@ import typing
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from types import MappingProxyType
 from typing import Any, Protocol
 
 from ._cancel import task_name
@@ -42,7 +44,27 @@ class Controller(Protocol):
     async def run_job_now(self, job: Job) -> JobEvent: ...
 
 
-__all__ = ("Controller", "Job", "default_name", "jitter_offset", "normalise_tags")
+__all__ = (
+    "NO_KWARGS",
+    "NO_TAGS",
+    "Controller",
+    "Job",
+    "default_name",
+    "jitter_offset",
+    "normalise_tags",
+)
+
+# Shared by every job registered without kwargs (read-only, so one serves them all).
+NO_KWARGS: MappingProxyType[str, Any] = MappingProxyType({})
+# One empty tag set for every job without tags (an empty frozenset is not shared: 216 B).
+NO_TAGS: frozenset[str] = frozenset()
+# Jobs not yet wired share this one (Wiring is frozen); add_job sets the real one.
+_UNWIRED = Wiring()
+# A service registers the same function and schedule many times over: what is derived
+# from them is kept for the last one seen (one entry each, so nothing piles up).
+_last_func: list[Any] = [None, True, None]  # func, is async, RunContext parameter
+_texts: dict[Any, str] = {}  # recent schedules' text, bounded
+_last_durations: list[Any] = [None, None, None, None, None]  # given, then the four values
 
 
 def jitter_offset(name: str, slot: datetime, jitter: float) -> timedelta:
@@ -86,8 +108,8 @@ class Job:
     func: Callable[..., object]
     schedule: Schedule
     args: tuple[Any, ...] = ()
-    kwargs: Mapping[str, Any] = field(default_factory=dict)
-    tags: frozenset[str] = frozenset()
+    kwargs: Mapping[str, Any] = field(default_factory=NO_KWARGS.copy)
+    tags: frozenset[str] = NO_TAGS
     timeout: float | None = None
     overlap: Overlap = "skip"
     jitter: float | None = None
@@ -110,7 +132,7 @@ class Job:
     _grid_step: timedelta | None = field(default=None, init=False, repr=False)
     _task_name: str = field(default="", init=False, repr=False)
     _schedule_text: str = field(default="", init=False, repr=False)
-    _wiring: Wiring = field(default_factory=Wiring, init=False, repr=False)
+    _wiring: Wiring = field(default=_UNWIRED, init=False, repr=False)
     _state: RunState = field(default_factory=RunState, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -129,12 +151,31 @@ class Job:
             raise ScheduleError(
                 f"job {name!r}: overlap must be one of {', '.join(OVERLAPS)}, got {self.overlap!r}"
             )
-        self.timeout = optional_seconds(self.timeout, field="timeout", job=name)
-        self.jitter = optional_seconds(self.jitter, field="jitter", job=name, allow_zero=True)
-        self.misfire_grace = optional_seconds(
-            self.misfire_grace, field="misfire_grace", job=name, allow_zero=True
+        timeout, jitter, grace, alert = (
+            self.timeout,
+            self.jitter,
+            self.misfire_grace,
+            self.alert_after,
         )
-        self.alert_after = optional_seconds(self.alert_after, field="alert_after", job=name)
+        given = (
+            type(timeout),
+            timeout,
+            type(jitter),
+            jitter,
+            type(grace),
+            grace,
+            type(alert),
+            alert,
+        )
+        if given != _last_durations[0]:  # else: the same as the last job's, checked then
+            _last_durations[:] = (
+                given,
+                optional_seconds(timeout, field="timeout", job=name),
+                optional_seconds(jitter, field="jitter", job=name, allow_zero=True),
+                optional_seconds(grace, field="misfire_grace", job=name, allow_zero=True),
+                optional_seconds(alert, field="alert_after", job=name),
+            )
+        self.timeout, self.jitter, self.misfire_grace, self.alert_after = _last_durations[1:]
         if not isinstance(self.recover, bool):
             raise ScheduleError(
                 f"job {name!r}: recover must be True or False, got {self.recover!r}"
@@ -152,17 +193,23 @@ class Job:
                 f"job {name!r}: stop_at {self.stop_at.isoformat()} is before "
                 f"start_at {self.start_at.isoformat()}"
             )
-        if isinstance(self.tags, str):
-            self.tags = frozenset((self.tags,))
-        else:
-            self.tags = frozenset(self.tags)
-        target = self.func
-        while isinstance(target, functools.partial):
-            target = target.func
-        self._is_async = inspect.iscoroutinefunction(target) or inspect.iscoroutinefunction(
-            getattr(target, "__call__", None)  # noqa: B004 - async callable objects
-        )
-        self._context_param = _context_parameter(self.func)
+        tags = self.tags
+        if type(tags) is not frozenset:  # add_job passes one already
+            self.tags = frozenset((tags,)) if isinstance(tags, str) else frozenset(tags)
+        func = self.func
+        if func is not _last_func[0]:
+            target = func
+            while isinstance(target, functools.partial):
+                target = target.func
+            _last_func[:] = (
+                func,
+                inspect.iscoroutinefunction(target)
+                or inspect.iscoroutinefunction(
+                    getattr(target, "__call__", None)  # noqa: B004 - async callable objects
+                ),
+                _context_parameter(func),
+            )
+        self._is_async, self._context_param = _last_func[1], _last_func[2]
         self._task_name = task_name("run", name)
         self.set_schedule(self.schedule)
 
@@ -203,7 +250,17 @@ class Job:
     def set_schedule(self, schedule: Schedule) -> None:
         """Replace the schedule (history stays) and refresh what is derived from it."""
         self.schedule = schedule
-        self._schedule_text = str(schedule)
+        try:
+            text = _texts.get(schedule)
+        except TypeError:  # an unhashable schedule of the user's
+            text = None
+        if text is None:
+            text = str(schedule)
+            if len(_texts) >= 256:
+                _texts.clear()
+            with contextlib.suppress(TypeError):
+                _texts[schedule] = text
+        self._schedule_text = text
         self._grid_step = schedule.interval if type(schedule) is IntervalSchedule else None
 
     def following(self, slot: datetime) -> datetime | None:
@@ -282,12 +339,18 @@ class Job:
 
     def call(self, slot: datetime, started: datetime, number: int) -> Awaitable[object]:
         """Start the task for run *number* of *slot*; plain functions go to a worker thread."""
-        kwargs = dict(self.kwargs) if self.kwargs else {}
-        if self._context_param is not None:
-            kwargs[self._context_param] = RunContext(self.name, slot, started, number)
-        if self._is_async:
-            return typing.cast(Awaitable[object], self.func(*self.args, **kwargs))
-        return in_thread(functools.partial(self.func, *self.args, **kwargs))
+        # The run loop's hot path: no dict for a task without keyword arguments, and no
+        # typing.cast (a function call per run).
+        kwargs = self.kwargs
+        param = self._context_param
+        if param is not None:
+            context = RunContext(self.name, slot, started, number)
+            kwargs = {**kwargs, param: context} if kwargs else {param: context}
+        if not self._is_async:
+            return in_thread(functools.partial(self.func, *self.args, **kwargs))
+        if kwargs:
+            return self.func(*self.args, **kwargs)  # type: ignore[return-value]
+        return self.func(*self.args)  # type: ignore[return-value]
 
 
 def default_name(func: Callable[..., object]) -> str:
@@ -303,7 +366,7 @@ def default_name(func: Callable[..., object]) -> str:
 def normalise_tags(tags: str | Iterable[str] | None) -> frozenset[str]:
     """Accept one tag or an iterable of them."""
     if tags is None:
-        return frozenset()
+        return NO_TAGS
     if isinstance(tags, str):
         return frozenset((tags,))
     return frozenset(tags)

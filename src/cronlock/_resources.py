@@ -62,8 +62,8 @@ class Resources:
 
     def __init__(self) -> None:
         self._given: dict[int, Resource] = {}
-        # A runtime Protocol check costs ~40 us; add_job calls add() for every job, so the
-        # answer is kept per class (a job's locker is usually None or the same object).
+        # A runtime Protocol check costs ~40 us; add_job calls add() for every new wiring
+        # (jobs alike share one), so the answer is kept per class.
         self._kinds: dict[type, bool] = {}
 
     def add(self, thing: object) -> None:

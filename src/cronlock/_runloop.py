@@ -50,21 +50,28 @@ class RunLoop:
         self._cap = max_concurrent
         self._heap: list[_Entry] = []
         self._seq = itertools.count()
+        self._interned: dict[datetime, datetime] = {}  # first slots, while batching
         self._waiting: list[_Waiting] = []  # runs held back by the concurrency cap
         self._queued: dict[
             Job, tuple[datetime, asyncio.Future[JobEvent] | None]
         ] = {}  # overlap="queue": one pending slot per job
-        self._tasks: dict[Job, set[asyncio.Task[None]]] = {}
+        self._tasks: dict[asyncio.Task[Any], Job] = {}  # every run in flight, and its job
         self._running = 0
         self._wakeup: asyncio.Future[None] | None = None
         self._stopping = False
         self._main: asyncio.Task[None] | None = None
         self._helpers: set[asyncio.Task[None]] = set()
+        self._loop = asyncio.get_running_loop()  # made by Scheduler.start, in its loop
+        self._ended = self._finished  # bound once: the direct path hands it to every run
 
     # -- the heap --------------------------------------------------------------------
 
-    def schedule(self, job: Job, after: datetime) -> None:
-        """Queue the job's first slot strictly after *after* (or mark it exhausted)."""
+    def schedule(self, job: Job, after: datetime, *, batch: bool = False) -> None:
+        """Queue the job's first slot strictly after *after* (or mark it exhausted).
+
+        With *batch* the entry is only appended: :meth:`heapify` must follow (at start,
+        one heapify of N entries instead of N pushes).
+        """
         generation = job._state.invalidate()
         try:
             slot = job.slot_after(after)
@@ -73,13 +80,25 @@ class RunLoop:
                 "job %r: its schedule failed; the job will not fire", job.name, extra=at(job.name)
             )
             slot = None
+        if batch and slot is not None:  # jobs alike share one datetime (48 B each otherwise)
+            slot = self._interned.setdefault(slot, slot)
         self._plan(job, slot)
         if slot is None:
             return
         seq = next(self._seq)
+        if batch:  # at start, for every job: fire_time() only with a jitter to add
+            fire = job.fire_time(slot) if job.jitter else slot
+            self._heap.append((fire, seq, job, generation, slot))
+            return
         heapq.heappush(self._heap, (job.fire_time(slot), seq, job, generation, slot))
         if self._heap[0][1] == seq:
             self._poke()  # the new entry is the earliest: the loop sleeps too long
+
+    def heapify(self) -> None:
+        """Restore the heap after batched :meth:`schedule` calls."""
+        self._interned.clear()
+        heapq.heapify(self._heap)
+        self._poke()
 
     def unschedule(self, job: Job) -> None:
         """Forget the job's pending slot (entries are dropped lazily when popped)."""
@@ -101,7 +120,7 @@ class RunLoop:
         # Slots due by now are catch-up's (the first slots were planned after now); read
         # before the loop starts, so that the ledger tells of them, not of later ones.
         started = self._clock.now()
-        self._main = asyncio.create_task(self._loop(), name=task_name("scheduler"))
+        self._main = self._loop.create_task(self._run_loop(), name=task_name("scheduler"))
         jobs = {job: job._state.next_run for job in catch_up if job._wiring.ledger is not None}
         if jobs:
             catching = CatchUp(
@@ -147,11 +166,11 @@ class RunLoop:
                 # Their cleanup (lease release) is bounded; wait for it even if cancelled.
                 await cancel_and_wait(*pending)
 
-    def tasks(self) -> set[asyncio.Task[None]]:
+    def tasks(self) -> set[asyncio.Task[Any]]:
         """Every run task in flight."""
-        return set().union(*self._tasks.values()) if self._tasks else set()
+        return set(self._tasks)
 
-    async def _loop(self) -> None:
+    async def _run_loop(self) -> None:
         loop = asyncio.get_running_loop()
         while not self._stopping:
             now = self._clock.now()
@@ -273,7 +292,7 @@ class RunLoop:
         self, job: Job, slot: datetime, waiter: asyncio.Future[JobEvent] | None = None
     ) -> None:
         """Apply the overlap policy and the concurrency cap, then start the run."""
-        replaced: tuple[asyncio.Task[None], ...] = ()
+        replaced: tuple[asyncio.Task[Any], ...] = ()
         if job._state.active:
             policy = job.overlap
             if policy == "skip" or (policy == "queue" and job in self._queued):
@@ -292,7 +311,7 @@ class RunLoop:
                 self._queued[job] = (slot, waiter)
                 return
             if policy == "replace":
-                replaced = tuple(self._tasks.get(job, ()))
+                replaced = tuple(t for t, j in self._tasks.items() if j is job)
                 for task in replaced:
                     task.cancel()
                 self._drop_waiting(job)
@@ -315,18 +334,23 @@ class RunLoop:
         job: Job,
         slot: datetime,
         waiter: asyncio.Future[JobEvent] | None,
-        replaced: tuple[asyncio.Task[None], ...] = (),
+        replaced: tuple[asyncio.Task[Any], ...] = (),
     ) -> None:
         self._running += 1
-        task = asyncio.create_task(self._run(job, slot, waiter, replaced), name=job._task_name)
-        self._tasks.setdefault(job, set()).add(task)
+        coro = None
+        if waiter is None and not replaced:
+            coro = self._executor.direct(job, slot, self._ended)
+        if coro is None:
+            coro = self._run(job, slot, waiter, replaced)
+        task = self._loop.create_task(coro, name=job._task_name)
+        self._tasks[task] = job
 
     async def _run(
         self,
         job: Job,
         slot: datetime,
         waiter: asyncio.Future[JobEvent] | None,
-        replaced: tuple[asyncio.Task[None], ...],
+        replaced: tuple[asyncio.Task[Any], ...],
     ) -> None:
         try:
             if replaced:
@@ -346,15 +370,11 @@ class RunLoop:
             if waiter is not None and not waiter.done():
                 waiter.cancel()
         finally:
-            self._finished(job)
+            self._finished(job, asyncio.current_task())
 
-    def _finished(self, job: Job) -> None:
-        task = asyncio.current_task()
-        tasks = self._tasks.get(job)
-        if tasks is not None and task is not None:
-            tasks.discard(task)
-            if not tasks:
-                del self._tasks[job]
+    def _finished(self, job: Job, task: asyncio.Task[Any] | None) -> None:
+        if task is not None:
+            self._tasks.pop(task, None)
         job._state.leave()
         self._running -= 1
         if self._stopping:

@@ -7,8 +7,7 @@ from datetime import datetime
 from typing import Protocol, runtime_checkable
 from zoneinfo import ZoneInfo
 
-from ._calendar import CalendarSchedule
-from ._cron import CronSchedule
+from ._interval import IntervalSchedule
 
 __all__ = ("Schedule", "bind_zone", "upcoming")
 
@@ -29,6 +28,11 @@ class Schedule(Protocol):
 
 def bind_zone(schedule: Schedule, tz: ZoneInfo) -> Schedule:
     """Give a wall-clock schedule created without ``tz=`` the scheduler's zone."""
+    if type(schedule) is IntervalSchedule:  # the common case needs neither import below
+        return schedule
+    from ._calendar import CalendarSchedule
+    from ._cron import CronSchedule
+
     if isinstance(schedule, CronSchedule | CalendarSchedule) and schedule.tz is None:
         return dataclasses.replace(schedule, tz=tz)
     return schedule

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import typing
 from collections.abc import Callable, Sequence
 from datetime import datetime, time, timedelta, tzinfo
 from types import TracebackType
@@ -29,13 +28,12 @@ from ._events import (
 )
 from ._executor import Executor
 from ._fleet import Fleet, FleetViews
-from ._job import Job, default_name, normalise_tags
+from ._job import NO_KWARGS, NO_TAGS, Job, default_name, normalise_tags
 from ._keys import job_lock_key
 from ._locking import Elector, FencedElector, Locker, Wiring, wire
 from ._logs import get_logger
 from ._once import OnceSchedule
 from ._options import OPTION_NAMES, JobOptions
-from ._records import DEFAULT_MISFIRE_GRACE
 from ._recovery import Recovery
 from ._resources import Resources
 from ._runloop import RunLoop
@@ -155,8 +153,8 @@ class Scheduler(FleetViews):
         Everything is validated here, so a typo fails at startup, not at the first firing.
         """
         name: str = options.get("name") or default_name(func)
-        unknown = set(options) - OPTION_NAMES
-        if unknown:
+        if not OPTION_NAMES.issuperset(options):
+            unknown = set(options) - OPTION_NAMES
             raise ScheduleError(
                 f"job {name!r}: unknown option(s) {', '.join(sorted(unknown))}; "
                 f"known: {', '.join(sorted(OPTION_NAMES))}"
@@ -169,44 +167,38 @@ class Scheduler(FleetViews):
             raise JobConflictError(
                 f"jobs {other!r} and {name!r} have the same lock key {key}; rename one"
             )
-
-        def seconds(field: str, default: Seconds | None = None) -> float | None:
-            value = typing.cast("Seconds | None", options.get(field, default))
-            return optional_seconds(value, field=field, job=name, allow_zero=field != "timeout")
-
-        job = Job(
+        # The other options are Job's keyword fields, with the same names and defaults:
+        # passed through as given, they cost nothing when left out (most are).
+        settings: dict[str, Any] = dict(options)
+        pop = settings.pop
+        pop("name", None)
+        args = pop("args", ())
+        kwargs = pop("kwargs", None)
+        tags = pop("tags", None)
+        job = Job(  # Job validates every option (durations, overlap, bounds) once
             name,
             func,
             bind_zone(schedule, self._tz),
-            tuple(options.get("args", ())),
-            dict(options.get("kwargs") or {}),
-            normalise_tags(options.get("tags")),
-            timeout=seconds("timeout"),
-            overlap=options.get("overlap", "skip"),
-            jitter=seconds("jitter"),
-            max_runs=options.get("max_runs"),
-            start_at=options.get("start_at"),
-            stop_at=options.get("stop_at"),
-            misfire_grace=seconds("misfire_grace", DEFAULT_MISFIRE_GRACE),
-            distributed=options.get("distributed", True),
-            locker=options.get("locker"),
-            recover=options.get("recover", False),
-            alert_after=seconds("alert_after"),
+            tuple(args),
+            dict(kwargs) if kwargs else NO_KWARGS,
+            normalise_tags(tags) if tags is not None else NO_TAGS,
+            **settings,
         )
         job._scheduler = self
-        self._resources.add(job.locker)
         alike = (job.distributed, id(job.locker))  # jobs wired alike share one Wiring
         wiring = self._wirings.get(alike)
         if wiring is None:
+            self._resources.add(job.locker)
             wiring = self._wirings[alike] = wire(
                 distributed=job.distributed,
                 own=job.locker,
                 default=self._locker,
                 elector=self._elector,
             )
+            # Once per Wiring: both register once per locker, and jobs alike share it.
+            self._recovery.watch(wiring)
+            self._fleet.watch(wiring)
         job._wiring = wiring
-        self._recovery.watch(job._wiring)
-        self._fleet.watch(job._wiring)
         self._jobs[name] = job
         self._keys[key] = name
         if self._loop is not None:
@@ -384,24 +376,26 @@ class Scheduler(FleetViews):
             max_concurrent=self._max_concurrent,
         )
         self._fleet.started(self._clock.now())
-        active = [job for job in self._jobs.values() if not job.paused]
+        active = [job for job in self._jobs.values() if not job._state.paused]
+        now = self._clock.now()
         for job in active:
-            self._schedule_first(job)
+            self._schedule_first(job, now)
+        self._loop.heapify()
         self._loop.start(catch_up=active)
         if isinstance(self._elector, FencedElector):
             self._elector.on_demoted(executor.demote)
         _logger.info("scheduler started with %d job(s)", len(self._jobs))
         self._bus.emit(SchedulerStarted())
 
-    def _schedule_first(self, job: Job) -> None:
+    def _schedule_first(self, job: Job, at_start: datetime | None = None) -> None:
+        """Plan *job*'s first slot; at start (*at_start*: its instant) in a batch."""
         assert self._loop is not None
-        now = self._clock.now()
+        now = self._clock.now() if at_start is None else at_start
         if isinstance(job.schedule, OnceSchedule) and job.schedule.at_start:
             # once() without a time: the slot is the start instant itself.
             job.set_schedule(OnceSchedule(instants=(now,)))
-            self._loop.schedule(job, now - _ONE_MICROSECOND)
-        else:
-            self._loop.schedule(job, now)
+            now -= _ONE_MICROSECOND
+        self._loop.schedule(job, now, batch=at_start is not None)
 
     async def shutdown(self, timeout: Seconds | None = None) -> None:
         """Stop firing; wait up to *timeout* (default ``stop_timeout``) for runs in flight,

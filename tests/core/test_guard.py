@@ -3,10 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 import pytest
 
-from cronlock import JobSucceeded, JobTimedOut, RunContext, Scheduler, SystemClock
+from cronlock import (
+    JobCancelled,
+    JobFailed,
+    JobSucceeded,
+    JobTimedOut,
+    RunContext,
+    Scheduler,
+    SystemClock,
+)
 from cronlock._guard import Deadlines, RunGuard
 
 from .conftest import Recorder
@@ -80,3 +89,57 @@ async def test_scheduler_timeouts_on_the_real_clock() -> None:
             await asyncio.sleep(0.02)
     [timed_out] = rec.of(JobTimedOut)[:1]
     assert timed_out.timeout == 0.05  # type: ignore[attr-defined]
+
+
+async def _until(check: Callable[[], bool]) -> None:
+    async with asyncio.timeout(60):  # a liveness guard, not a timing
+        while not check():
+            await asyncio.sleep(0.02)
+
+
+async def test_direct_runs_end_as_guarded_runs_do() -> None:
+    # Runs with no locker take the executor's direct path (one coroutine, the deadline
+    # on the shared timer): each way out must give the same record and event as before.
+    scheduler = Scheduler(clock=SystemClock())
+    rec = Recorder()
+    scheduler.subscribe(rec)
+    boom = ValueError("boom")
+
+    @scheduler.every(0.05, name="fails", max_runs=1)
+    async def fails() -> None:
+        raise boom
+
+    @scheduler.every(0.05, name="swallows", timeout=0.05, max_runs=1)
+    async def swallows() -> str:
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            return "kept going"
+        return "slept"
+
+    @scheduler.every(0.05, name="raises-timeout", timeout=30, max_runs=1)
+    async def raises_timeout() -> None:
+        raise TimeoutError("its own, not ours")
+
+    @scheduler.every(0.05, name="long", timeout=30, max_runs=1)
+    async def long() -> None:
+        await asyncio.sleep(30)
+
+    await scheduler.start()
+    await _until(lambda: len(rec.of(JobSucceeded)) + len(rec.of(JobFailed)) >= 3)
+    assert scheduler.get_job("long").running
+    await scheduler.shutdown(timeout=0.01)  # cancels the long run
+    failures = [e for e in rec.events if isinstance(e, JobFailed)]
+    [failed, own_timeout] = sorted(failures, key=lambda e: e.job)
+    assert failed.exception is boom
+    assert isinstance(own_timeout.exception, TimeoutError)
+    [kept] = [e for e in rec.events if isinstance(e, JobSucceeded)]
+    assert kept.job == "swallows" and kept.return_value == "kept going"
+    assert scheduler.get_job("swallows").last_success is not None
+    assert not rec.of(JobTimedOut)
+    [cancelled] = [e for e in rec.events if isinstance(e, JobCancelled)]
+    assert cancelled.job == "long"
+    last = scheduler.get_job("long").last_run
+    assert last is not None and last.outcome == "cancelled"
+    failed_run = scheduler.get_job("fails").last_run
+    assert failed_run is not None and failed_run.outcome == "failed"

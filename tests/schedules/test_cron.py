@@ -6,9 +6,9 @@ import dataclasses
 from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo
 
+import croniter as croniter_package
 import pytest
 
-import cronlock._cron as cron_module
 from cronlock._cron import CronSchedule, cron
 from cronlock._errors import CronlockError, ScheduleError
 from cronlock._schedule import Schedule, bind_zone, upcoming
@@ -176,7 +176,8 @@ def test_next_after_does_not_reparse(monkeypatch: pytest.MonkeyPatch) -> None:
     def fail(*args: object, **kwargs: object) -> None:
         raise AssertionError("croniter constructed on the hot path")
 
-    monkeypatch.setattr(cron_module, "croniter", fail)
+    # _cron imports croniter when it parses (lazily): patch it where that import finds it.
+    monkeypatch.setattr(croniter_package, "croniter", fail)
     assert job.next_after(utc(2024, 1, 1)) == utc(2024, 1, 1, 3, 7)
     # The same expression again comes from the parse cache.
     assert cron("7 4 * * *").next_after(utc(2024, 1, 1)) == utc(2024, 1, 1, 4, 7)

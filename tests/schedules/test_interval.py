@@ -133,3 +133,17 @@ def test_errors_name_the_value(make: object, fragment: str) -> None:
     with pytest.raises(ScheduleError) as info:
         make()
     assert fragment in str(info.value)
+
+
+@pytest.mark.parametrize("bad", [[1], {1: 2}])
+def test_unhashable_interval_is_a_schedule_error(bad: object) -> None:
+    # every() remembers recent arguments; an unhashable one must still get the clear error.
+    with pytest.raises(ScheduleError, match="interval must be a number or timedelta"):
+        every(bad)  # type: ignore[arg-type]
+
+
+def test_repeated_arguments_share_one_schedule() -> None:
+    anchor = datetime(2026, 1, 1, 0, 0, 15, tzinfo=UTC)
+    assert every(30, anchor=anchor) is every(30, anchor=anchor)
+    assert every(30, anchor=anchor) == every(timedelta(seconds=30), anchor=anchor)
+    assert every(1) is not every(1.5)

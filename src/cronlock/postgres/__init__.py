@@ -1,32 +1,53 @@
 """PostgreSQL coordination: advisory locks for standalone runs and for the Scheduler.
 
 Needs the ``postgres`` extra (asyncpg): ``pip install 'cronlock[postgres]'``. See
-``docs/coordination.md`` for the rules these functions follow and why.
+``docs/coordination.md`` for the rules these functions follow and why. Names are loaded on
+first use (PEP 562 ``__getattr__``): asyncpg is imported when a locker or elector is.
 """
 
-from __future__ import annotations
+import importlib as _importlib
+import importlib.util as _importlib_util
+from typing import TYPE_CHECKING as _TYPE_CHECKING
+from typing import Any as _Any
 
-try:
-    import asyncpg  # noqa: F401  (fail here, with instructions, rather than deeper inside)
-except ImportError as exc:  # pragma: no cover - exercised only without the extra
+# Fail here, with instructions, rather than deeper inside (found, not imported: cheap).
+if _importlib_util.find_spec("asyncpg") is None:  # pragma: no cover - only without the extra
     raise ImportError(
         "cronlock.postgres needs asyncpg, which is not installed; "
         "install the extra with: pip install 'cronlock[postgres]'"
-    ) from exc
+    )
 
-from .._errors import LedgerNameError as LedgerNameError
-from .._keys import job_lock_key as job_lock_key
-from ._connections import Keepalives as Keepalives
-from ._control import FleetControl as FleetControl
-from ._elector import PostgresElector as PostgresElector
-from ._lease import PostgresLease as PostgresLease
-from ._ledger import DEFAULT_TABLE as DEFAULT_TABLE
-from ._locked_run import RunLock as RunLock
-from ._locked_run import locked_run as locked_run
-from ._locked_run import run_locked as run_locked
-from ._locker import PostgresLocker as PostgresLocker
-from ._statistics import PostgresElectorStatistics as PostgresElectorStatistics
-from ._statistics import PostgresLockerStatistics as PostgresLockerStatistics
+if _TYPE_CHECKING:
+    from .._errors import LedgerNameError as LedgerNameError
+    from .._keys import job_lock_key as job_lock_key
+    from ._connections import Keepalives as Keepalives
+    from ._control import FleetControl as FleetControl
+    from ._elector import PostgresElector as PostgresElector
+    from ._lease import PostgresLease as PostgresLease
+    from ._ledger import DEFAULT_TABLE as DEFAULT_TABLE
+    from ._locked_run import RunLock as RunLock
+    from ._locked_run import locked_run as locked_run
+    from ._locked_run import run_locked as run_locked
+    from ._locker import PostgresLocker as PostgresLocker
+    from ._statistics import PostgresElectorStatistics as PostgresElectorStatistics
+    from ._statistics import PostgresLockerStatistics as PostgresLockerStatistics
+
+# Where each public name lives (its module is imported on first access).
+_WHERE = {
+    "LedgerNameError": ".._errors",
+    "job_lock_key": ".._keys",
+    "Keepalives": "._connections",
+    "FleetControl": "._control",
+    "PostgresElector": "._elector",
+    "PostgresLease": "._lease",
+    "DEFAULT_TABLE": "._ledger",
+    "RunLock": "._locked_run",
+    "locked_run": "._locked_run",
+    "run_locked": "._locked_run",
+    "PostgresLocker": "._locker",
+    "PostgresElectorStatistics": "._statistics",
+    "PostgresLockerStatistics": "._statistics",
+}
 
 __all__ = (
     "DEFAULT_TABLE",
@@ -43,3 +64,17 @@ __all__ = (
     "locked_run",
     "run_locked",
 )
+
+
+def __getattr__(name: str) -> _Any:
+    """Import the module defining *name* on first access, then keep the name here."""
+    where = _WHERE.get(name)
+    if where is None:
+        raise AttributeError(f"module 'cronlock.postgres' has no attribute {name!r}")
+    value = getattr(_importlib.import_module(where, __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

@@ -1,0 +1,73 @@
+"""What importing cronlock loads: only what the path in use needs (issue 10).
+
+Asserted on the modules loaded, never on time: a fresh interpreter per case.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+import cronlock
+import cronlock.postgres
+
+
+def _loaded_after(code: str) -> set[str]:
+    done = subprocess.run(
+        [sys.executable, "-c", f"import sys\n{code}\nprint(' '.join(sys.modules))"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    )
+    return set(done.stdout.split())
+
+
+# The optional integrations' libraries: loaded only by the module that needs each.
+_EXTRAS = {
+    "prometheus_client",
+    "opentelemetry",
+    "starlette",
+    "jinja2",
+    "cronlock.prometheus",
+    "cronlock.otel",
+    "cronlock.web",
+}
+
+
+@pytest.mark.parametrize(
+    ("code", "absent"),
+    [
+        ("import cronlock", {"asyncpg", "croniter", "anyio", "cronlock._scheduler", *_EXTRAS}),
+        (
+            "from cronlock import Scheduler, every",
+            {"asyncpg", "croniter", "dateutil", "anyio", "calendar", "cronlock._cron", *_EXTRAS},
+        ),
+        ("from cronlock import cron; cron('0 3 * * *')", {"asyncpg", "anyio", *_EXTRAS}),
+        (
+            "from cronlock import FleetView, FleetWatchingLocker, BatchLedgerLocker",
+            {"asyncpg", "croniter", "cronlock._scheduler", *_EXTRAS},
+        ),
+        (
+            "import cronlock.postgres",
+            {"asyncpg", "croniter", "cronlock.postgres._locker", *_EXTRAS},
+        ),
+        (
+            "from cronlock.postgres import DEFAULT_TABLE",
+            {"croniter", "cronlock.postgres._locker", *_EXTRAS},
+        ),
+    ],
+)
+def test_imports_load_only_what_is_used(code: str, absent: set[str]) -> None:
+    assert not (_loaded_after(code) & absent)
+
+
+def test_every_public_name_resolves() -> None:
+    for package in (cronlock, cronlock.postgres):
+        for name in package.__all__:
+            assert getattr(package, name) is not None, name
+        assert set(package.__all__) <= set(dir(package))
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        cronlock.nope  # noqa: B018
