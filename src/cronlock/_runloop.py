@@ -15,6 +15,7 @@ from ._cancel import cancel_and_wait, finish_uncancellably, task_name
 from ._clock import Clock, wait_tasks
 from ._events import EventBus, JobEvent, JobSkipped
 from ._executor import Executor
+from ._fleet import FleetClock
 from ._job import Job
 
 __all__ = ("RunLoop",)
@@ -96,6 +97,8 @@ class RunLoop:
     def start(self, catch_up: Iterable[Job] = ()) -> None:
         """Spawn the loop task, and one task catching up on the jobs in *catch_up*."""
         self._main = asyncio.create_task(self._loop(), name=task_name("scheduler"))
+        if isinstance(self._clock, FleetClock):  # measures the offset to the server's clock
+            self._spawn(self._clock.keep(self._poke), name=task_name("fleet-clock"))
         jobs = [job for job in catch_up if job._wiring.ledger is not None]
         if jobs:
             self._spawn(self._catch_up_all(jobs), name=task_name("catch-up"))

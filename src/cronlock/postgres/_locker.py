@@ -30,6 +30,7 @@ from ._connections import ConnectionSource, Keepalives, default_application_name
 from ._crashes import CrashWatch
 from ._lease import PostgresLease
 from ._ledger import DEFAULT_TABLE, LedgerTable, to_record
+from ._servertime import DEFAULT_SPREAD, FairRace, read_server_clock
 from ._session import LockSession
 from ._statistics import PostgresLockerStatistics
 from ._upkeep import Upkeep
@@ -93,6 +94,11 @@ class PostgresLocker(HeldOpenByBlocks):
     :class:`cronlock.LockError` (the session is then terminated, so nothing stays held).
     Every session carries ``application_name`` (default ``cronlock:<host>:<pid>``) and
     server-side TCP *keepalives*.
+
+    **Fleet time, a fair race.** A Scheduler with this locker fires by the server's clock
+    (:meth:`read_server_clock`, ``Scheduler(fleet_clock=...)``). Each claim waits a
+    pseudo-random ``[0, spread)`` s (default 10 ms) drawn per slot and shard, so the winner
+    of a slot is drawn, not always the replica with a small head start (``spread=0``: no wait).
     """
 
     def __init__(
@@ -112,6 +118,7 @@ class PostgresLocker(HeldOpenByBlocks):
         keepalives: Keepalives | None = Keepalives(),  # noqa: B008 (frozen, shared safely)
         remember: int = 1024,
         connect_kwargs: Mapping[str, Any] | None = None,
+        spread: Seconds = DEFAULT_SPREAD,
     ) -> None:
         sessions = positive_int(sessions, field="sessions", owner="PostgresLocker", upper=64)
         remember = positive_int(remember, field="remember", owner="PostgresLocker")
@@ -125,6 +132,8 @@ class PostgresLocker(HeldOpenByBlocks):
         )
         self._application_name = application_name or default_application_name()
         self._remember = remember
+        spread_s = to_seconds(spread, field="spread", allow_zero=True, error=ConfigError)
+        self._race = FairRace(spread_s)
         self._closed = False
         self._entered = 0  # open async-with blocks: the Scheduler then leaves closing to them
         self._source = source
@@ -232,6 +241,8 @@ class PostgresLocker(HeldOpenByBlocks):
         # Reserve the key in-process first: the session would grant it twice (re-entrant).
         self._pending.add(key)
         try:
+            if delay := self._race.delay(slot, self._shard(key)):
+                await asyncio.sleep(delay)  # the fair race (._servertime)
             claims = self._claims[self._shard(key)]
             refusal, generation = await claims.claim_reconnecting(job, key, slot, rerun=rerun)
         finally:
@@ -260,6 +271,14 @@ class PostgresLocker(HeldOpenByBlocks):
         )
         self._held[key] = lease
         return lease
+
+    async def read_server_clock(
+        self, read: Callable[[], datetime]
+    ) -> tuple[datetime, datetime, datetime]:
+        """``(read(), the server's clock, read())`` over a lock session, for fleet time."""
+        if self._closed:
+            raise LockError(_CLOSED)
+        return await read_server_clock(self._shards, read)
 
     # -- the ledger (LedgerLocker) ---------------------------------------------------------
 
