@@ -131,13 +131,15 @@ class FleetClock:
         self.failures = 0
         """Rounds in which the server's clock could not be read."""
         self._source = source
+        self._wake: Callable[[], None] | None = None
+        self._adopted = False
         self._delta = _ZERO
         self._floor = _MIN  # fleet time never reads earlier than this (see now())
 
     @property
     def offset(self) -> timedelta | None:
         """What is added to the base clock's time; ``None`` before the first estimate."""
-        return None if self.estimator.offset is None else self._delta
+        return self._delta if self._adopted else None
 
     def now(self) -> datetime:
         """Fleet time: the base clock's time plus the offset, never before an earlier reading
@@ -152,13 +154,14 @@ class FleetClock:
             if self.now() >= deadline:
                 return
 
-    def adopt(self, offset: float) -> bool:
-        """Use *offset* seconds from now on; return True when fleet time stepped forward."""
+    def adopt(self, offset: float) -> None:
+        """Use *offset* seconds from now on (the run loop is woken when time steps forward)."""
         delta, previous = timedelta(seconds=offset), self._delta
         if delta < previous:
             self._floor = self.now()  # hold still until the base clock catches up
-        self._delta = delta
-        return delta > previous
+        self._delta, self._adopted = delta, True
+        if delta > previous and self._wake is not None:
+            self._wake()  # its timer was set for the old offset: slots may be due now
 
     async def estimate(self, samples: int) -> float | None:
         """Read the server's clock *samples* times and update the offset; return it.
@@ -175,6 +178,7 @@ class FleetClock:
     async def keep(self, wake: Callable[[], None]) -> None:
         """Estimate now, then every ``ESTIMATE_EVERY`` seconds; *wake* the run loop when
         fleet time steps forward. Runs until cancelled (the run loop owns the task)."""
+        self._wake = wake
         samples = FIRST_SAMPLES
         while True:
             try:
@@ -190,9 +194,8 @@ class FleetClock:
                 self.failures = 0
             samples = SAMPLES
             if offset is not None:
+                self.adopt(offset)
                 _logger.debug("fleet clock: %s", self)
-                if self.adopt(offset):
-                    wake()
             await asyncio.sleep(ESTIMATE_EVERY)
 
     def __repr__(self) -> str:
