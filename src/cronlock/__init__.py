@@ -35,6 +35,7 @@ from ._events import SchedulerStopped as SchedulerStopped
 from ._events import SkipReason as SkipReason
 from ._events import Subscription as Subscription
 from ._filelock import FileLocker as FileLocker
+from ._fleet import FleetClock as FleetClock
 from ._interval import IntervalSchedule as IntervalSchedule
 from ._interval import every as every
 from ._job import Job as Job
@@ -50,6 +51,7 @@ from ._locking import RecordingLease as RecordingLease
 from ._locking import Refusal as Refusal
 from ._locking import Resource as Resource
 from ._locking import ScheduleNotingLocker as ScheduleNotingLocker
+from ._locking import ServerClockLocker as ServerClockLocker
 from ._memlock import InMemoryLocker as InMemoryLocker
 from ._once import OnceSchedule as OnceSchedule
 from ._once import once as once
@@ -73,6 +75,7 @@ __all__ = (
     "Event",
     "FencedElector",
     "FileLocker",
+    "FleetClock",
     "InMemoryLocker",
     "IntervalSchedule",
     "Job",
@@ -111,6 +114,7 @@ __all__ = (
     "SchedulerStarted",
     "SchedulerStateError",
     "SchedulerStopped",
+    "ServerClockLocker",
     "SkipReason",
     "Subscription",
     "SystemClock",
