@@ -7,6 +7,7 @@ from ._calendar import daily as daily
 from ._calendar import monthly as monthly
 from ._calendar import weekly as weekly
 from ._clock import Clock as Clock
+from ._clock import RealTimeClock as RealTimeClock
 from ._clock import SystemClock as SystemClock
 from ._cron import CronSchedule as CronSchedule
 from ._cron import cron as cron
@@ -102,6 +103,7 @@ __all__ = (
     "OnceSchedule",
     "Outcome",
     "Overlap",
+    "RealTimeClock",
     "RecordingLease",
     "Refusal",
     "Resource",
