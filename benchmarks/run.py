@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import hashlib
+import itertools
 import json
 import math
 import os
@@ -49,7 +50,7 @@ FULL: dict[str, Any] = {
     "replica_ledger": [True, False],
     "burst_jobs": [1000, 10000],
     "burst_window": 50,
-    "skew_jobs": 50,
+    "skew_jobs": [1, 50],
     "skew_slots": 20,
     "import_repeats": 10,
 }
@@ -65,7 +66,7 @@ QUICK: dict[str, Any] = {
     "replica_ledger": [True, False],
     "burst_jobs": [1000],
     "burst_window": 50,
-    "skew_jobs": 50,
+    "skew_jobs": [50],
     "skew_slots": 10,
     "import_repeats": 3,
 }
@@ -250,11 +251,12 @@ def skew(cfg: dict[str, Any], dsn: str) -> dict[str, Any]:
     """Three replicas whose host clocks are 0 / +150 / +300 ms ahead, N jobs every second,
     run ledger on: host clocks, fleet time alone, fleet time with the fair race."""
     out: dict[str, Any] = {}
-    jobs, slots = cfg["skew_jobs"], cfg["skew_slots"]
+    slots = cfg["skew_slots"]
     schema = f"cronlock_bench_skew_{os.getpid()}"
     sql(dsn, f"CREATE SCHEMA {schema}")
     try:
-        for label, extra in SKEW_MODES.items():
+        for jobs, (mode, extra) in itertools.product(cfg["skew_jobs"], SKEW_MODES.items()):
+            label = f"{jobs} job{'s' if jobs > 1 else ''}: {mode}"
             first = int(time.time()) + 5
             args = [f"--jobs={jobs}", f"--first={first}", f"--slots={slots}"]
             args += [f"--schema={schema}", *extra]
@@ -520,7 +522,6 @@ def main() -> None:
                 results["burst"] = burst(cfg, args.dsn)
             if "skew" in wanted:
                 results["skew"] = skew(cfg, args.dsn)
-                results["skew_jobs"] = cfg["skew_jobs"]
     if "import" in wanted:
         results["import"] = imports(cfg)
     results["elapsed_s"] = round(time.time() - began)
