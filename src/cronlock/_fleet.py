@@ -129,7 +129,7 @@ class FleetClock:
         self.estimator = OffsetEstimator()
         """The estimates so far (offset, round trip, rejected rounds)."""
         self.failures = 0
-        """Rounds in which the server's clock could not be read."""
+        """Rounds in a row in which the server's clock could not be read (0 once it was)."""
         self._source = source
         self._wake: Callable[[], None] | None = None
         self._adopted = False
