@@ -12,7 +12,7 @@ from datetime import timedelta
 
 import pytest
 
-from cronlock import FleetClock, Scheduler, SystemClock
+from cronlock import FleetClock, Scheduler, SystemClock, every
 from cronlock.postgres import PostgresLocker
 from cronlock.testing import OffsetClock
 
@@ -104,3 +104,23 @@ def test_skewed_replicas_run_each_slot_once_and_share_the_runs(
     assert set(per_slot.values()) == {1}  # exactly once
     assert len(per_replica) == 3
     assert max(per_replica.values()) <= slots / 2
+
+
+async def test_while_the_server_cannot_be_read_the_scheduler_keeps_its_own_time(
+    unreachable_dsn: str,
+) -> None:
+    scheduler = Scheduler(locker=PostgresLocker(unreachable_dsn, connect_timeout=1))
+    clock = scheduler.clock
+    assert isinstance(clock, FleetClock)
+    ran = asyncio.Event()
+
+    async def local() -> None:
+        ran.set()
+
+    scheduler.add_job(local, every(0.05), name="local", distributed=False)
+    async with scheduler:
+        async with asyncio.timeout(30):
+            await ran.wait()
+            while not clock.failures:
+                await asyncio.sleep(0.01)
+        assert clock.offset is None  # no estimate: the base clock's time, as before
