@@ -26,7 +26,7 @@ import json
 import time
 from datetime import UTC, datetime
 
-from cronlock import RunContext, Scheduler, every
+from cronlock import Event, JobSkipped, LockFailed, RunContext, Scheduler, every
 from cronlock.postgres import PostgresLocker, PostgresLockerStatistics
 from cronlock.testing import OffsetClock
 
@@ -52,6 +52,7 @@ async def main() -> None:
     parser.add_argument("--spread", type=float, default=None, help="PostgresLocker(spread=)")
     args = parser.parse_args()
     runs: list[tuple[int, int, float, float]] = []
+    skips: dict[str, int] = {}  # JobSkipped reasons and LockFailed, over every slot
     first = args.first
     last = first + (args.slots - 1) * args.interval
 
@@ -72,6 +73,12 @@ async def main() -> None:
     scheduler = Scheduler(
         locker=locker, clock=clock, fleet_clock=False if args.host_clock else None
     )
+
+    def skipped(event: Event) -> None:
+        reason = event.reason if isinstance(event, JobSkipped) else type(event).__name__
+        skips[reason] = skips.get(reason, 0) + 1
+
+    scheduler.subscribe(skipped, JobSkipped, LockFailed)
     schedule = every(args.interval, anchor=datetime.fromtimestamp(first, UTC))
     for i in range(args.jobs):
         scheduler.add_job(task, schedule, name=f"replica-job-{i}", args=(i,))
@@ -102,6 +109,7 @@ async def main() -> None:
             {
                 "replica": args.replica,
                 "runs": runs,
+                "skips": skips,
                 "statements": stats.statements - before.statements,
                 "cpu_s": cpu,
                 "ready_before_first_s": first - ready,
