@@ -1,4 +1,4 @@
-"""The project's workflow: ``nox -s tests lint typing`` (``nox -s bench`` is separate)."""
+"""The project's workflow: ``nox -s tests lint typing docs`` (``nox -s bench`` is separate)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import os
 
 import nox
 
-nox.options.sessions = ["tests", "lint", "typing"]
+nox.options.sessions = ["tests", "lint", "typing", "docs"]
 nox.options.reuse_existing_virtualenvs = True
 
 PYTHONS = ["3.11", "3.12", "3.13"]
@@ -31,7 +31,7 @@ def tests(session: nox.Session) -> None:
 def lint(session: nox.Session) -> None:
     """ruff check and format check."""
     session.install("ruff")
-    paths = ("src", "tests", "benchmarks", "examples", "noxfile.py")
+    paths = ("src", "tests", "benchmarks", "examples", "docs/_tools", "noxfile.py")
     session.run("ruff", "check", *paths)
     session.run("ruff", "format", "--check", *paths)
 
@@ -41,6 +41,17 @@ def typing(session: nox.Session) -> None:
     """mypy --strict on src, tests and examples."""
     session.install("-e", ".[postgres,test,lint,examples]")
     session.run("mypy")
+
+
+@nox.session
+def docs(session: nox.Session) -> None:
+    """Build the documentation site strictly (``nox -s docs -- serve`` serves it locally)."""
+    session.install("-e", ".[docs]")
+    env = {"NO_MKDOCS_2_WARNING": "1"}
+    if session.posargs and session.posargs[0] == "serve":
+        session.run("mkdocs", "serve", "--strict", *session.posargs[1:], env=env)
+    else:
+        session.run("mkdocs", "build", "--strict", *session.posargs, env=env)
 
 
 @nox.session

@@ -41,11 +41,13 @@ from ._interval import IntervalSchedule as IntervalSchedule
 from ._interval import every as every
 from ._job import Job as Job
 from ._keys import job_lock_key as job_lock_key
+from ._locking import BatchLedgerLocker as BatchLedgerLocker
 from ._locking import CrashWatchingLocker as CrashWatchingLocker
 from ._locking import Elector as Elector
 from ._locking import FencedElector as FencedElector
 from ._locking import Lease as Lease
 from ._locking import LedgerLocker as LedgerLocker
+from ._locking import LedgerSummary as LedgerSummary
 from ._locking import Locker as Locker
 from ._locking import LosableLease as LosableLease
 from ._locking import RecordingLease as RecordingLease
@@ -67,6 +69,7 @@ from ._scheduler import Scheduler as Scheduler
 __version__ = "0.1.0.dev0"
 
 __all__ = (
+    "BatchLedgerLocker",
     "Clock",
     "ConfigError",
     "CrashWatchingLocker",
@@ -94,6 +97,7 @@ __all__ = (
     "Lease",
     "LedgerLocker",
     "LedgerNameError",
+    "LedgerSummary",
     "LockError",
     "LockFailed",
     "LockLost",

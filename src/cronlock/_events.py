@@ -35,6 +35,8 @@ __all__ = (
 _logger = logging.getLogger("cronlock.events")
 
 SkipReason = Literal["overlap", "misfire", "locked", "not_leader", "already_ran"]
+"""Why a slot did not run here: still busy, too late, another replica has the lock, not the
+leader, or the run ledger shows the slot already ran (:class:`JobSkipped`'s ``reason``)."""
 
 
 @dataclass(frozen=True, slots=True)

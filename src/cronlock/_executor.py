@@ -87,7 +87,14 @@ class Executor:
         if isinstance(gate, JobEvent):
             self._bus.emit(gate)
             if isinstance(gate, JobSkipped) and gate.reason in ("already_ran", "locked"):
-                await self.refresh_history(job)  # another replica ran it: learn how it went
+                # Another replica ran it: learn how the fleet's runs went, from what the
+                # refusal said when the locker tells (no read), else from a throttled read.
+                batch = job._wiring.batch
+                told = None if batch is None else batch.refusal_history(job.name)
+                if told is not None:
+                    job._state.learn(*told)
+                else:
+                    await self.refresh_history(job)
             return gate
         if gate is None:
             return await self._execute(job, slot, None, report)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Literal, Protocol, runtime_checkable
@@ -18,6 +18,7 @@ from typing import Literal, Protocol, runtime_checkable
 from ._records import RunRecord
 
 __all__ = (
+    "BatchLedgerLocker",
     "CrashCallback",
     "CrashWatchingLocker",
     "Elector",
@@ -25,6 +26,7 @@ __all__ = (
     "Lease",
     "LeaseHooks",
     "LedgerLocker",
+    "LedgerSummary",
     "Locker",
     "LosableLease",
     "RecordingLease",
@@ -106,6 +108,31 @@ class LedgerLocker(Locker, Protocol):
 
     async def history(self, job: str, limit: int = 20) -> list[RunRecord]:
         """The latest *limit* runs of *job*, newest first (unfinished ones included)."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerSummary:
+    """What a ledger says of one job: the latest slot claimed, the latest finished run and
+    the latest success (each ``None`` when there is none)."""
+
+    last_claimed: datetime | None
+    last_run: RunRecord | None
+    last_success: RunRecord | None
+
+
+@runtime_checkable
+class BatchLedgerLocker(LedgerLocker, Protocol):
+    """A ledger locker that reads for many jobs at once and tells a losing replica the
+    fleet's history with its refusal, so neither costs a round trip per job."""
+
+    async def ledger_summaries(self, jobs: Sequence[str]) -> Mapping[str, LedgerSummary]:
+        """The ledger's summary of each of *jobs* (start-up catch-up), in one read."""
+        ...
+
+    def refusal_history(self, job: str) -> tuple[RunRecord | None, RunRecord | None] | None:
+        """What the refusal just given to *job* said of the fleet's latest finished run and
+        latest success; ``None`` if it said nothing. Consumed: no I/O, asked once."""
         ...
 
 
@@ -216,6 +243,8 @@ class Wiring:
     note: Callable[[str, str, datetime | None], None] | None = None
     crashes: CrashWatchingLocker | None = None
     """The same locker when it reports crashed runs (the scheduler may rerun them)."""
+    batch: BatchLedgerLocker | None = None
+    """The same locker when it reads in batches and answers refusals with history."""
     elected: bool = False
     coordinated: bool = False
     """True when a run has anyone to ask before it starts (elector or locker)."""
@@ -230,25 +259,27 @@ def wire(
     locker = own if own is not None else default
     if locker is None:
         return Wiring(elected=elector is not None, coordinated=elector is not None)
-    ledger, notes, crashes = _locker_kinds(type(locker))
+    ledger, notes, crashes, batch = _locker_kinds(type(locker))
     return Wiring(
         locker=locker,
         ledger=typing.cast(LedgerLocker, locker) if ledger else None,
         note=typing.cast(ScheduleNotingLocker, locker).note_schedule if notes else None,
         crashes=typing.cast(CrashWatchingLocker, locker) if crashes else None,
+        batch=typing.cast(BatchLedgerLocker, locker) if batch else None,
         elected=elector is not None,
         coordinated=True,
     )
 
 
 @functools.cache
-def _locker_kinds(kind: type) -> tuple[bool, bool, bool]:
+def _locker_kinds(kind: type) -> tuple[bool, bool, bool, bool]:
     # A runtime Protocol check walks every member (~20 us); registering 100,000 jobs on
     # one locker pays for it once.
     return (
         issubclass(kind, LedgerLocker),
         issubclass(kind, ScheduleNotingLocker),
         issubclass(kind, CrashWatchingLocker),
+        issubclass(kind, BatchLedgerLocker),
     )
 
 

@@ -12,13 +12,14 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from ._cancel import cancel_and_wait, finish_uncancellably, task_name
+from ._catchup import CatchUp, misfired
 from ._clock import Clock, wait_tasks
 from ._events import EventBus, JobEvent, JobSkipped
 from ._executor import Executor
 from ._fleet import FleetClock
 from ._job import Job
 
-__all__ = ("RunLoop",)
+__all__ = ("RunLoop", "misfired")
 
 _logger = logging.getLogger("cronlock")
 
@@ -96,12 +97,22 @@ class RunLoop:
 
     def start(self, catch_up: Iterable[Job] = ()) -> None:
         """Spawn the loop task, and one task catching up on the jobs in *catch_up*."""
+        # Slots due by now are catch-up's (the first slots were planned after now); read
+        # before the loop starts, so that the ledger tells of them, not of later ones.
+        started = self._clock.now()
         self._main = asyncio.create_task(self._loop(), name=task_name("scheduler"))
         if isinstance(self._clock, FleetClock):  # measures the offset to the server's clock
             self._spawn(self._clock.keep(self._poke), name=task_name("fleet-clock"))
-        jobs = [job for job in catch_up if job._wiring.ledger is not None]
+        jobs = {job: job._state.next_run for job in catch_up if job._wiring.ledger is not None}
         if jobs:
-            self._spawn(self._catch_up_all(jobs), name=task_name("catch-up"))
+            catching = CatchUp(
+                clock=self._clock,
+                bus=self._bus,
+                executor=self._executor,
+                latest_due=self.latest_due,
+                dispatch=self.dispatch,
+            )
+            self._spawn(catching.all(jobs, started), name=task_name("catch-up"))
 
     def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
         """Run a helper task owned by the loop: cancelled and awaited at stop."""
@@ -178,68 +189,6 @@ class RunLoop:
         """Wake the loop so it re-reads the heap (new earliest entry, stop)."""
         if self._wakeup is not None:
             _set(self._wakeup)
-
-    # -- catch-up after downtime ------------------------------------------------------
-
-    async def _catch_up_all(self, jobs: list[Job]) -> None:
-        """Catch up on *jobs* in turn.
-
-        One task walks the jobs, so at start a replica with a thousand jobs sends its
-        ledger reads one at a time rather than all at once in front of its locks.
-        """
-        for job in jobs:
-            if job._scheduler is not None:  # still registered
-                await self.catch_up(job)
-
-    async def catch_up(self, job: Job) -> None:
-        """If slots of *job* passed since the last one any replica claimed, deal with them.
-
-        The latest missed slot runs once (the ledger lets one replica claim it, the others
-        skip it ``already_ran``) when it is within ``misfire_grace``; otherwise it is
-        reported missed. A job the ledger has never seen is not caught up: a new deployment
-        starts fresh.
-        """
-        ledger = job._wiring.ledger
-        if ledger is None:
-            return
-        await self._executor.refresh_history(job, force=True)
-        try:
-            last = await ledger.last_claimed(job.name)
-        except Exception as exc:
-            _logger.error("job %r: reading the run ledger for catch-up failed: %r", job.name, exc)
-            return
-        if last is None:
-            return
-        now = self._clock.now()
-        first = job.slot_after(last)
-        if first is None or job.fire_time(first) > now:
-            return
-        planned = job._state.next_run
-        if planned is not None and first >= planned:
-            return  # the run loop has it already
-        latest, _ = self.latest_due(job, first, now)
-        span = (
-            first.isoformat() if latest == first else f"{first.isoformat()} .. {latest.isoformat()}"
-        )
-        lateness = misfired(job.misfire_grace, job.fire_time(latest), now)
-        if lateness is not None:
-            _logger.warning(
-                "job %r: slot(s) %s passed while no replica ran them; %.0fs late is past "
-                "misfire_grace (%ss): reported missed",
-                job.name,
-                span,
-                lateness,
-                job.misfire_grace,
-            )
-            self._bus.emit(JobSkipped(job.name, latest, "misfire"))
-            return
-        _logger.warning(
-            "job %r: slot(s) %s passed while no replica ran them; catching up with one run of %s",
-            job.name,
-            span,
-            latest.isoformat(),
-        )
-        self.dispatch(job, latest)
 
     # -- firing ------------------------------------------------------------------------
 
@@ -406,16 +355,6 @@ class RunLoop:
         while self._waiting and (self._cap is None or self._running < self._cap):
             slot, _, waiting_job, waiter = heapq.heappop(self._waiting)
             self._start(waiting_job, slot, waiter)
-
-
-def misfired(grace: float | None, fire: datetime, now: datetime) -> float | None:
-    """How late a slot due at *fire* is at *now*, when that is past *grace*; else None.
-
-    The one misfire rule, for a slot found late by the run loop and for one found missed
-    by catch-up after downtime.
-    """
-    lateness = (now - fire).total_seconds()
-    return lateness if grace is not None and lateness > grace else None
 
 
 def _wake(future: asyncio.Future[None], _: object) -> None:

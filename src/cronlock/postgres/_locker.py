@@ -13,23 +13,24 @@ import contextlib
 import functools
 import logging
 import socket
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 from .._cancel import cancel_and_wait, task_name, uncancellable
 from .._claimed import remember_claim
 from .._durations import Seconds, optional_seconds, positive_int, to_seconds
 from .._errors import ConfigError, LockError
 from .._keys import job_lock_key
-from .._locking import Refusal
+from .._locking import LedgerSummary, Refusal
 from .._resources import HeldOpenByBlocks
-from ._backend_errors import GONE_OR_FAILED, backend_errors
+from ._backend_errors import GONE_OR_FAILED
 from ._claims import Claims
 from ._connections import ConnectionSource, Keepalives, default_application_name
 from ._crashes import CrashWatch
 from ._lease import PostgresLease
-from ._ledger import DEFAULT_TABLE, LedgerTable, to_record
+from ._ledger import DEFAULT_TABLE, LedgerTable
+from ._reads import LedgerReads
 from ._servertime import DEFAULT_SPREAD, FairRace, read_server_clock
 from ._session import LockSession
 from ._statistics import PostgresLockerStatistics
@@ -49,7 +50,6 @@ _CLOSED = (
 )
 
 _logger = logging.getLogger("cronlock.postgres")
-_T = TypeVar("_T")
 
 
 class PostgresLocker(HeldOpenByBlocks):
@@ -73,8 +73,10 @@ class PostgresLocker(HeldOpenByBlocks):
     at most *sessions* (default 4, 1 to 64) however many jobs run at once. A job always
     uses session ``job_lock_key(job) % sessions`` (its shard) for its lock, its claim, its
     release and its ledger reads; statements on one session are serialised, so the shards
-    share out the round trips. Given a DSN, the locker opens those connections itself
-    (``asyncpg.connect``, no pool, so no pool reset can drop its locks); given an
+    share out the round trips, and runs due together share them too: a session sends all
+    the claims waiting on it in one statement, and all the ends of runs in another. Given
+    a DSN, the locker opens those connections itself (``asyncpg.connect``, no pool, so no
+    pool reset can drop its locks); given an
     ``asyncpg.Pool``, it borrows them for its lifetime (close the locker before the pool).
     Each session is opened on first use by a job of its shard.
 
@@ -158,6 +160,10 @@ class PostgresLocker(HeldOpenByBlocks):
         self._held: dict[int, PostgresLease] = {}
         self._pending: set[int] = set()
         self._claimed: dict[str, dict[datetime, None]] = {}
+        # What refusals told of each job's history, until the scheduler asks (see
+        # refusal_history); bounded like the claimed slots.
+        self._told: dict[str, tuple[RunRecord | None, RunRecord | None]] = {}
+        self._reads = LedgerReads(self._shards, self._table, lambda: self._closed)
         self._crashes = None if self._table is None else CrashWatch(self._table, host)
         # Upkeep: heartbeat, schedules to write, outcomes of lost leases to write, crashed
         # runs to mark, pruning.
@@ -241,12 +247,17 @@ class PostgresLocker(HeldOpenByBlocks):
         # Reserve the key in-process first: the session would grant it twice (re-entrant).
         self._pending.add(key)
         try:
-            if delay := self._race.delay(slot, self._shard(key)):
+            if (delay := self._race.wait(slot, self._shard(key))) > 0:
                 await asyncio.sleep(delay)  # the fair race (._servertime)
             claims = self._claims[self._shard(key)]
-            refusal, generation = await claims.claim_reconnecting(job, key, slot, rerun=rerun)
+            answer = await claims.claim(job, key, slot, rerun=rerun)
         finally:
             self._pending.discard(key)
+        refusal, generation = answer.refusal, answer.generation
+        if answer.told is not None:
+            self._told[job] = answer.told
+            if len(self._told) > self._remember:
+                del self._told[next(iter(self._told))]
         if refusal == "locked":
             self._contended += 1
             _logger.debug("job %r slot %s: another replica holds the lock", job, slot)
@@ -270,6 +281,10 @@ class PostgresLocker(HeldOpenByBlocks):
             attempt=2 if rerun else 1,
         )
         self._held[key] = lease
+        if self._shards[self._shard(key)].generation != generation:
+            # The session died between its answer and now: the lock died with it.
+            lease.mark_lost(LockError(f"job {job!r}: the lock session was dropped"))
+            self._lost += 1
         return lease
 
     async def read_server_clock(
@@ -284,20 +299,11 @@ class PostgresLocker(HeldOpenByBlocks):
 
     async def last_claimed(self, job: str) -> datetime | None:
         """The latest slot of *job* any replica claimed; ``None`` without a ledger."""
-        if self._table is None:
-            return None
-        sql = self._table.last_claimed_sql
-        found: datetime | None = await self._read(job, lambda s: s.fetchval(sql, job))
-        return found
+        return await self._reads.last_claimed(job)
 
     async def last_runs(self, job: str) -> tuple[RunRecord | None, RunRecord | None]:
         """The latest finished run of *job* on any replica, and the latest successful one."""
-        if self._table is None:
-            return None, None
-        sql = self._table.last_runs_sql
-        rows = await self._read(job, lambda s: s.fetch(sql, job))
-        found = {row["kind"]: to_record(row) for row in rows}
-        return found.get("last"), found.get("ok")
+        return await self._reads.last_runs(job)
 
     async def history(self, job: str, limit: int = 20) -> list[RunRecord]:
         """The latest *limit* runs of *job* on any replica, newest first.
@@ -305,11 +311,20 @@ class PostgresLocker(HeldOpenByBlocks):
         Unfinished runs are included with outcome ``"unfinished"`` and no ``finished_at``.
         Empty without a ledger.
         """
-        if self._table is None:
-            return []
-        sql = self._table.history_sql
-        rows = await self._read(job, lambda s: s.fetch(sql, job, limit))
-        return [to_record(row) for row in rows]
+        return await self._reads.history(job, limit)
+
+    async def ledger_summaries(self, jobs: Sequence[str]) -> Mapping[str, LedgerSummary]:
+        """The latest claimed slot, finished run and success of each of *jobs*, read in one
+        statement per few thousand jobs (start-up catch-up); jobs without a row are left
+        out. Empty without a ledger."""
+        return await self._reads.summaries(jobs)
+
+    def refusal_history(self, job: str) -> tuple[RunRecord | None, RunRecord | None] | None:
+        """What the ledger said with the refusal :meth:`acquire` just gave *job*: the job's
+        latest finished run at or before that slot, and it again as the latest success when
+        it succeeded. ``None`` when nothing was told (no ledger, no refusal, or asked
+        already): a replica that loses a slot learns the fleet's history without a read."""
+        return self._told.pop(job, None)
 
     def on_crashed(self, callback: CrashCallback) -> None:
         """Call *callback* ``(job, record)`` for each crashed run this locker marks.
@@ -354,6 +369,8 @@ class PostgresLocker(HeldOpenByBlocks):
         if watch is not None and watch is not asyncio.current_task():
             await cancel_and_wait(watch)
         await self._upkeep.stop()
+        for claims in self._claims:
+            await claims.batcher.wait_idle()  # answers in flight reach their callers
         if self._held and any(s.conn is not None for s in self._shards):
             _logger.warning(
                 "PostgresLocker closed while holding the locks of %s",
@@ -421,22 +438,6 @@ class PostgresLocker(HeldOpenByBlocks):
                 shard,
                 reason,
                 sorted(lease.job for lease in lost),
-            )
-
-    async def _read(self, job: str, call: Callable[[Any], Awaitable[_T]]) -> _T:
-        if self._closed:
-            raise LockError(f"job {job!r}: the PostgresLocker is closed")
-        session = self._shards[self._shard(job_lock_key(job))]
-        conn, generation = await session.ensure()
-        with backend_errors(
-            f"job {job!r}: reading the run ledger failed",
-            session_lost=f"job {job!r}: the lock session was lost; try again",
-        ):
-            return await uncancellable(
-                session.run(
-                    conn, generation, call, what="a ledger read", keep_on_server_error=True
-                ),
-                name=task_name("pg-read", job),
             )
 
     def _on_released(self, lease: PostgresLease, unwritten: RunRecord | None) -> None:

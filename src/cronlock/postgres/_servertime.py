@@ -16,6 +16,7 @@ of one shard due at one instant, so those still go to the server together.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import secrets
 from collections.abc import Callable, Sequence
@@ -58,11 +59,30 @@ async def read_server_clock(
 class FairRace:
     """The wait before each claim: pseudo-random in ``[0, spread)`` per (slot, shard)."""
 
-    __slots__ = ("_seed", "_spread")
+    __slots__ = ("_deadlines", "_seed", "_spread")
 
     def __init__(self, spread: float) -> None:
         self._spread = spread
         self._seed = secrets.token_bytes(8)  # this locker's own draws
+        self._deadlines: dict[tuple[datetime, int], float] = {}
+
+    def wait(self, slot: datetime, shard: int) -> float:
+        """Seconds to wait now before claiming *slot* on *shard* (<= 0: claim at once).
+
+        Every claim of one (slot, shard) waits until the same event-loop instant, the first
+        one's arrival plus its draw, so they wake in one turn of the loop and go to the
+        server in one batch (:mod:`._batch`).
+        """
+        if not self._spread:
+            return 0.0
+        now = asyncio.get_running_loop().time()
+        key = (slot, shard)
+        deadline = self._deadlines.get(key)
+        if deadline is None:
+            if len(self._deadlines) >= 4096:
+                self._deadlines.clear()  # old slots' deadlines; a late claim waits anew
+            deadline = self._deadlines[key] = now + self.delay(slot, shard)
+        return deadline - now
 
     def delay(self, slot: datetime, shard: int) -> float:
         """Seconds to wait before claiming *slot* on *shard* (0 with ``spread=0``)."""

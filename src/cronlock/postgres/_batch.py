@@ -1,0 +1,324 @@
+"""One lock session's batches: claims, and ends of runs, sent many at a time.
+
+A thousand jobs due at one instant must not cost a thousand round trips on each replica.
+Each shard's :class:`Batcher` collects the claims (and the outcomes + unlocks) asked of its
+session and sends them together, one statement for all claims and one for all ends
+(:mod:`._batchsql`). Nothing waits on a timer: the first request of an idle session starts
+a flush at the next turn of the event loop (so every request made in the same turn, such
+as all the runs the run loop started for one instant, goes with it), and requests that
+arrive while a statement is in flight go with the next one. A run alone therefore still
+costs one round trip to claim and one to finish.
+
+Each caller waits for its own answer on a future; the flush is a task of the batcher that
+no caller's cancellation interrupts (the caller's :func:`cronlock._cancel.claim_or_undo`
+then undoes what it was granted). A failed statement fails every request in it, with the
+error each would have had alone: the session is then dropped (its locks with it), and a
+claim whose session died is retried once on a fresh one, as a single claim is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from .._cancel import finish_uncancellably, task_name
+from .._errors import LockError
+from .._locking import Refusal
+from ._advisory import UNLOCK_SQL
+from ._backend_errors import BACKEND_ERRORS, SessionGone, backend_errors
+from ._batchsql import (
+    TRY_LOCK_MANY_SQL,
+    UNLOCK_MANY_SQL,
+    Prefixed,
+    claim_many_sql,
+    finish_many_sql,
+)
+from ._ledger import LedgerTable, to_record
+
+if TYPE_CHECKING:
+    from .._records import RunRecord
+    from ._session import LockSession
+
+__all__ = ("MAX_BATCH", "Batcher", "ClaimAnswer", "Told")
+
+_logger = logging.getLogger("cronlock.postgres")
+
+MAX_BATCH = 1000
+"""Rows per statement at most: a bigger batch waits for the next one (bounds how long one
+statement holds the session, and the statement timeout's reach)."""
+
+Told = tuple["RunRecord | None", "RunRecord | None"]
+"""The fleet's latest finished run and latest success of a job, as a claim's answer told."""
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimAnswer:
+    """One claim's answer: ``refusal`` ``None`` means granted, on session ``generation``.
+
+    ``told``: for a refused claim with the ledger, the job's latest finished run at or
+    before the slot (and it again as the latest success when it succeeded), else ``None``.
+    """
+
+    refusal: Refusal | None
+    generation: int
+    told: Told | None = None
+
+
+class _Claim:
+    __slots__ = ("future", "job", "key", "slot")
+
+    def __init__(self, job: str, key: int, slot: datetime, future: asyncio.Future[Any]) -> None:
+        self.job, self.key, self.slot, self.future = job, key, slot, future
+
+
+class _End:
+    __slots__ = ("error", "future", "generation", "job", "key", "outcome", "slot", "undo")
+
+    def __init__(
+        self,
+        job: str,
+        key: int,
+        slot: datetime,
+        generation: int,
+        record: RunRecord | None,
+        undo: bool,
+        future: asyncio.Future[Any],
+    ) -> None:
+        self.job, self.key, self.slot, self.generation = job, key, slot, generation
+        self.outcome = None if record is None else record.outcome
+        self.error = None if record is None else record.error
+        self.undo, self.future = undo, future
+
+
+class Batcher:
+    """The claims and ends of runs waiting to go to one lock *session*, and their flush.
+
+    *table* ``None`` is lock-only mode (bare try-locks and unlocks); *host* is written to
+    the ledger with each claim. :attr:`batches` and :attr:`batched` count the claim and
+    end statements sent and the requests they carried.
+    """
+
+    def __init__(self, session: LockSession, table: LedgerTable | None, host: str) -> None:
+        self._session = session
+        self._table = table
+        self._host = host
+        self._pid = os.getpid()
+        self._claim_sql = None if table is None else claim_many_sql(table)
+        self._finish_sql = None if table is None else finish_many_sql(table)
+        self._claims: list[_Claim] = []
+        self._ends: list[_End] = []
+        self._flush: asyncio.Task[None] | None = None
+        self.batches = 0
+        self.batched = 0
+
+    # -- what callers ask --------------------------------------------------------------
+
+    def claim(self, job: str, key: int, slot: datetime) -> asyncio.Future[ClaimAnswer]:
+        """Lock (and claim) *slot* of *job* with whatever else is due on this session.
+
+        The future fails with :class:`cronlock.LockError` when the statement failed. Its
+        waiter must not cancel it (it would not know what to undo): see :mod:`._claims`.
+        """
+        if "\x00" in job:
+            # The one value the server refuses in text: never let it fail a whole batch.
+            raise LockError(f"job {job!r}: a job name cannot contain a NUL character")
+        future: asyncio.Future[ClaimAnswer] = asyncio.get_running_loop().create_future()
+        self._claims.append(_Claim(job, key, slot, future))
+        self._kick()
+        return future
+
+    async def finish(
+        self,
+        generation: int,
+        job: str,
+        key: int,
+        slot: datetime,
+        record: RunRecord | None,
+        *,
+        undo: bool = False,
+    ) -> bool:
+        """Record *record* (or undo the claim) and unlock, with whatever else ended.
+
+        False when the session of *generation* is gone (the lock with it) or the statement
+        failed (the session is then terminated, which releases the lock server-side).
+        """
+        if generation != self._session.generation or self._session.conn is None:
+            return False
+        future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self._ends.append(_End(job, key, slot, generation, record, undo, future))
+        self._kick()
+        return await future
+
+    async def wait_idle(self) -> None:
+        """Wait until nothing is in flight or waiting (at close); never interrupts a flush."""
+        while (flush := self._flush) is not None:
+            await finish_uncancellably(asyncio.wait((flush,)))
+
+    # -- the flush -----------------------------------------------------------------------
+
+    def _kick(self) -> None:
+        if self._flush is None:
+            # The flush starts at the next turn of the loop: everything asked in this
+            # turn (the runs started for one instant) goes in its first statement.
+            self._flush = asyncio.create_task(self._flushing(), name=task_name("pg-batch"))
+
+    async def _flushing(self) -> None:
+        try:
+            while self._ends or self._claims:
+                if self._ends:
+                    ends, self._ends = self._ends[:MAX_BATCH], self._ends[MAX_BATCH:]
+                    await self._send_ends(ends)
+                if self._claims:
+                    claims, self._claims = self._claims[:MAX_BATCH], self._claims[MAX_BATCH:]
+                    await self._send_claims(claims)
+        except BaseException as exc:
+            # Only a cancellation (the event loop closing) gets here: nobody may be left
+            # waiting on an answer that will never come.
+            failure = LockError(f"the lock session's batch was interrupted: {exc!r}")
+            futures = [r.future for r in self._ends] + [r.future for r in self._claims]
+            for future in futures:
+                if not future.done():
+                    future.set_exception(failure)
+            self._ends, self._claims = [], []
+            raise
+        finally:
+            self._flush = None
+
+    async def _send_claims(self, claims: list[_Claim]) -> None:
+        try:
+            answers = await self._claim_reconnecting(claims)
+        except Exception as exc:
+            for claim in claims:
+                if not claim.future.done():
+                    claim.future.set_exception(_for_job(exc, claim.job))
+            return
+        for claim, answer in zip(claims, answers, strict=True):
+            if not claim.future.done():
+                claim.future.set_result(answer)
+
+    async def _claim_reconnecting(self, claims: list[_Claim]) -> list[ClaimAnswer]:
+        session = self._session
+        conn, generation = await session.ensure()
+        try:
+            return await self._claim_once(conn, generation, claims)
+        except LockError as exc:
+            if isinstance(exc.__cause__, TimeoutError):
+                raise  # a slow server: retrying would only double the wait
+        # The session died under us (killed, network cut, server restart). Its locks died
+        # with it, so one attempt on a fresh session is safe.
+        _logger.info("lock session lost during a claim of %d job(s); reconnecting", len(claims))
+        conn, generation = await session.ensure()
+        return await self._claim_once(conn, generation, claims)
+
+    async def _claim_once(
+        self, conn: Any, generation: int, claims: list[_Claim]
+    ) -> list[ClaimAnswer]:
+        self.batches += 1
+        self.batched += len(claims)
+        keys = [claim.key for claim in claims]
+        run = self._session.run
+        with backend_errors("the claim statement failed", session_lost="the lock session was lost"):
+            if self._claim_sql is None:
+                rows = await run(
+                    conn, generation, lambda c: c.fetch(TRY_LOCK_MANY_SQL, keys), what="try-lock"
+                )
+                answers = [ClaimAnswer(None, generation)] * len(claims)
+                for row in rows:
+                    if not row["got"]:
+                        answers[row["i"] - 1] = ClaimAnswer("locked", generation)
+                return answers
+            jobs = [claim.job for claim in claims]
+            slots = [claim.slot for claim in claims]
+            sql, host, pid = self._claim_sql, self._host, self._pid
+            rows = await run(
+                conn,
+                generation,
+                lambda c: c.fetch(sql, keys, jobs, slots, host, pid),
+                what="claim",
+            )
+        answers = [ClaimAnswer(None, generation)] * len(claims)
+        for row in rows:
+            if row["started_at"] is not None:
+                continue
+            refusal: Refusal = "already_ran" if row["ran"] or row["got"] else "locked"
+            told: Told = (None, None)
+            if row["p_slot"] is not None:
+                last = to_record(Prefixed(row, "p_"))
+                told = (last, last if last.outcome == "succeeded" else None)
+            answers[row["i"] - 1] = ClaimAnswer(refusal, generation, told)
+        return answers
+
+    async def _send_ends(self, ends: list[_End]) -> None:
+        session = self._session
+        conn, generation = session.conn, session.generation
+        current = [end for end in ends if end.generation == generation and conn is not None]
+        for end in ends:
+            if end.generation != generation or conn is None:
+                _settle(end.future, False)  # that session died: the server unlocked
+        if not current:
+            return
+        self.batches += 1
+        self.batched += len(current)
+        keys = [end.key for end in current]
+        run = session.run
+        try:
+            if self._finish_sql is None:
+                if len(current) == 1:  # the plain statement: the same cost, less to parse
+                    released = await run(
+                        conn, generation, lambda c: c.fetchval(UNLOCK_SQL, keys[0]), what="unlock"
+                    )
+                    rows = [{"i": 1, "released": released}]
+                else:
+                    rows = await run(
+                        conn, generation, lambda c: c.fetch(UNLOCK_MANY_SQL, keys), what="unlock"
+                    )
+            else:
+                sql = self._finish_sql
+                args = (
+                    [end.job for end in current],
+                    [end.slot for end in current],
+                    [end.outcome for end in current],
+                    [end.error for end in current],
+                    keys,
+                    [end.undo for end in current],
+                    self._host,
+                    self._pid,
+                )
+                rows = await run(conn, generation, lambda c: c.fetch(sql, *args), what="finish")
+        except SessionGone:
+            for end in current:
+                _settle(end.future, False)  # the session died: the server released them
+            return
+        except BACKEND_ERRORS as exc:
+            _logger.warning(
+                "unlock of %s failed (%r); the lock session was terminated, which releases "
+                "the locks server-side",
+                sorted({end.job for end in current}),
+                exc,
+            )
+            for end in current:
+                _settle(end.future, False)
+            return
+        for row in rows:
+            end = current[row["i"] - 1]
+            if not row["released"]:
+                _logger.warning("job %r: its lock was no longer held at unlock", end.job)
+            _settle(end.future, True)
+
+
+def _settle(future: asyncio.Future[Any], value: object) -> None:
+    if not future.done():  # a caller cancelled out of a release (shutdown) gave up on it
+        future.set_result(value)
+
+
+def _for_job(exc: Exception, job: str) -> Exception:
+    """*exc* as the failure of *job*'s claim: a LockError naming the job, same cause."""
+    if isinstance(exc, LockError):
+        failure = type(exc)(f"job {job!r}: {exc}")
+        failure.__cause__ = exc.__cause__
+        return failure
+    return exc

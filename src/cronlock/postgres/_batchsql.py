@@ -1,0 +1,175 @@
+"""The batched statements: many runs' claims, or many runs' ends, in one round trip.
+
+A lock session sends the claims of every job due at the same instant in one statement, and
+the outcomes and unlocks of every run that ended meanwhile in another (:mod:`._batch`).
+Each takes arrays (``unnest ... WITH ORDINALITY``) and answers one row per element, tagged
+with its 1-based position *i*, so that each caller gets its own answer. Every per-row side
+effect (a try-lock, an unlock) sits in a ``MATERIALIZED`` CTE or in the final projection,
+where PostgreSQL evaluates it exactly once per row.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ._ledger import LedgerTable
+
+__all__ = (
+    "TRY_LOCK_MANY_SQL",
+    "UNLOCK_MANY_SQL",
+    "Prefixed",
+    "catch_up_sql",
+    "claim_many_sql",
+    "finish_many_sql",
+)
+
+TRY_LOCK_MANY_SQL = """
+    SELECT u.i, pg_try_advisory_lock(u.key) AS got
+    FROM unnest($1::bigint[]) WITH ORDINALITY AS u(key, i)"""
+"""Lock-only mode: ``$1`` keys; answers (i, got)."""
+
+UNLOCK_MANY_SQL = """
+    SELECT u.i, pg_advisory_unlock(u.key) AS released
+    FROM unnest($1::bigint[]) WITH ORDINALITY AS u(key, i)"""
+"""Lock-only mode: ``$1`` keys; answers (i, released)."""
+
+_RUN = "slot, started_at, finished_at, outcome, error, host, pid, attempt"
+
+
+def claim_many_sql(table: LedgerTable) -> str:
+    """Lock and claim many (job, slot) pairs in one statement; row by row as
+    :attr:`LedgerTable.claim_sql` does for one.
+
+    Arrays ``$1`` keys, ``$2`` jobs, ``$3`` slots; ``$4`` host, ``$5`` pid. Answers
+    (i, ran, got, started_at, undone) per element, plus, for a refused one, the job's
+    latest *finished* run at or before that slot (``p_*`` columns, NULL when there is
+    none): the fleet's history a losing replica learns without reading it again. That
+    look-up is one backward step on the primary key, and runs only for refused rows (its
+    gate refers to the outer row alone, so the planner skips the scan for granted ones).
+    Every look-up is a ``LATERAL ... LIMIT 1``: a probe of the primary key per row, never
+    the hashed sequential scan of the whole ledger the planner may pick for an ``EXISTS``
+    over a few hundred rows.
+    """
+    runs = table.runs
+    return f"""
+        WITH u AS MATERIALIZED (
+            SELECT u.i, u.key, u.job, u.slot, seen.job IS NOT NULL AS ran
+            FROM unnest($1::bigint[], $2::text[], $3::timestamptz[]) WITH ORDINALITY
+                 AS u(key, job, slot, i)
+            LEFT JOIN LATERAL (
+                SELECT r.job FROM {runs} r WHERE r.job = u.job AND r.slot = u.slot LIMIT 1
+            ) seen ON true
+        ), l AS MATERIALIZED (
+            SELECT u.i, u.key, u.job, u.slot, u.ran,
+                   CASE WHEN u.ran THEN false ELSE pg_try_advisory_lock(u.key) END AS got
+            FROM u
+        ), ins AS (
+            INSERT INTO {runs} (job, slot, host, pid, session)
+            SELECT l.job, l.slot, $4::text, $5::integer, pg_backend_pid()
+            FROM l WHERE l.got
+            ON CONFLICT (job, slot) DO NOTHING
+            RETURNING job, slot, started_at
+        ), c AS MATERIALIZED (
+            SELECT l.i, l.key, l.job, l.slot, l.ran, l.got, ins.started_at
+            FROM l LEFT JOIN ins ON ins.job = l.job AND ins.slot = l.slot
+        )
+        SELECT c.i, c.ran, c.got, c.started_at,
+               CASE WHEN c.got AND c.started_at IS NULL
+                    THEN pg_advisory_unlock(c.key) END AS undone,
+               p.slot AS p_slot, p.started_at AS p_started_at,
+               p.finished_at AS p_finished_at, p.outcome AS p_outcome, p.error AS p_error,
+               p.host AS p_host, p.pid AS p_pid, p.attempt AS p_attempt
+        FROM c
+        LEFT JOIN LATERAL (
+            SELECT {_RUN} FROM {runs} r
+            WHERE c.started_at IS NULL AND r.job = c.job AND r.slot <= c.slot
+              AND r.finished_at IS NOT NULL
+            ORDER BY r.slot DESC LIMIT 1
+        ) p ON true"""
+
+
+def finish_many_sql(table: LedgerTable) -> str:
+    """Record outcomes (or undo claims) and unlock, for many runs in one statement.
+
+    Arrays ``$1`` jobs, ``$2`` slots, ``$3`` outcomes (NULL: none recorded), ``$4``
+    errors, ``$5`` keys, ``$6`` undo flags; ``$7`` host, ``$8`` pid. A row to *undo* is
+    a claim whose caller was cancelled before its run began: deleted, so that another
+    replica may still run the slot, or, for the rerun of a crashed run (attempt 2),
+    recorded ``"cancelled"`` (see :attr:`LedgerTable.unclaim_sql`). Answers
+    (i, released). Like :attr:`LedgerTable.finish_sql`, the commit does not wait for its
+    WAL flush. Rows are found by a primary-key probe each (``LATERAL ... LIMIT 1``), then
+    changed by their ``ctid``: a join on (job, slot) let the planner scan every unfinished
+    row once per row of the batch, seconds for a burst of thousands.
+    """
+    runs = table.runs
+    return f"""
+        WITH u AS MATERIALIZED (
+            SELECT * FROM unnest($1::text[], $2::timestamptz[], $3::text[], $4::text[],
+                                 $5::bigint[], $6::boolean[]) WITH ORDINALITY
+                 AS u(job, slot, outcome, error, key, undo, i)
+        ), t AS MATERIALIZED (
+            SELECT u.outcome, u.error, u.undo, r.rid, r.host, r.pid, r.attempt
+            FROM u JOIN LATERAL (
+                SELECT r.ctid AS rid, r.host, r.pid, r.attempt FROM {runs} r
+                WHERE r.job = u.job AND r.slot = u.slot AND r.finished_at IS NULL LIMIT 1
+            ) r ON true
+        ), del AS (
+            DELETE FROM {runs} r USING t
+            WHERE r.ctid = t.rid AND t.undo AND t.host = $7::text AND t.pid = $8::integer
+              AND t.attempt = 1
+        ), upd AS (
+            UPDATE {runs} r
+            SET finished_at = clock_timestamp(),
+                outcome = CASE WHEN t.undo THEN 'cancelled' ELSE t.outcome END,
+                error = CASE WHEN t.undo THEN 'cancelled before the rerun began'
+                             ELSE t.error END
+            FROM t
+            WHERE r.ctid = t.rid
+              AND (NOT t.undo OR (t.host = $7::text AND t.pid = $8::integer
+                                  AND t.attempt > 1))
+        ), relaxed AS MATERIALIZED (
+            SELECT set_config('synchronous_commit', 'off', true)
+        )
+        SELECT u.i, pg_advisory_unlock(u.key) AS released
+        FROM u, relaxed"""
+
+
+def catch_up_sql(table: LedgerTable) -> str:
+    """What start-up catch-up needs of many jobs, in one statement.
+
+    Array ``$1`` jobs. Per job: ``claimed``, the latest slot any replica claimed; its
+    latest finished run and its latest success (``l_*`` and ``s_*`` columns, NULL when
+    none). Three look-ups on the primary key per job.
+    """
+    runs = table.runs
+    cols = ("slot", "started_at", "finished_at", "outcome", "error", "host", "pid", "attempt")
+    last = ", ".join(f"l.{c} AS l_{c}" for c in cols)
+    ok = ", ".join(f"s.{c} AS s_{c}" for c in cols)
+    return f"""
+        SELECT u.job, m.slot AS claimed, {last}, {ok}
+        FROM unnest($1::text[]) AS u(job)
+        LEFT JOIN LATERAL (
+            SELECT r.slot FROM {runs} r WHERE r.job = u.job ORDER BY r.slot DESC LIMIT 1
+        ) m ON true
+        LEFT JOIN LATERAL (
+            SELECT {_RUN} FROM {runs} r WHERE r.job = u.job AND r.finished_at IS NOT NULL
+            ORDER BY r.slot DESC LIMIT 1
+        ) l ON true
+        LEFT JOIN LATERAL (
+            SELECT {_RUN} FROM {runs} r WHERE r.job = u.job AND r.outcome = 'succeeded'
+            ORDER BY r.slot DESC LIMIT 1
+        ) s ON true"""
+
+
+class Prefixed:
+    """The columns of an answer's *row* named *prefix* + name, read as a ledger row (for
+    :func:`._ledger.to_record`)."""
+
+    __slots__ = ("_prefix", "_row")
+
+    def __init__(self, row: Any, prefix: str) -> None:
+        self._row = row
+        self._prefix = prefix
+
+    def __getitem__(self, name: str) -> Any:
+        return self._row[self._prefix + name]

@@ -1,0 +1,113 @@
+"""A PostgresLocker's reads of the run ledger: one job's history, or many jobs at once.
+
+Reads go to the job's shard, between its lock statements; a read of many jobs (start-up
+catch-up) is one statement per :data:`READ_BATCH` jobs, however many jobs there are.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from .._cancel import task_name, uncancellable
+from .._errors import LockError
+from .._keys import job_lock_key
+from .._locking import LedgerSummary
+from ._backend_errors import backend_errors
+from ._batchsql import Prefixed, catch_up_sql
+from ._ledger import LedgerTable, to_record
+
+if TYPE_CHECKING:
+    from .._records import RunRecord
+    from ._session import LockSession
+
+__all__ = ("READ_BATCH", "LedgerReads")
+
+READ_BATCH = 5000
+"""Jobs per statement of a many-job read."""
+_T = TypeVar("_T")
+
+
+class LedgerReads:
+    """The ledger reads of a locker whose sessions are *shards*; *closed* says if it is."""
+
+    def __init__(
+        self,
+        shards: Sequence[LockSession],
+        table: LedgerTable | None,
+        closed: Callable[[], bool],
+    ) -> None:
+        self._shards = shards
+        self._table = table
+        self._closed = closed
+        self._catch_up_sql = None if table is None else catch_up_sql(table)
+
+    async def last_claimed(self, job: str) -> datetime | None:
+        """The latest slot of *job* any replica claimed; ``None`` without a ledger."""
+        if self._table is None:
+            return None
+        sql = self._table.last_claimed_sql
+        found: datetime | None = await self._read(job, lambda s: s.fetchval(sql, job))
+        return found
+
+    async def last_runs(self, job: str) -> tuple[RunRecord | None, RunRecord | None]:
+        """The latest finished run of *job* on any replica, and the latest successful one."""
+        if self._table is None:
+            return None, None
+        sql = self._table.last_runs_sql
+        rows = await self._read(job, lambda s: s.fetch(sql, job))
+        found = {row["kind"]: to_record(row) for row in rows}
+        return found.get("last"), found.get("ok")
+
+    async def history(self, job: str, limit: int) -> list[RunRecord]:
+        """The latest *limit* runs of *job*, newest first; empty without a ledger."""
+        if self._table is None:
+            return []
+        sql = self._table.history_sql
+        rows = await self._read(job, lambda s: s.fetch(sql, job, limit))
+        return [to_record(row) for row in rows]
+
+    async def summaries(self, jobs: Sequence[str]) -> Mapping[str, LedgerSummary]:
+        """Each job's latest claimed slot, latest finished run and latest success.
+
+        One statement per :data:`READ_BATCH` jobs, on the first job's shard. Jobs without
+        a row are left out; empty without a ledger.
+        """
+        sql = self._catch_up_sql
+        if sql is None or not jobs:
+            return {}
+        found: dict[str, LedgerSummary] = {}
+        names = list(dict.fromkeys(jobs))
+        for start in range(0, len(names), READ_BATCH):
+            chunk = names[start : start + READ_BATCH]
+            rows: list[Any] = await self._read(chunk[0], functools.partial(_fetch, sql, chunk))
+            for row in rows:
+                if row["claimed"] is None:
+                    continue
+                last = to_record(Prefixed(row, "l_")) if row["l_slot"] is not None else None
+                ok = to_record(Prefixed(row, "s_")) if row["s_slot"] is not None else None
+                found[row["job"]] = LedgerSummary(row["claimed"], last, ok)
+        return found
+
+    async def _read(self, job: str, call: Callable[[Any], Awaitable[_T]]) -> _T:
+        if self._closed():
+            raise LockError(f"job {job!r}: the PostgresLocker is closed")
+        session = self._shards[job_lock_key(job) % len(self._shards)]
+        conn, generation = await session.ensure()
+        with backend_errors(
+            f"job {job!r}: reading the run ledger failed",
+            session_lost=f"job {job!r}: the lock session was lost; try again",
+        ):
+            return await uncancellable(
+                session.run(
+                    conn, generation, call, what="a ledger read", keep_on_server_error=True
+                ),
+                name=task_name("pg-read", job),
+            )
+
+
+async def _fetch(sql: str, names: list[str], conn: Any) -> list[Any]:
+    rows: list[Any] = await conn.fetch(sql, names)
+    return rows
