@@ -247,8 +247,7 @@ class PostgresLocker(HeldOpenByBlocks):
         # Reserve the key in-process first: the session would grant it twice (re-entrant).
         self._pending.add(key)
         try:
-            if (delay := self._race.wait(slot, self._shard(key))) > 0:
-                await asyncio.sleep(delay)  # the fair race (._servertime)
+            await self._race.wait(slot, self._shard(key))  # the fair race (._servertime)
             claims = self._claims[self._shard(key)]
             answer = await claims.claim(job, key, slot, rerun=rerun)
         finally:

@@ -59,30 +59,32 @@ async def read_server_clock(
 class FairRace:
     """The wait before each claim: pseudo-random in ``[0, spread)`` per (slot, shard)."""
 
-    __slots__ = ("_deadlines", "_seed", "_spread")
+    __slots__ = ("_gates", "_seed", "_spread")
 
     def __init__(self, spread: float) -> None:
         self._spread = spread
         self._seed = secrets.token_bytes(8)  # this locker's own draws
-        self._deadlines: dict[tuple[datetime, int], float] = {}
+        self._gates: dict[tuple[datetime, int], asyncio.Future[None]] = {}
 
-    def wait(self, slot: datetime, shard: int) -> float:
-        """Seconds to wait now before claiming *slot* on *shard* (<= 0: claim at once).
+    async def wait(self, slot: datetime, shard: int) -> None:
+        """Wait before claiming *slot* on *shard*: until the draw's time after the first claim.
 
-        Every claim of one (slot, shard) waits until the same event-loop instant, the first
-        one's arrival plus its draw, so they wake in one turn of the loop and go to the
-        server in one batch (:mod:`._batch`).
+        Every claim of one (slot, shard) waits on one gate, opened by one timer, so they all
+        wake in one turn of the event loop and go to the server in one batch
+        (:mod:`._batch`). A claim that comes after the gate opened does not wait.
         """
         if not self._spread:
-            return 0.0
-        now = asyncio.get_running_loop().time()
+            return
         key = (slot, shard)
-        deadline = self._deadlines.get(key)
-        if deadline is None:
-            if len(self._deadlines) >= 4096:
-                self._deadlines.clear()  # old slots' deadlines; a late claim waits anew
-            deadline = self._deadlines[key] = now + self.delay(slot, shard)
-        return deadline - now
+        gate = self._gates.get(key)
+        if gate is None:
+            if len(self._gates) >= 4096:  # forget the gates already open
+                self._gates = {k: g for k, g in self._gates.items() if not g.done()}
+            loop = asyncio.get_running_loop()
+            gate = self._gates[key] = loop.create_future()
+            loop.call_later(self.delay(slot, shard), _open, gate)
+        if not gate.done():
+            await asyncio.wait((gate,))  # a cancelled waiter leaves the gate to the others
 
     def delay(self, slot: datetime, shard: int) -> float:
         """Seconds to wait before claiming *slot* on *shard* (0 with ``spread=0``)."""
@@ -92,3 +94,8 @@ class FairRace:
             f"{slot.timestamp()!r}/{shard}".encode(), key=self._seed, digest_size=8
         ).digest()
         return self._spread * int.from_bytes(digest) / 2**64
+
+
+def _open(gate: asyncio.Future[None]) -> None:
+    if not gate.done():
+        gate.set_result(None)
