@@ -101,8 +101,6 @@ class RunLoop:
         # before the loop starts, so that the ledger tells of them, not of later ones.
         started = self._clock.now()
         self._main = asyncio.create_task(self._loop(), name=task_name("scheduler"))
-        if isinstance(self._clock, FleetClock):  # measures the offset to the server's clock
-            self._spawn(self._clock.keep(self._poke), name=task_name("fleet-clock"))
         jobs = {job: job._state.next_run for job in catch_up if job._wiring.ledger is not None}
         if jobs:
             catching = CatchUp(
@@ -113,6 +111,9 @@ class RunLoop:
                 dispatch=self.dispatch,
             )
             self._spawn(catching.all(jobs, started), name=task_name("catch-up"))
+        if isinstance(self._clock, FleetClock):  # measures the offset to the server's clock
+            # After catch-up: its first read opens a session the clock can then share.
+            self._spawn(self._clock.keep(self._poke), name=task_name("fleet-clock"))
 
     def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
         """Run a helper task owned by the loop: cancelled and awaited at stop."""

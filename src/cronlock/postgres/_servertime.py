@@ -38,8 +38,11 @@ _SQL = "SELECT clock_timestamp()"
 async def read_server_clock(
     sessions: Sequence[LockSession], read: Callable[[], datetime]
 ) -> tuple[datetime, datetime, datetime]:
-    """``(read(), the server's clock, read())`` over the first open session of *sessions*."""
-    session = next((s for s in sessions if s.is_open), sessions[0])
+    """``(read(), the server's clock, read())`` over the first open session of *sessions*,
+    else one being opened, else the first (opened for it)."""
+    session = next((s for s in sessions if s.is_open), None) or next(
+        (s for s in sessions if s.connect_lock.locked()), sessions[0]
+    )
     conn, generation = await session.ensure()
 
     async def sample(c: Any) -> tuple[datetime, datetime, datetime]:
