@@ -7,6 +7,7 @@ from ._calendar import daily as daily
 from ._calendar import monthly as monthly
 from ._calendar import weekly as weekly
 from ._clock import Clock as Clock
+from ._clock import RealTimeClock as RealTimeClock
 from ._clock import SystemClock as SystemClock
 from ._cron import CronSchedule as CronSchedule
 from ._cron import cron as cron
@@ -35,6 +36,7 @@ from ._events import SchedulerStopped as SchedulerStopped
 from ._events import SkipReason as SkipReason
 from ._events import Subscription as Subscription
 from ._filelock import FileLocker as FileLocker
+from ._fleetclock import FleetClock as FleetClock
 from ._interval import IntervalSchedule as IntervalSchedule
 from ._interval import every as every
 from ._job import Job as Job
@@ -54,6 +56,7 @@ from ._locking import RecordingLease as RecordingLease
 from ._locking import Refusal as Refusal
 from ._locking import Resource as Resource
 from ._locking import ScheduleNotingLocker as ScheduleNotingLocker
+from ._locking import ServerClockLocker as ServerClockLocker
 from ._memlock import InMemoryLocker as InMemoryLocker
 from ._once import OnceSchedule as OnceSchedule
 from ._once import once as once
@@ -78,6 +81,7 @@ __all__ = (
     "Event",
     "FencedElector",
     "FileLocker",
+    "FleetClock",
     "FleetView",
     "FleetWatchingLocker",
     "InMemoryLocker",
@@ -107,6 +111,7 @@ __all__ = (
     "OnceSchedule",
     "Outcome",
     "Overlap",
+    "RealTimeClock",
     "RecordingLease",
     "Refusal",
     "Resource",
@@ -119,6 +124,7 @@ __all__ = (
     "SchedulerStarted",
     "SchedulerStateError",
     "SchedulerStopped",
+    "ServerClockLocker",
     "SkipReason",
     "Subscription",
     "SystemClock",
