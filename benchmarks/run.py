@@ -286,7 +286,10 @@ def run_replicas(
     it as a percentage of the machine (all cores), from psutil samples taken every 0.25 s
     from just before *first* until the replicas exit (None when not sampled).
     """
-    cmd = [sys.executable, "replica.py", dsn, *args]
+    # Job names of this run alone: advisory locks are per database, not per schema, so two
+    # runs on one server at once (or a test suite) would otherwise take each other's locks.
+    prefix = f"bench-{os.getpid()}-{time.monotonic_ns()}"
+    cmd = [sys.executable, "replica.py", dsn, *args, f"--prefix={prefix}"]
     with tempfile.TemporaryDirectory() as tmp:
         outs = [Path(tmp, f"replica{r}.out") for r in range(3)]
         errs = [Path(tmp, f"replica{r}.err") for r in range(3)]

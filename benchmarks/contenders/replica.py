@@ -12,6 +12,9 @@ every (job, slot) of the measured slots and released every lease, or after *--wi
 seconds past the last slot, whichever comes first. ``--offset S`` (scenario 6b, skew) runs
 the scheduler on ``OffsetClock(S)``, a host clock S seconds ahead; ``--host-clock`` turns
 fleet time off (``fleet_clock=False``); ``--spread`` is the PostgresLocker's fair race.
+``--prefix`` names the jobs (``PREFIX-0``, ...): advisory locks are per database, whatever
+the ledger's schema, so runs that may overlap another one on the same database (another
+benchmark, a test suite) need names of their own, or each takes the other's locks.
 Prints one JSON object: the runs of the measured slots as ``[job, slot, start, end]``
 (``time.time()`` when the task began and returned: true time, whatever this replica's
 clock says), the statements (round trips) the locker sent from just before the first slot
@@ -50,6 +53,7 @@ async def main() -> None:
     parser.add_argument("--offset", type=float, default=0.0, help="host clock skew, seconds")
     parser.add_argument("--host-clock", action="store_true", help="fleet_clock=False")
     parser.add_argument("--spread", type=float, default=None, help="PostgresLocker(spread=)")
+    parser.add_argument("--prefix", default="replica-job", help="job names: PREFIX-<i>")
     args = parser.parse_args()
     runs: list[tuple[int, int, float, float]] = []
     skips: dict[str, int] = {}  # JobSkipped reasons and LockFailed, over every slot
@@ -81,7 +85,7 @@ async def main() -> None:
     scheduler.subscribe(skipped, JobSkipped, LockFailed)
     schedule = every(args.interval, anchor=datetime.fromtimestamp(first, UTC))
     for i in range(args.jobs):
-        scheduler.add_job(task, schedule, name=f"replica-job-{i}", args=(i,))
+        scheduler.add_job(task, schedule, name=f"{args.prefix}-{i}", args=(i,))
     registered = time.time()
     while (wait := first - 1.5 - time.time()) > 0:
         await asyncio.sleep(wait)
