@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import hashlib
+import itertools
 import json
 import math
 import os
@@ -34,7 +35,7 @@ CONTENDERS_DIR = HERE / "contenders"
 VENVS = HERE / ".venvs"
 RESULTS = HERE / "results"
 CONTENDERS = ("floor", "cronlock", "aps3", "aps4", "aiocron")
-SCENARIOS = ("precision", "scale", "coordination", "replicas", "burst", "import")
+SCENARIOS = ("precision", "scale", "coordination", "replicas", "burst", "skew", "import")
 DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/test"
 
 FULL: dict[str, Any] = {
@@ -49,6 +50,8 @@ FULL: dict[str, Any] = {
     "replica_ledger": [True, False],
     "burst_jobs": [1000, 10000],
     "burst_window": 50,
+    "skew_jobs": [1, 50],
+    "skew_slots": 20,
     "import_repeats": 10,
 }
 QUICK: dict[str, Any] = {
@@ -63,6 +66,8 @@ QUICK: dict[str, Any] = {
     "replica_ledger": [True, False],
     "burst_jobs": [1000],
     "burst_window": 50,
+    "skew_jobs": [50],
+    "skew_slots": 10,
     "import_repeats": 3,
 }
 
@@ -234,19 +239,57 @@ def burst(cfg: dict[str, Any], dsn: str) -> dict[str, Any]:
     return out
 
 
+SKEW_OFFSETS = (0.0, 0.15, 0.3)  # the replicas' host clocks, seconds ahead of true time
+SKEW_MODES = {
+    "host clocks (fleet_clock=False)": ["--host-clock"],
+    "fleet time, no race (spread=0)": ["--spread=0"],
+    "fleet time + fair race (default)": [],
+}
+
+
+def skew(cfg: dict[str, Any], dsn: str) -> dict[str, Any]:
+    """Three replicas whose host clocks are 0 / +150 / +300 ms ahead, N jobs every second,
+    run ledger on: host clocks, fleet time alone, fleet time with the fair race."""
+    out: dict[str, Any] = {}
+    slots = cfg["skew_slots"]
+    schema = f"cronlock_bench_skew_{os.getpid()}"
+    sql(dsn, f"CREATE SCHEMA {schema}")
+    try:
+        for jobs, (mode, extra) in itertools.product(cfg["skew_jobs"], SKEW_MODES.items()):
+            label = f"{jobs} job{'s' if jobs > 1 else ''}: {mode}"
+            first = int(time.time()) + 5
+            args = [f"--jobs={jobs}", f"--first={first}", f"--slots={slots}"]
+            args += [f"--schema={schema}", *extra]
+            offsets = [[f"--offset={o}"] for o in SKEW_OFFSETS]
+            results, _ = run_replicas(dsn, args, timeout=slots + 60, per_replica=offsets)
+            out[label] = settle(results, jobs, first, slots, 1)
+            log(f"skew, {label}: {out[label]}")
+    finally:
+        sql(dsn, f"DROP SCHEMA {schema} CASCADE")
+    return out
+
+
 CpuShare = Callable[[float, float], float | None]
 
 
 def run_replicas(
-    dsn: str, args: list[str], timeout: float, first: float | None = None
+    dsn: str,
+    args: list[str],
+    timeout: float,
+    first: float | None = None,
+    per_replica: list[list[str]] | None = None,
 ) -> tuple[list[dict[str, Any]], CpuShare]:
-    """Run three replica.py processes with *args*; their results and the server's CPU.
+    """Run three replica.py processes with *args* (and each its *per_replica* ones); their
+    results and the server's CPU.
 
     The second value maps a span (t0, t1) to the PostgreSQL server processes' CPU time over
     it as a percentage of the machine (all cores), from psutil samples taken every 0.25 s
     from just before *first* until the replicas exit (None when not sampled).
     """
-    cmd = [sys.executable, "replica.py", dsn, *args]
+    # Job names of this run alone: advisory locks are per database, not per schema, so two
+    # runs on one server at once (or a test suite) would otherwise take each other's locks.
+    prefix = f"bench-{os.getpid()}-{time.monotonic_ns()}"
+    cmd = [sys.executable, "replica.py", dsn, *args, f"--prefix={prefix}"]
     with tempfile.TemporaryDirectory() as tmp:
         outs = [Path(tmp, f"replica{r}.out") for r in range(3)]
         errs = [Path(tmp, f"replica{r}.err") for r in range(3)]
@@ -255,7 +298,7 @@ def run_replicas(
             with outs[r].open("w") as stdout, errs[r].open("w") as stderr:
                 procs.append(
                     subprocess.Popen(
-                        [*cmd, f"--replica={r}"],
+                        [*cmd, f"--replica={r}", *(per_replica[r] if per_replica else [])],
                         cwd=CONTENDERS_DIR,
                         stdout=stdout,
                         stderr=stderr,
@@ -348,6 +391,9 @@ def settle(
         "misses": expected - len(count),
         "start_p50_ms": percentile(late, 50) * 1e3 if late else None,
         "start_p99_ms": percentile(late, 99) * 1e3 if late else None,
+        # how far from the slot in true time, early or late (early: a fast host clock)
+        "start_abs_p99_ms": percentile(sorted(map(abs, late)), 99) * 1e3 if late else None,
+        "start_min_ms": late[0] * 1e3 if late else None,
         "last_start_s": late[-1] if late else None,
         "settle_p50_s": statistics.median(settles) if settles else None,
         "settle_max_s": max(settles) if settles else None,
@@ -483,7 +529,7 @@ def main() -> None:
         results["precision"] = precision(cfg, repeats)
     if "scale" in wanted:
         results["scale"] = scale(cfg, min(repeats, cfg["scale_repeats"]))
-    if {"coordination", "replicas", "burst"} & set(wanted):
+    if {"coordination", "replicas", "burst", "skew"} & set(wanted):
         problem = pg_available(args.dsn)
         if problem is not None:
             log(f"PostgreSQL at {args.dsn} unreachable ({problem}): skipping its scenarios")
@@ -494,6 +540,8 @@ def main() -> None:
                 results["replicas"] = replicas(cfg, args.dsn)
             if "burst" in wanted:
                 results["burst"] = burst(cfg, args.dsn)
+            if "skew" in wanted:
+                results["skew"] = skew(cfg, args.dsn)
     if "import" in wanted:
         results["import"] = imports(cfg)
     results["elapsed_s"] = round(time.time() - began)

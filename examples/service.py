@@ -53,6 +53,7 @@ _FROM_ENV: dict[str, tuple[str, type[str] | type[float]]] = {
     "SCHEDULER_TZ": ("tz", str),
     "APPLICATION_NAME": ("application_name", str),
     "LOG_LEVEL": ("log_level", str),
+    "JOB_PREFIX": ("job_prefix", str),
 }
 
 
@@ -73,7 +74,13 @@ class Settings:
     ``SCHEDULER_TZ``             ``UTC``              the scheduler's time zone
     ``APPLICATION_NAME``         ``cronlock-example`` prefix of the sessions' application_name
     ``LOG_LEVEL``                ``INFO``             the level of the service's own log lines
+    ``JOB_PREFIX``               (none)               put before the job names (see below)
     ============================ ==================== ==========================================
+
+    A job's name is its advisory lock's key on the whole database, whatever schema or
+    ledger table the service uses: two deployments sharing one database (a staging copy,
+    a test run) need a ``JOB_PREFIX`` each, or each one's runs hold the other's locks and
+    slots are skipped on both.
     """
 
     dsn: str
@@ -86,6 +93,7 @@ class Settings:
     tz: str = "UTC"
     application_name: str = "cronlock-example"
     log_level: str = "INFO"
+    job_prefix: str = ""
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -239,14 +247,16 @@ def build_scheduler(pool: Any, settings: Settings) -> Scheduler:
         ),
     )
 
-    @scheduler.every(seconds=settings.heartbeat_seconds, name="heartbeat", timeout=30)
+    prefix = settings.job_prefix
+
+    @scheduler.every(seconds=settings.heartbeat_seconds, name=f"{prefix}heartbeat", timeout=30)
     async def heartbeat(ctx: RunContext) -> None:
         """A short job: one row per slot, written by whichever worker won the slot."""
         row_id = await table.started(ctx)
         await table.finished(row_id)
         logger.info("heartbeat %s ran here", ctx.slot.strftime("%H:%M:%S"))
 
-    @scheduler.cron(settings.report_cron, seconds=True, name="report", timeout=120)
+    @scheduler.cron(settings.report_cron, seconds=True, name=f"{prefix}report", timeout=120)
     async def report(ctx: RunContext) -> None:
         """A slow job: counts the last minute's runs per worker, then works for a while.
 

@@ -91,7 +91,9 @@ async def locked_run(locker: PostgresLocker, k: int) -> None:
 
 
 async def latency(dsn: str, runs: int, **opts: Any) -> dict[str, float]:
-    locker = PostgresLocker(dsn, **opts)
+    # The cost of the round trips: without the fair race's deliberate wait before a claim
+    # (0 to 10 ms by default, there to share slots fairly between replicas).
+    locker = PostgresLocker(dsn, spread=0, **opts)
     conn = await asyncpg.connect(dsn)
     try:
         for k in range(50):  # warm-up: session opened, statements prepared
@@ -123,7 +125,7 @@ async def round_trips(dsn: str, runs: int, **opts: Any) -> dict[str, float]:
     parts = urlsplit(dsn)
     proxy = CountingProxy(parts.hostname or "127.0.0.1", parts.port or 5432)
     port = await proxy.start()
-    locker = PostgresLocker(via(dsn, port), **opts)
+    locker = PostgresLocker(via(dsn, port), spread=0, **opts)
     conn = await asyncpg.connect(via(dsn, port))
     try:
         for k in range(10):

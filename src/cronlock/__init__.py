@@ -14,6 +14,7 @@ if _TYPE_CHECKING:
     from ._calendar import monthly as monthly
     from ._calendar import weekly as weekly
     from ._clock import Clock as Clock
+    from ._clock import RealTimeClock as RealTimeClock
     from ._clock import SystemClock as SystemClock
     from ._cron import CronSchedule as CronSchedule
     from ._cron import cron as cron
@@ -42,6 +43,7 @@ if _TYPE_CHECKING:
     from ._events import SkipReason as SkipReason
     from ._events import Subscription as Subscription
     from ._filelock import FileLocker as FileLocker
+    from ._fleetclock import FleetClock as FleetClock
     from ._interval import IntervalSchedule as IntervalSchedule
     from ._interval import every as every
     from ._job import Job as Job
@@ -61,6 +63,7 @@ if _TYPE_CHECKING:
     from ._locking import Refusal as Refusal
     from ._locking import Resource as Resource
     from ._locking import ScheduleNotingLocker as ScheduleNotingLocker
+    from ._locking import ServerClockLocker as ServerClockLocker
     from ._memlock import InMemoryLocker as InMemoryLocker
     from ._once import OnceSchedule as OnceSchedule
     from ._once import once as once
@@ -78,6 +81,7 @@ _WHERE = {
     "monthly": "._calendar",
     "weekly": "._calendar",
     "Clock": "._clock",
+    "RealTimeClock": "._clock",
     "SystemClock": "._clock",
     "CronSchedule": "._cron",
     "cron": "._cron",
@@ -106,6 +110,7 @@ _WHERE = {
     "SkipReason": "._events",
     "Subscription": "._events",
     "FileLocker": "._filelock",
+    "FleetClock": "._fleetclock",
     "IntervalSchedule": "._interval",
     "every": "._interval",
     "Job": "._job",
@@ -125,6 +130,7 @@ _WHERE = {
     "Refusal": "._locking",
     "Resource": "._locking",
     "ScheduleNotingLocker": "._locking",
+    "ServerClockLocker": "._locking",
     "InMemoryLocker": "._memlock",
     "OnceSchedule": "._once",
     "once": "._once",
@@ -150,6 +156,7 @@ __all__ = (
     "Event",
     "FencedElector",
     "FileLocker",
+    "FleetClock",
     "FleetView",
     "FleetWatchingLocker",
     "InMemoryLocker",
@@ -179,6 +186,7 @@ __all__ = (
     "OnceSchedule",
     "Outcome",
     "Overlap",
+    "RealTimeClock",
     "RecordingLease",
     "Refusal",
     "Resource",
@@ -191,6 +199,7 @@ __all__ = (
     "SchedulerStarted",
     "SchedulerStateError",
     "SchedulerStopped",
+    "ServerClockLocker",
     "SkipReason",
     "Subscription",
     "SystemClock",

@@ -7,7 +7,15 @@ import time
 from datetime import UTC, datetime
 from typing import Protocol, runtime_checkable
 
-__all__ = ("Clock", "SystemClock", "VirtualClock", "monotonic", "wait_tasks")
+__all__ = (
+    "Clock",
+    "RealTimeClock",
+    "SystemClock",
+    "VirtualClock",
+    "follows_real_time",
+    "monotonic",
+    "wait_tasks",
+)
 
 
 _wall = time.time
@@ -47,6 +55,25 @@ class VirtualClock(Clock, Protocol):
         ...
 
 
+@runtime_checkable
+class RealTimeClock(Clock, Protocol):
+    """A clock that can say whether its time moves with real time (``SystemClock`` does).
+
+    Only such a clock is compared with a database server's clock for fleet time
+    (``Scheduler(fleet_clock=...)``): a virtual clock's time cannot be.
+    """
+
+    @property
+    def real_time(self) -> bool:
+        """True when this clock's time moves with real time (at most a fixed offset off)."""
+        ...
+
+
+def follows_real_time(clock: Clock) -> bool:
+    """Whether *clock* says its time moves with real time (see :class:`RealTimeClock`)."""
+    return isinstance(clock, RealTimeClock) and clock.real_time
+
+
 async def wait_tasks(
     clock: Clock, tasks: set[asyncio.Task[None]], timeout: float
 ) -> set[asyncio.Task[None]]:
@@ -66,6 +93,11 @@ class SystemClock:
     """
 
     __slots__ = ()
+
+    @property
+    def real_time(self) -> bool:
+        """Always True: this is real time."""
+        return True
 
     def now(self) -> datetime:
         """Return the current wall-clock instant in UTC."""

@@ -4,7 +4,8 @@ The parent picks a backend (PostgreSQL when a server answers, else a FileLocker)
 the replicas (``python -m cronlock _replica ...``, dispatched before the public parser so
 it never shows in ``--help``) and prints each slot as soon as every replica reported it:
 who ran it and who skipped it, and why. ``--skew`` sets the replicas' clocks apart, the
-case where a lock alone runs a slot twice and the run ledger does not.
+case where a lock alone runs a slot twice and the run ledger does not (the replicas read
+their own clocks, ``fleet_clock=False``: fleet time would correct the skew).
 """
 
 from __future__ import annotations
@@ -408,7 +409,9 @@ async def _replica(args: argparse.Namespace) -> None:
             _report(args.id, event.slot, skipped="lock_error")
 
     clock = OffsetClock(args.offset)  # this replica's clock, args.offset seconds off
-    scheduler = Scheduler(locker=locker, clock=clock)
+    # Fleet time would measure the skew against the server's clock and correct it: the
+    # demo shows what host clocks that disagree do to a lock, so it reads them as they are.
+    scheduler = Scheduler(locker=locker, clock=clock, fleet_clock=False)
     scheduler.subscribe(skipped, JobSkipped, LockFailed)
     scheduler.add_job(tick, every(1), name=JOB, start_at=start, stop_at=stop, misfire_grace=5)
     try:

@@ -38,6 +38,7 @@ __all__ = (
     "Refusal",
     "Resource",
     "ScheduleNotingLocker",
+    "ServerClockLocker",
     "Wiring",
     "lease_hooks",
     "wire",
@@ -148,6 +149,27 @@ class ScheduleNotingLocker(Locker, Protocol):
 
     def note_schedule(self, job: str, schedule: str, next_run: datetime | None) -> None:
         """Called whenever this replica plans a job's next slot: synchronous, no I/O."""
+        ...
+
+
+@runtime_checkable
+class ServerClockLocker(Locker, Protocol):
+    """A locker that can read its server's clock, the one clock every replica shares.
+
+    A scheduler with such a locker fires slots by fleet time, its clock plus the measured
+    offset to the server's (``Scheduler(fleet_clock=...)``, :mod:`cronlock._fleetclock`).
+    """
+
+    async def read_server_clock(
+        self, read: Callable[[], datetime]
+    ) -> tuple[datetime, datetime, datetime]:
+        """One reading of the server's clock, between two calls of *read*.
+
+        Returns ``(read() just before the request, the server's clock, read() just after
+        the answer)``, *read* called as close to the round trip as possible (not while
+        waiting for a busy session). Raises :class:`cronlock.LockError` when the server
+        cannot be reached.
+        """
         ...
 
 

@@ -15,6 +15,7 @@ from ._catchup import CatchUp, misfired
 from ._clock import Clock, wait_tasks
 from ._events import EventBus, JobEvent, JobSkipped
 from ._executor import Executor
+from ._fleetclock import FleetClock
 from ._job import Job
 from ._logs import at, get_logger
 
@@ -131,6 +132,9 @@ class RunLoop:
                 dispatch=self.dispatch,
             )
             self._spawn(catching.all(jobs, started), name=task_name("catch-up"))
+        if isinstance(self._clock, FleetClock):  # measures the offset to the server's clock
+            # After catch-up: its first read opens a session the clock can then share.
+            self._spawn(self._clock.keep(self._poke), name=task_name("fleet-clock"))
 
     def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
         """Run a helper task owned by the loop: cancelled and awaited at stop."""

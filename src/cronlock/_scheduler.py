@@ -8,7 +8,7 @@ from datetime import datetime, time, timedelta, tzinfo
 from types import TracebackType
 from typing import Any, Literal, TypeVar, Unpack
 
-from ._clock import Clock, SystemClock
+from ._clock import Clock
 from ._durations import Seconds, optional_seconds, positive_int, to_seconds
 from ._errors import (
     ConfigError,
@@ -28,6 +28,7 @@ from ._events import (
 )
 from ._executor import Executor
 from ._fleet import Fleet, FleetViews
+from ._fleetclock import on_loop_time, scheduler_clock
 from ._job import NO_KWARGS, NO_TAGS, Job, default_name, normalise_tags
 from ._keys import job_lock_key
 from ._locking import Elector, FencedElector, Locker, Wiring, wire
@@ -62,12 +63,13 @@ class Scheduler(FleetViews):
     *locker* coordinates every job not registered with ``distributed=False``; *elector*
     restricts coordinated jobs to the leader replica. *on_lock_lost* says what happens to a
     run whose lock is lost mid-run (its database session died): ``"cancel"`` it (default;
-    event ``LockLost``) or let it ``"continue"`` (logged at ERROR).
+    event ``LockLost``) or let it ``"continue"`` (logged at ERROR). *fleet_clock*: fire by the
+    locker's server clock (default with PostgreSQL: see docs/coordination.md, "Fleet time").
 
-    **Ownership.** The scheduler closes the lockers and electors it was given (these and
-    the jobs' ``locker=``) when it shuts down, unless one is held open with ``async with``
-    (then that block closes it): after ``async with scheduler:`` nothing cronlock opened or
-    borrowed is still held, and closing the pool it borrowed from returns at once.
+    **Ownership.** The scheduler closes the lockers and electors it was given (and the jobs'
+    ``locker=``) when it shuts down, unless one is held open with ``async with`` (then that
+    block closes it): after ``async with scheduler:`` nothing cronlock opened or borrowed is
+    still held, and closing the pool it borrowed from returns at once.
     """
 
     def __init__(
@@ -81,6 +83,7 @@ class Scheduler(FleetViews):
         locker: Locker | None = None,
         elector: Elector | None = None,
         on_lock_lost: Literal["cancel", "continue"] = "cancel",
+        fleet_clock: bool | None = None,
     ) -> None:
         self._tz = resolve_tz(tz)
         if max_concurrent is not None:
@@ -92,7 +95,7 @@ class Scheduler(FleetViews):
         self._default_timeout = optional_seconds(
             default_timeout, field="default_timeout", error=ConfigError
         )
-        self._clock: Clock = clock if clock is not None else SystemClock()
+        self._clock: Clock = scheduler_clock(clock, locker, fleet_clock)
         self._locker = locker
         self._elector = elector
         self._resources = Resources()
@@ -359,7 +362,7 @@ class Scheduler(FleetViews):
             raise SchedulerStateError("the scheduler is already running")
         self._resources.check_open()
         # Decided once: the real clock sleeps on event-loop timers, a virtual one on itself.
-        loop_time = type(self._clock) is SystemClock
+        loop_time = on_loop_time(self._clock)
         executor = Executor(
             clock=self._clock,
             loop_time=loop_time,

@@ -16,7 +16,7 @@ import heapq
 import itertools
 from datetime import UTC, datetime, timedelta
 
-from ._clock import Clock, SystemClock, wait_tasks
+from ._clock import Clock, SystemClock, follows_real_time, wait_tasks
 from ._durations import Seconds, to_seconds
 from ._threads import threads_in_flight
 from ._tz import to_utc
@@ -143,12 +143,20 @@ class OffsetClock:
 
     Use it to reproduce replicas whose clocks disagree, the case where a lock alone lets
     a slot run twice: ``Scheduler(clock=OffsetClock(-0.3))`` is a replica 300 ms behind.
+    With a PostgreSQL locker the scheduler measures this clock against the server's and
+    corrects the offset (fleet time), as it would a skewed host's clock; pass
+    ``fleet_clock=False`` to the Scheduler to see the skew itself.
     """
 
     def __init__(self, offset: Seconds, base: Clock | None = None) -> None:
         seconds = offset.total_seconds() if isinstance(offset, timedelta) else float(offset)
         self.offset = timedelta(seconds=seconds)
         self.base: Clock = base if base is not None else SystemClock()
+
+    @property
+    def real_time(self) -> bool:
+        """True when the base clock follows real time (then fleet time applies to it)."""
+        return follows_real_time(self.base)
 
     def now(self) -> datetime:
         """The base clock's time plus the offset."""

@@ -6,12 +6,12 @@ import asyncio
 import logging
 import os
 import socket
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 
 import pytest
 
-from cronlock import Scheduler
+from cronlock import LockError, Scheduler, SystemClock, _fleetclock
 from cronlock.testing import FakeClock
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -92,3 +92,41 @@ async def test_run_records_carry_job_slot_and_replica(inspector: Inspector) -> N
     started = [r for r in records if r.getMessage().startswith("scheduler started")]
     assert started[0].job is None  # type: ignore[attr-defined]
     assert started[0].slot is None  # type: ignore[attr-defined]
+
+
+class _Unreachable:
+    """A ServerClockLocker whose server cannot be read, then can (fleet time's records)."""
+
+    def __init__(self) -> None:
+        self.down = True
+
+    async def acquire(self, job: str, slot: datetime) -> None:
+        return None
+
+    async def read_server_clock(self, read: Callable[[], datetime]) -> tuple[datetime, ...]:
+        if self.down:
+            raise LockError("the server is down")
+        now = read()
+        return now, now, read()
+
+
+async def test_fleet_clock_records_carry_the_attributes(
+    inspector: Inspector, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_fleetclock, "RETRY_EVERY", 0.0)
+    source = _Unreachable()
+    clock = _fleetclock.FleetClock(SystemClock(), source)  # type: ignore[arg-type]
+    task = asyncio.create_task(clock.keep(lambda: None))
+    try:
+        while not clock.failures:
+            await asyncio.sleep(0)
+        source.down = False
+        while clock.offset is None:
+            await asyncio.sleep(0)
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    fleet = [r for r in inspector.records if r.getMessage().startswith("fleet clock")]
+    assert {r.levelno for r in fleet} >= {logging.WARNING, logging.INFO, logging.DEBUG}
+    check(fleet)
+    assert all(r.job is None and r.slot is None for r in fleet)  # type: ignore[attr-defined]

@@ -5,7 +5,8 @@ prints ``{"event": "start"|"end", "replica": N, "slot": ..., "t": time.time()}``
 tests read the lines to check mutual exclusion, misses and failover.
 
 Options for the exactly-once measurements: ``--offset S`` runs the scheduler on a clock
-S seconds ahead (negative: behind) of the real one; ``--hold-range LO HI`` makes each run
+S seconds ahead (negative: behind) of the real one, which fleet time corrects unless
+``--host-clock`` (``fleet_clock=False``) is given; ``--hold-range LO HI`` makes each run
 take a duration drawn from the slot (every replica draws the same one); ``--no-ledger``
 uses the locker in lock-only mode; ``--trace`` also prints every acquire ("attempt", with
 the real-time window of the call and its answer) and every lease release ("released").
@@ -40,6 +41,7 @@ from cronlock import (
     RunRecord,
     ScheduleNotingLocker,
     Scheduler,
+    ServerClockLocker,
     SystemClock,
     every,
 )
@@ -120,6 +122,11 @@ class _TracedLocker:
     def note_schedule(self, job: str, schedule: str, next_run: datetime | None) -> None:
         self._locker.note_schedule(job, schedule, next_run)
 
+    async def read_server_clock(
+        self, read: Callable[[], datetime]
+    ) -> tuple[datetime, datetime, datetime]:
+        return await self._locker.read_server_clock(read)
+
     async def acquire(self, job: str, slot: datetime) -> _TracedLease | Refusal:
         t0 = time.time()
         result = await self._locker.acquire(job, slot)
@@ -134,6 +141,7 @@ class _TracedLocker:
 # The scheduler checks a locker's and a lease's capabilities on their classes: the tracing
 # wrappers must keep every one of them, or --trace would change what it traces.
 assert issubclass(_TracedLocker, LedgerLocker) and issubclass(_TracedLocker, ScheduleNotingLocker)
+assert issubclass(_TracedLocker, ServerClockLocker)
 assert issubclass(_TracedLease, RecordingLease) and issubclass(_TracedLease, LosableLease)
 
 
@@ -148,6 +156,7 @@ async def main() -> None:
     parser.add_argument("--hold", type=float, default=0.2, help="seconds each run takes")
     parser.add_argument("--hold-range", type=float, nargs=2, metavar=("LO", "HI"))
     parser.add_argument("--offset", type=float, default=0.0, help="clock offset, seconds")
+    parser.add_argument("--host-clock", action="store_true", help="fleet_clock=False")
     parser.add_argument("--no-ledger", action="store_true", help="lock-only mode")
     parser.add_argument("--trace", action="store_true", help="print acquires and releases")
     parser.add_argument("--misfire-grace", type=float, help="default: one interval")
@@ -170,6 +179,7 @@ async def main() -> None:
         clock=clock,
         locker=_TracedLocker(locker, args.id) if args.trace else locker,
         stop_timeout=0,
+        fleet_clock=False if args.host_clock else None,
     )
     longest = args.hold_range[1] if args.hold_range else max(args.hold, 0)
 

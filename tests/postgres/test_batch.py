@@ -22,6 +22,7 @@ import asyncpg
 import pytest
 
 from cronlock import LockError, RunContext, RunRecord, Scheduler, every
+from cronlock._keys import job_lock_key
 from cronlock.postgres import FleetControl, PostgresLease, PostgresLocker
 
 pytestmark = pytest.mark.postgres
@@ -358,3 +359,67 @@ async def test_a_batch_refuses_only_its_paused_jobs_and_runs_their_triggered_slo
             resumed = await lk.acquire(paused[0], SLOT + timedelta(hours=1))
             assert isinstance(resumed, PostgresLease)
             await resumed.release()
+
+
+async def test_a_batch_interrupted_mid_statement_answers_its_claims_and_drops_the_session(
+    pg_dsn: str, app_name: str, locks_held: LocksHeld
+) -> None:
+    # The flush task is cancelled only when the event loop is torn down around it (a
+    # program that returns without shutting its scheduler down). The claims in the
+    # statement being sent must still be answered, or their callers, which wait
+    # uncancellably, never end (and asyncio.run with them); and that statement may have
+    # taken their locks, so the session must go, or the locks outlive the batch.
+    [job] = names(1)
+    admin = await asyncpg.connect(pg_dsn)
+    try:
+        async with locker(pg_dsn, app_name, sessions=1, spread=0) as lk:
+            await lk.last_claimed(job)  # the session is open and the ledger made
+            assert lk.ledger is not None
+            opened = lk.statistics().sessions_opened
+            # An uncommitted row of the same slot: the claim takes the lock, then its
+            # INSERT waits on that row.
+            blocker = admin.transaction()
+            await blocker.start()
+            await admin.execute(
+                f"INSERT INTO {lk.ledger.runs} (job, slot, host, pid) VALUES ($1, $2, 'x', 0)",
+                job,
+                SLOT,
+            )
+            batcher = lk._claims[0].batcher
+            answer = batcher.claim(job, job_lock_key(job), SLOT)
+            for _ in range(600):
+                waiting = await admin.fetchval(
+                    "SELECT count(*) FROM pg_stat_activity "
+                    "WHERE application_name = $1 AND wait_event_type = 'Lock'",
+                    lk.application_name,
+                )
+                if waiting:
+                    break
+                await asyncio.sleep(0.05)
+            assert waiting, "the claim never waited on the row"
+            assert await locks_held([job]) == 1
+            flush = batcher._flush
+            assert flush is not None
+            flush.cancel()
+            await asyncio.wait({flush})
+            try:
+                await asyncio.wait({answer}, timeout=10)
+                assert answer.done(), "a claim of the interrupted batch was never answered"
+                with pytest.raises(LockError, match="interrupted"):
+                    answer.result()
+            finally:
+                answer.cancel()  # before the fix: nobody would ever answer it
+            await blocker.rollback()
+            # The session that may hold its locks was dropped: the server released them.
+            for _ in range(100):
+                if not await locks_held([job]):
+                    break
+                await asyncio.sleep(0.05)
+            assert await locks_held([job]) == 0
+            # The next claim opens a fresh session and is granted.
+            lease = await lk.acquire(job, SLOT + timedelta(minutes=1))
+            assert isinstance(lease, PostgresLease)
+            await lease.release()
+            assert lk.statistics().sessions_opened == opened + 1
+    finally:
+        await admin.close()

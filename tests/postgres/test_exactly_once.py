@@ -147,7 +147,8 @@ def test_lock_only_runs_slots_twice_with_skewed_clocks_and_the_ledger_does_not(
     """Three replicas 0, 150 and 300 ms behind, a job every second that takes 1 ms."""
     slots, start = 20, first_slot_in(5)
     tag = uuid.uuid4().hex[:8]
-    common = ["--interval", "1", "--hold", "0.001", "--trace"]
+    # The replicas read their own clocks (no fleet time): the skew is what is tested.
+    common = ["--interval", "1", "--hold", "0.001", "--trace", "--host-clock"]
     for rid, offset in enumerate(("0", "-0.15", "-0.3"), 1):
         fleet.spawn(
             "lock",
@@ -184,7 +185,10 @@ def test_no_duplicate_and_no_missed_slot_over_240_slots(
     slots, interval = 240, 0.5
     start = first_slot_in(6)
     tag = uuid.uuid4().hex[:8]
-    common = ["--interval", str(interval), "--hold-range", "0", str(2 * interval), "--trace"]
+    common = [
+        *("--interval", str(interval), "--hold-range", "0", str(2 * interval)),
+        *("--trace", "--host-clock"),  # the replicas read their own, skewed clocks
+    ]
     for rid, offset in enumerate(("0", "-0.2", "-0.5"), 1):
         fleet.spawn(
             "ledger", pg_dsn, f"once-ledger-{tag}", rid, start, slots, *common, "--offset", offset

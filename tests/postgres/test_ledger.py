@@ -313,7 +313,7 @@ async def test_terminated_session_mid_run_ends_the_run_with_lock_lost(
             " WHERE application_name = $1",
             app_name,
         )
-        assert killed == 1
+        assert killed >= 1  # the run's session (and the one fleet time reads, if another)
 
     async with locker:
         lost, _ = await _run_until_lost(locker, terminate)

@@ -233,7 +233,7 @@ async def test_terminated_lock_session_is_reported_and_recovered(
                 " WHERE application_name = $1",
                 app,
             )
-            assert killed == 1
+            assert killed >= 1  # the run's session (and the one fleet time reads, if another)
             release.set()
             await events.until(JobSucceeded, 4)
     # The lost session was noticed and logged, and a new one replaced it.

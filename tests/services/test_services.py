@@ -154,7 +154,14 @@ async def poll(what: str, bound: float, check: Any) -> Any:
 
 
 async def watch_it_run(
-    seen: Observed, port: int, admin: Any, table: str, app_name: str, *, alive: Callable[[], None]
+    seen: Observed,
+    port: int,
+    admin: Any,
+    table: str,
+    app_name: str,
+    prefix: str,
+    *,
+    alive: Callable[[], None],
 ) -> None:
     """Ask the service over HTTP, then wait until a report run has just started."""
 
@@ -166,7 +173,7 @@ async def watch_it_run(
             return None
 
     view = await poll("GET /jobs answered", STARTUP_BOUND, answering)
-    assert {job["name"] for job in view["jobs"]} == {"heartbeat", "report"}
+    assert {job["name"] for job in view["jobs"]} == {f"{prefix}heartbeat", f"{prefix}report"}
     assert all(job["next_run"] is not None for job in view["jobs"])
     for _ in range(6):  # served by whichever worker the kernel hands the connection
         seen.served_by.add((await asyncio.to_thread(get_json, port, "/jobs"))["pid"])
@@ -174,14 +181,17 @@ async def watch_it_run(
 
     async def report_just_started() -> dict[str, Any] | None:
         alive()
-        beats = await admin.fetchval(f'SELECT count(*) FROM "{table}" WHERE job = $1', "heartbeat")
+        beats = await admin.fetchval(
+            f'SELECT count(*) FROM "{table}" WHERE job = $1', f"{prefix}heartbeat"
+        )
         if beats < HEARTBEATS_BEFORE_STOP:
             return None
         # Started less than a second ago: it has seconds of work left at SIGTERM.
         row = await admin.fetchrow(
             f'SELECT id, slot, pid FROM "{table}" '
-            "WHERE job = 'report' AND finished_at IS NULL "
-            "AND started_at > clock_timestamp() - interval '1 second'"
+            "WHERE job = $1 AND finished_at IS NULL "
+            "AND started_at > clock_timestamp() - interval '1 second'",
+            f"{prefix}report",
         )
         return None if row is None else dict(row)
 
@@ -207,6 +217,10 @@ async def exercise(
     seen = Observed(label, stop_timeout=stop_timeout)
     tag = uuid.uuid4().hex[:10]
     table, ledger, app_name = f"heartbeat_{tag}", f"runs_{tag}", f"cronlock-svc-{tag}"
+    # Job names of this run alone: a name is its advisory lock's key on the whole database,
+    # and another run of this test (another suite on the same server) would otherwise take
+    # this one's locks, and the slots would be skipped on both.
+    prefix = f"{tag}-"
     port = seen.port = free_port()
     env = {
         **os.environ,
@@ -218,6 +232,7 @@ async def exercise(
         "REPORT_SECONDS": str(REPORT_SECONDS),
         "STOP_TIMEOUT": str(stop_timeout),
         "APPLICATION_NAME": app_name,
+        "JOB_PREFIX": prefix,
         "PYTHONUNBUFFERED": "1",
         # Unclosed sockets, transports and connections would warn at exit: show them all.
         "PYTHONWARNINGS": "always::ResourceWarning",
@@ -256,7 +271,9 @@ async def exercise(
                 seen.worker_pids = await poll("a worker booting", STARTUP_BOUND, a_worker_booting)
             else:
                 seen.worker_pids = await poll(f"{WORKERS} workers up", STARTUP_BOUND, workers_up)
-                await watch_it_run(seen, port, admin, table, app_name, alive=lambda: alive(proc))
+                await watch_it_run(
+                    seen, port, admin, table, app_name, prefix, alive=lambda: alive(proc)
+                )
 
             seen.sigterm_at = await admin.fetchval("SELECT clock_timestamp()")
             stopping = time.monotonic()
@@ -286,9 +303,13 @@ async def exercise(
             return []
         return [dict(row) for row in await admin.fetch(f'SELECT {columns} FROM "{name}"')]
 
-    seen.rows = await rows_of(table, "job, slot, pid, finished_at")
+    # The checks name the jobs without this run's prefix.
+    seen.rows = [
+        {**row, "job": row["job"].removeprefix(prefix)}
+        for row in await rows_of(table, "job, slot, pid, finished_at")
+    ]
     seen.ledger = {
-        (row["job"], row["slot"]): row
+        (row["job"].removeprefix(prefix), row["slot"]): row
         for row in await rows_of(ledger, "job, slot, outcome, finished_at")
     }
     for name in (table, ledger, f"{ledger}_jobs"):

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -167,23 +168,31 @@ class Batcher:
             self._flush = asyncio.create_task(self._flushing(), name=task_name("pg-batch"))
 
     async def _flushing(self) -> None:
+        sending: Sequence[_Claim | _End] = ()  # the batch whose statement is in flight
         try:
             while self._ends or self._claims:
                 if self._ends:
                     ends, self._ends = self._ends[:MAX_BATCH], self._ends[MAX_BATCH:]
+                    sending = ends
                     await self._send_ends(ends)
                 if self._claims:
                     claims, self._claims = self._claims[:MAX_BATCH], self._claims[MAX_BATCH:]
+                    sending = claims
                     await self._send_claims(claims)
+                sending = ()
         except BaseException as exc:
             # Only a cancellation (the event loop closing) gets here: nobody may be left
-            # waiting on an answer that will never come.
+            # waiting on an answer that will never come, the batch in flight included.
             failure = LockError(f"the lock session's batch was interrupted: {exc!r}")
-            futures = [r.future for r in self._ends] + [r.future for r in self._claims]
-            for future in futures:
-                if not future.done():
-                    future.set_exception(failure)
+            for request in (*sending, *self._ends, *self._claims):
+                if not request.future.done():
+                    request.future.set_exception(failure)
             self._ends, self._claims = [], []
+            conn = self._session.conn
+            if sending and conn is not None:
+                # What the interrupted statement did is unknown (it may have taken locks,
+                # or not released them): only ending the session makes sure of it.
+                self._session.drop(conn, reason=f"its batch was interrupted: {exc!r}")
             raise
         finally:
             self._flush = None

@@ -2,14 +2,14 @@
 
 The locker hands out leases, keeps in-process exclusion and shards jobs over its lock
 sessions by lock key; the pieces it is built from live next to it: a session
-(:mod:`._session`), the statements of a run
-(:mod:`._claims`), the leases (:mod:`._lease`) and upkeep (:mod:`._upkeep`).
+(:mod:`._session`) and how one ends (:mod:`._sessionend`), the statements of a run
+(:mod:`._claims`), the leases (:mod:`._lease`), upkeep (:mod:`._upkeep`) and fleet time
+(:mod:`._servertime`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import socket
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -17,7 +17,7 @@ from datetime import datetime, timedelta
 from logging import DEBUG, INFO
 from typing import TYPE_CHECKING, Any
 
-from .._cancel import cancel_and_wait, task_name, uncancellable
+from .._cancel import cancel_and_wait, task_name
 from .._claimed import remember_claim
 from .._durations import Seconds, optional_seconds, positive_int, to_seconds
 from .._errors import ConfigError, LockError
@@ -25,7 +25,6 @@ from .._keys import job_lock_key
 from .._locking import LedgerSummary, Refusal
 from .._logs import get_logger, say
 from .._resources import HeldOpenByBlocks
-from ._backend_errors import GONE_OR_FAILED
 from ._claims import Claims
 from ._connections import ConnectionSource, Keepalives, default_application_name
 from ._control import FleetWatch
@@ -33,7 +32,9 @@ from ._crashes import CrashWatch
 from ._lease import PostgresLease
 from ._ledger import DEFAULT_TABLE, LedgerTable
 from ._reads import LedgerReads
+from ._servertime import DEFAULT_SPREAD, FairRace, read_server_clock
 from ._session import LockSession
+from ._sessionend import hand_back_all, mark_dropped
 from ._statistics import PostgresLockerStatistics
 from ._upkeep import Upkeep
 
@@ -97,6 +98,11 @@ class PostgresLocker(HeldOpenByBlocks):
     :class:`cronlock.LockError` (the session is then terminated, so nothing stays held).
     Every session carries ``application_name`` (default ``cronlock:<host>:<pid>``) and
     server-side TCP *keepalives*.
+
+    **Fleet time, a fair race.** A Scheduler with this locker fires by the server's clock
+    (:meth:`read_server_clock`, ``Scheduler(fleet_clock=...)``). Each claim waits a
+    pseudo-random ``[0, spread)`` s (default 10 ms) drawn per slot and shard, so the winner
+    of a slot is drawn, not always the replica with a small head start (``spread=0``: no wait).
     """
 
     def __init__(
@@ -116,6 +122,7 @@ class PostgresLocker(HeldOpenByBlocks):
         keepalives: Keepalives | None = Keepalives(),  # noqa: B008 (frozen, shared safely)
         remember: int = 1024,
         connect_kwargs: Mapping[str, Any] | None = None,
+        spread: Seconds = DEFAULT_SPREAD,
     ) -> None:
         sessions = positive_int(sessions, field="sessions", owner="PostgresLocker", upper=64)
         remember = positive_int(remember, field="remember", owner="PostgresLocker")
@@ -129,6 +136,8 @@ class PostgresLocker(HeldOpenByBlocks):
         )
         self._application_name = application_name or default_application_name()
         self._remember = remember
+        spread_s = to_seconds(spread, field="spread", allow_zero=True, error=ConfigError)
+        self._race = FairRace(spread_s)
         self._closed = False
         self._entered = 0  # open async-with blocks: the Scheduler then leaves closing to them
         self._source = source
@@ -242,6 +251,7 @@ class PostgresLocker(HeldOpenByBlocks):
         # Reserve the key in-process first: the session would grant it twice (re-entrant).
         self._pending.add(key)
         try:
+            await self._race.wait(slot, self._shard(key))  # the fair race (._servertime)
             claims = self._claims[self._shard(key)]
             answer = await claims.claim(job, key, slot, rerun=rerun)
         finally:
@@ -281,6 +291,14 @@ class PostgresLocker(HeldOpenByBlocks):
             lease.mark_lost(LockError(f"job {job!r}: the lock session was dropped"))
             self._lost += 1
         return lease
+
+    async def read_server_clock(
+        self, read: Callable[[], datetime]
+    ) -> tuple[datetime, datetime, datetime]:
+        """``(read(), the server's clock, read())`` over a lock session, for fleet time."""
+        if self._closed:
+            raise LockError(_CLOSED)
+        return await read_server_clock(self._shards, read)
 
     # -- the ledger (LedgerLocker) ---------------------------------------------------------
 
@@ -370,25 +388,7 @@ class PostgresLocker(HeldOpenByBlocks):
             await claims.batcher.wait_idle()  # answers in flight reach their callers
         if self._fleet is not None:
             await self._fleet.stop()
-        if self._held and any(s.conn is not None for s in self._shards):
-            _logger.warning(
-                "PostgresLocker closed while holding the locks of %s",
-                sorted(lease.job for lease in self._held.values()),
-            )
-        flushed = bool(self._held)  # with locks still held, close at once
-        for session in self._shards:
-            async with session.connect_lock:
-                conn = session.conn
-                if conn is None:
-                    continue
-                if not flushed:
-                    flushed = True
-                    with contextlib.suppress(*GONE_OR_FAILED):
-                        await uncancellable(
-                            self._upkeep.flush(session, conn, session.generation),
-                            name=task_name("pg-flush"),
-                        )
-                await session.hand_back(conn)
+        await hand_back_all(self._shards, self._upkeep, self._held)
 
     @property
     def closed(self) -> bool:
@@ -424,22 +424,7 @@ class PostgresLocker(HeldOpenByBlocks):
 
     def _on_session_dropped(self, shard: int, reason: str) -> None:
         """Every lock on the dropped session is gone: mark the leases of its shard lost."""
-        lost = [
-            lease
-            for key, lease in self._held.items()
-            if not lease.lost and self._shard(key) == shard
-        ]
-        for lease in lost:
-            lease.mark_lost(LockError(f"job {lease.job!r}: the lock session was dropped: {reason}"))
-        self._lost += len(lost)
-        if lost:
-            _logger.error(
-                "lock session %d dropped (%s): the locks of %s are lost and may be taken "
-                "by another replica",
-                shard,
-                reason,
-                sorted(lease.job for lease in lost),
-            )
+        self._lost += mark_dropped(self._held, shard, len(self._shards), reason)
 
     def _on_released(self, lease: PostgresLease, unwritten: RunRecord | None) -> None:
         """*lease* was released: forget it; keep an outcome its dead session lost."""

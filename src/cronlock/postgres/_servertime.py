@@ -1,0 +1,104 @@
+"""The server's clock, read over a lock session (for fleet time), and the fair race.
+
+**Reading the clock.** :func:`read_server_clock` sends ``SELECT clock_timestamp()`` on an
+open lock session (or opens the first shard's), reading the caller's clock right before and
+right after, inside the session's statement lock: time spent waiting behind another
+statement is not counted in the round trip. The maths is :mod:`cronlock._fleetclock`'s.
+
+**The fair race.** Once the replicas fire by one fleet clock, they reach the server for
+the same slot within a fraction of a millisecond of each other, and what decides who wins
+is whatever small bias one of them has (a slightly smaller offset error, a process woken
+first): the same replica wins nearly every slot. So before a claim each locker waits a
+pseudo-random few milliseconds drawn for (this locker, slot, shard): the draws, not the
+bias, decide, and each replica wins its share of slots. The draw is the same for every job
+of one shard due at one instant, so those still go to the server together.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import secrets
+from collections.abc import Callable, Sequence
+from datetime import datetime
+from typing import Any
+
+from .._cancel import task_name, uncancellable
+from ._backend_errors import backend_errors
+from ._session import LockSession
+
+__all__ = ("DEFAULT_SPREAD", "FairRace", "read_server_clock")
+
+DEFAULT_SPREAD = 0.010
+"""Seconds: the longest wait before a claim (``PostgresLocker(spread=...)``)."""
+
+_SQL = "SELECT clock_timestamp()"
+
+
+async def read_server_clock(
+    sessions: Sequence[LockSession], read: Callable[[], datetime]
+) -> tuple[datetime, datetime, datetime]:
+    """``(read(), the server's clock, read())`` over the first open session of *sessions*,
+    else one being opened, else the first (opened for it)."""
+    session = next((s for s in sessions if s.is_open), None) or next(
+        (s for s in sessions if s.connect_lock.locked()), sessions[0]
+    )
+    conn, generation = await session.ensure()
+
+    async def sample(c: Any) -> tuple[datetime, datetime, datetime]:
+        sent = read()
+        server: datetime = await c.fetchval(_SQL)
+        return sent, server, read()
+
+    with backend_errors("reading the server's clock failed"):
+        return await uncancellable(
+            session.run(
+                conn, generation, sample, what="reading the clock", keep_on_server_error=True
+            ),
+            name=task_name("pg-clock"),
+        )
+
+
+class FairRace:
+    """The wait before each claim: pseudo-random in ``[0, spread)`` per (slot, shard)."""
+
+    __slots__ = ("_gates", "_seed", "_spread")
+
+    def __init__(self, spread: float) -> None:
+        self._spread = spread
+        self._seed = secrets.token_bytes(8)  # this locker's own draws
+        self._gates: dict[tuple[datetime, int], asyncio.Future[None]] = {}
+
+    async def wait(self, slot: datetime, shard: int) -> None:
+        """Wait before claiming *slot* on *shard*: until the draw's time after the first claim.
+
+        Every claim of one (slot, shard) waits on one gate, opened by one timer, so they all
+        wake in one turn of the event loop and go to the server in one batch
+        (:mod:`._batch`). A claim that comes after the gate opened does not wait.
+        """
+        if not self._spread:
+            return
+        key = (slot, shard)
+        gate = self._gates.get(key)
+        if gate is None:
+            if len(self._gates) >= 4096:  # forget the gates already open
+                self._gates = {k: g for k, g in self._gates.items() if not g.done()}
+            loop = asyncio.get_running_loop()
+            gate = self._gates[key] = loop.create_future()
+            loop.call_later(self.delay(slot, shard), _open, gate)
+        if not gate.done():
+            await asyncio.wait((gate,))  # a cancelled waiter leaves the gate to the others
+
+    def delay(self, slot: datetime, shard: int) -> float:
+        """Seconds to wait before claiming *slot* on *shard* (0 with ``spread=0``)."""
+        if not self._spread:
+            return 0.0
+        digest = hashlib.blake2b(
+            f"{slot.timestamp()!r}/{shard}".encode(), key=self._seed, digest_size=8
+        ).digest()
+        return self._spread * int.from_bytes(digest) / 2**64
+
+
+def _open(gate: asyncio.Future[None]) -> None:
+    if not gate.done():
+        gate.set_result(None)

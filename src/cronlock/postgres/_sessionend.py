@@ -1,0 +1,66 @@
+"""How a PostgresLocker's lock sessions end: dropped (their leases are lost) or closed.
+
+A dropped session took every lock on it along: :func:`mark_dropped` marks the leases of
+its shard lost, so the scheduler ends their runs. At close, :func:`hand_back_all` writes
+what upkeep still holds (schedules, outcomes of lost leases) on the first open session,
+then hands each connection back (closed, or returned to the pool it was borrowed from).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Mapping, Sequence
+
+from .._cancel import task_name, uncancellable
+from .._errors import LockError
+from .._logs import get_logger
+from ._backend_errors import GONE_OR_FAILED
+from ._lease import PostgresLease
+from ._session import LockSession
+from ._upkeep import Upkeep
+
+__all__ = ("hand_back_all", "mark_dropped")
+
+_logger = get_logger("cronlock.postgres")
+
+
+def mark_dropped(held: Mapping[int, PostgresLease], shard: int, shards: int, reason: str) -> int:
+    """Mark lost the leases in *held* (by lock key) on *shard* of *shards*; return how many."""
+    lost = [lease for key, lease in held.items() if not lease.lost and key % shards == shard]
+    for lease in lost:
+        lease.mark_lost(LockError(f"job {lease.job!r}: the lock session was dropped: {reason}"))
+    if lost:
+        _logger.error(
+            "lock session %d dropped (%s): the locks of %s are lost and may be taken "
+            "by another replica",
+            shard,
+            reason,
+            sorted(lease.job for lease in lost),
+        )
+    return len(lost)
+
+
+async def hand_back_all(
+    shards: Sequence[LockSession], upkeep: Upkeep, held: Mapping[int, PostgresLease]
+) -> None:
+    """Write upkeep's pending rows on the first open session (not while locks are still
+    *held*: then close at once), and hand every session's connection back."""
+    if held and any(s.conn is not None for s in shards):
+        _logger.warning(
+            "PostgresLocker closed while holding the locks of %s",
+            sorted(lease.job for lease in held.values()),
+        )
+    flushed = bool(held)
+    for session in shards:
+        async with session.connect_lock:
+            conn = session.conn
+            if conn is None:
+                continue
+            if not flushed:
+                flushed = True
+                with contextlib.suppress(*GONE_OR_FAILED):
+                    await uncancellable(
+                        upkeep.flush(session, conn, session.generation),
+                        name=task_name("pg-flush"),
+                    )
+            await session.hand_back(conn)
