@@ -38,6 +38,8 @@ def names(count: int) -> list[str]:
 
 def locker(dsn: str, app: str, **options: Any) -> PostgresLocker:
     options.setdefault("heartbeat", None)  # no upkeep statements in the counts
+    # What one batch carries, without the fair race's lanes (tested on their own below).
+    options.setdefault("spread", 0)
     return PostgresLocker(dsn, application_name=app, **options)
 
 
@@ -101,6 +103,40 @@ async def test_a_burst_across_three_lockers_runs_each_slot_exactly_once(
     assert set(late) == {"already_ran"}
     assert sum(s.granted for s in stats) == len(jobs)
     assert sum(s.statements for s in stats) < len(jobs)  # far fewer round trips than runs
+    assert await locks_held(jobs) == 0
+
+
+async def test_the_fair_race_spreads_a_burst_over_the_replicas(
+    pg_dsn: str, app_name: str, locks_held: LocksHeld
+) -> None:
+    # With the race on (the default), one instant's jobs are won lane by lane: a burst is
+    # shared out, not run wholly by the replica that drew the shortest wait.
+    jobs = names(600)
+    # One session each, so without lanes one draw per replica would decide the whole burst;
+    # a wide spread, so that the draws, not the statements' overlap, decide.
+    lockers = [locker(pg_dsn, f"{app_name}-{i}", sessions=1, spread=0.5) for i in range(3)]
+    try:
+        for lk in lockers:  # sessions open, as in a running replica (connecting takes longer)
+            warm = names(20)  # (another slot: the race's draws are per slot and lane)
+            for lease in await acquire_all(lk, warm, SLOT - timedelta(days=1)):
+                assert isinstance(lease, PostgresLease)
+                await lease.release()
+            assert lk.statistics().sessions_open == 1
+        answers = await asyncio.gather(*(acquire_all(lk, jobs) for lk in lockers))
+        won = [sum(isinstance(a, PostgresLease) for a in mine) for mine in answers]
+        statements = sum(lk.statistics().statements for lk in lockers)
+        for mine in answers:
+            for lease in mine:
+                if isinstance(lease, PostgresLease):
+                    await lease.release()
+    finally:
+        for lk in lockers:
+            await lk.close()
+    assert sum(won) == len(jobs), won  # each slot once, none missed
+    # Eight lanes, each won by the shortest of three draws: one replica winning them all
+    # has a chance of 3 / 3**8 (about 1 in 2,000); without lanes, it is certain.
+    assert sorted(won)[-2] > 0, won
+    assert statements < len(jobs) / 4  # still batched: a few statements per lane
     assert await locks_held(jobs) == 0
 
 

@@ -32,7 +32,7 @@ from ._crashes import CrashWatch
 from ._lease import PostgresLease
 from ._ledger import DEFAULT_TABLE, LedgerTable
 from ._reads import LedgerReads
-from ._servertime import DEFAULT_SPREAD, FairRace, read_server_clock
+from ._servertime import DEFAULT_SPREAD, LANES_PER_SHARD, FairRace, read_server_clock
 from ._session import LockSession
 from ._sessionend import hand_back_all, mark_dropped
 from ._statistics import PostgresLockerStatistics
@@ -138,6 +138,7 @@ class PostgresLocker(HeldOpenByBlocks):
         self._remember = remember
         spread_s = to_seconds(spread, field="spread", allow_zero=True, error=ConfigError)
         self._race = FairRace(spread_s)
+        self._lanes = LANES_PER_SHARD * sessions
         self._closed = False
         self._entered = 0  # open async-with blocks: the Scheduler then leaves closing to them
         self._source = source
@@ -251,7 +252,8 @@ class PostgresLocker(HeldOpenByBlocks):
         # Reserve the key in-process first: the session would grant it twice (re-entrant).
         self._pending.add(key)
         try:
-            await self._race.wait(slot, self._shard(key))  # the fair race (._servertime)
+            # The fair race (._servertime), drawn per lane: a few lanes per shard.
+            await self._race.wait(slot, key % self._lanes)
             claims = self._claims[self._shard(key)]
             answer = await claims.claim(job, key, slot, rerun=rerun)
         finally:

@@ -9,9 +9,13 @@ statement is not counted in the round trip. The maths is :mod:`cronlock._fleetcl
 the same slot within a fraction of a millisecond of each other, and what decides who wins
 is whatever small bias one of them has (a slightly smaller offset error, a process woken
 first): the same replica wins nearly every slot. So before a claim each locker waits a
-pseudo-random few milliseconds drawn for (this locker, slot, shard): the draws, not the
-bias, decide, and each replica wins its share of slots. The draw is the same for every job
-of one shard due at one instant, so those still go to the server together.
+pseudo-random few milliseconds drawn for (this locker, slot, lane): the draws, not the
+bias, decide, and each replica wins its share of slots. A *lane* is one of
+:data:`LANES_PER_SHARD` groups of a shard's jobs (by lock key): the draw is the same for
+every job of one lane due at one instant, so those still go to the server together (at most
+that many statements per shard per instant), while a burst of many jobs at one instant is
+won lane by lane, spread over the replicas, rather than all by whichever replica drew
+the shortest wait.
 """
 
 from __future__ import annotations
@@ -27,7 +31,10 @@ from .._cancel import task_name, uncancellable
 from ._backend_errors import backend_errors
 from ._session import LockSession
 
-__all__ = ("DEFAULT_SPREAD", "FairRace", "read_server_clock")
+__all__ = ("DEFAULT_SPREAD", "LANES_PER_SHARD", "FairRace", "read_server_clock")
+
+LANES_PER_SHARD = 8
+"""Groups of a shard's jobs that race on their own draw (see the module's docstring)."""
 
 DEFAULT_SPREAD = 0.010
 """Seconds: the longest wait before a claim (``PostgresLocker(spread=...)``)."""
@@ -60,7 +67,7 @@ async def read_server_clock(
 
 
 class FairRace:
-    """The wait before each claim: pseudo-random in ``[0, spread)`` per (slot, shard)."""
+    """The wait before each claim: pseudo-random in ``[0, spread)`` per (slot, lane)."""
 
     __slots__ = ("_gates", "_seed", "_spread")
 
@@ -69,32 +76,32 @@ class FairRace:
         self._seed = secrets.token_bytes(8)  # this locker's own draws
         self._gates: dict[tuple[datetime, int], asyncio.Future[None]] = {}
 
-    async def wait(self, slot: datetime, shard: int) -> None:
-        """Wait before claiming *slot* on *shard*: until the draw's time after the first claim.
+    async def wait(self, slot: datetime, lane: int) -> None:
+        """Wait before claiming *slot* in *lane*: until the draw's time after the first claim.
 
-        Every claim of one (slot, shard) waits on one gate, opened by one timer, so they all
+        Every claim of one (slot, lane) waits on one gate, opened by one timer, so they all
         wake in one turn of the event loop and go to the server in one batch
         (:mod:`._batch`). A claim that comes after the gate opened does not wait.
         """
         if not self._spread:
             return
-        key = (slot, shard)
+        key = (slot, lane)
         gate = self._gates.get(key)
         if gate is None:
             if len(self._gates) >= 4096:  # forget the gates already open
                 self._gates = {k: g for k, g in self._gates.items() if not g.done()}
             loop = asyncio.get_running_loop()
             gate = self._gates[key] = loop.create_future()
-            loop.call_later(self.delay(slot, shard), _open, gate)
+            loop.call_later(self.delay(slot, lane), _open, gate)
         if not gate.done():
             await asyncio.wait((gate,))  # a cancelled waiter leaves the gate to the others
 
-    def delay(self, slot: datetime, shard: int) -> float:
-        """Seconds to wait before claiming *slot* on *shard* (0 with ``spread=0``)."""
+    def delay(self, slot: datetime, lane: int) -> float:
+        """Seconds to wait before claiming *slot* in *lane* (0 with ``spread=0``)."""
         if not self._spread:
             return 0.0
         digest = hashlib.blake2b(
-            f"{slot.timestamp()!r}/{shard}".encode(), key=self._seed, digest_size=8
+            f"{slot.timestamp()!r}/{lane}".encode(), key=self._seed, digest_size=8
         ).digest()
         return self._spread * int.from_bytes(digest) / 2**64
 
