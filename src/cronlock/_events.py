@@ -13,6 +13,7 @@ from ._cancel import task_name
 from ._logs import at, get_logger
 
 __all__ = (
+    "RUN_ENDINGS",
     "Event",
     "EventBus",
     "JobCancelled",
@@ -135,6 +136,16 @@ class LockLost(JobEvent):
     started_at: datetime
     finished_at: datetime
     exception: BaseException | None
+
+
+RUN_ENDINGS: dict[type[Event], str] = {
+    JobSucceeded: "succeeded",
+    JobFailed: "failed",
+    JobTimedOut: "timed_out",
+    JobCancelled: "cancelled",
+    LockLost: "lock_lost",
+}
+"""The events that end a run, each with the outcome label metrics and traces give it."""
 
 
 @dataclass(frozen=True, slots=True)

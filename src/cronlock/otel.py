@@ -28,6 +28,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
     ) from exc
 
 from ._events import (
+    RUN_ENDINGS,
     Event,
     JobCancelled,
     JobFailed,
@@ -46,13 +47,7 @@ __all__ = ("SPAN_NAME", "Tracing", "instrument")
 
 SPAN_NAME = "cronlock.run"
 """The name of the span each run gets (one span per run, ended with the run)."""
-_ENDINGS: dict[type[Event], str] = {
-    JobSucceeded: "succeeded",
-    JobFailed: "failed",
-    JobTimedOut: "timed_out",
-    JobCancelled: "cancelled",
-    LockLost: "lock_lost",
-}
+_ENDINGS = RUN_ENDINGS
 _FINAL = JobSucceeded | JobFailed | JobTimedOut | JobCancelled | LockLost
 
 

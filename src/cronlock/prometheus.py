@@ -36,6 +36,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
     ) from exc
 
 from ._events import (
+    RUN_ENDINGS,
     Event,
     JobCancelled,
     JobFailed,
@@ -53,13 +54,7 @@ if TYPE_CHECKING:
 
 __all__ = ("Instrumentation", "instrument")
 
-_OUTCOMES: dict[type[Event], str] = {
-    JobSucceeded: "succeeded",
-    JobFailed: "failed",
-    JobTimedOut: "timed_out",
-    JobCancelled: "cancelled",
-    LockLost: "lock_lost",
-}
+_OUTCOMES = RUN_ENDINGS
 _FINAL = JobSucceeded | JobFailed | JobTimedOut | JobCancelled | LockLost
 _DURATION_BUCKETS = (0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 900, 1800, 3600, float("inf"))
 _LATENESS_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 30, 60, float("inf"))
