@@ -8,8 +8,8 @@ the imports and the set-up cancel out. PYTHONHASHSEED is fixed: dict and set lay
 so the counts, repeat to within a few hundred instructions. Needs ``valgrind`` on PATH.
 
 - ``fire``: 1,000 ``every(1)`` jobs with ``timeout=60`` and a ``RunContext`` parameter,
-  nobody subscribed; the run loop's task is cancelled and each round pops the heap and
-  calls ``RunLoop._fire`` for every job, then lets the run tasks finish.
+  nobody subscribed; the run loop's task is cancelled and each round is one pass of it
+  (``RunLoop.fire_due``) at the instant every job is due, then the run tasks finish.
 - ``floor``: the same rounds through the floor contender's heap + ``create_task``.
 - ``register``: ``every()`` + ``add_job`` (name, args, timeout) per job, then ``start`` and
   ``shutdown``.
@@ -24,6 +24,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -32,6 +33,7 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _SIZES = {
     "fire": ((1000, 2), (1000, 6)),
     "floor": ((1000, 2), (1000, 6)),
+    "guarded": ((1000, 2), (1000, 6)),
     "register": ((2000, 1), (12000, 1)),
 }
 
@@ -54,9 +56,7 @@ async def _fire(jobs: int, rounds: int) -> None:
     await asyncio.sleep(0)
     heap = loop._heap
     for _ in range(rounds):
-        for _ in range(jobs):
-            fire, _, entry_job, _, slot = heapq.heappop(heap)
-            loop._fire(entry_job, fire, slot, fire)
+        loop.fire_due(heap[0][0])  # one pass of the run loop, at the instant all are due
         for _ in range(3):
             await asyncio.sleep(0)
         assert not loop._tasks
@@ -78,6 +78,54 @@ async def _floor(jobs: int, rounds: int) -> None:
             due, i, interval = heap[0]
             heapq.heapreplace(heap, (due + interval, i, interval))
             create_task(job(i))
+        for _ in range(3):
+            await asyncio.sleep(0)
+
+
+async def _guarded(jobs: int, rounds: int) -> None:
+    """The least a run with cronlock's promises can cost, written as thin as possible: the
+    floor plus an aware-UTC slot and the next slot by datetime maths, a wrapper coroutine
+    whose ``try`` is the exception guard, a timeout registered and dropped in one shared
+    dict (no timer per run), start and finish times read as aware UTC datetimes, the
+    ``RunContext`` the task is given, the run's record kept, and the events check."""
+    from cronlock import RunContext
+    from cronlock._records import run_context  # RunContext(...) at half the cost
+
+    one = timedelta(seconds=1)
+    names = [f"j{i}" for i in range(jobs)]
+    heap = [(_EPOCH, i) for i in range(jobs)]
+    heapq.heapify(heap)
+    sink: list[Any] = []
+    deadlines: dict[Any, float] = {}
+    last: dict[int, tuple[Any, ...]] = {}
+    listeners: list[Any] = []
+    loop = asyncio.get_running_loop()
+    now, current_task, monotonic = datetime.fromtimestamp, asyncio.current_task, time.monotonic
+
+    async def job(i: int, ctx: RunContext) -> None:
+        sink.append(ctx.slot)
+        sink.clear()
+
+    async def run(i: int, slot: datetime, timeout: float) -> None:
+        task = current_task(loop)
+        started = now(time.time(), UTC)
+        if listeners:
+            pass
+        deadlines[task] = monotonic() + timeout
+        try:
+            await job(i, ctx=run_context(names[i], slot, started, 1))
+        except Exception:
+            pass
+        finally:
+            del deadlines[task]
+        last[i] = (slot, started, now(time.time(), UTC), "succeeded")
+
+    create_task = loop.create_task
+    for _ in range(rounds):
+        for _ in range(jobs):
+            slot, i = heap[0]
+            heapq.heapreplace(heap, (slot + one, i))
+            create_task(run(i, slot, 60.0))
         for _ in range(3):
             await asyncio.sleep(0)
 
@@ -126,7 +174,7 @@ def _instructions(mode: str, jobs: int, rounds: int) -> int:
 def main() -> None:
     if sys.argv[1] == "--drive":
         mode, jobs, rounds = sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-        drive = {"fire": _fire, "floor": _floor, "register": _register}[mode]
+        drive = {"fire": _fire, "floor": _floor, "guarded": _guarded, "register": _register}[mode]
         asyncio.run(drive(jobs, rounds))
         return
     mode = sys.argv[1]

@@ -29,11 +29,9 @@ if TYPE_CHECKING:
     from ._executor import Executor
     from ._job import Job
 
-__all__ = ("CatchUp", "misfired")
+__all__ = ("CatchUp", "latest_due", "misfired")
 
 _logger = get_logger("cronlock")
-
-LatestDue = Callable[["Job", datetime, datetime], tuple[datetime, "datetime | None"]]
 
 
 def misfired(grace: float | None, fire: datetime, now: datetime) -> float | None:
@@ -46,10 +44,31 @@ def misfired(grace: float | None, fire: datetime, now: datetime) -> float | None
     return lateness if grace is not None and lateness > grace else None
 
 
+def latest_due(job: Job, slot: datetime, now: datetime) -> tuple[datetime, datetime | None]:
+    """The latest slot due by *now* (from *slot* on) and the one after it."""
+    following = job.following(slot)
+    if following is None or job.fire_time(following) > now:
+        return slot, following  # the usual case: one slot due
+    # Behind (a stall, a sleep): gallop back from now to find a recent due slot
+    # instead of walking every missed slot of a fine-grained schedule.
+    latest = following
+    span = timedelta(seconds=1)
+    while now - span > latest:
+        probe = job.slot_after(now - span)
+        if probe is not None and job.fire_time(probe) <= now:
+            latest = probe
+            break
+        span *= 2
+    following = job.slot_after(latest)
+    while following is not None and job.fire_time(following) <= now:
+        latest, following = following, job.slot_after(following)
+    return latest, following
+
+
 class CatchUp:
     """The run loop's catch-up at start: reads the ledger, then dispatches or reports.
 
-    *latest_due* and *dispatch* are the run loop's; the run loop owns the task this runs in.
+    *dispatch* is the run loop's; the run loop owns the task this runs in.
     """
 
     def __init__(
@@ -58,13 +77,11 @@ class CatchUp:
         clock: Clock,
         bus: EventBus,
         executor: Executor,
-        latest_due: LatestDue,
         dispatch: Callable[[Job, datetime], None],
     ) -> None:
         self._clock = clock
         self._bus = bus
         self._executor = executor
-        self._latest_due = latest_due
         self._dispatch = dispatch
 
     async def all(self, jobs: Mapping[Job, datetime | None], started: datetime) -> None:
@@ -141,7 +158,7 @@ class CatchUp:
         if planned is not None and first >= planned:
             return  # planned by the run loop in the instant before *started*
         now = self._clock.now()
-        latest, _ = self._latest_due(job, first, started)
+        latest, _ = latest_due(job, first, started)
         if planned is not None and latest >= planned:
             latest = first  # (only a sub-millisecond schedule gets here)
         grace = job.misfire_grace
@@ -162,7 +179,7 @@ class CatchUp:
         # passed are missed for good (no run loop fires them any more); those still within
         # it may be in flight on a replica that lags, and are not reported as missed.
         if grace is not None and misfired(grace, job.fire_time(first), now) is not None:
-            stale, _ = self._latest_due(job, first, now - timedelta(seconds=grace))
+            stale, _ = latest_due(job, first, now - timedelta(seconds=grace))
             _logger.warning(
                 "job %r: slot(s) %s passed while no replica ran them; catching up with one "
                 "run of %s",

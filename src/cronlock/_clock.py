@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Protocol, runtime_checkable
 
@@ -25,6 +26,14 @@ _from_timestamp = datetime.fromtimestamp
 def monotonic() -> float:
     """Seconds on the monotonic clock: for leases and durations, never for slots."""
     return time.monotonic()
+
+
+def loop_clock(loop: asyncio.AbstractEventLoop) -> Callable[[], float]:
+    """The clock of *loop*'s timers (``loop.time``); for asyncio's own loops, which read
+    :func:`time.monotonic`, that function itself (one Python call less per read)."""
+    if type(loop).time is asyncio.BaseEventLoop.time:
+        return time.monotonic
+    return loop.time
 
 
 @runtime_checkable

@@ -184,23 +184,27 @@ class Subscription:
 class EventBus:
     """Delivers events to subscribers; a failing subscriber is logged, never propagated."""
 
-    __slots__ = ("_pending", "_subs", "_wanted")
+    __slots__ = ("_pending", "_subs", "_wanted", "silent")
 
     def __init__(self) -> None:
         self._subs: list[Subscription] = []
         self._pending: set[asyncio.Task[None]] = set()
         self._wanted: dict[type[Event], bool] = {}
+        self.silent = True
+        """Nobody is subscribed: the hot path reads this before :meth:`wants`."""
 
     def add(self, callback: Listener, types: tuple[type[Event], ...]) -> Subscription:
         sub = Subscription(self, callback, types or (Event,))
         self._subs.append(sub)
         self._wanted.clear()
+        self.silent = False
         return sub
 
     def remove(self, sub: Subscription) -> None:
         if sub in self._subs:
             self._subs.remove(sub)
             self._wanted.clear()
+            self.silent = not self._subs
 
     def wants(self, kind: type[Event]) -> bool:
         """Whether any subscriber takes events of *kind* (lets the hot path skip building them)."""

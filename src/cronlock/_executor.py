@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import typing
+from asyncio import current_task
 from collections.abc import Callable, Coroutine
-from datetime import datetime, timedelta
-from logging import DEBUG
+from datetime import datetime
 from typing import Any
 
-from ._cancel import finish_uncancellably
+from ._admission import Admission
 from ._clock import Clock
-from ._errors import LockUnavailable
 from ._events import (
     EventBus,
     JobCancelled,
@@ -21,13 +20,12 @@ from ._events import (
     JobStarted,
     JobSucceeded,
     JobTimedOut,
-    LockFailed,
     LockLost,
 )
-from ._guard import Deadlines, RunGuard, TaskDeadline
+from ._guard import Deadlines, Lane, RunGuard
 from ._job import Job
 from ._locking import Elector, Lease, LosableLease, RecordingLease, lease_hooks
-from ._logs import at, get_logger, say
+from ._logs import at, get_logger
 from ._records import RunRecord, error_summary
 
 __all__ = ("Executor",)
@@ -35,25 +33,19 @@ __all__ = ("Executor",)
 _logger = get_logger("cronlock")
 _lock_logger = get_logger("cronlock.lock")
 
-# A lease release that takes longer than this is abandoned (and logged); backends bound
-# their own release and terminate the session when it cannot finish.
-RELEASE_TIMEOUT = 30.0
-# How often a replica that did not run a slot re-reads the job's fleet-wide history.
-HISTORY_REFRESH = timedelta(seconds=30)
-
 
 class Executor:
     """Runs single slots of jobs; shared by every job of one scheduler."""
 
     __slots__ = (
+        "_admission",
         "_bus",
         "_cancel_on_lock_loss",
         "_clock",
         "_coordinated",
         "_deadlines",
         "_default_timeout",
-        "_elector",
-        "_reading",
+        "_loop",
     )
 
     def __init__(
@@ -67,14 +59,14 @@ class Executor:
         cancel_on_lock_loss: bool = True,
     ) -> None:
         self._cancel_on_lock_loss = cancel_on_lock_loss
-        self._reading = False  # a history read is in flight (see refresh_history)
+        self._loop = asyncio.get_running_loop()  # made by Scheduler.start, in its loop
         # On the real clock every run deadline shares one event-loop timer.
         self._deadlines = Deadlines() if loop_time else None
         # Guards of coordinated runs in flight: ended together when leadership is lost.
         self._coordinated: set[RunGuard] = set()
         self._clock = clock
         self._bus = bus
-        self._elector = elector
+        self._admission = Admission(clock, elector)
         self._default_timeout = default_timeout
 
     async def run(self, job: Job, slot: datetime, *, report: bool = True) -> JobEvent | None:
@@ -85,7 +77,7 @@ class Executor:
         """
         if not job._wiring.coordinated:
             return await self._execute(job, slot, None, report)
-        gate = await self._admit(job, slot)
+        gate = await self._admission.admit(job, slot)
         if isinstance(gate, JobEvent):
             self._bus.emit(gate)
             if isinstance(gate, JobSkipped) and gate.reason in ("already_ran", "locked"):
@@ -96,14 +88,24 @@ class Executor:
                 if told is not None:
                     job._state.learn(*told)
                 else:
-                    await self.refresh_history(job)
+                    await self._admission.refresh_history(job)
             return gate
         if gate is None:
             return await self._execute(job, slot, None, report)
         try:
             return await self._execute(job, slot, gate, report)
         finally:
-            await self._release(job, slot, gate)
+            await self._admission.release(job, slot, gate)
+
+    def timeout_of(self, job: Job) -> float | None:
+        """The job's timeout, or the scheduler's default."""
+        return job.timeout if job.timeout is not None else self._default_timeout
+
+    def takes_direct(self, job: Job) -> bool:
+        """Whether runs of *job* can take the direct path (see :meth:`direct`)."""
+        return not job._wiring.coordinated and (
+            self._deadlines is not None or self.timeout_of(job) is None
+        )
 
     def direct(
         self, job: Job, slot: datetime, ended: Callable[[Job, asyncio.Task[Any] | None], None]
@@ -111,30 +113,42 @@ class Executor:
         """The coroutine of a run task on the direct path, or None if the run needs :meth:`run`.
 
         The direct path is the common run: no elector or locker to ask, nobody waiting for
-        its event, and its timeout (if any) on the real clock's shared timer. It does in one
+        its event, and its timeout (if any) on the real clock's shared timers. It does in one
         coroutine what :meth:`run`, ``_execute`` and :class:`RunGuard` do in four, and calls
         *ended* with the task last.
         """
-        timeout = job.timeout if job.timeout is not None else self._default_timeout
-        if job._wiring.coordinated or (timeout is not None and self._deadlines is None):
+        if not self.takes_direct(job):
             return None
-        return self._direct(job, slot, timeout, ended)
+        return self.run_direct(job, slot, None, self.lane_of(job), ended)
 
-    async def _direct(
+    def lane_of(self, job: Job) -> Lane | None:
+        """The deadline lane of a run of *job* on the direct path (None: no timeout)."""
+        timeout = self.timeout_of(job)
+        if timeout is None:
+            return None
+        assert self._deadlines is not None
+        return self._deadlines.lane(timeout)
+
+    async def run_direct(
         self,
         job: Job,
         slot: datetime,
-        timeout: float | None,
+        number: int | None,
+        lane: Lane | None,
         ended: Callable[[Job, asyncio.Task[Any] | None], None],
     ) -> None:
-        task = asyncio.current_task()
+        """Run *slot* of *job* on the direct path (see :meth:`direct`) under *lane*'s
+        timeout as run *number*: the run loop's fast path has begun the run already; None:
+        begin it here."""
+        task = current_task(self._loop)
         try:
+            if number is None:
+                number = job._state.begin()
             bus = self._bus
-            number = job._state.begin()
             started = self._clock.now()
-            if bus.wants(JobStarted):
+            if not bus.silent and bus.wants(JobStarted):
                 bus.emit(JobStarted(job.name, slot, started, number))
-            if timeout is None:
+            if lane is None:
                 try:
                     result = await job.call(slot, started, number)
                 except asyncio.CancelledError:
@@ -145,32 +159,34 @@ class Executor:
                     return
                 self._done(job, slot, started, result)
                 return
-            # RunGuard's rules, inline: at the deadline the task is cancelled; on the way
+            # RunGuard's rules, inline: at the deadline the lane cancels the task; on the way
             # out our cancel is taken back, and a cancellation that was only ours is a timeout.
-            assert task is not None and self._deadlines is not None
+            assert task is not None
             cancelling = task.cancelling()
-            deadline = TaskDeadline(task)
-            self._deadlines.add(task.get_loop().time() + timeout, deadline)
+            lane.watch(task)
             try:
                 result = await job.call(slot, started, number)
             except asyncio.CancelledError:
-                if self._left(deadline) <= cancelling and deadline.reason is not None:
-                    self._timed_out(job, slot, started, timeout)
+                if not lane.drop(task) and task.uncancel() <= cancelling:
+                    self._timed_out(job, slot, started, lane.seconds)
                     return
                 self._cancelled(job, slot, started, None)
                 raise
             except Exception as exc:
-                self._left(deadline)
-                if deadline.reason == "timeout" and isinstance(exc, TimeoutError):
-                    self._timed_out(job, slot, started, timeout)
-                else:
-                    self._failed(job, slot, started, exc, None)
+                if not lane.drop(task):
+                    task.uncancel()
+                    if isinstance(exc, TimeoutError):
+                        self._timed_out(job, slot, started, lane.seconds)
+                        return
+                self._failed(job, slot, started, exc, None)
                 return
-            deadline.exited = True  # what _left does, inline: this is the hot path
-            self._deadlines.ended()
-            if deadline.reason is not None:  # expired as it returned: take our cancel back
+            if not lane.drop(task):  # expired as it returned: take our cancel back
                 task.uncancel()
-            self._done(job, slot, started, result)
+            # _done(), inline: this is the hot path
+            finished = self._clock.now()
+            job._state.succeeded((slot, started, finished, "succeeded"))
+            if not bus.silent and bus.wants(JobSucceeded):
+                bus.emit(JobSucceeded(job.name, slot, started, finished, result))
         except Exception:  # a bug of ours: never let it kill the scheduler
             _logger.exception(
                 "job %r slot %s: internal error", job.name, slot, extra=at(job.name, slot)
@@ -183,17 +199,8 @@ class Executor:
         finished = self._clock.now()
         job._state.succeeded((slot, started, finished, "succeeded"))
         bus = self._bus
-        if bus.wants(JobSucceeded):
+        if not bus.silent and bus.wants(JobSucceeded):
             bus.emit(JobSucceeded(job.name, slot, started, finished, result))
-
-    def _left(self, deadline: TaskDeadline) -> int:
-        """A direct run under *deadline* ended: drop it, take back our cancel (if any);
-        return the task's cancellations still pending."""
-        deadline.exited = True
-        assert self._deadlines is not None
-        self._deadlines.ended()
-        task = deadline.task
-        return task.uncancel() if deadline.reason is not None else task.cancelling()
 
     def _timed_out(
         self,
@@ -225,107 +232,9 @@ class Executor:
             guard.lose(reason)
 
     async def refresh_history(self, job: Job, *, force: bool = False) -> None:
-        """Copy the fleet-wide last run and last success from a ledger into *job*.
-
-        Replicas that lose the race for a slot call this, so it is throttled twice: once
-        per job per ``HISTORY_REFRESH``, and one read at a time per scheduler (a read that
-        finds another in flight is dropped). Reads share the locker's connection with the
-        lock statements; without the throttle, a thousand jobs losing every second would
-        queue a thousand reads a second in front of the locks (measured: the replicas
-        then fell behind and missed most slots).
-        """
-        ledger = job._wiring.ledger
-        if ledger is None:
-            return
-        state = job._state
-        now = self._clock.now()
-        if not force and (
-            self._reading
-            or (state.history_checked is not None and now - state.history_checked < HISTORY_REFRESH)
-        ):
-            return
-        state.checked(now)
-        self._reading = True
-        try:
-            last, success = await ledger.last_runs(job.name)
-        except Exception as exc:
-            _lock_logger.warning(
-                "job %r: reading its run history failed: %r", job.name, exc, extra=at(job.name)
-            )
-            return
-        finally:
-            self._reading = False
-        state.learn(last, success)
-
-    async def _admit(self, job: Job, slot: datetime) -> Lease | JobEvent | None:
-        """Ask the elector, then claim the slot; an event means: do not run."""
-        if self._elector is not None:
-            try:
-                leader = await self._elector.is_leader()
-            except Exception as exc:
-                _logger.error(
-                    "job %r slot %s: elector failed: %r",
-                    job.name,
-                    slot,
-                    exc,
-                    extra=at(job.name, slot),
-                )
-                return LockFailed(job.name, slot, exc)
-            if not leader:
-                say(_logger, DEBUG, job.name, slot, "not the leader, skipped")
-                return JobSkipped(job.name, slot, "not_leader")
-        locker = job._wiring.locker
-        if locker is None:
-            return None
-        try:
-            claim = await locker.acquire(job.name, slot)
-        except LockUnavailable as exc:
-            # The backend is down and the locker waits before trying it again; it logged
-            # the outage once. One ERROR per skipped run would bury that line.
-            _lock_logger.debug(
-                "job %r slot %s: run skipped: %s", job.name, slot, exc, extra=at(job.name, slot)
-            )
-            return LockFailed(job.name, slot, exc)
-        except Exception as exc:
-            _lock_logger.error(
-                "job %r slot %s: lock failed, run skipped: %s",
-                job.name,
-                slot,
-                exc,
-                exc_info=exc,
-                extra=at(job.name, slot),
-            )
-            return LockFailed(job.name, slot, exc)
-        if claim is None or claim == "locked":
-            say(_lock_logger, DEBUG, job.name, slot, "another holder has the lock")
-            return JobSkipped(job.name, slot, "locked")
-        if claim == "already_ran":
-            say(_lock_logger, DEBUG, job.name, slot, "slot already ran")
-            return JobSkipped(job.name, slot, "already_ran")
-        if claim == "paused":
-            say(_lock_logger, DEBUG, job.name, slot, "paused fleet-wide, skipped")
-            return JobSkipped(job.name, slot, "paused")
-        assert not isinstance(claim, str)
-        return claim
-
-    async def _release(self, job: Job, slot: datetime, lease: Lease) -> None:
-        async def bounded() -> None:
-            async with asyncio.timeout(RELEASE_TIMEOUT):
-                await lease.release()
-
-        try:
-            await finish_uncancellably(bounded())
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            _lock_logger.error(
-                "job %r slot %s: releasing the lock failed: %r",
-                job.name,
-                slot,
-                exc,
-                exc_info=exc,
-                extra=at(job.name, slot),
-            )
+        """Copy the fleet-wide last run and last success from a ledger into *job* (see
+        :meth:`Admission.refresh_history`)."""
+        await self._admission.refresh_history(job, force=force)
 
     async def _execute(
         self, job: Job, slot: datetime, lease: Lease | None, report: bool

@@ -3,90 +3,91 @@
 from __future__ import annotations
 
 import asyncio
-import heapq
-import itertools
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from types import TracebackType
-from typing import Literal
+from typing import Any, Literal
 
 from ._cancel import cancel_and_wait, task_name
-from ._clock import Clock
+from ._clock import Clock, loop_clock
 
-__all__ = ("Deadlines", "RunGuard", "TaskDeadline")
+__all__ = ("Deadlines", "Lane", "RunGuard")
 
 Reason = Literal["timeout", "lock_lost"]
 
 
 class Deadlines:
-    """One event-loop timer for every run deadline of a scheduler (real clock only).
+    """The run deadlines of a scheduler on the real clock: one event-loop timer per distinct
+    timeout, not one per run.
 
     ``asyncio.timeout()`` arms a timer handle per run in the loop's heap and cancels it when
     the run ends; at thousands of runs a second that was about a third of the cost of a
-    fire. Guards register here instead, and one handle is armed for the earliest deadline.
-    Guards that ended are dropped lazily, and the heap is compacted once they are the
-    majority, so a long timeout on a frequent job does not pile entries up.
+    fire. Runs with the same timeout reach their deadlines in the order they started, so
+    each distinct timeout has a :class:`Lane`: an insertion-ordered dict of the runs in
+    flight and one timer for the earliest of them. A run that ends deletes its own entry.
     """
 
-    __slots__ = ("_armed", "_dead", "_handle", "_heap", "_seq")
+    __slots__ = ("_lanes", "_loop", "_time")
 
     def __init__(self) -> None:
-        self._heap: list[tuple[float, int, RunGuard | TaskDeadline]] = []
-        self._seq = itertools.count()
-        self._handle: asyncio.TimerHandle | None = None
-        self._armed: float | None = None
-        self._dead = 0
+        loop = asyncio.get_running_loop()
+        self._loop = loop
+        self._time = loop_clock(loop)
+        self._lanes: dict[float, Lane] = {}
 
-    def add(self, when: float, guard: RunGuard | TaskDeadline) -> None:
-        """Expire *guard* at loop time *when* unless it has ended by then."""
-        heapq.heappush(self._heap, (when, next(self._seq), guard))
-        if self._armed is None or when < self._armed:
-            self._arm(when)
-
-    def ended(self) -> None:
-        """A registered guard ended before its deadline."""
-        self._dead += 1
-        if self._dead > 64 and self._dead * 2 > len(self._heap):
-            self._heap = [entry for entry in self._heap if not entry[2].exited]
-            heapq.heapify(self._heap)
-            self._dead = 0
-
-    def _arm(self, when: float) -> None:
-        if self._handle is not None:
-            self._handle.cancel()
-        self._handle = asyncio.get_running_loop().call_at(when, self._fire)
-        self._armed = when
-
-    def _fire(self) -> None:
-        self._handle = self._armed = None
-        now = asyncio.get_running_loop().time()
-        heap = self._heap
-        while heap and heap[0][0] <= now:
-            guard = heapq.heappop(heap)[2]
-            if guard.exited:
-                self._dead -= 1
-            else:
-                guard.expire("timeout")
-        if heap:
-            self._arm(heap[0][0])
+    def lane(self, seconds: float) -> Lane:
+        """The lane of runs whose timeout is *seconds*."""
+        lane = self._lanes.get(seconds)
+        if lane is None:
+            lane = self._lanes[seconds] = Lane(seconds, self._loop, self._time)
+        return lane
 
 
-class TaskDeadline:
-    """The deadline of a run on the executor's direct path: :class:`RunGuard` without the
-    context manager, the watchdog or lock loss (the executor does the way out itself).
+class Lane:
+    """The runs in flight with one timeout, oldest first, and the timer of the oldest.
+
+    An entry is a run's task (the executor's direct path: at its deadline it is cancelled)
+    or its :class:`RunGuard` (expired with reason ``"timeout"``). Whoever removes an entry
+    owns the outcome: the run as it ends, or the timer as it expires it; so a run that finds
+    its entry gone knows that its deadline cancelled it.
     """
 
-    __slots__ = ("exited", "reason", "task")
+    __slots__ = ("_handle", "_loop", "_time", "entries", "seconds")
 
-    def __init__(self, task: asyncio.Task[object]) -> None:
-        self.task = task
-        self.exited = False
-        self.reason: Reason | None = None
+    def __init__(
+        self, seconds: float, loop: asyncio.AbstractEventLoop, clock: Callable[[], float]
+    ) -> None:
+        self.seconds = seconds
+        self.entries: dict[asyncio.Task[Any] | RunGuard, float] = {}
+        self._loop = loop
+        self._time = clock
+        self._handle: asyncio.TimerHandle | None = None
 
-    def expire(self, reason: Reason) -> None:
-        """End the run now (no-op once it has ended)."""
-        if self.reason is None and not self.exited:
-            self.reason = reason
-            self.task.cancel()
+    def watch(self, entry: asyncio.Task[Any] | RunGuard) -> None:
+        """Expire *entry* :attr:`seconds` from now unless it is dropped first."""
+        when = self._time() + self.seconds
+        self.entries[entry] = when
+        if self._handle is None:
+            self._handle = self._loop.call_at(when, self._fire)
+
+    def drop(self, entry: asyncio.Task[Any] | RunGuard) -> bool:
+        """*entry*'s run ended: forget it; False when its deadline had expired it already."""
+        return self.entries.pop(entry, None) is not None
+
+    def _fire(self) -> None:
+        self._handle = None
+        entries = self.entries
+        now = self._time()
+        while entries:
+            entry, when = next(iter(entries.items()))
+            if when > now:
+                self._handle = self._loop.call_at(when, self._fire)
+                return
+            del entries[entry]
+            if isinstance(entry, RunGuard):
+                entry.expire("timeout")
+            else:
+                entry.cancel()
 
 
 class RunGuard:
@@ -105,6 +106,7 @@ class RunGuard:
         "_clock",
         "_deadlines",
         "_dog",
+        "_lane",
         "_seconds",
         "_task",
         "exited",
@@ -119,6 +121,7 @@ class RunGuard:
         self._task: asyncio.Task[object] | None = None
         self._cancelling = 0
         self._dog: asyncio.Task[None] | None = None
+        self._lane: Lane | None = None
         self.exited = False
         self.reason: Reason | None = None
         self.lost_because: BaseException | None = None
@@ -131,8 +134,8 @@ class RunGuard:
         if self._seconds is None:
             return
         if self._deadlines is not None:
-            loop = asyncio.get_running_loop()
-            self._deadlines.add(loop.time() + self._seconds, self)
+            self._lane = self._deadlines.lane(self._seconds)
+            self._lane.watch(self)
         else:
             deadline = self._clock.now() + timedelta(seconds=self._seconds)
             self._dog = asyncio.create_task(self._watch(deadline), name=task_name("timeout"))
@@ -160,8 +163,8 @@ class RunGuard:
         tb: TracebackType | None,
     ) -> None:
         self.exited = True  # from here on, expire() and lose() do nothing
-        if self._deadlines is not None and self._seconds is not None:
-            self._deadlines.ended()
+        if self._lane is not None:
+            self._lane.drop(self)
         if self._dog is not None:
             # Wait for the watchdog without letting its cancellation count as ours.
             await cancel_and_wait(self._dog)

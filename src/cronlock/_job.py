@@ -24,7 +24,14 @@ from ._errors import ScheduleError, SchedulerStateError
 from ._events import JobEvent
 from ._interval import IntervalSchedule
 from ._locking import Locker, Wiring
-from ._records import DEFAULT_MISFIRE_GRACE, OVERLAPS, Overlap, RunContext, RunRecord
+from ._records import (
+    DEFAULT_MISFIRE_GRACE,
+    OVERLAPS,
+    Overlap,
+    RunContext,
+    RunRecord,
+    run_context,
+)
 from ._schedule import Schedule
 from ._state import RunState
 from ._threads import in_thread
@@ -344,7 +351,7 @@ class Job:
         kwargs = self.kwargs
         param = self._context_param
         if param is not None:
-            context = RunContext(self.name, slot, started, number)
+            context = run_context(self.name, slot, started, number)
             kwargs = {**kwargs, param: context} if kwargs else {param: context}
         if not self._is_async:
             return in_thread(functools.partial(self.func, *self.args, **kwargs))

@@ -18,6 +18,7 @@ __all__ = (
     "RunContext",
     "RunRecord",
     "error_summary",
+    "run_context",
 )
 
 Overlap = Literal["skip", "queue", "allow", "replace"]
@@ -51,6 +52,24 @@ class RunContext:
     """When the run started, by the scheduler's clock (aware UTC)."""
     run_number: int
     """1 for the job's first run on this replica, then 2, 3, ..."""
+
+
+_new = object.__new__
+_set_job, _set_slot, _set_started, _set_number = (
+    RunContext.__dict__[name].__set__ for name in ("job", "slot", "started_at", "run_number")
+)
+
+
+def run_context(job: str, slot: datetime, started_at: datetime, run_number: int) -> RunContext:
+    """``RunContext(job, slot, started_at, run_number)`` for the hot path: the frozen
+    dataclass's ``__init__`` sets each field through ``object.__setattr__``; this sets the
+    slots directly, at about half the cost."""
+    context = _new(RunContext)
+    _set_job(context, job)
+    _set_slot(context, slot)
+    _set_started(context, started_at)
+    _set_number(context, run_number)
+    return context
 
 
 @dataclass(frozen=True, slots=True)

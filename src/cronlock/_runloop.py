@@ -11,11 +11,12 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from ._cancel import cancel_and_wait, finish_uncancellably, task_name
-from ._catchup import CatchUp, misfired
+from ._catchup import CatchUp, latest_due, misfired
 from ._clock import Clock, wait_tasks
 from ._events import EventBus, JobEvent, JobSkipped
 from ._executor import Executor
 from ._fleetclock import FleetClock
+from ._guard import Lane
 from ._job import Job
 from ._logs import at, get_logger
 
@@ -23,8 +24,13 @@ __all__ = ("RunLoop", "misfired")
 
 _logger = get_logger("cronlock")
 
-# (fire time, tie-breaker, job, job generation when pushed, slot)
-_Entry = tuple[datetime, int, Job, int, datetime]
+# (step to the next slot, misfire grace, deadline lane): a job the fast path fires
+_Fast = tuple[timedelta, timedelta, "Lane | None"]
+# (fire time, tie-breaker, job, job generation when pushed, slot, the job's _Fast, or None
+# when it needs the general rules, or _UNKNOWN until its first fire has looked)
+_Entry = tuple[datetime, int, Job, int, datetime, "_Fast | None"]
+_UNKNOWN: Any = ()
+_FOREVER = timedelta.max
 # (slot, tie-breaker, job, waiter for run_now)
 _Waiting = tuple[datetime, int, Job, "asyncio.Future[JobEvent] | None"]
 
@@ -64,6 +70,7 @@ class RunLoop:
         self._helpers: set[asyncio.Task[None]] = set()
         self._loop = asyncio.get_running_loop()  # made by Scheduler.start, in its loop
         self._ended = self._finished  # bound once: the direct path hands it to every run
+        self._fasts: dict[_Fast, _Fast] = {}  # one tuple for jobs alike
 
     # -- the heap --------------------------------------------------------------------
 
@@ -89,9 +96,10 @@ class RunLoop:
         seq = next(self._seq)
         if batch:  # at start, for every job: fire_time() only with a jitter to add
             fire = job.fire_time(slot) if job.jitter else slot
-            self._heap.append((fire, seq, job, generation, slot))
+            self._heap.append((fire, seq, job, generation, slot, _UNKNOWN))
             return
-        heapq.heappush(self._heap, (job.fire_time(slot), seq, job, generation, slot))
+        entry = (job.fire_time(slot), seq, job, generation, slot, _UNKNOWN)
+        heapq.heappush(self._heap, entry)
         if self._heap[0][1] == seq:
             self._poke()  # the new entry is the earliest: the loop sleeps too long
 
@@ -128,7 +136,6 @@ class RunLoop:
                 clock=self._clock,
                 bus=self._bus,
                 executor=self._executor,
-                latest_due=self.latest_due,
                 dispatch=self.dispatch,
             )
             self._spawn(catching.all(jobs, started), name=task_name("catch-up"))
@@ -178,13 +185,10 @@ class RunLoop:
         loop = asyncio.get_running_loop()
         while not self._stopping:
             now = self._clock.now()
-            heap = self._heap
-            while heap and heap[0][0] <= now:
-                fire, _, job, generation, slot = heapq.heappop(heap)
-                if generation == job._state.generation:
-                    self._fire(job, fire, slot, now)
+            self.fire_due(now)
             if self._stopping:
                 break
+            heap = self._heap
             self._wakeup = wakeup = loop.create_future()
             handle: asyncio.TimerHandle | None = None
             sleeper: asyncio.Task[None] | None = None
@@ -207,6 +211,36 @@ class RunLoop:
                 if sleeper is not None and not sleeper.done():
                     await cancel_and_wait(sleeper)
 
+    def fire_due(self, now: datetime) -> None:
+        """One pass of the run loop: fire every slot due by *now*."""
+        heap = self._heap
+        seq = self._seq
+        run_direct = self._executor.run_direct
+        create_task = self._loop.create_task
+        tasks = self._tasks
+        while heap and heap[0][0] <= now:
+            entry = heap[0]
+            job = entry[2]
+            state = job._state
+            if entry[3] != state.generation:
+                heapq.heappop(heap)  # stale: the job was rescheduled, paused or removed
+                continue
+            fast = entry[5]
+            if fast and not state.active:
+                # The fast path: one slot due, on time, no run in flight, no rule to
+                # apply (see _fast_of); the next entry replaces this one in one sift.
+                slot = entry[4]
+                following = slot + fast[0]
+                if following > now and now - slot <= fast[1]:
+                    heapq.heapreplace(heap, (following, next(seq), job, entry[3], following, fast))
+                    number = state.launch(following)
+                    self._running += 1
+                    coro = run_direct(job, slot, number, fast[2], self._ended)
+                    tasks[create_task(coro, name=job._task_name)] = job
+                    continue
+            heapq.heappop(heap)
+            self._fire(job, entry[0], entry[4], now)
+
     def _poke(self) -> None:
         """Wake the loop so it re-reads the heap (new earliest entry, stop)."""
         if self._wakeup is not None:
@@ -226,7 +260,7 @@ class RunLoop:
                 next_fire = job.fire_time(following) if job.jitter else following
             if next_fire is not None and next_fire <= now:
                 # Behind: more than one slot is due (the usual case is exactly one).
-                latest, following = self.latest_due(job, slot, now)
+                latest, following = latest_due(job, slot, now)
                 fire = job.fire_time(latest)
                 next_fire = None if following is None else job.fire_time(following)
         except Exception:
@@ -250,7 +284,8 @@ class RunLoop:
             note(job.name, job._schedule_text, following)
         if next_fire is not None:
             assert following is not None
-            entry = (next_fire, next(self._seq), job, state.generation, following)
+            fast = self._fast_of(job)
+            entry = (next_fire, next(self._seq), job, state.generation, following, fast)
             heapq.heappush(self._heap, entry)
         lateness = misfired(job.misfire_grace, fire, now)
         if lateness is not None:
@@ -270,27 +305,25 @@ class RunLoop:
         if job.max_runs is not None and state.run_count + state.active >= job.max_runs:
             self.unschedule(job)
 
-    def latest_due(
-        self, job: Job, slot: datetime, now: datetime
-    ) -> tuple[datetime, datetime | None]:
-        """The latest slot due by *now* (from *slot* on) and the one after it."""
-        following = job.following(slot)
-        if following is None or job.fire_time(following) > now:
-            return slot, following  # the usual case: one slot due
-        # Behind (a stall, a sleep): gallop back from now to find a recent due slot
-        # instead of walking every missed slot of a fine-grained schedule.
-        latest = following
-        span = timedelta(seconds=1)
-        while now - span > latest:
-            probe = job.slot_after(now - span)
-            if probe is not None and job.fire_time(probe) <= now:
-                latest = probe
-                break
-            span *= 2
-        following = job.slot_after(latest)
-        while following is not None and job.fire_time(following) <= now:
-            latest, following = following, job.slot_after(following)
-        return latest, following
+    def _fast_of(self, job: Job) -> _Fast | None:
+        """What the fast path needs to fire *job*, or None when its runs need the general
+        rules: a schedule that is not a grid, a jitter, a run cap, an end, a locker or
+        elector, a concurrency cap, a ledger to tell of its plans, or a virtual clock's
+        timeout."""
+        step = job._grid_step
+        if (
+            step is None
+            or job.jitter
+            or job.max_runs is not None
+            or job.stop_at is not None
+            or job._wiring.note is not None
+            or self._cap is not None
+            or not self._executor.takes_direct(job)
+        ):
+            return None
+        grace = _FOREVER if job.misfire_grace is None else timedelta(seconds=job.misfire_grace)
+        fast = (step, grace, self._executor.lane_of(job))
+        return self._fasts.setdefault(fast, fast)
 
     def dispatch(
         self, job: Job, slot: datetime, waiter: asyncio.Future[JobEvent] | None = None

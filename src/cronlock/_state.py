@@ -71,6 +71,14 @@ class RunState:
         self.run_count += 1
         return self.run_count
 
+    def launch(self, following: datetime) -> int:
+        """The run loop's fast path: plan *following*, admit a run and begin it, in one call
+        (what :meth:`plan`, :meth:`admit` and :meth:`begin` do); return the run's number."""
+        self.next_run = following
+        self.active += 1
+        self.run_count += 1
+        return self.run_count
+
     def finish(self, record: RawRecord) -> None:
         """A run of this replica ended as *record* says."""
         self.raw_last_run = record

@@ -71,7 +71,7 @@ async def test_ended_guards_do_not_pile_up() -> None:
     for _ in range(1000):
         async with RunGuard(SystemClock(), 3600, deadlines):
             pass
-    assert len(deadlines._heap) < 200  # compacted: the ended ones are gone
+    assert not deadlines.lane(3600).entries  # each ended run dropped its own entry
 
 
 async def test_scheduler_timeouts_on_the_real_clock() -> None:
@@ -143,3 +143,41 @@ async def test_direct_runs_end_as_guarded_runs_do() -> None:
     assert last is not None and last.outcome == "cancelled"
     failed_run = scheduler.get_job("fails").last_run
     assert failed_run is not None and failed_run.outcome == "failed"
+
+
+async def test_each_timeout_has_its_own_lane() -> None:
+    # A long deadline started first must not hold back a shorter one started after it.
+    deadlines = Deadlines()
+    long_guard = RunGuard(SystemClock(), 3600, deadlines)
+    short_guard = RunGuard(SystemClock(), 0.01, deadlines)
+    entered = asyncio.Event()
+
+    async def long_run() -> None:
+        async with long_guard:
+            entered.set()
+            await asyncio.sleep(3600)
+
+    holder = asyncio.create_task(long_run())
+    await entered.wait()
+    with pytest.raises(TimeoutError):
+        async with asyncio.timeout(60), short_guard:  # the outer one: a liveness guard
+            await asyncio.sleep(3600)
+    assert short_guard.reason == "timeout"
+    assert long_guard.reason is None
+    holder.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await holder
+
+
+async def test_a_lane_expires_a_later_run_after_the_first_ended() -> None:
+    # The lane's timer was armed for the first run, which ended in time; the second run's
+    # deadline must still fire.
+    deadlines = Deadlines()
+    async with RunGuard(SystemClock(), 0.02, deadlines):
+        pass
+    guard = RunGuard(SystemClock(), 0.02, deadlines)
+    with pytest.raises(TimeoutError):
+        async with asyncio.timeout(60), guard:  # the outer one: a liveness guard
+            await asyncio.sleep(3600)
+    assert guard.reason == "timeout"
+    assert not deadlines.lane(0.02).entries

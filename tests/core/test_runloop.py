@@ -580,3 +580,22 @@ async def test_real_clock_smoke() -> None:
 async def test_unknown_option_is_rejected(scheduler: Scheduler) -> None:
     with pytest.raises(ScheduleError, match="timout"):
         scheduler.add_job(_noop, every(10), name="j", timout=5)  # type: ignore[call-arg]
+
+
+async def test_a_late_slot_on_the_fast_path_is_still_a_misfire(
+    scheduler: Scheduler, clock: FakeClock, recorder: Recorder
+) -> None:
+    # After its first run a plain job fires on the run loop's fast path; a slot found past
+    # its grace there (late, though the next slot is not due yet) must still be skipped.
+    @scheduler.every(10, name="tick", misfire_grace=1)
+    async def tick() -> None:
+        pass
+
+    async with scheduler:
+        await clock.advance(10)
+        await clock.jump(12)  # now 22: slot 20 is 2 s late, slot 30 not due
+        await clock.advance(10)
+    assert [(e.slot, e.reason) for e in recorder.of(JobSkipped)] == [  # type: ignore[attr-defined]
+        (at(20), "misfire")
+    ]
+    assert started_slots(recorder) == [at(10), at(30)]
