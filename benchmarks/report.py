@@ -7,6 +7,7 @@ from typing import Any
 
 NAMES = {
     "floor": "floor (heap + create_task)",
+    "model": "floor + cronlock's promises (model)",
     "cronlock": "cronlock",
     "aps3": "APScheduler 3.11 AsyncIOScheduler",
     "aps4": "APScheduler 4.0.0a6 AsyncScheduler",
@@ -45,11 +46,12 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
 def precision_table(data: dict[str, Any]) -> list[str]:
     header = ["contender", "jobs", "late p50 ms", "p99 ms", "max ms", "fired/due"]
     header += ["CPU µs/fire", "burst fires/s", "p99 vs APS3", "p99 vs floor", "CPU vs APS3"]
+    header += ["CPU vs floor", "CPU vs model"]
     rows = []
     for jobs, by in data.items():
         for name, r in by.items():
             if "error" in r:
-                rows.append([NAMES[name], jobs, f"error: {r['error']}", *[""] * 8])
+                rows.append([NAMES[name], jobs, f"error: {r['error']}", *[""] * 10])
                 continue
             rows.append(
                 [
@@ -65,6 +67,12 @@ def precision_table(data: dict[str, Any]) -> list[str]:
                     fmt_ratio(ratio(r["p99_ms"], by.get("floor", {}).get("p99_ms"))),
                     fmt_ratio(
                         ratio(r["cpu_us_per_fire"], by.get("aps3", {}).get("cpu_us_per_fire"))
+                    ),
+                    fmt_ratio(
+                        ratio(r["cpu_us_per_fire"], by.get("floor", {}).get("cpu_us_per_fire"))
+                    ),
+                    fmt_ratio(
+                        ratio(r["cpu_us_per_fire"], by.get("model", {}).get("cpu_us_per_fire"))
                     ),
                 ]
             )
@@ -228,7 +236,7 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
         met = None if value is None else (value < limit if below else value <= limit)
         out.append({"target": name, "measured": shown, "met": met})
 
-    def add_met(name: str, shown: str, met: bool | None) -> None:
+    def add_met(name: str, shown: str, met: bool | str | None) -> None:
         out.append({"target": name, "measured": shown, "met": met})
 
     prec = results.get("precision", {}).get("10000", {})
@@ -239,6 +247,13 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
     add("lateness p99 @10k jobs <= 1.5x the floor's", r, 1.5, fmt_ratio(r), below=False)
     r = ratio(c.get("cpu_us_per_fire"), f.get("cpu_us_per_fire"))
     add("CPU per fire @10k jobs <= 1.5x the floor's", r, 1.5, fmt_ratio(r), below=False)
+    # What the promises cost by themselves (c_model.py): not a target, the yardstick for one.
+    m = prec.get("model", {})
+    for label, key in (("CPU per fire", "cpu_us_per_fire"), ("lateness p99", "p99_ms")):
+        r = ratio(m.get(key), f.get(key))
+        add_met(f"{label} @10k jobs: floor + promises (model) vs the floor", fmt_ratio(r), "info")
+        r = ratio(c.get(key), m.get(key))
+        add_met(f"{label} @10k jobs: cronlock vs floor + promises (model)", fmt_ratio(r), "info")
     sc = results.get("scale", {})
     jobs = sc.get("params", {}).get("jobs", 0)
     s, sa = sc.get("cronlock", {}), sc.get("aps3", {})
@@ -384,9 +399,7 @@ def render(results: dict[str, Any]) -> str:
         lines += [*import_table(results["import"]), ""]
     if results.get("targets"):
         lines += ["#### Targets", ""]
-        rows = [
-            [t["target"], t["measured"], {True: "met", False: "**not met**", None: "n/a"}[t["met"]]]
-            for t in results["targets"]
-        ]
+        verdicts = {True: "met", False: "**not met**", None: "n/a", "info": "(yardstick)"}
+        rows = [[t["target"], t["measured"], verdicts[t["met"]]] for t in results["targets"]]
         lines += [*_table(["target", "measured", ""], rows), ""]
     return "\n".join(lines)

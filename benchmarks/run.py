@@ -34,7 +34,7 @@ HERE = Path(__file__).resolve().parent
 CONTENDERS_DIR = HERE / "contenders"
 VENVS = HERE / ".venvs"
 RESULTS = HERE / "results"
-CONTENDERS = ("floor", "cronlock", "aps3", "aps4", "aiocron")
+CONTENDERS = ("floor", "model", "cronlock", "aps3", "aps4", "aiocron")
 SCENARIOS = ("precision", "scale", "coordination", "replicas", "burst", "skew", "import")
 DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/test"
 

@@ -183,7 +183,8 @@ async def scale(adapter: Adapter, args: argparse.Namespace) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("contender", choices=["cronlock", "aps3", "aps4", "aiocron", "floor"])
+    contenders = ["cronlock", "aps3", "aps4", "aiocron", "floor", "model"]
+    parser.add_argument("contender", choices=contenders)
     parser.add_argument("scenario", choices=["precision", "scale"])
     parser.add_argument("--jobs", type=int, default=1000)
     parser.add_argument("--seconds", type=int, default=5)

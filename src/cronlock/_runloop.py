@@ -416,9 +416,10 @@ class RunLoop:
         self._running -= 1
         if self._stopping:
             return
-        queued = self._queued.pop(job, None)
-        if queued is not None:
-            self.dispatch(job, *queued)
+        if self._queued:
+            queued = self._queued.pop(job, None)
+            if queued is not None:
+                self.dispatch(job, *queued)
         while self._waiting and (self._cap is None or self._running < self._cap):
             slot, _, waiting_job, waiter = heapq.heappop(self._waiting)
             self._start(waiting_job, slot, waiter)
