@@ -15,6 +15,11 @@ Per run, beyond the floor's heap + ``create_task``:
 - the task is given a ``RunContext`` (built through its slots, cronlock's own fast way);
 - the run's record is kept, and whether anyone listens for events is checked.
 
+Registration (the scale scenario) keeps what cronlock promises at definition time: the
+schedule is built and checked (a positive step, an aware anchor), the job's name must be a
+new non-empty string, its task callable and its timeout a positive number, each job is kept
+in a slotted record, and start finds every job's first slot after now by datetime maths.
+
 Not modelled, though cronlock does them: overlap and misfire rules, run counts, the tasks
 in flight that shutdown waits for, and enforcing the timeout.
 """
@@ -31,11 +36,40 @@ from typing import Any
 from cronlock import RunContext
 from cronlock._records import run_context
 
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def _every(step: timedelta, anchor: datetime) -> tuple[datetime, timedelta]:
+    if step <= timedelta(0):
+        raise ValueError(f"every: interval must be positive, got {step!r}")
+    if anchor.tzinfo is None:
+        raise ValueError(f"every: anchor must be aware, got {anchor!r}")
+    return anchor, step
+
+
+class _Job:
+    __slots__ = ("args", "func", "name", "schedule", "timeout")
+
+    def __init__(
+        self,
+        name: str,
+        func: Callable[..., Any],
+        schedule: tuple[datetime, timedelta],
+        args: tuple[Any, ...],
+        timeout: float,
+    ) -> None:
+        self.name = name
+        self.func = func
+        self.schedule = schedule
+        self.args = args
+        self.timeout = timeout
+
 
 class Adapter:
     def __init__(self, record: Callable[[int, float | None], None]) -> None:
         self._heap: list[tuple[datetime, int, timedelta]] = []
         self._names: dict[int, str] = {}
+        self._jobs: dict[str, _Job] = {}
         self._deadlines: dict[Any, float] = {}
         self._last: dict[int, tuple[Any, ...]] = {}
         self._listeners: list[Any] = []
@@ -47,15 +81,29 @@ class Adapter:
         self._fn = job
 
     async def add(self, i: int, interval: int, offset: int, first: float) -> None:
-        slot = datetime.fromtimestamp(first, UTC)
-        self._heap.append((slot, i, timedelta(seconds=interval)))
-        self._names[i] = f"j{i}"
+        schedule = _every(timedelta(seconds=interval), _EPOCH + timedelta(seconds=offset))
+        name = f"j{i}"
+        if not isinstance(name, str) or not name or name in self._jobs:
+            raise ValueError(f"job name must be a new non-empty string, got {name!r}")
+        if not callable(self._fn):
+            raise ValueError(f"job {name!r}: task {self._fn!r} is not callable")
+        timeout = 60.0
+        if not isinstance(timeout, int | float) or timeout <= 0:
+            raise ValueError(f"job {name!r}: timeout must be positive, got {timeout!r}")
+        self._jobs[name] = _Job(name, self._fn, schedule, (i,), timeout)
+        self._names[i] = name
 
     def first_slot(self, i: int) -> float | None:
         return None  # the slot comes with each run, as cronlock's does
 
     async def start(self) -> None:
-        heapq.heapify(self._heap)
+        now = datetime.fromtimestamp(time.time(), UTC)
+        heap = self._heap
+        for job in self._jobs.values():
+            anchor, step = job.schedule
+            slot = anchor + step * ((now - anchor) // step + 1)  # the first slot after now
+            heap.append((slot, job.args[0], step))
+        heapq.heapify(heap)
         self._task = asyncio.create_task(self._loop())
 
     async def _loop(self) -> None:
