@@ -20,7 +20,7 @@ class ScheduleError(ConfigError):
 
 
 class JobConflictError(CronlockError, ValueError):
-    """A job name is already registered, or two job names map to the same lock key."""
+    """A job name is already registered, or two jobs that take a lock share a lock key."""
 
 
 class JobLookupError(CronlockError, KeyError):

@@ -14,7 +14,6 @@ __all__ = ("IntervalSchedule", "every")
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MAX = datetime.max.replace(tzinfo=UTC)
-_MICROSECOND = timedelta(microseconds=1)
 
 
 def _micros(delta: timedelta) -> int:
@@ -60,14 +59,14 @@ class IntervalSchedule:
 
     def next_after(self, after: datetime) -> datetime | None:
         """The first ``anchor + k * interval`` strictly after *after*; None past year 9999."""
-        step = self.interval // _MICROSECOND  # _micros(), inline: start plans every job
         if after.tzinfo is not UTC:  # the scheduler passes UTC already: skip the conversion
             after = to_utc(after, field="next_after")
-        elapsed = (after - self.anchor) // _MICROSECOND
-        # Floor division rounds toward -inf, so this is right for anchors in the future too.
-        k = elapsed // step + 1
+        # timedelta // timedelta and timedelta * int are exact integer maths on microseconds
+        # (start plans every job through here: no int <-> timedelta round trips). Floor
+        # division rounds toward -inf, so this is right for anchors in the future too.
+        interval = self.interval
         try:
-            return self.anchor + timedelta(microseconds=k * step)
+            return self.anchor + interval * ((after - self.anchor) // interval + 1)
         except OverflowError:
             return None
 

@@ -11,7 +11,7 @@ import functools
 import hashlib
 import inspect
 import typing
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from types import MappingProxyType
@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 from ._cancel import task_name
 from ._clock import Clock
-from ._durations import optional_seconds, positive_int
+from ._durations import Seconds, optional_seconds, positive_int
 from ._errors import ScheduleError, SchedulerStateError
 from ._events import JobEvent
 from ._interval import IntervalSchedule
@@ -67,11 +67,17 @@ NO_KWARGS: MappingProxyType[str, Any] = MappingProxyType({})
 NO_TAGS: frozenset[str] = frozenset()
 # Jobs not yet wired share this one (Wiring is frozen); add_job sets the real one.
 _UNWIRED = Wiring()
+_UNSET = object()  # no job checked yet
 # A service registers the same function and schedule many times over: what is derived
 # from them is kept for the last one seen (one entry each, so nothing piles up).
 _last_func: list[Any] = [None, True, None]  # func, is async, RunContext parameter
-_texts: dict[Any, str] = {}  # recent schedules' text, bounded
-_last_durations: list[Any] = [None, None, None, None, None]  # given, then the four values
+# Recent schedules' text, bounded: by id (holding the schedule, so the id stays its own),
+# and by value (equal schedules share one string).
+_texts: dict[int, tuple[Any, str]] = {}
+_texts_by_value: dict[Any, str] = {}
+# The four durations last given (the objects), their types and values, then their values
+# as checked.
+_last_durations: list[Any] = [_UNSET, _UNSET, _UNSET, _UNSET, None, None, None, None, None]
 
 
 def jitter_offset(name: str, slot: datetime, jitter: float) -> timedelta:
@@ -79,6 +85,58 @@ def jitter_offset(name: str, slot: datetime, jitter: float) -> timedelta:
     digest = hashlib.blake2b(f"{name}\x00{slot.isoformat()}".encode(), digest_size=8).digest()
     fraction = int.from_bytes(digest, "big") / 2**64
     return timedelta(microseconds=int(fraction * jitter * 1_000_000))
+
+
+def _check_durations(
+    name: str,
+    timeout: Seconds | None,
+    jitter: Seconds | None,
+    grace: Seconds | None,
+    alert: Seconds | None,
+) -> None:
+    """Check a job's four durations into ``_last_durations`` (or raise, naming the job)."""
+    given = (
+        type(timeout),
+        timeout,
+        type(jitter),
+        jitter,
+        type(grace),
+        grace,
+        type(alert),
+        alert,
+    )
+    if given == _last_durations[4]:  # equal to the last job's (new objects): checked then
+        _last_durations[:4] = (timeout, jitter, grace, alert)
+        return
+    _last_durations[:] = (
+        timeout,
+        jitter,
+        grace,
+        alert,
+        given,
+        optional_seconds(timeout, field="timeout", job=name),
+        optional_seconds(jitter, field="jitter", job=name, allow_zero=True),
+        optional_seconds(grace, field="misfire_grace", job=name, allow_zero=True),
+        optional_seconds(alert, field="alert_after", job=name),
+    )
+
+
+def _text(schedule: Schedule) -> str:
+    """The text of *schedule* (its ``str()``), remembered for the next job given it."""
+    try:
+        text = _texts_by_value.get(schedule)
+    except TypeError:  # an unhashable schedule of the user's
+        text = None
+    if text is None:
+        text = str(schedule)
+        if len(_texts_by_value) >= 256:
+            _texts_by_value.clear()
+        with contextlib.suppress(TypeError):
+            _texts_by_value[schedule] = text
+    if len(_texts) >= 256:
+        _texts.clear()
+    _texts[id(schedule)] = (schedule, text)
+    return text
 
 
 def _context_parameter(func: Callable[..., object]) -> str | None:
@@ -102,7 +160,7 @@ def _context_parameter(func: Callable[..., object]) -> str | None:
     return None
 
 
-@dataclass(eq=False, slots=True)
+@dataclass(eq=False, slots=True, init=False)
 class Job:
     """A task registered with a :class:`~cronlock.Scheduler`.
 
@@ -142,68 +200,79 @@ class Job:
     _wiring: Wiring = field(default=_UNWIRED, init=False, repr=False)
     _state: RunState = field(default_factory=RunState, init=False, repr=False)
 
-    def __post_init__(self) -> None:
-        name = self.name
+    def __init__(
+        self,
+        func: Callable[..., object],
+        schedule: Schedule,
+        name: str,
+        args: Sequence[Any] = (),
+        kwargs: Mapping[str, Any] | None = None,
+        tags: str | Iterable[str] | None = None,
+        *,
+        timeout: Seconds | None = None,
+        overlap: Overlap = "skip",
+        jitter: Seconds | None = None,
+        max_runs: int | None = None,
+        start_at: datetime | None = None,
+        stop_at: datetime | None = None,
+        misfire_grace: Seconds | None = DEFAULT_MISFIRE_GRACE,
+        distributed: bool = True,
+        locker: Locker | None = None,
+        recover: bool = False,
+        alert_after: Seconds | None = None,
+    ) -> None:
+        # Written out, not generated: one pass that checks each option and stores each field
+        # once (a service registering 100,000 jobs pays for every call and store here).
+        if type(args) is not tuple:
+            args = tuple(args)
+        kwargs = dict(kwargs) if kwargs else NO_KWARGS
+        tags = NO_TAGS if tags is None else normalise_tags(tags)
         if not isinstance(name, str) or not name:
             raise ScheduleError(f"job name must be a non-empty string, got {name!r}")
-        if not callable(self.func):
-            raise ScheduleError(f"job {name!r}: task {self.func!r} is not callable")
+        if not callable(func):
+            raise ScheduleError(f"job {name!r}: task {func!r} is not callable")
         # hasattr, not isinstance(Schedule): a runtime Protocol check costs ~20 us a job.
-        if not callable(getattr(self.schedule, "next_after", None)):
+        if type(schedule) is not IntervalSchedule and not callable(
+            getattr(schedule, "next_after", None)
+        ):
             raise ScheduleError(
-                f"job {name!r}: schedule {self.schedule!r} has no next_after(); build one "
+                f"job {name!r}: schedule {schedule!r} has no next_after(); build one "
                 "with cronlock.cron(), every(), daily(), weekly(), monthly() or once()"
             )
-        if self.overlap not in OVERLAPS:
+        if overlap not in OVERLAPS:
             raise ScheduleError(
-                f"job {name!r}: overlap must be one of {', '.join(OVERLAPS)}, got {self.overlap!r}"
+                f"job {name!r}: overlap must be one of {', '.join(OVERLAPS)}, got {overlap!r}"
             )
-        timeout, jitter, grace, alert = (
-            self.timeout,
-            self.jitter,
-            self.misfire_grace,
-            self.alert_after,
+        last = _last_durations
+        if not (
+            timeout is last[0]
+            and jitter is last[1]
+            and misfire_grace is last[2]
+            and alert_after is last[3]
+        ):  # else: the very objects the last job was given, checked then
+            _check_durations(name, timeout, jitter, misfire_grace, alert_after)
+        self.timeout, self.jitter, self.misfire_grace, self.alert_after = last[5:]
+        if recover is not False and recover is not True:
+            raise ScheduleError(f"job {name!r}: recover must be True or False, got {recover!r}")
+        if max_runs is not None:
+            positive_int(max_runs, field="max_runs", owner=f"job {name!r}", error=ScheduleError)
+        if start_at is not None:
+            start_at = to_utc(start_at, field=f"job {name!r}: start_at")
+        if stop_at is not None:
+            stop_at = to_utc(stop_at, field=f"job {name!r}: stop_at")
+            if start_at is not None and stop_at < start_at:
+                raise ScheduleError(
+                    f"job {name!r}: stop_at {stop_at.isoformat()} is before "
+                    f"start_at {start_at.isoformat()}"
+                )
+        self.name, self.func, self.args, self.kwargs, self.tags = name, func, args, kwargs, tags
+        self.overlap, self.max_runs, self.start_at, self.stop_at = (
+            overlap,
+            max_runs,
+            start_at,
+            stop_at,
         )
-        given = (
-            type(timeout),
-            timeout,
-            type(jitter),
-            jitter,
-            type(grace),
-            grace,
-            type(alert),
-            alert,
-        )
-        if given != _last_durations[0]:  # else: the same as the last job's, checked then
-            _last_durations[:] = (
-                given,
-                optional_seconds(timeout, field="timeout", job=name),
-                optional_seconds(jitter, field="jitter", job=name, allow_zero=True),
-                optional_seconds(grace, field="misfire_grace", job=name, allow_zero=True),
-                optional_seconds(alert, field="alert_after", job=name),
-            )
-        self.timeout, self.jitter, self.misfire_grace, self.alert_after = _last_durations[1:]
-        if not isinstance(self.recover, bool):
-            raise ScheduleError(
-                f"job {name!r}: recover must be True or False, got {self.recover!r}"
-            )
-        if self.max_runs is not None:
-            positive_int(
-                self.max_runs, field="max_runs", owner=f"job {name!r}", error=ScheduleError
-            )
-        if self.start_at is not None:
-            self.start_at = to_utc(self.start_at, field=f"job {name!r}: start_at")
-        if self.stop_at is not None:
-            self.stop_at = to_utc(self.stop_at, field=f"job {name!r}: stop_at")
-        if self.start_at and self.stop_at and self.stop_at < self.start_at:
-            raise ScheduleError(
-                f"job {name!r}: stop_at {self.stop_at.isoformat()} is before "
-                f"start_at {self.start_at.isoformat()}"
-            )
-        tags = self.tags
-        if type(tags) is not frozenset:  # add_job passes one already
-            self.tags = frozenset((tags,)) if isinstance(tags, str) else frozenset(tags)
-        func = self.func
+        self.distributed, self.locker, self.recover = distributed, locker, recover
         if func is not _last_func[0]:
             target = func
             while isinstance(target, functools.partial):
@@ -217,8 +286,11 @@ class Job:
                 _context_parameter(func),
             )
         self._is_async, self._context_param = _last_func[1], _last_func[2]
+        self._scheduler = None
+        self._wiring = _UNWIRED
+        self._state = RunState()
         self._task_name = task_name("run", name)
-        self.set_schedule(self.schedule)
+        self.set_schedule(schedule)
 
     # -- run state (read-only; see cronlock._state) --------------------------------
 
@@ -257,17 +329,10 @@ class Job:
     def set_schedule(self, schedule: Schedule) -> None:
         """Replace the schedule (history stays) and refresh what is derived from it."""
         self.schedule = schedule
-        try:
-            text = _texts.get(schedule)
-        except TypeError:  # an unhashable schedule of the user's
-            text = None
-        if text is None:
-            text = str(schedule)
-            if len(_texts) >= 256:
-                _texts.clear()
-            with contextlib.suppress(TypeError):
-                _texts[schedule] = text
-        self._schedule_text = text
+        seen = _texts.get(id(schedule))  # by identity: no __hash__ call for a shared schedule
+        self._schedule_text = (
+            seen[1] if seen is not None and seen[0] is schedule else _text(schedule)
+        )
         self._grid_step = schedule.interval if type(schedule) is IntervalSchedule else None
 
     def following(self, slot: datetime) -> datetime | None:

@@ -29,7 +29,7 @@ from ._events import (
 from ._executor import Executor
 from ._fleet import Fleet, FleetViews
 from ._fleetclock import on_loop_time, scheduler_clock
-from ._job import NO_KWARGS, NO_TAGS, Job, default_name, normalise_tags
+from ._job import Job, default_name
 from ._keys import job_lock_key
 from ._locking import Elector, FencedElector, Locker, Wiring, wire
 from ._logs import get_logger
@@ -109,7 +109,7 @@ class Scheduler(FleetViews):
         self._on_lock_lost = on_lock_lost
         self._bus = EventBus()
         self._jobs: dict[str, Job] = {}
-        self._keys: dict[int, str] = {}
+        self._keys: dict[int, str] = {}  # lock keys of the jobs that take a lock
         self._loop: RunLoop | None = None
         # Told by crash-watching lockers of runs whose replica died (recover=True reruns).
         self._recovery = Recovery(
@@ -164,29 +164,24 @@ class Scheduler(FleetViews):
             )
         if name in self._jobs:
             raise JobConflictError(f"a job named {name!r} is already registered")
-        key = job_lock_key(name)
-        other = self._keys.get(key)
-        if other is not None:
-            raise JobConflictError(
-                f"jobs {other!r} and {name!r} have the same lock key {key}; rename one"
-            )
-        # The other options are Job's keyword fields, with the same names and defaults:
-        # passed through as given, they cost nothing when left out (most are).
-        settings: dict[str, Any] = dict(options)
-        pop = settings.pop
-        pop("name", None)
-        args = pop("args", ())
-        kwargs = pop("kwargs", None)
-        tags = pop("tags", None)
-        job = Job(  # Job validates every option (durations, overlap, bounds) once
-            name,
-            func,
-            bind_zone(schedule, self._tz),
-            tuple(args),
-            dict(kwargs) if kwargs else NO_KWARGS,
-            normalise_tags(tags) if tags is not None else NO_TAGS,
-            **settings,
-        )
+        # The options are Job's parameters, with the same names and defaults: passed
+        # through as given, they cost nothing when left out (most are). *options* is this
+        # call's own dict (a ``**`` parameter always is), so it can carry the name.
+        options["name"] = name
+        # Job validates every option (durations, overlap, bounds) once. The ignore: the
+        # TypedDict says ``name: str | None``, and it was just set to a str.
+        job = Job(func, bind_zone(schedule, self._tz), **options)  # type: ignore[arg-type]
+        # Only a job that takes a lock has a lock key (the locker wire() will pick): an
+        # FNV-1a in Python costs more than the rest of a job's validation, and a job that
+        # never locks cannot contend with another for its key.
+        key = None
+        if job.distributed and (job.locker is not None or self._locker is not None):
+            key = job_lock_key(name)
+            other = self._keys.get(key)
+            if other is not None:
+                raise JobConflictError(
+                    f"jobs {other!r} and {name!r} have the same lock key {key}; rename one"
+                )
         job._scheduler = self
         alike = (job.distributed, id(job.locker))  # jobs wired alike share one Wiring
         wiring = self._wirings.get(alike)
@@ -203,7 +198,8 @@ class Scheduler(FleetViews):
             self._fleet.watch(wiring)
         job._wiring = wiring
         self._jobs[name] = job
-        self._keys[key] = name
+        if key is not None:
+            self._keys[key] = name
         if self._loop is not None:
             self._schedule_first(job)
         return job
@@ -306,7 +302,8 @@ class Scheduler(FleetViews):
             self._loop.unschedule(found)
         found._state.forget_plan()
         del self._jobs[name]
-        del self._keys[job_lock_key(name)]
+        if found._wiring.locker is not None:  # only a job with a locker has a key
+            del self._keys[job_lock_key(name)]
         found._scheduler = None
 
     def remove_by_tags(self, *tags: str) -> list[Job]:
@@ -381,8 +378,12 @@ class Scheduler(FleetViews):
         self._fleet.started(self._clock.now())
         active = [job for job in self._jobs.values() if not job._state.paused]
         now = self._clock.now()
+        plan = self._loop.schedule
         for job in active:
-            self._schedule_first(job, now)
+            if isinstance(job.schedule, OnceSchedule):  # the once-at-start rule
+                self._schedule_first(job, now)
+            else:
+                plan(job, now, batch=True)
         self._loop.heapify()
         self._loop.start(catch_up=active)
         if isinstance(self._elector, FencedElector):

@@ -12,6 +12,7 @@ import cronlock
 from cronlock import (
     ConfigError,
     Event,
+    InMemoryLocker,
     JobConflictError,
     JobLookupError,
     JobStarted,
@@ -195,11 +196,23 @@ def test_events_are_frozen() -> None:
 
 
 def test_colliding_lock_keys_are_rejected(
-    scheduler: Scheduler, monkeypatch: pytest.MonkeyPatch
+    clock: FakeClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # FNV-1a 64 collisions between sensible names are too rare to find by hand, so make
     # every name hash alike: the check itself is what is under test.
     monkeypatch.setattr("cronlock._scheduler.job_lock_key", lambda name: 42)
+    scheduler = Scheduler(clock=clock, locker=InMemoryLocker())
     scheduler.add_job(_noop, every(10), name="first")
     with pytest.raises(JobConflictError, match=r"'first' and 'second'.*lock key 42"):
         scheduler.add_job(_noop, every(10), name="second")
+    # A job's own locker takes a lock too; a job that takes none has no key to collide.
+    own = Scheduler(clock=clock)
+    own.add_job(_noop, every(10), name="first", locker=InMemoryLocker())
+    own.add_job(_noop, every(10), name="plain")
+    with pytest.raises(JobConflictError, match=r"'first' and 'second'.*lock key 42"):
+        own.add_job(_noop, every(10), name="second", locker=InMemoryLocker())
+    scheduler.add_job(_noop, every(10), name="local", distributed=False)
+    # Removing a job frees its key (and its name) for another.
+    scheduler.remove("first")
+    scheduler.add_job(_noop, every(10), name="second")
+    assert [job.name for job in scheduler.jobs] == ["local", "second"]
