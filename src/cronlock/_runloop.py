@@ -58,6 +58,8 @@ class RunLoop:
         self._heap: list[_Entry] = []
         self._seq = itertools.count()
         self._interned: dict[datetime, datetime] = {}  # first slots, while batching
+        # while batching: id(schedule) -> (schedule, after, its first slot after that)
+        self._firsts: dict[int, tuple[Any, datetime, datetime]] = {}
         self._waiting: list[_Waiting] = []  # runs held back by the concurrency cap
         self._queued: dict[
             Job, tuple[datetime, asyncio.Future[JobEvent] | None]
@@ -80,17 +82,29 @@ class RunLoop:
         With *batch* the entry is only appended: :meth:`heapify` must follow (at start,
         one heapify of N entries instead of N pushes).
         """
-        generation = job._state.invalidate()
-        try:
-            slot = job.slot_after(after)
-        except Exception:
-            _logger.exception(
-                "job %r: its schedule failed; the job will not fire", job.name, extra=at(job.name)
-            )
-            slot = None
-        if batch and slot is not None:  # jobs alike share one datetime (48 B each otherwise)
-            slot = self._interned.setdefault(slot, slot)
-        self._plan(job, slot)
+        schedule = job.schedule
+        # At start, jobs sharing a schedule object (every() reuses them) share its first slot.
+        known = self._firsts.get(id(schedule)) if batch else None
+        if known is not None and known[1] == after and job.start_at is job.stop_at is None:
+            slot = known[2]
+        else:
+            try:
+                slot = job.slot_after(after)
+            except Exception:
+                _logger.exception(
+                    "job %r: its schedule failed; the job will not fire",
+                    job.name,
+                    extra=at(job.name),
+                )
+                slot = None
+            if batch and slot is not None:  # jobs alike share one datetime (48 B each)
+                slot = self._interned.setdefault(slot, slot)
+                if job.start_at is job.stop_at is None:
+                    self._firsts[id(schedule)] = (schedule, after, slot)
+        generation = job._state.replan(slot)  # _plan(), inline, after invalidating
+        note = job._wiring.note
+        if note is not None:
+            note(job.name, job._schedule_text, slot)
         if slot is None:
             return
         seq = next(self._seq)
@@ -106,6 +120,7 @@ class RunLoop:
     def heapify(self) -> None:
         """Restore the heap after batched :meth:`schedule` calls."""
         self._interned.clear()
+        self._firsts.clear()
         heapq.heapify(self._heap)
         self._poke()
 

@@ -51,6 +51,12 @@ class RunState:
         """The next slot this replica will fire is *slot* (None: nothing planned)."""
         self.next_run = slot
 
+    def replan(self, slot: datetime | None) -> int:
+        """:meth:`invalidate`, then :meth:`plan` *slot*, in one call (start plans every job)."""
+        self.generation += 1
+        self.next_run = slot
+        return self.generation
+
     def invalidate(self) -> int:
         """Make every planned heap entry stale; return the new generation."""
         self.generation += 1

@@ -599,3 +599,17 @@ async def test_a_late_slot_on_the_fast_path_is_still_a_misfire(
         (at(20), "misfire")
     ]
     assert started_slots(recorder) == [at(10), at(30)]
+
+
+async def test_jobs_sharing_a_schedule_keep_their_own_window(
+    scheduler: Scheduler, clock: FakeClock
+) -> None:
+    # At start, jobs given one schedule object share its first slot; a job whose start_at
+    # or stop_at moves that slot must not take the shared one.
+    shared = every(10)
+    a = scheduler.add_job(_noop, shared, name="a")
+    b = scheduler.add_job(_noop, shared, name="b", start_at=at(35))
+    c = scheduler.add_job(_noop, shared, name="c", stop_at=at(5))
+    d = scheduler.add_job(_noop, shared, name="d")
+    async with scheduler:
+        assert [j.next_run for j in (a, b, c, d)] == [at(10), at(40), None, at(10)]
