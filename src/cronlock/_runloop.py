@@ -85,6 +85,7 @@ class RunLoop:
         schedule = job.schedule
         # At start, jobs sharing a schedule object (every() reuses them) share its first slot.
         known = self._firsts.get(id(schedule)) if batch else None
+        slot: datetime | None
         if known is not None and known[1] == after and job.start_at is job.stop_at is None:
             slot = known[2]
         else:
