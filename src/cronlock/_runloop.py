@@ -6,7 +6,7 @@ import asyncio
 import functools
 import heapq
 import itertools
-from collections.abc import Coroutine, Iterable
+from collections.abc import Callable, Coroutine, Iterable
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -102,7 +102,7 @@ class RunLoop:
                 slot = self._interned.setdefault(slot, slot)
                 if job.start_at is job.stop_at is None:
                     self._firsts[id(schedule)] = (schedule, after, slot)
-        generation = job._state.replan(slot)  # _plan(), inline, after invalidating
+        generation = job._state.replan(slot)  # stale entries of the job are dropped
         note = job._wiring.note
         if note is not None:
             note(job.name, job._schedule_text, slot)
@@ -130,13 +130,6 @@ class RunLoop:
         job._state.invalidate()
         job._state.forget_plan()
         self._queued.pop(job, None)
-
-    @staticmethod
-    def _plan(job: Job, slot: datetime | None) -> None:
-        job._state.plan(slot)
-        note = job._wiring.note
-        if note is not None:
-            note(job.name, job._schedule_text, slot)
 
     # -- lifecycle -------------------------------------------------------------------
 
@@ -232,7 +225,9 @@ class RunLoop:
         heap = self._heap
         seq = self._seq
         run_direct = self._executor.run_direct
-        create_task = self._loop.create_task
+        create_task: Callable[..., asyncio.Task[Any]] = self._loop.create_task
+        if self._loop.get_task_factory() is None:  # what create_task() would do, one call less
+            create_task = functools.partial(asyncio.Task, loop=self._loop)
         tasks = self._tasks
         while heap and heap[0][0] <= now:
             entry = heap[0]
@@ -294,7 +289,7 @@ class RunLoop:
                 extra=at(job.name, latest),
             )
         state = job._state
-        state.plan(following)  # what _plan does, inline: this is the hot path
+        state.plan(following)
         note = job._wiring.note
         if note is not None:
             note(job.name, job._schedule_text, following)
