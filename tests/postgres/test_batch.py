@@ -140,6 +140,79 @@ async def test_the_fair_race_spreads_a_burst_over_the_replicas(
     assert await locks_held(jobs) == 0
 
 
+async def test_the_fair_race_sends_a_few_claim_statements_per_instant_whatever_the_sessions(
+    pg_dsn: str, app_name: str, locks_held: LocksHeld
+) -> None:
+    # The race's lanes are the locker's, not each session's: four sessions do not
+    # multiply the claim statements one instant costs (each is a fixed share of the
+    # server's time, which every replica's claims wait for when all of them claim at once).
+    jobs = names(200)
+    # A wide spread: no two lanes' gates open while the same statement is in flight.
+    async with locker(pg_dsn, app_name, sessions=4, spread=0.5) as lk:
+        warm = names(40)  # every session open (another slot)
+        for lease in await acquire_all(lk, warm, SLOT - timedelta(days=1)):
+            assert isinstance(lease, PostgresLease)
+            await lease.release()
+        assert lk.statistics().sessions_open == 4
+        before = lk.statistics().statements
+        leases = await acquire_all(lk, jobs)
+        statements = lk.statistics().statements - before
+        assert all(isinstance(lease, PostgresLease) for lease in leases)
+        for lease in leases:
+            await lease.release()
+    assert statements <= 8, statements  # eight lanes (with lanes per session: ~32)
+    assert await locks_held(jobs) == 0
+
+
+async def test_claims_waiting_on_a_session_go_before_ends_waiting_on_it(
+    pg_dsn: str, app_name: str, locks_held: LocksHeld
+) -> None:
+    # A claim stands between a due slot and its run's start; an end only between a
+    # finished run and its unlock. When both wait behind a statement, the claim goes first.
+    held, blocked, later = names(3)
+    blocker = await asyncpg.connect(pg_dsn)
+    done: list[str] = []
+    try:
+        async with locker(pg_dsn, app_name, sessions=1) as lk:
+            lease = await lk.acquire(held, SLOT)
+            assert isinstance(lease, PostgresLease)
+            table = lk.ledger
+            assert table is not None
+            # An uncommitted row for (blocked, SLOT): its claim's insert waits on it.
+            tx = blocker.transaction()
+            await tx.start()
+            await blocker.execute(
+                f"INSERT INTO {table.runs} (job, slot, host, pid) VALUES ($1, $2, 'x', 0)",
+                blocked,
+                SLOT,
+            )
+            before = lk.statistics().statements
+            claiming = asyncio.create_task(lk.acquire(blocked, SLOT))
+            while lk.statistics().statements == before:
+                await asyncio.sleep(0)
+            # Behind that statement: first an end (releasing), then a claim.
+            releasing = asyncio.create_task(lease.release())
+            releasing.add_done_callback(lambda _: done.append("end"))
+            batcher = lk._claims[0].batcher
+            while not batcher._ends:
+                await asyncio.sleep(0)
+            claiming_later = asyncio.create_task(lk.acquire(later, SLOT))
+            claiming_later.add_done_callback(lambda _: done.append("claim"))
+            while not batcher._claims:
+                await asyncio.sleep(0)
+            assert not claiming.done()
+            await tx.rollback()  # the blocked statement goes on, then the two waiting
+            first, second = await asyncio.gather(claiming, claiming_later)
+            await releasing
+            for lease in (first, second):
+                assert isinstance(lease, PostgresLease)
+                await lease.release()
+    finally:
+        await blocker.close()
+    assert done == ["claim", "end"]
+    assert await locks_held([held, blocked, later]) == 0
+
+
 async def test_a_caller_cancelled_inside_a_batch_gives_its_slot_back(
     pg_dsn: str, app_name: str, locks_held: LocksHeld
 ) -> None:

@@ -6,8 +6,10 @@ session and sends them together, one statement for all claims and one for all en
 (:mod:`._batchsql`). Nothing waits on a timer: the first request of an idle session starts
 a flush at the next turn of the event loop (so every request made in the same turn, such
 as all the runs the run loop started for one instant, goes with it), and requests that
-arrive while a statement is in flight go with the next one. A run alone therefore still
-costs one round trip to claim and one to finish.
+arrive while a statement is in flight go with the next one; when both claims and ends are
+waiting, the claims go first (a claim delays the start of a run, an end only its unlock),
+but ends never wait behind more than two claim statements in a row.
+A run alone therefore still costs one round trip to claim and one to finish.
 
 Each caller waits for its own answer on a future; the flush is a task of the batcher that
 no caller's cancellation interrupts (the caller's :func:`cronlock._cancel.claim_or_undo`
@@ -170,15 +172,21 @@ class Batcher:
     async def _flushing(self) -> None:
         sending: Sequence[_Claim | _End] = ()  # the batch whose statement is in flight
         try:
+            in_a_row = 0  # claim statements sent since the last end statement
             while self._ends or self._claims:
-                if self._ends:
-                    ends, self._ends = self._ends[:MAX_BATCH], self._ends[MAX_BATCH:]
-                    sending = ends
-                    await self._send_ends(ends)
-                if self._claims:
+                # Claims first: a claim stands between a due slot and the start of its run,
+                # an end only between a finished run and its unlock. Ends wait behind at
+                # most two claim statements in a row, so claims cannot starve them.
+                if self._claims and (not self._ends or in_a_row < 2):
                     claims, self._claims = self._claims[:MAX_BATCH], self._claims[MAX_BATCH:]
                     sending = claims
+                    in_a_row += 1
                     await self._send_claims(claims)
+                else:
+                    ends, self._ends = self._ends[:MAX_BATCH], self._ends[MAX_BATCH:]
+                    sending = ends
+                    in_a_row = 0
+                    await self._send_ends(ends)
                 sending = ()
         except BaseException as exc:
             # Only a cancellation (the event loop closing) gets here: nobody may be left

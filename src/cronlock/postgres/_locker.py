@@ -32,7 +32,7 @@ from ._crashes import CrashWatch
 from ._lease import PostgresLease
 from ._ledger import DEFAULT_TABLE, LedgerTable
 from ._reads import LedgerReads
-from ._servertime import DEFAULT_SPREAD, LANES_PER_SHARD, FairRace, read_server_clock
+from ._servertime import DEFAULT_SPREAD, LANES, FairRace, read_server_clock
 from ._session import LockSession
 from ._sessionend import hand_back_all, mark_dropped
 from ._statistics import PostgresLockerStatistics
@@ -101,8 +101,9 @@ class PostgresLocker(HeldOpenByBlocks):
 
     **Fleet time, a fair race.** A Scheduler with this locker fires by the server's clock
     (:meth:`read_server_clock`, ``Scheduler(fleet_clock=...)``). Each claim waits a
-    pseudo-random ``[0, spread)`` s (default 10 ms) drawn per slot and shard, so the winner
-    of a slot is drawn, not always the replica with a small head start (``spread=0``: no wait).
+    pseudo-random ``[0, spread)`` s (default 10 ms) drawn per slot and lane (eight groups of
+    the locker's jobs, by lock key), so the winner of a slot is drawn, not always the replica
+    with a small head start (``spread=0``: no wait).
     """
 
     def __init__(
@@ -138,7 +139,6 @@ class PostgresLocker(HeldOpenByBlocks):
         self._remember = remember
         spread_s = to_seconds(spread, field="spread", allow_zero=True, error=ConfigError)
         self._race = FairRace(spread_s)
-        self._lanes = LANES_PER_SHARD * sessions
         self._closed = False
         self._entered = 0  # open async-with blocks: the Scheduler then leaves closing to them
         self._source = source
@@ -252,8 +252,8 @@ class PostgresLocker(HeldOpenByBlocks):
         # Reserve the key in-process first: the session would grant it twice (re-entrant).
         self._pending.add(key)
         try:
-            # The fair race (._servertime), drawn per lane: a few lanes per shard.
-            await self._race.wait(slot, key % self._lanes)
+            # The fair race (._servertime), drawn per lane: eight lanes per locker.
+            await self._race.wait(slot, key % LANES)
             claims = self._claims[self._shard(key)]
             answer = await claims.claim(job, key, slot, rerun=rerun)
         finally:

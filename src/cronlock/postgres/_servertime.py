@@ -10,12 +10,16 @@ the same slot within a fraction of a millisecond of each other, and what decides
 is whatever small bias one of them has (a slightly smaller offset error, a process woken
 first): the same replica wins nearly every slot. So before a claim each locker waits a
 pseudo-random few milliseconds drawn for (this locker, slot, lane): the draws, not the
-bias, decide, and each replica wins its share of slots. A *lane* is one of
-:data:`LANES_PER_SHARD` groups of a shard's jobs (by lock key): the draw is the same for
-every job of one lane due at one instant, so those still go to the server together (at most
-that many statements per shard per instant), while a burst of many jobs at one instant is
-won lane by lane, spread over the replicas, rather than all by whichever replica drew
-the shortest wait.
+bias, decide, and each replica wins its share of slots. A *lane* is one of :data:`LANES`
+groups of a locker's jobs (by lock key, ``key % LANES``): the draw is the same for every
+job of one lane due at one instant, so those still go to the server together, while a
+burst of many jobs at one instant is won lane by lane, spread over the replicas, rather
+than all by whichever replica drew the shortest wait. The lanes are the locker's, not each
+shard's: with the default four sessions a lane lies in one shard and a shard has two, so a
+replica sends at most eight claim statements per instant in all, however its jobs fall.
+Every statement costs the server a fixed share of its time (more than a few more rows do),
+and at an instant when every replica claims at once that share is what the claims wait
+for.
 """
 
 from __future__ import annotations
@@ -31,10 +35,10 @@ from .._cancel import task_name, uncancellable
 from ._backend_errors import backend_errors
 from ._session import LockSession
 
-__all__ = ("DEFAULT_SPREAD", "LANES_PER_SHARD", "FairRace", "read_server_clock")
+__all__ = ("DEFAULT_SPREAD", "LANES", "FairRace", "read_server_clock")
 
-LANES_PER_SHARD = 8
-"""Groups of a shard's jobs that race on their own draw (see the module's docstring)."""
+LANES = 8
+"""Groups of a locker's jobs that race on their own draw (see the module's docstring)."""
 
 DEFAULT_SPREAD = 0.010
 """Seconds: the longest wait before a claim (``PostgresLocker(spread=...)``)."""
