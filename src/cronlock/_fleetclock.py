@@ -28,7 +28,7 @@ from datetime import UTC, datetime, timedelta
 
 from ._clock import Clock, SystemClock, follows_real_time, monotonic
 from ._errors import ConfigError
-from ._locking import FleetTimedLocker, Locker, ServerClockLocker
+from ._locking import Locker, ServerClockLocker
 from ._logs import at, get_logger
 
 __all__ = (
@@ -135,8 +135,6 @@ class FleetClock:
         self._adopted = False
         self._delta = _ZERO
         self._floor = _MIN  # fleet time never reads earlier than this (see now())
-        if isinstance(source, FleetTimedLocker):
-            source.follow_fleet_time(self.now)  # its fair race's gates open by fleet time
 
     @property
     def offset(self) -> timedelta | None:

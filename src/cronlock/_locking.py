@@ -25,7 +25,6 @@ __all__ = (
     "Elector",
     "FencedElector",
     "FleetCallback",
-    "FleetTimedLocker",
     "FleetView",
     "FleetWatchingLocker",
     "Health",
@@ -171,17 +170,6 @@ class ServerClockLocker(Locker, Protocol):
         waiting for a busy session). Raises :class:`cronlock.LockError` when the server
         cannot be reached.
         """
-        ...
-
-
-@runtime_checkable
-class FleetTimedLocker(Protocol):
-    """A :class:`ServerClockLocker` that times what it does around a slot by fleet time
-    (:class:`cronlock.postgres.PostgresLocker`: the fair race's waits)."""
-
-    def follow_fleet_time(self, now: Callable[[], datetime]) -> None:
-        """The scheduler fires by fleet time, read by *now* (called once, when the
-        scheduler's fleet clock is made)."""
         ...
 
 

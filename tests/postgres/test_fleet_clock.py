@@ -8,13 +8,12 @@ import math
 import time
 import uuid
 from collections import Counter
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 
 import pytest
 
 from cronlock import FleetClock, Scheduler, SystemClock, every
 from cronlock.postgres import PostgresLocker
-from cronlock.postgres._servertime import FairRace
 from cronlock.testing import OffsetClock
 
 from .test_exactly_once import Fleet, fleet  # noqa: F401 (the fixture)
@@ -125,33 +124,3 @@ async def test_while_the_server_cannot_be_read_the_scheduler_keeps_its_own_time(
             while not clock.failures:
                 await asyncio.sleep(0.01)
         assert clock.offset is None  # no estimate: the base clock's time, as before
-
-
-async def test_the_fair_race_waits_for_the_draw_in_fleet_time_not_after_the_wake_up() -> None:
-    # With fleet time the race's wait ends at the slot plus the draw: a replica that comes
-    # to the slot later than its draw does not wait at all (it is late already), one that
-    # comes before it waits until then. Without fleet time the draw counts from its claim.
-    slot = datetime(2026, 1, 1, tzinfo=UTC)
-    race = FairRace(3600.0)  # a draw in [0, 1 h)
-    race.clock = lambda: slot + timedelta(hours=2)  # two hours after the slot
-    async with asyncio.timeout(30):  # a liveness guard, not a timing
-        await race.wait(slot, 0)  # the draw's instant is past: no wait
-    early = FairRace(3600.0)
-    early.clock = lambda: slot - timedelta(hours=2)  # two hours before the slot
-    waiting = asyncio.create_task(early.wait(slot, 0))
-    await asyncio.sleep(0.05)
-    assert not waiting.done()  # waits for slot + draw, at least two hours
-    waiting.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await waiting
-
-
-def test_a_scheduler_on_fleet_time_times_its_lockers_race_by_it(pg_dsn: str) -> None:
-    locker = PostgresLocker(pg_dsn, ledger=False)
-    scheduler = Scheduler(locker=locker, clock=OffsetClock(0.3))
-    clock = scheduler.clock
-    assert isinstance(clock, FleetClock)
-    assert locker._race.clock == clock.now
-    plain = PostgresLocker(pg_dsn, ledger=False)
-    Scheduler(locker=plain, fleet_clock=False)
-    assert plain._race.clock is None

@@ -103,8 +103,7 @@ class PostgresLocker(HeldOpenByBlocks):
     (:meth:`read_server_clock`, ``Scheduler(fleet_clock=...)``). Each claim waits a
     pseudo-random ``[0, spread)`` s (default 10 ms) drawn per slot and lane (eight groups of
     the locker's jobs, by lock key), so the winner of a slot is drawn, not always the replica
-    with a small head start (``spread=0``: no wait); on fleet time the wait ends at the slot
-    plus the draw, so a late wake-up is not paid twice.
+    with a small head start (``spread=0``: no wait).
     """
 
     def __init__(
@@ -302,11 +301,6 @@ class PostgresLocker(HeldOpenByBlocks):
         if self._closed:
             raise LockError(_CLOSED)
         return await read_server_clock(self._shards, read)
-
-    def follow_fleet_time(self, now: Callable[[], datetime]) -> None:
-        """Time the fair race by fleet time: a claim's wait ends at its slot plus the draw,
-        however late the run loop woke for the slot (see :class:`._servertime.FairRace`)."""
-        self._race.clock = now
 
     # -- the ledger (LedgerLocker) ---------------------------------------------------------
 

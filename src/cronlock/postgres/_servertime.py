@@ -71,26 +71,17 @@ async def read_server_clock(
 
 
 class FairRace:
-    """The wait before each claim: pseudo-random in ``[0, spread)`` per (slot, lane).
+    """The wait before each claim: pseudo-random in ``[0, spread)`` per (slot, lane)."""
 
-    With :attr:`clock` (fleet time, set by the scheduler's fleet clock) the wait ends at the
-    slot plus the draw, so a replica whose run loop woke late for the slot waits that much
-    less (and not at all once the draw's instant has passed): the draws decide the race, not
-    the wake-ups, and the wait adds nothing to a start already that late. Without it the
-    wait is the draw itself, counted from the slot's first claim.
-    """
-
-    __slots__ = ("_gates", "_seed", "_spread", "clock")
+    __slots__ = ("_gates", "_seed", "_spread")
 
     def __init__(self, spread: float) -> None:
         self._spread = spread
         self._seed = secrets.token_bytes(8)  # this locker's own draws
         self._gates: dict[tuple[datetime, int], asyncio.Future[None]] = {}
-        self.clock: Callable[[], datetime] | None = None
-        """Fleet time, when the locker's scheduler fires by it."""
 
     async def wait(self, slot: datetime, lane: int) -> None:
-        """Wait before claiming *slot* in *lane*, until the draw's instant (see the class).
+        """Wait before claiming *slot* in *lane*: until the draw's time after the first claim.
 
         Every claim of one (slot, lane) waits on one gate, opened by one timer, so they all
         wake in one turn of the event loop and go to the server in one batch
@@ -101,16 +92,11 @@ class FairRace:
         key = (slot, lane)
         gate = self._gates.get(key)
         if gate is None:
-            delay = self.delay(slot, lane)
-            if self.clock is not None:
-                delay -= (self.clock() - slot).total_seconds()
-                if delay <= 0:
-                    return  # the draw's instant has passed: no gate to wait for
             if len(self._gates) >= 4096:  # forget the gates already open
                 self._gates = {k: g for k, g in self._gates.items() if not g.done()}
             loop = asyncio.get_running_loop()
             gate = self._gates[key] = loop.create_future()
-            loop.call_later(delay, _open, gate)
+            loop.call_later(self.delay(slot, lane), _open, gate)
         if not gate.done():
             await asyncio.wait((gate,))  # a cancelled waiter leaves the gate to the others
 
