@@ -6,6 +6,7 @@ import asyncio
 import functools
 import heapq
 import itertools
+import random
 from collections.abc import Callable, Coroutine, Iterable
 from datetime import datetime, timedelta
 from typing import Any
@@ -26,10 +27,9 @@ _logger = get_logger("cronlock")
 
 # (step to the next slot, misfire grace, deadline lane): a job the fast path fires
 _Fast = tuple[timedelta, timedelta, "Lane | None"]
-# (fire time, tie-breaker, job, job generation when pushed, slot, the job's _Fast, or None
-# when it needs the general rules, or _UNKNOWN until its first fire has looked)
+# (fire time, tie-breaker, job, its generation, slot, its _Fast: None for the general rules)
 _Entry = tuple[datetime, int, Job, int, datetime, "_Fast | None"]
-_UNKNOWN: Any = ()
+_UNKNOWN: Any = ()  # an entry's _Fast until the job's first fire has looked
 _FOREVER = timedelta.max
 # (slot, tie-breaker, job, waiter for run_now)
 _Waiting = tuple[datetime, int, Job, "asyncio.Future[JobEvent] | None"]
@@ -57,6 +57,7 @@ class RunLoop:
         self._cap = max_concurrent
         self._heap: list[_Entry] = []
         self._seq = itertools.count()
+        self._draw = random.Random().getrandbits  # seeded from the OS: each replica its own
         self._interned: dict[datetime, datetime] = {}  # first slots, while batching
         # while batching: id(schedule) -> (schedule, after, its first slot after that)
         self._firsts: dict[int, tuple[Any, datetime, datetime]] = {}
@@ -77,11 +78,8 @@ class RunLoop:
     # -- the heap --------------------------------------------------------------------
 
     def schedule(self, job: Job, after: datetime, *, batch: bool = False) -> None:
-        """Queue the job's first slot strictly after *after* (or mark it exhausted).
-
-        With *batch* the entry is only appended: :meth:`heapify` must follow (at start,
-        one heapify of N entries instead of N pushes).
-        """
+        """Queue the job's first slot strictly after *after* (or mark it exhausted); with
+        *batch* only append it (at start: :meth:`heapify` follows, one for N entries)."""
         schedule = job.schedule
         # At start, jobs sharing a schedule object (every() reuses them) share its first slot.
         known = self._firsts.get(id(schedule)) if batch else None
@@ -108,7 +106,7 @@ class RunLoop:
             note(job.name, job._schedule_text, slot)
         if slot is None:
             return
-        seq = next(self._seq)
+        seq = self._order(job)
         if batch:  # at start, for every job: fire_time() only with a jitter to add
             fire = job.fire_time(slot) if job.jitter else slot
             self._heap.append((fire, seq, job, generation, slot, _UNKNOWN))
@@ -117,6 +115,13 @@ class RunLoop:
         heapq.heappush(self._heap, entry)
         if self._heap[0][1] == seq:
             self._poke()  # the new entry is the earliest: the loop sleeps too long
+
+    def _order(self, job: Job) -> int:
+        """A heap entry's tie-breaker: jobs due at one instant fire first come, first served,
+        except coordinated ones, whose order is drawn per entry, so replicas go through a
+        burst in different orders (in one order, the replica that woke first claims all)."""
+        seq = next(self._seq)
+        return (self._draw(64) << 64) | seq if job._wiring.coordinated else seq
 
     def heapify(self) -> None:
         """Restore the heap after batched :meth:`schedule` calls."""
@@ -296,7 +301,7 @@ class RunLoop:
         if next_fire is not None:
             assert following is not None
             fast = self._fast_of(job)
-            entry = (next_fire, next(self._seq), job, state.generation, following, fast)
+            entry = (next_fire, self._order(job), job, state.generation, following, fast)
             heapq.heappush(self._heap, entry)
         lateness = misfired(job.misfire_grace, fire, now)
         if lateness is not None:
@@ -317,10 +322,9 @@ class RunLoop:
             self.unschedule(job)
 
     def _fast_of(self, job: Job) -> _Fast | None:
-        """What the fast path needs to fire *job*, or None when its runs need the general
-        rules: a schedule that is not a grid, a jitter, a run cap, an end, a locker or
-        elector, a concurrency cap, a ledger to tell of its plans, or a virtual clock's
-        timeout."""
+        """What the fast path needs to fire *job*; None when its runs need the general rules
+        (not a grid schedule, a jitter, run cap, end, locker, elector, concurrency cap, or a
+        virtual clock's timeout)."""
         step = job._grid_step
         if (
             step is None

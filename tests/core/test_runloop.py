@@ -613,3 +613,45 @@ async def test_jobs_sharing_a_schedule_keep_their_own_window(
     d = scheduler.add_job(_noop, shared, name="d")
     async with scheduler:
         assert [j.next_run for j in (a, b, c, d)] == [at(10), at(40), None, at(10)]
+
+
+class _OrderLocker:
+    """A locker that refuses every claim and remembers the order they came in."""
+
+    def __init__(self) -> None:
+        self.order: list[str] = []
+
+    async def acquire(self, job: str, slot: datetime) -> None:
+        self.order.append(job)
+
+
+async def test_replicas_go_through_a_burst_of_coordinated_jobs_in_their_own_orders() -> None:
+    # Jobs due at one instant are fired one after another. Coordinated ones in one order
+    # on every replica would let the replica that woke first win every claim of a burst;
+    # each replica draws its own order, while jobs with nobody to ask keep theirs.
+    names = [f"burst-{i}" for i in range(50)]
+    orders = []
+    for _ in range(2):
+        clock = FakeClock(T0)
+        locker = _OrderLocker()
+        replica = Scheduler(clock=clock, locker=locker)
+        for name in names:
+            replica.add_job(_noop, every(10), name=name)
+        async with replica:
+            await clock.advance(10)
+        assert sorted(locker.order) == sorted(names)
+        orders.append(locker.order)
+    assert orders[0] != orders[1]
+    assert names not in orders
+    plain = FakeClock(T0)
+    local = Scheduler(clock=plain)
+    started: list[str] = []
+    for name in names:
+
+        async def run(ctx: RunContext) -> None:
+            started.append(ctx.job)
+
+        local.add_job(run, every(10), name=name)
+    async with local:
+        await plain.advance(10)
+    assert started == names
