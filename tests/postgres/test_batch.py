@@ -43,6 +43,19 @@ def locker(dsn: str, app: str, **options: Any) -> PostgresLocker:
     return PostgresLocker(dsn, application_name=app, **options)
 
 
+async def hold_row(conn: Any, lk: PostgresLocker, job: str) -> Any:
+    """An uncommitted ledger row for (*job*, SLOT) on *conn*; a claim inserting it waits.
+    Returns the open transaction (roll it back to let the claim go on)."""
+    table = lk.ledger
+    assert table is not None
+    tx = conn.transaction()
+    await tx.start()
+    await conn.execute(
+        f"INSERT INTO {table.runs} (job, slot, host, pid) VALUES ($1, $2, 'x', 0)", job, SLOT
+    )
+    return tx
+
+
 async def acquire_all(lk: PostgresLocker, jobs: list[str], slot: datetime = SLOT) -> list[Any]:
     return list(await asyncio.gather(*(lk.acquire(job, slot) for job in jobs)))
 
@@ -176,16 +189,7 @@ async def test_claims_waiting_on_a_session_go_before_ends_waiting_on_it(
         async with locker(pg_dsn, app_name, sessions=1) as lk:
             lease = await lk.acquire(held, SLOT)
             assert isinstance(lease, PostgresLease)
-            table = lk.ledger
-            assert table is not None
-            # An uncommitted row for (blocked, SLOT): its claim's insert waits on it.
-            tx = blocker.transaction()
-            await tx.start()
-            await blocker.execute(
-                f"INSERT INTO {table.runs} (job, slot, host, pid) VALUES ($1, $2, 'x', 0)",
-                blocked,
-                SLOT,
-            )
+            tx = await hold_row(blocker, lk, blocked)  # its claim's insert waits on it
             before = lk.statistics().statements
             claiming = asyncio.create_task(lk.acquire(blocked, SLOT))
             while lk.statistics().statements == before:
@@ -255,16 +259,7 @@ async def test_a_session_killed_during_a_batched_claim(
     blocker = await asyncpg.connect(pg_dsn)
     async with locker(pg_dsn, app_name, sessions=1) as lk:
         await lk.last_claimed(jobs[0])  # the session and the ledger exist
-        table = lk.ledger
-        assert table is not None
-        # An uncommitted row for one (job, slot) makes the batch's insert wait on it.
-        tx = blocker.transaction()
-        await tx.start()
-        await blocker.execute(
-            f"INSERT INTO {table.runs} (job, slot, host, pid) VALUES ($1, $2, 'x', 0)",
-            jobs[3],
-            SLOT,
-        )
+        tx = await hold_row(blocker, lk, jobs[3])  # the batch's insert waits on it
         pending = asyncio.create_task(acquire_all(lk, jobs))
         pid = None
         for _ in range(500):  # the batch waits on the row lock
