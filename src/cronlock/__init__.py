@@ -49,6 +49,7 @@ if _TYPE_CHECKING:
     from ._job import Job as Job
     from ._keys import job_lock_key as job_lock_key
     from ._locking import BatchLedgerLocker as BatchLedgerLocker
+    from ._locking import ClaimAheadLocker as ClaimAheadLocker
     from ._locking import CrashWatchingLocker as CrashWatchingLocker
     from ._locking import Elector as Elector
     from ._locking import FencedElector as FencedElector
@@ -116,6 +117,7 @@ _WHERE = {
     "Job": "._job",
     "job_lock_key": "._keys",
     "BatchLedgerLocker": "._locking",
+    "ClaimAheadLocker": "._locking",
     "CrashWatchingLocker": "._locking",
     "Elector": "._locking",
     "FencedElector": "._locking",
@@ -147,6 +149,7 @@ __version__ = "0.1.0.dev0"
 
 __all__ = (
     "BatchLedgerLocker",
+    "ClaimAheadLocker",
     "Clock",
     "ConfigError",
     "CrashWatchingLocker",

@@ -44,6 +44,14 @@ def misfired(grace: float | None, fire: datetime, now: datetime) -> float | None
     return lateness if grace is not None and lateness > grace else None
 
 
+def claim_time(job: Job, fire: datetime, gap: timedelta) -> datetime:
+    """When the run loop pops a slot firing at *fire*: a coordinated job whose locker
+    claims ahead (:class:`~cronlock.ClaimAheadLocker`) pops early, by at most a quarter of
+    *gap* (the time between two of its slots), so that its claim is answered by the slot."""
+    ahead = job._wiring.ahead
+    return fire - min(ahead, gap / 4) if ahead else fire
+
+
 def latest_due(job: Job, slot: datetime, now: datetime) -> tuple[datetime, datetime | None]:
     """The latest slot due by *now* (from *slot* on) and the one after it."""
     following = job.following(slot)

@@ -6,7 +6,7 @@ import asyncio
 import typing
 from asyncio import current_task
 from collections.abc import Callable, Coroutine
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from ._admission import Admission
@@ -29,6 +29,8 @@ from ._logs import at, get_logger
 from ._records import RunRecord, error_summary
 
 __all__ = ("Executor",)
+
+_FOREVER = timedelta.max  # no misfire grace
 
 _logger = get_logger("cronlock")
 _lock_logger = get_logger("cronlock.lock")
@@ -93,9 +95,23 @@ class Executor:
         if gate is None:
             return await self._execute(job, slot, None, report)
         try:
+            if job._wiring.ahead:  # claimed ahead (ClaimAheadLocker): start at the slot
+                await self._until(job, slot, gate)
             return await self._execute(job, slot, gate, report)
         finally:
             await self._admission.release(job, slot, gate)
+
+    async def _until(self, job: Job, slot: datetime, lease: Lease) -> None:
+        """Wait for the instant *slot* fires at; cancelled meanwhile, the run is recorded
+        ``"cancelled"`` (the claim is kept: the slot does not run elsewhere either)."""
+        start = job.fire_time(slot)
+        if start <= self._clock.now():
+            return
+        try:
+            await self._clock.sleep_until(start)
+        except asyncio.CancelledError:
+            self._cancelled(job, slot, self._clock.now(), lease)
+            raise
 
     def timeout_of(self, job: Job) -> float | None:
         """The job's timeout, or the scheduler's default."""
@@ -120,6 +136,24 @@ class Executor:
         if not self.takes_direct(job):
             return None
         return self.run_direct(job, slot, None, self.lane_of(job), ended)
+
+    def fast_of(self, job: Job) -> tuple[timedelta, timedelta, Lane | None] | None:
+        """What the run loop's fast path needs to fire *job*: (step to the next slot, misfire
+        grace, deadline lane); None when its runs need the general rules (not a grid
+        schedule, a jitter, run cap, end, note, locker, elector, or a virtual clock's
+        timeout)."""
+        step = job._grid_step
+        if (
+            step is None
+            or job.jitter
+            or job.max_runs is not None
+            or job.stop_at is not None
+            or job._wiring.note is not None
+            or not self.takes_direct(job)
+        ):
+            return None
+        grace = _FOREVER if job.misfire_grace is None else timedelta(seconds=job.misfire_grace)
+        return (step, grace, self.lane_of(job))
 
     def lane_of(self, job: Job) -> Lane | None:
         """The deadline lane of a run of *job* on the direct path (None: no timeout)."""

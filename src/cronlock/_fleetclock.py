@@ -137,6 +137,11 @@ class FleetClock:
         self._floor = _MIN  # fleet time never reads earlier than this (see now())
 
     @property
+    def real_time(self) -> bool:
+        """Whether fleet time moves with real time: when its base clock does."""
+        return follows_real_time(self.base)
+
+    @property
     def offset(self) -> timedelta | None:
         """What is added to the base clock's time; ``None`` before the first estimate."""
         return self._delta if self._adopted else None

@@ -13,13 +13,14 @@ import functools
 import typing
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Literal, Protocol, runtime_checkable
 
 from ._records import RunRecord
 
 __all__ = (
     "BatchLedgerLocker",
+    "ClaimAheadLocker",
     "CrashCallback",
     "CrashWatchingLocker",
     "Elector",
@@ -173,6 +174,21 @@ class ServerClockLocker(Locker, Protocol):
         ...
 
 
+@runtime_checkable
+class ClaimAheadLocker(Locker, Protocol):
+    """A locker whose claims go out a moment before their slot, so runs start on it.
+
+    A scheduler fires a coordinated job's slot :meth:`claims_ahead` seconds early (at most a quarter of the time since the job's
+    previous slot): the claim's round trip, and any wait the locker adds before it, then
+    end before the slot, and a run that won its claim starts at the slot's instant, not a
+    round trip after it. A job with a run of its own still in flight is claimed at its slot.
+    """
+
+    def claims_ahead(self) -> float:
+        """Seconds before a slot that its claim may be sent (0: at the slot)."""
+        ...
+
+
 CrashCallback = Callable[[str, RunRecord], bool]
 """Told of each crashed run a locker found: ``(job, record)``; returns True when the caller
 runs that slot again (the locker then lets its next acquire of the slot take it over)."""
@@ -294,6 +310,8 @@ class Wiring:
     elected: bool = False
     coordinated: bool = False
     """True when a run has anyone to ask before it starts (elector or locker)."""
+    ahead: timedelta = timedelta(0)
+    """How long before a slot its claim may go out (see :class:`ClaimAheadLocker`)."""
 
 
 def wire(
@@ -305,7 +323,7 @@ def wire(
     locker = own if own is not None else default
     if locker is None:
         return Wiring(elected=elector is not None, coordinated=elector is not None)
-    ledger, notes, crashes, batch, fleet = _locker_kinds(type(locker))
+    ledger, notes, crashes, batch, fleet, ahead = _locker_kinds(type(locker))
     return Wiring(
         locker=locker,
         ledger=typing.cast(LedgerLocker, locker) if ledger else None,
@@ -315,11 +333,20 @@ def wire(
         fleet=typing.cast(FleetWatchingLocker, locker) if fleet else None,
         elected=elector is not None,
         coordinated=True,
+        ahead=_ahead(typing.cast(ClaimAheadLocker, locker).claims_ahead()) if ahead else _NOW,
     )
 
 
+_NOW = timedelta(0)
+
+
+@functools.lru_cache(maxsize=64)
+def _ahead(seconds: float) -> timedelta:
+    return timedelta(seconds=seconds) if seconds > 0 else _NOW
+
+
 @functools.cache
-def _locker_kinds(kind: type) -> tuple[bool, bool, bool, bool, bool]:
+def _locker_kinds(kind: type) -> tuple[bool, bool, bool, bool, bool, bool]:
     # A runtime Protocol check walks every member (~20 us); registering 100,000 jobs on
     # one locker pays for it once.
     return (
@@ -328,6 +355,7 @@ def _locker_kinds(kind: type) -> tuple[bool, bool, bool, bool, bool]:
         issubclass(kind, CrashWatchingLocker),
         issubclass(kind, BatchLedgerLocker),
         issubclass(kind, FleetWatchingLocker),
+        issubclass(kind, ClaimAheadLocker),
     )
 
 

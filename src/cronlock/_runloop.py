@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import heapq
 import itertools
@@ -12,7 +13,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from ._cancel import cancel_and_wait, finish_uncancellably, task_name
-from ._catchup import CatchUp, latest_due, misfired
+from ._catchup import CatchUp, claim_time, latest_due, misfired
 from ._clock import Clock, wait_tasks
 from ._events import EventBus, JobEvent, JobSkipped
 from ._executor import Executor
@@ -30,7 +31,6 @@ _Fast = tuple[timedelta, timedelta, "Lane | None"]
 # (fire time, tie-breaker, job, its generation, slot, its _Fast: None for the general rules)
 _Entry = tuple[datetime, int, Job, int, datetime, "_Fast | None"]
 _UNKNOWN: Any = ()  # an entry's _Fast until the job's first fire has looked
-_FOREVER = timedelta.max
 # (slot, tie-breaker, job, waiter for run_now)
 _Waiting = tuple[datetime, int, Job, "asyncio.Future[JobEvent] | None"]
 
@@ -107,11 +107,15 @@ class RunLoop:
         if slot is None:
             return
         seq = self._order(job)
-        if batch:  # at start, for every job: fire_time() only with a jitter to add
-            fire = job.fire_time(slot) if job.jitter else slot
+        fire = job.fire_time(slot) if job.jitter else slot
+        if job._wiring.ahead:  # its claim goes out before the first slot too (ClaimAheadLocker)
+            with contextlib.suppress(Exception):  # (a failing schedule fails at its slot)
+                following = job.following(slot)
+                fire = fire if following is None else claim_time(job, fire, following - slot)
+        if batch:  # at start, for every job
             self._heap.append((fire, seq, job, generation, slot, _UNKNOWN))
             return
-        entry = (job.fire_time(slot), seq, job, generation, slot, _UNKNOWN)
+        entry = (fire, seq, job, generation, slot, _UNKNOWN)
         heapq.heappush(self._heap, entry)
         if self._heap[0][1] == seq:
             self._poke()  # the new entry is the earliest: the loop sleeps too long
@@ -266,7 +270,14 @@ class RunLoop:
 
     def _fire(self, job: Job, fire: datetime, slot: datetime, now: datetime) -> None:
         """Handle a popped due slot (firing at *fire*): coalesce missed ones, plan the next,
-        dispatch."""
+        dispatch. A slot popped ahead of its time for its claim is handled as at its time."""
+        if job._wiring.ahead:
+            at_slot = job.fire_time(slot)
+            if at_slot > now and job._state.active:  # its own run goes on: claim at the slot
+                entry: _Entry = (at_slot, self._order(job), job, job._state.generation, slot, None)
+                heapq.heappush(self._heap, entry)
+                return
+            fire, now = at_slot, max(now, at_slot)
         latest = slot
         try:
             following = job.following(slot)
@@ -301,6 +312,7 @@ class RunLoop:
         if next_fire is not None:
             assert following is not None
             fast = self._fast_of(job)
+            next_fire = claim_time(job, next_fire, following - latest)
             entry = (next_fire, self._order(job), job, state.generation, following, fast)
             heapq.heappush(self._heap, entry)
         lateness = misfired(job.misfire_grace, fire, now)
@@ -322,23 +334,10 @@ class RunLoop:
             self.unschedule(job)
 
     def _fast_of(self, job: Job) -> _Fast | None:
-        """What the fast path needs to fire *job*; None when its runs need the general rules
-        (not a grid schedule, a jitter, run cap, end, locker, elector, concurrency cap, or a
-        virtual clock's timeout)."""
-        step = job._grid_step
-        if (
-            step is None
-            or job.jitter
-            or job.max_runs is not None
-            or job.stop_at is not None
-            or job._wiring.note is not None
-            or self._cap is not None
-            or not self._executor.takes_direct(job)
-        ):
-            return None
-        grace = _FOREVER if job.misfire_grace is None else timedelta(seconds=job.misfire_grace)
-        fast = (step, grace, self._executor.lane_of(job))
-        return self._fasts.setdefault(fast, fast)
+        """What the fast path needs to fire *job* (:meth:`Executor.fast_of`), one tuple for
+        jobs alike; None when its runs need the general rules (or a concurrency cap)."""
+        fast = None if self._cap is not None else self._executor.fast_of(job)
+        return None if fast is None else self._fasts.setdefault(fast, fast)
 
     def dispatch(
         self, job: Job, slot: datetime, waiter: asyncio.Future[JobEvent] | None = None

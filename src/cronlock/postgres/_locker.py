@@ -32,7 +32,7 @@ from ._crashes import CrashWatch
 from ._lease import PostgresLease
 from ._ledger import DEFAULT_TABLE, LedgerTable
 from ._reads import LedgerReads
-from ._servertime import DEFAULT_SPREAD, LANES, FairRace, read_server_clock
+from ._servertime import DEFAULT_AHEAD, DEFAULT_SPREAD, LANES, FairRace, read_server_clock
 from ._session import LockSession
 from ._sessionend import hand_back_all, mark_dropped
 from ._statistics import PostgresLockerStatistics
@@ -103,7 +103,10 @@ class PostgresLocker(HeldOpenByBlocks):
     (:meth:`read_server_clock`, ``Scheduler(fleet_clock=...)``). Each claim waits a
     pseudo-random ``[0, spread)`` s (default 10 ms) drawn per slot and lane (eight groups of
     the locker's jobs, by lock key), so the winner of a slot is drawn, not always the replica
-    with a small head start (``spread=0``: no wait).
+    with a small head start (``spread=0``: no wait). The claims go out *claim_ahead*
+    seconds before the slot (default 0.1; at most a quarter of the time since the job's
+    previous slot; ``0``: at the slot), so the race and the round trip are over by the slot
+    and the winner starts on it (:class:`~cronlock.ClaimAheadLocker`).
     """
 
     def __init__(
@@ -124,6 +127,7 @@ class PostgresLocker(HeldOpenByBlocks):
         remember: int = 1024,
         connect_kwargs: Mapping[str, Any] | None = None,
         spread: Seconds = DEFAULT_SPREAD,
+        claim_ahead: Seconds = DEFAULT_AHEAD,
     ) -> None:
         sessions = positive_int(sessions, field="sessions", owner="PostgresLocker", upper=64)
         remember = positive_int(remember, field="remember", owner="PostgresLocker")
@@ -139,6 +143,9 @@ class PostgresLocker(HeldOpenByBlocks):
         self._remember = remember
         spread_s = to_seconds(spread, field="spread", allow_zero=True, error=ConfigError)
         self._race = FairRace(spread_s)
+        self._ahead = to_seconds(
+            claim_ahead, field="claim_ahead", allow_zero=True, error=ConfigError
+        )
         self._closed = False
         self._entered = 0  # open async-with blocks: the Scheduler then leaves closing to them
         self._source = source
@@ -293,6 +300,10 @@ class PostgresLocker(HeldOpenByBlocks):
             lease.mark_lost(LockError(f"job {job!r}: the lock session was dropped"))
             self._lost += 1
         return lease
+
+    def claims_ahead(self) -> float:
+        """Seconds before its slot a claim may go out (``claim_ahead``, ClaimAheadLocker)."""
+        return self._ahead
 
     async def read_server_clock(
         self, read: Callable[[], datetime]

@@ -35,13 +35,16 @@ from .._cancel import task_name, uncancellable
 from ._backend_errors import backend_errors
 from ._session import LockSession
 
-__all__ = ("DEFAULT_SPREAD", "LANES", "FairRace", "read_server_clock")
+__all__ = ("DEFAULT_AHEAD", "DEFAULT_SPREAD", "LANES", "FairRace", "read_server_clock")
 
 LANES = 8
 """Groups of a locker's jobs that race on their own draw (see the module's docstring)."""
 
 DEFAULT_SPREAD = 0.010
 """Seconds: the longest wait before a claim (``PostgresLocker(spread=...)``)."""
+
+DEFAULT_AHEAD = 0.100
+"""Seconds: how long before its slot a claim may go out (``PostgresLocker(claim_ahead=...)``)."""
 
 _SQL = "SELECT clock_timestamp()"
 

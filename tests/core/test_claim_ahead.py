@@ -1,0 +1,122 @@
+"""Claims ahead of the slot (ClaimAheadLocker): the claim goes out early, the run starts on
+the slot's instant, and nothing about which slots run changes.
+
+On the fake clock at exact instants; the real server is in tests/postgres/test_fleet_clock.py.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from cronlock import (
+    ClaimAheadLocker,
+    InMemoryLocker,
+    JobCancelled,
+    JobSkipped,
+    JobStarted,
+    Lease,
+    Refusal,
+    Scheduler,
+    every,
+)
+from cronlock.testing import FakeClock
+
+from .conftest import T0, Recorder
+
+
+def at(seconds: float) -> datetime:
+    return T0 + timedelta(seconds=seconds)
+
+
+class AheadLocker(InMemoryLocker):
+    """An in-memory locker that claims *ahead* seconds early and notes when each claim came."""
+
+    def __init__(self, clock: FakeClock, ahead: float = 0.1) -> None:
+        super().__init__()
+        self.clock, self.ahead = clock, ahead
+        self.claims: list[tuple[datetime, datetime]] = []  # (when asked, slot)
+
+    def claims_ahead(self) -> float:
+        return self.ahead
+
+    async def acquire(self, job: str, slot: datetime) -> Lease | Refusal | None:
+        self.claims.append((self.clock.now(), slot))
+        return await super().acquire(job, slot)
+
+
+def started(recorder: Recorder) -> list[tuple[datetime, datetime]]:
+    """(slot, started) of every JobStarted."""
+    return [(e.slot, e.started_at) for e in recorder.of(JobStarted)]  # type: ignore[attr-defined]
+
+
+async def test_the_claim_goes_out_ahead_and_the_run_starts_on_the_slot(clock: FakeClock) -> None:
+    locker = AheadLocker(clock)
+    assert isinstance(locker, ClaimAheadLocker)
+    scheduler = Scheduler(clock=clock, locker=locker)
+    recorder = Recorder()
+    scheduler.subscribe(recorder)
+
+    async def tick() -> None:
+        pass
+
+    scheduler.add_job(tick, every(1), name="tick")
+    async with scheduler:
+        await clock.advance_to(at(0.95))
+        assert locker.claims == [(at(0.9), at(1))]  # the first slot is claimed ahead too
+        assert started(recorder) == []  # claimed, not started before its instant
+        await clock.advance_to(at(3.5))
+    assert locker.claims == [(at(s - 0.1), at(s)) for s in (1, 2, 3)]
+    assert started(recorder) == [(at(s), at(s)) for s in (1, 2, 3)]
+
+
+async def test_a_short_period_is_claimed_at_most_a_quarter_of_it_early(clock: FakeClock) -> None:
+    locker = AheadLocker(clock, ahead=0.5)
+    scheduler = Scheduler(clock=clock, locker=locker)
+
+    async def tick() -> None:
+        pass
+
+    scheduler.add_job(tick, every(0.2), name="fast")
+    async with scheduler:
+        await clock.advance_to(at(0.65))
+    assert locker.claims == [(at(s - 0.05), at(s)) for s in (0.2, 0.4, 0.6)]
+
+
+async def test_a_job_still_running_here_is_claimed_at_its_slot(clock: FakeClock) -> None:
+    locker = AheadLocker(clock)
+    scheduler = Scheduler(clock=clock, locker=locker)
+    recorder = Recorder()
+    scheduler.subscribe(recorder)
+
+    async def slow() -> None:
+        await clock.sleep(0.95)  # the run of slot 1 ends at 1.95, after slot 2's claim time
+
+    scheduler.add_job(slow, every(1), name="slow")
+    async with scheduler:
+        await clock.advance_to(at(2.5))
+    # Claimed at 1.9, slot 2 would have been skipped as an overlap; claimed at its slot it
+    # finds the run of slot 1 over, and runs.
+    assert locker.claims == [(at(0.9), at(1)), (at(2), at(2))]
+    assert started(recorder) == [(at(1), at(1)), (at(2), at(2))]
+    assert recorder.of(JobSkipped) == []
+
+
+async def test_a_run_cancelled_while_it_waits_for_its_slot_is_recorded(clock: FakeClock) -> None:
+    locker = AheadLocker(clock)
+    scheduler = Scheduler(clock=clock, locker=locker)
+    recorder = Recorder()
+    scheduler.subscribe(recorder)
+
+    async def tick() -> None:
+        raise AssertionError("a cancelled run must not start")
+
+    job = scheduler.add_job(tick, every(1), name="tick")
+    await scheduler.start()
+    await clock.advance_to(at(0.95))  # claimed at 0.9, waiting for 1.0
+    await scheduler.shutdown(timeout=0)  # no time left to wait: the run is cancelled
+    cancelled = recorder.of(JobCancelled)
+    assert [(e.job, e.slot) for e in cancelled] == [("tick", at(1))]  # type: ignore[attr-defined]
+    assert job.last_run is not None and job.last_run.outcome == "cancelled"
+    assert started(recorder) == []
+    # The lease was released: another scheduler on this locker can take the job.
+    assert await locker.acquire("tick", at(2)) is not None
