@@ -14,15 +14,15 @@ import cronlock
 import cronlock.postgres
 
 
-def _loaded_after(code: str) -> set[str]:
+def _output_of(code: str) -> str:
     done = subprocess.run(
-        [sys.executable, "-c", f"import sys\n{code}\nprint(' '.join(sys.modules))"],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=120,
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
     )
-    return set(done.stdout.split())
+    return done.stdout
+
+
+def _loaded_after(code: str) -> set[str]:
+    return set(_output_of(f"import sys\n{code}\nprint(' '.join(sys.modules))").split())
 
 
 # The optional integrations' libraries: loaded only by the module that needs each.
@@ -58,6 +58,13 @@ _EXTRAS = {
             "from cronlock.postgres import DEFAULT_TABLE",
             {"croniter", "cronlock.postgres._locker", *_EXTRAS},
         ),
+        # asyncpg is imported by the first connect (or came with the pool handed over).
+        (
+            "from cronlock.postgres import PostgresLocker, PostgresElector, locked_run\n"
+            "dsn = 'postgresql://nobody@127.0.0.1:1/none'\n"
+            "PostgresLocker(dsn); PostgresElector(dsn); locked_run(dsn, 'job')",
+            {"asyncpg", "croniter", *_EXTRAS},
+        ),
     ],
 )
 def test_imports_load_only_what_is_used(code: str, absent: set[str]) -> None:
@@ -71,3 +78,24 @@ def test_every_public_name_resolves() -> None:
         assert set(package.__all__) <= set(dir(package))
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
         cronlock.nope  # noqa: B018
+
+
+def test_the_first_connect_imports_asyncpg_and_its_errors_still_become_lock_errors() -> None:
+    # asyncpg refuses this DSN itself, so the first exception the backend sees is one of
+    # asyncpg's, raised just after its import: it must still become a LockError.
+    code = """
+import asyncio, sys
+from cronlock import LockError
+from cronlock.postgres import locked_run
+
+async def main():
+    try:
+        async with locked_run("postgresql://nobody@127.0.0.1:1/none?sslmode=bogus", "job"):
+            pass
+    except LockError as exc:
+        print(type(exc.__cause__).__name__, "asyncpg" in sys.modules)
+
+print("asyncpg" in sys.modules)
+asyncio.run(main())
+"""
+    assert _output_of(code).split() == ["False", "ClientConfigurationError", "True"]

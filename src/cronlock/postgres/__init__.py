@@ -2,7 +2,8 @@
 
 Needs the ``postgres`` extra (asyncpg): ``pip install 'cronlock[postgres]'``. See
 ``docs/coordination.md`` for the rules these functions follow and why. Names are loaded on
-first use (PEP 562 ``__getattr__``): asyncpg is imported when a locker or elector is.
+first use (PEP 562 ``__getattr__``); asyncpg is imported later still, by the first connect
+(a pool handed over has imported it already).
 """
 
 import importlib as _importlib

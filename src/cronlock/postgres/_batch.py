@@ -32,7 +32,7 @@ from .._errors import LockError
 from .._locking import Refusal
 from .._logs import at, get_logger
 from ._advisory import UNLOCK_SQL
-from ._backend_errors import BACKEND_ERRORS, SessionGone, backend_errors
+from ._backend_errors import SessionGone, backend_error_types, backend_errors
 from ._batchsql import (
     TRY_LOCK_MANY_SQL,
     UNLOCK_MANY_SQL,
@@ -318,7 +318,7 @@ class Batcher:
             for end in current:
                 _settle(end.future, False)  # the session died: the server released them
             return
-        except BACKEND_ERRORS as exc:
+        except backend_error_types() as exc:
             _logger.warning(
                 "unlock of %s failed (%r); the lock session was terminated, which releases "
                 "the locks server-side",

@@ -14,8 +14,6 @@ from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-import asyncpg
-
 from .._errors import CronlockError
 from .._records import RunRecord
 from ._control import control_sql
@@ -59,6 +57,8 @@ async def _run(args: argparse.Namespace, table: LedgerTable) -> int:
 
 
 async def _connect(dsn: str) -> Any:
+    import asyncpg  # at the first connect, as everywhere in cronlock.postgres
+
     try:
         return await asyncpg.connect(dsn, timeout=10)
     except Exception as exc:  # bad syntax, refused, auth, unknown database: one clear line

@@ -1,7 +1,7 @@
 """Where the backend's connections come from, how each session is set up, how it is dropped.
 
-It imports asyncpg: only the :mod:`cronlock.postgres` subpackage may import it, so that
-asyncpg stays an optional extra.
+Only the :mod:`cronlock.postgres` subpackage may import asyncpg, so that it stays an
+optional extra; it is imported at the first connect, not when this module is.
 """
 
 from __future__ import annotations
@@ -10,14 +10,13 @@ import asyncio
 import contextlib
 import os
 import socket
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import asyncpg
-
 from .._errors import LockError
-from ._backend_errors import BACKEND_ERRORS, backend_errors
+from ._backend_errors import backend_error_types, backend_errors
 
 __all__ = (
     "ConnectionSource",
@@ -87,11 +86,19 @@ async def configure_session(
     await conn.execute(f"SELECT {calls}", *[v for pair in settings for v in pair])
 
 
+def _interface_error() -> type[Exception]:
+    """asyncpg's InterfaceError; asyncpg is loaded already, since *conn* came from it."""
+    import asyncpg
+
+    error: type[Exception] = asyncpg.InterfaceError
+    return error
+
+
 def is_closed(conn: Any) -> bool:
     """Whether *conn* (a connection or a pool proxy) can no longer run statements."""
     try:
         return bool(conn.is_closed())
-    except asyncpg.InterfaceError:  # a pool proxy that was already handed back
+    except _interface_error():  # a pool proxy that was already handed back
         return True
 
 
@@ -100,7 +107,7 @@ def terminate(conn: Any) -> None:
 
     Synchronous, so it cannot be interrupted by a cancellation half way.
     """
-    with contextlib.suppress(asyncpg.InterfaceError):  # a proxy already handed back
+    with contextlib.suppress(_interface_error()):  # a proxy already handed back
         conn.terminate()
 
 
@@ -110,10 +117,12 @@ class ConnectionSource:
     __slots__ = ("_connect_kwargs", "_dsn", "_pool")
 
     def __init__(self, pool_or_dsn: Any, connect_kwargs: Mapping[str, Any] | None = None) -> None:
+        # Whoever made a pool imported asyncpg: no need to import it to recognise one.
+        asyncpg = sys.modules.get("asyncpg")
         if isinstance(pool_or_dsn, str):
             self._dsn: str | None = pool_or_dsn
             self._pool: Any = None
-        elif isinstance(pool_or_dsn, asyncpg.Pool):
+        elif asyncpg is not None and isinstance(pool_or_dsn, asyncpg.Pool):
             if connect_kwargs:
                 raise TypeError("connect_kwargs only apply when a DSN is given, not a pool")
             self._dsn = None
@@ -152,6 +161,8 @@ class ConnectionSource:
             try:
                 if self._pool is not None:
                     return await self._pool.acquire(timeout=timeout)
+                import asyncpg  # the first connect of a DSN loads it
+
                 return await asyncpg.connect(self._dsn, timeout=timeout, **self._connect_kwargs)
             except TimeoutError as exc:  # an OSError too, but worth its own message
                 if self._pool is not None:
@@ -179,5 +190,5 @@ class ConnectionSource:
                     await self._pool.release(conn, timeout=timeout)
                 else:
                     await conn.close()
-        except BACKEND_ERRORS:
+        except backend_error_types():
             terminate(conn)

@@ -39,7 +39,7 @@ from .._keys import job_lock_key
 from .._logs import get_logger
 from .._resources import HeldOpenByBlocks
 from ._advisory import TRY_LOCK_SQL
-from ._backend_errors import BACKEND_ERRORS, backend_errors
+from ._backend_errors import backend_error_types, backend_errors
 from ._connections import (
     ConnectionSource,
     Keepalives,
@@ -337,7 +337,7 @@ class PostgresElector(HeldOpenByBlocks):
             # Synchronous from here on, so no cancellation can come between demoting
             # (above) and dropping the session, which is what frees the lock.
             self._conn = None
-            with contextlib.suppress(*BACKEND_ERRORS):
+            with contextlib.suppress(*backend_error_types()):
                 conn.remove_termination_listener(lost)
             terminate(conn)
 
@@ -405,7 +405,7 @@ class PostgresElector(HeldOpenByBlocks):
                     held = await conn.fetchval(HEARTBEAT_SQL, self._key)
             except TimeoutError as exc:
                 raise _Demoted(f"no heartbeat answer within the lease ({self._lease:g}s)") from exc
-            except BACKEND_ERRORS as exc:
+            except backend_error_types() as exc:
                 raise _Demoted(f"the heartbeat failed: {exc!r}") from exc
             if not held:
                 raise _Demoted("pg_locks no longer shows this session holding the lock")

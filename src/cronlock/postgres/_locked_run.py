@@ -15,7 +15,7 @@ from .._errors import ConfigError
 from .._keys import job_lock_key
 from .._logs import at, get_logger
 from ._advisory import TRY_LOCK_SQL, UNLOCK_SQL
-from ._backend_errors import BACKEND_ERRORS, backend_errors
+from ._backend_errors import backend_error_types, backend_errors
 from ._connections import ConnectionSource, is_closed, terminate
 
 __all__ = ("RunLock", "locked_run", "run_locked")
@@ -116,7 +116,7 @@ class _LockedRun(AbstractAsyncContextManager[RunLock]):
         if conn is None:  # not acquired: nothing held, the connection is already back
             return
         # A pool proxy whose connection died has been reclaimed by its pool already.
-        with contextlib.suppress(*BACKEND_ERRORS):
+        with contextlib.suppress(*backend_error_types()):
             conn.remove_termination_listener(self._on_connection_lost)
         # Runs whatever ended the body: return, exception, cancellation (once or repeatedly)
         # or an asyncio.timeout() deadline. A cancellation that arrives meanwhile is
@@ -170,7 +170,7 @@ class _LockedRun(AbstractAsyncContextManager[RunLock]):
                         extra=at(self._name),
                     )
                 await self._source.checkin(conn, timeout=self._unlock_timeout)
-        except BACKEND_ERRORS as exc:
+        except backend_error_types() as exc:
             _logger.warning(
                 "job %r: could not unlock within %gs (%r); terminating the connection, "
                 "which releases the lock server-side",

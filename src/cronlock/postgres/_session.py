@@ -16,13 +16,11 @@ import contextlib
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-import asyncpg
-
 from .._cancel import finish_uncancellably, task_name, uncancellable
 from .._clock import monotonic
 from .._errors import LockError, LockUnavailable
 from .._logs import get_logger
-from ._backend_errors import BACKEND_ERRORS, SessionGone, backend_errors
+from ._backend_errors import SessionGone, backend_error_types, backend_errors
 from ._backoff import Backoff
 from ._connections import (
     ConnectionSource,
@@ -205,7 +203,7 @@ class LockSession:
             if not self.closed:
                 self.backoff.lost(monotonic())
             self._on_drop(reason)
-        with contextlib.suppress(*BACKEND_ERRORS):  # a proxy already handed back
+        with contextlib.suppress(*backend_error_types()):  # a proxy already handed back
             conn.remove_termination_listener(self._on_terminated)
         if kill:
             terminate(conn)
@@ -241,7 +239,9 @@ class LockSession:
             try:
                 async with asyncio.timeout(self._statement_timeout):
                     result = await call(conn)
-            except BACKEND_ERRORS as exc:
+            except backend_error_types() as exc:
+                import asyncpg  # loaded already: the connection came from it
+
                 if not (keep_on_server_error and isinstance(exc, asyncpg.PostgresError)):
                     # A statement that timed out or failed leaves us unsure what the server
                     # did: terminating the session is the one way to be sure nothing stays

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from .._cancel import task_name, uncancellable
 from .._errors import LockError
 from .._logs import get_logger
-from ._backend_errors import GONE_OR_FAILED
+from ._backend_errors import gone_or_failed_types
 from ._lease import PostgresLease
 from ._session import LockSession
 from ._upkeep import Upkeep
@@ -58,7 +58,7 @@ async def hand_back_all(
                 continue
             if not flushed:
                 flushed = True
-                with contextlib.suppress(*GONE_OR_FAILED):
+                with contextlib.suppress(*gone_or_failed_types()):
                     await uncancellable(
                         upkeep.flush(session, conn, session.generation),
                         name=task_name("pg-flush"),

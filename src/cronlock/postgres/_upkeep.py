@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._cancel import cancel_and_wait, task_name, uncancellable
 from .._logs import get_logger
-from ._backend_errors import GONE_OR_FAILED, backend_errors
+from ._backend_errors import backend_errors, gone_or_failed_types
 from ._connections import is_closed
 from ._crashes import CHECK_EVERY, CrashWatch
 from ._ledger import LedgerTable
@@ -140,7 +140,7 @@ class Upkeep:
             await session.run(
                 conn, generation, lambda c: c.fetchval("SELECT 1"), what="the heartbeat"
             )
-        except GONE_OR_FAILED as exc:
+        except gone_or_failed_types() as exc:
             _logger.debug("lock session heartbeat failed: %r", exc)
 
     async def _beat_all(self, sessions: Sequence[LockSession]) -> None:
@@ -191,7 +191,7 @@ class Upkeep:
                     )
                     full = deleted >= PRUNE_BATCH
                     self._prune_at = now + (tick if full else PRUNE_EVERY * random.uniform(1, 1.2))
-            except GONE_OR_FAILED as exc:
+            except gone_or_failed_types() as exc:
                 # A dead session was dropped (its leases marked lost) by run(); a server
                 # error on upkeep leaves it sound. Either way, try again next tick.
                 _logger.debug("lock session upkeep failed: %r", exc)
