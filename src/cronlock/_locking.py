@@ -178,9 +178,10 @@ class ServerClockLocker(Locker, Protocol):
 class ClaimAheadLocker(Locker, Protocol):
     """A locker whose claims go out a moment before their slot, so runs start on it.
 
-    A scheduler fires a coordinated job's slot :meth:`claims_ahead` seconds early (at most a quarter of the time since the job's
-    previous slot): the claim's round trip, and any wait the locker adds before it, then
-    end before the slot, and a run that won its claim starts at the slot's instant, not a
+    A scheduler fires a coordinated job's slot :meth:`claims_ahead` seconds early (at
+    most a quarter of the time since the job's previous slot): the claim's round trip, and
+    any wait the locker adds before it, then end before the slot, and a run that won its
+    claim starts at the slot's instant, not a
     round trip after it. A job with a run of its own still in flight is claimed at its slot.
     """
 
