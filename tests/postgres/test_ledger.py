@@ -370,3 +370,34 @@ async def test_pool_backed_locker_reads_and_claims(pool: asyncpg.Pool, app_name:
         lease.record(record(SLOT))
         await lease.release()
         assert (await locker.last_runs(job))[1] is not None
+
+
+async def test_schedules_are_written_once_no_run_holds_a_lease(
+    pg_dsn: str, admin: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A burst's claims and ends go first: changed schedules wait while leases are held
+    (at most NOTE_LATEST), then are written."""
+    from cronlock.postgres import _upkeep
+
+    monkeypatch.setattr(_upkeep, "NOTE_EVERY", 0.05)
+    job = new_job()
+    locker = PostgresLocker(pg_dsn, heartbeat=0.05)  # upkeep ticks every 50 ms
+    async with locker:
+        assert locker.ledger is not None
+        jobs_table = locker.ledger.jobs
+
+        async def written() -> bool:
+            sql = f"SELECT count(*) FROM {jobs_table} WHERE job = $1"
+            return bool(await admin.fetchval(sql, job))
+
+        lease = await locker.acquire(job, SLOT)
+        assert isinstance(lease, PostgresLease)
+        locker.note_schedule(job, "every 1h", SLOT + timedelta(hours=1))
+        await asyncio.sleep(1.0)  # some 20 upkeep ticks
+        assert not await written()
+        await lease.release()
+        for _ in range(200):
+            if await written():
+                break
+            await asyncio.sleep(0.05)
+        assert await written()

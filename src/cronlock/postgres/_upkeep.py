@@ -28,12 +28,14 @@ if TYPE_CHECKING:
     from .._locking import Health
     from .._records import RunRecord
 
-__all__ = ("NOTE_EVERY", "PRUNE_BATCH", "PRUNE_EVERY", "Upkeep")
+__all__ = ("NOTE_EVERY", "NOTE_LATEST", "PRUNE_BATCH", "PRUNE_EVERY", "Upkeep")
 
 _logger = get_logger("cronlock.postgres")
 
 NOTE_EVERY = 5.0
 """Seconds between writes of changed job schedules (``note_schedule``) per locker."""
+NOTE_LATEST = 30.0
+"""Seconds: while runs hold leases, changed schedules wait, at most this long."""
 PRUNE_EVERY = 300.0
 """Seconds between two prunes of the ledger by one locker (plus up to 20% jitter)."""
 PRUNE_BATCH = 1000
@@ -69,6 +71,7 @@ class Upkeep:
         self._holding = holding
         self._notes: dict[str, tuple[str, datetime | None]] = {}
         self._dirty: set[str] = set()
+        self._dirty_at: float | None = None  # loop time a tick first saw unwritten notes
         self._late: list[tuple[str, datetime, RunRecord, int]] = []
         self._host = host
         self._crashes = crashes
@@ -171,7 +174,15 @@ class Upkeep:
                 continue  # only acquire reconnects: upkeep alone never opens a session
             session, conn, generation = found
             try:
-                if self._late or (self._dirty and now - self._noted_at >= NOTE_EVERY):
+                # Notes wait while runs hold leases (a burst's claims and ends come first:
+                # the schedules of thousands of jobs are a long statement), within reason.
+                if self._dirty and self._dirty_at is None:
+                    self._dirty_at = now
+                if self._late or (
+                    self._dirty_at is not None
+                    and now - self._noted_at >= NOTE_EVERY
+                    and (now - self._dirty_at >= NOTE_LATEST or not self._holding())
+                ):
                     await uncancellable(
                         self.flush(session, conn, generation), name=task_name("pg-flush")
                     )
@@ -227,7 +238,7 @@ class Upkeep:
                 raise
         if not self._dirty:
             return
-        dirty, self._dirty = self._dirty, set()
+        dirty, self._dirty, self._dirty_at = self._dirty, set(), None
         names = sorted(dirty)
         notes = [self._notes[name] for name in names]
         known = self.health()  # read once: each job's health is computed when looked up
