@@ -95,7 +95,7 @@ class Executor:
         if gate is None:
             return await self._execute(job, slot, None, report)
         try:
-            if job._wiring.ahead:  # claimed ahead (ClaimAheadLocker): start at the slot
+            if job._wiring.ahead and not report:  # fired ahead for its claim: start on time
                 await self._until(job, slot, gate)
             return await self._execute(job, slot, gate, report)
         finally:

@@ -6,6 +6,7 @@ On the fake clock at exact instants; the real server is in tests/postgres/test_f
 
 from __future__ import annotations
 
+import asyncio
 from datetime import datetime, timedelta
 
 from cronlock import (
@@ -120,3 +121,20 @@ async def test_a_run_cancelled_while_it_waits_for_its_slot_is_recorded(clock: Fa
     assert started(recorder) == []
     # The lease was released: another scheduler on this locker can take the job.
     assert await locker.acquire("tick", at(2)) is not None
+
+
+async def test_run_now_of_a_jittered_job_starts_at_once(clock: FakeClock) -> None:
+    locker = AheadLocker(clock)
+    scheduler = Scheduler(clock=clock, locker=locker)
+    recorder = Recorder()
+    scheduler.subscribe(recorder)
+
+    async def tick() -> None:
+        pass
+
+    job = scheduler.add_job(tick, every(3600), name="jittered", jitter=60)
+    async with scheduler:
+        await clock.advance(1)
+        async with asyncio.timeout(10):  # (fails, not hangs, if the run waited for a jitter)
+            await job.run_now()
+    assert started(recorder) == [(at(1), at(1))]  # not at 1 s + its jitter
