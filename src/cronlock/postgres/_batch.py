@@ -149,12 +149,27 @@ class Batcher:
         False when the session of *generation* is gone (the lock with it) or the statement
         failed (the session is then terminated, which releases the lock server-side).
         """
+        future = self.end(generation, job, key, slot, record, undo=undo)
+        return False if future is None else await future
+
+    def end(
+        self,
+        generation: int,
+        job: str,
+        key: int,
+        slot: datetime,
+        record: RunRecord | None,
+        *,
+        undo: bool = False,
+    ) -> asyncio.Future[bool] | None:
+        """:meth:`finish` without a coroutine: the future of its answer, or ``None`` when
+        the session of *generation* is gone (a release awaits it with no task of its own)."""
         if generation != self._session.generation or self._session.conn is None:
-            return False
+            return None
         future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         self._ends.append(_End(job, key, slot, generation, record, undo, future))
         self._kick()
-        return await future
+        return future
 
     async def wait_idle(self) -> None:
         """Wait until nothing is in flight or waiting (at close); never interrupts a flush."""

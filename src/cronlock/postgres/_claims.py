@@ -13,7 +13,7 @@ import asyncio
 import os
 from collections.abc import Awaitable, Coroutine
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .._cancel import claim_or_undo, task_name
 from .._errors import LockError
@@ -23,9 +23,6 @@ from ._batch import Batcher, ClaimAnswer
 from ._crashes import recover_sql
 from ._ledger import LedgerTable
 from ._session import LockSession
-
-if TYPE_CHECKING:
-    from .._records import RunRecord
 
 __all__ = ("Claims",)
 
@@ -78,16 +75,6 @@ class Claims:
 
     async def _undo(self, generation: int, job: str, key: int, slot: datetime) -> None:
         await self.batcher.finish(generation, job, key, slot, None, undo=True)
-
-    async def release(
-        self, generation: int, job: str, key: int, slot: datetime, record: RunRecord | None
-    ) -> bool:
-        """Record *record* (if any) and unlock on the session the lock was granted on.
-
-        False when that session (of *generation*) is gone, with the lock, or the statement
-        failed (the session is then terminated, which releases the lock server-side).
-        """
-        return await self.batcher.finish(generation, job, key, slot, record)
 
     # -- the rerun of a crashed run: one statement of its own ----------------------------
 

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import TYPE_CHECKING
 
-from .._cancel import task_name, uncancellable
+from .._cancel import finish_uncancellably
 
 if TYPE_CHECKING:
     from .._records import RunRecord
@@ -112,21 +112,27 @@ class PostgresLease:
         if self._done:
             return
         self._done = True
-        await uncancellable(self._finish(), name=task_name("pg-release", self.job))
-
-    async def _finish(self) -> None:
-        unwritten: RunRecord | None = None
-        try:
-            if self._lost or not await self._claims.release(
+        end = None
+        if not self._lost:
+            end = self._claims.batcher.end(
                 self._generation, self.job, self.key, self.slot, self._record
-            ):
-                # The session is gone, and the lock with it; the outcome is still worth
-                # keeping: the locker writes it once a session is back.
-                unwritten = self._record
-        finally:
-            # Only now may this process take the job again: before the unlock finished the
-            # session still held the key, and re-acquiring would just bump its count.
-            self._on_released(self, unwritten)
+            )
+        if end is None:
+            # The session is gone, and the lock with it; the outcome is still worth
+            # keeping: the locker writes it once a session is back.
+            self._on_released(self, self._record)
+            return
+        # Awaited with no task of its own (runs end in thousands at once): the batch's
+        # answer tells this lease first, then wakes us, however often we were cancelled.
+        end.add_done_callback(self._ended)
+        await finish_uncancellably(end)
+
+    def _ended(self, end: asyncio.Future[bool]) -> None:
+        # Only now may this process take the job again: before the unlock finished the
+        # session still held the key, and re-acquiring would just bump its count.
+        # False: the session died first (with the lock); the outcome is written later.
+        gone = not end.cancelled() and end.exception() is None and not end.result()
+        self._on_released(self, self._record if gone else None)
 
     def __repr__(self) -> str:
         state = "released" if self._done else "lost" if self._lost else "held"
