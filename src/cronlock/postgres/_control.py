@@ -233,7 +233,10 @@ class FleetWatch:
 
     def health(self) -> Mapping[str, Health]:
         """Each watched job's overdue grace and the slot it is due by, computed when read."""
-        return ChainMap(*(jobs() for _, jobs in self._watchers))  # type: ignore[arg-type]
+        maps = [jobs() for _, jobs in self._watchers]
+        if len(maps) == 1:  # one scheduler on this locker (the usual case): no ChainMap
+            return maps[0]
+        return ChainMap(*maps)  # type: ignore[arg-type]
 
     def start(self) -> None:
         """Start the task (once)."""

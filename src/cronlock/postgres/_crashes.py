@@ -118,6 +118,8 @@ class CrashWatch:
 
     def take(self, job: str, slot: datetime) -> bool:
         """Whether *slot* of *job* is to be claimed as a rerun; forgets it (one attempt)."""
+        if not self._recoverable:  # the usual case, asked once per claim
+            return False
         try:
             del self._recoverable[job, slot]
         except KeyError:

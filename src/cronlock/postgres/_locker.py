@@ -184,6 +184,7 @@ class PostgresLocker(HeldOpenByBlocks):
             heartbeat=heartbeat_s,
             application_name=self._application_name,
             holding=lambda: {key % sessions for key in self._held},
+            busy=lambda: bool(self._held or self._pending),
             host=host,
             crashes=self._crashes,
         )

@@ -81,7 +81,7 @@ class FairRace:
     def __init__(self, spread: float) -> None:
         self._spread = spread
         self._seed = secrets.token_bytes(8)  # this locker's own draws
-        self._gates: dict[tuple[datetime, int], asyncio.Future[None]] = {}
+        self._gates: dict[tuple[datetime, int], asyncio.Event] = {}
 
     async def wait(self, slot: datetime, lane: int) -> None:
         """Wait before claiming *slot* in *lane*: until the draw's time after the first claim.
@@ -96,12 +96,13 @@ class FairRace:
         gate = self._gates.get(key)
         if gate is None:
             if len(self._gates) >= 4096:  # forget the gates already open
-                self._gates = {k: g for k, g in self._gates.items() if not g.done()}
-            loop = asyncio.get_running_loop()
-            gate = self._gates[key] = loop.create_future()
-            loop.call_later(self.delay(slot, lane), _open, gate)
-        if not gate.done():
-            await asyncio.wait((gate,))  # a cancelled waiter leaves the gate to the others
+                self._gates = {k: g for k, g in self._gates.items() if not g.is_set()}
+            gate = self._gates[key] = asyncio.Event()
+            asyncio.get_running_loop().call_later(self.delay(slot, lane), gate.set)
+        if not gate.is_set():
+            # An Event: each waiter waits on its own future (a cancelled one leaves the gate
+            # to the others), and opening it wakes them all in one pass, in arrival order.
+            await gate.wait()
 
     def delay(self, slot: datetime, lane: int) -> float:
         """Seconds to wait before claiming *slot* in *lane* (0 with ``spread=0``)."""
@@ -111,8 +112,3 @@ class FairRace:
             f"{slot.timestamp()!r}/{lane}".encode(), key=self._seed, digest_size=8
         ).digest()
         return self._spread * int.from_bytes(digest) / 2**64
-
-
-def _open(gate: asyncio.Future[None]) -> None:
-    if not gate.done():
-        gate.set_result(None)

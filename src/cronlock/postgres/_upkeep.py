@@ -46,7 +46,8 @@ class Upkeep:
     """The upkeep task of one locker, and what it has still to write.
 
     *sessions* are the locker's shards; *holding* gives the indexes of those holding leases
-    right now: only they are worth a heartbeat. *table* ``None`` (lock-only mode) leaves
+    right now: only they are worth a heartbeat; *busy* says whether claims or runs are in
+    flight (changed schedules then wait). *table* ``None`` (lock-only mode) leaves
     just the heartbeat. *crashes* checks for crashed runs every few seconds; *host* is this
     replica's, whose own runs' late outcomes are written.
     """
@@ -60,6 +61,7 @@ class Upkeep:
         heartbeat: float | None,
         application_name: str,
         holding: Callable[[], Collection[int]],
+        busy: Callable[[], bool] = lambda: False,
         host: str,
         crashes: CrashWatch | None = None,
     ) -> None:
@@ -69,6 +71,7 @@ class Upkeep:
         self._heartbeat = heartbeat
         self._application_name = application_name
         self._holding = holding
+        self._busy = busy
         self._notes: dict[str, tuple[str, datetime | None]] = {}
         self._dirty: set[str] = set()
         self._dirty_at: float | None = None  # loop time a tick first saw unwritten notes
@@ -181,7 +184,7 @@ class Upkeep:
                 if self._late or (
                     self._dirty_at is not None
                     and now - self._noted_at >= NOTE_EVERY
-                    and (now - self._dirty_at >= NOTE_LATEST or not self._holding())
+                    and (now - self._dirty_at >= NOTE_LATEST or not self._busy())
                 ):
                     await uncancellable(
                         self.flush(session, conn, generation), name=task_name("pg-flush")
