@@ -20,6 +20,7 @@ from ._records import RunRecord
 
 __all__ = (
     "BatchLedgerLocker",
+    "BoundedRelease",
     "ClaimAheadLocker",
     "CrashCallback",
     "CrashWatchingLocker",
@@ -360,17 +361,31 @@ def _locker_kinds(kind: type) -> tuple[bool, bool, bool, bool, bool, bool]:
     )
 
 
+class BoundedRelease:
+    """A base class for leases whose :meth:`~Lease.release` bounds itself in time and runs
+    to its end even when the caller is cancelled (re-raising the cancellation after):
+    the scheduler then awaits it as it is, with no timeout or task of its own around it."""
+
+    __slots__ = ()
+
+
 @dataclass(frozen=True, slots=True)
 class LeaseHooks:
     """Which optional lease capabilities a lease class has."""
 
     records: bool
     losable: bool
+    bounded: bool = False
+    """Its release bounds itself and survives cancellation (:class:`BoundedRelease`)."""
 
 
 @functools.cache
 def _hooks_of(kind: type) -> LeaseHooks:
-    return LeaseHooks(issubclass(kind, RecordingLease), issubclass(kind, LosableLease))
+    return LeaseHooks(
+        issubclass(kind, RecordingLease),
+        issubclass(kind, LosableLease),
+        issubclass(kind, BoundedRelease),
+    )
 
 
 def lease_hooks(lease: Lease) -> LeaseHooks:

@@ -8,6 +8,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING
 
 from .._cancel import finish_uncancellably
+from .._locking import BoundedRelease
 
 if TYPE_CHECKING:
     from .._records import RunRecord
@@ -16,7 +17,7 @@ if TYPE_CHECKING:
 __all__ = ("PostgresLease",)
 
 
-class PostgresLease:
+class PostgresLease(BoundedRelease):
     """The lock of one job for one slot, held on the locker's session for that job.
 
     Made by :meth:`PostgresLocker.acquire`: *claims* are the statements of the job's shard,
