@@ -29,6 +29,7 @@ from ._events import (
 from ._executor import Executor
 from ._fleet import Fleet, FleetViews
 from ._fleetclock import on_loop_time, scheduler_clock
+from ._interval import IntervalSchedule
 from ._job import Job, default_name
 from ._keys import job_lock_key
 from ._locking import Elector, FencedElector, Locker, Wiring, wire
@@ -46,6 +47,7 @@ __all__ = ("JobOptions", "Scheduler")
 _logger = get_logger("cronlock")
 _F = TypeVar("_F", bound=Callable[..., object])
 _ONE_MICROSECOND = timedelta(microseconds=1)
+_UNSET = object()  # no job wired yet
 
 
 class Scheduler(FleetViews):
@@ -100,6 +102,7 @@ class Scheduler(FleetViews):
         self._elector = elector
         self._resources = Resources()
         self._wirings: dict[tuple[bool, int], Wiring] = {}
+        self._last_wiring: tuple[object, object, Wiring] = (_UNSET, _UNSET, Wiring())
         self._resources.add(locker)
         self._resources.add(elector)
         if on_lock_lost not in ("cancel", "continue"):
@@ -149,12 +152,19 @@ class Scheduler(FleetViews):
     # -- registration ------------------------------------------------------------------
 
     def add_job(
-        self, func: Callable[..., object], schedule: Schedule, **options: Unpack[JobOptions]
+        self,
+        /,
+        func: Callable[..., object],
+        schedule: Schedule,
+        **options: Unpack[JobOptions],
     ) -> Job:
         """Register *func* to run on *schedule*; return the :class:`~cronlock.Job`.
 
         Everything is validated here, so a typo fails at startup, not at the first firing.
         """
+        # ``self, /``: CPython matches each option's keyword against every parameter that
+        # can be passed by name before putting it in *options* (a string comparison each),
+        # and positional-only ``self`` is one fewer.
         name: str = options.get("name") or default_name(func)
         if not OPTION_NAMES.issuperset(options):
             unknown = set(options) - OPTION_NAMES
@@ -170,12 +180,16 @@ class Scheduler(FleetViews):
         options["name"] = name
         # Job validates every option (durations, overlap, bounds) once. The ignore: the
         # TypedDict says ``name: str | None``, and it was just set to a str.
-        job = Job(func, bind_zone(schedule, self._tz), **options)  # type: ignore[arg-type]
+        if type(schedule) is not IntervalSchedule:  # bind_zone() returns those as they are
+            schedule = bind_zone(schedule, self._tz)
+        job = Job(func, schedule, **options)  # type: ignore[arg-type]
+        settings = job._settings
+        distributed, locker = settings.distributed, settings.locker
         # Only a job that takes a lock has a lock key (the locker wire() will pick): an
         # FNV-1a in Python costs more than the rest of a job's validation, and a job that
         # never locks cannot contend with another for its key.
         key = None
-        if job.distributed and (job.locker is not None or self._locker is not None):
+        if distributed and (locker is not None or self._locker is not None):
             key = job_lock_key(name)
             other = self._keys.get(key)
             if other is not None:
@@ -183,19 +197,25 @@ class Scheduler(FleetViews):
                     f"jobs {other!r} and {name!r} have the same lock key {key}; rename one"
                 )
         job._scheduler = self
-        alike = (job.distributed, id(job.locker))  # jobs wired alike share one Wiring
-        wiring = self._wirings.get(alike)
-        if wiring is None:
-            self._resources.add(job.locker)
-            wiring = self._wirings[alike] = wire(
-                distributed=job.distributed,
-                own=job.locker,
-                default=self._locker,
-                elector=self._elector,
-            )
-            # Once per Wiring: both register once per locker, and jobs alike share it.
-            self._recovery.watch(wiring)
-            self._fleet.watch(wiring)
+        last = self._last_wiring  # the last job's: jobs registered in a row are mostly alike
+        if last[0] is distributed and last[1] is locker:
+            wiring = last[2]
+        else:
+            alike = (distributed, id(locker))  # jobs wired alike share one Wiring
+            known = self._wirings.get(alike)
+            if known is None:
+                self._resources.add(locker)
+                known = self._wirings[alike] = wire(
+                    distributed=distributed,
+                    own=locker,
+                    default=self._locker,
+                    elector=self._elector,
+                )
+                # Once per Wiring: both register once per locker, and jobs alike share it.
+                self._recovery.watch(known)
+                self._fleet.watch(known)
+            wiring = known
+            self._last_wiring = (distributed, locker, wiring)
         job._wiring = wiring
         self._jobs[name] = job
         if key is not None:
