@@ -84,7 +84,7 @@ class RunLoop:
         # At start, jobs sharing a schedule object (every() reuses them) share its first slot.
         known = self._firsts.get(id(schedule)) if batch else None
         slot: datetime | None
-        if known is not None and known[1] == after and job._settings.unbounded:
+        if known is not None and known[1] is after and job._settings.unbounded:
             slot = known[2]
         else:
             try:

@@ -102,7 +102,7 @@ class Scheduler(FleetViews):
         self._elector = elector
         self._resources = Resources()
         self._wirings: dict[tuple[bool, int], Wiring] = {}
-        self._last_wiring: tuple[object, object, Wiring] = (_UNSET, _UNSET, Wiring())
+        self._last_wiring: tuple[object, Wiring] = (_UNSET, Wiring())  # (JobSettings, its)
         self._resources.add(locker)
         self._resources.add(elector)
         if on_lock_lost not in ("cancel", "continue"):
@@ -151,20 +151,13 @@ class Scheduler(FleetViews):
 
     # -- registration ------------------------------------------------------------------
 
-    def add_job(
-        self,
-        /,
-        func: Callable[..., object],
-        schedule: Schedule,
-        **options: Unpack[JobOptions],
+    def add_job(  # self positional-only: one string comparison fewer per option given
+        self, /, func: Callable[..., object], schedule: Schedule, **options: Unpack[JobOptions]
     ) -> Job:
         """Register *func* to run on *schedule*; return the :class:`~cronlock.Job`.
 
         Everything is validated here, so a typo fails at startup, not at the first firing.
         """
-        # ``self, /``: CPython matches each option's keyword against every parameter that
-        # can be passed by name before putting it in *options* (a string comparison each),
-        # and positional-only ``self`` is one fewer.
         name: str = options.get("name") or default_name(func)
         if not OPTION_NAMES.issuperset(options):
             unknown = set(options) - OPTION_NAMES
@@ -184,38 +177,27 @@ class Scheduler(FleetViews):
             schedule = bind_zone(schedule, self._tz)
         job = Job(func, schedule, **options)  # type: ignore[arg-type]
         settings = job._settings
-        distributed, locker = settings.distributed, settings.locker
+        last = self._last_wiring  # the last job's: jobs registered in a row share settings
+        wiring = last[1] if last[0] is settings else None
         # Only a job that takes a lock has a lock key (the locker wire() will pick): an
         # FNV-1a in Python costs more than the rest of a job's validation, and a job that
         # never locks cannot contend with another for its key.
         key = None
-        if distributed and (locker is not None or self._locker is not None):
+        if (
+            wiring.locker is not None
+            if wiring is not None
+            else settings.distributed and (settings.locker is not None or self._locker is not None)
+        ):
             key = job_lock_key(name)
             other = self._keys.get(key)
             if other is not None:
                 raise JobConflictError(
                     f"jobs {other!r} and {name!r} have the same lock key {key}; rename one"
                 )
+        if wiring is None:
+            wiring = self._wire(settings.distributed, settings.locker)
+            self._last_wiring = (settings, wiring)
         job._scheduler = self
-        last = self._last_wiring  # the last job's: jobs registered in a row are mostly alike
-        if last[0] is distributed and last[1] is locker:
-            wiring = last[2]
-        else:
-            alike = (distributed, id(locker))  # jobs wired alike share one Wiring
-            known = self._wirings.get(alike)
-            if known is None:
-                self._resources.add(locker)
-                known = self._wirings[alike] = wire(
-                    distributed=distributed,
-                    own=locker,
-                    default=self._locker,
-                    elector=self._elector,
-                )
-                # Once per Wiring: both register once per locker, and jobs alike share it.
-                self._recovery.watch(known)
-                self._fleet.watch(known)
-            wiring = known
-            self._last_wiring = (distributed, locker, wiring)
         job._wiring = wiring
         self._jobs[name] = job
         if key is not None:
@@ -223,6 +205,20 @@ class Scheduler(FleetViews):
         if self._loop is not None:
             self._schedule_first(job)
         return job
+
+    def _wire(self, distributed: bool, locker: Locker | None) -> Wiring:
+        """The Wiring of jobs with *distributed* and *locker*: one for all jobs alike."""
+        alike = (distributed, id(locker))
+        wiring = self._wirings.get(alike)
+        if wiring is None:
+            self._resources.add(locker)
+            wiring = self._wirings[alike] = wire(
+                distributed=distributed, own=locker, default=self._locker, elector=self._elector
+            )
+            # Once per Wiring: both register once per locker, and jobs alike share it.
+            self._recovery.watch(wiring)
+            self._fleet.watch(wiring)
+        return wiring
 
     def _decorator(self, schedule: Schedule, options: JobOptions) -> Callable[[_F], _F]:
         def register(func: _F) -> _F:
@@ -400,12 +396,16 @@ class Scheduler(FleetViews):
         now = self._clock.now()
         plan = self._loop.schedule
         for job in active:
-            if isinstance(job.schedule, OnceSchedule):  # the once-at-start rule
-                self._schedule_first(job, now)
+            schedule = job.schedule
+            # The type first: isinstance() of another class costs ~400 instructions.
+            if type(schedule) is not IntervalSchedule and isinstance(schedule, OnceSchedule):
+                self._schedule_first(job, now)  # the once-at-start rule
             else:
                 plan(job, now, batch=True)
         self._loop.heapify()
-        self._loop.start(catch_up=active)
+        # Only jobs whose locker keeps a ledger catch up: none without such a wiring.
+        ledgers = any(wiring.ledger is not None for wiring in self._wirings.values())
+        self._loop.start(catch_up=active if ledgers else ())
         if isinstance(self._elector, FencedElector):
             self._elector.on_demoted(executor.demote)
         _logger.info("scheduler started with %d job(s)", len(self._jobs))
