@@ -1,41 +1,49 @@
 """Jobs: a task bound to a schedule and options; its run state is read through properties.
 
 The run state itself lives in :class:`cronlock._state.RunState`, which is the only code
-that changes it.
+that changes it. What the options are checked into is shared by jobs alike
+(:mod:`cronlock._jobconf`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import hashlib
-import inspect
-import typing
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from types import MappingProxyType
 from typing import Any, Protocol
 
 from ._cancel import task_name
 from ._clock import Clock
-from ._durations import Seconds, optional_seconds, positive_int
+from ._durations import Seconds, positive_int
 from ._errors import ScheduleError, SchedulerStateError
 from ._events import JobEvent
 from ._interval import IntervalSchedule
+from ._jobconf import (
+    NO_KWARGS,
+    NO_TAGS,
+    JobSettings,
+    check_durations,
+    describe_task,
+    last_durations,
+    last_settings,
+    last_task,
+    normalise_tags,
+    schedule_text,
+    settle,
+    texts,
+)
 from ._locking import Locker, Wiring
 from ._records import (
     DEFAULT_MISFIRE_GRACE,
     OVERLAPS,
     Overlap,
-    RunContext,
     RunRecord,
     run_context,
 )
 from ._schedule import Schedule
 from ._state import RunState
 from ._threads import in_thread
-from ._tz import to_utc
 
 
 class Controller(Protocol):
@@ -61,23 +69,9 @@ __all__ = (
     "normalise_tags",
 )
 
-# Shared by every job registered without kwargs (read-only, so one serves them all).
-NO_KWARGS: MappingProxyType[str, Any] = MappingProxyType({})
-# One empty tag set for every job without tags (an empty frozenset is not shared: 216 B).
-NO_TAGS: frozenset[str] = frozenset()
 # Jobs not yet wired share this one (Wiring is frozen); add_job sets the real one.
 _UNWIRED = Wiring()
-_UNSET = object()  # no job checked yet
-# A service registers the same function and schedule many times over: what is derived
-# from them is kept for the last one seen (one entry each, so nothing piles up).
-_last_func: list[Any] = [None, True, None]  # func, is async, RunContext parameter
-# Recent schedules' text, bounded: by id (holding the schedule, so the id stays its own),
-# and by value (equal schedules share one string).
-_texts: dict[int, tuple[Any, str]] = {}
-_texts_by_value: dict[Any, str] = {}
-# The four durations last given (the objects), their types and values, then their values
-# as checked.
-_last_durations: list[Any] = [_UNSET, _UNSET, _UNSET, _UNSET, None, None, None, None, None]
+_RUN_TASK = task_name("run", "")  # a run task's name is this plus the job's
 
 
 def jitter_offset(name: str, slot: datetime, jitter: float) -> timedelta:
@@ -87,80 +81,6 @@ def jitter_offset(name: str, slot: datetime, jitter: float) -> timedelta:
     return timedelta(microseconds=int(fraction * jitter * 1_000_000))
 
 
-def _check_durations(
-    name: str,
-    timeout: Seconds | None,
-    jitter: Seconds | None,
-    grace: Seconds | None,
-    alert: Seconds | None,
-) -> None:
-    """Check a job's four durations into ``_last_durations`` (or raise, naming the job)."""
-    given = (
-        type(timeout),
-        timeout,
-        type(jitter),
-        jitter,
-        type(grace),
-        grace,
-        type(alert),
-        alert,
-    )
-    if given == _last_durations[4]:  # equal to the last job's (new objects): checked then
-        _last_durations[:4] = (timeout, jitter, grace, alert)
-        return
-    _last_durations[:] = (
-        timeout,
-        jitter,
-        grace,
-        alert,
-        given,
-        optional_seconds(timeout, field="timeout", job=name),
-        optional_seconds(jitter, field="jitter", job=name, allow_zero=True),
-        optional_seconds(grace, field="misfire_grace", job=name, allow_zero=True),
-        optional_seconds(alert, field="alert_after", job=name),
-    )
-
-
-def _text(schedule: Schedule) -> str:
-    """The text of *schedule* (its ``str()``), remembered for the next job given it."""
-    try:
-        text = _texts_by_value.get(schedule)
-    except TypeError:  # an unhashable schedule of the user's
-        text = None
-    if text is None:
-        text = str(schedule)
-        if len(_texts_by_value) >= 256:
-            _texts_by_value.clear()
-        with contextlib.suppress(TypeError):
-            _texts_by_value[schedule] = text
-    if len(_texts) >= 256:
-        _texts.clear()
-    _texts[id(schedule)] = (schedule, text)
-    return text
-
-
-def _context_parameter(func: Callable[..., object]) -> str | None:
-    """The name of the parameter annotated ``RunContext``, if any."""
-    annotations = getattr(func, "__annotations__", None)
-    if isinstance(annotations, dict) and not any(
-        a is RunContext or (isinstance(a, str) and "RunContext" in a) for a in annotations.values()
-    ):
-        # Resolving string annotations (get_type_hints) costs ~100 us a call: skip it
-        # when no annotation could be RunContext, which is nearly every job.
-        return None
-    try:
-        hints = typing.get_type_hints(func)
-    except Exception:  # unresolvable forward references: fall back to the raw annotations
-        hints = {}
-        for name, param in inspect.signature(func).parameters.items():
-            hints[name] = param.annotation
-    for name, hint in hints.items():
-        if name != "return" and (hint is RunContext or hint == "RunContext"):
-            return name
-    return None
-
-
-@dataclass(eq=False, slots=True, init=False)
 class Job:
     """A task registered with a :class:`~cronlock.Scheduler`.
 
@@ -169,36 +89,74 @@ class Job:
     ``Scheduler.add_job`` and the decorators, never directly.
     """
 
+    # Slots for what a run reads on its way; the rest (tags, start_at, coordination,
+    # recover, alert_after) in one JobSettings that jobs given the same options share.
+    __slots__ = (
+        "_context_param",
+        "_grid_step",
+        "_is_async",
+        "_schedule_text",
+        "_scheduler",
+        "_settings",
+        "_state",
+        "_task_name",
+        "_wiring",
+        "args",
+        "func",
+        "jitter",
+        "kwargs",
+        "max_runs",
+        "misfire_grace",
+        "name",
+        "overlap",
+        "schedule",
+        "stop_at",
+        "timeout",
+    )
+    # Its public fields, in the order its repr (and a match statement) gives them.
+    __match_args__ = (
+        "name",
+        "func",
+        "schedule",
+        "args",
+        "kwargs",
+        "tags",
+        "timeout",
+        "overlap",
+        "jitter",
+        "max_runs",
+        "start_at",
+        "stop_at",
+        "misfire_grace",
+        "distributed",
+        "locker",
+        "recover",
+        "alert_after",
+    )
+
     name: str
     func: Callable[..., object]
     schedule: Schedule
-    args: tuple[Any, ...] = ()
-    kwargs: Mapping[str, Any] = field(default_factory=NO_KWARGS.copy)
-    tags: frozenset[str] = NO_TAGS
-    timeout: float | None = None
-    overlap: Overlap = "skip"
-    jitter: float | None = None
-    max_runs: int | None = None
-    start_at: datetime | None = None
-    stop_at: datetime | None = None
-    misfire_grace: float | None = DEFAULT_MISFIRE_GRACE
-    distributed: bool = True
-    locker: Locker | None = None
-    recover: bool = False
-    alert_after: float | None = None
-    """How long after a slot fell due, with no success since, the job is overdue
-    (default: ``misfire_grace`` + ``timeout``); see :meth:`Scheduler.overdue`."""
-
+    args: tuple[Any, ...]
+    kwargs: Mapping[str, Any]
+    timeout: float | None
+    overlap: Overlap
+    jitter: float | None
+    max_runs: int | None
+    misfire_grace: float | None
+    stop_at: datetime | None
+    """No slot after this instant (aware UTC), if given (the run loop reads it per fire)."""
     # Derived once from the configuration (never run state).
-    _scheduler: Controller | None = field(default=None, init=False, repr=False)
-    _context_param: str | None = field(default=None, init=False, repr=False)
-    _is_async: bool = field(default=True, init=False, repr=False)
+    _scheduler: Controller | None
+    _context_param: str | None
+    _is_async: bool
     # For anchor + k*interval schedules the slot after a slot is one addition away.
-    _grid_step: timedelta | None = field(default=None, init=False, repr=False)
-    _task_name: str = field(default="", init=False, repr=False)
-    _schedule_text: str = field(default="", init=False, repr=False)
-    _wiring: Wiring = field(default=_UNWIRED, init=False, repr=False)
-    _state: RunState = field(default_factory=RunState, init=False, repr=False)
+    _grid_step: timedelta | None
+    _task_name: str
+    _schedule_text: str
+    _wiring: Wiring
+    _settings: JobSettings
+    _state: RunState
 
     def __init__(
         self,
@@ -208,7 +166,8 @@ class Job:
         args: Sequence[Any] = (),
         kwargs: Mapping[str, Any] | None = None,
         tags: str | Iterable[str] | None = None,
-        *,
+        # Not keyword-only: a keyword-only parameter left out costs a dict lookup of its
+        # default on every call (add_job passes the options by keyword all the same).
         timeout: Seconds | None = None,
         overlap: Overlap = "skip",
         jitter: Seconds | None = None,
@@ -243,54 +202,87 @@ class Job:
             raise ScheduleError(
                 f"job {name!r}: overlap must be one of {', '.join(OVERLAPS)}, got {overlap!r}"
             )
-        last = _last_durations
+        last = last_durations
         if not (
             timeout is last[0]
             and jitter is last[1]
             and misfire_grace is last[2]
             and alert_after is last[3]
         ):  # else: the very objects the last job was given, checked then
-            _check_durations(name, timeout, jitter, misfire_grace, alert_after)
-        self.timeout, self.jitter, self.misfire_grace, self.alert_after = last[5:]
-        if recover is not False and recover is not True:
-            raise ScheduleError(f"job {name!r}: recover must be True or False, got {recover!r}")
-        if max_runs is not None:
-            positive_int(max_runs, field="max_runs", owner=f"job {name!r}", error=ScheduleError)
-        if start_at is not None:
-            start_at = to_utc(start_at, field=f"job {name!r}: start_at")
-        if stop_at is not None:
-            stop_at = to_utc(stop_at, field=f"job {name!r}: stop_at")
-            if start_at is not None and stop_at < start_at:
-                raise ScheduleError(
-                    f"job {name!r}: stop_at {stop_at.isoformat()} is before "
-                    f"start_at {start_at.isoformat()}"
-                )
-        self.name, self.func, self.args, self.kwargs, self.tags = name, func, args, kwargs, tags
-        self.overlap, self.max_runs, self.start_at, self.stop_at = (
-            overlap,
-            max_runs,
-            start_at,
-            stop_at,
-        )
-        self.distributed, self.locker, self.recover = distributed, locker, recover
-        if func is not _last_func[0]:
-            target = func
-            while isinstance(target, functools.partial):
-                target = target.func
-            _last_func[:] = (
-                func,
-                inspect.iscoroutinefunction(target)
-                or inspect.iscoroutinefunction(
-                    getattr(target, "__call__", None)  # noqa: B004 - async callable objects
-                ),
-                _context_parameter(func),
+            check_durations(name, timeout, jitter, misfire_grace, alert_after)
+        self.timeout, self.jitter, self.misfire_grace, checked_alert = last[5:]
+        last = last_settings
+        if (
+            tags is last[0]
+            and start_at is last[1]
+            and stop_at is last[2]
+            and distributed is last[3]
+            and locker is last[4]
+            and recover is last[5]
+            and checked_alert is last[6]
+        ):  # the very objects the last job was given, checked then (bar max_runs)
+            settings = last[7]
+            if max_runs is not None:
+                positive_int(max_runs, field="max_runs", owner=f"job {name!r}", error=ScheduleError)
+        else:
+            settings = settle(
+                name, tags, start_at, stop_at, distributed, locker, recover, checked_alert, max_runs
             )
-        self._is_async, self._context_param = _last_func[1], _last_func[2]
+        self._settings = settings
+        self.name, self.func, self.args, self.kwargs = name, func, args, kwargs
+        self.overlap, self.max_runs, self.stop_at = overlap, max_runs, settings.stop_at
+        if func is not last_task[0]:
+            describe_task(func)
+        self._is_async, self._context_param = last_task[1], last_task[2]
         self._scheduler = None
         self._wiring = _UNWIRED
         self._state = RunState()
-        self._task_name = task_name("run", name)
-        self.set_schedule(schedule)
+        self._task_name = _RUN_TASK + name  # task_name("run", name), without the call
+        # set_schedule(), inline: a schedule shared by jobs (every() reuses them) is found
+        # by identity, with no __hash__ call.
+        self.schedule = schedule
+        seen = texts.get(id(schedule))
+        self._schedule_text = (
+            seen[1] if seen is not None and seen[0] is schedule else schedule_text(schedule)
+        )
+        self._grid_step = schedule.interval if type(schedule) is IntervalSchedule else None
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{name}={getattr(self, name)!r}" for name in self.__match_args__)
+        return f"{type(self).__qualname__}({fields})"
+
+    # -- options kept in the shared JobSettings (read-only) ----------------------------
+
+    @property
+    def tags(self) -> frozenset[str]:
+        """The job's tags (see :meth:`Scheduler.remove_by_tags`)."""
+        return self._settings.tags
+
+    @property
+    def start_at(self) -> datetime | None:
+        """No slot before this instant (aware UTC), if given."""
+        return self._settings.start_at
+
+    @property
+    def distributed(self) -> bool:
+        """False for a job that runs on every replica, without the locker or elector."""
+        return self._settings.distributed
+
+    @property
+    def locker(self) -> Locker | None:
+        """The job's own locker, if given (else the scheduler's coordinates it)."""
+        return self._settings.locker
+
+    @property
+    def recover(self) -> bool:
+        """Whether a run whose replica died mid-run is run again (crash-watching lockers)."""
+        return self._settings.recover
+
+    @property
+    def alert_after(self) -> float | None:
+        """How long after a slot fell due, with no success since, the job is overdue
+        (default: ``misfire_grace`` + ``timeout``); see :meth:`Scheduler.overdue`."""
+        return self._settings.alert_after
 
     # -- run state (read-only; see cronlock._state) --------------------------------
 
@@ -329,10 +321,7 @@ class Job:
     def set_schedule(self, schedule: Schedule) -> None:
         """Replace the schedule (history stays) and refresh what is derived from it."""
         self.schedule = schedule
-        seen = _texts.get(id(schedule))  # by identity: no __hash__ call for a shared schedule
-        self._schedule_text = (
-            seen[1] if seen is not None and seen[0] is schedule else _text(schedule)
-        )
+        self._schedule_text = schedule_text(schedule)
         self._grid_step = schedule.interval if type(schedule) is IntervalSchedule else None
 
     def following(self, slot: datetime) -> datetime | None:
@@ -347,8 +336,9 @@ class Job:
 
     def slot_after(self, after: datetime) -> datetime | None:
         """The job's first slot strictly after *after*, honouring start_at and stop_at."""
-        if self.start_at is not None and after < self.start_at:
-            after = self.start_at - timedelta(microseconds=1)
+        settings = self._settings
+        if settings.start_at is not None and after < settings.start_at:
+            after = settings.start_at - timedelta(microseconds=1)
         slot = self.schedule.next_after(after)
         if slot is None or (self.stop_at is not None and slot > self.stop_at):
             return None
@@ -384,7 +374,7 @@ class Job:
     @property
     def coordinated(self) -> bool:
         """True when runs go through the elector and locker (if the scheduler has them)."""
-        return self.distributed
+        return self._settings.distributed
 
     def pause(self) -> None:
         """Stop firing this job until :meth:`resume`; a run in flight goes on."""
@@ -433,12 +423,3 @@ def default_name(func: Callable[..., object]) -> str:
     module = getattr(target, "__module__", None) or "<unknown>"
     qualname = getattr(target, "__qualname__", None) or type(target).__qualname__
     return f"{module}.{qualname}"
-
-
-def normalise_tags(tags: str | Iterable[str] | None) -> frozenset[str]:
-    """Accept one tag or an iterable of them."""
-    if tags is None:
-        return NO_TAGS
-    if isinstance(tags, str):
-        return frozenset((tags,))
-    return frozenset(tags)

@@ -84,7 +84,7 @@ class RunLoop:
         # At start, jobs sharing a schedule object (every() reuses them) share its first slot.
         known = self._firsts.get(id(schedule)) if batch else None
         slot: datetime | None
-        if known is not None and known[1] == after and job.start_at is job.stop_at is None:
+        if known is not None and known[1] is after and job._settings.unbounded:
             slot = known[2]
         else:
             try:
@@ -98,7 +98,7 @@ class RunLoop:
                 slot = None
             if batch and slot is not None:  # jobs alike share one datetime (48 B each)
                 slot = self._interned.setdefault(slot, slot)
-                if job.start_at is job.stop_at is None:
+                if job._settings.unbounded:
                     self._firsts[id(schedule)] = (schedule, after, slot)
         generation = job._state.replan(slot)  # stale entries of the job are dropped
         note = job._wiring.note

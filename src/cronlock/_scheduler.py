@@ -29,6 +29,7 @@ from ._events import (
 from ._executor import Executor
 from ._fleet import Fleet, FleetViews
 from ._fleetclock import on_loop_time, scheduler_clock
+from ._interval import IntervalSchedule
 from ._job import Job, default_name
 from ._keys import job_lock_key
 from ._locking import Elector, FencedElector, Locker, Wiring, wire
@@ -46,6 +47,7 @@ __all__ = ("JobOptions", "Scheduler")
 _logger = get_logger("cronlock")
 _F = TypeVar("_F", bound=Callable[..., object])
 _ONE_MICROSECOND = timedelta(microseconds=1)
+_UNSET = object()  # no job wired yet
 
 
 class Scheduler(FleetViews):
@@ -100,6 +102,7 @@ class Scheduler(FleetViews):
         self._elector = elector
         self._resources = Resources()
         self._wirings: dict[tuple[bool, int], Wiring] = {}
+        self._last_wiring: tuple[object, Wiring] = (_UNSET, Wiring())  # (JobSettings, its)
         self._resources.add(locker)
         self._resources.add(elector)
         if on_lock_lost not in ("cancel", "continue"):
@@ -148,8 +151,8 @@ class Scheduler(FleetViews):
 
     # -- registration ------------------------------------------------------------------
 
-    def add_job(
-        self, func: Callable[..., object], schedule: Schedule, **options: Unpack[JobOptions]
+    def add_job(  # self positional-only: one string comparison fewer per option given
+        self, /, func: Callable[..., object], schedule: Schedule, **options: Unpack[JobOptions]
     ) -> Job:
         """Register *func* to run on *schedule*; return the :class:`~cronlock.Job`.
 
@@ -170,32 +173,31 @@ class Scheduler(FleetViews):
         options["name"] = name
         # Job validates every option (durations, overlap, bounds) once. The ignore: the
         # TypedDict says ``name: str | None``, and it was just set to a str.
-        job = Job(func, bind_zone(schedule, self._tz), **options)  # type: ignore[arg-type]
+        if type(schedule) is not IntervalSchedule:  # bind_zone() returns those as they are
+            schedule = bind_zone(schedule, self._tz)
+        job = Job(func, schedule, **options)  # type: ignore[arg-type]
+        settings = job._settings
+        last = self._last_wiring  # the last job's: jobs registered in a row share settings
+        wiring = last[1] if last[0] is settings else None
         # Only a job that takes a lock has a lock key (the locker wire() will pick): an
         # FNV-1a in Python costs more than the rest of a job's validation, and a job that
         # never locks cannot contend with another for its key.
         key = None
-        if job.distributed and (job.locker is not None or self._locker is not None):
+        if (
+            wiring.locker is not None
+            if wiring is not None
+            else settings.distributed and (settings.locker is not None or self._locker is not None)
+        ):
             key = job_lock_key(name)
             other = self._keys.get(key)
             if other is not None:
                 raise JobConflictError(
                     f"jobs {other!r} and {name!r} have the same lock key {key}; rename one"
                 )
-        job._scheduler = self
-        alike = (job.distributed, id(job.locker))  # jobs wired alike share one Wiring
-        wiring = self._wirings.get(alike)
         if wiring is None:
-            self._resources.add(job.locker)
-            wiring = self._wirings[alike] = wire(
-                distributed=job.distributed,
-                own=job.locker,
-                default=self._locker,
-                elector=self._elector,
-            )
-            # Once per Wiring: both register once per locker, and jobs alike share it.
-            self._recovery.watch(wiring)
-            self._fleet.watch(wiring)
+            wiring = self._wire(settings.distributed, settings.locker)
+            self._last_wiring = (settings, wiring)
+        job._scheduler = self
         job._wiring = wiring
         self._jobs[name] = job
         if key is not None:
@@ -203,6 +205,20 @@ class Scheduler(FleetViews):
         if self._loop is not None:
             self._schedule_first(job)
         return job
+
+    def _wire(self, distributed: bool, locker: Locker | None) -> Wiring:
+        """The Wiring of jobs with *distributed* and *locker*: one for all jobs alike."""
+        alike = (distributed, id(locker))
+        wiring = self._wirings.get(alike)
+        if wiring is None:
+            self._resources.add(locker)
+            wiring = self._wirings[alike] = wire(
+                distributed=distributed, own=locker, default=self._locker, elector=self._elector
+            )
+            # Once per Wiring: both register once per locker, and jobs alike share it.
+            self._recovery.watch(wiring)
+            self._fleet.watch(wiring)
+        return wiring
 
     def _decorator(self, schedule: Schedule, options: JobOptions) -> Callable[[_F], _F]:
         def register(func: _F) -> _F:
@@ -380,12 +396,16 @@ class Scheduler(FleetViews):
         now = self._clock.now()
         plan = self._loop.schedule
         for job in active:
-            if isinstance(job.schedule, OnceSchedule):  # the once-at-start rule
-                self._schedule_first(job, now)
+            schedule = job.schedule
+            # The type first: isinstance() of another class costs ~400 instructions.
+            if type(schedule) is not IntervalSchedule and isinstance(schedule, OnceSchedule):
+                self._schedule_first(job, now)  # the once-at-start rule
             else:
                 plan(job, now, batch=True)
         self._loop.heapify()
-        self._loop.start(catch_up=active)
+        # Only jobs whose locker keeps a ledger catch up: none without such a wiring.
+        ledgers = any(wiring.ledger is not None for wiring in self._wirings.values())
+        self._loop.start(catch_up=active if ledgers else ())
         if isinstance(self._elector, FencedElector):
             self._elector.on_demoted(executor.demote)
         _logger.info("scheduler started with %d job(s)", len(self._jobs))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import typing
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 
@@ -123,6 +123,39 @@ def test_get_job_remove_and_tags(scheduler: Scheduler) -> None:
         scheduler.get_job("a")
     # The name is free again.
     scheduler.add_job(_noop, every(10), name="a")
+
+
+def test_jobs_given_the_same_options_share_their_checked_settings(scheduler: Scheduler) -> None:
+    berlin = timezone(timedelta(hours=2))
+    start = datetime(2030, 1, 1, 2, tzinfo=berlin)
+    options: dict[str, typing.Any] = {"tags": ["a"], "start_at": start, "alert_after": 90}
+    a = scheduler.add_job(_noop, every(10), name="a", **options)
+    b = scheduler.add_job(_noop, every(10), name="b", **options)
+    # One record of the rarely read options for both (what makes a job of many alike small),
+    # and each reads the checked values through it.
+    assert a._settings is b._settings
+    assert (b.tags, b.start_at, b.alert_after) == (frozenset({"a"}), start, 90.0)
+    assert b.start_at is not None and b.start_at.tzinfo is not None
+    assert b.start_at.utcoffset() == timedelta(0)
+    assert (b.distributed, b.locker, b.recover, b.coordinated) == (True, None, False, True)
+    # A list given again after a change is read again, not taken for the last job's.
+    options["tags"].append("b")
+    c = scheduler.add_job(_noop, every(10), name="c", **options)
+    assert c.tags == frozenset({"a", "b"}) and b.tags == frozenset({"a"})
+    assert c._settings is not b._settings
+    assert "tags=frozenset({" in repr(c) and repr(c).startswith("Job(name='c', func=")
+    with pytest.raises(ScheduleError, match="job 'd': recover must be True or False, got 1"):
+        scheduler.add_job(_noop, every(10), name="d", **options, recover=1)  # type: ignore[arg-type]
+
+
+def test_every_keeps_one_schedule_for_the_same_anchor_given_anew() -> None:
+    first = every(60, anchor=datetime(2030, 1, 1, 0, 0, 5, tzinfo=UTC))
+    again = every(60, anchor=datetime(2030, 1, 1, 0, 0, 5, tzinfo=UTC))
+    other = every(60, anchor=datetime(2030, 1, 1, 0, 0, 6, tzinfo=UTC))
+    assert again is first and other != first
+    assert every(60.0, anchor=first.anchor) is not first  # the type of the interval counts
+    with pytest.raises(ScheduleError, match="anchor"):
+        every(60, anchor=datetime(2030, 1, 1, 0, 0, 5))  # naive: refused, never taken from memo
 
 
 async def test_second_start_raises(scheduler: Scheduler) -> None:
