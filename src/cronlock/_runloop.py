@@ -30,6 +30,9 @@ _logger = get_logger("cronlock")
 _Fast = tuple[timedelta, timedelta, "Lane | None"]
 # (fire time, tie-breaker, job, its generation, slot, its _Fast: None for the general rules)
 _Entry = tuple[datetime, int, Job, int, datetime, "_Fast | None"]
+# Fires per pass of the run loop: a burst's runs start between passes, so their tasks die
+# young, not in the garbage collector's older generations by the thousand.
+_CHUNK = 256
 _UNKNOWN: Any = ()  # an entry's _Fast until the job's first fire has looked
 # (slot, tie-breaker, job, waiter for run_now)
 _Waiting = tuple[datetime, int, Job, "asyncio.Future[JobEvent] | None"]
@@ -74,8 +77,6 @@ class RunLoop:
         self._loop = asyncio.get_running_loop()  # made by Scheduler.start, in its loop
         self._ended = self._finished  # bound once: the direct path hands it to every run
         self._fasts: dict[_Fast, _Fast] = {}  # one tuple for jobs alike
-
-    # -- the heap --------------------------------------------------------------------
 
     def schedule(self, job: Job, after: datetime, *, batch: bool = False) -> None:
         """Queue the job's first slot strictly after *after* (or mark it exhausted); with
@@ -140,8 +141,6 @@ class RunLoop:
         job._state.forget_plan()
         self._queued.pop(job, None)
 
-    # -- lifecycle -------------------------------------------------------------------
-
     def start(self, catch_up: Iterable[Job] = ()) -> None:
         """Spawn the loop task, and one task catching up on the jobs in *catch_up*."""
         # Slots due by now are catch-up's (the first slots were planned after now); read
@@ -202,8 +201,9 @@ class RunLoop:
     async def _run_loop(self) -> None:
         loop = asyncio.get_running_loop()
         while not self._stopping:
-            now = self._clock.now()
-            self.fire_due(now)
+            if self.fire_due(self._clock.now(), _CHUNK):
+                await asyncio.sleep(0)  # more are due: let the runs just started run first
+                continue
             if self._stopping:
                 break
             heap = self._heap
@@ -219,7 +219,7 @@ class RunLoop:
                     sleeper = asyncio.create_task(
                         self._clock.sleep_until(deadline), name=task_name("sleep")
                     )
-                    sleeper.add_done_callback(functools.partial(_wake, wakeup))
+                    sleeper.add_done_callback(functools.partial(_set, wakeup))
             try:
                 await wakeup
             finally:
@@ -229,8 +229,8 @@ class RunLoop:
                 if sleeper is not None and not sleeper.done():
                     await cancel_and_wait(sleeper)
 
-    def fire_due(self, now: datetime) -> None:
-        """One pass of the run loop: fire every slot due by *now*."""
+    def fire_due(self, now: datetime, limit: int = -1) -> bool:
+        """One pass of the run loop: fire the slots due by *now* (at most *limit*: then True)."""
         heap = self._heap
         seq = self._seq
         run_direct = self._executor.run_direct
@@ -239,6 +239,9 @@ class RunLoop:
             create_task = functools.partial(asyncio.Task, loop=self._loop)
         tasks = self._tasks
         while heap and heap[0][0] <= now:
+            if not limit:
+                return True
+            limit -= 1
             entry = heap[0]
             job = entry[2]
             state = job._state
@@ -260,13 +263,12 @@ class RunLoop:
                     continue
             heapq.heappop(heap)
             self._fire(job, entry[0], entry[4], now)
+        return False
 
     def _poke(self) -> None:
         """Wake the loop so it re-reads the heap (new earliest entry, stop)."""
         if self._wakeup is not None:
             _set(self._wakeup)
-
-    # -- firing ------------------------------------------------------------------------
 
     def _fire(self, job: Job, fire: datetime, slot: datetime, now: datetime) -> None:
         """Handle a popped due slot (firing at *fire*): coalesce missed ones, plan the next,
@@ -439,10 +441,6 @@ class RunLoop:
             self._start(waiting_job, slot, waiter)
 
 
-def _wake(future: asyncio.Future[None], _: object) -> None:
-    _set(future)
-
-
-def _set(future: asyncio.Future[None]) -> None:
+def _set(future: asyncio.Future[None], _: object = None) -> None:
     if not future.done():
         future.set_result(None)

@@ -9,6 +9,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from cronlock import (
+    Job,
     JobCancelled,
     JobFailed,
     JobSkipped,
@@ -655,3 +656,22 @@ async def test_replicas_go_through_a_burst_of_coordinated_jobs_in_their_own_orde
     async with local:
         await plain.advance(10)
     assert started == names
+
+
+async def test_a_burst_starts_its_first_runs_before_it_is_all_dispatched(
+    clock: FakeClock, scheduler: Scheduler
+) -> None:
+    """The run loop fires a burst in passes of at most 256 runs and lets them start between
+    passes: the first of 600 jobs due at one instant does not wait for the other 599."""
+    jobs: list[Job] = []
+    dispatched: list[int] = []  # jobs with a run in flight when each run began
+
+    async def tick() -> None:
+        dispatched.append(sum(job.running for job in jobs))
+
+    jobs.extend(scheduler.add_job(tick, every(1), name=f"burst-{i}") for i in range(600))
+    async with scheduler:
+        await clock.advance(2)  # two bursts: the first fires by the general rules, then fast
+    assert len(dispatched) == 1200
+    assert dispatched[0] <= 256
+    assert dispatched[600] <= 256
