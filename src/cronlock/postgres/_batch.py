@@ -134,24 +134,6 @@ class Batcher:
         self._kick()
         return future
 
-    async def finish(
-        self,
-        generation: int,
-        job: str,
-        key: int,
-        slot: datetime,
-        record: RunRecord | None,
-        *,
-        undo: bool = False,
-    ) -> bool:
-        """Record *record* (or undo the claim) and unlock, with whatever else ended.
-
-        False when the session of *generation* is gone (the lock with it) or the statement
-        failed (the session is then terminated, which releases the lock server-side).
-        """
-        future = self.end(generation, job, key, slot, record, undo=undo)
-        return False if future is None else await future
-
     def end(
         self,
         generation: int,
@@ -162,8 +144,10 @@ class Batcher:
         *,
         undo: bool = False,
     ) -> asyncio.Future[bool] | None:
-        """:meth:`finish` without a coroutine: the future of its answer, or ``None`` when
-        the session of *generation* is gone (a release awaits it with no task of its own)."""
+        """Record *record* (or undo the claim) and unlock, with whatever else ended: the
+        future of the answer (False: the statement failed, and the session was terminated,
+        which releases the lock server-side), or ``None`` when the session of *generation*
+        is gone, the lock with it (a release awaits it with no task of its own)."""
         if generation != self._session.generation or self._session.conn is None:
             return None
         future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()

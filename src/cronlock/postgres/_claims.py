@@ -74,7 +74,9 @@ class Claims:
         return await claim_or_undo(attempt, undo, name=task_name("pg-claim", job))
 
     async def _undo(self, generation: int, job: str, key: int, slot: datetime) -> None:
-        await self.batcher.finish(generation, job, key, slot, None, undo=True)
+        end = self.batcher.end(generation, job, key, slot, None, undo=True)
+        if end is not None:
+            await end
 
     # -- the rerun of a crashed run: one statement of its own ----------------------------
 
