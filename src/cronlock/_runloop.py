@@ -314,7 +314,8 @@ class RunLoop:
         if next_fire is not None:
             assert following is not None
             fast = self._fast_of(job)
-            next_fire = claim_time(job, next_fire, following - latest)
+            if job._wiring.ahead:  # claimed ahead: popped early (ClaimAheadLocker)
+                next_fire = claim_time(job, next_fire, following - latest)
             entry = (next_fire, self._order(job), job, state.generation, following, fast)
             heapq.heappush(self._heap, entry)
         lateness = misfired(job.misfire_grace, fire, now)
