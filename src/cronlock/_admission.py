@@ -50,14 +50,13 @@ class Admission:
         ledger = job._wiring.ledger
         if ledger is None:
             return
-        state = job._state
         now = self._clock.now()
         if not force and (
             self._reading
-            or (state.history_checked is not None and now - state.history_checked < HISTORY_REFRESH)
+            or (job._history_checked is not None and now - job._history_checked < HISTORY_REFRESH)
         ):
             return
-        state.checked(now)
+        job._checked(now)
         self._reading = True
         try:
             last, success = await ledger.last_runs(job.name)
@@ -68,7 +67,7 @@ class Admission:
             return
         finally:
             self._reading = False
-        state.learn(last, success)
+        job._learn(last, success)
 
     async def admit(self, job: Job, slot: datetime) -> Lease | JobEvent | None:
         """Ask the elector, then claim the slot; an event means: do not run."""

@@ -123,8 +123,8 @@ class CatchUp:
                 summary = found.get(job.name)
                 if summary is None or job._scheduler is None:
                     continue  # the ledger never saw it (a new job starts fresh), or removed
-                job._state.checked(now)
-                job._state.learn(summary.last_run, summary.last_success)
+                job._checked(now)
+                job._learn(summary.last_run, summary.last_success)
                 self.decide(job, summary.last_claimed, started, jobs[job])
         for job in single:
             if job._scheduler is not None:  # still registered

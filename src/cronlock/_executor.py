@@ -88,7 +88,7 @@ class Executor:
                 batch = job._wiring.batch
                 told = None if batch is None else batch.refusal_history(job.name)
                 if told is not None:
-                    job._state.learn(*told)
+                    job._learn(*told)
                 else:
                     await self._admission.refresh_history(job)
             return gate
@@ -177,7 +177,7 @@ class Executor:
         task = current_task(self._loop)
         try:
             if number is None:
-                number = job._state.begin()
+                number = job._begin()
             bus = self._bus
             started = self._clock.now()
             if not bus.silent and bus.wants(JobStarted):
@@ -218,7 +218,7 @@ class Executor:
                 task.uncancel()  # expired as it returned: take our cancel back
             # _done(), inline: this is the hot path
             finished = self._clock.now()
-            job._state.succeeded((slot, started, finished, "succeeded"))
+            job._succeeded((slot, started, finished, "succeeded"))
             if not bus.silent and bus.wants(JobSucceeded):
                 bus.emit(JobSucceeded(job.name, slot, started, finished, result))
         except Exception:  # a bug of ours: never let it kill the scheduler
@@ -231,7 +231,7 @@ class Executor:
     def _done(self, job: Job, slot: datetime, started: datetime, result: object) -> None:
         """A direct run succeeded: :meth:`_succeeded` for a run nobody waits for."""
         finished = self._clock.now()
-        job._state.succeeded((slot, started, finished, "succeeded"))
+        job._succeeded((slot, started, finished, "succeeded"))
         bus = self._bus
         if not bus.silent and bus.wants(JobSucceeded):
             bus.emit(JobSucceeded(job.name, slot, started, finished, result))
@@ -275,7 +275,7 @@ class Executor:
     ) -> JobEvent | None:
         clock = self._clock
         bus = self._bus
-        number = job._state.begin()
+        number = job._begin()
         started = clock.now()
         if bus.wants(JobStarted):
             bus.emit(JobStarted(job.name, slot, started, number))
@@ -330,7 +330,7 @@ class Executor:
         The record goes to the lease directly (the ledger writes it with the release, in
         one round trip), never read back from the job.
         """
-        job._state.finish(record)
+        job._finish(record)
         if lease is not None and lease_hooks(lease).records:
             typing.cast(RecordingLease, lease).record(record)
         self._bus.emit(event)
@@ -352,7 +352,7 @@ class Executor:
             return self._end(job, lease, record, event)
         # The hot path: a plain tuple, made into a RunRecord only if somebody reads it, and
         # no event nobody listens to or waits for.
-        job._state.succeeded((slot, started, finished, "succeeded"))
+        job._succeeded((slot, started, finished, "succeeded"))
         wanted = self._bus.wants(JobSucceeded)
         if not (report or wanted):
             return None

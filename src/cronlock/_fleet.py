@@ -104,7 +104,7 @@ class Fleet:
     def due(self, job: Job) -> datetime | None:
         """The slot *job* is due by: its first slot after its latest success (after the
         scheduler started if it never succeeded); ``None`` while paused or finished."""
-        if job.paused or self.paused(job) or job._state.next_run is None:
+        if job.paused or self.paused(job) or job._next_run is None:
             return None
         success = job.last_success
         since = success.slot if success is not None else self._since
@@ -127,7 +127,7 @@ class Fleet:
             for name, (last, success) in view.runs.items():
                 job = self._jobs.get(name)
                 if job is not None and id(job._wiring.fleet) == key:
-                    job._state.learn(last, success)
+                    job._learn(last, success)
         loop = self._loop()
         if loop is None or not view.triggers:
             return

@@ -1,8 +1,8 @@
 """Jobs: a task bound to a schedule and options; its run state is read through properties.
 
-The run state itself lives in :class:`cronlock._state.RunState`, which is the only code
-that changes it. What the options are checked into is shared by jobs alike
-(:mod:`cronlock._jobconf`).
+The run state lives in the job's own slots, declared by its base
+:class:`cronlock._state.RunState`, whose methods are the only code that changes it. What
+the options are checked into is shared by jobs alike (:mod:`cronlock._jobconf`).
 """
 
 from __future__ import annotations
@@ -81,7 +81,7 @@ def jitter_offset(name: str, slot: datetime, jitter: float) -> timedelta:
     return timedelta(microseconds=int(fraction * jitter * 1_000_000))
 
 
-class Job:
+class Job(RunState):
     """A task registered with a :class:`~cronlock.Scheduler`.
 
     Read its state (``next_run``, ``last_run``, ``last_success``, ``running``,
@@ -90,7 +90,8 @@ class Job:
     """
 
     # Slots for what a run reads on its way; the rest (tags, start_at, coordination,
-    # recover, alert_after) in one JobSettings that jobs given the same options share.
+    # recover, alert_after) in one JobSettings that jobs given the same options share. The
+    # run state's slots come from RunState.
     __slots__ = (
         "_context_param",
         "_grid_step",
@@ -98,7 +99,6 @@ class Job:
         "_schedule_text",
         "_scheduler",
         "_settings",
-        "_state",
         "_task_name",
         "_wiring",
         "args",
@@ -156,7 +156,6 @@ class Job:
     _schedule_text: str
     _wiring: Wiring
     _settings: JobSettings
-    _state: RunState
 
     def __init__(
         self,
@@ -236,7 +235,7 @@ class Job:
         self._is_async, self._context_param = last_task[1], last_task[2]
         self._scheduler = None
         self._wiring = _UNWIRED
-        self._state = RunState()
+        RunState.__init__(self)  # the run state: nothing planned, nothing run
         self._task_name = _RUN_TASK + name  # task_name("run", name), without the call
         # set_schedule(), inline: a schedule shared by jobs (every() reuses them) is found
         # by identity, with no __hash__ call.
@@ -284,37 +283,37 @@ class Job:
         (default: ``misfire_grace`` + ``timeout``); see :meth:`Scheduler.overdue`."""
         return self._settings.alert_after
 
-    # -- run state (read-only; see cronlock._state) --------------------------------
+    # -- run state (read-only; cronlock._state changes it) ----------------------------
 
     @property
     def next_run(self) -> datetime | None:
         """The next slot this replica will fire (aware UTC), or None when paused or exhausted."""
-        return self._state.next_run
+        return self._next_run
 
     @property
     def last_run(self) -> RunRecord | None:
         """The most recent finished run (fleet-wide when the locker keeps a ledger)."""
-        return self._state.last_run()
+        return self._last_run_record()
 
     @property
     def last_success(self) -> RunRecord | None:
         """The most recent successful run (fleet-wide when the locker keeps a ledger)."""
-        return self._state.last_success()
+        return self._last_success_record()
 
     @property
     def run_count(self) -> int:
         """How many runs started on this replica."""
-        return self._state.run_count
+        return self._run_count
 
     @property
     def paused(self) -> bool:
         """True between ``pause()`` and ``resume()``."""
-        return self._state.paused
+        return self._paused
 
     @property
     def running(self) -> bool:
         """True while at least one run of this job is in flight on this replica."""
-        return self._state.active > 0
+        return self._active > 0
 
     # -- schedule maths ------------------------------------------------------------
 
@@ -354,9 +353,9 @@ class Job:
         """The next *n* slots after *after* (default: the next run, inclusive)."""
         out: list[datetime] = []
         if after is None:
-            planned = self._state.next_run
+            planned = self._next_run
             if planned is None:
-                if self._scheduler is None or self._state.paused:
+                if self._scheduler is None or self._paused:
                     return out
                 after = self._scheduler.clock.now()
             else:

@@ -101,7 +101,7 @@ class RunLoop:
                 slot = self._interned.setdefault(slot, slot)
                 if job._settings.unbounded:
                     self._firsts[id(schedule)] = (schedule, after, slot)
-        generation = job._state.replan(slot)  # stale entries of the job are dropped
+        generation = job._replan(slot)  # stale entries of the job are dropped
         note = job._wiring.note
         if note is not None:
             note(job.name, job._schedule_text, slot)
@@ -137,8 +137,8 @@ class RunLoop:
 
     def unschedule(self, job: Job) -> None:
         """Forget the job's pending slot (entries are dropped lazily when popped)."""
-        job._state.invalidate()
-        job._state.forget_plan()
+        job._invalidate()
+        job._forget_plan()
         self._queued.pop(job, None)
 
     def start(self, catch_up: Iterable[Job] = ()) -> None:
@@ -147,7 +147,7 @@ class RunLoop:
         # before the loop starts, so that the ledger tells of them, not of later ones.
         started = self._clock.now()
         self._main = self._loop.create_task(self._run_loop(), name=task_name("scheduler"))
-        jobs = {job: job._state.next_run for job in catch_up if job._wiring.ledger is not None}
+        jobs = {job: job._next_run for job in catch_up if job._wiring.ledger is not None}
         if jobs:
             catching = CatchUp(
                 clock=self._clock,
@@ -177,7 +177,7 @@ class RunLoop:
             if waiter is not None and not waiter.done():
                 waiter.cancel()
         for job in {entry[2] for entry in self._waiting}:
-            job._state.leave(sum(1 for entry in self._waiting if entry[2] is job))
+            job._leave(sum(1 for entry in self._waiting if entry[2] is job))
         self._waiting.clear()
         for _, waiter in self._queued.values():
             if waiter is not None and not waiter.done():
@@ -244,19 +244,18 @@ class RunLoop:
             limit -= 1
             entry = heap[0]
             job = entry[2]
-            state = job._state
-            if entry[3] != state.generation:
+            if entry[3] != job._generation:
                 heapq.heappop(heap)  # stale: the job was rescheduled, paused or removed
                 continue
             fast = entry[5]
-            if fast and not state.active:
+            if fast and not job._active:
                 # The fast path: one slot due, on time, no run in flight, no rule to
                 # apply (see _fast_of); the next entry replaces this one in one sift.
                 slot = entry[4]
                 following = slot + fast[0]
                 if following > now and now - slot <= fast[1]:
                     heapq.heapreplace(heap, (following, next(seq), job, entry[3], following, fast))
-                    number = state.launch(following)
+                    number = job._launch(following)
                     self._running += 1
                     coro = run_direct(job, slot, number, fast[2], self._ended)
                     tasks[create_task(coro, name=job._task_name)] = job
@@ -275,8 +274,8 @@ class RunLoop:
         dispatch. A slot popped ahead of its time for its claim is handled as at its time."""
         if job._wiring.ahead:
             at_slot = job.fire_time(slot)
-            if at_slot > now and job._state.active:  # its own run goes on: claim at the slot
-                entry: _Entry = (at_slot, self._order(job), job, job._state.generation, slot, None)
+            if at_slot > now and job._active:  # its own run goes on: claim at the slot
+                entry: _Entry = (at_slot, self._order(job), job, job._generation, slot, None)
                 heapq.heappush(self._heap, entry)
                 return
             fire, now = at_slot, max(now, at_slot)
@@ -296,7 +295,7 @@ class RunLoop:
             _logger.exception(
                 "job %r: its schedule failed; the job will not fire", job.name, extra=at(job.name)
             )
-            job._state.forget_plan()
+            job._forget_plan()
             return
         if latest != slot:
             _logger.warning(
@@ -306,8 +305,7 @@ class RunLoop:
                 latest.isoformat(),
                 extra=at(job.name, latest),
             )
-        state = job._state
-        state.plan(following)
+        job._plan(following)
         note = job._wiring.note
         if note is not None:
             note(job.name, job._schedule_text, following)
@@ -316,7 +314,7 @@ class RunLoop:
             fast = self._fast_of(job)
             if job._wiring.ahead:  # claimed ahead: popped early (ClaimAheadLocker)
                 next_fire = claim_time(job, next_fire, following - latest)
-            entry = (next_fire, self._order(job), job, state.generation, following, fast)
+            entry = (next_fire, self._order(job), job, job._generation, following, fast)
             heapq.heappush(self._heap, entry)
         lateness = misfired(job.misfire_grace, fire, now)
         if lateness is not None:
@@ -330,10 +328,10 @@ class RunLoop:
             )
             self._bus.emit(JobSkipped(job.name, latest, "misfire"))
             return
-        if job.max_runs is not None and state.run_count + state.active >= job.max_runs:
+        if job.max_runs is not None and job._run_count + job._active >= job.max_runs:
             return
         self.dispatch(job, latest)
-        if job.max_runs is not None and state.run_count + state.active >= job.max_runs:
+        if job.max_runs is not None and job._run_count + job._active >= job.max_runs:
             self.unschedule(job)
 
     def _fast_of(self, job: Job) -> _Fast | None:
@@ -347,7 +345,7 @@ class RunLoop:
     ) -> None:
         """Apply the overlap policy and the concurrency cap, then start the run."""
         replaced: tuple[asyncio.Task[Any], ...] = ()
-        if job._state.active:
+        if job._active:
             policy = job.overlap
             if policy == "skip" or (policy == "queue" and job in self._queued):
                 _logger.debug(
@@ -369,7 +367,7 @@ class RunLoop:
                 for task in replaced:
                     task.cancel()
                 self._drop_waiting(job)
-        job._state.admit()
+        job._admit()
         if self._cap is not None and self._running >= self._cap:
             heapq.heappush(self._waiting, (slot, next(self._seq), job, waiter))
             return
@@ -379,7 +377,7 @@ class RunLoop:
         kept = [entry for entry in self._waiting if entry[2] is not job]
         dropped = len(self._waiting) - len(kept)
         if dropped:
-            job._state.leave(dropped)
+            job._leave(dropped)
             self._waiting = kept
             heapq.heapify(self._waiting)
 
@@ -429,7 +427,7 @@ class RunLoop:
     def _finished(self, job: Job, task: asyncio.Task[Any] | None) -> None:
         if task is not None:
             self._tasks.pop(task, None)
-        job._state.leave()
+        job._leave()
         self._running -= 1
         if self._stopping:
             return

@@ -316,7 +316,7 @@ class Scheduler(FleetViews):
         found = self.get_job(name)
         if self._loop is not None:
             self._loop.unschedule(found)
-        found._state.forget_plan()
+        found._forget_plan()
         del self._jobs[name]
         if found._wiring.locker is not None:  # only a job with a locker has a key
             del self._keys[job_lock_key(name)]
@@ -340,7 +340,7 @@ class Scheduler(FleetViews):
 
     def pause_job(self, job: Job) -> None:
         """Stop firing *job* (same as ``job.pause()``)."""
-        job._state.pause()
+        job._halt()
         if self._loop is not None:
             self._loop.unschedule(job)
 
@@ -348,7 +348,7 @@ class Scheduler(FleetViews):
         """Fire *job* again from its next slot after now (same as ``job.resume()``)."""
         if not job.paused:
             return
-        job._state.resume()
+        job._unhalt()
         if self._loop is not None:
             self._loop.schedule(job, self._clock.now())
 
@@ -392,7 +392,7 @@ class Scheduler(FleetViews):
             max_concurrent=self._max_concurrent,
         )
         self._fleet.started(self._clock.now())
-        active = [job for job in self._jobs.values() if not job._state.paused]
+        active = [job for job in self._jobs.values() if not job._paused]
         now = self._clock.now()
         plan = self._loop.schedule
         for job in active:
