@@ -142,12 +142,12 @@ class Executor:
         grace, deadline lane); None when its runs need the general rules (not a grid
         schedule, a jitter, run cap, end, note, locker, elector, or a virtual clock's
         timeout)."""
-        step = job._grid_step
+        step = job._sched[2]
         if (
             step is None
             or job.jitter
             or job.max_runs is not None
-            or job.stop_at is not None
+            or job._settings.stop_at is not None
             or job._wiring.note is not None
             or not self.takes_direct(job)
         ):

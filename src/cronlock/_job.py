@@ -23,13 +23,14 @@ from ._jobconf import (
     NO_KWARGS,
     NO_TAGS,
     JobSettings,
+    ScheduleRecord,
     check_durations,
     describe_task,
     last_durations,
     last_settings,
     last_task,
     normalise_tags,
-    schedule_text,
+    schedule_record,
     settle,
     texts,
 )
@@ -89,16 +90,16 @@ class Job(RunState):
     ``Scheduler.add_job`` and the decorators, never directly.
     """
 
-    # Slots for what a run reads on its way; the rest (tags, start_at, coordination,
-    # recover, alert_after) in one JobSettings that jobs given the same options share. The
-    # run state's slots come from RunState.
+    # Slots for what a run reads on its way; the rest (tags, start_at, stop_at,
+    # coordination, recover, alert_after) in one JobSettings that jobs given the same
+    # options share, and what the task and the schedule are in one tuple each that jobs
+    # given the same task or schedule share (every slot is one more reference that the
+    # garbage collector follows, job by job). The run state's slots come from RunState.
     __slots__ = (
-        "_context_param",
-        "_grid_step",
-        "_is_async",
-        "_schedule_text",
+        "_sched",
         "_scheduler",
         "_settings",
+        "_task",
         "_task_name",
         "_wiring",
         "args",
@@ -109,8 +110,6 @@ class Job(RunState):
         "misfire_grace",
         "name",
         "overlap",
-        "schedule",
-        "stop_at",
         "timeout",
     )
     # Its public fields, in the order its repr (and a match statement) gives them.
@@ -136,7 +135,6 @@ class Job(RunState):
 
     name: str
     func: Callable[..., object]
-    schedule: Schedule
     args: tuple[Any, ...]
     kwargs: Mapping[str, Any]
     timeout: float | None
@@ -144,16 +142,14 @@ class Job(RunState):
     jitter: float | None
     max_runs: int | None
     misfire_grace: float | None
-    stop_at: datetime | None
-    """No slot after this instant (aware UTC), if given (the run loop reads it per fire)."""
     # Derived once from the configuration (never run state).
     _scheduler: Controller | None
-    _context_param: str | None
-    _is_async: bool
-    # For anchor + k*interval schedules the slot after a slot is one addition away.
-    _grid_step: timedelta | None
+    # (is async, the RunContext parameter's name or None)
+    _task: tuple[bool, str | None]
+    # (the schedule, its text, its grid step): for anchor + k*interval schedules the slot
+    # after a slot is one addition of the step away; None for the others.
+    _sched: ScheduleRecord
     _task_name: str
-    _schedule_text: str
     _wiring: Wiring
     _settings: JobSettings
 
@@ -229,28 +225,36 @@ class Job(RunState):
             )
         self._settings = settings
         self.name, self.func, self.args, self.kwargs = name, func, args, kwargs
-        self.overlap, self.max_runs, self.stop_at = overlap, max_runs, settings.stop_at
+        self.overlap, self.max_runs = overlap, max_runs
         if func is not last_task[0]:
             describe_task(func)
-        self._is_async, self._context_param = last_task[1], last_task[2]
+        self._task = last_task[1]
         self._scheduler = None
         self._wiring = _UNWIRED
         RunState.__init__(self)  # the run state: nothing planned, nothing run
         self._task_name = _RUN_TASK + name  # task_name("run", name), without the call
         # set_schedule(), inline: a schedule shared by jobs (every() reuses them) is found
         # by identity, with no __hash__ call.
-        self.schedule = schedule
         seen = texts.get(id(schedule))
-        self._schedule_text = (
-            seen[1] if seen is not None and seen[0] is schedule else schedule_text(schedule)
+        self._sched = (
+            seen if seen is not None and seen[0] is schedule else schedule_record(schedule)
         )
-        self._grid_step = schedule.interval if type(schedule) is IntervalSchedule else None
 
     def __repr__(self) -> str:
         fields = ", ".join(f"{name}={getattr(self, name)!r}" for name in self.__match_args__)
         return f"{type(self).__qualname__}({fields})"
 
     # -- options kept in the shared JobSettings (read-only) ----------------------------
+
+    @property
+    def schedule(self) -> Schedule:
+        """When the job runs (replace it with :meth:`Scheduler.update`)."""
+        return self._sched[0]  # type: ignore[no-any-return]
+
+    @property
+    def stop_at(self) -> datetime | None:
+        """No slot after this instant (aware UTC), if given."""
+        return self._settings.stop_at
 
     @property
     def tags(self) -> frozenset[str]:
@@ -319,17 +323,16 @@ class Job(RunState):
 
     def set_schedule(self, schedule: Schedule) -> None:
         """Replace the schedule (history stays) and refresh what is derived from it."""
-        self.schedule = schedule
-        self._schedule_text = schedule_text(schedule)
-        self._grid_step = schedule.interval if type(schedule) is IntervalSchedule else None
+        self._sched = schedule_record(schedule)
 
     def following(self, slot: datetime) -> datetime | None:
         """The slot after *slot*, itself a slot of this job (the run loop's hot path)."""
-        step = self._grid_step
+        step = self._sched[2]
         if step is None:
             return self.slot_after(slot)
-        nxt = slot + step
-        if self.stop_at is not None and nxt > self.stop_at:
+        nxt: datetime = slot + step
+        stop_at = self._settings.stop_at
+        if stop_at is not None and nxt > stop_at:
             return None
         return nxt
 
@@ -338,8 +341,8 @@ class Job(RunState):
         settings = self._settings
         if settings.start_at is not None and after < settings.start_at:
             after = settings.start_at - timedelta(microseconds=1)
-        slot = self.schedule.next_after(after)
-        if slot is None or (self.stop_at is not None and slot > self.stop_at):
+        slot: datetime | None = self._sched[0].next_after(after)
+        if slot is None or (settings.stop_at is not None and slot > settings.stop_at):
             return None
         return slot
 
@@ -403,11 +406,11 @@ class Job(RunState):
         # The run loop's hot path: no dict for a task without keyword arguments, and no
         # typing.cast (a function call per run).
         kwargs = self.kwargs
-        param = self._context_param
+        is_async, param = self._task
         if param is not None:
             context = run_context(self.name, slot, started, number)
             kwargs = {**kwargs, param: context} if kwargs else {param: context}
-        if not self._is_async:
+        if not is_async:
             return in_thread(functools.partial(self.func, *self.args, **kwargs))
         if kwargs:
             return self.func(*self.args, **kwargs)  # type: ignore[return-value]

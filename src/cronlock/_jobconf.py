@@ -21,6 +21,7 @@ from typing import Any
 
 from ._durations import Seconds, optional_seconds, positive_int
 from ._errors import ScheduleError
+from ._interval import IntervalSchedule
 from ._locking import Locker
 from ._records import RunContext
 from ._schedule import Schedule
@@ -30,13 +31,14 @@ __all__ = (
     "NO_KWARGS",
     "NO_TAGS",
     "JobSettings",
+    "ScheduleRecord",
     "check_durations",
     "describe_task",
     "last_durations",
     "last_settings",
     "last_task",
     "normalise_tags",
-    "schedule_text",
+    "schedule_record",
     "settle",
     "texts",
 )
@@ -47,11 +49,15 @@ NO_KWARGS: MappingProxyType[str, Any] = MappingProxyType({})
 NO_TAGS: frozenset[str] = frozenset()
 _UNSET = object()  # nothing checked yet
 
-# The task last seen: func, is async, its RunContext parameter.
-last_task: list[Any] = [None, True, None]
-# Recent schedules' text, bounded: by id (holding the schedule, so the id stays its own),
-# and by value (equal schedules share one string).
-texts: dict[int, tuple[Any, str]] = {}
+# The task last seen, then what it is: (is async, its RunContext parameter), one tuple that
+# the jobs given it share.
+last_task: list[Any] = [None, (True, None)]
+# A schedule as jobs hold it: (the schedule, its text, its grid step: the interval of an
+# anchor + k*interval schedule, else None); one tuple for the jobs given one schedule.
+ScheduleRecord = tuple[Any, str, Any]
+# Recent schedules' records, bounded: by id (holding the schedule, so the id stays its
+# own); their texts by value too (equal schedules share one string).
+texts: dict[int, ScheduleRecord] = {}
 _texts_by_value: dict[Any, str] = {}
 # The four durations last given (the objects), their types and values, then their values
 # as checked.
@@ -200,21 +206,18 @@ def describe_task(func: Callable[..., object]) -> None:
     target = func
     while isinstance(target, functools.partial):
         target = target.func
-    last_task[:] = (
-        func,
-        inspect.iscoroutinefunction(target)
-        or inspect.iscoroutinefunction(
-            getattr(target, "__call__", None)  # noqa: B004 - async callable objects
-        ),
-        _context_parameter(func),
+    is_async = inspect.iscoroutinefunction(target) or inspect.iscoroutinefunction(
+        getattr(target, "__call__", None)  # noqa: B004 - async callable objects
     )
+    last_task[:] = (func, (is_async, _context_parameter(func)))
 
 
-def schedule_text(schedule: Schedule) -> str:
-    """The text of *schedule* (its ``str()``), remembered for the next job given it."""
+def schedule_record(schedule: Schedule) -> ScheduleRecord:
+    """*schedule*'s record (itself, its ``str()``, its grid step), remembered for the next
+    job given it."""
     seen = texts.get(id(schedule))  # by identity: no __hash__ call for a shared schedule
     if seen is not None and seen[0] is schedule:
-        return seen[1]
+        return seen
     try:
         text = _texts_by_value.get(schedule)
     except TypeError:  # an unhashable schedule of the user's
@@ -227,8 +230,9 @@ def schedule_text(schedule: Schedule) -> str:
             _texts_by_value[schedule] = text
     if len(texts) >= 256:
         texts.clear()
-    texts[id(schedule)] = (schedule, text)
-    return text
+    step = schedule.interval if type(schedule) is IntervalSchedule else None
+    record = texts[id(schedule)] = (schedule, text, step)
+    return record
 
 
 def _context_parameter(func: Callable[..., object]) -> str | None:

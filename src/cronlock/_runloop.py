@@ -8,7 +8,7 @@ import functools
 import heapq
 import itertools
 import random
-from collections.abc import Callable, Coroutine, Iterable
+from collections.abc import Callable, Coroutine, Iterable, Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -28,8 +28,10 @@ _logger = get_logger("cronlock")
 
 # (step to the next slot, misfire grace, deadline lane): a job the fast path fires
 _Fast = tuple[timedelta, timedelta, "Lane | None"]
-# (fire time, tie-breaker, job, its generation, slot, its _Fast: None for the general rules)
-_Entry = tuple[datetime, int, Job, int, datetime, "_Fast | None"]
+# (fire time, tie-breaker, job name, generation, slot, _Fast or None: the general rules).
+# By name, not the job: an entry with no _Fast yet holds no tracked object, so the garbage
+# collector drops it (100,000 at start); a generation names one plan of one job.
+_Entry = tuple[datetime, int, str, int, datetime, "_Fast | None"]
 # Fires per pass of the run loop: a burst's runs start between passes, so their tasks die
 # young, not in the garbage collector's older generations by the thousand.
 _CHUNK = 256
@@ -52,8 +54,10 @@ class RunLoop:
         executor: Executor,
         bus: EventBus,
         max_concurrent: int | None,
+        jobs: Mapping[str, Job],
     ) -> None:
         self._clock = clock
+        self._jobs = jobs  # the scheduler's, by name: what a heap entry names
         self._loop_time = loop_time  # the clock's time is the event loop's: sleep on a timer
         self._executor = executor
         self._bus = bus
@@ -81,7 +85,7 @@ class RunLoop:
     def schedule(self, job: Job, after: datetime, *, batch: bool = False) -> None:
         """Queue the job's first slot strictly after *after* (or mark it exhausted); with
         *batch* only append it (at start: :meth:`heapify` follows, one for N entries)."""
-        schedule = job.schedule
+        schedule = job._sched[0]
         # At start, jobs sharing a schedule object (every() reuses them) share its first slot.
         known = self._firsts.get(id(schedule)) if batch else None
         slot: datetime | None
@@ -104,7 +108,7 @@ class RunLoop:
         generation = job._replan(slot)  # stale entries of the job are dropped
         note = job._wiring.note
         if note is not None:
-            note(job.name, job._schedule_text, slot)
+            note(job.name, job._sched[1], slot)
         if slot is None:
             return
         seq = self._order(job)
@@ -114,9 +118,9 @@ class RunLoop:
                 following = job.following(slot)
                 fire = fire if following is None else claim_time(job, fire, following - slot)
         if batch:  # at start, for every job
-            self._heap.append((fire, seq, job, generation, slot, _UNKNOWN))
+            self._heap.append((fire, seq, job.name, generation, slot, _UNKNOWN))
             return
-        entry = (fire, seq, job, generation, slot, _UNKNOWN)
+        entry = (fire, seq, job.name, generation, slot, _UNKNOWN)
         heapq.heappush(self._heap, entry)
         if self._heap[0][1] == seq:
             self._poke()  # the new entry is the earliest: the loop sleeps too long
@@ -150,10 +154,7 @@ class RunLoop:
         jobs = {job: job._next_run for job in catch_up if job._wiring.ledger is not None}
         if jobs:
             catching = CatchUp(
-                clock=self._clock,
-                bus=self._bus,
-                executor=self._executor,
-                dispatch=self.dispatch,
+                clock=self._clock, bus=self._bus, executor=self._executor, dispatch=self.dispatch
             )
             self._spawn(catching.all(jobs, started), name=task_name("catch-up"))
         if isinstance(self._clock, FleetClock):  # measures the offset to the server's clock
@@ -238,14 +239,19 @@ class RunLoop:
         if self._loop.get_task_factory() is None:  # what create_task() would do, one call less
             create_task = functools.partial(asyncio.Task, loop=self._loop)
         tasks = self._tasks
+        jobs = self._jobs
         while heap and heap[0][0] <= now:
             if not limit:
                 return True
             limit -= 1
             entry = heap[0]
-            job = entry[2]
+            try:
+                job = jobs[entry[2]]
+            except KeyError:  # stale: the job was removed
+                heapq.heappop(heap)
+                continue
             if entry[3] != job._generation:
-                heapq.heappop(heap)  # stale: the job was rescheduled, paused or removed
+                heapq.heappop(heap)  # stale: the job was rescheduled or paused
                 continue
             fast = entry[5]
             if fast and not job._active:
@@ -254,7 +260,8 @@ class RunLoop:
                 slot = entry[4]
                 following = slot + fast[0]
                 if following > now and now - slot <= fast[1]:
-                    heapq.heapreplace(heap, (following, next(seq), job, entry[3], following, fast))
+                    entry = (following, next(seq), entry[2], entry[3], following, fast)
+                    heapq.heapreplace(heap, entry)
                     number = job._launch(following)
                     self._running += 1
                     coro = run_direct(job, slot, number, fast[2], self._ended)
@@ -275,7 +282,7 @@ class RunLoop:
         if job._wiring.ahead:
             at_slot = job.fire_time(slot)
             if at_slot > now and job._active:  # its own run goes on: claim at the slot
-                entry: _Entry = (at_slot, self._order(job), job, job._generation, slot, None)
+                entry: _Entry = (at_slot, self._order(job), job.name, job._generation, slot, None)
                 heapq.heappush(self._heap, entry)
                 return
             fire, now = at_slot, max(now, at_slot)
@@ -308,13 +315,13 @@ class RunLoop:
         job._plan(following)
         note = job._wiring.note
         if note is not None:
-            note(job.name, job._schedule_text, following)
+            note(job.name, job._sched[1], following)
         if next_fire is not None:
             assert following is not None
             fast = self._fast_of(job)
             if job._wiring.ahead:  # claimed ahead: popped early (ClaimAheadLocker)
                 next_fire = claim_time(job, next_fire, following - latest)
-            entry = (next_fire, self._order(job), job, job._generation, following, fast)
+            entry = (next_fire, self._order(job), job.name, job._generation, following, fast)
             heapq.heappush(self._heap, entry)
         lateness = misfired(job.misfire_grace, fire, now)
         if lateness is not None:

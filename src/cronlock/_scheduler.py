@@ -390,13 +390,14 @@ class Scheduler(FleetViews):
             executor=executor,
             bus=self._bus,
             max_concurrent=self._max_concurrent,
+            jobs=self._jobs,
         )
         self._fleet.started(self._clock.now())
         active = [job for job in self._jobs.values() if not job._paused]
         now = self._clock.now()
         plan = self._loop.schedule
         for job in active:
-            schedule = job.schedule
+            schedule = job._sched[0]
             # The type first: isinstance() of another class costs ~400 instructions.
             if type(schedule) is not IntervalSchedule and isinstance(schedule, OnceSchedule):
                 self._schedule_first(job, now)  # the once-at-start rule

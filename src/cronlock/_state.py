@@ -11,6 +11,7 @@ owner, so a new reader (metrics, a dashboard) never races a half-made update.
 
 from __future__ import annotations
 
+import itertools
 from datetime import datetime
 from typing import Any
 
@@ -21,6 +22,10 @@ __all__ = ("RawRecord", "RunState")
 # The hot path stores (slot, started, finished, outcome) as a plain tuple; RunRecord is
 # built only when somebody reads it.
 RawRecord = RunRecord | tuple[Any, ...]
+# Generations are drawn from one count for every job: a generation names one plan of one
+# job, so the run loop's heap entries can name their job by name (a job removed and another
+# registered under its name never matches the old one's entries).
+_generations = itertools.count(1)
 
 
 class RunState:
@@ -44,7 +49,7 @@ class RunState:
         self._run_count = 0
         self._paused = False
         self._active = 0  # runs in flight or waiting for a concurrency slot
-        self._generation = 0  # heap entries of an older generation are stale
+        self._generation = 0  # heap entries of another generation are stale
         self._history_checked: datetime | None = None
 
     # -- planning (the run loop) -----------------------------------------------------
@@ -55,14 +60,14 @@ class RunState:
 
     def _replan(self, slot: datetime | None) -> int:
         """:meth:`_invalidate`, then :meth:`_plan` *slot*, in one call (start plans every job)."""
-        self._generation += 1
+        self._generation = generation = next(_generations)
         self._next_run = slot
-        return self._generation
+        return generation
 
     def _invalidate(self) -> int:
         """Make every planned heap entry stale; return the new generation."""
-        self._generation += 1
-        return self._generation
+        self._generation = generation = next(_generations)
+        return generation
 
     def _admit(self) -> None:
         """A run was accepted (started or waiting for a concurrency slot)."""

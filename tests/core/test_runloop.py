@@ -523,6 +523,29 @@ async def test_job_added_while_running_fires(scheduler: Scheduler, clock: FakeCl
         assert job.run_count == 1
 
 
+async def test_a_job_registered_under_a_removed_jobs_name_keeps_its_own_slots(
+    scheduler: Scheduler, clock: FakeClock
+) -> None:
+    # The heap names jobs by name: the removed job's entry (due at 10 s) must not fire the
+    # new job of that name, whose slots are 7, 14, 21, 28 s.
+    slots: list[tuple[str, datetime]] = []
+
+    async def old(ctx: RunContext) -> None:
+        slots.append(("old", ctx.slot))
+
+    async def new(ctx: RunContext) -> None:
+        slots.append(("new", ctx.slot))
+
+    scheduler.add_job(old, every(10, anchor=T0), name="x")
+    async with scheduler:
+        await clock.advance(5)
+        scheduler.remove("x")
+        job = scheduler.add_job(new, every(7, anchor=T0), name="x")
+        await clock.advance(25)
+    assert slots == [("new", at(s)) for s in (7, 14, 21, 28)]
+    assert job.run_count == 4
+
+
 async def _noop() -> None:
     pass
 
