@@ -28,9 +28,8 @@ _logger = get_logger("cronlock")
 
 # (step to the next slot, misfire grace, deadline lane): a job the fast path fires
 _Fast = tuple[timedelta, timedelta, "Lane | None"]
-# (fire time, tie-breaker, job name, generation, slot, _Fast or None: the general rules).
-# By name, not the job: an entry with no _Fast yet holds no tracked object, so the garbage
-# collector drops it (100,000 at start); a generation names one plan of one job.
+# (fire time, tie-breaker, job name, plan generation, slot, _Fast or None: general rules).
+# By name: an entry with no _Fast yet holds nothing the garbage collector has to track.
 _Entry = tuple[datetime, int, str, int, datetime, "_Fast | None"]
 # Fires per pass of the run loop: a burst's runs start between passes, so their tasks die
 # young, not in the garbage collector's older generations by the thousand.
@@ -117,18 +116,17 @@ class RunLoop:
             with contextlib.suppress(Exception):  # (a failing schedule fails at its slot)
                 following = job.following(slot)
                 fire = fire if following is None else claim_time(job, fire, following - slot)
-        if batch:  # at start, for every job
-            self._heap.append((fire, seq, job.name, generation, slot, _UNKNOWN))
-            return
         entry = (fire, seq, job.name, generation, slot, _UNKNOWN)
+        if batch:  # at start, for every job
+            self._heap.append(entry)
+            return
         heapq.heappush(self._heap, entry)
         if self._heap[0][1] == seq:
             self._poke()  # the new entry is the earliest: the loop sleeps too long
 
     def _order(self, job: Job) -> int:
-        """A heap entry's tie-breaker: jobs due at one instant fire first come, first served,
-        except coordinated ones, whose order is drawn per entry, so replicas go through a
-        burst in different orders (in one order, the replica that woke first claims all)."""
+        """Tie-breaker: first come, first served, except coordinated jobs, drawn per entry, so
+        replicas go through a burst in different orders (in one, the first awake claims all)."""
         seq = next(self._seq)
         return (self._draw(64) << 64) | seq if job._wiring.coordinated else seq
 
