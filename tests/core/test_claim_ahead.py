@@ -50,12 +50,18 @@ def started(recorder: Recorder) -> list[tuple[datetime, datetime]]:
     return [(e.slot, e.started_at) for e in recorder.of(JobStarted)]  # type: ignore[attr-defined]
 
 
-async def test_the_claim_goes_out_ahead_and_the_run_starts_on_the_slot(clock: FakeClock) -> None:
+def ahead_scheduler(clock: FakeClock) -> tuple[AheadLocker, Scheduler, Recorder]:
+    """A scheduler on an AheadLocker (0.1 s ahead), with a Recorder subscribed."""
     locker = AheadLocker(clock)
-    assert isinstance(locker, ClaimAheadLocker)
     scheduler = Scheduler(clock=clock, locker=locker)
     recorder = Recorder()
     scheduler.subscribe(recorder)
+    return locker, scheduler, recorder
+
+
+async def test_the_claim_goes_out_ahead_and_the_run_starts_on_the_slot(clock: FakeClock) -> None:
+    locker, scheduler, recorder = ahead_scheduler(clock)
+    assert isinstance(locker, ClaimAheadLocker)
 
     async def tick() -> None:
         pass
@@ -84,10 +90,7 @@ async def test_a_short_period_is_claimed_at_most_a_quarter_of_it_early(clock: Fa
 
 
 async def test_a_job_still_running_here_is_claimed_at_its_slot(clock: FakeClock) -> None:
-    locker = AheadLocker(clock)
-    scheduler = Scheduler(clock=clock, locker=locker)
-    recorder = Recorder()
-    scheduler.subscribe(recorder)
+    locker, scheduler, recorder = ahead_scheduler(clock)
 
     async def slow() -> None:
         await clock.sleep(0.95)  # the run of slot 1 ends at 1.95, after slot 2's claim time
@@ -103,10 +106,7 @@ async def test_a_job_still_running_here_is_claimed_at_its_slot(clock: FakeClock)
 
 
 async def test_a_run_cancelled_while_it_waits_for_its_slot_is_recorded(clock: FakeClock) -> None:
-    locker = AheadLocker(clock)
-    scheduler = Scheduler(clock=clock, locker=locker)
-    recorder = Recorder()
-    scheduler.subscribe(recorder)
+    locker, scheduler, recorder = ahead_scheduler(clock)
 
     async def tick() -> None:
         raise AssertionError("a cancelled run must not start")
@@ -124,10 +124,7 @@ async def test_a_run_cancelled_while_it_waits_for_its_slot_is_recorded(clock: Fa
 
 
 async def test_run_now_of_a_jittered_job_starts_at_once(clock: FakeClock) -> None:
-    locker = AheadLocker(clock)
-    scheduler = Scheduler(clock=clock, locker=locker)
-    recorder = Recorder()
-    scheduler.subscribe(recorder)
+    _, scheduler, recorder = ahead_scheduler(clock)
 
     async def tick() -> None:
         pass
