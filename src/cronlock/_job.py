@@ -244,7 +244,7 @@ class Job(RunState):
         fields = ", ".join(f"{name}={getattr(self, name)!r}" for name in self.__match_args__)
         return f"{type(self).__qualname__}({fields})"
 
-    # -- options kept in the shared JobSettings (read-only) ----------------------------
+    # -- options kept in records shared by jobs alike (read-only) ----------------------
 
     @property
     def schedule(self) -> Schedule:
