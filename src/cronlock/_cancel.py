@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
 __all__ = (
+    "RUN_TASK",
     "cancel_and_wait",
     "claim_or_undo",
     "finish_uncancellably",
@@ -117,3 +118,7 @@ def task_name(kind: str, job: str | None = None) -> str:
     One scheme for every task, so ``asyncio.all_tasks()`` and debuggers show who owns what.
     """
     return f"cronlock-{kind}" if job is None else f"cronlock-{kind}:{job}"
+
+
+RUN_TASK = task_name("run", "")
+"""A run task's name is this plus its job's: ``task_name("run", job)`` without the call."""

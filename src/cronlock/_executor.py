@@ -23,6 +23,7 @@ from ._events import (
     LockLost,
 )
 from ._guard import Deadlines, Lane, RunGuard
+from ._interval import IntervalSchedule
 from ._job import Job
 from ._locking import Elector, Lease, LosableLease, RecordingLease, lease_hooks
 from ._logs import at, get_logger
@@ -142,9 +143,9 @@ class Executor:
         grace, deadline lane); None when its runs need the general rules (not a grid
         schedule, a jitter, run cap, end, note, locker, elector, or a virtual clock's
         timeout)."""
-        step = job._sched[2]
+        schedule = job._schedule  # anchor + k * interval: the next slot is one addition away
         if (
-            step is None
+            type(schedule) is not IntervalSchedule
             or job.jitter
             or job.max_runs is not None
             or job._settings.stop_at is not None
@@ -153,7 +154,7 @@ class Executor:
         ):
             return None
         grace = _FOREVER if job.misfire_grace is None else timedelta(seconds=job.misfire_grace)
-        return (step, grace, self.lane_of(job))
+        return (schedule.interval, grace, self.lane_of(job))
 
     def lane_of(self, job: Job) -> Lane | None:
         """The deadline lane of a run of *job* on the direct path (None: no timeout)."""

@@ -120,8 +120,12 @@ def every(
     if type(anchor) is datetime and anchor.tzinfo is UTC:
         # Hashing an aware datetime costs ~3k instructions (it converts itself to UTC
         # first); its distance from the epoch (the same tzinfo: plain field maths) hashes
-        # for a tenth of that, and names the same instant.
-        key = (type(interval), interval, seconds, minutes, hours, days, _UTC, anchor - _EPOCH)
+        # for a tenth of that, and names the same instant. The usual call, a number of
+        # seconds and such an anchor, has a short key of its own.
+        if not (seconds or minutes or hours or days):
+            key = (type(interval), interval, anchor - _EPOCH)
+        else:
+            key = (type(interval), interval, seconds, minutes, hours, days, _UTC, anchor - _EPOCH)
     else:
         key = (type(interval), interval, seconds, minutes, hours, days, anchor)
     try:

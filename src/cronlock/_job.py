@@ -13,9 +13,8 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
-from ._cancel import task_name
 from ._clock import Clock
-from ._durations import Seconds, positive_int
+from ._durations import Seconds
 from ._errors import ScheduleError, SchedulerStateError
 from ._events import JobEvent
 from ._interval import IntervalSchedule
@@ -23,27 +22,16 @@ from ._jobconf import (
     NO_KWARGS,
     NO_TAGS,
     JobSettings,
-    ScheduleRecord,
-    check_durations,
     describe_task,
-    last_durations,
     last_settings,
     last_task,
     normalise_tags,
-    schedule_record,
     settle,
-    texts,
 )
 from ._locking import Locker, Wiring
-from ._records import (
-    DEFAULT_MISFIRE_GRACE,
-    OVERLAPS,
-    Overlap,
-    RunRecord,
-    run_context,
-)
+from ._records import Overlap, RunRecord, run_context
 from ._schedule import Schedule
-from ._state import RunState
+from ._state import RunState, fresh
 from ._threads import in_thread
 
 
@@ -67,12 +55,12 @@ __all__ = (
     "Job",
     "default_name",
     "jitter_offset",
+    "new_job",
     "normalise_tags",
 )
 
 # Jobs not yet wired share this one (Wiring is frozen); add_job sets the real one.
 _UNWIRED = Wiring()
-_RUN_TASK = task_name("run", "")  # a run task's name is this plus the job's
 
 
 def jitter_offset(name: str, slot: datetime, jitter: float) -> timedelta:
@@ -90,27 +78,21 @@ class Job(RunState):
     ``Scheduler.add_job`` and the decorators, never directly.
     """
 
-    # Slots for what a run reads on its way; the rest (tags, start_at, stop_at,
-    # coordination, recover, alert_after) in one JobSettings that jobs given the same
-    # options share, and what the task and the schedule are in one tuple each that jobs
-    # given the same task or schedule share (every slot is one more reference that the
-    # garbage collector follows, job by job). The run state's slots come from RunState.
+    # Slots for what is the job's own, its schedule, and what its task is (a tuple that
+    # jobs given the same task share); its options in one JobSettings that jobs given the
+    # same options share (every slot is one more store at registration and one more
+    # reference the garbage collector follows, job by job). The run state's slots come
+    # from RunState.
     __slots__ = (
-        "_sched",
+        "_schedule",
         "_scheduler",
         "_settings",
         "_task",
-        "_task_name",
         "_wiring",
         "args",
         "func",
-        "jitter",
         "kwargs",
-        "max_runs",
-        "misfire_grace",
         "name",
-        "overlap",
-        "timeout",
     )
     # Its public fields, in the order its repr (and a match statement) gives them.
     __match_args__ = (
@@ -137,108 +119,13 @@ class Job(RunState):
     func: Callable[..., object]
     args: tuple[Any, ...]
     kwargs: Mapping[str, Any]
-    timeout: float | None
-    overlap: Overlap
-    jitter: float | None
-    max_runs: int | None
-    misfire_grace: float | None
     # Derived once from the configuration (never run state).
     _scheduler: Controller | None
     # (is async, the RunContext parameter's name or None)
     _task: tuple[bool, str | None]
-    # (the schedule, its text, its grid step): for anchor + k*interval schedules the slot
-    # after a slot is one addition of the step away; None for the others.
-    _sched: ScheduleRecord
-    _task_name: str
+    _schedule: Schedule
     _wiring: Wiring
     _settings: JobSettings
-
-    def __init__(
-        self,
-        func: Callable[..., object],
-        schedule: Schedule,
-        name: str,
-        args: Sequence[Any] = (),
-        kwargs: Mapping[str, Any] | None = None,
-        tags: str | Iterable[str] | None = None,
-        # Not keyword-only: a keyword-only parameter left out costs a dict lookup of its
-        # default on every call (add_job passes the options by keyword all the same).
-        timeout: Seconds | None = None,
-        overlap: Overlap = "skip",
-        jitter: Seconds | None = None,
-        max_runs: int | None = None,
-        start_at: datetime | None = None,
-        stop_at: datetime | None = None,
-        misfire_grace: Seconds | None = DEFAULT_MISFIRE_GRACE,
-        distributed: bool = True,
-        locker: Locker | None = None,
-        recover: bool = False,
-        alert_after: Seconds | None = None,
-    ) -> None:
-        # Written out, not generated: one pass that checks each option and stores each field
-        # once (a service registering 100,000 jobs pays for every call and store here).
-        if type(args) is not tuple:
-            args = tuple(args)
-        kwargs = dict(kwargs) if kwargs else NO_KWARGS
-        tags = NO_TAGS if tags is None else normalise_tags(tags)
-        if not isinstance(name, str) or not name:
-            raise ScheduleError(f"job name must be a non-empty string, got {name!r}")
-        if not callable(func):
-            raise ScheduleError(f"job {name!r}: task {func!r} is not callable")
-        # hasattr, not isinstance(Schedule): a runtime Protocol check costs ~20 us a job.
-        if type(schedule) is not IntervalSchedule and not callable(
-            getattr(schedule, "next_after", None)
-        ):
-            raise ScheduleError(
-                f"job {name!r}: schedule {schedule!r} has no next_after(); build one "
-                "with cronlock.cron(), every(), daily(), weekly(), monthly() or once()"
-            )
-        if overlap not in OVERLAPS:
-            raise ScheduleError(
-                f"job {name!r}: overlap must be one of {', '.join(OVERLAPS)}, got {overlap!r}"
-            )
-        last = last_durations
-        if not (
-            timeout is last[0]
-            and jitter is last[1]
-            and misfire_grace is last[2]
-            and alert_after is last[3]
-        ):  # else: the very objects the last job was given, checked then
-            check_durations(name, timeout, jitter, misfire_grace, alert_after)
-        self.timeout, self.jitter, self.misfire_grace, checked_alert = last[5:]
-        last = last_settings
-        if (
-            tags is last[0]
-            and start_at is last[1]
-            and stop_at is last[2]
-            and distributed is last[3]
-            and locker is last[4]
-            and recover is last[5]
-            and checked_alert is last[6]
-        ):  # the very objects the last job was given, checked then (bar max_runs)
-            settings = last[7]
-            if max_runs is not None:
-                positive_int(max_runs, field="max_runs", owner=f"job {name!r}", error=ScheduleError)
-        else:
-            settings = settle(
-                name, tags, start_at, stop_at, distributed, locker, recover, checked_alert, max_runs
-            )
-        self._settings = settings
-        self.name, self.func, self.args, self.kwargs = name, func, args, kwargs
-        self.overlap, self.max_runs = overlap, max_runs
-        if func is not last_task[0]:
-            describe_task(func)
-        self._task = last_task[1]
-        self._scheduler = None
-        self._wiring = _UNWIRED
-        RunState.__init__(self)  # the run state: nothing planned, nothing run
-        self._task_name = _RUN_TASK + name  # task_name("run", name), without the call
-        # set_schedule(), inline: a schedule shared by jobs (every() reuses them) is found
-        # by identity, with no __hash__ call.
-        seen = texts.get(id(schedule))
-        self._sched = (
-            seen if seen is not None and seen[0] is schedule else schedule_record(schedule)
-        )
 
     def __repr__(self) -> str:
         fields = ", ".join(f"{name}={getattr(self, name)!r}" for name in self.__match_args__)
@@ -247,9 +134,34 @@ class Job(RunState):
     # -- options kept in records shared by jobs alike (read-only) ----------------------
 
     @property
+    def timeout(self) -> float | None:
+        """Seconds a run may take before it is cancelled (None: the scheduler's default)."""
+        return self._settings.timeout
+
+    @property
+    def overlap(self) -> Overlap:
+        """What a slot does while a run of this job is in flight (``"skip"``, ...)."""
+        return self._settings.overlap
+
+    @property
+    def jitter(self) -> float | None:
+        """Seconds of deterministic delay at most after each slot, if given."""
+        return self._settings.jitter
+
+    @property
+    def max_runs(self) -> int | None:
+        """Runs on this replica after which the job stops firing, if given."""
+        return self._settings.max_runs
+
+    @property
+    def misfire_grace(self) -> float | None:
+        """Seconds a slot may be late and still run (None: any lateness)."""
+        return self._settings.misfire_grace
+
+    @property
     def schedule(self) -> Schedule:
         """When the job runs (replace it with :meth:`Scheduler.update`)."""
-        return self._sched[0]  # type: ignore[no-any-return]
+        return self._schedule
 
     @property
     def stop_at(self) -> datetime | None:
@@ -322,15 +234,15 @@ class Job(RunState):
     # -- schedule maths ------------------------------------------------------------
 
     def set_schedule(self, schedule: Schedule) -> None:
-        """Replace the schedule (history stays) and refresh what is derived from it."""
-        self._sched = schedule_record(schedule)
+        """Replace the schedule (history stays)."""
+        self._schedule = schedule
 
     def following(self, slot: datetime) -> datetime | None:
         """The slot after *slot*, itself a slot of this job (the run loop's hot path)."""
-        step = self._sched[2]
-        if step is None:
+        schedule = self._schedule
+        if type(schedule) is not IntervalSchedule:
             return self.slot_after(slot)
-        nxt: datetime = slot + step
+        nxt: datetime = slot + schedule.interval
         stop_at = self._settings.stop_at
         if stop_at is not None and nxt > stop_at:
             return None
@@ -341,15 +253,16 @@ class Job(RunState):
         settings = self._settings
         if settings.start_at is not None and after < settings.start_at:
             after = settings.start_at - timedelta(microseconds=1)
-        slot: datetime | None = self._sched[0].next_after(after)
+        slot: datetime | None = self._schedule.next_after(after)
         if slot is None or (settings.stop_at is not None and slot > settings.stop_at):
             return None
         return slot
 
     def fire_time(self, slot: datetime) -> datetime:
         """When *slot* fires: the slot itself, delayed by the deterministic jitter."""
-        if self.jitter:
-            return slot + jitter_offset(self.name, slot, self.jitter)
+        jitter = self._settings.jitter
+        if jitter:
+            return slot + jitter_offset(self.name, slot, jitter)
         return slot
 
     def next_runs(self, n: int, *, after: datetime | None = None) -> list[datetime]:
@@ -415,6 +328,94 @@ class Job(RunState):
         if kwargs:
             return self.func(*self.args, **kwargs)  # type: ignore[return-value]
         return self.func(*self.args)  # type: ignore[return-value]
+
+
+def new_job(
+    func: Callable[..., object],
+    schedule: Schedule,
+    name: str,
+    args: Sequence[Any],
+    kwargs: Mapping[str, Any] | None,
+    tags: str | Iterable[str] | None,
+    timeout: Seconds | None,
+    overlap: Overlap,
+    jitter: Seconds | None,
+    max_runs: int | None,
+    start_at: datetime | None,
+    stop_at: datetime | None,
+    misfire_grace: Seconds | None,
+    distributed: bool,
+    locker: Locker | None,
+    recover: bool,
+    alert_after: Seconds | None,
+    scheduler: Controller,
+) -> Job:
+    """A :class:`Job` of *scheduler* with these options, each checked (raises
+    :class:`~cronlock.ScheduleError` naming the job, the option and the value); what
+    ``Scheduler.add_job`` registers.
+
+    Written out, not generated, and with no ``__init__``: one call that checks each option
+    and stores each field once (a service registering 100,000 jobs pays for every call
+    and store here, and ``Job(...)`` would cost a call through the type more).
+    """
+    job = fresh(Job)  # its run state: nothing planned, nothing run
+    if type(args) is not tuple:
+        args = tuple(args)
+    kwargs = dict(kwargs) if kwargs else NO_KWARGS
+    tags = NO_TAGS if tags is None else normalise_tags(tags)
+    if not isinstance(name, str) or not name:
+        raise ScheduleError(f"job name must be a non-empty string, got {name!r}")
+    if not callable(func):
+        raise ScheduleError(f"job {name!r}: task {func!r} is not callable")
+    # hasattr, not isinstance(Schedule): a runtime Protocol check costs ~20 us a job.
+    if type(schedule) is not IntervalSchedule and not callable(
+        getattr(schedule, "next_after", None)
+    ):
+        raise ScheduleError(
+            f"job {name!r}: schedule {schedule!r} has no next_after(); build one "
+            "with cronlock.cron(), every(), daily(), weekly(), monthly() or once()"
+        )
+    last = last_settings
+    if (
+        tags is last[0]
+        and timeout is last[1]
+        and overlap is last[2]
+        and jitter is last[3]
+        and max_runs is last[4]
+        and start_at is last[5]
+        and stop_at is last[6]
+        and misfire_grace is last[7]
+        and distributed is last[8]
+        and locker is last[9]
+        and recover is last[10]
+        and alert_after is last[11]
+    ):  # the very objects the last job was given, checked then
+        settings = last[12]
+    else:
+        settings = settle(
+            name,
+            tags,
+            timeout,
+            overlap,
+            jitter,
+            max_runs,
+            start_at,
+            stop_at,
+            misfire_grace,
+            distributed,
+            locker,
+            recover,
+            alert_after,
+        )
+    job._settings = settings
+    job.name, job.func, job.args, job.kwargs = name, func, args, kwargs
+    if func is not last_task[0]:
+        describe_task(func)
+    job._task = last_task[1]
+    job._scheduler = scheduler
+    job._wiring = _UNWIRED
+    job._schedule = schedule
+    return job
 
 
 def default_name(func: Callable[..., object]) -> str:

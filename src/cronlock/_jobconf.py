@@ -2,10 +2,10 @@
 
 A service registers the same function, schedule and options many times over. Each is
 checked for the first job given it; jobs given the very same objects then share what the
-check made: the durations as floats, what the task is (async or not, its ``RunContext``
-parameter), the schedule's text, and one :class:`JobSettings` holding the options the run
-loop never reads on a run's path. One entry is kept of each kind (the schedule texts: a
-bounded few), so nothing piles up.
+check made: one :class:`JobSettings` holding every option as checked (the durations as
+floats), what the task is (async or not, its ``RunContext`` parameter), and the schedule's
+text. One entry is kept of each kind (the schedule texts: a bounded few), so nothing piles
+up.
 """
 
 from __future__ import annotations
@@ -21,9 +21,8 @@ from typing import Any
 
 from ._durations import Seconds, optional_seconds, positive_int
 from ._errors import ScheduleError
-from ._interval import IntervalSchedule
 from ._locking import Locker
-from ._records import RunContext
+from ._records import OVERLAPS, Overlap, RunContext
 from ._schedule import Schedule
 from ._tz import to_utc
 
@@ -31,16 +30,12 @@ __all__ = (
     "NO_KWARGS",
     "NO_TAGS",
     "JobSettings",
-    "ScheduleRecord",
-    "check_durations",
     "describe_task",
-    "last_durations",
     "last_settings",
     "last_task",
     "normalise_tags",
-    "schedule_record",
+    "schedule_text",
     "settle",
-    "texts",
 )
 
 # Shared by every job registered without kwargs (read-only, so one serves them all).
@@ -52,19 +47,13 @@ _UNSET = object()  # nothing checked yet
 # The task last seen, then what it is: (is async, its RunContext parameter), one tuple that
 # the jobs given it share.
 last_task: list[Any] = [None, (True, None)]
-# A schedule as jobs hold it: (the schedule, its text, its grid step: the interval of an
-# anchor + k*interval schedule, else None); one tuple for the jobs given one schedule.
-ScheduleRecord = tuple[Any, str, Any]
-# Recent schedules' records, bounded: by id (holding the schedule, so the id stays its
-# own); their texts by value too (equal schedules share one string).
-texts: dict[int, ScheduleRecord] = {}
+# Recent schedules' texts, bounded: by id (holding the schedule, so the id stays its own)
+# and by value (equal schedules share one string).
+_texts: dict[int, tuple[Any, str]] = {}
 _texts_by_value: dict[Any, str] = {}
-# The four durations last given (the objects), their types and values, then their values
-# as checked.
-last_durations: list[Any] = [_UNSET, _UNSET, _UNSET, _UNSET, None, None, None, None, None]
-# The rarely read options last given (tags as normalised, alert_after as checked, the
-# others as given), then the JobSettings they were checked into.
-last_settings: list[Any] = [_UNSET] * 7 + [None]
+# The options last given (the objects; tags as normalised), then the JobSettings they were
+# checked into: a job given the very same objects shares it without a check.
+last_settings: list[Any] = [_UNSET] * 12 + [None]
 
 
 def normalise_tags(tags: str | Iterable[str] | None) -> frozenset[str]:
@@ -76,72 +65,53 @@ def normalise_tags(tags: str | Iterable[str] | None) -> frozenset[str]:
     return frozenset(tags)
 
 
-def check_durations(
-    name: str,
-    timeout: Seconds | None,
-    jitter: Seconds | None,
-    grace: Seconds | None,
-    alert: Seconds | None,
-) -> None:
-    """Check a job's four durations into ``last_durations`` (or raise, naming the job)."""
-    given = (
-        type(timeout),
-        timeout,
-        type(jitter),
-        jitter,
-        type(grace),
-        grace,
-        type(alert),
-        alert,
-    )
-    if given == last_durations[4]:  # equal to the last job's (new objects): checked then
-        last_durations[:4] = (timeout, jitter, grace, alert)
-        return
-    last_durations[:] = (
-        timeout,
-        jitter,
-        grace,
-        alert,
-        given,
-        optional_seconds(timeout, field="timeout", job=name),
-        optional_seconds(jitter, field="jitter", job=name, allow_zero=True),
-        optional_seconds(grace, field="misfire_grace", job=name, allow_zero=True),
-        optional_seconds(alert, field="alert_after", job=name),
-    )
-
-
 class JobSettings:
-    """A job's options that no run reads on its way, checked; jobs given the same share one.
+    """A job's options, checked; jobs given the same options share one.
 
     Immutable by convention (nothing writes a field after ``__init__``): sharing it is
-    what makes a job of 100,000 alike cost six fields less (Job reads them through
-    properties).
+    what makes a job of 100,000 alike cost twelve fields less (Job reads them through
+    properties). The durations are float seconds.
     """
 
     __slots__ = (
         "alert_after",
         "distributed",
+        "jitter",
         "locker",
+        "max_runs",
+        "misfire_grace",
+        "overlap",
         "recover",
         "start_at",
         "stop_at",
         "tags",
+        "timeout",
         "unbounded",
     )
 
     def __init__(
         self,
         tags: frozenset[str],
+        timeout: float | None,
+        overlap: Overlap,
+        jitter: float | None,
+        max_runs: int | None,
         start_at: datetime | None,
         stop_at: datetime | None,
+        misfire_grace: float | None,
         distributed: bool,
         locker: Locker | None,
         recover: bool,
         alert_after: float | None,
     ) -> None:
         self.tags = tags
+        self.timeout = timeout
+        self.overlap = overlap
+        self.jitter = jitter
+        self.max_runs = max_runs
         self.start_at = start_at
         self.stop_at = stop_at
+        self.misfire_grace = misfire_grace
         self.distributed = distributed
         self.locker = locker
         self.recover = recover
@@ -149,16 +119,21 @@ class JobSettings:
         self.unbounded = start_at is None and stop_at is None  # no bound to honour
 
     def _key(self) -> tuple[Any, ...]:
-        # By value, with types (True == 1, but distributed=1 stays 1), the locker by identity.
+        # By value (the durations are floats by now), distributed with its type (True == 1,
+        # but distributed=1 stays 1), the locker by identity.
         return (
             self.tags,
+            self.timeout,
+            self.overlap,
+            self.jitter,
+            self.max_runs,
             self.start_at,
             self.stop_at,
+            self.misfire_grace,
             type(self.distributed),
             self.distributed,
             id(self.locker),
             self.recover,
-            type(self.alert_after),
             self.alert_after,
         )
 
@@ -166,24 +141,36 @@ class JobSettings:
 def settle(
     name: str,
     tags: frozenset[str],
+    timeout: Seconds | None,
+    overlap: Overlap,
+    jitter: Seconds | None,
+    max_runs: int | None,
     start_at: datetime | None,
     stop_at: datetime | None,
+    misfire_grace: Seconds | None,
     distributed: bool,
     locker: Locker | None,
     recover: bool,
-    alert_after: float | None,
-    max_runs: int | None,
+    alert_after: Seconds | None,
 ) -> JobSettings:
-    """Check job *name*'s rarely read options (and *max_runs*, in the order Job always
-    checked them) into a JobSettings: the last one made, when it holds the same values.
+    """Check job *name*'s options into a JobSettings (the last one made, when it holds the
+    same values) and remember them in ``last_settings`` for the next job.
 
     Raises :class:`~cronlock.ScheduleError` naming the job, the option and the value.
     """
+    given = (tags, timeout, overlap, jitter, max_runs, start_at, stop_at, misfire_grace)
+    if overlap not in OVERLAPS:
+        raise ScheduleError(
+            f"job {name!r}: overlap must be one of {', '.join(OVERLAPS)}, got {overlap!r}"
+        )
+    checked_timeout = optional_seconds(timeout, field="timeout", job=name)
+    checked_jitter = optional_seconds(jitter, field="jitter", job=name, allow_zero=True)
+    grace = optional_seconds(misfire_grace, field="misfire_grace", job=name, allow_zero=True)
+    alert = optional_seconds(alert_after, field="alert_after", job=name)
     if recover is not False and recover is not True:
         raise ScheduleError(f"job {name!r}: recover must be True or False, got {recover!r}")
     if max_runs is not None:
         positive_int(max_runs, field="max_runs", owner=f"job {name!r}", error=ScheduleError)
-    given = (start_at, stop_at)
     if start_at is not None:
         start_at = to_utc(start_at, field=f"job {name!r}: start_at")
     if stop_at is not None:
@@ -193,11 +180,24 @@ def settle(
                 f"job {name!r}: stop_at {stop_at.isoformat()} is before "
                 f"start_at {start_at.isoformat()}"
             )
-    made = JobSettings(tags, start_at, stop_at, distributed, locker, recover, alert_after)
-    last = last_settings[7]
+    made = JobSettings(
+        tags,
+        checked_timeout,
+        overlap,
+        checked_jitter,
+        max_runs,
+        start_at,
+        stop_at,
+        grace,
+        distributed,
+        locker,
+        recover,
+        alert,
+    )
+    last = last_settings[12]
     if last is not None and last._key() == made._key():
         made = last
-    last_settings[:] = (tags, *given, distributed, locker, recover, alert_after, made)
+    last_settings[:] = (*given, distributed, locker, recover, alert_after, made)
     return made
 
 
@@ -212,12 +212,12 @@ def describe_task(func: Callable[..., object]) -> None:
     last_task[:] = (func, (is_async, _context_parameter(func)))
 
 
-def schedule_record(schedule: Schedule) -> ScheduleRecord:
-    """*schedule*'s record (itself, its ``str()``, its grid step), remembered for the next
-    job given it."""
-    seen = texts.get(id(schedule))  # by identity: no __hash__ call for a shared schedule
+def schedule_text(schedule: Schedule) -> str:
+    """``str(schedule)``, made once for a schedule that many jobs share (lockers that keep
+    a job's schedule are told it at every plan)."""
+    seen = _texts.get(id(schedule))  # by identity: no __hash__ call for a shared schedule
     if seen is not None and seen[0] is schedule:
-        return seen
+        return seen[1]
     try:
         text = _texts_by_value.get(schedule)
     except TypeError:  # an unhashable schedule of the user's
@@ -228,11 +228,10 @@ def schedule_record(schedule: Schedule) -> ScheduleRecord:
             _texts_by_value.clear()
         with contextlib.suppress(TypeError):
             _texts_by_value[schedule] = text
-    if len(texts) >= 256:
-        texts.clear()
-    step = schedule.interval if type(schedule) is IntervalSchedule else None
-    record = texts[id(schedule)] = (schedule, text, step)
-    return record
+    if len(_texts) >= 256:
+        _texts.clear()
+    _texts[id(schedule)] = (schedule, text)
+    return text
 
 
 def _context_parameter(func: Callable[..., object]) -> str | None:

@@ -7,10 +7,11 @@ from datetime import datetime
 from typing import Any, TypedDict
 
 from ._durations import Seconds
+from ._errors import ScheduleError
 from ._locking import Locker
 from ._records import Overlap
 
-__all__ = ("OPTION_NAMES", "JobOptions")
+__all__ = ("OPTION_NAMES", "JobOptions", "check_option_names")
 
 
 class JobOptions(TypedDict, total=False):
@@ -34,3 +35,13 @@ class JobOptions(TypedDict, total=False):
 
 
 OPTION_NAMES = frozenset(JobOptions.__annotations__)
+
+
+def check_option_names(job: str, options: Iterable[str]) -> None:
+    """Raise :class:`~cronlock.ScheduleError` naming *job* and any unknown option given."""
+    unknown = set(options) - OPTION_NAMES
+    if unknown:
+        raise ScheduleError(
+            f"job {job!r}: unknown option(s) {', '.join(sorted(unknown))}; "
+            f"known: {', '.join(sorted(OPTION_NAMES))}"
+        )

@@ -1,40 +1,34 @@
-"""When runs happen: the heap of due slots, misfires, catch-up, overlap policies and the cap."""
+"""When runs happen: firing the planned slots as they fall due, misfires, catch-up, overlap
+policies and the cap (the plan itself: :mod:`cronlock._planner`)."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import heapq
-import itertools
-import random
 from collections.abc import Callable, Coroutine, Iterable, Mapping
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
-from ._cancel import cancel_and_wait, finish_uncancellably, task_name
+from ._cancel import RUN_TASK, cancel_and_wait, finish_uncancellably, task_name
 from ._catchup import CatchUp, claim_time, latest_due, misfired
 from ._clock import Clock, wait_tasks
 from ._events import EventBus, JobEvent, JobSkipped
 from ._executor import Executor
 from ._fleetclock import FleetClock
-from ._guard import Lane
 from ._job import Job
+from ._jobconf import schedule_text
+from ._locking import Elector, FencedElector
 from ._logs import at, get_logger
+from ._planner import Entry, Fast, Planner
 
 __all__ = ("RunLoop", "misfired")
 
 _logger = get_logger("cronlock")
 
-# (step to the next slot, misfire grace, deadline lane): a job the fast path fires
-_Fast = tuple[timedelta, timedelta, "Lane | None"]
-# (fire time, tie-breaker, job name, plan generation, slot, _Fast or None: general rules).
-# By name: an entry with no _Fast yet holds nothing the garbage collector has to track.
-_Entry = tuple[datetime, int, str, int, datetime, "_Fast | None"]
 # Fires per pass of the run loop: a burst's runs start between passes, so their tasks die
 # young, not in the garbage collector's older generations by the thousand.
 _CHUNK = 256
-_UNKNOWN: Any = ()  # an entry's _Fast until the job's first fire has looked
 # (slot, tie-breaker, job, waiter for run_now)
 _Waiting = tuple[datetime, int, Job, "asyncio.Future[JobEvent] | None"]
 
@@ -42,7 +36,8 @@ _Waiting = tuple[datetime, int, Job, "asyncio.Future[JobEvent] | None"]
 class RunLoop:
     """Fires due slots in order and applies overlap, misfire and concurrency rules.
 
-    Owns every task it spawns: the loop task, one task per run, and the clock sleeper.
+    Owns its :class:`~cronlock._executor.Executor` (how a run goes) and every task it
+    spawns: the loop task, one task per run, and the clock sleeper.
     """
 
     def __init__(
@@ -50,23 +45,32 @@ class RunLoop:
         *,
         clock: Clock,
         loop_time: bool,
-        executor: Executor,
         bus: EventBus,
         max_concurrent: int | None,
         jobs: Mapping[str, Job],
+        elector: Elector | None,
+        default_timeout: float | None,
+        cancel_on_lock_loss: bool,
     ) -> None:
         self._clock = clock
         self._jobs = jobs  # the scheduler's, by name: what a heap entry names
         self._loop_time = loop_time  # the clock's time is the event loop's: sleep on a timer
-        self._executor = executor
+        self._executor = executor = Executor(
+            clock=clock,
+            loop_time=loop_time,
+            bus=bus,
+            elector=elector,
+            default_timeout=default_timeout,
+            cancel_on_lock_loss=cancel_on_lock_loss,
+        )
+        if isinstance(elector, FencedElector):  # its runs are cancelled when it is demoted
+            elector.on_demoted(executor.demote)
         self._bus = bus
         self._cap = max_concurrent
-        self._heap: list[_Entry] = []
-        self._seq = itertools.count()
-        self._draw = random.Random().getrandbits  # seeded from the OS: each replica its own
-        self._interned: dict[datetime, datetime] = {}  # first slots, while batching
-        # while batching: id(schedule) -> (schedule, after, its first slot after that)
-        self._firsts: dict[int, tuple[Any, datetime, datetime]] = {}
+        planner = Planner(self._poke)  # the heap and its entries (cronlock._planner)
+        self.schedule = planner.schedule  # the scheduler plans a job's first slot with it,
+        self.plan_all = planner.plan_all  # and every job's at start with this
+        self._heap, self._seq, self._order = planner.heap, planner.seq, planner.order
         self._waiting: list[_Waiting] = []  # runs held back by the concurrency cap
         self._queued: dict[
             Job, tuple[datetime, asyncio.Future[JobEvent] | None]
@@ -79,63 +83,7 @@ class RunLoop:
         self._helpers: set[asyncio.Task[None]] = set()
         self._loop = asyncio.get_running_loop()  # made by Scheduler.start, in its loop
         self._ended = self._finished  # bound once: the direct path hands it to every run
-        self._fasts: dict[_Fast, _Fast] = {}  # one tuple for jobs alike
-
-    def schedule(self, job: Job, after: datetime, *, batch: bool = False) -> None:
-        """Queue the job's first slot strictly after *after* (or mark it exhausted); with
-        *batch* only append it (at start: :meth:`heapify` follows, one for N entries)."""
-        schedule = job._sched[0]
-        # At start, jobs sharing a schedule object (every() reuses them) share its first slot.
-        known = self._firsts.get(id(schedule)) if batch else None
-        slot: datetime | None
-        if known is not None and known[1] is after and job._settings.unbounded:
-            slot = known[2]
-        else:
-            try:
-                slot = job.slot_after(after)
-            except Exception:
-                _logger.exception(
-                    "job %r: its schedule failed; the job will not fire",
-                    job.name,
-                    extra=at(job.name),
-                )
-                slot = None
-            if batch and slot is not None:  # jobs alike share one datetime (48 B each)
-                slot = self._interned.setdefault(slot, slot)
-                if job._settings.unbounded:
-                    self._firsts[id(schedule)] = (schedule, after, slot)
-        generation = job._replan(slot)  # stale entries of the job are dropped
-        note = job._wiring.note
-        if note is not None:
-            note(job.name, job._sched[1], slot)
-        if slot is None:
-            return
-        seq = self._order(job)
-        fire = job.fire_time(slot) if job.jitter else slot
-        if job._wiring.ahead:  # its claim goes out before the first slot too (ClaimAheadLocker)
-            with contextlib.suppress(Exception):  # (a failing schedule fails at its slot)
-                following = job.following(slot)
-                fire = fire if following is None else claim_time(job, fire, following - slot)
-        entry = (fire, seq, job.name, generation, slot, _UNKNOWN)
-        if batch:  # at start, for every job
-            self._heap.append(entry)
-            return
-        heapq.heappush(self._heap, entry)
-        if self._heap[0][1] == seq:
-            self._poke()  # the new entry is the earliest: the loop sleeps too long
-
-    def _order(self, job: Job) -> int:
-        """Tie-breaker: first come, first served, except coordinated jobs, drawn per entry, so
-        replicas go through a burst in different orders (in one, the first awake claims all)."""
-        seq = next(self._seq)
-        return (self._draw(64) << 64) | seq if job._wiring.coordinated else seq
-
-    def heapify(self) -> None:
-        """Restore the heap after batched :meth:`schedule` calls."""
-        self._interned.clear()
-        self._firsts.clear()
-        heapq.heapify(self._heap)
-        self._poke()
+        self._fasts: dict[Fast, Fast] = {}  # one tuple for jobs alike
 
     def unschedule(self, job: Job) -> None:
         """Forget the job's pending slot (entries are dropped lazily when popped)."""
@@ -263,7 +211,7 @@ class RunLoop:
                     number = job._launch(following)
                     self._running += 1
                     coro = run_direct(job, slot, number, fast[2], self._ended)
-                    tasks[create_task(coro, name=job._task_name)] = job
+                    tasks[create_task(coro, name=RUN_TASK + entry[2])] = job
                     continue
             heapq.heappop(heap)
             self._fire(job, entry[0], entry[4], now)
@@ -280,7 +228,7 @@ class RunLoop:
         if job._wiring.ahead:
             at_slot = job.fire_time(slot)
             if at_slot > now and job._active:  # its own run goes on: claim at the slot
-                entry: _Entry = (at_slot, self._order(job), job.name, job._generation, slot, None)
+                entry: Entry = (at_slot, self._order(job), job.name, job._generation, slot, None)
                 heapq.heappush(self._heap, entry)
                 return
             fire, now = at_slot, max(now, at_slot)
@@ -313,7 +261,7 @@ class RunLoop:
         job._plan(following)
         note = job._wiring.note
         if note is not None:
-            note(job.name, job._sched[1], following)
+            note(job.name, schedule_text(job._schedule), following)
         if next_fire is not None:
             assert following is not None
             fast = self._fast_of(job)
@@ -339,7 +287,7 @@ class RunLoop:
         if job.max_runs is not None and job._run_count + job._active >= job.max_runs:
             self.unschedule(job)
 
-    def _fast_of(self, job: Job) -> _Fast | None:
+    def _fast_of(self, job: Job) -> Fast | None:
         """What the fast path needs to fire *job* (:meth:`Executor.fast_of`), one tuple for
         jobs alike; None when its runs need the general rules (or a concurrency cap)."""
         fast = None if self._cap is not None else self._executor.fast_of(job)
@@ -399,7 +347,7 @@ class RunLoop:
             coro = self._executor.direct(job, slot, self._ended)
         if coro is None:
             coro = self._run(job, slot, waiter, replaced)
-        task = self._loop.create_task(coro, name=job._task_name)
+        task = self._loop.create_task(coro, name=RUN_TASK + job.name)
         self._tasks[task] = job
 
     async def _run(

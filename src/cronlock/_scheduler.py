@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
-from datetime import datetime, time, timedelta, tzinfo
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from datetime import datetime, time, tzinfo
 from types import TracebackType
-from typing import Any, Literal, TypeVar, Unpack
+from typing import Any, Literal, Never, TypeVar, Unpack
 
 from ._clock import Clock
 from ._durations import Seconds, optional_seconds, positive_int, to_seconds
@@ -14,7 +14,6 @@ from ._errors import (
     ConfigError,
     JobConflictError,
     JobLookupError,
-    ScheduleError,
     SchedulerStateError,
 )
 from ._events import (
@@ -26,16 +25,15 @@ from ._events import (
     SchedulerStopped,
     Subscription,
 )
-from ._executor import Executor
 from ._fleet import Fleet, FleetViews
 from ._fleetclock import on_loop_time, scheduler_clock
 from ._interval import IntervalSchedule
-from ._job import Job, default_name
+from ._job import Job, default_name, new_job
 from ._keys import job_lock_key
-from ._locking import Elector, FencedElector, Locker, Wiring, wire
+from ._locking import Elector, Locker, Wiring, wire
 from ._logs import get_logger
-from ._once import OnceSchedule
-from ._options import OPTION_NAMES, JobOptions
+from ._options import JobOptions, check_option_names
+from ._records import DEFAULT_MISFIRE_GRACE, Overlap
 from ._recovery import Recovery
 from ._resources import Resources
 from ._runloop import RunLoop
@@ -46,7 +44,6 @@ __all__ = ("JobOptions", "Scheduler")
 
 _logger = get_logger("cronlock")
 _F = TypeVar("_F", bound=Callable[..., object])
-_ONE_MICROSECOND = timedelta(microseconds=1)
 _UNSET = object()  # no job wired yet
 
 
@@ -151,31 +148,61 @@ class Scheduler(FleetViews):
 
     # -- registration ------------------------------------------------------------------
 
-    def add_job(  # self positional-only: one string comparison fewer per option given
-        self, /, func: Callable[..., object], schedule: Schedule, **options: Unpack[JobOptions]
+    def add_job(
+        self,
+        /,
+        func: Callable[..., object],
+        schedule: Schedule,
+        *,
+        name: str | None = None,
+        args: Sequence[Any] = (),
+        kwargs: Mapping[str, Any] | None = None,
+        tags: str | Iterable[str] | None = None,
+        timeout: Seconds | None = None,
+        overlap: Overlap = "skip",
+        jitter: Seconds | None = None,
+        max_runs: int | None = None,
+        start_at: datetime | None = None,
+        stop_at: datetime | None = None,
+        misfire_grace: Seconds | None = DEFAULT_MISFIRE_GRACE,
+        distributed: bool = True,
+        locker: Locker | None = None,
+        recover: bool = False,
+        alert_after: Seconds | None = None,
+        **unknown: Never,
     ) -> Job:
         """Register *func* to run on *schedule*; return the :class:`~cronlock.Job`.
 
-        Everything is validated here, so a typo fails at startup, not at the first firing.
+        The options are :class:`~cronlock.JobOptions` (the decorators take them too).
+        Everything is checked here, so a typo fails at startup, not at the first firing.
         """
-        name: str = options.get("name") or default_name(func)
-        if not OPTION_NAMES.issuperset(options):
-            unknown = set(options) - OPTION_NAMES
-            raise ScheduleError(
-                f"job {name!r}: unknown option(s) {', '.join(sorted(unknown))}; "
-                f"known: {', '.join(sorted(OPTION_NAMES))}"
-            )
+        name = name or default_name(func)
+        if unknown:  # (a type checker flags them: Never)
+            check_option_names(name, unknown)
         if name in self._jobs:
             raise JobConflictError(f"a job named {name!r} is already registered")
-        # The options are Job's parameters, with the same names and defaults: passed
-        # through as given, they cost nothing when left out (most are). *options* is this
-        # call's own dict (a ``**`` parameter always is), so it can carry the name.
-        options["name"] = name
-        # Job validates every option (durations, overlap, bounds) once. The ignore: the
-        # TypedDict says ``name: str | None``, and it was just set to a str.
         if type(schedule) is not IntervalSchedule:  # bind_zone() returns those as they are
             schedule = bind_zone(schedule, self._tz)
-        job = Job(func, schedule, **options)  # type: ignore[arg-type]
+        job = new_job(
+            func,
+            schedule,
+            name,
+            args,
+            kwargs,
+            tags,
+            timeout,
+            overlap,
+            jitter,
+            max_runs,
+            start_at,
+            stop_at,
+            misfire_grace,
+            distributed,
+            locker,
+            recover,
+            alert_after,
+            self,
+        )
         settings = job._settings
         last = self._last_wiring  # the last job's: jobs registered in a row share settings
         wiring = last[1] if last[0] is settings else None
@@ -197,13 +224,12 @@ class Scheduler(FleetViews):
         if wiring is None:
             wiring = self._wire(settings.distributed, settings.locker)
             self._last_wiring = (settings, wiring)
-        job._scheduler = self
         job._wiring = wiring
         self._jobs[name] = job
         if key is not None:
             self._keys[key] = name
         if self._loop is not None:
-            self._schedule_first(job)
+            self._loop.schedule(job, self._clock.now())
         return job
 
     def _wire(self, distributed: bool, locker: Locker | None) -> Wiring:
@@ -374,53 +400,25 @@ class Scheduler(FleetViews):
         if self._loop is not None:
             raise SchedulerStateError("the scheduler is already running")
         self._resources.check_open()
-        # Decided once: the real clock sleeps on event-loop timers, a virtual one on itself.
-        loop_time = on_loop_time(self._clock)
-        executor = Executor(
+        self._loop = RunLoop(
             clock=self._clock,
-            loop_time=loop_time,
+            # Decided once: the real clock sleeps on event-loop timers, a virtual one on itself.
+            loop_time=on_loop_time(self._clock),
             bus=self._bus,
+            max_concurrent=self._max_concurrent,
+            jobs=self._jobs,
             elector=self._elector,
             default_timeout=self._default_timeout,
             cancel_on_lock_loss=self._on_lock_lost == "cancel",
         )
-        self._loop = RunLoop(
-            clock=self._clock,
-            loop_time=loop_time,
-            executor=executor,
-            bus=self._bus,
-            max_concurrent=self._max_concurrent,
-            jobs=self._jobs,
-        )
         self._fleet.started(self._clock.now())
         active = [job for job in self._jobs.values() if not job._paused]
-        now = self._clock.now()
-        plan = self._loop.schedule
-        for job in active:
-            schedule = job._sched[0]
-            # The type first: isinstance() of another class costs ~400 instructions.
-            if type(schedule) is not IntervalSchedule and isinstance(schedule, OnceSchedule):
-                self._schedule_first(job, now)  # the once-at-start rule
-            else:
-                plan(job, now, batch=True)
-        self._loop.heapify()
+        self._loop.plan_all(active, self._clock.now())
         # Only jobs whose locker keeps a ledger catch up: none without such a wiring.
         ledgers = any(wiring.ledger is not None for wiring in self._wirings.values())
         self._loop.start(catch_up=active if ledgers else ())
-        if isinstance(self._elector, FencedElector):
-            self._elector.on_demoted(executor.demote)
         _logger.info("scheduler started with %d job(s)", len(self._jobs))
         self._bus.emit(SchedulerStarted())
-
-    def _schedule_first(self, job: Job, at_start: datetime | None = None) -> None:
-        """Plan *job*'s first slot; at start (*at_start*: its instant) in a batch."""
-        assert self._loop is not None
-        now = self._clock.now() if at_start is None else at_start
-        if isinstance(job.schedule, OnceSchedule) and job.schedule.at_start:
-            # once() without a time: the slot is the start instant itself.
-            job.set_schedule(OnceSchedule(instants=(now,)))
-            now -= _ONE_MICROSECOND
-        self._loop.schedule(job, now, batch=at_start is not None)
 
     async def shutdown(self, timeout: Seconds | None = None) -> None:
         """Stop firing; wait up to *timeout* (default ``stop_timeout``) for runs in flight,

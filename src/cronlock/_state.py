@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import itertools
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from ._records import RunRecord
 
-__all__ = ("RawRecord", "RunState")
+__all__ = ("RawRecord", "RunState", "fresh")
 
 # The hot path stores (slot, started, finished, outcome) as a plain tuple; RunRecord is
 # built only when somebody reads it.
@@ -26,6 +26,25 @@ RawRecord = RunRecord | tuple[Any, ...]
 # job, so the run loop's heap entries can name their job by name (a job removed and another
 # registered under its name never matches the old one's entries).
 _generations = itertools.count(1)
+
+
+_S = TypeVar("_S", bound="RunState")
+_new = object.__new__
+
+
+def fresh(cls: type[_S]) -> _S:
+    """A new *cls* (a subclass: ``Job``) whose run state is that of a job nothing has planned
+    or run; the rest of it is the caller's to fill (no ``__init__`` runs)."""
+    state = _new(cls)
+    state._next_run = None
+    state._raw_last_run = None
+    state._raw_last_success = None
+    state._run_count = 0
+    state._paused = False
+    state._active = 0
+    state._generation = 0
+    state._history_checked = None
+    return state
 
 
 class RunState:
@@ -42,15 +61,14 @@ class RunState:
         "_run_count",
     )
 
-    def __init__(self) -> None:
-        self._next_run: datetime | None = None
-        self._raw_last_run: RawRecord | None = None
-        self._raw_last_success: RawRecord | None = None
-        self._run_count = 0
-        self._paused = False
-        self._active = 0  # runs in flight or waiting for a concurrency slot
-        self._generation = 0  # heap entries of another generation are stale
-        self._history_checked: datetime | None = None
+    _next_run: datetime | None
+    _raw_last_run: RawRecord | None
+    _raw_last_success: RawRecord | None
+    _run_count: int
+    _paused: bool
+    _active: int  # runs in flight or waiting for a concurrency slot
+    _generation: int  # heap entries of another generation are stale
+    _history_checked: datetime | None
 
     # -- planning (the run loop) -----------------------------------------------------
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 from datetime import UTC, datetime, timedelta
 
@@ -12,6 +13,7 @@ from cronlock import (
     Job,
     JobCancelled,
     JobFailed,
+    JobOptions,
     JobSkipped,
     JobStarted,
     JobSucceeded,
@@ -492,6 +494,24 @@ async def test_once_at_start_and_at_instants(
     assert by_job == {("boot", T0), ("twice", at(20)), ("twice", at(30))}
 
 
+async def test_once_at_start_runs_when_first_planned_after_start(
+    scheduler: Scheduler, clock: FakeClock, recorder: Recorder
+) -> None:
+    # once() without a time runs at the instant it is first planned: at start, when added
+    # to a running scheduler, or when resumed after being paused before start.
+    paused = scheduler.add_job(_noop, _once(None), name="paused")
+    paused.pause()
+    async with scheduler:
+        await clock.advance(10)
+        scheduler.add_job(_noop, _once(None), name="late")
+        await clock.advance(10)
+        paused.resume()
+        await clock.advance(10)
+    by_job = {(e.job, e.slot) for e in recorder.of(JobStarted)}  # type: ignore[attr-defined]
+    assert by_job == {("late", at(10)), ("paused", at(20))}
+    assert paused.schedule == _once([at(20)])  # what it ran at, as once() with a time says
+
+
 async def test_cron_seconds_field_first(scheduler: Scheduler, clock: FakeClock) -> None:
     slots: list[datetime] = []
 
@@ -602,8 +622,16 @@ async def test_real_clock_smoke() -> None:
 
 
 async def test_unknown_option_is_rejected(scheduler: Scheduler) -> None:
-    with pytest.raises(ScheduleError, match="timout"):
-        scheduler.add_job(_noop, every(10), name="j", timout=5)  # type: ignore[call-arg]
+    with pytest.raises(ScheduleError, match=r"job 'j': unknown option\(s\) timout; known: "):
+        scheduler.add_job(_noop, every(10), name="j", timout=5)  # type: ignore[arg-type]
+    assert not scheduler.jobs
+
+
+def test_add_job_takes_exactly_the_job_options() -> None:
+    # The decorators pass JobOptions through to add_job: one list of options for both.
+    parameters = inspect.signature(Scheduler.add_job).parameters
+    keywords = {n for n, p in parameters.items() if p.kind is inspect.Parameter.KEYWORD_ONLY}
+    assert keywords == set(JobOptions.__annotations__)
 
 
 async def test_a_late_slot_on_the_fast_path_is_still_a_misfire(

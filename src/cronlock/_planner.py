@@ -1,0 +1,124 @@
+"""The run loop's plan: each job's next slot as an entry in one heap, ordered by fire time.
+
+:class:`Planner` makes the entries (the job's first slot after an instant, its jitter, its
+claim ahead, a tie-breaker) and keeps the heap; the run loop (:mod:`cronlock._runloop`)
+pops them as they fall due and pushes the next. An entry names its job and the plan's
+generation: a job re-planned, paused or removed leaves stale entries, dropped when popped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import heapq
+import itertools
+import random
+from collections.abc import Callable, Iterable
+from datetime import datetime, timedelta
+from typing import Any
+
+from ._catchup import claim_time
+from ._guard import Lane
+from ._interval import IntervalSchedule
+from ._job import Job
+from ._jobconf import schedule_text
+from ._logs import at, get_logger
+from ._once import OnceSchedule
+
+__all__ = ("UNKNOWN", "Entry", "Fast", "Planner")
+
+_logger = get_logger("cronlock")
+
+# (step to the next slot, misfire grace, deadline lane): a job the fast path fires
+Fast = tuple[timedelta, timedelta, "Lane | None"]
+# (fire time, tie-breaker, job name, plan generation, slot, Fast or None: general rules).
+# By name: an entry with no Fast yet holds nothing the garbage collector has to track.
+Entry = tuple[datetime, int, str, int, datetime, "Fast | None"]
+_ONE_MICROSECOND = timedelta(microseconds=1)
+UNKNOWN: Any = ()  # an entry's Fast until the job's first fire has looked (also: not found)
+
+
+class Planner:
+    """Makes the run loop's heap entries and keeps its heap.
+
+    *poke* wakes the run loop when a new entry comes first (it sleeps until the earliest).
+    """
+
+    def __init__(self, poke: Callable[[], None]) -> None:
+        self.heap: list[Entry] = []
+        self.seq = itertools.count()
+        self._draw = random.Random().getrandbits  # seeded from the OS: each replica its own
+        self._poke = poke
+
+    def schedule(self, job: Job, after: datetime) -> None:
+        """Queue the job's first slot strictly after *after* (or mark it exhausted)."""
+        entry = self._entry(job, self._first(job, after), next(self.seq))
+        if entry is not None:
+            heapq.heappush(self.heap, entry)
+            if self.heap[0] is entry:
+                self._poke()  # the new entry is the earliest: the loop sleeps too long
+
+    def plan_all(self, jobs: Iterable[Job], after: datetime) -> None:
+        """At start: queue every job's first slot after *after*, with one heapify for all.
+        Jobs given one schedule object (every() reuses them) share its first slot, and jobs
+        alike one datetime (48 B each)."""
+        firsts: dict[int, datetime | None] = {}
+        interned: dict[datetime, datetime] = {}
+        append, seqs, entry_of = self.heap.append, self.seq, self._entry
+        for job in jobs:
+            schedule = job._schedule
+            unbounded = job._settings.unbounded
+            slot = firsts.get(id(schedule), UNKNOWN) if unbounded else UNKNOWN
+            if slot is UNKNOWN:
+                slot = self._first(job, after)
+                if slot is not None:
+                    slot = interned.setdefault(slot, slot)
+                if unbounded and job._schedule is schedule:  # (not a once() at start's)
+                    firsts[id(schedule)] = slot
+            entry = entry_of(job, slot, next(seqs))
+            if entry is not None:
+                append(entry)
+        heapq.heapify(self.heap)
+        self._poke()
+
+    def _first(self, job: Job, after: datetime) -> datetime | None:
+        """The job's first slot after *after*; None (logged) when its schedule fails. A
+        ``once()`` without a time is given its slot here: the instant it is first planned."""
+        schedule = job._schedule
+        # The type first: isinstance() of another class costs ~400 instructions.
+        if (
+            type(schedule) is not IntervalSchedule
+            and isinstance(schedule, OnceSchedule)
+            and schedule.at_start
+        ):
+            job.set_schedule(OnceSchedule(instants=(after,)))
+            after -= _ONE_MICROSECOND
+        try:
+            return job.slot_after(after)
+        except Exception:
+            _logger.exception(
+                "job %r: its schedule failed; the job will not fire", job.name, extra=at(job.name)
+            )
+            return None
+
+    def _entry(self, job: Job, slot: datetime | None, seq: int) -> Entry | None:
+        """Plan *slot* (None: nothing) as the job's next, and make its heap entry."""
+        generation = job._replan(slot)  # stale entries of the job are dropped
+        wiring = job._wiring
+        if wiring.note is not None:
+            wiring.note(job.name, schedule_text(job._schedule), slot)
+        if slot is None:
+            return None
+        if wiring.coordinated:  # see order
+            seq |= self._draw(64) << 64
+        fire = job.fire_time(slot) if job._settings.jitter else slot
+        if wiring.ahead:  # its claim goes out before the first slot too (ClaimAheadLocker)
+            with contextlib.suppress(Exception):  # (a failing schedule fails at its slot)
+                following = job.following(slot)
+                fire = fire if following is None else claim_time(job, fire, following - slot)
+        return (fire, seq, job.name, generation, slot, UNKNOWN)
+
+    def order(self, job: Job) -> int:
+        """Tie-breaker: first come, first served, except coordinated jobs, drawn per entry, so
+        replicas go through a burst in different orders (in one, the first awake claims all)."""
+        seq = next(self.seq)
+        return (self._draw(64) << 64) | seq if job._wiring.coordinated else seq
