@@ -148,6 +148,47 @@ def test_jobs_given_the_same_options_share_their_checked_settings(scheduler: Sch
         scheduler.add_job(_noop, every(10), name="d", **options, recover=1)  # type: ignore[arg-type]
 
 
+def test_each_option_reaches_its_own_field(scheduler: Scheduler) -> None:
+    # add_job hands the options on by position (bound once, not twice): given a distinct
+    # value each, every one must come out where it was put, durations as float seconds.
+    locker = InMemoryLocker()
+    start, stop = T0 + timedelta(hours=1), T0 + timedelta(hours=2)
+    job = scheduler.add_job(
+        _noop,
+        every(10),
+        name="all",
+        args=(1,),
+        kwargs={"k": 2},
+        tags="t",
+        timeout=3,
+        overlap="queue",
+        jitter=4,
+        max_runs=5,
+        start_at=start,
+        stop_at=stop,
+        misfire_grace=6,
+        distributed=False,
+        locker=locker,
+        recover=True,
+        alert_after=7,
+    )
+    assert (job.name, job.args, dict(job.kwargs), job.tags) == (
+        "all",
+        (1,),
+        {"k": 2},
+        frozenset({"t"}),
+    )
+    assert (job.timeout, job.overlap, job.jitter, job.max_runs) == (3.0, "queue", 4.0, 5)
+    assert (job.start_at, job.stop_at, job.misfire_grace) == (start, stop, 6.0)
+    assert (job.distributed, job.locker, job.recover, job.alert_after) == (
+        False,
+        locker,
+        True,
+        7.0,
+    )
+    assert job.schedule == every(10)
+
+
 def test_every_keeps_one_schedule_for_the_same_anchor_given_anew() -> None:
     first = every(60, anchor=datetime(2030, 1, 1, 0, 0, 5, tzinfo=UTC))
     again = every(60, anchor=datetime(2030, 1, 1, 0, 0, 5, tzinfo=UTC))
