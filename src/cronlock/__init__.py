@@ -25,6 +25,7 @@ if _TYPE_CHECKING:
     from ._errors import LedgerNameError as LedgerNameError
     from ._errors import LockError as LockError
     from ._errors import LockUnavailable as LockUnavailable
+    from ._errors import PoolerDetected as PoolerDetected
     from ._errors import ScheduleError as ScheduleError
     from ._errors import SchedulerStateError as SchedulerStateError
     from ._events import Event as Event
@@ -93,6 +94,7 @@ _WHERE = {
     "LedgerNameError": "._errors",
     "LockError": "._errors",
     "LockUnavailable": "._errors",
+    "PoolerDetected": "._errors",
     "ScheduleError": "._errors",
     "SchedulerStateError": "._errors",
     "Event": "._events",
@@ -189,6 +191,7 @@ __all__ = (
     "OnceSchedule",
     "Outcome",
     "Overlap",
+    "PoolerDetected",
     "RealTimeClock",
     "RecordingLease",
     "Refusal",

@@ -48,6 +48,19 @@ class LockUnavailable(LockError):
     """
 
 
+class PoolerDetected(LockError):
+    """A session advisory lock was asked for through a connection pooler or proxy.
+
+    Raised by :class:`cronlock.postgres.PostgresLocker` in ``mode="session"`` (and by the
+    elector and ``locked_run``) when its session is not one server backend of its own: the
+    backend pid the server reports differs from the one the connection announced, or it
+    changed between two statements. A transaction pooler (PgBouncer in transaction mode,
+    Supavisor, Neon's and Heroku's poolers) hands each transaction to whatever backend is
+    free, so a session lock taken in one would be held by a stranger and never released.
+    Use ``mode="lease"``, which needs no session, or connect to the server directly.
+    """
+
+
 class LedgerNameError(ConfigError):
     """A run-ledger table or schema name PostgreSQL cannot store as given.
 

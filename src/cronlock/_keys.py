@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ("job_lock_key",)
+__all__ = ("job_lock_key", "ledger_lock_key")
 
 # FNV-1a, 64-bit variant: http://www.isthe.com/chongo/tech/comp/fnv/ (parameters public).
 _FNV64_OFFSET_BASIS = 0xCBF29CE484222325
@@ -24,3 +24,14 @@ def job_lock_key(name: str) -> int:
         # xor first, then multiply: that order is what makes it FNV-1a rather than FNV-1.
         h = ((h ^ byte) * _FNV64_PRIME) & _MASK64
     return h - (1 << 64) if h & _SIGN_BIT else h
+
+
+def ledger_lock_key(ledger: str, name: str) -> int:
+    """The advisory-lock key of job *name* of the ledger named *ledger*.
+
+    Advisory locks are database-wide: two services with ledgers of their own in one database
+    that both name a job "cleanup" would block each other on :func:`job_lock_key`. This key
+    hashes the ledger's name too (``job_lock_key(ledger + "\\0" + name)``: a NUL never
+    occurs in a name the server stores), so each ledger's jobs contend only among themselves.
+    """
+    return job_lock_key(f"{ledger}\x00{name}")

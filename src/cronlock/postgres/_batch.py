@@ -33,17 +33,12 @@ from .._locking import Refusal
 from .._logs import at, get_logger
 from ._advisory import UNLOCK_SQL
 from ._backend_errors import SessionGone, backend_error_types, backend_errors
-from ._batchsql import (
-    TRY_LOCK_MANY_SQL,
-    UNLOCK_MANY_SQL,
-    Prefixed,
-    claim_many_sql,
-    finish_many_sql,
-)
-from ._ledger import LedgerTable, to_record
+from ._batchsql import TRY_LOCK_MANY_SQL, UNLOCK_MANY_SQL, Prefixed
+from ._ledger import to_record
 
 if TYPE_CHECKING:
     from .._records import RunRecord
+    from ._exclusion import Exclusion
     from ._session import LockSession
 
 __all__ = ("MAX_BATCH", "Batcher", "ClaimAnswer", "Told")
@@ -100,18 +95,23 @@ class _End:
 class Batcher:
     """The claims and ends of runs waiting to go to one lock *session*, and their flush.
 
-    *table* ``None`` is lock-only mode (bare try-locks and unlocks); *host* is written to
-    the ledger with each claim. :attr:`batches` and :attr:`batched` count the claim and
-    end statements sent and the requests they carried.
+    *exclusion* gives the statements of the locker's mode (:mod:`._exclusion`); ``None`` is
+    lock-only mode (bare try-locks and unlocks). *host* is written to the ledger with each
+    claim. :attr:`batches` and :attr:`batched` count the claim and end statements sent and
+    the requests they carried.
     """
 
-    def __init__(self, session: LockSession, table: LedgerTable | None, host: str) -> None:
+    def __init__(self, session: LockSession, exclusion: Exclusion | None, host: str) -> None:
         self._session = session
-        self._table = table
+        self._exclusion = exclusion
         self._host = host
         self._pid = os.getpid()
-        self._claim_sql = None if table is None else claim_many_sql(table)
-        self._finish_sql = None if table is None else finish_many_sql(table)
+        self._claim_sql = None if exclusion is None else exclusion.claim_sql
+        self._finish_sql = None if exclusion is None else exclusion.finish_sql
+        self._extra = () if exclusion is None else exclusion.extra
+        self._holder = () if exclusion is None else exclusion.holder_args
+        # Session mode: a lease lives and dies with the session it was granted on.
+        self._bound = exclusion is None or exclusion.session_bound
         self._claims: list[_Claim] = []
         self._ends: list[_End] = []
         self._flush: asyncio.Task[None] | None = None
@@ -148,7 +148,7 @@ class Batcher:
         future of the answer (False: the statement failed, and the session was terminated,
         which releases the lock server-side), or ``None`` when the session of *generation*
         is gone, the lock with it (a release awaits it with no task of its own)."""
-        if generation != self._session.generation or self._session.conn is None:
+        if self._bound and (generation != self._session.generation or self._session.conn is None):
             return None
         future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         self._ends.append(_End(job, key, slot, generation, record, undo, future))
@@ -253,17 +253,21 @@ class Batcher:
                 return answers
             jobs = [claim.job for claim in claims]
             slots = [claim.slot for claim in claims]
-            sql, host, pid = self._claim_sql, self._host, self._pid
+            sql, host, pid, extra = self._claim_sql, self._host, self._pid, self._extra
             rows = await run(
                 conn,
                 generation,
-                lambda c: c.fetch(sql, keys, jobs, slots, host, pid),
+                lambda c: c.fetch(sql, keys, jobs, slots, host, pid, *extra),
                 what="claim",
             )
         answers = [ClaimAnswer(None, generation)] * len(claims)
         for row in rows:
             if row["started_at"] is not None:
                 continue
+            if not self._bound and row["stray"]:
+                # Lease mode: a lease taken for a slot claimed meanwhile goes straight back.
+                claim = claims[row["i"] - 1]
+                self.end(generation, claim.job, claim.key, claim.slot, None, undo=True)
             refusal: Refusal
             if row["paused"]:
                 refusal = "paused"
@@ -278,11 +282,22 @@ class Batcher:
 
     async def _send_ends(self, ends: list[_End]) -> None:
         session = self._session
-        conn, generation = session.conn, session.generation
-        current = [end for end in ends if end.generation == generation and conn is not None]
-        for end in ends:
-            if end.generation != generation or conn is None:
-                _settle(end.future, False)  # that session died: the server unlocked
+        if not self._bound:
+            # Lease mode: the leases live in the ledger, not in a session. An end goes out
+            # on whatever connection is open now (opened if need be).
+            try:
+                conn, generation = await session.ensure()
+            except LockError:
+                conn, generation = None, session.generation
+            current = [] if conn is None else ends
+            for end in ends if conn is None else ():
+                _settle(end.future, False)  # written later, with the lease's release
+        else:
+            conn, generation = session.conn, session.generation
+            current = [end for end in ends if end.generation == generation and conn is not None]
+            for end in ends:
+                if end.generation != generation or conn is None:
+                    _settle(end.future, False)  # that session died: the server unlocked
         if not current:
             return
         self.batches += 1
@@ -311,6 +326,7 @@ class Batcher:
                     [end.undo for end in current],
                     self._host,
                     self._pid,
+                    *self._holder,
                 )
                 rows = await run(conn, generation, lambda c: c.fetch(sql, *args), what="finish")
         except SessionGone:
@@ -330,10 +346,12 @@ class Batcher:
             return
         for row in rows:
             end = current[row["i"] - 1]
-            if not row["released"]:
+            if not row["released"] and (self._bound or not end.undo):
                 _logger.warning(
-                    "job %r: its lock was no longer held at unlock",
+                    "job %r: its %s was no longer held at %s",
                     end.job,
+                    "lock" if self._bound else "lease",
+                    "unlock" if self._bound else "release (it expired first)",
                     extra=at(end.job, end.slot),
                 )
             _settle(end.future, True)

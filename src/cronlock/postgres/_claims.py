@@ -20,8 +20,7 @@ from .._errors import LockError
 from .._logs import at, get_logger
 from ._backend_errors import backend_errors
 from ._batch import Batcher, ClaimAnswer
-from ._crashes import recover_sql
-from ._ledger import LedgerTable
+from ._exclusion import Exclusion
 from ._session import LockSession
 
 __all__ = ("Claims",)
@@ -32,15 +31,16 @@ _logger = get_logger("cronlock.postgres")
 class Claims:
     """Lock-and-claim and record-and-unlock statements on one lock *session* (a shard).
 
-    *table* ``None`` is lock-only mode; *host* is written to the ledger with each claim.
+    *exclusion* gives the statements of the locker's mode; ``None`` is lock-only mode.
+    *host* is written to the ledger with each claim.
     """
 
-    def __init__(self, session: LockSession, table: LedgerTable | None, host: str) -> None:
+    def __init__(self, session: LockSession, exclusion: Exclusion | None, host: str) -> None:
         self._session = session
-        self._table = table
+        self._exclusion = exclusion
         self._host = host
-        self._recover_sql = None if table is None else recover_sql(table)
-        self.batcher = Batcher(session, table, host)
+        self._recover_sql = None if exclusion is None else exclusion.recover_sql
+        self.batcher = Batcher(session, exclusion, host)
 
     async def claim(
         self, job: str, key: int, slot: datetime, *, rerun: bool = False
@@ -97,6 +97,7 @@ class Claims:
         self, conn: Any, generation: int, job: str, key: int, slot: datetime, sql: str
     ) -> ClaimAnswer:
         host, pid = self._host, os.getpid()
+        extra = () if self._exclusion is None else self._exclusion.extra
         with backend_errors(
             f"job {job!r}: the claim statement failed",
             session_lost=f"job {job!r}: the lock session was lost; try again",
@@ -104,9 +105,12 @@ class Claims:
             row = await self._session.run(
                 conn,
                 generation,
-                lambda c: c.fetchrow(sql, key, job, slot, host, pid),
+                lambda c: c.fetchrow(sql, key, job, slot, host, pid, *extra),
                 what="claim",
             )
+        if extra and row["stray"]:
+            # Lease mode: a lease taken for a row that could not be taken over goes back.
+            self.batcher.end(generation, job, key, slot, None, undo=True)
         if row["started_at"] is not None:
             return ClaimAnswer(None, generation)
         if row["paused"]:

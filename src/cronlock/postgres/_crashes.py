@@ -98,10 +98,22 @@ def recover_sql(table: LedgerTable) -> str:
 class CrashWatch:
     """One locker's part in crash detection: the check, who to tell, what to rerun."""
 
-    __slots__ = ("_callbacks", "_host", "_pid", "_recoverable", "_sql", "marked", "rerun")
+    __slots__ = (
+        "_args",
+        "_callbacks",
+        "_host",
+        "_pid",
+        "_recoverable",
+        "_sql",
+        "marked",
+        "rerun",
+    )
 
-    def __init__(self, table: LedgerTable, host: str) -> None:
-        self._sql = crashed_sql(table)
+    def __init__(self, sql: str, host: str, args: tuple[object, ...] = ()) -> None:
+        # The mode's check (session gone, or lease expired: Exclusion.crashed_sql) and the
+        # arguments it takes after host and pid.
+        self._sql = sql
+        self._args = args
         self._host = host
         self._pid = os.getpid()
         self._callbacks: list[CrashCallback] = []
@@ -131,7 +143,7 @@ class CrashWatch:
         rows = await session.run(
             conn,
             generation,
-            lambda c: c.fetch(self._sql, self._host, self._pid),
+            lambda c: c.fetch(self._sql, self._host, self._pid, *self._args),
             what="checking for crashed runs",
             keep_on_server_error=True,
         )
@@ -155,13 +167,13 @@ class CrashWatch:
             if len(self._recoverable) > _REMEMBER:
                 del self._recoverable[next(iter(self._recoverable))]
         _logger.warning(
-            "job %r slot %s: the run by %s (started %s, attempt %d) crashed: its lock "
-            "session is gone; marked crashed%s",
+            "job %r slot %s: the run by %s (started %s, attempt %d) crashed (%s); marked crashed%s",
             job,
             record.slot.isoformat(),
             record.owner,
             record.started_at.isoformat(),
             record.attempt,
+            record.error,
             "; this replica runs it again" if rerun else "",
             extra=at(job, record.slot),
         )

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from .._errors import LedgerNameError
-from .._keys import job_lock_key
+from .._keys import job_lock_key, ledger_lock_key
 from .._records import RunRecord
 
 __all__ = (
@@ -129,6 +129,17 @@ class LedgerTable:
         return self._qualified(_derived(self.table, "_control"))
 
     @property
+    def leases(self) -> str:
+        """The leases table (``<table>_leases``: who runs each job, until when, in lease
+        mode), quoted and qualified."""
+        return self._qualified(_derived(self.table, "_leases"))
+
+    def lock_key(self, job: str) -> int:
+        """*job*'s advisory-lock key in this ledger's namespace (:func:`ledger_lock_key` of
+        the qualified runs table): two ledgers in one database never share a key."""
+        return ledger_lock_key(self.runs, job)
+
+    @property
     def migrate_key(self) -> int:
         """The transaction advisory lock key that serialises concurrent migrations."""
         return job_lock_key(f"cronlock:migrate:{self.runs}")
@@ -186,21 +197,30 @@ class LedgerTable:
                 triggered_by text,
                 updated_at   timestamptz NOT NULL DEFAULT clock_timestamp()
             )""",
+            # Lease mode (._leasesql): one row a job, naming the run that holds it and until
+            # when, in the server's time. A lease released is one that expired at -infinity.
+            f"""CREATE TABLE IF NOT EXISTS {self.leases} (
+                job        text        PRIMARY KEY,
+                slot       timestamptz NOT NULL,
+                holder     text        NOT NULL,
+                expires_at timestamptz NOT NULL,
+                attempt    smallint    NOT NULL DEFAULT 1
+            )""",
         ]
         return statements
 
     @property
     def state_sql(self) -> str:
         """``$1, $2``: the quoted names of both tables, ``$3`` the columns a current ledger
-        has that an old one lacks, ``$4`` the control table (an older ledger lacks it). NULL
-        when a table is missing, else whether it is current.
+        has that an old one lacks, ``$4`` the control table and ``$5`` the leases table (an
+        older ledger lacks them). NULL when a table is missing, else whether it is current.
         """
         return """
             SELECT CASE WHEN to_regclass($1) IS NULL OR to_regclass($2) IS NULL THEN NULL
                    ELSE (SELECT count(*) = cardinality($3::text[]) FROM pg_attribute
                          WHERE attrelid = to_regclass($1) AND attname = ANY($3::text[])
                            AND NOT attisdropped)
-                        AND to_regclass($4) IS NOT NULL END"""
+                        AND to_regclass($4) IS NOT NULL AND to_regclass($5) IS NOT NULL END"""
 
     # -- the hot path: one round trip to claim, one to finish ----------------------------
 
@@ -440,7 +460,12 @@ async def ledger_state(conn: Any, table: LedgerTable) -> LedgerState:
     """Whether the ledger's tables are missing, of an older shape, or current, as this
     session resolves their names: one catalog query."""
     current = await conn.fetchval(
-        table.state_sql, table.runs, table.jobs, list(_ADDED_COLUMNS), table.control
+        table.state_sql,
+        table.runs,
+        table.jobs,
+        list(_ADDED_COLUMNS),
+        table.control,
+        table.leases,
     )
     return "missing" if current is None else "current" if current else "old"
 

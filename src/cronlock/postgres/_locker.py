@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import secrets
 import socket
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import datetime, timedelta
@@ -29,9 +30,12 @@ from ._claims import Claims
 from ._connections import ConnectionSource, Keepalives, default_application_name
 from ._control import FleetWatch
 from ._crashes import CrashWatch
+from ._exclusion import Exclusion, Mode, lease_rows, session_locks
 from ._lease import PostgresLease
 from ._ledger import DEFAULT_TABLE, LedgerTable
+from ._pooled import PooledStatements
 from ._reads import LedgerReads
+from ._renewal import LeaseKeeper
 from ._servertime import DEFAULT_AHEAD, DEFAULT_SPREAD, LANES, FairRace, read_server_clock
 from ._session import LockSession
 from ._sessionend import hand_back_all, mark_dropped
@@ -128,18 +132,56 @@ class PostgresLocker(HeldOpenByBlocks):
         connect_kwargs: Mapping[str, Any] | None = None,
         spread: Seconds = DEFAULT_SPREAD,
         claim_ahead: Seconds = DEFAULT_AHEAD,
+        mode: Mode = "session",
+        lease: Seconds = 20.0,
+        bare_keys: bool = False,
     ) -> None:
         sessions = positive_int(sessions, field="sessions", owner="PostgresLocker", upper=64)
         remember = positive_int(remember, field="remember", owner="PostgresLocker")
+        if mode not in ("session", "lease"):
+            raise ConfigError(f"PostgresLocker: mode must be 'session' or 'lease', got {mode!r}")
+        if mode == "lease" and not ledger:
+            raise ConfigError(
+                "PostgresLocker: mode='lease' keeps its leases in the run ledger, so it "
+                "needs ledger=True (got ledger=False)"
+            )
+        lease_s = to_seconds(lease, field="lease", error=ConfigError)
+        if lease_s < 1.0:
+            raise ConfigError(f"PostgresLocker: lease must be at least 1 second, got {lease!r}")
+        self._mode: Mode = mode
+        self._application_name = application_name or default_application_name()
+        if mode == "lease" and isinstance(pool_or_dsn, str):
+            # Nothing is set on a lease-mode session (a pooler would hand it on to other
+            # clients): its name is a startup parameter, which every pooler accepts, and
+            # no named prepared statement is used (a pooler cannot route them).
+            settings = dict((connect_kwargs or {}).get("server_settings") or {})
+            settings.setdefault("application_name", self._application_name)
+            connect_kwargs = {
+                "statement_cache_size": 0,
+                **(connect_kwargs or {}),
+                "server_settings": settings,
+            }
         source = ConnectionSource(pool_or_dsn, connect_kwargs)
         self._table = LedgerTable(table, schema) if ledger else None
+        # Lock keys: namespaced by the ledger, so that two services' ledgers in one database
+        # never share a key; the bare Go-compatible key on request (or without a ledger).
+        self._lock_key: Callable[[str], int] = (
+            job_lock_key if bare_keys or self._table is None else self._table.lock_key
+        )
+        self._holder = f"{self._application_name}:{secrets.token_hex(4)}"
+        self._exclusion: Exclusion | None = None
+        if self._table is not None:
+            self._exclusion = (
+                lease_rows(self._table, holder=self._holder, lease=lease_s)
+                if mode == "lease"
+                else session_locks(self._table)
+            )
         retention_s = to_seconds(retention, field="retention", error=ConfigError)
         heartbeat_s = optional_seconds(heartbeat, field="heartbeat", error=ConfigError)
         connect_timeout_s = to_seconds(connect_timeout, field="connect_timeout", error=ConfigError)
         statement_timeout_s = to_seconds(
             statement_timeout, field="statement_timeout", error=ConfigError
         )
-        self._application_name = application_name or default_application_name()
         self._remember = remember
         spread_s = to_seconds(spread, field="spread", allow_zero=True, error=ConfigError)
         self._race = FairRace(spread_s)
@@ -151,42 +193,79 @@ class PostgresLocker(HeldOpenByBlocks):
         self._source = source
         self._pool_watch: asyncio.Task[None] | None = None
         # The shards: a job's lock, claim, release and reads go to session key % sessions.
-        self._shards = tuple(
-            LockSession(
-                source,
-                table=self._table,
-                create_table=create_table,
-                connect_timeout=connect_timeout_s,
-                statement_timeout=statement_timeout_s,
-                application_name=self._application_name,
-                keepalives=keepalives,
-                on_open=self._on_session_opened,
-                on_drop=functools.partial(self._on_session_dropped, shard),
+        # Lease mode has one: its statements, on the user's pool or one connection of ours.
+        self._shards: tuple[LockSession, ...]
+        if mode == "lease" and source.pooled:
+            assert self._table is not None
+            self._shards = (
+                PooledStatements(
+                    source,
+                    table=self._table,
+                    create_table=create_table,
+                    connect_timeout=connect_timeout_s,
+                    statement_timeout=statement_timeout_s,
+                    on_open=self._on_session_opened,
+                ),
             )
-            for shard in range(sessions)
-        )
+        else:
+            self._shards = tuple(
+                LockSession(
+                    source,
+                    table=self._table,
+                    create_table=create_table,
+                    connect_timeout=connect_timeout_s,
+                    statement_timeout=statement_timeout_s,
+                    application_name=self._application_name,
+                    keepalives=keepalives,
+                    on_open=self._on_session_opened,
+                    on_drop=functools.partial(self._on_session_dropped, shard),
+                    session_locks=mode == "session",
+                )
+                for shard in range(1 if mode == "lease" else sessions)
+            )
         host = socket.gethostname()
-        self._claims = tuple(Claims(session, self._table, host) for session in self._shards)
+        self._claims = tuple(Claims(session, self._exclusion, host) for session in self._shards)
         self._held: dict[int, PostgresLease] = {}
         self._pending: set[int] = set()
         self._claimed: dict[str, dict[datetime, None]] = {}
         # What refusals told of each job's history, until the scheduler asks (see
         # refusal_history); bounded like the claimed slots.
         self._told: dict[str, tuple[RunRecord | None, RunRecord | None]] = {}
-        self._reads = LedgerReads(self._shards, self._table, lambda: self._closed)
-        self._crashes = None if self._table is None else CrashWatch(self._table, host)
+        self._reads = LedgerReads(
+            self._shards, self._table, lambda: self._closed, key=self._lock_key
+        )
+        exclusion = self._exclusion
+        self._crashes = (
+            None
+            if exclusion is None
+            else CrashWatch(exclusion.crashed_sql, host, exclusion.holder_args)
+        )
+        self._keeper = (
+            None
+            if mode == "session" or self._table is None
+            else LeaseKeeper(
+                self._shards[0],
+                self._table,
+                holder=self._holder,
+                lease=lease_s,
+                held=lambda: list(self._held.values()),
+                lost=self._on_fenced,
+            )
+        )
         # Upkeep: heartbeat, schedules to write, outcomes of lost leases to write, crashed
         # runs to mark, pruning.
         self._upkeep = Upkeep(
             self._shards,
             self._table,
             retention=retention_s,
-            heartbeat=heartbeat_s,
+            # Lease mode: the renewals prove the leases; nothing lives in a session to check.
+            heartbeat=heartbeat_s if mode == "session" else None,
             application_name=self._application_name,
             holding=lambda: {key % sessions for key in self._held},
             busy=lambda: bool(self._held or self._pending),
             host=host,
             crashes=self._crashes,
+            exclusion=self._exclusion,
         )
         self._fleet = None if self._table is None else FleetWatch(self._table, self._shards)
         self._granted = self._contended = self._busy_here = self._already_ran = 0
@@ -196,6 +275,17 @@ class PostgresLocker(HeldOpenByBlocks):
     def application_name(self) -> str:
         """The ``application_name`` of the lock sessions, as shown in pg_stat_activity."""
         return self._application_name
+
+    @property
+    def mode(self) -> Mode:
+        """Where exclusion lives: ``"session"`` (advisory locks) or ``"lease"`` (lease rows)."""
+        return self._mode
+
+    def lock_key(self, job: str) -> int:
+        """The advisory-lock key this locker uses for *job*: namespaced by its ledger
+        (:func:`cronlock.postgres.ledger_lock_key`), or ``job_lock_key(job)`` with
+        ``bare_keys=True`` or ``ledger=False``."""
+        return self._lock_key(job)
 
     @property
     def ledger(self) -> LedgerTable | None:
@@ -244,7 +334,7 @@ class PostgresLocker(HeldOpenByBlocks):
         """
         if self._closed:
             raise LockError(f"job {job!r}: {_CLOSED}")
-        key = job_lock_key(job)
+        key = self._lock_key(job)
         if key in self._held or key in self._pending:
             self._busy_here += 1
             say(_logger, DEBUG, job, slot, "already running in this process")
@@ -259,6 +349,7 @@ class PostgresLocker(HeldOpenByBlocks):
         rerun = self._crashes is not None and self._crashes.take(job, slot)
         # Reserve the key in-process first: the session would grant it twice (re-entrant).
         self._pending.add(key)
+        sent = asyncio.get_running_loop().time()  # lease mode trusts a lease from here on
         try:
             # The fair race (._servertime), drawn per lane: eight lanes per locker.
             await self._race.wait(slot, key % LANES)
@@ -296,7 +387,9 @@ class PostgresLocker(HeldOpenByBlocks):
             attempt=2 if rerun else 1,
         )
         self._held[key] = lease
-        if self._shards[self._shard(key)].generation != generation:
+        if self._keeper is not None:
+            self._keeper.granted(lease, sent)
+        elif self._shards[self._shard(key)].generation != generation:
             # The session died between its answer and now: the lock died with it.
             lease.mark_lost(LockError(f"job {job!r}: the lock session was dropped"))
             self._lost += 1
@@ -397,6 +490,8 @@ class PostgresLocker(HeldOpenByBlocks):
         watch, self._pool_watch = self._pool_watch, None
         if watch is not None and watch is not asyncio.current_task():
             await cancel_and_wait(watch)
+        if self._keeper is not None:
+            await self._keeper.stop()
         await self._upkeep.stop()
         for claims in self._claims:
             await claims.batcher.wait_idle()  # answers in flight reach their callers
@@ -437,11 +532,19 @@ class PostgresLocker(HeldOpenByBlocks):
         await self.close()
 
     def _on_session_dropped(self, shard: int, reason: str) -> None:
-        """Every lock on the dropped session is gone: mark the leases of its shard lost."""
-        self._lost += mark_dropped(self._held, shard, len(self._shards), reason)
+        """Every lock on the dropped session is gone: mark the leases of its shard lost.
+
+        In lease mode nothing lived in the session: the leases stay held (and renewed)."""
+        if self._mode == "session":
+            self._lost += mark_dropped(self._held, shard, len(self._shards), reason)
+
+    def _on_fenced(self, lease: PostgresLease) -> None:
+        self._lost += 1
 
     def _on_released(self, lease: PostgresLease, unwritten: RunRecord | None) -> None:
         """*lease* was released: forget it; keep an outcome its dead session lost."""
+        if self._keeper is not None:
+            self._keeper.released(lease)
         if unwritten is not None and self._table is not None:
             self._upkeep.write_late(lease.job, lease.slot, unwritten, lease.attempt)
         if self._held.get(lease.key) is lease:

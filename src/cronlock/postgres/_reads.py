@@ -38,8 +38,11 @@ class LedgerReads:
         shards: Sequence[LockSession],
         table: LedgerTable | None,
         closed: Callable[[], bool],
+        *,
+        key: Callable[[str], int] = job_lock_key,
     ) -> None:
         self._shards = shards
+        self._key = key
         self._table = table
         self._closed = closed
         self._catch_up_sql = None if table is None else catch_up_sql(table)
@@ -94,7 +97,7 @@ class LedgerReads:
     async def _read(self, job: str, call: Callable[[Any], Awaitable[_T]]) -> _T:
         if self._closed():
             raise LockError(f"job {job!r}: the PostgresLocker is closed")
-        session = self._shards[job_lock_key(job) % len(self._shards)]
+        session = self._shards[self._key(job) % len(self._shards)]
         conn, generation = await session.ensure()
         with backend_errors(
             f"job {job!r}: reading the run ledger failed",

@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 from .._cancel import finish_uncancellably, task_name, uncancellable
 from .._clock import monotonic
-from .._errors import LockError, LockUnavailable
+from .._errors import LockError, LockUnavailable, PoolerDetected
 from .._logs import get_logger
 from ._backend_errors import SessionGone, backend_error_types, backend_errors
 from ._backoff import Backoff
@@ -58,8 +58,13 @@ class LockSession:
         keepalives: Keepalives | None,
         on_open: Callable[[], None],
         on_drop: Callable[[str], None],
+        session_locks: bool = True,
     ) -> None:
         self._source = source
+        # Session locks need a session of their own: its settings are set, and a pooler is
+        # refused. Lease mode sets nothing on the session (a pooler would pass it on to
+        # other clients); its application_name is a startup parameter instead.
+        self._session_locks = session_locks
         self._table = table
         self._create_table = create_table
         self._connect_timeout = connect_timeout
@@ -113,7 +118,7 @@ class LockSession:
                 conn, interrupted = await self._connect()
             except Exception as exc:
                 delay = self.backoff.failed(monotonic(), exc)
-                if not isinstance(exc, LockError):
+                if not isinstance(exc, LockError) or isinstance(exc, PoolerDetected):
                     raise
                 raise LockUnavailable(f"{exc}; reconnecting in {delay:.2f}s") from _cause(exc)
             self.backoff.succeeded(monotonic(), again=self.opened > 0)
@@ -165,9 +170,11 @@ class LockSession:
     async def _set_up(self, conn: Any) -> None:
         with backend_errors("could not set up the lock session"):
             async with asyncio.timeout(self._connect_timeout):
-                await configure_session(
-                    conn, application_name=self._application_name, keepalives=self._keepalives
-                )
+                if self._session_locks:
+                    await configure_session(
+                        conn, application_name=self._application_name, keepalives=self._keepalives
+                    )
+                    await refuse_pooler(conn, self._source.describe())
                 await self._prepare_ledger(conn)
 
     async def _prepare_ledger(self, conn: Any) -> None:
@@ -250,6 +257,33 @@ class LockSession:
                 raise
             self.last_ok = asyncio.get_running_loop().time()
             return result
+
+
+async def refuse_pooler(conn: Any, where: str) -> None:
+    """Raise :class:`PoolerDetected` unless *conn* is a server backend of its own.
+
+    The pid a server announces at connect (asyncpg's ``get_server_pid()``) is that backend's
+    own; a pooler or proxy announces one of its making instead, which no backend has. Two
+    reads of ``pg_backend_pid()`` in two transactions must also agree.
+    """
+    announced = conn.get_server_pid()
+    first = await conn.fetchval("SELECT pg_backend_pid()")
+    second = await conn.fetchval("SELECT pg_backend_pid()")
+    if first == announced == second:
+        return
+    seen = f"announced pid {announced}, then backends {first} and {second}"
+    _logger.error(
+        "a connection pooler or proxy sits between this replica and PostgreSQL (%s); session "
+        "advisory locks cannot work through it. Use PostgresLocker(..., mode='lease') "
+        "(docs/guides/poolers.md), or connect to the server directly",
+        seen,
+    )
+    raise PoolerDetected(
+        f"the {where} is reached through a connection pooler or proxy ({seen}): a session "
+        "advisory lock taken through PgBouncer in transaction mode, Supavisor, Neon's or "
+        "Heroku's pooler or RDS Proxy is not held by a session of ours. Use "
+        "PostgresLocker(..., mode='lease'), which needs no session, or a direct connection"
+    )
 
 
 def _cause(exc: BaseException) -> BaseException:

@@ -27,6 +27,7 @@ from ._session import LockSession
 if TYPE_CHECKING:
     from .._locking import Health
     from .._records import RunRecord
+    from ._exclusion import Exclusion
 
 __all__ = ("NOTE_EVERY", "NOTE_LATEST", "PRUNE_BATCH", "PRUNE_EVERY", "Upkeep")
 
@@ -64,6 +65,7 @@ class Upkeep:
         busy: Callable[[], bool] = lambda: False,
         host: str,
         crashes: CrashWatch | None = None,
+        exclusion: Exclusion | None = None,
     ) -> None:
         self._sessions = sessions
         self._table = table
@@ -78,6 +80,9 @@ class Upkeep:
         self._late: list[tuple[str, datetime, RunRecord, int]] = []
         self._host = host
         self._crashes = crashes
+        # The late outcome statement of the locker's mode (lease mode releases the lease too).
+        self._late_sql = None if exclusion is None else exclusion.late_finish_sql
+        self._late_args = () if exclusion is None else exclusion.holder_args
         self._crash_at = 0.0  # loop time of the next check for crashed runs
         self._task: asyncio.Task[None] | None = None
         self._noted_at = float("-inf")
@@ -227,12 +232,14 @@ class Upkeep:
                 list(attempts),
                 self._host,
                 os.getpid(),
+                *self._late_args,
             )
+            late_sql = self._late_sql or table.late_finish_sql
             try:
                 await session.run(
                     conn,
                     generation,
-                    lambda c: c.execute(table.late_finish_sql, *args),
+                    lambda c: c.execute(late_sql, *args),
                     what="writing late outcomes",
                     keep_on_server_error=True,
                 )

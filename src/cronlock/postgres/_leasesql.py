@@ -1,0 +1,263 @@
+"""Lease mode's statements: exclusion as rows of the ledger's leases table, not sessions.
+
+In lease mode no statement relies on the session it runs on: each is one transaction, so it
+works through a transaction pooler. "Someone runs job J" is J's row in the leases table
+whose ``expires_at`` (the **server's** time) is in the future; the holder renews it while
+the run goes on (:mod:`._renewal`) and releases it, with the run's outcome, in the finish
+statement. A run whose lease expired without an outcome crashed.
+
+Why a row per job rather than a column of each run: a claim must see the *latest* lease of
+the job, and in READ COMMITTED a statement's snapshot does not see a row that another
+transaction inserted after the statement began. An ``ON CONFLICT (job) DO UPDATE ... WHERE``
+on one row per job is evaluated against the latest committed version of that row (the
+conflicting row is locked first), so two replicas can never both take a job's lease, even
+for different slots. A ``pg_try_advisory_xact_lock`` (released at commit, so it works through
+any pooler) makes a racing claimant give up at once instead of waiting for the other's
+commit; it also makes a claim wait for no session lock of the same key.
+
+Row locks on leases are always taken in job order (the claims' ``ORDER BY``, the ``FOR
+UPDATE`` before renewing or releasing), so statements of different replicas cannot deadlock.
+"""
+
+from __future__ import annotations
+
+from ._ledger import LedgerTable
+
+__all__ = (
+    "lease_claim_many_sql",
+    "lease_crashed_sql",
+    "lease_finish_many_sql",
+    "lease_holders_sql",
+    "lease_late_finish_sql",
+    "lease_recover_sql",
+    "renew_sql",
+)
+
+_RUN = "slot, started_at, finished_at, outcome, error, host, pid, attempt"
+_EXPIRES = "clock_timestamp() + $7::float8 * interval '1 second'"
+
+
+def lease_claim_many_sql(table: LedgerTable) -> str:
+    """Take the lease and claim many (job, slot) pairs in one statement.
+
+    Arrays ``$1`` keys, ``$2`` jobs, ``$3`` slots; ``$4`` host, ``$5`` pid, ``$6`` holder,
+    ``$7`` lease seconds. Answers what :func:`._batchsql.claim_many_sql` answers (*got*: the
+    lease was taken), plus *stray*: the lease was taken but the slot had been claimed
+    meanwhile (seen only in the latest data, not in this statement's snapshot), so the caller
+    gives that lease back. A job's lease is taken only while no unexpired lease of the job
+    exists and the latest one was not for this very slot (then the slot ran already).
+    """
+    runs, leases = table.runs, table.leases
+    return f"""
+        WITH u AS MATERIALIZED (
+            SELECT u.i, u.key, u.job, u.slot, seen.job IS NOT NULL AS ran,
+                   coalesce(pz.paused, false) AS paused
+            FROM unnest($1::bigint[], $2::text[], $3::timestamptz[]) WITH ORDINALITY
+                 AS u(key, job, slot, i)
+            LEFT JOIN LATERAL (
+                SELECT r.job FROM {runs} r WHERE r.job = u.job AND r.slot = u.slot LIMIT 1
+            ) seen ON true
+            LEFT JOIN LATERAL (
+                SELECT true AS paused FROM {table.control} pc
+                WHERE pc.job = u.job AND pc.paused_at IS NOT NULL
+                  AND pc.trigger_slot IS DISTINCT FROM u.slot
+                LIMIT 1
+            ) pz ON true
+        ), l AS MATERIALIZED (
+            SELECT u.i, u.job, u.slot, u.ran, u.paused,
+                   CASE WHEN u.ran OR u.paused THEN false
+                        ELSE pg_try_advisory_xact_lock(u.key) END AS free
+            FROM u
+        ), lease AS (
+            INSERT INTO {leases} AS x (job, slot, holder, expires_at, attempt)
+            SELECT l.job, l.slot, $6::text, {_EXPIRES}, 1
+            FROM l WHERE l.free ORDER BY l.job
+            ON CONFLICT (job) DO UPDATE
+            SET slot = EXCLUDED.slot, holder = EXCLUDED.holder,
+                expires_at = EXCLUDED.expires_at, attempt = 1
+            WHERE x.expires_at <= clock_timestamp() AND x.slot <> EXCLUDED.slot
+            RETURNING x.job
+        ), ins AS (
+            INSERT INTO {runs} (job, slot, host, pid, session)
+            SELECT l.job, l.slot, $4::text, $5::integer, NULL
+            FROM l JOIN lease ON lease.job = l.job
+            ORDER BY l.job
+            ON CONFLICT (job, slot) DO NOTHING
+            RETURNING job, slot, started_at
+        ), c AS MATERIALIZED (
+            SELECT l.i, l.job, l.slot, l.ran, l.paused, lease.job IS NOT NULL AS got,
+                   ins.started_at
+            FROM l LEFT JOIN lease ON lease.job = l.job
+            LEFT JOIN ins ON ins.job = l.job AND ins.slot = l.slot
+        )
+        SELECT c.i, c.ran, c.paused, c.got, c.started_at,
+               c.got AND c.started_at IS NULL AS stray,
+               p.slot AS p_slot, p.started_at AS p_started_at,
+               p.finished_at AS p_finished_at, p.outcome AS p_outcome, p.error AS p_error,
+               p.host AS p_host, p.pid AS p_pid, p.attempt AS p_attempt
+        FROM c
+        LEFT JOIN LATERAL (
+            SELECT {_RUN} FROM {runs} r
+            WHERE c.started_at IS NULL AND r.job = c.job AND r.slot <= c.slot
+              AND r.finished_at IS NOT NULL
+            ORDER BY r.slot DESC LIMIT 1
+        ) p ON true"""
+
+
+def lease_finish_many_sql(table: LedgerTable) -> str:
+    """Record outcomes (or undo claims) and release the leases, for many runs at once.
+
+    The parameters of :func:`._batchsql.finish_many_sql` (``$5`` keys are unused here) plus
+    ``$9`` holder. Answers (i, released): *released* false when the lease was no longer
+    this holder's (it expired and another replica took it over). The leases are locked in
+    job order first. Like the session form, the commit does not wait for its WAL flush.
+    """
+    runs, leases = table.runs, table.leases
+    return f"""
+        WITH u AS MATERIALIZED (
+            SELECT * FROM unnest($1::text[], $2::timestamptz[], $3::text[], $4::text[],
+                                 $5::bigint[], $6::boolean[]) WITH ORDINALITY
+                 AS u(job, slot, outcome, error, key, undo, i)
+        ), lk AS MATERIALIZED (
+            SELECT x.job, x.slot FROM {leases} x JOIN u ON x.job = u.job AND x.slot = u.slot
+            WHERE x.holder = $9::text
+            ORDER BY x.job FOR UPDATE OF x
+        ), t AS MATERIALIZED (
+            SELECT u.outcome, u.error, u.undo, r.rid, r.host, r.pid, r.attempt
+            FROM u JOIN LATERAL (
+                SELECT r.ctid AS rid, r.host, r.pid, r.attempt FROM {runs} r
+                WHERE r.job = u.job AND r.slot = u.slot AND r.finished_at IS NULL LIMIT 1
+            ) r ON true
+        ), del AS (
+            DELETE FROM {runs} r USING t
+            WHERE r.ctid = t.rid AND t.undo AND t.host = $7::text AND t.pid = $8::integer
+              AND t.attempt = 1
+        ), upd AS (
+            UPDATE {runs} r
+            SET finished_at = clock_timestamp(),
+                outcome = CASE WHEN t.undo THEN 'cancelled' ELSE t.outcome END,
+                error = CASE WHEN t.undo THEN 'cancelled before the rerun began'
+                             ELSE t.error END
+            FROM t
+            WHERE r.ctid = t.rid
+              AND (NOT t.undo OR (t.host = $7::text AND t.pid = $8::integer
+                                  AND t.attempt > 1))
+        ), rel AS (
+            UPDATE {leases} x SET expires_at = '-infinity'
+            FROM lk WHERE x.job = lk.job AND x.holder = $9::text
+            RETURNING x.job
+        ), relaxed AS MATERIALIZED (
+            SELECT set_config('synchronous_commit', 'off', true)
+        )
+        SELECT u.i, EXISTS (SELECT 1 FROM lk WHERE lk.job = u.job) AS released
+        FROM u, relaxed"""
+
+
+def renew_sql(table: LedgerTable) -> str:
+    """Renew this holder's unexpired leases: arrays ``$1`` jobs, ``$2`` slots; ``$3`` holder,
+    ``$4`` lease seconds. Answers the jobs renewed; a lease left out has expired (another
+    replica may have taken it over, or marked its run crashed), so its run must end."""
+    leases = table.leases
+    return f"""
+        WITH lk AS MATERIALIZED (
+            SELECT x.job FROM {leases} x
+            JOIN unnest($1::text[], $2::timestamptz[]) AS u(job, slot)
+              ON x.job = u.job AND x.slot = u.slot
+            WHERE x.holder = $3::text AND x.expires_at > clock_timestamp()
+            ORDER BY x.job FOR UPDATE OF x
+        )
+        UPDATE {leases} x
+        SET expires_at = clock_timestamp() + $4::float8 * interval '1 second'
+        FROM lk WHERE x.job = lk.job AND x.holder = $3::text
+        RETURNING x.job"""
+
+
+def lease_recover_sql(table: LedgerTable) -> str:
+    """Take the lease and take over a crashed run's slot: the claim of its rerun.
+
+    ``$1`` key, ``$2`` job, ``$3`` slot, ``$4`` host, ``$5`` pid, ``$6`` holder, ``$7``
+    lease seconds. Answers as :func:`._crashes.recover_sql` does, plus *stray* (see
+    :func:`lease_claim_many_sql`). Only a row marked ``crashed`` on its first attempt is taken
+    over, so a slot is rerun at most once fleet-wide.
+    """
+    runs, leases = table.runs, table.leases
+    return f"""
+        WITH p AS MATERIALIZED (
+            SELECT EXISTS (SELECT 1 FROM {table.control}
+                           WHERE job = $2 AND paused_at IS NOT NULL) AS paused
+        ), l AS MATERIALIZED (
+            SELECT p.paused,
+                   CASE WHEN p.paused THEN false
+                        ELSE pg_try_advisory_xact_lock($1::bigint) END AS free
+            FROM p
+        ), lease AS (
+            INSERT INTO {leases} AS x (job, slot, holder, expires_at, attempt)
+            SELECT $2::text, $3::timestamptz, $6::text, {_EXPIRES}, 2 FROM l WHERE l.free
+            ON CONFLICT (job) DO UPDATE
+            SET slot = EXCLUDED.slot, holder = EXCLUDED.holder,
+                expires_at = EXCLUDED.expires_at, attempt = 2
+            WHERE x.expires_at <= clock_timestamp()
+            RETURNING x.job
+        ), up AS (
+            UPDATE {runs} r
+            SET host = $4::text, pid = $5::integer, session = NULL,
+                started_at = clock_timestamp(), finished_at = NULL, outcome = NULL,
+                error = NULL, attempt = r.attempt + 1
+            WHERE r.job = $2 AND r.slot = $3 AND r.outcome = 'crashed' AND r.attempt = 1
+              AND EXISTS (SELECT 1 FROM lease)
+            RETURNING r.started_at
+        ), c AS MATERIALIZED (
+            SELECT l.paused, EXISTS (SELECT 1 FROM lease) AS got,
+                   (SELECT started_at FROM up) AS started_at
+            FROM l
+        )
+        SELECT false AS ran, c.paused, c.got, c.started_at,
+               c.got AND c.started_at IS NULL AS stray
+        FROM c"""
+
+
+def lease_crashed_sql(table: LedgerTable) -> str:
+    """Mark ``crashed`` the unfinished lease-mode runs whose lease is gone; return them.
+
+    ``$3`` holder: a run whose lease is still this holder's is left to it (it writes the
+    real outcome itself). A lease-mode run has no session (``session`` NULL, which the
+    session form leaves alone). The time is the statement's start (``now()``), the instant
+    of its snapshot, so a renewal committed after the snapshot cannot be missed.
+    ``$1``, ``$2`` (host, pid) are accepted for the same call as the session form.
+    """
+    runs, leases = table.runs, table.leases
+    return f"""
+        UPDATE {runs} AS r
+        SET outcome = 'crashed', finished_at = clock_timestamp(),
+            error = 'its replica (' || r.host || ':' || r.pid
+                    || ') died mid-run: its lease expired'
+        WHERE r.finished_at IS NULL AND r.session IS NULL
+          AND $1::text IS NOT NULL AND $2::integer IS NOT NULL
+          AND NOT EXISTS (SELECT 1 FROM {leases} x
+                          WHERE x.job = r.job AND x.slot = r.slot
+                            AND (x.expires_at > now() OR x.holder = $3::text))
+        RETURNING r.job, r.slot, r.started_at, r.finished_at, r.outcome, r.error, r.host,
+                  r.pid, r.attempt"""
+
+
+def lease_late_finish_sql(table: LedgerTable) -> str:
+    """:attr:`LedgerTable.late_finish_sql` (same ``$1``-``$8``), and the release of those
+    runs' leases while still this holder's (``$9``)."""
+    return f"""
+        WITH done AS (
+            {table.late_finish_sql.strip()}
+            RETURNING r.job
+        ), rel AS (
+            UPDATE {table.leases} x SET expires_at = '-infinity'
+            FROM unnest($1::text[], $2::timestamptz[]) AS u(job, slot)
+            WHERE x.job = u.job AND x.slot = u.slot AND x.holder = $9::text
+        )
+        SELECT count(*) FROM done"""
+
+
+def lease_holders_sql(table: LedgerTable) -> str:
+    """``$1`` jobs: each one's unexpired lease (job, holder, slot, host, pid) right now."""
+    return f"""
+        SELECT x.job, x.holder, x.slot, r.host, r.pid FROM {table.leases} x
+        LEFT JOIN {table.runs} r ON r.job = x.job AND r.slot = x.slot
+        WHERE x.job = ANY($1::text[]) AND x.expires_at > clock_timestamp()"""
