@@ -27,8 +27,10 @@ import asyncpg
 import pytest
 
 from cronlock._keys import job_lock_key
+from cronlock.postgres._ledger import LedgerTable
 
 from .cluster import Cluster, ClusterUnavailable
+from .pgbouncer import PgBouncer, PgBouncerUnavailable
 
 
 def free_port() -> int:
@@ -224,6 +226,7 @@ WHERE locktype = 'advisory' AND objsubid = 1 AND granted
 """
 
 LocksHeld = Callable[[Iterable[str]], Awaitable[int]]
+_LEDGER = LedgerTable()
 SessionsNamed = Callable[[str], Awaitable[int]]
 
 
@@ -232,7 +235,8 @@ def locks_held(admin: Any) -> LocksHeld:
     """``await locks_held(names)``: advisory locks held on those jobs' keys, by anyone."""
 
     async def count(names: Iterable[str]) -> int:
-        keys = sorted({job_lock_key(name) for name in names})
+        # The seed's bare keys (locked_run) and the default ledger's namespaced ones.
+        keys = sorted({k for name in names for k in (job_lock_key(name), _LEDGER.lock_key(name))})
         held: int = await admin.fetchval(_LOCKS_SQL, keys)
         return held
 
@@ -284,3 +288,35 @@ def restartable_pg(restartable_cluster: Cluster) -> Cluster:
     """The module's throwaway cluster, running: the test may stop, restart or crash it."""
     restartable_cluster.start()  # a test that stopped it, then failed, left it down
     return restartable_cluster
+
+
+# -- PgBouncer in transaction mode in front of the suite's server (pgbouncer.py) ----------
+
+
+@pytest.fixture(scope="session")
+def pgbouncer(pg_server: str) -> Iterator[PgBouncer]:
+    """One PgBouncer (transaction mode, 10 server connections) in front of ``pg_server``.
+
+    In front of the server's DSN, not ``pg_dsn``'s: PgBouncer refuses the ``search_path``
+    startup parameter that gives ``pg_dsn`` its throwaway schema, so a test through the
+    pooler that makes tables must name a schema (or use temporary ones). Missing pgbouncer
+    skips, except with ``CI`` set: then it fails, as the servers' fixtures do.
+    """
+    try:
+        bouncer = PgBouncer.for_dsn(pg_server, pool_mode="transaction")
+        bouncer.start()
+    except PgBouncerUnavailable as exc:
+        message = f"NO PGBOUNCER: the pooler tests did not run: {exc}"
+        if os.environ.get("CI"):
+            pytest.fail(message, pytrace=False)
+        pytest.skip(message)
+    try:
+        yield bouncer
+    finally:
+        bouncer.stop()
+
+
+@pytest.fixture(scope="session")
+def pgbouncer_dsn(pgbouncer: PgBouncer) -> str:
+    """The DSN of the session's PgBouncer: the suite's database, in transaction mode."""
+    return pgbouncer.dsn

@@ -27,6 +27,8 @@ import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
+import asyncpg
+
 from cronlock import (
     Event,
     JobCrashed,
@@ -163,15 +165,28 @@ async def main() -> None:
     parser.add_argument("--until", type=float, help="exit at this epoch (default: after stop)")
     parser.add_argument("--table", help="ledger table (default: cronlock_runs)")
     parser.add_argument("--recover", action="store_true", help="rerun crashed slots")
+    parser.add_argument("--mode", choices=("session", "lease"), default="session")
+    parser.add_argument("--lease", type=float, default=20.0, help="lease mode: lease seconds")
+    parser.add_argument("--schema", help="ledger schema (default: the search_path's)")
+    parser.add_argument(
+        "--pool", action="store_true", help="hand the locker an asyncpg pool, not the DSN"
+    )
     args = parser.parse_args()
 
     start = datetime.fromtimestamp(args.start, UTC)
     stop = start + timedelta(seconds=args.interval * (args.slots - 1))
+    pool = None
+    if args.pool:
+        # As a user behind a transaction pooler makes one (asyncpg needs no statement cache).
+        pool = await asyncpg.create_pool(args.dsn, min_size=0, max_size=4, statement_cache_size=0)
     locker = PostgresLocker(
-        args.dsn,
+        pool or args.dsn,
         application_name=f"cronlock-test-replica-{args.id}",
         ledger=not args.no_ledger,
+        mode=args.mode,
+        lease=args.lease,
         **({"table": args.table} if args.table else {}),
+        **({"schema": args.schema} if args.schema else {}),
     )
     real = SystemClock()
     clock = OffsetClock(args.offset) if args.offset else real
@@ -236,6 +251,8 @@ async def main() -> None:
             await real.sleep_until(datetime.fromtimestamp(args.until, UTC))
         else:
             await clock.sleep_until(stop + timedelta(seconds=longest + 1.0))
+    if pool is not None:
+        await pool.close()
     emit(event="exit", replica=args.id, t=time.time(), **_counters(locker))
 
 

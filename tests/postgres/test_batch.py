@@ -22,7 +22,6 @@ import asyncpg
 import pytest
 
 from cronlock import LockError, RunContext, RunRecord, Scheduler, every
-from cronlock._keys import job_lock_key
 from cronlock.postgres import FleetControl, PostgresLease, PostgresLocker
 
 pytestmark = pytest.mark.postgres
@@ -490,7 +489,7 @@ async def test_a_batch_interrupted_mid_statement_answers_its_claims_and_drops_th
                 SLOT,
             )
             batcher = lk._claims[0].batcher
-            answer = batcher.claim(job, job_lock_key(job), SLOT)
+            answer = batcher.claim(job, lk.lock_key(job), SLOT)
             for _ in range(600):
                 waiting = await admin.fetchval(
                     "SELECT count(*) FROM pg_stat_activity "

@@ -16,6 +16,7 @@ import pytest
 from cronlock import ConfigError, LockError
 from cronlock._locking import Lease, Locker, LosableLease
 from cronlock.postgres import PostgresLease, PostgresLocker, job_lock_key, locked_run
+from cronlock.postgres._ledger import LedgerTable
 
 pytestmark = pytest.mark.postgres
 
@@ -33,8 +34,13 @@ def job_in_shard(shard: int, sessions: int = 4) -> str:
     """A new job whose lock goes to session *shard* of a locker with *sessions* sessions."""
     while True:
         job = new_job()
-        if job_lock_key(job) % sessions == shard:
+        if key_of(job) % sessions == shard:
             return job
+
+
+def key_of(job: str) -> int:
+    """The key a locker on the default ledger takes for *job* (namespaced by that ledger)."""
+    return LedgerTable().lock_key(job)
 
 
 def replica(dsn: str, app_name: str, **options: Any) -> PostgresLocker:
@@ -62,9 +68,9 @@ async def test_mutual_exclusion_across_two_replicas(
         # The ledger knows the slot is taken; the lock keeps B off the next slot meanwhile.
         assert await b.acquire(job, SLOT) == "already_ran"
         assert await b.acquire(job, SLOT + timedelta(minutes=1)) == "locked"
-        # locked_run and the locker share the key, so they exclude each other too.
+        # The locker's key is its ledger's: locked_run (the seed's bare key) is not blocked.
         async with locked_run(pg_dsn, job) as standalone:
-            assert not standalone
+            assert standalone
         await lease.release()
         # The lock is free again, but the slot ran: B, which never saw it, skips it.
         assert await b.acquire(job, SLOT) == "already_ran"
@@ -165,9 +171,9 @@ async def test_terminating_one_shard_loses_only_its_leases(
         held = [lease for lease in leases if isinstance(lease, PostgresLease)]
         assert 1 < await sessions_named(app_name) <= 4
         victim = held[0]
-        shard = job_lock_key(victim.job) % 4
-        doomed = [lease for lease in held if job_lock_key(lease.job) % 4 == shard]
-        spared = [lease for lease in held if job_lock_key(lease.job) % 4 != shard]
+        shard = key_of(victim.job) % 4
+        doomed = [lease for lease in held if key_of(lease.job) % 4 == shard]
+        spared = [lease for lease in held if key_of(lease.job) % 4 != shard]
         assert spared
         # The backend holding the victim's lock holds exactly its shard's locks.
         pid = await admin.fetchval(
@@ -440,9 +446,12 @@ async def test_network_cut_release_is_bounded_and_quiet(
                     await asyncio.sleep(0.01)
 
 
-async def test_key_in_pg_locks_is_job_lock_key(pg_dsn: str, app_name: str, admin: Any) -> None:
+@pytest.mark.parametrize("bare", [False, True])
+async def test_key_in_pg_locks_is_the_ledgers_or_with_bare_keys_job_lock_key(
+    pg_dsn: str, app_name: str, admin: Any, bare: bool
+) -> None:
     job = new_job()
-    async with replica(pg_dsn, app_name) as locker:
+    async with replica(pg_dsn, app_name, bare_keys=bare) as locker:
         lease = await locker.acquire(job, SLOT)
         assert isinstance(lease, PostgresLease)
         keys = await admin.fetch(
@@ -451,7 +460,14 @@ async def test_key_in_pg_locks_is_job_lock_key(pg_dsn: str, app_name: str, admin
             " WHERE l.locktype = 'advisory' AND a.application_name = $1",
             app_name,
         )
-        assert [r["key"] for r in keys] == [job_lock_key(job)]
+        assert [r["key"] for r in keys] == [job_lock_key(job) if bare else key_of(job)]
+        assert locker.lock_key(job) == keys[0]["key"]
+        await lease.release()
+        # With bare keys, the seed's locked_run (same key) and the locker exclude each other.
+        lease = await locker.acquire(job, SLOT + timedelta(minutes=1))
+        assert isinstance(lease, PostgresLease)
+        async with locked_run(pg_dsn, job) as standalone:
+            assert bool(standalone) is not bare
         await lease.release()
 
 

@@ -37,8 +37,13 @@ _RUN = "slot, started_at, finished_at, outcome, error, host, pid, attempt"
 
 
 def claim_many_sql(table: LedgerTable) -> str:
-    """Lock and claim many (job, slot) pairs in one statement; row by row as
-    :attr:`LedgerTable.claim_sql` does for one.
+    """Lock and claim many (job, slot) pairs in one statement (session mode).
+
+    Row by row: the slot already in the ledger (*ran*) or the job paused skips the lock; a
+    lock granted for a slot another replica claimed meanwhile is given back in the same
+    statement (the ``ON CONFLICT`` is what makes the claim unique; the pre-check only saves
+    the lock churn). The claim records this session's backend pid (``session``): that is
+    how a crashed run is told from one in progress (:mod:`._crashes`).
 
     Arrays ``$1`` keys, ``$2`` jobs, ``$3`` slots; ``$4`` host, ``$5`` pid. Answers
     (i, ran, paused, got, started_at, undone) per element (*paused*: the job is paused
@@ -105,9 +110,13 @@ def finish_many_sql(table: LedgerTable) -> str:
     errors, ``$5`` keys, ``$6`` undo flags; ``$7`` host, ``$8`` pid. A row to *undo* is
     a claim whose caller was cancelled before its run began: deleted, so that another
     replica may still run the slot, or, for the rerun of a crashed run (attempt 2),
-    recorded ``"cancelled"`` (see :attr:`LedgerTable.unclaim_sql`). Answers
-    (i, released). Like :attr:`LedgerTable.finish_sql`, the commit does not wait for its
-    WAL flush. Rows are found by a primary-key probe each (``LATERAL ... LIMIT 1``), then
+    recorded ``"cancelled"``: the row also stands for the first attempt, and no replica may
+    take the slot over again. Answers (i, released). The unlock takes effect at once and
+    the row at commit, a moment later: another replica that takes the lock in between
+    finds the slot claimed either way. The commit does not wait for its WAL flush
+    (``synchronous_commit`` off for this transaction only): a server crash can lose an
+    outcome written just before it, leaving the run "unfinished", but never a claim.
+    Rows are found by a primary-key probe each (``LATERAL ... LIMIT 1``), then
     changed by their ``ctid``: a join on (job, slot) let the planner scan every unfinished
     row once per row of the batch, seconds for a burst of thousands.
     """

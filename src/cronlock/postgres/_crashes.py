@@ -61,7 +61,7 @@ def crashed_sql(table: LedgerTable) -> str:
 def recover_sql(table: LedgerTable) -> str:
     """Lock and take over a crashed run's slot, in one statement: the claim of its rerun.
 
-    The same parameters and answers as :attr:`LedgerTable.claim_sql` (*ran* is always
+    The same parameters and answers as :func:`._batchsql.claim_many_sql` (*ran* is always
     false: the row is expected; a job paused fleet-wide is refused as by the claim). Only a
     row marked ``crashed`` on its first attempt is taken over (attempt 2, this replica as
     owner, started now), so a slot is rerun at most once fleet-wide, and one whose rerun
@@ -122,6 +122,14 @@ class CrashWatch:
         """Rows this locker marked ``crashed``."""
         self.rerun = 0
         """Of those, how many a callback said it would run again."""
+
+    @classmethod
+    def of(cls, exclusion: Any, host: str) -> CrashWatch | None:
+        """The watch of a locker whose exclusion (:class:`._exclusion.Exclusion`) is
+        *exclusion*: its mode's check; ``None`` without a ledger (nothing to check)."""
+        if exclusion is None:
+            return None
+        return cls(exclusion.crashed_sql, host, exclusion.holder_args)
 
     def on_crashed(self, callback: CrashCallback) -> None:
         """Tell *callback* of each row marked from now on (once, however often added)."""

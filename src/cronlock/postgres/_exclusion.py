@@ -19,10 +19,15 @@ send ``sql, *base, *form.extra`` without asking which mode they are in.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
+from .._durations import Seconds, to_seconds
+from .._errors import ConfigError
 from ._batchsql import claim_many_sql, finish_many_sql
+from ._connections import ConnectionSource, Keepalives
 from ._crashes import crashed_sql, recover_sql
 from ._leasesql import (
     lease_claim_many_sql,
@@ -32,8 +37,19 @@ from ._leasesql import (
     lease_recover_sql,
 )
 from ._ledger import LedgerTable
+from ._pooled import PooledStatements
+from ._session import LockSession
 
-__all__ = ("Exclusion", "Mode", "lease_rows", "session_locks")
+__all__ = (
+    "Exclusion",
+    "Mode",
+    "checked_mode",
+    "exclusion_for",
+    "lease_rows",
+    "make_sessions",
+    "session_locks",
+    "source_for",
+)
 
 Mode = Literal["session", "lease"]
 """``PostgresLocker(mode=...)``: where exclusion lives (see :mod:`._exclusion`)."""
@@ -89,4 +105,101 @@ def lease_rows(table: LedgerTable, *, holder: str, lease: float) -> Exclusion:
         crashed_sql=lease_crashed_sql(table),
         late_finish_sql=lease_late_finish_sql(table),
         extra=(holder, lease),
+    )
+
+
+def exclusion_for(
+    mode: Mode, table: LedgerTable | None, *, holder: str, lease: float
+) -> Exclusion | None:
+    """The exclusion of a locker of *mode* over *table*; ``None`` without a ledger."""
+    if table is None:
+        return None
+    return (
+        lease_rows(table, holder=holder, lease=lease) if mode == "lease" else session_locks(table)
+    )
+
+
+def checked_mode(mode: object, *, ledger: bool, lease: Seconds) -> float:
+    """Check a locker's *mode* and its *lease*; return the lease in seconds."""
+    if mode not in ("session", "lease"):
+        raise ConfigError(f"PostgresLocker: mode must be 'session' or 'lease', got {mode!r}")
+    if mode == "lease" and not ledger:
+        raise ConfigError(
+            "PostgresLocker: mode='lease' keeps its leases in the run ledger, so it needs "
+            "ledger=True (got ledger=False)"
+        )
+    seconds = to_seconds(lease, field="lease", error=ConfigError)
+    if seconds < 1.0:
+        raise ConfigError(f"PostgresLocker: lease must be at least 1 second, got {lease!r}")
+    return seconds
+
+
+def source_for(
+    mode: Mode,
+    pool_or_dsn: Any,
+    connect_kwargs: Mapping[str, Any] | None,
+    application_name: str,
+) -> ConnectionSource:
+    """Where a locker of *mode* gets its connections.
+
+    A lease-mode connection of our own (given a DSN) has nothing set on it after connecting
+    (a pooler would hand the setting on to other clients): its name is a startup parameter,
+    which poolers accept, and asyncpg keeps no named prepared statements (which a
+    transaction pooler cannot route), unless *connect_kwargs* say otherwise.
+    """
+    if mode == "lease" and isinstance(pool_or_dsn, str):
+        settings = dict((connect_kwargs or {}).get("server_settings") or {})
+        settings.setdefault("application_name", application_name)
+        connect_kwargs = {
+            "statement_cache_size": 0,
+            **(connect_kwargs or {}),
+            "server_settings": settings,
+        }
+    return ConnectionSource(pool_or_dsn, connect_kwargs)
+
+
+def make_sessions(
+    mode: Mode,
+    source: ConnectionSource,
+    table: LedgerTable | None,
+    *,
+    sessions: int,
+    create_table: bool,
+    connect_timeout: float,
+    statement_timeout: float,
+    application_name: str,
+    keepalives: Keepalives | None,
+    on_open: Callable[[], None],
+    on_drop: Callable[[int, str], None],
+) -> tuple[LockSession, ...]:
+    """A locker's shards. Session mode: *sessions* dedicated sessions, a job's lock on
+    ``key % sessions``. Lease mode needs no session: one connection of ours given a DSN
+    (kept, so a statement costs one round trip), or none given a pool (each statement
+    borrows one for itself)."""
+    if mode == "lease" and source.pooled:
+        assert table is not None
+        return (
+            PooledStatements(
+                source,
+                table=table,
+                create_table=create_table,
+                connect_timeout=connect_timeout,
+                statement_timeout=statement_timeout,
+                on_open=on_open,
+            ),
+        )
+    return tuple(
+        LockSession(
+            source,
+            table=table,
+            create_table=create_table,
+            connect_timeout=connect_timeout,
+            statement_timeout=statement_timeout,
+            application_name=application_name,
+            keepalives=keepalives,
+            on_open=on_open,
+            on_drop=functools.partial(on_drop, shard),
+            session_locks=mode == "session",
+        )
+        for shard in range(1 if mode == "lease" else sessions)
     )

@@ -10,35 +10,32 @@ sessions by lock key; the pieces it is built from live next to it: a session
 from __future__ import annotations
 
 import asyncio
-import functools
 import secrets
 import socket
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta
 from logging import DEBUG, INFO
 from typing import TYPE_CHECKING, Any
 
-from .._cancel import cancel_and_wait, task_name
+from .._cancel import cancel_and_wait
 from .._claimed import remember_claim
 from .._durations import Seconds, optional_seconds, positive_int, to_seconds
 from .._errors import ConfigError, LockError
 from .._keys import job_lock_key
-from .._locking import LedgerSummary, Refusal
+from .._locking import Refusal
 from .._logs import get_logger, say
 from .._resources import HeldOpenByBlocks
 from ._claims import Claims
-from ._connections import ConnectionSource, Keepalives, default_application_name
+from ._connections import Keepalives, default_application_name
 from ._control import FleetWatch
 from ._crashes import CrashWatch
-from ._exclusion import Exclusion, Mode, lease_rows, session_locks
+from ._exclusion import Mode, checked_mode, exclusion_for, make_sessions, source_for
 from ._lease import PostgresLease
 from ._ledger import DEFAULT_TABLE, LedgerTable
-from ._pooled import PooledStatements
-from ._reads import LedgerReads
+from ._reads import LedgerReads, ReadsLedger
 from ._renewal import LeaseKeeper
 from ._servertime import DEFAULT_AHEAD, DEFAULT_SPREAD, LANES, FairRace, read_server_clock
-from ._session import LockSession
-from ._sessionend import hand_back_all, mark_dropped
+from ._sessionend import hand_back_all, mark_dropped, watch_pool
 from ._statistics import PostgresLockerStatistics
 from ._upkeep import Upkeep
 
@@ -48,8 +45,6 @@ if TYPE_CHECKING:
 
 __all__ = ("PostgresLease", "PostgresLocker", "PostgresLockerStatistics")
 
-POOL_WATCH_INTERVAL = 0.5
-"""Seconds between two looks at whether a borrowed-from pool is closing."""
 _CLOSED = (
     "the PostgresLocker is closed (a Scheduler closes the locker it was given when it "
     "shuts down; hold it open with 'async with locker:' to use it across schedulers)"
@@ -58,59 +53,52 @@ _CLOSED = (
 _logger = get_logger("cronlock.postgres")
 
 
-class PostgresLocker(HeldOpenByBlocks):
-    """A :class:`cronlock.LedgerLocker` on PostgreSQL: advisory locks plus a run ledger.
+class PostgresLocker(HeldOpenByBlocks, ReadsLedger):
+    """A :class:`cronlock.LedgerLocker` on PostgreSQL: a run ledger, and exclusion in one
+    of two places (*mode*; docs/guides/poolers.md says which to use where).
 
-    **Exactly once.** A lock alone only keeps two replicas from running a job *at the
-    same time*: a replica whose clock lags finds the lock free after the first one finished
-    and runs the slot again. So by default each slot is also *claimed* in a ledger table
-    keyed by (job, slot), in the same statement that takes the lock; a claimed slot is
-    answered ``"already_ran"`` on every replica, for good. Finishing writes the outcome and
-    unlocks, again in one statement: two round trips per run, as with the lock alone. The
-    ledger gives fleet-wide ``last_run``/``last_success``, :meth:`history`, catch-up after
-    downtime, and ``python -m cronlock status``. Its tables are created on first use unless
-    *create_table* is false (then run ``python -m cronlock migrate``); *table* and *schema*
-    name them (*schema* ``None``: the session's ``search_path``). Rows older than
-    *retention* are pruned, a batch every few minutes, keeping each job's latest run and
-    latest success. ``ledger=False`` is the lock alone, for databases where no table may be
-    created; it can run a slot twice (see docs/ledger.md for the measured rate).
+    **Exactly once.** Each slot is *claimed* in a ledger table keyed by (job, slot), in the
+    statement that takes the job's exclusion; a claimed slot is answered ``"already_ran"``
+    on every replica, for good. Finishing writes the outcome and releases, again in one
+    statement. The ledger gives fleet-wide ``last_run``/``last_success``, :meth:`history`,
+    catch-up, crash recovery and ``python -m cronlock status``. Its tables are created on
+    first use unless *create_table* is false (then run ``python -m cronlock migrate``);
+    *table* and *schema* name them (*schema* ``None``: the ``search_path``'s). Rows older
+    than *retention* are pruned, keeping each job's latest run and success. ``ledger=False``
+    is the lock alone (session mode only); it can run a slot twice (docs/ledger.md).
 
-    **Connections.** The locks this replica holds live on a few dedicated lock sessions,
-    at most *sessions* (default 4, 1 to 64) however many jobs run at once. A job always
-    uses session ``job_lock_key(job) % sessions`` (its shard) for its lock, its claim, its
-    release and its ledger reads; statements on one session are serialised, so the shards
-    share out the round trips, and runs due together share them too: a session sends all
-    the claims waiting on it in one statement, and all the ends of runs in another. Given
-    a DSN, the locker opens those connections itself (``asyncpg.connect``, no pool, so no
-    pool reset can drop its locks); given an
-    ``asyncpg.Pool``, it borrows them for its lifetime (close the locker before the pool).
-    Each session is opened on first use by a job of its shard.
+    **mode="session"** (default): a session advisory lock per running job, on at most
+    *sessions* dedicated connections (default 4, 1 to 64; a job uses session ``key %
+    sessions``, opened on first use; given a pool, borrowed for the locker's lifetime). A
+    dead session is noticed within about *heartbeat* + *statement_timeout* and the leases on
+    it are marked :attr:`~PostgresLease.lost` (the scheduler cancels their runs, event
+    ``LockLost``); sessions carry server-side TCP *keepalives*. It needs a direct
+    connection: a pooler in between is refused (:class:`cronlock.PoolerDetected`).
 
-    **Exclusion.** Advisory locks are re-entrant within a session, so exclusion among this
-    replica's own runs is enforced here: a job whose lock this locker holds is answered
-    ``"locked"`` without a round trip. Across replicas, ``pg_try_advisory_lock(job_lock_key
-    (job))`` decides who runs, and the ledger's primary key which slots ran.
+    **mode="lease"**: no session state. Every statement is one transaction, on one
+    connection of the locker's own (given a DSN; no startup parameter a pooler refuses, no
+    named prepared statement) or on a connection borrowed from the given pool for that
+    statement alone, so it works through PgBouncer in transaction mode and its peers. "A
+    run of job J is in progress" is J's row in the ledger's leases table, valid for *lease*
+    seconds (default 20) of the **server's** clock and renewed for all runs in flight in one
+    statement every ``lease / 4`` s. A replica that cannot renew cancels its runs before
+    their leases could expire; a run whose lease expired without an outcome is crashed.
 
-    **Failure.** If a session dies, every lock on it is gone: the leases of its shard (and
-    only those) are marked :attr:`~PostgresLease.lost` (the scheduler then cancels their
-    runs, event ``LockLost``) and the next :meth:`acquire` of that shard reconnects. While
-    leases are held, each session holding some is checked every *heartbeat* seconds when
-    no other statement proved it alive, so a dead session is
-    noticed within about *heartbeat* + *statement_timeout* even after a silent network cut
-    (``heartbeat=None`` turns the check off). A server that cannot be reached, or a
-    statement that does not finish within *statement_timeout*, raises
-    :class:`cronlock.LockError` (the session is then terminated, so nothing stays held).
-    Every session carries ``application_name`` (default ``cronlock:<host>:<pid>``) and
-    server-side TCP *keepalives*.
+    **Keys.** Advisory-lock keys are namespaced by the ledger (:meth:`lock_key`), so two
+    services with ledgers of their own never block each other; ``bare_keys=True`` takes
+    ``job_lock_key(job)``, the seed's Go-compatible key, to contend with Go services.
+    Exclusion among this replica's own runs is kept here, without a round trip.
+
+    **Failure.** A server that cannot be reached, or a statement that does not finish
+    within *statement_timeout*, raises :class:`cronlock.LockError`. Every connection
+    carries ``application_name`` (default ``cronlock:<host>:<pid>``).
 
     **Fleet time, a fair race.** A Scheduler with this locker fires by the server's clock
-    (:meth:`read_server_clock`, ``Scheduler(fleet_clock=...)``). Each claim waits a
-    pseudo-random ``[0, spread)`` s (default 10 ms) drawn per slot and lane (eight groups of
-    the locker's jobs, by lock key), so the winner of a slot is drawn, not always the replica
-    with a small head start (``spread=0``: no wait). The claims go out *claim_ahead*
-    seconds before the slot (default 0.1; at most a quarter of the time since the job's
-    previous slot; ``0``: at the slot), so the race and the round trip are over by the slot
-    and the winner starts on it (:class:`~cronlock.ClaimAheadLocker`).
+    (:meth:`read_server_clock`). Each claim waits a pseudo-random ``[0, spread)`` s (default
+    10 ms) drawn per slot and lane (eight groups of jobs, by key), so the winner of a slot
+    is drawn. Claims go out *claim_ahead* seconds before the slot (default 0.1; at most a
+    quarter of the time since the previous slot; ``0``: at the slot), so the winner starts
+    on it (:class:`~cronlock.ClaimAheadLocker`).
     """
 
     def __init__(
@@ -138,30 +126,10 @@ class PostgresLocker(HeldOpenByBlocks):
     ) -> None:
         sessions = positive_int(sessions, field="sessions", owner="PostgresLocker", upper=64)
         remember = positive_int(remember, field="remember", owner="PostgresLocker")
-        if mode not in ("session", "lease"):
-            raise ConfigError(f"PostgresLocker: mode must be 'session' or 'lease', got {mode!r}")
-        if mode == "lease" and not ledger:
-            raise ConfigError(
-                "PostgresLocker: mode='lease' keeps its leases in the run ledger, so it "
-                "needs ledger=True (got ledger=False)"
-            )
-        lease_s = to_seconds(lease, field="lease", error=ConfigError)
-        if lease_s < 1.0:
-            raise ConfigError(f"PostgresLocker: lease must be at least 1 second, got {lease!r}")
+        lease_s = checked_mode(mode, ledger=ledger, lease=lease)
         self._mode: Mode = mode
         self._application_name = application_name or default_application_name()
-        if mode == "lease" and isinstance(pool_or_dsn, str):
-            # Nothing is set on a lease-mode session (a pooler would hand it on to other
-            # clients): its name is a startup parameter, which every pooler accepts, and
-            # no named prepared statement is used (a pooler cannot route them).
-            settings = dict((connect_kwargs or {}).get("server_settings") or {})
-            settings.setdefault("application_name", self._application_name)
-            connect_kwargs = {
-                "statement_cache_size": 0,
-                **(connect_kwargs or {}),
-                "server_settings": settings,
-            }
-        source = ConnectionSource(pool_or_dsn, connect_kwargs)
+        source = source_for(mode, pool_or_dsn, connect_kwargs, self._application_name)
         self._table = LedgerTable(table, schema) if ledger else None
         # Lock keys: namespaced by the ledger, so that two services' ledgers in one database
         # never share a key; the bare Go-compatible key on request (or without a ledger).
@@ -169,13 +137,7 @@ class PostgresLocker(HeldOpenByBlocks):
             job_lock_key if bare_keys or self._table is None else self._table.lock_key
         )
         self._holder = f"{self._application_name}:{secrets.token_hex(4)}"
-        self._exclusion: Exclusion | None = None
-        if self._table is not None:
-            self._exclusion = (
-                lease_rows(self._table, holder=self._holder, lease=lease_s)
-                if mode == "lease"
-                else session_locks(self._table)
-            )
+        self._exclusion = exclusion_for(mode, self._table, holder=self._holder, lease=lease_s)
         retention_s = to_seconds(retention, field="retention", error=ConfigError)
         heartbeat_s = optional_seconds(heartbeat, field="heartbeat", error=ConfigError)
         connect_timeout_s = to_seconds(connect_timeout, field="connect_timeout", error=ConfigError)
@@ -192,37 +154,19 @@ class PostgresLocker(HeldOpenByBlocks):
         self._entered = 0  # open async-with blocks: the Scheduler then leaves closing to them
         self._source = source
         self._pool_watch: asyncio.Task[None] | None = None
-        # The shards: a job's lock, claim, release and reads go to session key % sessions.
-        # Lease mode has one: its statements, on the user's pool or one connection of ours.
-        self._shards: tuple[LockSession, ...]
-        if mode == "lease" and source.pooled:
-            assert self._table is not None
-            self._shards = (
-                PooledStatements(
-                    source,
-                    table=self._table,
-                    create_table=create_table,
-                    connect_timeout=connect_timeout_s,
-                    statement_timeout=statement_timeout_s,
-                    on_open=self._on_session_opened,
-                ),
-            )
-        else:
-            self._shards = tuple(
-                LockSession(
-                    source,
-                    table=self._table,
-                    create_table=create_table,
-                    connect_timeout=connect_timeout_s,
-                    statement_timeout=statement_timeout_s,
-                    application_name=self._application_name,
-                    keepalives=keepalives,
-                    on_open=self._on_session_opened,
-                    on_drop=functools.partial(self._on_session_dropped, shard),
-                    session_locks=mode == "session",
-                )
-                for shard in range(1 if mode == "lease" else sessions)
-            )
+        self._shards = make_sessions(
+            mode,
+            source,
+            self._table,
+            sessions=sessions,
+            create_table=create_table,
+            connect_timeout=connect_timeout_s,
+            statement_timeout=statement_timeout_s,
+            application_name=self._application_name,
+            keepalives=keepalives,
+            on_open=self._on_session_opened,
+            on_drop=self._on_session_dropped,
+        )
         host = socket.gethostname()
         self._claims = tuple(Claims(session, self._exclusion, host) for session in self._shards)
         self._held: dict[int, PostgresLease] = {}
@@ -234,12 +178,7 @@ class PostgresLocker(HeldOpenByBlocks):
         self._reads = LedgerReads(
             self._shards, self._table, lambda: self._closed, key=self._lock_key
         )
-        exclusion = self._exclusion
-        self._crashes = (
-            None
-            if exclusion is None
-            else CrashWatch(exclusion.crashed_sql, host, exclusion.holder_args)
-        )
+        self._crashes = CrashWatch.of(self._exclusion, host)
         self._keeper = (
             None
             if mode == "session" or self._table is None
@@ -407,37 +346,6 @@ class PostgresLocker(HeldOpenByBlocks):
             raise LockError(_CLOSED)
         return await read_server_clock(self._shards, read)
 
-    # -- the ledger (LedgerLocker) ---------------------------------------------------------
-
-    async def last_claimed(self, job: str) -> datetime | None:
-        """The latest slot of *job* any replica claimed; ``None`` without a ledger."""
-        return await self._reads.last_claimed(job)
-
-    async def last_runs(self, job: str) -> tuple[RunRecord | None, RunRecord | None]:
-        """The latest finished run of *job* on any replica, and the latest successful one."""
-        return await self._reads.last_runs(job)
-
-    async def history(self, job: str, limit: int = 20) -> list[RunRecord]:
-        """The latest *limit* runs of *job* on any replica, newest first.
-
-        Unfinished runs are included with outcome ``"unfinished"`` and no ``finished_at``.
-        Empty without a ledger.
-        """
-        return await self._reads.history(job, limit)
-
-    async def ledger_summaries(self, jobs: Sequence[str]) -> Mapping[str, LedgerSummary]:
-        """The latest claimed slot, finished run and success of each of *jobs*, read in one
-        statement per few thousand jobs (start-up catch-up); jobs without a row are left
-        out. Empty without a ledger."""
-        return await self._reads.summaries(jobs)
-
-    def refusal_history(self, job: str) -> tuple[RunRecord | None, RunRecord | None] | None:
-        """What the ledger said with the refusal :meth:`acquire` just gave *job*: the job's
-        latest finished run at or before that slot, and it again as the latest success when
-        it succeeded. ``None`` when nothing was told (no ledger, no refusal, or asked
-        already): a replica that loses a slot learns the fleet's history without a read."""
-        return self._told.pop(job, None)
-
     def on_crashed(self, callback: CrashCallback) -> None:
         """Call *callback* ``(job, record)`` for each crashed run this locker marks.
 
@@ -514,22 +422,8 @@ class PostgresLocker(HeldOpenByBlocks):
         self._upkeep.start()
         if self._fleet is not None and not self._closed:
             self._fleet.start()
-        if self._source.pooled and self._pool_watch is None and not self._closed:
-            # Pool.close() waits for every borrowed connection: closing the pool while this
-            # locker is open would hang. The watch hands them back (and says what to fix).
-            watch = self._source.wait_pool_closing(POOL_WATCH_INTERVAL)
-            self._pool_watch = asyncio.create_task(
-                self._on_pool_closing(watch), name=task_name("pool-watch")
-            )
-
-    async def _on_pool_closing(self, watch: Awaitable[None]) -> None:
-        await watch
-        _logger.warning(
-            "the asyncpg pool is closing while a PostgresLocker still borrows its "
-            "connections; handing them back now (their locks are lost). Shut the "
-            "Scheduler down (or close the locker) before closing the pool."
-        )
-        await self.close()
+        if self._pool_watch is None and not self._closed:
+            self._pool_watch = watch_pool(self._source, self.close)
 
     def _on_session_dropped(self, shard: int, reason: str) -> None:
         """Every lock on the dropped session is gone: mark the leases of its shard lost.
@@ -538,7 +432,7 @@ class PostgresLocker(HeldOpenByBlocks):
         if self._mode == "session":
             self._lost += mark_dropped(self._held, shard, len(self._shards), reason)
 
-    def _on_fenced(self, lease: PostgresLease) -> None:
+    def _on_fenced(self, lease: PostgresLease) -> None:  # lease mode: renewal failed
         self._lost += 1
 
     def _on_released(self, lease: PostgresLease, unwritten: RunRecord | None) -> None:

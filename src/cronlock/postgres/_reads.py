@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from .._records import RunRecord
     from ._session import LockSession
 
-__all__ = ("READ_BATCH", "LedgerReads")
+__all__ = ("READ_BATCH", "LedgerReads", "ReadsLedger")
 
 READ_BATCH = 5000
 """Jobs per statement of a many-job read."""
@@ -114,3 +114,40 @@ class LedgerReads:
 async def _fetch(sql: str, names: list[str], conn: Any) -> list[Any]:
     rows: list[Any] = await conn.fetch(sql, names)
     return rows
+
+
+class ReadsLedger:
+    """The ledger half of :class:`cronlock.LedgerLocker`, a base of ``PostgresLocker``:
+    reads through its :class:`LedgerReads`, and what its refusals told."""
+
+    _reads: LedgerReads
+    _told: dict[str, tuple[RunRecord | None, RunRecord | None]]
+
+    async def last_claimed(self, job: str) -> datetime | None:
+        """The latest slot of *job* any replica claimed; ``None`` without a ledger."""
+        return await self._reads.last_claimed(job)
+
+    async def last_runs(self, job: str) -> tuple[RunRecord | None, RunRecord | None]:
+        """The latest finished run of *job* on any replica, and the latest successful one."""
+        return await self._reads.last_runs(job)
+
+    async def history(self, job: str, limit: int = 20) -> list[RunRecord]:
+        """The latest *limit* runs of *job* on any replica, newest first.
+
+        Unfinished runs are included with outcome ``"unfinished"`` and no ``finished_at``.
+        Empty without a ledger.
+        """
+        return await self._reads.history(job, limit)
+
+    async def ledger_summaries(self, jobs: Sequence[str]) -> Mapping[str, LedgerSummary]:
+        """The latest claimed slot, finished run and success of each of *jobs*, read in one
+        statement per few thousand jobs (start-up catch-up); jobs without a row are left
+        out. Empty without a ledger."""
+        return await self._reads.summaries(jobs)
+
+    def refusal_history(self, job: str) -> tuple[RunRecord | None, RunRecord | None] | None:
+        """What the ledger said with the refusal :meth:`acquire` just gave *job*: the job's
+        latest finished run at or before that slot, and it again as the latest success when
+        it succeeded. ``None`` when nothing was told (no ledger, no refusal, or asked
+        already): a replica that loses a slot learns the fleet's history without a read."""
+        return self._told.pop(job, None)

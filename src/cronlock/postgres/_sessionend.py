@@ -8,18 +8,23 @@ then hands each connection back (closed, or returned to the pool it was borrowed
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 from .._cancel import task_name, uncancellable
 from .._errors import LockError
 from .._logs import get_logger
 from ._backend_errors import gone_or_failed_types
+from ._connections import ConnectionSource
 from ._lease import PostgresLease
 from ._session import LockSession
 from ._upkeep import Upkeep
 
-__all__ = ("hand_back_all", "mark_dropped")
+__all__ = ("POOL_WATCH_INTERVAL", "hand_back_all", "mark_dropped", "watch_pool")
+
+POOL_WATCH_INTERVAL = 0.5
+"""Seconds between two looks at whether a borrowed-from pool is closing."""
 
 _logger = get_logger("cronlock.postgres")
 
@@ -64,3 +69,26 @@ async def hand_back_all(
                         name=task_name("pg-flush"),
                     )
             await session.hand_back(conn)
+
+
+def watch_pool(
+    source: ConnectionSource, close: Callable[[], Awaitable[None]]
+) -> asyncio.Task[None] | None:
+    """A task that calls *close* once the pool *source* borrows from starts closing.
+
+    ``Pool.close()`` waits for every borrowed connection: closing the pool while a locker
+    holds some would hang. The watch hands them back (and says what to fix). ``None`` for
+    a DSN."""
+    if not source.pooled:
+        return None
+
+    async def on_closing() -> None:
+        await source.wait_pool_closing(POOL_WATCH_INTERVAL)
+        _logger.warning(
+            "the asyncpg pool is closing while a PostgresLocker still borrows its "
+            "connections; handing them back now (their locks are lost). Shut the "
+            "Scheduler down (or close the locker) before closing the pool."
+        )
+        await close()
+
+    return asyncio.create_task(on_closing(), name=task_name("pool-watch"))
