@@ -21,6 +21,7 @@ import socket
 import uuid
 import warnings
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import asyncpg
@@ -320,3 +321,50 @@ def pgbouncer(pg_server: str) -> Iterator[PgBouncer]:
 def pgbouncer_dsn(pgbouncer: PgBouncer) -> str:
     """The DSN of the session's PgBouncer: the suite's database, in transaction mode."""
     return pgbouncer.dsn
+
+
+# -- the two coordination modes, for the replica-process tests ----------------------------
+
+
+@dataclass(frozen=True)
+class Coordination:
+    """How the replicas of a test coordinate: what they connect to and the flags they get.
+
+    ``session``: the default locker on a direct connection, in ``pg_dsn``'s schema.
+    ``lease``: ``mode="lease"`` through the suite's PgBouncer in transaction mode, with a
+    3 s lease (so a crash is noticed quickly), in a schema of the test's own (PgBouncer
+    refuses ``pg_dsn``'s ``search_path`` parameter).
+    """
+
+    mode: str
+    dsn: str
+    args: tuple[str, ...]
+    schema: str | None
+
+    def table(self, name: str) -> LedgerTable:
+        """Ledger *name* where this test's replicas keep it."""
+        return LedgerTable(name, self.schema)
+
+    @property
+    def schema_args(self) -> tuple[str, ...]:
+        """``--schema S`` for the command line and the fleet replicas, when one is set."""
+        return () if self.schema is None else ("--schema", self.schema)
+
+
+@pytest.fixture(params=["session", "lease"])
+def coordination(
+    request: pytest.FixtureRequest, pg_dsn: str, pg_server: str
+) -> Iterator[Coordination]:
+    """Each replica-process test that takes it runs in both modes (see :class:`Coordination`)."""
+    if request.param == "session":
+        yield Coordination("session", pg_dsn, (), None)
+        return
+    bouncer: str = request.getfixturevalue("pgbouncer_dsn")
+    schema = f"{_schema_prefix()}{os.getpid()}_lease_{uuid.uuid4().hex[:6]}"
+    asyncio.run(_create_schema(pg_server, schema))
+    try:
+        yield Coordination(
+            "lease", bouncer, ("--mode", "lease", "--lease", "3", "--schema", schema), schema
+        )
+    finally:
+        asyncio.run(_drop_schemas(pg_server, [schema]))

@@ -27,6 +27,7 @@ from typing import Any
 
 import pytest
 
+from .conftest import Coordination
 from .replica import command as replica_command
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow]
@@ -142,46 +143,64 @@ def first_slot_in(seconds: float) -> float:
 
 
 def test_lock_only_runs_slots_twice_with_skewed_clocks_and_the_ledger_does_not(
-    pg_dsn: str, fleet: Fleet, capsys: pytest.CaptureFixture[str]
+    pg_dsn: str, coordination: Coordination, fleet: Fleet, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """Three replicas 0, 150 and 300 ms behind, a job every second that takes 1 ms."""
+    """Three replicas 0, 150 and 300 ms behind, a job every second that takes 1 ms.
+
+    The ledger's replicas run in both modes (lease mode through PgBouncer); the lock-only
+    ones, which exist in session mode only, run once, beside the session-mode ledger."""
+    session = coordination.mode == "session"
     slots, start = 20, first_slot_in(5)
     tag = uuid.uuid4().hex[:8]
     # The replicas read their own clocks (no fleet time): the skew is what is tested.
     common = ["--interval", "1", "--hold", "0.001", "--trace", "--host-clock"]
     for rid, offset in enumerate(("0", "-0.15", "-0.3"), 1):
+        if session:
+            fleet.spawn(
+                "lock",
+                pg_dsn,
+                f"gap-lock-{tag}",
+                rid,
+                start,
+                slots,
+                *common,
+                "--offset",
+                offset,
+                "--no-ledger",
+            )
         fleet.spawn(
-            "lock",
-            pg_dsn,
-            f"gap-lock-{tag}",
+            "ledger",
+            coordination.dsn,
+            f"gap-ledger-{tag}",
             rid,
             start,
             slots,
             *common,
+            *coordination.args,
             "--offset",
             offset,
-            "--no-ledger",
-        )
-        fleet.spawn(
-            "ledger", pg_dsn, f"gap-ledger-{tag}", rid, start, slots, *common, "--offset", offset
         )
     expected = [start + k for k in range(slots)]
-    lock_only = analyse(fleet.records("lock"), expected)
     ledger = analyse(fleet.records("ledger"), expected)
     with capsys.disabled():
-        print("\n" + lock_only.line("lock-only, clocks 0/-150/-300 ms, 1 ms job every 1 s"))
-        print(ledger.line("ledger,    clocks 0/-150/-300 ms, 1 ms job every 1 s"))
-    # The lagging replicas find the lock free again and run the slot a second time.
-    assert lock_only.duplicates > 0
+        if session:
+            lock_only = analyse(fleet.records("lock"), expected)
+            print("\n" + lock_only.line("lock-only, clocks 0/-150/-300 ms, 1 ms job every 1 s"))
+            # The lagging replicas find the lock free again and run the slot a second time.
+            assert lock_only.duplicates > 0
+        print(ledger.line(f"ledger ({coordination.mode} mode), clocks 0/-150/-300 ms, 1 ms job"))
     assert ledger.duplicates == 0
     assert ledger.ran_once == slots  # 1 ms runs: no slot is ever busy, none may be missed
     assert ledger.lock_failed == 0
 
 
 def test_no_duplicate_and_no_missed_slot_over_240_slots(
-    pg_dsn: str, fleet: Fleet, capsys: pytest.CaptureFixture[str]
+    pg_dsn: str, coordination: Coordination, fleet: Fleet, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """Clocks up to 500 ms apart, runs from 0 to twice the interval, both modes at once."""
+    """Clocks up to 500 ms apart, runs from 0 to twice the interval, both modes at once
+    (the ledger in session mode, or in lease mode through PgBouncer; lock-only beside the
+    session mode)."""
+    session = coordination.mode == "session"
     slots, interval = 240, 0.5
     start = first_slot_in(6)
     tag = uuid.uuid4().hex[:8]
@@ -191,8 +210,19 @@ def test_no_duplicate_and_no_missed_slot_over_240_slots(
     ]
     for rid, offset in enumerate(("0", "-0.2", "-0.5"), 1):
         fleet.spawn(
-            "ledger", pg_dsn, f"once-ledger-{tag}", rid, start, slots, *common, "--offset", offset
+            "ledger",
+            coordination.dsn,
+            f"once-ledger-{tag}",
+            rid,
+            start,
+            slots,
+            *common,
+            *coordination.args,
+            "--offset",
+            offset,
         )
+        if not session:
+            continue
         fleet.spawn(
             "lock",
             pg_dsn,
@@ -208,13 +238,15 @@ def test_no_duplicate_and_no_missed_slot_over_240_slots(
     expected = [start + k * interval for k in range(slots)]
     ledger_records = fleet.records("ledger")
     ledger = analyse(ledger_records, expected)
-    lock_only = analyse(fleet.records("lock"), expected)
     exits = [r for r in ledger_records if r["event"] == "exit"]
     statements = sum(r["statements"] for r in exits)
     granted = sum(r["granted"] for r in exits)
     with capsys.disabled():
-        print("\n" + ledger.line("ledger,    clocks 0/-200/-500 ms, runs 0..1 s every 0.5 s"))
-        print(lock_only.line("lock-only, clocks 0/-200/-500 ms, runs 0..1 s every 0.5 s"))
+        label = f"ledger ({coordination.mode} mode), clocks 0/-200/-500 ms, runs 0..1 s"
+        print("\n" + ledger.line(label))
+        if session:
+            lock_only = analyse(fleet.records("lock"), expected)
+            print(lock_only.line("lock-only, clocks 0/-200/-500 ms, runs 0..1 s every 0.5 s"))
         print(
             f"[measured] ledger fleet: {statements} statements for {granted} runs "
             f"({statements / max(granted, 1):.2f} per run, counting the losers' claims, "
@@ -227,7 +259,7 @@ def test_no_duplicate_and_no_missed_slot_over_240_slots(
 
 
 def test_catch_up_after_every_replica_was_down_over_a_slot(
-    pg_dsn: str, fleet: Fleet, capsys: pytest.CaptureFixture[str]
+    coordination: Coordination, fleet: Fleet, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Slot s1 passes with no replica up. Back within misfire_grace: it runs once, on one
     of the two replicas that come up. Back after it: it is reported missed."""
@@ -236,19 +268,20 @@ def test_catch_up_after_every_replica_was_down_over_a_slot(
     s1 = s0 + interval
     tag = uuid.uuid4().hex[:8]
     within, beyond = f"catch-up-{tag}", f"too-late-{tag}"
+    dsn, args = coordination.dsn, coordination.args
     # Before: one replica per job runs s0, then exits (slots=1) well before s1.
     for group, job in (("before", within), ("before", beyond)):
-        fleet.spawn(group, pg_dsn, job, 1, s0, 1, "--interval", str(interval), "--hold", "0.1")
+        fleet.spawn(group, dsn, job, 1, s0, 1, *args, "--interval", str(interval), "--hold", "0.1")
     assert {r["slot"] for r in fleet.records("before") if r["event"] == "start"} == {s0}
     assert time.time() < s1, "the first replicas outlived slot s1; the test needs them down"
     while time.time() < s1 + 0.3:
         time.sleep(0.05)
-    common = ["--interval", str(interval), "--hold", "0.1", "--until", str(s1 + 4.5)]
+    common = [*args, "--interval", str(interval), "--hold", "0.1", "--until", str(s1 + 4.5)]
     for rid in (2, 3):  # two replicas come back together, 0.3 s + boot time late
-        fleet.spawn("within", pg_dsn, within, rid, s0, 2, *common, "--misfire-grace", "4")
+        fleet.spawn("within", dsn, within, rid, s0, 2, *common, "--misfire-grace", "4")
     while time.time() < s1 + 1.0:
         time.sleep(0.05)
-    fleet.spawn("beyond", pg_dsn, beyond, 2, s0, 2, *common, "--misfire-grace", "0.5")
+    fleet.spawn("beyond", dsn, beyond, 2, s0, 2, *common, "--misfire-grace", "0.5")
     back = fleet.records("within")
     late = fleet.records("beyond")
     ran = [(r["replica"], r["slot"]) for r in back if r["event"] == "start"]

@@ -14,6 +14,7 @@ from typing import Any
 from .._keys import job_lock_key
 from .._records import RunRecord
 from ._control import control_sql
+from ._leasesql import lease_holders_sql
 from ._ledger import LedgerTable, to_record
 
 __all__ = (
@@ -41,7 +42,8 @@ WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted
 
 @dataclass(frozen=True, slots=True)
 class LockHolder:
-    """A server session holding a job's advisory lock right now."""
+    """A server session holding a job's advisory lock right now, or (lease mode) the
+    replica holding its unexpired lease."""
 
     pid: int
     """The holder's backend pid."""
@@ -98,13 +100,27 @@ class FleetJob:
         return self.last_run is not None and self.last_run.outcome != "succeeded"
 
 
-async def read_holders(conn: Any, names: Sequence[str]) -> dict[str, tuple[LockHolder, ...]]:
-    """Who holds each job's lock now: one query over ``pg_locks`` for all of *names*."""
+async def read_holders(
+    conn: Any, names: Sequence[str], table: LedgerTable | None = None
+) -> dict[str, tuple[LockHolder, ...]]:
+    """Who holds each job's lock now: one query over ``pg_locks`` for all of *names*.
+
+    Both keys of a job are looked up: the bare one (``locked_run``, ``bare_keys=True``) and,
+    given the ledger *table*, its namespaced one. With *table*, the holders of unexpired
+    leases (lease mode) are included too: their *pid* is the replica's process id, their
+    *application* the lease's holder, their address unknown.
+    """
     by_key = {job_lock_key(name): name for name in names}
+    if table is not None:
+        by_key |= {table.lock_key(name): name for name in names}
     found: dict[str, list[LockHolder]] = {}
     for row in await conn.fetch(HOLDERS_SQL, list(by_key)):
         holder = LockHolder(row["pid"], row["application_name"] or "", row["addr"])
         found.setdefault(by_key[row["key"]], []).append(holder)
+    if table is not None and await conn.fetchval("SELECT to_regclass($1)", table.leases):
+        for row in await conn.fetch(lease_holders_sql(table), list(names)):
+            holder = LockHolder(row["pid"] or 0, row["holder"], None)
+            found.setdefault(row["job"], []).append(holder)
     return {name: tuple(found.get(name, ())) for name in names}
 
 
@@ -121,7 +137,7 @@ async def read_jobs(
     if only is not None:
         known = {row["job"]: row for row in rows}
         rows = [known[name] for name in dict.fromkeys(only) if name in known]
-    holders = await read_holders(conn, [row["job"] for row in rows])
+    holders = await read_holders(conn, [row["job"] for row in rows], table)
     jobs = []
     for row in rows:
         last = {r["kind"]: to_record(r) for r in await conn.fetch(table.last_runs_sql, row["job"])}
