@@ -59,3 +59,10 @@ def bench(session: nox.Session) -> None:
     """Benchmarks side by side with the peers (not part of the test run)."""
     session.install("-e", ".[postgres]", "-r", "benchmarks/requirements.txt")
     session.run("python", "benchmarks/run.py", *session.posargs)
+
+
+@nox.session
+def fleet(session: nox.Session) -> None:
+    """Fleet scale: 3/30/100 replica processes on throwaway clusters (``-- --quick``, ``--rows``)."""
+    session.install("-e", ".[postgres]")
+    session.run("python", "benchmarks/fleet.py", *session.posargs)

@@ -22,7 +22,7 @@ import uuid
 import warnings
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import asyncpg
 import pytest
@@ -336,7 +336,7 @@ class Coordination:
     refuses ``pg_dsn``'s ``search_path`` parameter).
     """
 
-    mode: str
+    mode: Literal["session", "lease"]
     dsn: str
     args: tuple[str, ...]
     schema: str | None

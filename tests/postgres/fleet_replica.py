@@ -27,9 +27,17 @@ async def main() -> None:
     parser.add_argument("--id", type=int, required=True)
     parser.add_argument("--interval", type=float, default=1.0)
     parser.add_argument("--alert-after", type=float, default=3.0)
+    parser.add_argument("--mode", choices=("session", "lease"), default="session")
+    parser.add_argument("--lease", type=float, default=20.0)
+    parser.add_argument("--schema")
     args = parser.parse_args()
     locker = PostgresLocker(
-        args.dsn, table=args.table, application_name=f"cronlock-fleet-replica-{args.id}"
+        args.dsn,
+        table=args.table,
+        schema=args.schema,
+        mode=args.mode,
+        lease=args.lease,
+        application_name=f"cronlock-fleet-replica-{args.id}",
     )
     scheduler = Scheduler(locker=locker, stop_timeout=0)
 

@@ -3,8 +3,9 @@
 Replica A runs the job's one slot for a minute and is killed with SIGKILL mid-run. The
 watchers (B, and C when there are two) were started after A claimed the slot, so they
 have nothing of their own to run; their lockers find A's ledger row unfinished with its
-lock session gone, one of them marks it ``crashed`` and emits ``JobCrashed``, and with
-``recover=True`` (and the slot within ``misfire_grace``) that one reruns it, once.
+lock session gone (session mode) or its lease expired (lease mode, through PgBouncer), one
+of them marks it ``crashed`` and emits ``JobCrashed``, and with ``recover=True`` (and the
+slot within ``misfire_grace``) that one reruns it, once.
 """
 
 from __future__ import annotations
@@ -23,19 +24,22 @@ import pytest
 from cronlock.postgres._crashes import CHECK_EVERY
 from cronlock.postgres._ledger import LedgerTable
 
+from .conftest import Coordination
 from .test_replicas import Record, Replica
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow]
 
 
 @pytest.fixture
-async def ledger(admin: Any) -> AsyncIterator[LedgerTable]:
-    """A ledger table of this test's own, dropped afterwards."""
-    table = LedgerTable(f"crash_{uuid.uuid4().hex[:10]}")
+async def ledger(admin: Any, coordination: Coordination) -> AsyncIterator[LedgerTable]:
+    """A ledger table of this test's own, where its replicas keep it; dropped afterwards."""
+    table = coordination.table(f"crash_{uuid.uuid4().hex[:10]}")
     try:
         yield table
     finally:
-        await admin.execute(f"DROP TABLE IF EXISTS {table.runs}, {table.jobs}")
+        await admin.execute(
+            f"DROP TABLE IF EXISTS {table.runs}, {table.jobs}, {table.control}, {table.leases}"
+        )
 
 
 @dataclass
@@ -62,7 +66,7 @@ async def _wait(replicas: Sequence[Replica], event: str, timeout: float) -> Reco
 
 
 async def _crash(
-    pg_dsn: str,
+    coordination: Coordination,
     admin: Any,
     ledger: LedgerTable,
     *,
@@ -73,8 +77,11 @@ async def _crash(
 ) -> Outcome:
     job = f"crash-{uuid.uuid4()}"
     start = float(math.ceil(time.time()) + 5)
-    table = ["--table", ledger.table]
-    a = Replica(pg_dsn, job, 1, start, 1, hold=60, extra=table)
+    # Lease mode: the replicas hand the locker a pool of their own, through PgBouncer.
+    pooled = ("--pool",) if coordination.mode == "lease" else ()
+    table = ["--table", ledger.table, *coordination.args, *pooled]
+    dsn = coordination.dsn
+    a = Replica(dsn, job, 1, start, 1, hold=60, extra=table)
     others: list[Replica] = []
     try:
         began = await asyncio.to_thread(a.wait_for, lambda r: r["event"] == "start", timeout=60)
@@ -84,7 +91,7 @@ async def _crash(
         if recover:
             flags.append("--recover")
         others = [
-            Replica(pg_dsn, job, rid, start, 1, hold=0.5, extra=flags)
+            Replica(dsn, job, rid, start, 1, hold=0.5, extra=flags)
             for rid in range(2, 2 + watchers)
         ]
         for replica in others:
@@ -127,9 +134,9 @@ def _owner(replica: Replica) -> str:
 
 
 async def test_a_killed_replicas_run_is_marked_crashed_and_not_rerun_without_recover(
-    pg_dsn: str, admin: Any, ledger: LedgerTable, capsys: pytest.CaptureFixture[str]
+    coordination: Coordination, admin: Any, ledger: LedgerTable, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    seen = await _crash(pg_dsn, admin, ledger, recover=False, grace=60, watchers=1)
+    seen = await _crash(coordination, admin, ledger, recover=False, grace=60, watchers=1)
     with capsys.disabled():
         print(f"\n[measured] crash noticed {seen.noticed_after:.2f}s after SIGKILL (recover off)")
     [crashed] = seen.crashed
@@ -143,9 +150,9 @@ async def test_a_killed_replicas_run_is_marked_crashed_and_not_rerun_without_rec
 
 
 async def test_with_recover_one_of_two_replicas_reruns_the_slot_exactly_once(
-    pg_dsn: str, admin: Any, ledger: LedgerTable, capsys: pytest.CaptureFixture[str]
+    coordination: Coordination, admin: Any, ledger: LedgerTable, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    seen = await _crash(pg_dsn, admin, ledger, recover=True, grace=60, watchers=2)
+    seen = await _crash(coordination, admin, ledger, recover=True, grace=60, watchers=2)
     with capsys.disabled():
         print(
             f"\n[measured] crash noticed {seen.noticed_after:.2f}s after SIGKILL; "
@@ -164,10 +171,12 @@ async def test_with_recover_one_of_two_replicas_reruns_the_slot_exactly_once(
 
 
 async def test_with_recover_a_slot_past_its_grace_is_marked_crashed_and_not_rerun(
-    pg_dsn: str, admin: Any, ledger: LedgerTable
+    coordination: Coordination, admin: Any, ledger: LedgerTable
 ) -> None:
     # Killed 3 s after the slot with a grace of 1 s: late whenever the crash is noticed.
-    seen = await _crash(pg_dsn, admin, ledger, recover=True, grace=1, watchers=1, kill_after=3)
+    seen = await _crash(
+        coordination, admin, ledger, recover=True, grace=1, watchers=1, kill_after=3
+    )
     [crashed] = seen.crashed
     assert crashed["recovered"] is False
     assert seen.runs == []

@@ -25,6 +25,7 @@ from cronlock import Scheduler, every
 from cronlock.postgres import FleetControl, PostgresLocker, _control
 from cronlock.prometheus import instrument
 
+from .conftest import Coordination
 from .test_cli_pg import cli
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow]
@@ -48,7 +49,7 @@ class Replicas:
         self.lines: list[dict[str, Any]] = []
         self._readers: list[asyncio.Task[None]] = []
 
-    async def start(self, dsn: str, table: str, n: int) -> None:
+    async def start(self, dsn: str, table: str, n: int, *extra: str) -> None:
         for rid in range(1, n + 1):
             proc = await asyncio.create_subprocess_exec(
                 sys.executable,
@@ -57,6 +58,7 @@ class Replicas:
                 dsn,
                 "--table",
                 table,
+                *extra,
                 "--id",
                 str(rid),
                 "--interval",
@@ -100,11 +102,19 @@ async def eventually(check: Callable[[], bool], what: str, limit: float = 90.0) 
 
 
 async def test_pause_resume_trigger_across_three_replicas(
-    pg_dsn: str, admin: Any, monkeypatch: pytest.MonkeyPatch
+    coordination: Coordination, admin: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """In session mode on a direct connection, and in lease mode through PgBouncer: the
+    replicas, the observer, FleetControl and the command line all go through it."""
     monkeypatch.setattr(_control, "RUNS_EVERY", 0.5)  # the observer's fleet reads
     table = f"fleet_{uuid.uuid4().hex[:10]}"
-    observer = Scheduler(locker=PostgresLocker(pg_dsn, table=table), elector=NeverLeader())
+    ledger = coordination.table(table)
+    dsn, schema, mode = coordination.dsn, coordination.schema, coordination.mode
+    where = ("--dsn", dsn, "--table", table, *coordination.schema_args)  # for the command line
+    observer = Scheduler(
+        locker=PostgresLocker(dsn, table=table, schema=schema, mode=mode),
+        elector=NeverLeader(),
+    )
     job = observer.add_job(lambda: None, every(INTERVAL), name="pulse", alert_after=3)
     registry = CollectorRegistry()
     instrument(observer, registry)
@@ -118,13 +128,13 @@ async def test_pause_resume_trigger_across_three_replicas(
 
     replicas = Replicas()
     try:
-        async with observer, FleetControl(pg_dsn, table=table) as control:
-            await replicas.start(pg_dsn, table, 3)
+        async with observer, FleetControl(dsn, table=table, schema=schema) as control:
+            await replicas.start(dsn, table, 3, *coordination.args)
             await eventually(lambda: len(replicas.starts()) >= 3, "three runs")
 
             # The observer never ran the job, yet reports the fleet's last success.
             ran: datetime = await admin.fetchval(
-                f'SELECT max(finished_at) FROM "{table}" WHERE outcome = $1', "succeeded"
+                f"SELECT max(finished_at) FROM {ledger.runs} WHERE outcome = $1", "succeeded"
             )
             await eventually(
                 lambda: (gauge("last_success_timestamp_seconds") or 0) >= ran.timestamp(),
@@ -142,14 +152,14 @@ async def test_pause_resume_trigger_across_three_replicas(
                 )
             assert replicas.starts(after=paused_at + INTERVAL) == []
             await eventually(lambda: gauge("paused") == 1, "the paused gauge")
-            status = await cli("status", "--dsn", pg_dsn, "--table", table)
+            status = await cli("status", *where)
             [line] = [x for x in status.stdout.splitlines() if x.startswith("pulse ")]
             assert line.split()[1] == "paused"
 
             # A trigger runs once fleet-wide, even while paused.
             await control.trigger("pulse")
             triggered: datetime = await admin.fetchval(
-                f'SELECT trigger_slot FROM "{table}_control" WHERE job = $1', "pulse"
+                f"SELECT trigger_slot FROM {ledger.control} WHERE job = $1", "pulse"
             )
             slot = triggered.timestamp()
             await eventually(
@@ -173,7 +183,9 @@ async def test_pause_resume_trigger_across_three_replicas(
             later = [x["slot"] for x in replicas.starts(after=resumed_at)]
             assert len(later) == len(set(later))
             await eventually(lambda: gauge("paused") == 0, "the paused gauge back to 0")
-            healthy = await cli("status", "--check", "--dsn", pg_dsn, "--table", table)
+            healthy = await cli(
+                "status", "--check", "--dsn", dsn, "--table", table, *coordination.schema_args
+            )
             assert healthy.returncode == 0, healthy.stdout + healthy.stderr
 
             # Every replica gone: the job stops; the observer sees it overdue.
@@ -181,7 +193,9 @@ async def test_pause_resume_trigger_across_three_replicas(
             await eventually(lambda: gauge("overdue") == 1, "the overdue gauge")
             assert [j.name for j in observer.overdue()] == ["pulse"]
             for _ in range(120):
-                check = await cli("status", "--check", "--dsn", pg_dsn, "--table", table)
+                check = await cli(
+                    "status", "--check", "--dsn", dsn, "--table", table, *coordination.schema_args
+                )
                 if check.returncode == 1:
                     break
                 await asyncio.sleep(0.5)

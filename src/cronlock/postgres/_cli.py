@@ -60,7 +60,8 @@ async def _connect(dsn: str) -> Any:
     import asyncpg  # at the first connect, as everywhere in cronlock.postgres
 
     try:
-        return await asyncpg.connect(dsn, timeout=10)
+        # No named prepared statements: the command line works through a transaction pooler.
+        return await asyncpg.connect(dsn, timeout=10, statement_cache_size=0)
     except Exception as exc:  # bad syntax, refused, auth, unknown database: one clear line
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise CronlockError(f"cannot connect to PostgreSQL with --dsn: {reason}") from None

@@ -122,7 +122,9 @@ class FleetControl:
     def __init__(
         self, pool_or_dsn: Any, *, table: str = DEFAULT_TABLE, schema: str | None = None
     ) -> None:
-        self._source = ConnectionSource(pool_or_dsn)
+        # Given a DSN, no named prepared statements: it works through a transaction pooler.
+        kwargs = {"statement_cache_size": 0} if isinstance(pool_or_dsn, str) else None
+        self._source = ConnectionSource(pool_or_dsn, kwargs)
         self._table = LedgerTable(table, schema)
         self._sql = control_sql(self._table)
         self._conn: Any = None

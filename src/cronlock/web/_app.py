@@ -115,7 +115,8 @@ class _Dashboard:
     async def connection(self) -> AsyncIterator[Any]:
         try:
             if isinstance(self.source, str):
-                conn = await asyncpg.connect(self.source, timeout=10)
+                # No named prepared statements: it works through a transaction pooler too.
+                conn = await asyncpg.connect(self.source, timeout=10, statement_cache_size=0)
                 try:
                     yield conn
                 finally:
