@@ -63,6 +63,6 @@ def bench(session: nox.Session) -> None:
 
 @nox.session
 def fleet(session: nox.Session) -> None:
-    """Fleet scale: 3/30/100 replica processes on throwaway clusters (``-- --quick``, ``--rows``)."""
+    """Fleet scale: 3/30/100 replica processes, throwaway clusters (``-- --quick``, ``--rows``)."""
     session.install("-e", ".[postgres]")
     session.run("python", "benchmarks/fleet.py", *session.posargs)

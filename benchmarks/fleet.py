@@ -32,9 +32,10 @@ it prints ``ready``. The measured window is the ``--window`` seconds of slots th
   children it reaped: cutime+cstime), /proc, from 0.5 s before the first slot to 0.5 s
   before the slot after the last; replica CPU likewise, summed over replica processes;
   PgBouncer's CPU on its own;
-- LockFailed events and connection errors (LockFailed/fatal events whose exception chain
-  names a connection error, the lockers' connect_failures counters, and warnings/errors
-  the replicas logged that name one).
+- LockFailed events in the window (those caused by PoolerDetected, the refusal, counted
+  apart) and connection errors: LockFailed/fatal events whose exception chain names a
+  connection error (PoolerDetected excluded), the lockers' connect_failures counters over
+  their whole life, and the warning/error lines the replicas logged that name one.
 
 Prints a markdown table, writes benchmarks/results/fleet-latest.json; the replicas' JSONL
 files and stderr stay in benchmarks/results/fleet-logs/<row>/ until the next run of the row.
@@ -78,6 +79,7 @@ CONN_RE = re.compile(
     r"|TimeoutError|timed out|no more connections allowed|reconnecting",
     re.IGNORECASE,
 )
+POOLER_RE = re.compile(r"PoolerDetected|pooler or proxy", re.IGNORECASE)  # the refusal, by design
 
 
 @dataclasses.dataclass(frozen=True)
@@ -384,36 +386,43 @@ async def _measure(
     expected = row.jobs * len(slots)
     tail_end = slots[-1] + args.tail
     await sleep_until(slots[-1] + 1.5)
+    seen, still_since = -1, time.time()
     while True:
         starts = await asyncio.to_thread(window_starts, replicas, slot_set)
-        if len(starts) >= expected or time.time() >= tail_end:
+        if len(starts) != seen:
+            seen, still_since = len(starts), time.time()
+        stalled = time.time() - still_since >= 5.0  # nothing new for 5 s: none will come
+        if len(starts) >= expected or stalled or time.time() >= tail_end:
             break
         await asyncio.sleep(1.0)
     await _stop_all(replicas)
 
     lateness = [(min(t for t, _ in got) - slot) * 1000 for (_, slot), got in starts.items()]
     runs = sum(len(v) for v in starts.values())
-    lock_failed_win = lock_failed_all = 0
+    lock_failed_win = lock_failed_all = refused_win = 0
     fatal = 0
     conn_events = 0
     errors: dict[str, int] = {}
     skips: dict[str, int] = {}
     counters: dict[str, int] = {}
     log_lines = 0
-    conn_lines = 0
+    conn_lines = pooler_lines = 0
     for replica in replicas:
         for rec in read_jsonl(replica.out):
             kind = rec["e"]
             if kind in ("lock_failed", "fatal"):
+                names = [n.rsplit(".", 1)[-1] for n in rec.get("error") or ["?"]]
+                key = f"{kind}:{'<-'.join(names)}"
+                errors[key] = errors.get(key, 0) + 1
                 text = " ".join(rec.get("error", [])) + " " + rec.get("text", "")
-                name = (rec.get("error") or ["?"])[0].rsplit(".", 1)[-1]
-                errors[f"{kind}:{name}"] = errors.get(f"{kind}:{name}", 0) + 1
-                conn_events += bool(CONN_RE.search(text))
+                refused = bool(POOLER_RE.search(text))
+                conn_events += not refused and bool(CONN_RE.search(text))
                 if kind == "fatal":
                     fatal += 1
-                else:
-                    lock_failed_all += 1
-                    lock_failed_win += round(rec["slot"], 3) in slot_set
+                elif round(rec["slot"], 3) in slot_set:
+                    lock_failed_win += 1
+                    refused_win += refused
+                lock_failed_all += kind != "fatal"
             elif kind == "skipped":
                 skips[rec["reason"]] = skips.get(rec["reason"], 0) + 1
             elif kind == "exit":
@@ -426,7 +435,8 @@ async def _measure(
         with contextlib.suppress(OSError), open(replica.err, errors="replace") as f:
             for line in f:
                 log_lines += 1
-                conn_lines += bool(CONN_RE.search(line))
+                pooler_lines += bool(POOLER_RE.search(line))
+                conn_lines += not POOLER_RE.search(line) and bool(CONN_RE.search(line))
 
     per_k = 1000 / runs if runs else None
     result.update(
@@ -446,6 +456,8 @@ async def _measure(
         server_cpu_s=server1 - server0,
         replica_cpu_s=replica1 - replica0,
         pgbouncer_cpu_s=(bouncer1 - bouncer0) if bouncer is not None else None,
+        server_cpu_cores=(server1 - server0) / (win_end - win_start),
+        replica_cpu_cores=(replica1 - replica0) / (win_end - win_start),
         server_cpu_per_1k=(server1 - server0) * per_k if per_k else None,
         replica_cpu_per_1k=(replica1 - replica0) * per_k if per_k else None,
         pgbouncer_cpu_per_1k=(bouncer1 - bouncer0) * per_k if per_k and bouncer else None,
@@ -456,6 +468,7 @@ async def _measure(
         },
         launch_s=all_up - began,
         lock_failed_window=lock_failed_win,
+        lock_failed_window_pooler_refused=refused_win,
         lock_failed_total=lock_failed_all,
         fatal=fatal,
         conn_error_events=conn_events,
@@ -465,6 +478,7 @@ async def _measure(
         locker_counters=counters,
         stderr_lines=log_lines,
         stderr_conn_error_lines=conn_lines,
+        stderr_pooler_lines=pooler_lines,
     )
     return result
 
@@ -522,7 +536,12 @@ def table(results: list[dict[str, Any]]) -> str:
                     _fmt(r["server_cpu_per_1k"], 2),
                     _fmt(r["replica_cpu_per_1k"], 2),
                     _fmt(r["pgbouncer_cpu_per_1k"], 2),
-                    _fmt(r["lock_failed_window"]),
+                    _fmt(r["lock_failed_window"])
+                    + (
+                        f" ({r['lock_failed_window_pooler_refused']} PoolerDetected)"
+                        if r["lock_failed_window_pooler_refused"]
+                        else ""
+                    ),
                     f"{r['conn_error_events']} / {r['connect_failures']}"
                     f" / {r['stderr_conn_error_lines']}",
                     _fmt(r["replicas"] - r["replicas_ready"]),

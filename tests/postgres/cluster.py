@@ -169,13 +169,14 @@ class Cluster:
     exit). The port, hence :attr:`dsn`, stays the same across restarts.
     """
 
-    def __init__(self, *, watchdog: bool = True) -> None:
+    def __init__(self, *, watchdog: bool = True, max_connections: int = 300) -> None:
         bindir = local_binaries()
         if bindir is None:
             raise ClusterUnavailable("no initdb/pg_ctl under /usr/lib/postgresql/*/bin or on PATH")
         self._bindir = bindir
         self._run_as = _run_as()
         self._watch = watchdog
+        self.max_connections = max_connections
         self.port = _free_port()
         self.root: str | None = None
         self._watchdog: subprocess.Popen[bytes] | None = None
@@ -209,7 +210,8 @@ class Cluster:
         if self.running:
             return
         options = (
-            f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c max_connections=300"
+            f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 "
+            f"-c max_connections={self.max_connections}"
         )
         self._pg_ctl("-o", options, "start")
 

@@ -171,6 +171,7 @@ async def main() -> None:
     parser.add_argument(
         "--pool", action="store_true", help="hand the locker an asyncpg pool, not the DSN"
     )
+    parser.add_argument("--bare-keys", action="store_true", help="the seed's job_lock_key")
     args = parser.parse_args()
 
     start = datetime.fromtimestamp(args.start, UTC)
@@ -185,6 +186,7 @@ async def main() -> None:
         ledger=not args.no_ledger,
         mode=args.mode,
         lease=args.lease,
+        bare_keys=args.bare_keys,
         **({"table": args.table} if args.table else {}),
         **({"schema": args.schema} if args.schema else {}),
     )

@@ -13,6 +13,7 @@ From those lines a slot is counted as
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import os
@@ -25,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import asyncpg
 import pytest
 
 from .conftest import Coordination
@@ -293,3 +295,48 @@ def test_catch_up_after_every_replica_was_down_over_a_slot(
     assert [slot for _, slot in ran] == [s1]
     assert [r["slot"] for r in late if r["event"] == "start"] == []
     assert [(r["slot"], r["reason"]) for r in late if r["event"] == "skipped"] == [(s1, "misfire")]
+
+
+def test_two_services_sharing_a_database_with_the_same_job_names_each_run_every_slot(
+    pg_server: str, fleet: Fleet, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Two services, each with its own ledger schema and two replicas, both with a job
+    named "cleanup" (a run of 0.6 s every second), defaults otherwise. Advisory locks are
+    database-wide: on the bare job name one service's run would block the other's slot.
+    The keys are namespaced by the ledger, so each service runs every slot of its own.
+    Two more services on the seed's bare keys (``bare_keys=True``) show what that prevents:
+    they lose slots to each other."""
+    slots, start = 12, first_slot_in(5)
+    tag = uuid.uuid4().hex[:6]
+    services = {
+        name: f"cronlock_test_shared_{tag}_{name}" for name in ("a", "b", "bare_a", "bare_b")
+    }
+    common = ["--interval", "1", "--hold", "0.6", "--trace"]
+    for name, schema in services.items():
+        bare = ("--bare-keys",) if name.startswith("bare") else ()
+        job = "cleanup-bare" if bare else "cleanup"
+        for rid in (1, 2):
+            fleet.spawn(name, pg_server, job, rid, start, slots, *common, "--schema", schema, *bare)
+    expected = [start + k for k in range(slots)]
+    try:
+        figures = {name: analyse(fleet.records(name), expected) for name in services}
+        bare_ran = figures.pop("bare_a").ran_once + figures.pop("bare_b").ran_once
+        with capsys.disabled():
+            for name, seen in figures.items():
+                print("\n" + seen.line(f"service {name} of two sharing a database"), end="")
+            print(f"\n[measured] the same on bare keys: {bare_ran} of {2 * slots} slots ran")
+        assert bare_ran < 2 * slots
+        for seen in figures.values():
+            assert (seen.duplicates, seen.missed, seen.busy, seen.lock_failed) == (0, 0, 0, 0)
+            assert seen.ran_once == slots
+    finally:
+        for schema in services.values():
+            asyncio.run(_drop(pg_server, schema))
+
+
+async def _drop(dsn: str, schema: str) -> None:
+    conn = await asyncpg.connect(dsn)
+    try:
+        await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+    finally:
+        await conn.close()

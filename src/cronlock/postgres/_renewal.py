@@ -25,7 +25,7 @@ import asyncio
 from collections.abc import Callable
 from logging import WARNING
 
-from .._cancel import cancel_and_wait, task_name, uncancellable
+from .._cancel import cancel_and_wait, task_name
 from .._errors import LockError
 from .._logs import get_logger, say
 from ._backend_errors import backend_errors
@@ -106,24 +106,35 @@ class LeaseKeeper:
         self._lost(lease)
 
     async def _keep(self) -> None:
-        """Owned by the locker: from its first lease to its close."""
+        """Owned by the locker: from its first lease to its close.
+
+        The renewal statement runs in a task of its own: a statement stuck on a frozen
+        network (until its statement timeout) must not hold the fence back.
+        """
         loop = asyncio.get_running_loop()
         next_renewal = loop.time() + self._every
-        while True:
-            now = loop.time()
-            self._fence(now)
-            if now >= next_renewal:
-                next_renewal = now + self._every
-                if self._trusted:
-                    await uncancellable(self._renew(), name=task_name("pg-renew-statement"))
-                    continue  # fence again at once: the renewal may have taken a while
-            wake_at = min((next_renewal, *self._trusted.values()))
-            self._wake.clear()
-            try:
-                async with asyncio.timeout(max(0.0, wake_at - loop.time())):
-                    await self._wake.wait()
-            except TimeoutError:
-                pass
+        renewal: asyncio.Task[None] | None = None
+        try:
+            while True:
+                now = loop.time()
+                self._fence(now)
+                if now >= next_renewal and (renewal is None or renewal.done()):
+                    next_renewal = now + self._every
+                    if self._trusted:
+                        renewal = loop.create_task(
+                            self._renew(), name=task_name("pg-renew-statement")
+                        )
+                        renewal.add_done_callback(lambda _: self._wake.set())
+                wake_at = min((next_renewal, *self._trusted.values()))
+                self._wake.clear()
+                try:
+                    async with asyncio.timeout(max(0.0, wake_at - loop.time())):
+                        await self._wake.wait()
+                except TimeoutError:
+                    pass
+        finally:
+            if renewal is not None:
+                await cancel_and_wait(renewal)
 
     async def _renew(self) -> None:
         leases = [lease for lease in self._trusted if not lease.lost]

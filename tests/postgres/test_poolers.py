@@ -1,0 +1,185 @@
+"""Where services really run: behind a transaction pooler, and in fleets that would take
+every connection of the server in session mode.
+
+Against a real PgBouncer 1.18 in transaction mode (tests/postgres/pgbouncer.py) and a
+throwaway cluster with a low ``max_connections`` (cluster.py); no mocks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import asyncpg
+import pytest
+
+from cronlock import JobStarted, LockFailed, PoolerDetected, RunContext, Scheduler, every
+from cronlock.postgres import PostgresLease, PostgresLocker
+
+from .cluster import Cluster, ClusterUnavailable
+from .events import Events
+from .proxy import TcpProxy, via
+from .test_exactly_once import Fleet, analyse
+
+pytestmark = pytest.mark.postgres
+
+SLOT = datetime(2030, 1, 1, tzinfo=UTC)
+
+
+@pytest.fixture
+async def schema(pg_server: str) -> AsyncIterator[str]:
+    """A schema of the test's own on the server (PgBouncer refuses ``pg_dsn``'s search_path)."""
+    name = f"cronlock_test_pooler_{uuid.uuid4().hex[:8]}"
+    yield name
+    conn = await asyncpg.connect(pg_server)
+    try:
+        await conn.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
+    finally:
+        await conn.close()
+
+
+async def test_the_default_locker_through_pgbouncer_refuses_loudly_and_runs_nothing(
+    pgbouncer_dsn: str, schema: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Session mode (the default) through a transaction pooler would lose most runs
+    silently: its locks would land on backends it does not own. It refuses instead: every
+    run fails its claim with PoolerDetected (event LockFailed), an ERROR names the fix, and
+    no run starts, so nothing runs without exclusion."""
+    locker = PostgresLocker(
+        pgbouncer_dsn, schema=schema, connect_kwargs={"statement_cache_size": 0}
+    )
+    scheduler = Scheduler(locker=locker)
+    events = Events()
+    scheduler.subscribe(events)
+    ran: list[datetime] = []
+
+    async def job(ctx: RunContext) -> None:
+        ran.append(ctx.slot)
+
+    scheduler.add_job(job, every(0.5), name="refused")
+    with caplog.at_level(logging.ERROR, logger="cronlock"):
+        async with scheduler:
+            failed = await events.until(LockFailed, 2)
+    assert ran == []
+    assert events.count(JobStarted) == 0
+    assert isinstance(failed.exception, PoolerDetected)
+    assert "mode='lease'" in str(failed.exception)
+    assert any(
+        r.levelno == logging.ERROR and "mode='lease'" in r.getMessage() for r in caplog.records
+    )
+
+
+async def test_lease_mode_on_a_pool_through_pgbouncer_holds_no_connection_while_it_runs(
+    pgbouncer_dsn: str, schema: str
+) -> None:
+    """Given the user's pool, every statement borrows a connection for itself alone: while
+    the run goes on (its lease renewed meanwhile), the locker holds none."""
+    pool = await asyncpg.create_pool(pgbouncer_dsn, min_size=0, max_size=3, statement_cache_size=0)
+    try:
+        async with PostgresLocker(pool, mode="lease", schema=schema, lease=2) as locker:
+            lease = await locker.acquire("pooled", SLOT)
+            assert isinstance(lease, PostgresLease)
+            await asyncio.sleep(1.5)  # past a renewal (every lease / 4 = 0.5 s)
+            assert pool.get_size() - pool.get_idle_size() == 0
+            assert not lease.lost
+            assert locker.statistics().statements >= 2  # the claim and a renewal at least
+            await lease.release()
+            assert await locker.acquire("pooled", SLOT) == "already_ran"
+            [run] = await locker.history("pooled")
+            assert run.slot == SLOT
+    finally:
+        await pool.close()
+
+
+async def test_a_lease_holder_cut_off_is_fenced_before_another_replica_takes_the_job(
+    pg_server: str, schema: str
+) -> None:
+    """Replica A's network to the server freezes mid-run: it cannot renew, so it ends its
+    run (LockLost) before its lease could expire; replica B gets the job only after that."""
+    where = urlsplit(pg_server)
+    proxy = TcpProxy(where.hostname or "127.0.0.1", where.port or 5432)
+    await proxy.start()
+    lost_at: list[float] = []
+    try:
+        a = PostgresLocker(via(pg_server, proxy.port), mode="lease", schema=schema, lease=2)
+        b = PostgresLocker(pg_server, mode="lease", schema=schema, lease=2)
+        async with a, b:
+            lease = await a.acquire("fenced", SLOT)
+            assert isinstance(lease, PostgresLease)
+            lease.on_lost(lambda _: lost_at.append(time.monotonic()))
+            proxy.set_mode("freeze")
+            later = SLOT + timedelta(minutes=1)
+            granted = None
+            for _ in range(100):
+                answer = await b.acquire("fenced", later)
+                if isinstance(answer, PostgresLease):
+                    granted = time.monotonic()
+                    await answer.release()
+                    break
+                assert answer == "locked"
+                await asyncio.sleep(0.1)
+            assert granted is not None, "B never got the job once A's lease expired"
+            assert lost_at and lost_at[0] < granted
+            proxy.set_mode("pass")
+            await lease.release()
+    finally:
+        await proxy.close()
+
+
+@pytest.fixture(scope="module")
+def small_server() -> Iterator[Cluster]:
+    """A throwaway cluster with ``max_connections = 30``, stopped at the end."""
+    try:
+        cluster = Cluster(max_connections=30)
+    except ClusterUnavailable as exc:
+        pytest.fail(f"NO THROWAWAY POSTGRESQL CLUSTER: {exc}", pytrace=False)
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.destroy()
+
+
+@pytest.mark.slow
+async def test_a_fleet_of_25_replicas_in_lease_mode_fits_a_server_of_30_connections(
+    small_server: Cluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """In session mode 25 replicas would want 100 lock sessions. In lease mode each holds
+    one connection at most: every slot runs once, with no connection refused."""
+    replicas, slots = 25, 8
+    dsn = small_server.dsn
+    fleet = Fleet(tmp_path)
+    peak = 0
+    admin = await asyncpg.connect(dsn)
+    try:
+        start = float(math.ceil(time.time()) + 20)  # 25 processes take a while to start
+        for rid in range(1, replicas + 1):
+            fleet.spawn(
+                "fleet", dsn, "fleet-job", rid, start, slots, "--mode", "lease", "--hold", "0.1"
+            )
+        while time.time() < start + slots + 2:
+            count = await admin.fetchval(
+                "SELECT count(*) FROM pg_stat_activity "
+                "WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()"
+            )
+            peak = max(peak, count)
+            await asyncio.sleep(0.2)
+        records = await asyncio.to_thread(fleet.records, "fleet")
+    finally:
+        fleet.kill()
+        await admin.close()
+    expected = [start + k for k in range(slots)]
+    seen = analyse(records, expected)
+    with capsys.disabled():
+        print("\n" + seen.line(f"{replicas} lease-mode replicas, max_connections = 30"))
+        print(f"[measured] peak server connections of {replicas} replicas: {peak}")
+    assert (seen.duplicates, seen.missed, seen.lock_failed) == (0, 0, 0)
+    assert seen.ran_once == slots
+    assert peak <= replicas
