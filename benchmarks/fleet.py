@@ -32,10 +32,11 @@ it prints ``ready``. The measured window is the ``--window`` seconds of slots th
   children it reaped: cutime+cstime), /proc, from 0.5 s before the first slot to 0.5 s
   before the slot after the last; replica CPU likewise, summed over replica processes;
   PgBouncer's CPU on its own;
-- LockFailed events in the window (those caused by PoolerDetected, the refusal, counted
-  apart) and connection errors: LockFailed/fatal events whose exception chain names a
-  connection error (PoolerDetected excluded), the lockers' connect_failures counters over
-  their whole life, and the warning/error lines the replicas logged that name one.
+- LockFailed events in the window, by cause (PoolerDetected; asyncpg's prepared
+  statements, broken by a transaction pooler; connection errors; other), and connection
+  errors: LockFailed/fatal events whose exception chain names one (TooManyConnections,
+  refused, reset, timeout...), the lockers' connect_failures counters over their whole
+  life, and the warning/error lines the replicas logged that name one.
 
 Prints a markdown table, writes benchmarks/results/fleet-latest.json; the replicas' JSONL
 files and stderr stay in benchmarks/results/fleet-logs/<row>/ until the next run of the row.
@@ -72,14 +73,16 @@ from cluster import Cluster, ClusterUnavailable  # noqa: E402
 from pgbouncer import PgBouncer, PgBouncerUnavailable, pgbouncer_binary  # noqa: E402
 
 TICK = os.sysconf("SC_CLK_TCK")
-CONN_RE = re.compile(
+CONN_RE = re.compile(  # a connection error proper (not cronlock's wrapper, LockUnavailable)
     r"TooManyConnections|too many clients|remaining connection slots|CannotConnectNow"
-    r"|ConnectionRefused|ConnectionReset|ConnectionDoesNotExist|connection was closed"
-    r"|PostgresConnectionError|ClientCannotConnect|InterfaceError|LockUnavailable"
-    r"|TimeoutError|timed out|no more connections allowed|reconnecting",
+    r"|no more connections allowed|ConnectionRefused|ConnectionReset|ConnectionDoesNotExist"
+    r"|connection was closed|PostgresConnectionError|ClientCannotConnect|InterfaceError"
+    r"|TimeoutError|timed out|OSError",
     re.IGNORECASE,
 )
 POOLER_RE = re.compile(r"PoolerDetected|pooler or proxy", re.IGNORECASE)  # the refusal, by design
+PREPARED_RE = re.compile(r"PreparedStatement|SQLStatementName|prepared statement")  # asyncpg
+LOG_LINE = re.compile(r"^\d+\.\d{3} ")  # a record the replica logged (not a traceback line)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -193,6 +196,15 @@ def pids_cpu(pids: list[int]) -> tuple[float, int]:
             total += _own_cpu(found[1])
             alive += 1
     return total, alive
+
+
+def classify(text: str) -> str:
+    """Why a LockFailed (or fatal) event happened, from its exception chain and text."""
+    if POOLER_RE.search(text):
+        return "PoolerDetected"
+    if PREPARED_RE.search(text):
+        return "prepared statement"  # asyncpg's statement cache behind a transaction pooler
+    return "connection" if CONN_RE.search(text) else "other"
 
 
 def quantile(values: list[float], q: float) -> float | None:
@@ -309,7 +321,12 @@ async def run_row(row: Row, args: argparse.Namespace) -> dict[str, Any]:
     directory = LOGS / row.name
     shutil.rmtree(directory, ignore_errors=True)
     directory.mkdir(parents=True)
-    result: dict[str, Any] = {"row": row.name, **dataclasses.asdict(row), "label": row.label}
+    result: dict[str, Any] = {
+        "row": row.name,
+        **dataclasses.asdict(row),
+        "label": row.label,
+        "load_avg_at_start": os.getloadavg(),
+    }
     with contextlib.ExitStack() as stack:
         cluster = stack.enter_context(BenchCluster(row.max_connections))
         bouncer = None
@@ -399,7 +416,8 @@ async def _measure(
 
     lateness = [(min(t for t, _ in got) - slot) * 1000 for (_, slot), got in starts.items()]
     runs = sum(len(v) for v in starts.values())
-    lock_failed_win = lock_failed_all = refused_win = 0
+    lock_failed_win = lock_failed_all = 0
+    causes_win: dict[str, int] = {}
     fatal = 0
     conn_events = 0
     errors: dict[str, int] = {}
@@ -415,13 +433,13 @@ async def _measure(
                 key = f"{kind}:{'<-'.join(names)}"
                 errors[key] = errors.get(key, 0) + 1
                 text = " ".join(rec.get("error", [])) + " " + rec.get("text", "")
-                refused = bool(POOLER_RE.search(text))
-                conn_events += not refused and bool(CONN_RE.search(text))
+                cause = classify(text)
+                conn_events += cause == "connection"
                 if kind == "fatal":
                     fatal += 1
                 elif round(rec["slot"], 3) in slot_set:
                     lock_failed_win += 1
-                    refused_win += refused
+                    causes_win[cause] = causes_win.get(cause, 0) + 1
                 lock_failed_all += kind != "fatal"
             elif kind == "skipped":
                 skips[rec["reason"]] = skips.get(rec["reason"], 0) + 1
@@ -434,6 +452,8 @@ async def _measure(
                         counters[key] = counters.get(key, 0) + value
         with contextlib.suppress(OSError), open(replica.err, errors="replace") as f:
             for line in f:
+                if not LOG_LINE.match(line):
+                    continue
                 log_lines += 1
                 pooler_lines += bool(POOLER_RE.search(line))
                 conn_lines += not POOLER_RE.search(line) and bool(CONN_RE.search(line))
@@ -468,7 +488,7 @@ async def _measure(
         },
         launch_s=all_up - began,
         lock_failed_window=lock_failed_win,
-        lock_failed_window_pooler_refused=refused_win,
+        lock_failed_window_causes=causes_win,
         lock_failed_total=lock_failed_all,
         fatal=fatal,
         conn_error_events=conn_events,
@@ -538,8 +558,8 @@ def table(results: list[dict[str, Any]]) -> str:
                     _fmt(r["pgbouncer_cpu_per_1k"], 2),
                     _fmt(r["lock_failed_window"])
                     + (
-                        f" ({r['lock_failed_window_pooler_refused']} PoolerDetected)"
-                        if r["lock_failed_window_pooler_refused"]
+                        " (" + ", ".join(f"{k} {v}" for k, v in sorted(causes.items())) + ")"
+                        if (causes := r["lock_failed_window_causes"])
                         else ""
                     ),
                     f"{r['conn_error_events']} / {r['connect_failures']}"

@@ -99,7 +99,7 @@ async def main() -> int:
                 job=event.job,
                 t=time.time(),
                 error=chain(event.exception),
-                text=str(event.exception)[:300],
+                text=str(event.exception)[:600],
             )
         elif isinstance(event, LockLost):
             log("lock_lost", slot=event.slot.timestamp(), job=event.job, t=time.time())
@@ -129,7 +129,7 @@ async def main() -> int:
             print("ready", flush=True)
             await stop.wait()
     except Exception as exc:
-        log("fatal", t=time.time(), error=chain(exc), text=str(exc)[:300])
+        log("fatal", t=time.time(), error=chain(exc), text=str(exc)[:600])
         print("failed", flush=True)
         code = 1
     watch.cancel()

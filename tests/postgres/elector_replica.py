@@ -33,6 +33,8 @@ async def main() -> None:
     parser.add_argument("--id", type=int, required=True)
     parser.add_argument("--poll", type=float, default=1.0)
     parser.add_argument("--sample", type=float, default=0.01)
+    parser.add_argument("--mode", choices=("session", "lease"), default="session")
+    parser.add_argument("--schema")
     args = parser.parse_args()
 
     stop = asyncio.Event()
@@ -42,6 +44,8 @@ async def main() -> None:
         name=args.name,
         poll_interval=args.poll,
         application_name=f"cronlock-test-elector-{args.id}",
+        mode=args.mode,
+        schema=args.schema,
     )
     elector.on_demoted(
         lambda reason: emit(event="demoted", id=args.id, t=time.time(), reason=str(reason))

@@ -18,7 +18,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -297,10 +297,10 @@ async def test_scheduler_ends_the_run_and_skips_until_reelected(pg_dsn: str, adm
 class ElectorProcess:
     """An elector_replica.py process; a thread collects its JSON lines."""
 
-    def __init__(self, dsn: str, name: str, rid: int) -> None:
+    def __init__(self, dsn: str, name: str, rid: int, extra: Sequence[str] = ()) -> None:
         self.id = rid
         self.proc = subprocess.Popen(
-            [sys.executable, str(REPLICA), "--dsn", dsn, "--name", name, "--id", str(rid)],
+            [sys.executable, str(REPLICA), "--dsn", dsn, "--name", name, "--id", str(rid), *extra],
             stdout=subprocess.PIPE,
             text=True,
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
@@ -386,15 +386,19 @@ def handover_gap(replicas: list[ElectorProcess]) -> float:
 
 
 async def failover_run(
-    leader_dsn: str, follower_dsn: str, fault: Callable[[ElectorProcess], Any], label: str
+    leader_dsn: str,
+    follower_dsn: str,
+    fault: Callable[[ElectorProcess], Any],
+    label: str,
+    extra: Sequence[str] = (),
 ) -> None:
     """Elect a leader, let a follower settle, inject *fault*, check the takeover."""
     name = election()
-    leader = ElectorProcess(leader_dsn, name, 1)
+    leader = ElectorProcess(leader_dsn, name, 1, extra)
     follower: ElectorProcess | None = None
     try:
         await leader.wait("leader")
-        follower = ElectorProcess(follower_dsn, name, 2)
+        follower = ElectorProcess(follower_dsn, name, 2, extra)
         await follower.wait("ready")
         await asyncio.sleep(1.5)  # a poll or two refused
         assert follower.find("leader") is None
@@ -450,6 +454,78 @@ async def test_network_fault_between_leader_and_server_never_makes_two_leaders(
 
     try:
         await failover_run(via(pg_dsn, port), pg_dsn, inject, f"network {fault}")
+    finally:
+        proxy.set_mode("pass")
+        await proxy.close()
+
+
+# -- lease mode: the leadership as a row in the server's time ----------------------------
+
+
+@pytest.fixture
+async def leaders_schema(pg_server: str) -> AsyncIterator[str]:
+    """A schema for the leaders table, dropped afterwards (PgBouncer refuses search_path)."""
+    name = f"cronlock_test_leaders_{uuid.uuid4().hex[:8]}"
+    yield name
+    conn = await asyncpg.connect(pg_server)
+    try:
+        await conn.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
+    finally:
+        await conn.close()
+
+
+async def test_lease_mode_through_pgbouncer_one_leader_then_a_prompt_handover(
+    pgbouncer_dsn: str, pg_server: str, leaders_schema: str
+) -> None:
+    name = election()
+    options: dict[str, Any] = {"name": name, "mode": "lease", "schema": leaders_schema}
+    a = PostgresElector(pgbouncer_dsn, application_name="lease-elector-a", **options)
+    b = PostgresElector(pgbouncer_dsn, application_name="lease-elector-b", **options)
+    async with a, b:
+        await until(lambda: a.is_leader_now or b.is_leader_now)
+        for _ in range(100):  # never both, while both poll and the leader renews
+            assert not (a.is_leader_now and b.is_leader_now)
+            await asyncio.sleep(0.02)
+        leader, follower = (a, b) if a.is_leader_now else (b, a)
+        conn = await asyncpg.connect(pg_server)
+        try:
+            row = await conn.fetchrow(
+                f'SELECT holder FROM "{leaders_schema}".cronlock_leaders WHERE name = $1', name
+            )
+        finally:
+            await conn.close()
+        assert row is not None and row["holder"].startswith(leader.application_name)
+        await leader.close()  # gives the row up: the follower need not wait for its expiry
+        took = await wait_leader(follower)
+        print(f"\nlease mode handover after a clean close: {took:.2f}s (poll_interval 1s)")
+        assert follower.statistics().terms == 1
+
+
+@pytest.mark.slow
+async def test_lease_mode_sigkill_of_the_leader_through_pgbouncer_fails_over(
+    pgbouncer_dsn: str, leaders_schema: str
+) -> None:
+    async def sigkill(leader: ElectorProcess) -> None:
+        await leader.kill()
+
+    lease = ("--mode", "lease", "--schema", leaders_schema)
+    await failover_run(pgbouncer_dsn, pgbouncer_dsn, sigkill, "lease SIGKILL", lease)
+
+
+@pytest.mark.slow
+async def test_lease_mode_frozen_network_never_makes_two_leaders(
+    pg_server: str, leaders_schema: str
+) -> None:
+    target = urlsplit(pg_server)
+    proxy = TcpProxy(target.hostname or "127.0.0.1", target.port or 5432)
+    port = await proxy.start()
+
+    async def freeze(leader: ElectorProcess) -> None:
+        proxy.set_mode("freeze")
+
+    lease = ("--mode", "lease", "--schema", leaders_schema)
+    try:
+        await failover_run(via(pg_server, port), pg_server, freeze, "lease freeze", lease)
     finally:
         proxy.set_mode("pass")
         await proxy.close()

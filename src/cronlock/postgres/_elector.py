@@ -31,30 +31,23 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from .._cancel import cancel_and_wait, task_name
+from .._cancel import cancel_and_wait, task_name, uncancellable
 from .._clock import monotonic
 from .._durations import Seconds, optional_seconds, to_seconds
 from .._errors import ConfigError, LockError
-from .._keys import job_lock_key
 from .._logs import get_logger
 from .._resources import HeldOpenByBlocks
-from ._advisory import TRY_LOCK_SQL
 from ._backend_errors import backend_error_types, backend_errors
+from ._ballots import DEFAULT_LEADERS_TABLE, LeaseBallot, SessionBallot
 from ._connections import (
-    ConnectionSource,
     Keepalives,
     configure_session,
     default_application_name,
     is_closed,
     terminate,
 )
-from ._fencing import (
-    ACQUIRE_SQL,
-    ELECTOR_KEEPALIVES,
-    HEARTBEAT_SQL,
-    SETTINGS_SQL,
-    check_fencing,
-)
+from ._exclusion import Mode, source_for
+from ._fencing import ELECTOR_KEEPALIVES, SETTINGS_SQL, check_fencing
 from ._statistics import PostgresElectorStatistics
 
 __all__ = ("PostgresElector",)
@@ -79,8 +72,17 @@ class _Term:
 
 
 class PostgresElector(HeldOpenByBlocks):
-    """A :class:`cronlock.FencedElector` on one PostgreSQL session advisory lock.
+    """A :class:`cronlock.FencedElector` on one PostgreSQL session advisory lock, or, with
+    ``mode="lease"``, on a lease row in the server's time.
 
+    **mode="lease"** needs no session state, so it works through a transaction pooler: the
+    leadership is a row of *table* (default ``cronlock_leaders``, in *schema*), taken when
+    it expired, renewed by each heartbeat, and expiring on the server *lease* + 1 s after
+    the last one; the leader stops leading *lease* after it sent its last successful
+    heartbeat, before any other replica can take the row, so *takeover_delay* defaults to
+    0 and the session settings below do not apply. Closing gives the row up at once.
+
+    **mode="session"** (default):
     Every replica runs one; the one whose dedicated session holds
     ``pg_try_advisory_lock(job_lock_key(name))`` leads. Followers retry every
     *poll_interval*. The leader checks in ``pg_locks`` every *heartbeat_interval* that its
@@ -118,17 +120,24 @@ class PostgresElector(HeldOpenByBlocks):
         statement_timeout: Seconds = 5.0,
         application_name: str | None = None,
         connect_kwargs: Mapping[str, Any] | None = None,
+        mode: Mode = "session",
+        table: str = DEFAULT_LEADERS_TABLE,
+        schema: str | None = None,
     ) -> None:
-        self._source = ConnectionSource(pool_or_dsn, connect_kwargs)
+        if mode not in ("session", "lease"):
+            raise ConfigError(f"PostgresElector: mode must be 'session' or 'lease', got {mode!r}")
+        self._application_name = application_name or default_application_name()
+        self._source = source_for(mode, pool_or_dsn, connect_kwargs, self._application_name)
         self._name = name
-        self._key = job_lock_key(name)
         self._poll = to_seconds(poll_interval, field="poll_interval", error=ConfigError)
         self._beat = to_seconds(heartbeat_interval, field="heartbeat_interval", error=ConfigError)
         self._lease = to_seconds(lease, field="lease", error=ConfigError)
         delay = optional_seconds(
             takeover_delay, field="takeover_delay", allow_zero=True, error=ConfigError
         )
-        self._takeover = self._lease if delay is None else delay
+        # Lease mode: the server's expiry outlasts the holder's own lease (._ballots), so a
+        # new leader may lead as soon as it holds the row.
+        self._takeover = (0.0 if mode == "lease" else self._lease) if delay is None else delay
         self._idle_timeout = to_seconds(
             idle_session_timeout, field="idle_session_timeout", error=ConfigError
         )
@@ -139,14 +148,29 @@ class PostgresElector(HeldOpenByBlocks):
         self._statement_timeout = to_seconds(
             statement_timeout, field="statement_timeout", error=ConfigError
         )
-        self._application_name = application_name or default_application_name()
-        check_fencing(
-            beat=self._beat,
-            lease=self._lease,
-            takeover=self._takeover,
-            idle_session_timeout=self._idle_timeout,
-            keepalives=keepalives,
-        )
+        self._ballot: SessionBallot | LeaseBallot
+        if mode == "lease":
+            self._ballot = LeaseBallot(
+                name,
+                table=table,
+                schema=schema,
+                holder=self._application_name,
+                lease=self._lease,
+            )
+            if self._beat >= self._lease:
+                raise ConfigError(
+                    f"heartbeat_interval ({self._beat:g}s) must be shorter than lease "
+                    f"({self._lease:g}s), or every lease lapses before it can be renewed"
+                )
+        else:
+            self._ballot = SessionBallot(name, self._idle_timeout)
+            check_fencing(
+                beat=self._beat,
+                lease=self._lease,
+                takeover=self._takeover,
+                idle_session_timeout=self._idle_timeout,
+                keepalives=keepalives,
+            )
         self._callbacks: list[Callable[[BaseException | None], None]] = []
         self._task: asyncio.Task[None] | None = None
         self._closed = False
@@ -164,7 +188,7 @@ class PostgresElector(HeldOpenByBlocks):
 
     @property
     def name(self) -> str:
-        """The election's name; its lock key is ``job_lock_key(name)``."""
+        """The election's name; in session mode its lock key is ``job_lock_key(name)``."""
         return self._name
 
     @property
@@ -334,6 +358,10 @@ class PostgresElector(HeldOpenByBlocks):
             self._end_term(f"unexpected error: {exc!r}")
             raise
         finally:
+            if not self._ballot.session_bound and not is_closed(conn):
+                # Lease mode: demoted already (above); give the row up so that another
+                # replica need not wait for its expiry. Best effort: it expires anyway.
+                await uncancellable(self._release(conn), name=task_name("election-release"))
             # Synchronous from here on, so no cancellation can come between demoting
             # (above) and dropping the session, which is what frees the lock.
             self._conn = None
@@ -341,14 +369,23 @@ class PostgresElector(HeldOpenByBlocks):
                 conn.remove_termination_listener(lost)
             terminate(conn)
 
+    async def _release(self, conn: Any) -> None:
+        with contextlib.suppress(*backend_error_types()):
+            async with self._statement_lock, asyncio.timeout(self._statement_timeout):
+                await self._ballot.release(conn)
+
     async def _open(self) -> Any:
         conn = await self._source.checkout(timeout=self._connect_timeout)
         try:
             with backend_errors("could not set up the election session"):
                 async with asyncio.timeout(self._connect_timeout):
-                    await configure_session(
-                        conn, application_name=self._application_name, keepalives=self._keepalives
-                    )
+                    if self._ballot.session_bound:
+                        await configure_session(
+                            conn,
+                            application_name=self._application_name,
+                            keepalives=self._keepalives,
+                        )
+                    await self._ballot.prepare(conn)
         except BaseException:
             terminate(conn)  # synchronous: a second cancel cannot skip it
             raise
@@ -360,18 +397,13 @@ class PostgresElector(HeldOpenByBlocks):
 
     async def _follow(self, conn: Any) -> tuple[float, float]:
         """Try the lock every poll_interval; return (send, receive) times of the grant."""
-        args: tuple[object, ...]
-        if conn.get_server_version().major >= 14:
-            sql, args = ACQUIRE_SQL, (self._key, str(int(self._idle_timeout * 1000)))
-        else:  # no idle_session_timeout: a frozen leader then blocks failover until it wakes
-            sql, args = TRY_LOCK_SQL, (self._key,)
         while True:
             send = monotonic()
             # A timeout or failure leaves us unsure whether the server granted the lock;
             # the caller then terminates the session, which settles it.
-            with backend_errors("pg_try_advisory_lock failed"):
+            with backend_errors("taking the leadership failed"):
                 async with self._statement_lock, asyncio.timeout(self._statement_timeout):
-                    got = await conn.fetchval(sql, *args)
+                    got = await self._ballot.acquire(conn)
             received = monotonic()
             self._polls += 1
             if got:
@@ -402,13 +434,13 @@ class PostgresElector(HeldOpenByBlocks):
                 raise _Demoted("the lease lapsed before the next heartbeat; loop blocked?")
             try:
                 async with asyncio.timeout(left), self._statement_lock:
-                    held = await conn.fetchval(HEARTBEAT_SQL, self._key)
+                    held = await self._ballot.renew(conn)
             except TimeoutError as exc:
                 raise _Demoted(f"no heartbeat answer within the lease ({self._lease:g}s)") from exc
             except backend_error_types() as exc:
                 raise _Demoted(f"the heartbeat failed: {exc!r}") from exc
             if not held:
-                raise _Demoted("pg_locks no longer shows this session holding the lock")
+                raise _Demoted("the server no longer shows this replica holding the leadership")
             if monotonic() >= term.lease_until:
                 # Answered, but only after a stall: is_leader() may already have said
                 # False, and flip-flopping without on_demoted would confuse the scheduler.
