@@ -38,6 +38,7 @@ if _TYPE_CHECKING:
     from ._events import JobSucceeded as JobSucceeded
     from ._events import JobTimedOut as JobTimedOut
     from ._events import LockFailed as LockFailed
+    from ._events import LockHeldElsewhere as LockHeldElsewhere
     from ._events import LockLost as LockLost
     from ._events import SchedulerStarted as SchedulerStarted
     from ._events import SchedulerStopped as SchedulerStopped
@@ -56,6 +57,7 @@ if _TYPE_CHECKING:
     from ._locking import FencedElector as FencedElector
     from ._locking import FleetView as FleetView
     from ._locking import FleetWatchingLocker as FleetWatchingLocker
+    from ._locking import ForeignWatchingLocker as ForeignWatchingLocker
     from ._locking import Lease as Lease
     from ._locking import LedgerLocker as LedgerLocker
     from ._locking import LedgerSummary as LedgerSummary
@@ -100,6 +102,7 @@ _WHERE = {
     "Event": "._events",
     "JobCancelled": "._events",
     "JobCrashed": "._events",
+    "LockHeldElsewhere": "._events",
     "JobEvent": "._events",
     "JobFailed": "._events",
     "JobSkipped": "._events",
@@ -121,6 +124,7 @@ _WHERE = {
     "BatchLedgerLocker": "._locking",
     "ClaimAheadLocker": "._locking",
     "CrashWatchingLocker": "._locking",
+    "ForeignWatchingLocker": "._locking",
     "Elector": "._locking",
     "FencedElector": "._locking",
     "FleetView": "._locking",
@@ -164,6 +168,7 @@ __all__ = (
     "FleetClock",
     "FleetView",
     "FleetWatchingLocker",
+    "ForeignWatchingLocker",
     "InMemoryLocker",
     "IntervalSchedule",
     "Job",
@@ -184,6 +189,7 @@ __all__ = (
     "LedgerSummary",
     "LockError",
     "LockFailed",
+    "LockHeldElsewhere",
     "LockLost",
     "LockUnavailable",
     "Locker",

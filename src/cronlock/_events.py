@@ -26,6 +26,7 @@ __all__ = (
     "JobTimedOut",
     "Listener",
     "LockFailed",
+    "LockHeldElsewhere",
     "LockLost",
     "SchedulerStarted",
     "SchedulerStopped",
@@ -155,12 +156,24 @@ class JobCrashed(JobEvent):
 
     *recovered*: this replica runs the slot again (the job has ``recover=True`` and the slot
     is within ``misfire_grace``); that run's own events follow. Emitted on the one replica
-    that marked the row.
+    that marked the row. (In lease mode the run's lease expired instead.)
     """
 
     owner: str
     started_at: datetime
     recovered: bool
+
+
+@dataclass(frozen=True, slots=True)
+class LockHeldElsewhere(JobEvent):
+    """The job's lock key is held by a session outside this fleet, so its claims (of *slot*
+    and after) were refused ``"locked"``: another service contends for the same key (a Go
+    service using the recipe, ``locked_run``, ``bare_keys=True`` in a shared database).
+    *holder* describes that session (pid, ``application_name``, address). Emitted once per
+    job by each replica that found it; the locker logs a WARNING with it.
+    """
+
+    holder: str
 
 
 Listener = Callable[[Event], object] | Callable[[Event], Awaitable[object]]

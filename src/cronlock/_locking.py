@@ -29,6 +29,8 @@ __all__ = (
     "FleetCallback",
     "FleetView",
     "FleetWatchingLocker",
+    "ForeignCallback",
+    "ForeignWatchingLocker",
     "Health",
     "Lease",
     "LeaseHooks",
@@ -207,6 +209,21 @@ class CrashWatchingLocker(Locker, Protocol):
 
     def on_crashed(self, callback: CrashCallback) -> None:
         """Call *callback* (from the event loop) for each crashed run this locker marks."""
+        ...
+
+
+ForeignCallback = Callable[[str, datetime, str], None]
+"""Told of a job whose lock key a session outside the fleet holds: ``(job, slot, holder)``."""
+
+
+@runtime_checkable
+class ForeignWatchingLocker(Locker, Protocol):
+    """A locker that notices when a job's lock is held by a session outside its fleet (its
+    claims are then refused ``"locked"``, slot after slot); the scheduler emits
+    :class:`~cronlock.LockHeldElsewhere` for each job it reports."""
+
+    def on_foreign_holder(self, callback: ForeignCallback) -> None:
+        """Call *callback* once per job found held outside the fleet."""
         ...
 
 

@@ -11,11 +11,12 @@ loop like any other run: overlap policy, concurrency cap, elector and locker.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from datetime import datetime
 
 from ._clock import Clock
-from ._events import EventBus, JobCrashed
+from ._events import EventBus, JobCrashed, LockHeldElsewhere
 from ._job import Job
-from ._locking import CrashWatchingLocker, Wiring
+from ._locking import CrashWatchingLocker, ForeignWatchingLocker, Wiring
 from ._logs import at, get_logger
 from ._records import RunRecord
 from ._runloop import RunLoop, misfired
@@ -49,11 +50,19 @@ class Recovery:
         self._watched: dict[int, CrashWatchingLocker] = {}
 
     def watch(self, wiring: Wiring) -> None:
-        """Register with the job's locker, if it reports crashes (once per locker)."""
+        """Register with the job's locker, if it reports crashes (once per locker), and for
+        its reports of locks held outside the fleet, if it makes them."""
         locker = wiring.crashes
         if locker is not None and id(locker) not in self._watched:
             self._watched[id(locker)] = locker
             locker.on_crashed(self)
+            if isinstance(locker, ForeignWatchingLocker):  # once per locker, like the above
+                locker.on_foreign_holder(self.held_elsewhere)
+
+    def held_elsewhere(self, name: str, slot: datetime, holder: str) -> None:
+        """A locker found *name*'s lock held outside the fleet: say so, as an event."""
+        if name in self._jobs:
+            self._bus.emit(LockHeldElsewhere(name, slot, holder))
 
     def __call__(self, name: str, record: RunRecord) -> bool:
         """A locker marked *record* of job *name* crashed; True if this replica reruns it."""

@@ -11,7 +11,8 @@ never imports it. The metric names are part of the API:
   :meth:`cronlock.Scheduler.overdue`), ``cronlock_job_paused{job}`` (0/1, here or fleet-wide),
 - ``cronlock_runs_total{job,outcome}``, ``cronlock_skips_total{job,reason}`` (lock contention
   is ``reason="locked"``/``"already_ran"``), ``cronlock_lock_errors_total{job}`` (this
-  replica's),
+  replica's), ``cronlock_lock_held_elsewhere_total{job}`` (a session outside the fleet holds
+  the job's lock: :class:`~cronlock.LockHeldElsewhere`),
 - ``cronlock_run_duration_seconds{job}``, ``cronlock_start_lateness_seconds{job}``
   (histograms), ``cronlock_leader`` (0/1, when the scheduler has an elector that can tell
   without a round trip, as :class:`cronlock.postgres.PostgresElector` can).
@@ -45,6 +46,7 @@ from ._events import (
     JobSucceeded,
     JobTimedOut,
     LockFailed,
+    LockHeldElsewhere,
     LockLost,
     Subscription,
 )
@@ -83,6 +85,12 @@ class Instrumentation:
             "cronlock_lock_errors", "Locker or elector failures on this replica", ["job"],
             registry=None,
         )  # fmt: skip
+        self.held_elsewhere = Counter(
+            "cronlock_lock_held_elsewhere",
+            "Jobs whose lock a session outside the fleet was found holding (once a job)",
+            ["job"],
+            registry=None,
+        )
         self.duration = Histogram(
             "cronlock_run_duration_seconds",
             "How long runs took on this replica",
@@ -102,6 +110,7 @@ class Instrumentation:
             self.runs,
             self.skips,
             self.lock_errors,
+            self.held_elsewhere,
             self.duration,
             self.lateness,
             self._state,
@@ -126,6 +135,9 @@ class Instrumentation:
         elif kind is LockFailed:
             assert isinstance(event, LockFailed)
             self.lock_errors.labels(event.job).inc()
+        elif kind is LockHeldElsewhere:
+            assert isinstance(event, LockHeldElsewhere)
+            self.held_elsewhere.labels(event.job).inc()
         elif kind is JobStarted:
             assert isinstance(event, JobStarted)
             try:

@@ -31,10 +31,12 @@ import asyncpg
 
 from cronlock import (
     Event,
+    ForeignWatchingLocker,
     JobCrashed,
     JobSkipped,
     LedgerLocker,
     LockFailed,
+    LockHeldElsewhere,
     LockLost,
     LosableLease,
     RecordingLease,
@@ -47,6 +49,7 @@ from cronlock import (
     SystemClock,
     every,
 )
+from cronlock._locking import CrashCallback, ForeignCallback
 from cronlock.postgres import PostgresLease, PostgresLocker
 from cronlock.testing import OffsetClock
 
@@ -121,6 +124,12 @@ class _TracedLocker:
     async def history(self, job: str, limit: int = 20) -> list[RunRecord]:
         return await self._locker.history(job, limit)
 
+    def on_crashed(self, callback: CrashCallback) -> None:
+        self._locker.on_crashed(callback)
+
+    def on_foreign_holder(self, callback: ForeignCallback) -> None:
+        self._locker.on_foreign_holder(callback)
+
     def note_schedule(self, job: str, schedule: str, next_run: datetime | None) -> None:
         self._locker.note_schedule(job, schedule, next_run)
 
@@ -144,6 +153,7 @@ class _TracedLocker:
 # wrappers must keep every one of them, or --trace would change what it traces.
 assert issubclass(_TracedLocker, LedgerLocker) and issubclass(_TracedLocker, ScheduleNotingLocker)
 assert issubclass(_TracedLocker, ServerClockLocker)
+assert issubclass(_TracedLocker, ForeignWatchingLocker)
 assert issubclass(_TracedLease, RecordingLease) and issubclass(_TracedLease, LosableLease)
 
 
@@ -224,6 +234,8 @@ async def main() -> None:
                 slot=event.slot.timestamp(),
                 error=repr(event.exception),
             )
+        elif isinstance(event, LockHeldElsewhere):
+            emit(event="held_elsewhere", replica=args.id, holder=event.holder, t=time.time())
         elif isinstance(event, LockLost):
             emit(event="lock_lost", replica=args.id, slot=event.slot.timestamp(), t=time.time())
         elif isinstance(event, JobCrashed):

@@ -97,6 +97,8 @@ class Figures:
     missed: int
     unexplained_locked: int
     lock_failed: int
+    held_elsewhere: int = 0
+    """Reports of a job's lock held outside the fleet: a false alarm in these tests."""
 
     def line(self, label: str) -> str:
         return (
@@ -137,7 +139,10 @@ def analyse(records: list[Record], expected: list[float]) -> Figures:
     busy = sum(1 for s in expected if not runs.get(s) and s in busy_slots)
     missed = sum(1 for s in expected if not runs.get(s) and s not in busy_slots)
     failed = sum(1 for r in records if r["event"] == "lock_failed")
-    return Figures(len(expected), ran_once, duplicates, busy, missed, unexplained, failed)
+    elsewhere = sum(1 for r in records if r["event"] == "held_elsewhere")
+    return Figures(
+        len(expected), ran_once, duplicates, busy, missed, unexplained, failed, elsewhere
+    )
 
 
 def first_slot_in(seconds: float) -> float:
@@ -257,6 +262,7 @@ def test_no_duplicate_and_no_missed_slot_over_240_slots(
     assert ledger.duplicates == 0
     assert ledger.missed == 0
     assert ledger.lock_failed == 0
+    assert ledger.held_elsewhere == 0  # contention inside the fleet is never reported
     assert ledger.ran_once + ledger.busy == slots
 
 
@@ -320,12 +326,17 @@ def test_two_services_sharing_a_database_with_the_same_job_names_each_run_every_
     expected = [start + k for k in range(slots)]
     try:
         figures = {name: analyse(fleet.records(name), expected) for name in services}
-        bare_ran = figures.pop("bare_a").ran_once + figures.pop("bare_b").ran_once
+        on_bare = [figures.pop("bare_a"), figures.pop("bare_b")]
+        bare_ran = sum(seen.ran_once for seen in on_bare)
+        bare_reports = sum(seen.held_elsewhere for seen in on_bare)
         with capsys.disabled():
             for name, seen in figures.items():
                 print("\n" + seen.line(f"service {name} of two sharing a database"), end="")
-            print(f"\n[measured] the same on bare keys: {bare_ran} of {2 * slots} slots ran")
+            print(f"\n[measured] the same on bare keys: {bare_ran} of {2 * slots} slots ran;")
+            print(f"[measured] reported held outside the fleet {bare_reports} time(s)")
+            print(f", reported held outside the fleet {bare_reports} time(s)")
         assert bare_ran < 2 * slots
+        assert bare_reports >= 1  # the lost slots were not lost in silence
         for seen in figures.values():
             assert (seen.duplicates, seen.missed, seen.busy, seen.lock_failed) == (0, 0, 0, 0)
             assert seen.ran_once == slots

@@ -74,6 +74,10 @@ class Exclusion:
     """Late outcomes: ``$1``-``$8``, then :attr:`holder_args`."""
     extra: tuple[object, ...] = ()
     """Lease mode: (holder, lease seconds); session mode: nothing."""
+    table: LedgerTable | None = None
+    """The ledger these statements use."""
+    lease: float = 0.0
+    """Lease mode: seconds a lease lasts on the server (session mode: 0)."""
 
     @property
     def holder_args(self) -> tuple[object, ...]:
@@ -91,6 +95,7 @@ def session_locks(table: LedgerTable) -> Exclusion:
         recover_sql=recover_sql(table),
         crashed_sql=crashed_sql(table),
         late_finish_sql=table.late_finish_sql,
+        table=table,
     )
 
 
@@ -105,6 +110,8 @@ def lease_rows(table: LedgerTable, *, holder: str, lease: float) -> Exclusion:
         crashed_sql=lease_crashed_sql(table),
         late_finish_sql=lease_late_finish_sql(table),
         extra=(holder, lease),
+        table=table,
+        lease=lease,
     )
 
 

@@ -30,6 +30,7 @@ from ._connections import Keepalives, default_application_name
 from ._control import FleetWatch
 from ._crashes import CrashWatch
 from ._exclusion import Mode, checked_mode, exclusion_for, make_sessions, source_for
+from ._foreign import ForeignCallback, ForeignHolders
 from ._lease import PostgresLease
 from ._ledger import DEFAULT_TABLE, LedgerTable
 from ._reads import LedgerReads, ReadsLedger
@@ -145,8 +146,9 @@ class PostgresLocker(HeldOpenByBlocks, ReadsLedger):
             statement_timeout, field="statement_timeout", error=ConfigError
         )
         self._remember = remember
-        spread_s = to_seconds(spread, field="spread", allow_zero=True, error=ConfigError)
-        self._race = FairRace(spread_s)
+        self._race = FairRace(
+            to_seconds(spread, field="spread", allow_zero=True, error=ConfigError)
+        )
         self._ahead = to_seconds(
             claim_ahead, field="claim_ahead", allow_zero=True, error=ConfigError
         )
@@ -179,20 +181,12 @@ class PostgresLocker(HeldOpenByBlocks, ReadsLedger):
             self._shards, self._table, lambda: self._closed, key=self._lock_key
         )
         self._crashes = CrashWatch.of(self._exclusion, host)
-        self._keeper = (
-            None
-            if mode == "session" or self._table is None
-            else LeaseKeeper(
-                self._shards[0],
-                self._table,
-                holder=self._holder,
-                lease=lease_s,
-                held=lambda: list(self._held.values()),
-                lost=self._on_fenced,
-            )
+        self._foreign = None if self._table is None else ForeignHolders(self._table, self._shards)
+        # Lease mode: the renewal of the leases in flight, and their fence.
+        self._keeper = LeaseKeeper.of(
+            self._exclusion, self._shards[0], holder=self._holder, lost=self._on_fenced
         )
-        # Upkeep: heartbeat, schedules to write, outcomes of lost leases to write, crashed
-        # runs to mark, pruning.
+        # Upkeep: heartbeat, schedules and late outcomes to write, crashes to mark, pruning.
         self._upkeep = Upkeep(
             self._shards,
             self._table,
@@ -257,6 +251,9 @@ class PostgresLocker(HeldOpenByBlocks, ReadsLedger):
             sessions=len(shards),
             sessions_open=sum(s.is_open for s in shards),
             crashed=0 if self._crashes is None else self._crashes.marked,
+            foreign_holders=0 if self._foreign is None else self._foreign.found,
+            fenced=0 if self._keeper is None else self._keeper.fenced,
+            renewals=0 if self._keeper is None else self._keeper.renewals,
             reran=self._reran,
             connect_attempts=sum(s.backoff.attempts for s in shards),
             connect_failures=sum(s.backoff.total_failures for s in shards),
@@ -303,6 +300,8 @@ class PostgresLocker(HeldOpenByBlocks, ReadsLedger):
                 del self._told[next(iter(self._told))]
         if refusal == "locked":
             self._contended += 1
+            if self._foreign is not None:
+                self._foreign.refused(job, key, slot, self._shards[self._shard(key)])
             say(_logger, DEBUG, job, slot, "another replica holds the lock")
             return refusal
         if refusal == "already_ran":
@@ -316,15 +315,11 @@ class PostgresLocker(HeldOpenByBlocks, ReadsLedger):
             self._reran += 1
             say(_logger, INFO, job, slot, "rerunning the crashed run")
         remember_claim(self._claimed.setdefault(job, {}), slot, None, remember=self._remember)
+        claims, attempt = self._claims[self._shard(key)], 2 if rerun else 1
         lease = PostgresLease(
-            job,
-            key,
-            slot,
-            claims=self._claims[self._shard(key)],
-            generation=generation,
-            on_released=self._on_released,
-            attempt=2 if rerun else 1,
-        )
+            job, key, slot, claims=claims, generation=generation, on_released=self._on_released,
+            attempt=attempt,
+        )  # fmt: skip
         self._held[key] = lease
         if self._keeper is not None:
             self._keeper.granted(lease, sent)
@@ -350,16 +345,20 @@ class PostgresLocker(HeldOpenByBlocks, ReadsLedger):
         """Call *callback* ``(job, record)`` for each crashed run this locker marks.
 
         With a ledger, every few seconds the locker marks ``"crashed"`` the runs whose
-        replica died mid-run (the row is unfinished and the session that claimed it is
-        gone); each row is marked by one replica only, and only that one calls its
-        callbacks. A callback returns True when it will run that slot again: this locker's
-        next :meth:`acquire` of the slot then takes the crashed row over (attempt 2), which
-        succeeds at most once fleet-wide. The scheduler registers itself here (job option
-        ``recover``). Adding the same callback twice calls it once. Without a ledger, never
-        called.
+        replica died mid-run (unfinished, and its session gone or its lease expired); each
+        row is marked by one replica, which alone calls its callbacks. A callback returns
+        True when it will run that slot again: the next :meth:`acquire` of the slot then
+        takes the row over (attempt 2), at most once fleet-wide. The scheduler registers
+        itself here (job option ``recover``); adding a callback twice calls it once.
         """
         if self._crashes is not None:
             self._crashes.on_crashed(callback)
+
+    def on_foreign_holder(self, callback: ForeignCallback) -> None:
+        """Call *callback* ``(job, slot, holder)`` once per job whose lock key a session
+        outside this fleet holds (its claims are refused; see :mod:`._foreign`)."""
+        if self._foreign is not None:
+            self._foreign.on_found(callback)
 
     def watch_fleet(
         self, callback: FleetCallback, jobs: Callable[[], Mapping[str, Health]]
@@ -400,6 +399,8 @@ class PostgresLocker(HeldOpenByBlocks, ReadsLedger):
             await cancel_and_wait(watch)
         if self._keeper is not None:
             await self._keeper.stop()
+        if self._foreign is not None:
+            await self._foreign.stop()
         await self._upkeep.stop()
         for claims in self._claims:
             await claims.batcher.wait_idle()  # answers in flight reach their callers

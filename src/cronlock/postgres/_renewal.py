@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from logging import WARNING
+from typing import TYPE_CHECKING
 
 from .._cancel import cancel_and_wait, task_name
 from .._errors import LockError
@@ -34,6 +35,9 @@ from ._leasesql import renew_sql
 from ._ledger import LedgerTable
 from ._session import LockSession
 
+if TYPE_CHECKING:
+    from ._exclusion import Exclusion
+
 __all__ = ("LeaseKeeper",)
 
 _logger = get_logger("cronlock.postgres")
@@ -42,8 +46,8 @@ _logger = get_logger("cronlock.postgres")
 class LeaseKeeper:
     """Renews one locker's leases on its *session* and fences them (see the module).
 
-    *held* gives the leases in flight; *lost* is called with each lease this keeper marks
-    lost (for the locker's counters).
+    The locker tells it of each lease :meth:`granted` and :meth:`released`; *lost* is
+    called with each lease this keeper marks lost (for the locker's counters).
     """
 
     def __init__(
@@ -53,7 +57,6 @@ class LeaseKeeper:
         *,
         holder: str,
         lease: float,
-        held: Callable[[], list[PostgresLease]],
         lost: Callable[[PostgresLease], None],
     ) -> None:
         self._session = session
@@ -62,7 +65,6 @@ class LeaseKeeper:
         self._lease = lease
         self._every = lease / 4
         self._margin = lease / 4
-        self._held = held
         self._lost = lost
         self._trusted: dict[PostgresLease, float] = {}
         self._task: asyncio.Task[None] | None = None
@@ -71,6 +73,20 @@ class LeaseKeeper:
         """Renewal statements sent."""
         self.fenced = 0
         """Leases marked lost because they could not be renewed in time."""
+
+    @classmethod
+    def of(
+        cls,
+        exclusion: Exclusion | None,
+        session: LockSession,
+        *,
+        holder: str,
+        lost: Callable[[PostgresLease], None],
+    ) -> LeaseKeeper | None:
+        """The keeper of a locker whose exclusion is *exclusion*: ``None`` but in lease mode."""
+        if exclusion is None or exclusion.mode != "lease" or exclusion.table is None:
+            return None
+        return cls(session, exclusion.table, holder=holder, lease=exclusion.lease, lost=lost)
 
     def granted(self, lease: PostgresLease, sent: float) -> None:
         """*lease* was granted by a claim sent at loop time *sent*: trust it until the fence."""

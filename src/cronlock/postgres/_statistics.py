@@ -47,6 +47,12 @@ class PostgresLockerStatistics:
     acquires come in meanwhile."""
     connect_failures: int = 0
     """Connect attempts of the lock sessions that failed."""
+    foreign_holders: int = 0
+    """Jobs whose lock key a session outside this fleet was found holding (reported once)."""
+    fenced: int = 0
+    """Lease mode: leases marked lost because they could not be renewed in time."""
+    renewals: int = 0
+    """Lease mode: renewal statements sent (one renews every lease in flight)."""
 
 
 @dataclass(frozen=True, slots=True)
