@@ -131,25 +131,6 @@ def chosen(spec: str | None) -> list[Row]:
     return [r for r in rows if r.name in tokens or r.config in tokens or str(r.replicas) in tokens]
 
 
-class BenchCluster(Cluster):
-    """tests/postgres/cluster.py's throwaway cluster, with a max_connections of our choosing."""
-
-    def __init__(self, max_connections: int) -> None:
-        super().__init__()
-        self.max_connections = max_connections
-
-    def start(self) -> None:
-        if self.root is None:
-            self._create()
-        if self.running:
-            return
-        options = (
-            f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1"
-            f" -c max_connections={self.max_connections}"
-        )
-        self._pg_ctl("-o", options, "start")
-
-
 # -- /proc --------------------------------------------------------------------------------
 
 
@@ -328,7 +309,7 @@ async def run_row(row: Row, args: argparse.Namespace) -> dict[str, Any]:
         "load_avg_at_start": os.getloadavg(),
     }
     with contextlib.ExitStack() as stack:
-        cluster = stack.enter_context(BenchCluster(row.max_connections))
+        cluster = stack.enter_context(Cluster(max_connections=row.max_connections))
         bouncer = None
         if row.pooler:
             bouncer = stack.enter_context(
@@ -352,7 +333,7 @@ async def run_row(row: Row, args: argparse.Namespace) -> dict[str, Any]:
 async def _measure(
     row: Row,
     args: argparse.Namespace,
-    cluster: BenchCluster,
+    cluster: Cluster,
     bouncer: PgBouncer | None,
     dsn: str,
     sampler: Sampler,
@@ -461,6 +442,8 @@ async def _measure(
     per_k = 1000 / runs if runs else None
     result.update(
         slots=len(slots),
+        first_slot=slots[0],
+        last_slot=slots[-1],
         window_s=len(slots) * row.interval,
         expected=expected,
         ran_once=sum(1 for v in starts.values() if len(v) == 1),

@@ -21,6 +21,7 @@ if _importlib_util.find_spec("asyncpg") is None:  # pragma: no cover - only with
 if _TYPE_CHECKING:
     from .._errors import LedgerNameError as LedgerNameError
     from .._keys import job_lock_key as job_lock_key
+    from .._keys import ledger_lock_key as ledger_lock_key
     from ._connections import Keepalives as Keepalives
     from ._control import FleetControl as FleetControl
     from ._elector import PostgresElector as PostgresElector
@@ -37,6 +38,7 @@ if _TYPE_CHECKING:
 _WHERE = {
     "LedgerNameError": ".._errors",
     "job_lock_key": ".._keys",
+    "ledger_lock_key": ".._keys",
     "Keepalives": "._connections",
     "FleetControl": "._control",
     "PostgresElector": "._elector",
@@ -62,6 +64,7 @@ __all__ = (
     "PostgresLockerStatistics",
     "RunLock",
     "job_lock_key",
+    "ledger_lock_key",
     "locked_run",
     "run_locked",
 )

@@ -15,11 +15,14 @@ it up (the elector's seam between its two modes; the fencing argument is in _ele
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import secrets
 from typing import Any
 
 from .._keys import job_lock_key
 from ._advisory import TRY_LOCK_SQL
+from ._backend_errors import backend_error_types
 from ._fencing import ACQUIRE_SQL, HEARTBEAT_SQL
 from ._ledger import quote_ident
 
@@ -56,7 +59,7 @@ class SessionBallot:
         nothing: the lock is re-entrant)."""
         return bool(await conn.fetchval(HEARTBEAT_SQL, self._key))
 
-    async def release(self, conn: Any) -> None:
+    async def release(self, conn: Any, *, timeout: float) -> None:
         """Nothing to do: the elector drops the session, which frees the lock."""
 
 
@@ -131,10 +134,10 @@ class LeaseBallot:
         )
         return bool(row)
 
-    async def release(self, conn: Any) -> None:
-        """Give the leadership up now, so another replica need not wait for its expiry."""
-        await conn.execute(
-            f"UPDATE {self._table} SET expires_at = '-infinity' WHERE name = $1 AND holder = $2",
-            self._name,
-            self._holder,
-        )
+    async def release(self, conn: Any, *, timeout: float) -> None:
+        """Give the leadership up now, so another replica need not wait for its expiry;
+        bounded by *timeout*, best effort (it expires anyway): never raises a backend error."""
+        sql = f"UPDATE {self._table} SET expires_at = '-infinity' WHERE name = $1 AND holder = $2"
+        with contextlib.suppress(*backend_error_types()):
+            async with asyncio.timeout(timeout):
+                await conn.execute(sql, self._name, self._holder)

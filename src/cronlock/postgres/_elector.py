@@ -48,6 +48,7 @@ from ._connections import (
 )
 from ._exclusion import Mode, source_for
 from ._fencing import ELECTOR_KEEPALIVES, SETTINGS_SQL, check_fencing
+from ._session import refuse_pooler
 from ._statistics import PostgresElectorStatistics
 
 __all__ = ("PostgresElector",)
@@ -75,12 +76,11 @@ class PostgresElector(HeldOpenByBlocks):
     """A :class:`cronlock.FencedElector` on one PostgreSQL session advisory lock, or, with
     ``mode="lease"``, on a lease row in the server's time.
 
-    **mode="lease"** needs no session state, so it works through a transaction pooler: the
-    leadership is a row of *table* (default ``cronlock_leaders``, in *schema*), taken when
-    it expired, renewed by each heartbeat, and expiring on the server *lease* + 1 s after
-    the last one; the leader stops leading *lease* after it sent its last successful
-    heartbeat, before any other replica can take the row, so *takeover_delay* defaults to
-    0 and the session settings below do not apply. Closing gives the row up at once.
+    **mode="lease"** works through a transaction pooler: the leadership is a row of *table*
+    (``cronlock_leaders``, in *schema*) taken when expired, renewed by each heartbeat, and
+    expiring on the server *lease* + 1 s after the last one; the leader stops *lease* after
+    sending it, before anyone can take the row, so *takeover_delay* defaults to 0 and the
+    session settings below do not apply. Closing gives the row up at once.
 
     **mode="session"** (default):
     Every replica runs one; the one whose dedicated session holds
@@ -125,7 +125,7 @@ class PostgresElector(HeldOpenByBlocks):
         schema: str | None = None,
     ) -> None:
         if mode not in ("session", "lease"):
-            raise ConfigError(f"PostgresElector: mode must be 'session' or 'lease', got {mode!r}")
+            raise ConfigError(f"PostgresElector: mode must be 'session' or 'lease', not {mode!r}")
         self._application_name = application_name or default_application_name()
         self._source = source_for(mode, pool_or_dsn, connect_kwargs, self._application_name)
         self._name = name
@@ -361,18 +361,14 @@ class PostgresElector(HeldOpenByBlocks):
             if not self._ballot.session_bound and not is_closed(conn):
                 # Lease mode: demoted already (above); give the row up so that another
                 # replica need not wait for its expiry. Best effort: it expires anyway.
-                await uncancellable(self._release(conn), name=task_name("election-release"))
+                release = self._ballot.release(conn, timeout=self._statement_timeout)
+                await uncancellable(release, name=task_name("election-release"))
             # Synchronous from here on, so no cancellation can come between demoting
             # (above) and dropping the session, which is what frees the lock.
             self._conn = None
             with contextlib.suppress(*backend_error_types()):
                 conn.remove_termination_listener(lost)
             terminate(conn)
-
-    async def _release(self, conn: Any) -> None:
-        with contextlib.suppress(*backend_error_types()):
-            async with self._statement_lock, asyncio.timeout(self._statement_timeout):
-                await self._ballot.release(conn)
 
     async def _open(self) -> Any:
         conn = await self._source.checkout(timeout=self._connect_timeout)
@@ -385,6 +381,7 @@ class PostgresElector(HeldOpenByBlocks):
                             application_name=self._application_name,
                             keepalives=self._keepalives,
                         )
+                        await refuse_pooler(conn, "election session")
                     await self._ballot.prepare(conn)
         except BaseException:
             terminate(conn)  # synchronous: a second cancel cannot skip it

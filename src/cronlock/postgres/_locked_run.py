@@ -11,10 +11,10 @@ from typing import Any, TypeVar, TypeVarTuple, Unpack
 
 from .._cancel import claim_or_undo, task_name, uncancellable
 from .._durations import Seconds, to_seconds
-from .._errors import ConfigError
+from .._errors import ConfigError, PoolerDetected
 from .._keys import job_lock_key
 from .._logs import at, get_logger
-from ._advisory import TRY_LOCK_SQL, UNLOCK_SQL
+from ._advisory import TRY_LOCK_ON_SQL, UNLOCK_SQL
 from ._backend_errors import backend_error_types, backend_errors
 from ._connections import ConnectionSource, is_closed, terminate
 
@@ -141,7 +141,15 @@ class _LockedRun(AbstractAsyncContextManager[RunLock]):
         try:
             with backend_errors(f"job {self._name!r}: pg_try_advisory_lock failed"):
                 async with asyncio.timeout(self._acquire_timeout):
-                    return bool(await conn.fetchval(TRY_LOCK_SQL, self._key))
+                    got = await conn.fetchval(TRY_LOCK_ON_SQL, self._key, conn.get_server_pid())
+            if got is None:
+                raise PoolerDetected(
+                    f"job {self._name!r}: the connection is not a server backend of its own "
+                    "(a pooler or proxy answers for it): a session advisory lock cannot be "
+                    "held through it, so none was taken. locked_run needs a direct "
+                    "connection to the server"
+                )
+            return bool(got)
         except BaseException:
             terminate(conn)  # synchronous: nothing can interrupt it
             raise

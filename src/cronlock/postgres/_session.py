@@ -31,7 +31,7 @@ from ._connections import (
 )
 from ._ledger import LedgerTable, ledger_state, migrate
 
-__all__ = ("LockSession",)
+__all__ = ("LockSession", "refuse_pooler")
 
 _logger = get_logger("cronlock.postgres")
 _T = TypeVar("_T")

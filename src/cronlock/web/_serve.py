@@ -36,6 +36,7 @@ async def _serve(args: argparse.Namespace) -> int:
             min_size=1,
             max_size=4,
             timeout=10,
+            statement_cache_size=0,  # it works through a transaction pooler too
             server_settings={"application_name": "cronlock-web"},
         )
     except Exception as exc:  # bad syntax, refused, auth, unknown database: one clear line
