@@ -21,7 +21,7 @@ import asyncpg
 import pytest
 
 from cronlock import JobStarted, LockFailed, PoolerDetected, RunContext, Scheduler, every
-from cronlock.postgres import PostgresLease, PostgresLocker
+from cronlock.postgres import PostgresLease, PostgresLocker, job_lock_key, locked_run
 
 from .cluster import Cluster, ClusterUnavailable
 from .events import Events
@@ -183,3 +183,28 @@ async def test_a_fleet_of_25_replicas_in_lease_mode_fits_a_server_of_30_connecti
     assert (seen.duplicates, seen.missed, seen.lock_failed) == (0, 0, 0)
     assert seen.ran_once == slots
     assert peak <= replicas
+
+
+async def test_locked_run_through_pgbouncer_refuses_and_takes_no_lock(
+    pgbouncer_dsn: str, pg_server: str
+) -> None:
+    """The standalone recipe needs a session too: through the pooler it takes no lock on a
+    stranger's backend (the try-lock runs only on the backend the connection announced)."""
+    name = f"standalone-{uuid.uuid4().hex[:8]}"
+    pool = await asyncpg.create_pool(pgbouncer_dsn, min_size=0, max_size=2, statement_cache_size=0)
+    try:
+        with pytest.raises(PoolerDetected, match="direct connection"):
+            async with locked_run(pool, name):
+                pass
+    finally:
+        await pool.close()
+    direct = await asyncpg.connect(pg_server)
+    try:
+        held = await direct.fetchval(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'"
+            " AND ((classid::int8 << 32) | objid::int8) = $1",
+            job_lock_key(name),
+        )
+    finally:
+        await direct.close()
+    assert held == 0
