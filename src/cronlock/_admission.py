@@ -117,6 +117,8 @@ class Admission:
         if claim == "paused":
             say(_lock_logger, DEBUG, job.name, slot, "paused fleet-wide, skipped")
             return JobSkipped(job.name, slot, "paused")
+        if claim == "standby":
+            return JobSkipped(job.name, slot, "standby")  # other replicas claim this job
         assert not isinstance(claim, str)
         return claim
 

@@ -36,10 +36,12 @@ __all__ = (
 
 _logger = get_logger("cronlock.events")
 
-SkipReason = Literal["overlap", "misfire", "locked", "not_leader", "already_ran", "paused"]
+SkipReason = Literal[
+    "overlap", "misfire", "locked", "not_leader", "already_ran", "paused", "standby"
+]
 """Why a slot did not run here: still busy, too late, another replica has the lock, not the
-leader, the run ledger shows the slot already ran, or the job is paused fleet-wide
-(:class:`JobSkipped`'s ``reason``)."""
+leader, the run ledger shows the slot already ran, the job is paused fleet-wide, or other
+replicas of a large fleet claim this job (``standby``; :class:`JobSkipped`'s ``reason``)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -58,9 +58,10 @@ class Lease(Protocol):
         ...
 
 
-Refusal = Literal["locked", "already_ran", "paused"]
-"""Why a locker declined a slot: another holder has the job's lock, the slot already ran, or
-the job is paused fleet-wide (:class:`cronlock.postgres.FleetControl`)."""
+Refusal = Literal["locked", "already_ran", "paused", "standby"]
+"""Why a locker declined a slot: another holder has the job's lock, the slot already ran, the
+job is paused fleet-wide (:class:`cronlock.postgres.FleetControl`), or other replicas of a
+large fleet claim this job and this one stands by (``PostgresLocker(racers=...)``)."""
 
 
 @runtime_checkable

@@ -212,7 +212,15 @@ class FleetWatch:
     lock *sessions*.
     """
 
-    def __init__(self, table: LedgerTable, sessions: Sequence[LockSession]) -> None:
+    def __init__(
+        self,
+        table: LedgerTable,
+        sessions: Sequence[LockSession],
+        spread: Callable[[], float] = lambda: 1.0,
+    ) -> None:
+        # In a large fleet each replica reads N / racers times less often (._members): the
+        # fleet as a whole reads at the rate of a small one.
+        self._spread = spread
         self._sql = control_sql(table)
         self._sessions = sessions
         self._watchers: list[tuple[FleetCallback, Callable[[], Mapping[str, Health]]]] = []
@@ -267,7 +275,7 @@ class FleetWatch:
                         callback(view)
                     except Exception:
                         _logger.exception("fleet callback %r failed", callback)
-            await asyncio.sleep(POLL_EVERY)
+            await asyncio.sleep(POLL_EVERY * self._spread())
 
     async def _read(self, call: Callable[[Any], Awaitable[Any]]) -> Any:
         """Run *call* on an open lock session; with none open, on the shard of a watched job
@@ -291,7 +299,7 @@ class FleetWatch:
         paused = frozenset(row["job"] for row in rows if row["paused"])
         triggers = {row["job"]: row["trigger_slot"] for row in rows if row["trigger_slot"]}
         runs: dict[str, tuple[RunRecord | None, RunRecord | None]] | None = None
-        if now - self._runs_at >= RUNS_EVERY:
+        if now - self._runs_at >= RUNS_EVERY * self._spread():
             names = self.names()
             found = await self._read(lambda c: c.fetch(self._sql["fleet_runs"], names))
             self._runs_at = now

@@ -134,6 +134,12 @@ class LedgerTable:
         mode), quoted and qualified."""
         return self._qualified(_derived(self.table, "_leases"))
 
+    @property
+    def members(self) -> str:
+        """The members table (``<table>_members``: the live replicas of the fleet, for the
+        assignment of claims, :mod:`._members`), quoted and qualified."""
+        return self._qualified(_derived(self.table, "_members"))
+
     def lock_key(self, job: str) -> int:
         """*job*'s advisory-lock key in this ledger's namespace (:func:`ledger_lock_key` of
         the qualified runs table): two ledgers in one database never share a key."""
@@ -206,21 +212,30 @@ class LedgerTable:
                 expires_at timestamptz NOT NULL,
                 attempt    smallint    NOT NULL DEFAULT 1
             )""",
+            # The fleet's live replicas (._members), one row each, expiring in server time.
+            f"""CREATE TABLE IF NOT EXISTS {self.members} (
+                holder     text        PRIMARY KEY,
+                fleet      text        NOT NULL,
+                expires_at timestamptz NOT NULL,
+                since      timestamptz NOT NULL DEFAULT clock_timestamp()
+            )""",
         ]
         return statements
 
     @property
     def state_sql(self) -> str:
         """``$1, $2``: the quoted names of both tables, ``$3`` the columns a current ledger
-        has that an old one lacks, ``$4`` the control table and ``$5`` the leases table (an
-        older ledger lacks them). NULL when a table is missing, else whether it is current.
+        has that an old one lacks, ``$4``, ``$5``, ``$6`` the control, leases and members
+        tables (an older ledger lacks them). NULL when a table is missing, else whether it
+        is current.
         """
         return """
             SELECT CASE WHEN to_regclass($1) IS NULL OR to_regclass($2) IS NULL THEN NULL
                    ELSE (SELECT count(*) = cardinality($3::text[]) FROM pg_attribute
                          WHERE attrelid = to_regclass($1) AND attname = ANY($3::text[])
                            AND NOT attisdropped)
-                        AND to_regclass($4) IS NOT NULL AND to_regclass($5) IS NOT NULL END"""
+                        AND to_regclass($4) IS NOT NULL AND to_regclass($5) IS NOT NULL
+                        AND to_regclass($6) IS NOT NULL END"""
 
     # -- writes that are not the hot path's (whose statements are in ._exclusion) --------
 
@@ -380,6 +395,7 @@ async def ledger_state(conn: Any, table: LedgerTable) -> LedgerState:
         list(_ADDED_COLUMNS),
         table.control,
         table.leases,
+        table.members,
     )
     return "missing" if current is None else "current" if current else "old"
 

@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 from .._cancel import cancel_and_wait
 from .._claimed import remember_claim
-from .._durations import Seconds, optional_seconds, positive_int, to_seconds
-from .._errors import ConfigError, LockError
+from .._durations import Seconds
+from .._errors import LockError
 from .._keys import job_lock_key
 from .._locking import Refusal
 from .._logs import get_logger, say
@@ -29,15 +29,17 @@ from ._claims import Claims
 from ._connections import Keepalives, default_application_name
 from ._control import FleetWatch
 from ._crashes import CrashWatch
-from ._exclusion import Mode, checked_mode, exclusion_for, make_sessions, source_for
+from ._exclusion import Mode, exclusion_for, make_sessions, source_for
 from ._foreign import ForeignCallback, ForeignHolders
 from ._lease import PostgresLease
 from ._ledger import DEFAULT_TABLE, LedgerTable
+from ._members import BACKUP_DELAY, Membership
 from ._reads import LedgerReads, ReadsLedger
 from ._renewal import LeaseKeeper
 from ._servertime import DEFAULT_AHEAD, DEFAULT_SPREAD, LANES, FairRace, read_server_clock
 from ._sessionend import hand_back_all, mark_dropped, watch_pool
-from ._statistics import PostgresLockerStatistics
+from ._settings import LockerSettings
+from ._statistics import LockerCounts, PostgresLockerStatistics
 from ._upkeep import Upkeep
 
 if TYPE_CHECKING:
@@ -90,6 +92,12 @@ class PostgresLocker(HeldOpenByBlocks, ReadsLedger):
     ``job_lock_key(job)``, the seed's Go-compatible key, to contend with Go services.
     Exclusion among this replica's own runs is kept here, without a round trip.
 
+    **Racers.** In a fleet of more than *racers* replicas (default 3; ``None``: all), each
+    job is assigned by a hash ring over the live members to *racers* of them: one claims at
+    the slot, the others a moment later (taking over when it cannot); the rest stand by
+    (refusal ``"standby"``, no statement). So the server's cost per run does not grow with
+    the fleet; a job is missed only while all its racers are dead and not yet forgotten.
+
     **Failure.** A server that cannot be reached, or a statement that does not finish
     within *statement_timeout*, raises :class:`cronlock.LockError`. Every connection
     carries ``application_name`` (default ``cronlock:<host>:<pid>``).
@@ -124,10 +132,14 @@ class PostgresLocker(HeldOpenByBlocks, ReadsLedger):
         mode: Mode = "session",
         lease: Seconds = 20.0,
         bare_keys: bool = False,
+        racers: int | None = 3,
     ) -> None:
-        sessions = positive_int(sessions, field="sessions", owner="PostgresLocker", upper=64)
-        remember = positive_int(remember, field="remember", owner="PostgresLocker")
-        lease_s = checked_mode(mode, ledger=ledger, lease=lease)
+        checked = LockerSettings.check(
+            mode=mode, ledger=ledger, sessions=sessions, remember=remember, racers=racers,
+            lease=lease, retention=retention, heartbeat=heartbeat,
+            connect_timeout=connect_timeout, statement_timeout=statement_timeout,
+            spread=spread, claim_ahead=claim_ahead,
+        )  # fmt: skip
         self._mode: Mode = mode
         self._application_name = application_name or default_application_name()
         source = source_for(mode, pool_or_dsn, connect_kwargs, self._application_name)
@@ -138,20 +150,10 @@ class PostgresLocker(HeldOpenByBlocks, ReadsLedger):
             job_lock_key if bare_keys or self._table is None else self._table.lock_key
         )
         self._holder = f"{self._application_name}:{secrets.token_hex(4)}"
-        self._exclusion = exclusion_for(mode, self._table, holder=self._holder, lease=lease_s)
-        retention_s = to_seconds(retention, field="retention", error=ConfigError)
-        heartbeat_s = optional_seconds(heartbeat, field="heartbeat", error=ConfigError)
-        connect_timeout_s = to_seconds(connect_timeout, field="connect_timeout", error=ConfigError)
-        statement_timeout_s = to_seconds(
-            statement_timeout, field="statement_timeout", error=ConfigError
-        )
-        self._remember = remember
-        self._race = FairRace(
-            to_seconds(spread, field="spread", allow_zero=True, error=ConfigError)
-        )
-        self._ahead = to_seconds(
-            claim_ahead, field="claim_ahead", allow_zero=True, error=ConfigError
-        )
+        self._exclusion = exclusion_for(mode, self._table, holder=self._holder, lease=checked.lease)
+        self._remember = checked.remember
+        self._race = FairRace(checked.spread)
+        self._ahead = checked.claim_ahead
         self._closed = False
         self._entered = 0  # open async-with blocks: the Scheduler then leaves closing to them
         self._source = source
@@ -160,10 +162,10 @@ class PostgresLocker(HeldOpenByBlocks, ReadsLedger):
             mode,
             source,
             self._table,
-            sessions=sessions,
+            sessions=checked.sessions,
             create_table=create_table,
-            connect_timeout=connect_timeout_s,
-            statement_timeout=statement_timeout_s,
+            connect_timeout=checked.connect_timeout,
+            statement_timeout=checked.statement_timeout,
             application_name=self._application_name,
             keepalives=keepalives,
             on_open=self._on_session_opened,
@@ -182,6 +184,10 @@ class PostgresLocker(HeldOpenByBlocks, ReadsLedger):
         )
         self._crashes = CrashWatch.of(self._exclusion, host)
         self._foreign = None if self._table is None else ForeignHolders(self._table, self._shards)
+        self._members = None if self._table is None else Membership(
+            self._table, self._shards, holder=self._holder, racers=checked.racers
+        )  # fmt: skip
+        cadence = (lambda: 1.0) if self._members is None else self._members.spread
         # Lease mode: the renewal of the leases in flight, and their fence.
         self._keeper = LeaseKeeper.of(
             self._exclusion, self._shards[0], holder=self._holder, lost=self._on_fenced
@@ -190,19 +196,22 @@ class PostgresLocker(HeldOpenByBlocks, ReadsLedger):
         self._upkeep = Upkeep(
             self._shards,
             self._table,
-            retention=retention_s,
+            retention=checked.retention,
             # Lease mode: the renewals prove the leases; nothing lives in a session to check.
-            heartbeat=heartbeat_s if mode == "session" else None,
+            heartbeat=checked.heartbeat if mode == "session" else None,
             application_name=self._application_name,
-            holding=lambda: {key % sessions for key in self._held},
+            holding=lambda: {key % len(self._shards) for key in self._held},
             busy=lambda: bool(self._held or self._pending),
             host=host,
             crashes=self._crashes,
             exclusion=self._exclusion,
+            spread=cadence,
         )
-        self._fleet = None if self._table is None else FleetWatch(self._table, self._shards)
-        self._granted = self._contended = self._busy_here = self._already_ran = 0
-        self._released = self._lost = self._reran = 0
+        self._fleet = (
+            None if self._table is None else FleetWatch(self._table, self._shards, cadence)
+        )
+        self._count = LockerCounts()
+        self._racers = checked.racers or 0
 
     @property
     def application_name(self) -> str:
@@ -235,29 +244,11 @@ class PostgresLocker(HeldOpenByBlocks, ReadsLedger):
 
     def statistics(self) -> PostgresLockerStatistics:
         """Return the locker's counters."""
-        shards = self._shards
-        return PostgresLockerStatistics(
-            held=len(self._held),
-            granted=self._granted,
-            contended=self._contended,
-            busy_here=self._busy_here,
-            released=self._released,
-            lost=self._lost,
-            sessions_opened=sum(s.opened for s in shards),
-            session_open=any(s.is_open for s in shards),
-            already_ran=self._already_ran,
-            statements=sum(s.statements for s in shards),
-            heartbeats=self._upkeep.heartbeats,
-            sessions=len(shards),
-            sessions_open=sum(s.is_open for s in shards),
-            crashed=0 if self._crashes is None else self._crashes.marked,
-            foreign_holders=0 if self._foreign is None else self._foreign.found,
-            fenced=0 if self._keeper is None else self._keeper.fenced,
-            renewals=0 if self._keeper is None else self._keeper.renewals,
-            reran=self._reran,
-            connect_attempts=sum(s.backoff.attempts for s in shards),
-            connect_failures=sum(s.backoff.total_failures for s in shards),
-        )
+        return self._count.snapshot(
+            held=len(self._held), shards=self._shards, upkeep=self._upkeep,
+            crashes=self._crashes, foreign=self._foreign, keeper=self._keeper,
+            members=self._members,
+        )  # fmt: skip
 
     async def acquire(self, job: str, slot: datetime) -> PostgresLease | Refusal:
         """Claim *slot* of *job*: a lease, or why not.
@@ -272,23 +263,30 @@ class PostgresLocker(HeldOpenByBlocks, ReadsLedger):
             raise LockError(f"job {job!r}: {_CLOSED}")
         key = self._lock_key(job)
         if key in self._held or key in self._pending:
-            self._busy_here += 1
+            self._count.busy_here += 1
             say(_logger, DEBUG, job, slot, "already running in this process")
             return "locked"
         claimed = self._claimed.get(job)
         if claimed and slot in claimed:
-            self._busy_here += 1
+            self._count.busy_here += 1
             say(_logger, DEBUG, job, slot, "already claimed by this process")
             return "already_ran"
         # A slot whose crashed run this replica said it would rerun is claimed by taking
         # that run's row over (once: a failed attempt is not retried).
         rerun = self._crashes is not None and self._crashes.take(job, slot)
+        # In a fleet of more than `racers`, only the job's racers claim (._members).
+        rank = None if self._members is None or rerun else self._members.rank(job)
+        if rank is not None and rank >= self._racers:
+            self._count.standby += 1
+            return "standby"
         # Reserve the key in-process first: the session would grant it twice (re-entrant).
         self._pending.add(key)
         sent = asyncio.get_running_loop().time()  # lease mode trusts a lease from here on
         try:
-            # The fair race (._servertime), drawn per lane: eight lanes per locker.
-            await self._race.wait(slot, key % LANES)
+            if rank is None:  # the fair race (._servertime), drawn per lane: eight a locker
+                await self._race.wait(slot, key % LANES)
+            elif rank:  # a backup racer: after the first one's claim, unless it made none
+                await asyncio.sleep(BACKUP_DELAY * rank)
             claims = self._claims[self._shard(key)]
             answer = await claims.claim(job, key, slot, rerun=rerun)
         finally:
@@ -299,20 +297,20 @@ class PostgresLocker(HeldOpenByBlocks, ReadsLedger):
             if len(self._told) > self._remember:
                 del self._told[next(iter(self._told))]
         if refusal == "locked":
-            self._contended += 1
+            self._count.contended += 1
             if self._foreign is not None:
                 self._foreign.refused(job, key, slot, self._shards[self._shard(key)])
             say(_logger, DEBUG, job, slot, "another replica holds the lock")
             return refusal
         if refusal == "already_ran":
-            self._already_ran += 1
+            self._count.already_ran += 1
             say(_logger, DEBUG, job, slot, "another replica already ran the slot")
             return refusal
         if refusal == "paused":
             return refusal  # paused fleet-wide (the claim statement read it)
-        self._granted += 1
+        self._count.granted += 1
         if rerun:
-            self._reran += 1
+            self._count.reran += 1
             say(_logger, INFO, job, slot, "rerunning the crashed run")
         remember_claim(self._claimed.setdefault(job, {}), slot, None, remember=self._remember)
         claims, attempt = self._claims[self._shard(key)], 2 if rerun else 1
@@ -326,7 +324,7 @@ class PostgresLocker(HeldOpenByBlocks, ReadsLedger):
         elif self._shards[self._shard(key)].generation != generation:
             # The session died between its answer and now: the lock died with it.
             lease.mark_lost(LockError(f"job {job!r}: the lock session was dropped"))
-            self._lost += 1
+            self._count.lost += 1
         return lease
 
     def claims_ahead(self) -> float:
@@ -376,7 +374,8 @@ class PostgresLocker(HeldOpenByBlocks, ReadsLedger):
         Changed values are written in one batched statement every few seconds, and at
         :meth:`close`.
         """
-        self._upkeep.note(job, schedule, next_run)
+        if self._upkeep.note(job, schedule, next_run) and self._members is not None:
+            self._members.has(job)  # a new job of ours: our group is the replicas with it
 
     async def prune(self) -> int:
         """Delete ledger rows older than *retention* now; return how many.
@@ -392,6 +391,8 @@ class PostgresLocker(HeldOpenByBlocks, ReadsLedger):
         connections are given back to their pool.
         """
         self._closed = True
+        if self._members is not None:
+            await self._members.stop()  # leaves the fleet, so its jobs are reassigned at once
         for session in self._shards:
             session.closed = True
         watch, self._pool_watch = self._pool_watch, None
@@ -421,6 +422,8 @@ class PostgresLocker(HeldOpenByBlocks, ReadsLedger):
 
     def _on_session_opened(self) -> None:
         self._upkeep.start()
+        if self._members is not None and not self._closed:
+            self._members.start()
         if self._fleet is not None and not self._closed:
             self._fleet.start()
         if self._pool_watch is None and not self._closed:
@@ -431,10 +434,10 @@ class PostgresLocker(HeldOpenByBlocks, ReadsLedger):
 
         In lease mode nothing lived in the session: the leases stay held (and renewed)."""
         if self._mode == "session":
-            self._lost += mark_dropped(self._held, shard, len(self._shards), reason)
+            self._count.lost += mark_dropped(self._held, shard, len(self._shards), reason)
 
     def _on_fenced(self, lease: PostgresLease) -> None:  # lease mode: renewal failed
-        self._lost += 1
+        self._count.lost += 1
 
     def _on_released(self, lease: PostgresLease, unwritten: RunRecord | None) -> None:
         """*lease* was released: forget it; keep an outcome its dead session lost."""
@@ -444,4 +447,4 @@ class PostgresLocker(HeldOpenByBlocks, ReadsLedger):
             self._upkeep.write_late(lease.job, lease.slot, unwritten, lease.attempt)
         if self._held.get(lease.key) is lease:
             del self._held[lease.key]
-        self._released += 1
+        self._count.released += 1

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
-__all__ = ("PostgresElectorStatistics", "PostgresLockerStatistics")
+__all__ = ("LockerCounts", "PostgresElectorStatistics", "PostgresLockerStatistics")
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +55,10 @@ class PostgresLockerStatistics:
     """Lease mode: leases marked lost because they could not be renewed in time."""
     renewals: int = 0
     """Lease mode: renewal statements sent (one renews every lease in flight)."""
+    standby: int = 0
+    """Slots this replica did not claim: others are the job's racers (``racers``)."""
+    members: int = 0
+    """Live replicas of this one's fleet (same ledger, same jobs), as last read."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,3 +79,53 @@ class PostgresElectorStatistics:
     heartbeats: int
     sessions_opened: int
     lease_remaining: float | None
+
+
+class LockerCounts:
+    """The counters a PostgresLocker keeps itself (the only writer); :meth:`snapshot` adds
+    its parts' own to make a :class:`PostgresLockerStatistics`."""
+
+    __slots__ = (
+        "already_ran",
+        "busy_here",
+        "contended",
+        "granted",
+        "lost",
+        "released",
+        "reran",
+        "standby",
+    )
+
+    def __init__(self) -> None:
+        self.granted = self.contended = self.busy_here = self.already_ran = 0
+        self.released = self.lost = self.reran = self.standby = 0
+
+    def snapshot(
+        self, *, held: int, shards: Sequence[Any], upkeep: Any, crashes: Any, foreign: Any,
+        keeper: Any, members: Any,
+    ) -> PostgresLockerStatistics:  # fmt: skip
+        """The statistics now, from these counts and the locker's parts (``None``: absent)."""
+        return PostgresLockerStatistics(
+            held=held,
+            granted=self.granted,
+            contended=self.contended,
+            busy_here=self.busy_here,
+            released=self.released,
+            lost=self.lost,
+            sessions_opened=sum(s.opened for s in shards),
+            session_open=any(s.is_open for s in shards),
+            already_ran=self.already_ran,
+            statements=sum(s.statements for s in shards),
+            heartbeats=upkeep.heartbeats,
+            sessions=len(shards),
+            sessions_open=sum(s.is_open for s in shards),
+            crashed=0 if crashes is None else crashes.marked,
+            foreign_holders=0 if foreign is None else foreign.found,
+            fenced=0 if keeper is None else keeper.fenced,
+            renewals=0 if keeper is None else keeper.renewals,
+            standby=self.standby,
+            members=0 if members is None else members.size,
+            reran=self.reran,
+            connect_attempts=sum(s.backoff.attempts for s in shards),
+            connect_failures=sum(s.backoff.total_failures for s in shards),
+        )

@@ -66,6 +66,7 @@ class Upkeep:
         host: str,
         crashes: CrashWatch | None = None,
         exclusion: Exclusion | None = None,
+        spread: Callable[[], float] = lambda: 1.0,
     ) -> None:
         self._sessions = sessions
         self._table = table
@@ -80,6 +81,9 @@ class Upkeep:
         self._late: list[tuple[str, datetime, RunRecord, int]] = []
         self._host = host
         self._crashes = crashes
+        # Fleet-wide chores (crash checks, schedule notes) run N / racers times less often
+        # on each replica of a large fleet (._members).
+        self._spread = spread
         # The late outcome statement of the locker's mode (lease mode releases the lease too).
         self._late_sql = None if exclusion is None else exclusion.late_finish_sql
         self._late_args = () if exclusion is None else exclusion.holder_args
@@ -92,12 +96,17 @@ class Upkeep:
         """The jobs' overdue graces and due slots, written with their schedules (set by the
         fleet watch)."""
 
-    def note(self, job: str, schedule: str, next_run: datetime | None) -> None:
-        """Remember *job*'s schedule and next slot; written if changed, batched."""
-        if self._table is None or self._notes.get(job) == (schedule, next_run):
-            return
+    def note(self, job: str, schedule: str, next_run: datetime | None) -> bool:
+        """Remember *job*'s schedule and next slot; written if changed, batched. True when
+        *job* was never noted before."""
+        if self._table is None:
+            return False
+        known = self._notes.get(job)
+        if known == (schedule, next_run):
+            return False
         self._notes[job] = (schedule, next_run)
         self._dirty.add(job)
+        return known is None
 
     def write_late(self, job: str, slot: datetime, record: RunRecord, attempt: int = 1) -> None:
         """Keep the outcome of a lease whose session died, to write once a session is back."""
@@ -188,7 +197,7 @@ class Upkeep:
                     self._dirty_at = now
                 if self._late or (
                     self._dirty_at is not None
-                    and now - self._noted_at >= NOTE_EVERY
+                    and now - self._noted_at >= NOTE_EVERY * self._spread()
                     and (now - self._dirty_at >= NOTE_LATEST or not self._busy())
                 ):
                     await uncancellable(
@@ -198,7 +207,7 @@ class Upkeep:
                 # writes above, which replace a "crashed" another replica may have set).
                 if self._crashes is not None and now >= self._crash_at:
                     # Less half a tick: with a tick of CHECK_EVERY, a check on every tick.
-                    self._crash_at = now + CHECK_EVERY - tick / 2
+                    self._crash_at = now + CHECK_EVERY * self._spread() - tick / 2
                     await uncancellable(
                         self._crashes.check(session, conn, generation),
                         name=task_name("pg-crashes"),

@@ -1,0 +1,86 @@
+"""In a fleet larger than ``racers``, each job is claimed by its racers only.
+
+Six replicas of one ledger, twelve jobs every second: every slot runs once, yet each slot
+is claimed by at most three replicas, and the others stand by without a statement. A dead
+first racer is covered by the next one, so no slot is missed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections import Counter
+from collections.abc import AsyncIterator
+from datetime import datetime
+
+import asyncpg
+import pytest
+
+from cronlock import JobSkipped, RunContext, Scheduler, every
+from cronlock.postgres import PostgresLocker, _members
+
+from .events import Events
+
+pytestmark = pytest.mark.postgres
+
+JOBS = [f"job-{i}" for i in range(12)]
+
+
+@pytest.fixture
+async def schema(pg_server: str) -> AsyncIterator[str]:
+    name = f"cronlock_test_racers_{uuid.uuid4().hex[:8]}"
+    yield name
+    conn = await asyncpg.connect(pg_server)
+    try:
+        await conn.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
+    finally:
+        await conn.close()
+
+
+@pytest.mark.parametrize("mode", ["session", "lease"])
+async def test_six_replicas_three_racers_every_slot_once(
+    pg_server: str, schema: str, mode: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_members, "MEMBERS_EVERY", 0.5)
+    runs: Counter[tuple[str, datetime]] = Counter()
+    lockers = [
+        PostgresLocker(pg_server, schema=schema, mode=mode, sessions=1)  # type: ignore[arg-type]
+        for _ in range(6)
+    ]
+    schedulers = [Scheduler(locker=locker) for locker in lockers]
+    events = [Events() for _ in schedulers]
+    for scheduler, seen in zip(schedulers, events, strict=True):
+        scheduler.subscribe(seen)
+        for name in JOBS:
+
+            async def work(ctx: RunContext, name: str = name) -> None:
+                runs[name, ctx.slot] += 1
+
+            scheduler.add_job(work, every(1.0), name=name)
+    for scheduler in schedulers:
+        await scheduler.start()
+    try:
+        async with asyncio.timeout(30):  # a liveness guard
+            while not all(locker.statistics().members == 6 for locker in lockers):
+                await asyncio.sleep(0.1)
+        known = max(slot for _, slot in runs) if runs else None
+        await asyncio.sleep(4.2)
+    finally:
+        for scheduler in schedulers:
+            await scheduler.shutdown()
+    measured = {key: n for key, n in runs.items() if known is None or key[1] > known}
+    slots = sorted({slot for _, slot in measured})[:-1]  # the last may be cut by shutdown
+    assert len(slots) >= 3
+    for slot in slots:
+        for name in JOBS:
+            assert measured.get((name, slot)) == 1, (name, slot)
+    standby = [locker.statistics().standby for locker in lockers]
+    stood = sum(
+        1
+        for seen in events
+        for skip in seen.of(JobSkipped)
+        if skip.reason == "standby" and skip.slot in slots
+    )
+    # Of six replicas, three stand by for each slot of each job.
+    assert stood == 3 * len(JOBS) * len(slots)
+    assert all(n > 0 for n in standby)
