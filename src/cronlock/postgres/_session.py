@@ -168,14 +168,31 @@ class LockSession:
         return conn, None
 
     async def _set_up(self, conn: Any) -> None:
-        with backend_errors("could not set up the lock session"):
-            async with asyncio.timeout(self._connect_timeout):
-                if self._session_locks:
-                    await configure_session(
-                        conn, application_name=self._application_name, keepalives=self._keepalives
-                    )
-                    await refuse_pooler(conn, self._source.describe())
-                await self._prepare_ledger(conn)
+        import asyncpg  # loaded already: the connection came from it
+
+        try:
+            with backend_errors("could not set up the lock session"):
+                async with asyncio.timeout(self._connect_timeout):
+                    if self._session_locks:
+                        await configure_session(
+                            conn,
+                            application_name=self._application_name,
+                            keepalives=self._keepalives,
+                        )
+                        await refuse_pooler(conn, self._source.describe())
+                    await self._prepare_ledger(conn)
+        except LockError as exc:
+            # asyncpg's named prepared statements meet another client's on a pooled backend
+            # (or miss their own): only a transaction pooler does that. Say so.
+            pooled = (asyncpg.DuplicatePreparedStatementError, asyncpg.InvalidSQLStatementNameError)
+            if self._session_locks and isinstance(exc.__cause__, pooled):
+                raise PoolerDetected(
+                    f"the {self._source.describe()} is reached through a transaction pooler "
+                    f"(prepared statements clash: {exc.__cause__!r}); session advisory locks "
+                    "cannot work through it. Use PostgresLocker(..., mode='lease'), or a "
+                    "direct connection"
+                ) from exc.__cause__
+            raise
 
     async def _prepare_ledger(self, conn: Any) -> None:
         table = self._table
