@@ -28,6 +28,9 @@ if _TYPE_CHECKING:
     from ._errors import PoolerDetected as PoolerDetected
     from ._errors import ScheduleError as ScheduleError
     from ._errors import SchedulerStateError as SchedulerStateError
+    from ._errors import ServerError as ServerError
+    from ._errors import SessionLost as SessionLost
+    from ._errors import StatementTimeout as StatementTimeout
     from ._events import Event as Event
     from ._events import JobCancelled as JobCancelled
     from ._events import JobCrashed as JobCrashed
@@ -97,6 +100,9 @@ _WHERE = {
     "LockError": "._errors",
     "LockUnavailable": "._errors",
     "PoolerDetected": "._errors",
+    "ServerError": "._errors",
+    "StatementTimeout": "._errors",
+    "SessionLost": "._errors",
     "ScheduleError": "._errors",
     "SchedulerStateError": "._errors",
     "Event": "._events",
@@ -212,7 +218,10 @@ __all__ = (
     "SchedulerStateError",
     "SchedulerStopped",
     "ServerClockLocker",
+    "ServerError",
+    "SessionLost",
     "SkipReason",
+    "StatementTimeout",
     "Subscription",
     "SystemClock",
     "cron",

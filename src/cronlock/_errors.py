@@ -48,6 +48,21 @@ class LockUnavailable(LockError):
     """
 
 
+class SessionLost(LockError):
+    """The connection to the server broke (reset, closed, terminated by the server, a
+    protocol error such as a pooler's refusal) while a statement was sent or awaited."""
+
+
+class StatementTimeout(LockError):
+    """A statement did not finish in time: the locker's ``statement_timeout`` passed, or the
+    server cancelled it. What the server did with it is unknown; the session is dropped."""
+
+
+class ServerError(LockError):
+    """The server answered a statement with an error (a missing table, a permission, a
+    constraint): the session itself is sound."""
+
+
 class PoolerDetected(LockError):
     """A session advisory lock was asked for through a connection pooler or proxy.
 

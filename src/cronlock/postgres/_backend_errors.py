@@ -11,11 +11,18 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import sys
 from collections.abc import Iterator
 
-from .._errors import LockError
+from .._errors import LockError, ServerError, SessionLost, StatementTimeout
 
-__all__ = ("SessionGone", "backend_error_types", "backend_errors", "gone_or_failed_types")
+__all__ = (
+    "SessionGone",
+    "backend_error_types",
+    "backend_errors",
+    "gone_or_failed_types",
+    "kind_of",
+)
 
 
 class SessionGone(Exception):
@@ -42,16 +49,32 @@ def gone_or_failed_types() -> tuple[type[BaseException], ...]:
 
 @contextlib.contextmanager
 def backend_errors(message: str, *, session_lost: str | None = None) -> Iterator[None]:
-    """Translate a backend failure inside the block into :class:`cronlock.LockError`.
+    """Translate a backend failure inside the block into a :class:`cronlock.LockError`: the
+    one boundary where the backend's errors become cronlock's.
 
-    Raises ``LockError(f"{message}: {exc!r}") from exc`` for :func:`backend_error_types` (the
-    cause stays reachable, e.g. to tell a slow server from a dead session) and for
-    :class:`SessionGone`, which becomes ``LockError(session_lost)`` when that is given.
+    Raises ``kind(f"{message}: {exc!r}") from exc`` for :func:`backend_error_types`, where
+    *kind* is :func:`kind_of` the error (the cause stays reachable), and for
+    :class:`SessionGone`, which becomes ``SessionLost(session_lost)`` when that is given.
     Everything else, cancellation and a ``LockError`` raised inside included, passes.
     """
     try:
         yield
     except SessionGone as exc:
-        raise LockError(session_lost or f"{message}: {exc!r}") from exc
+        raise SessionLost(session_lost or f"{message}: {exc!r}") from exc
     except backend_error_types() as exc:
-        raise LockError(f"{message}: {exc!r}") from exc
+        raise kind_of(exc)(f"{message}: {exc!r}") from exc
+
+
+def kind_of(exc: BaseException) -> type[LockError]:
+    """Which :class:`cronlock.LockError` a backend error is: a statement that timed out
+    (ours or the server's cancel), an error answer of a sound session, or a lost session."""
+    if isinstance(exc, TimeoutError):
+        return StatementTimeout
+    asyncpg = sys.modules["asyncpg"]  # loaded: the error came from it
+    if isinstance(exc, asyncpg.QueryCanceledError):
+        return StatementTimeout
+    if isinstance(exc, asyncpg.PostgresConnectionError | asyncpg.OperatorInterventionError):
+        return SessionLost  # a protocol error, or the server ended the session
+    if isinstance(exc, asyncpg.PostgresError):
+        return ServerError
+    return SessionLost

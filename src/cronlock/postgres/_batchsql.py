@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._ledger import LedgerTable
+from ._ledger import RUN, RUN_COLUMNS, LedgerTable
 
 __all__ = (
     "TRY_LOCK_MANY_SQL",
@@ -32,8 +32,6 @@ UNLOCK_MANY_SQL = """
     SELECT u.i, pg_advisory_unlock(u.key) AS released
     FROM unnest($1::bigint[]) WITH ORDINALITY AS u(key, i)"""
 """Lock-only mode: ``$1`` keys; answers (i, released)."""
-
-_RUN = "slot, started_at, finished_at, outcome, error, host, pid, attempt"
 
 
 def claim_many_sql(table: LedgerTable) -> str:
@@ -96,7 +94,7 @@ def claim_many_sql(table: LedgerTable) -> str:
                p.host AS p_host, p.pid AS p_pid, p.attempt AS p_attempt
         FROM c
         LEFT JOIN LATERAL (
-            SELECT {_RUN} FROM {runs} r
+            SELECT {RUN} FROM {runs} r
             WHERE c.started_at IS NULL AND r.job = c.job AND r.slot <= c.slot
               AND r.finished_at IS NOT NULL
             ORDER BY r.slot DESC LIMIT 1
@@ -161,7 +159,7 @@ def catch_up_sql(table: LedgerTable) -> str:
     none). Three look-ups on the primary key per job.
     """
     runs = table.runs
-    cols = ("slot", "started_at", "finished_at", "outcome", "error", "host", "pid", "attempt")
+    cols = RUN_COLUMNS
     last = ", ".join(f"l.{c} AS l_{c}" for c in cols)
     ok = ", ".join(f"s.{c} AS s_{c}" for c in cols)
     return f"""
@@ -171,11 +169,11 @@ def catch_up_sql(table: LedgerTable) -> str:
             SELECT r.slot FROM {runs} r WHERE r.job = u.job ORDER BY r.slot DESC LIMIT 1
         ) m ON true
         LEFT JOIN LATERAL (
-            SELECT {_RUN} FROM {runs} r WHERE r.job = u.job AND r.finished_at IS NOT NULL
+            SELECT {RUN} FROM {runs} r WHERE r.job = u.job AND r.finished_at IS NOT NULL
             ORDER BY r.slot DESC LIMIT 1
         ) l ON true
         LEFT JOIN LATERAL (
-            SELECT {_RUN} FROM {runs} r WHERE r.job = u.job AND r.outcome = 'succeeded'
+            SELECT {RUN} FROM {runs} r WHERE r.job = u.job AND r.outcome = 'succeeded'
             ORDER BY r.slot DESC LIMIT 1
         ) s ON true"""
 

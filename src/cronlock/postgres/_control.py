@@ -28,7 +28,7 @@ from .._logs import get_logger
 from .._records import RunRecord
 from ._backend_errors import backend_errors
 from ._connections import ConnectionSource
-from ._ledger import DEFAULT_TABLE, LedgerTable, migrate, to_record
+from ._ledger import DEFAULT_TABLE, RUN, LedgerTable, migrate, to_record
 from ._session import LockSession
 
 __all__ = (
@@ -87,13 +87,13 @@ def control_sql(table: LedgerTable) -> dict[str, str]:
         "fleet_runs": f"""
             SELECT u.job, 'last' AS kind, r.* FROM unnest($1::text[]) AS u(job)
             CROSS JOIN LATERAL (
-                SELECT slot, started_at, finished_at, outcome, error, host, pid, attempt
+                SELECT {RUN}
                 FROM {table.runs} WHERE job = u.job AND finished_at IS NOT NULL
                 ORDER BY slot DESC LIMIT 1) r
             UNION ALL
             SELECT u.job, 'ok' AS kind, r.* FROM unnest($1::text[]) AS u(job)
             CROSS JOIN LATERAL (
-                SELECT slot, started_at, finished_at, outcome, error, host, pid, attempt
+                SELECT {RUN}
                 FROM {table.runs} WHERE job = u.job AND outcome = 'succeeded'
                 ORDER BY slot DESC LIMIT 1) r""",
     }

@@ -22,7 +22,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from .._logs import at, get_logger
-from ._ledger import LedgerTable, to_record
+from ._ledger import R_RUN, LedgerTable, to_record
 
 if TYPE_CHECKING:
     from .._locking import CrashCallback
@@ -54,8 +54,7 @@ def crashed_sql(table: LedgerTable) -> str:
         WHERE r.finished_at IS NULL AND r.session IS NOT NULL
           AND NOT (r.host = $1::text AND r.pid = $2::integer)
           AND NOT EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.pid = r.session)
-        RETURNING r.job, r.slot, r.started_at, r.finished_at, r.outcome, r.error, r.host,
-                  r.pid, r.attempt"""
+        RETURNING r.job, {R_RUN}"""
 
 
 def recover_sql(table: LedgerTable) -> str:

@@ -15,7 +15,7 @@ from .._keys import job_lock_key
 from .._records import RunRecord
 from ._control import control_sql
 from ._leasesql import lease_holders_sql
-from ._ledger import LedgerTable, to_record
+from ._ledger import RUN, LedgerTable, to_record
 
 __all__ = (
     "HOLDERS_SQL",
@@ -160,7 +160,7 @@ async def read_jobs(
 
 def _page_sql(table: LedgerTable) -> str:
     return f"""
-        SELECT slot, started_at, finished_at, outcome, error, host, pid, attempt
+        SELECT {RUN}
         FROM {table.runs}
         WHERE job = $1 AND ($3::timestamptz IS NULL OR slot < $3::timestamptz)
         ORDER BY slot DESC LIMIT $2"""

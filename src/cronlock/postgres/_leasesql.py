@@ -21,7 +21,7 @@ UPDATE`` before renewing or releasing), so statements of different replicas cann
 
 from __future__ import annotations
 
-from ._ledger import LedgerTable
+from ._ledger import R_RUN, RUN, LedgerTable
 
 __all__ = (
     "lease_claim_many_sql",
@@ -33,7 +33,6 @@ __all__ = (
     "renew_sql",
 )
 
-_RUN = "slot, started_at, finished_at, outcome, error, host, pid, attempt"
 _EXPIRES = "clock_timestamp() + $7::float8 * interval '1 second'"
 
 
@@ -97,7 +96,7 @@ def lease_claim_many_sql(table: LedgerTable) -> str:
                p.host AS p_host, p.pid AS p_pid, p.attempt AS p_attempt
         FROM c
         LEFT JOIN LATERAL (
-            SELECT {_RUN} FROM {runs} r
+            SELECT {RUN} FROM {runs} r
             WHERE c.started_at IS NULL AND r.job = c.job AND r.slot <= c.slot
               AND r.finished_at IS NOT NULL
             ORDER BY r.slot DESC LIMIT 1
@@ -236,8 +235,7 @@ def lease_crashed_sql(table: LedgerTable) -> str:
           AND NOT EXISTS (SELECT 1 FROM {leases} x
                           WHERE x.job = r.job AND x.slot = r.slot
                             AND (x.expires_at > now() OR x.holder = $3::text))
-        RETURNING r.job, r.slot, r.started_at, r.finished_at, r.outcome, r.error, r.host,
-                  r.pid, r.attempt"""
+        RETURNING r.job, {R_RUN}"""
 
 
 def lease_late_finish_sql(table: LedgerTable) -> str:

@@ -18,6 +18,9 @@ from .._records import RunRecord
 
 __all__ = (
     "DEFAULT_TABLE",
+    "RUN",
+    "RUN_COLUMNS",
+    "R_RUN",
     "LedgerState",
     "LedgerTable",
     "ledger_state",
@@ -35,6 +38,13 @@ _MAX_IDENTIFIER = 63
 _OUTCOMES = frozenset({"succeeded", "failed", "timed_out", "cancelled", "lock_lost", "crashed"})
 # The columns a ledger made by an older cronlock lacks; migrate() adds them.
 _ADDED_COLUMNS = ("session", "attempt")
+
+RUN_COLUMNS = ("slot", "started_at", "finished_at", "outcome", "error", "host", "pid", "attempt")
+"""The columns of a run that :func:`to_record` reads: every read of runs selects these."""
+RUN = ", ".join(RUN_COLUMNS)
+""":data:`RUN_COLUMNS` as a select list."""
+R_RUN = ", ".join(f"r.{column}" for column in RUN_COLUMNS)
+""":data:`RUN_COLUMNS` of the runs table aliased ``r`` (for ``RETURNING``)."""
 
 LedgerState = Literal["missing", "old", "current"]
 """A ledger's tables are missing, predate the crash-detection columns, or are current."""
@@ -269,7 +279,7 @@ class LedgerTable:
     @property
     def last_runs_sql(self) -> str:
         """``$1`` job: rows ('last', latest finished run) and ('ok', latest success)."""
-        cols = "slot, started_at, finished_at, outcome, error, host, pid, attempt"
+        cols = RUN
         return f"""
             (SELECT 'last' AS kind, {cols} FROM {self.runs}
              WHERE job = $1 AND finished_at IS NOT NULL ORDER BY slot DESC LIMIT 1)
@@ -284,8 +294,7 @@ class LedgerTable:
     def history_sql(self) -> str:
         """``$1`` job, ``$2`` limit: the latest runs, newest first."""
         return f"""
-            SELECT slot, started_at, finished_at, outcome, error, host, pid, attempt
-            FROM {self.runs} WHERE job = $1 ORDER BY slot DESC LIMIT $2"""
+            SELECT {RUN} FROM {self.runs} WHERE job = $1 ORDER BY slot DESC LIMIT $2"""
 
     @property
     def jobs_sql(self) -> str:
