@@ -224,9 +224,8 @@ class PostgresLocker(HeldOpenByBlocks, ReadsLedger):
         return self._mode
 
     def lock_key(self, job: str) -> int:
-        """The advisory-lock key this locker uses for *job*: namespaced by its ledger
-        (:func:`cronlock.postgres.ledger_lock_key`), or ``job_lock_key(job)`` with
-        ``bare_keys=True`` or ``ledger=False``."""
+        """*job*'s advisory-lock key here: :func:`~cronlock.postgres.ledger_lock_key` of the
+        ledger, or with ``bare_keys=True`` or no ledger ``job_lock_key(job)``."""
         return self._lock_key(job)
 
     @property
@@ -327,6 +326,11 @@ class PostgresLocker(HeldOpenByBlocks, ReadsLedger):
             self._count.lost += 1
         return lease
 
+    def fleet_pace(self) -> float:
+        """Members over *racers* in a fleet larger than that, else 1: how many times less
+        often each fleet-wide chore runs here (fleet time's estimates included)."""
+        return 1.0 if self._members is None else self._members.spread()
+
     def claims_ahead(self) -> float:
         """Seconds before its slot a claim may go out (``claim_ahead``, ClaimAheadLocker)."""
         return self._ahead
@@ -369,19 +373,14 @@ class PostgresLocker(HeldOpenByBlocks, ReadsLedger):
                 self._fleet.start()
 
     def note_schedule(self, job: str, schedule: str, next_run: datetime | None) -> None:
-        """Remember *job*'s schedule and next slot for status views; no I/O.
-
-        Changed values are written in one batched statement every few seconds, and at
-        :meth:`close`.
-        """
+        """Remember *job*'s schedule and next slot for status views; no I/O. Changed values
+        are written in one batched statement every few seconds, and at :meth:`close`."""
         if self._upkeep.note(job, schedule, next_run) and self._members is not None:
             self._members.has(job)  # a new job of ours: our group is the replicas with it
 
     async def prune(self) -> int:
-        """Delete ledger rows older than *retention* now; return how many.
-
-        Runs by itself every few minutes; call it to prune on demand.
-        """
+        """Delete ledger rows older than *retention* now; return how many (it runs by
+        itself every few minutes: this is pruning on demand)."""
         return await self._upkeep.prune()
 
     async def close(self) -> None:

@@ -46,7 +46,7 @@ __all__ = ("BACKUP_DELAY", "MEMBERS_EVERY", "MEMBER_TTL", "Membership")
 
 _logger = get_logger("cronlock.postgres")
 
-MEMBERS_EVERY = 5.0
+MEMBERS_EVERY = 15.0
 """Seconds between two heartbeats of one replica in the members table."""
 MEMBER_TTL = 3 * MEMBERS_EVERY
 """Seconds a member row lives without a heartbeat (and a replica trusts its last view)."""
