@@ -206,10 +206,16 @@ class FleetClock:
             if offset is not None:
                 self.adopt(offset)
                 _logger.debug("fleet clock: %s", self, extra=at(None))
-            # A locker of a large fleet may ask for fewer estimates (fleet_pace(): its
-            # replica claims few slots), up to ten times fewer: clocks drift slowly.
+            # A locker of a large fleet may ask for fewer estimates (fleet_pace(): most of
+            # its replicas only stand by), up to ten times fewer: clocks drift slowly. Asked
+            # again at each period, since the fleet's size is learnt after the start.
             pace = getattr(self._source, "fleet_pace", None)
-            await asyncio.sleep(ESTIMATE_EVERY * (1.0 if pace is None else min(pace(), 10.0)))
+            since = monotonic()
+            while True:
+                await asyncio.sleep(ESTIMATE_EVERY)
+                slower = 1.0 if pace is None else min(pace(), 10.0)
+                if monotonic() - since >= ESTIMATE_EVERY * slower - 1e-6:
+                    break
 
     def __repr__(self) -> str:
         offset, trip = self.estimator.offset, self.estimator.round_trip

@@ -169,7 +169,9 @@ class Cluster:
     exit). The port, hence :attr:`dsn`, stays the same across restarts.
     """
 
-    def __init__(self, *, watchdog: bool = True, max_connections: int = 300) -> None:
+    def __init__(
+        self, *, watchdog: bool = True, max_connections: int = 300, options: str = ""
+    ) -> None:
         bindir = local_binaries()
         if bindir is None:
             raise ClusterUnavailable("no initdb/pg_ctl under /usr/lib/postgresql/*/bin or on PATH")
@@ -177,6 +179,7 @@ class Cluster:
         self._run_as = _run_as()
         self._watch = watchdog
         self.max_connections = max_connections
+        self.options = options  # more `-c name=value` for the server, e.g. for a benchmark
         self.port = _free_port()
         self.root: str | None = None
         self._watchdog: subprocess.Popen[bytes] | None = None
@@ -211,7 +214,7 @@ class Cluster:
             return
         options = (
             f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 "
-            f"-c max_connections={self.max_connections}"
+            f"-c max_connections={self.max_connections} {self.options}"
         )
         self._pg_ctl("-o", options, "start")
 

@@ -25,14 +25,12 @@ from ._backend_errors import gone_or_failed_types
 from ._ledger import LedgerTable
 from ._session import LockSession
 
-__all__ = ("CONFIRM_AFTER", "LOOK_AGAIN", "LOOK_EVERY", "ForeignCallback", "ForeignHolders")
+__all__ = ("CONFIRM_AFTER", "LOOK_EVERY", "ForeignCallback", "ForeignHolders")
 
 _logger = get_logger("cronlock.postgres")
 
 LOOK_EVERY = 60.0
-"""Seconds between two looks at one job's lock holder, at most, once one was seen."""
-LOOK_AGAIN = 5.0
-"""Seconds before another look at a job whose lock nobody held when looked at."""
+"""Seconds between two looks at one job's lock holder, at most."""
 CONFIRM_AFTER = 0.2
 """Seconds between the two sightings of a holder outside the fleet before it is reported."""
 
@@ -108,9 +106,7 @@ class ForeignHolders:
         try:
             first = await self._holders(session, job, key)
             if not first:
-                # Released before we looked (a short run): look again at a later refusal.
-                self._looked[job] = asyncio.get_running_loop().time() - LOOK_EVERY + LOOK_AGAIN
-                return
+                return  # released before we looked: the next look is LOOK_EVERY away
             await asyncio.sleep(CONFIRM_AFTER)
             second = await self._holders(session, job, key)
         except gone_or_failed_types() as exc:  # a later refusal looks again

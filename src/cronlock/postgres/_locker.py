@@ -33,7 +33,7 @@ from ._exclusion import Mode, exclusion_for, make_sessions, source_for
 from ._foreign import ForeignCallback, ForeignHolders
 from ._lease import PostgresLease
 from ._ledger import DEFAULT_TABLE, LedgerTable
-from ._members import BACKUP_DELAY, Membership
+from ._members import Membership
 from ._reads import LedgerReads, ReadsLedger
 from ._renewal import LeaseKeeper
 from ._servertime import DEFAULT_AHEAD, DEFAULT_SPREAD, LANES, FairRace, read_server_clock
@@ -92,11 +92,11 @@ class PostgresLocker(HeldOpenByBlocks, ReadsLedger):
     ``job_lock_key(job)``, the seed's Go-compatible key, to contend with Go services.
     Exclusion among this replica's own runs is kept here, without a round trip.
 
-    **Racers.** In a fleet of more than *racers* replicas (default 3; ``None``: all), each
-    job is assigned by a hash ring over the live members to *racers* of them: one claims at
-    the slot, the others a moment later (taking over when it cannot); the rest stand by
-    (refusal ``"standby"``, no statement). So the server's cost per run does not grow with
-    the fleet; a job is missed only while all its racers are dead and not yet forgotten.
+    **Racers.** In a fleet of more than *racers* live replicas (default 3; ``None``: all),
+    only *racers* of them claim (chosen by the members table, ``<table>_members``); they
+    race as a small fleet does, and the rest stand by (refusal ``"standby"``, no statement).
+    So the server's cost per run does not grow with the fleet; slots are missed only while
+    every racer is dead and not yet forgotten (45 s).
 
     **Failure.** A server that cannot be reached, or a statement that does not finish
     within *statement_timeout*, raises :class:`cronlock.LockError`. Every connection
@@ -211,7 +211,6 @@ class PostgresLocker(HeldOpenByBlocks, ReadsLedger):
             None if self._table is None else FleetWatch(self._table, self._shards, cadence)
         )
         self._count = LockerCounts()
-        self._racers = checked.racers or 0
 
     @property
     def application_name(self) -> str:
@@ -273,19 +272,16 @@ class PostgresLocker(HeldOpenByBlocks, ReadsLedger):
         # A slot whose crashed run this replica said it would rerun is claimed by taking
         # that run's row over (once: a failed attempt is not retried).
         rerun = self._crashes is not None and self._crashes.take(job, slot)
-        # In a fleet of more than `racers`, only the job's racers claim (._members).
-        rank = None if self._members is None or rerun else self._members.rank(job)
-        if rank is not None and rank >= self._racers:
+        # In a fleet of more than `racers`, only `racers` replicas claim (._members).
+        if self._members is not None and not rerun and self._members.standing_by():
             self._count.standby += 1
             return "standby"
         # Reserve the key in-process first: the session would grant it twice (re-entrant).
         self._pending.add(key)
         sent = asyncio.get_running_loop().time()  # lease mode trusts a lease from here on
         try:
-            if rank is None:  # the fair race (._servertime), drawn per lane: eight a locker
-                await self._race.wait(slot, key % LANES)
-            elif rank:  # a backup racer: after the first one's claim, unless it made none
-                await asyncio.sleep(BACKUP_DELAY * rank)
+            # The fair race (._servertime), drawn per lane: eight lanes per locker.
+            await self._race.wait(slot, key % LANES)
             claims = self._claims[self._shard(key)]
             answer = await claims.claim(job, key, slot, rerun=rerun)
         finally:

@@ -1,36 +1,35 @@
-"""The fleet's membership, and which replicas claim each job: a fleet's cost that does not
-grow with the fleet.
+"""The fleet's membership, and which replicas claim: a fleet's cost that does not grow with
+the fleet.
 
 When every replica claims every slot, the server answers N claims per slot, and a fleet of
 100 pods costs it twelve times what 3 do for the same runs. So the replicas of a ledger
 register in its members table (one statement per replica every :data:`MEMBERS_EVERY`
-seconds, which also reads the live members back), and each job is assigned, by a hash ring
-over the live members, to *racers* of them (default 3): the first claims at the slot, as
-every replica does today; the others :data:`BACKUP_DELAY` seconds later each (answered
-``"already_ran"`` by the ledger when the first ran it, or running it when the first could
-not: died, stalled, busy); every other replica stands by (``"standby"``, no statement).
-A fleet of at most *racers* members races as before: every replica claims every slot.
+seconds, which also reads the live members back), and in a fleet of more than *racers*
+(default 3) only *racers* of them claim: the live members whose names hash lowest. They
+race for every slot exactly as a fleet of *racers* replicas does (the fair race, claims
+ahead, the ledger); every other replica stands by (refusal ``"standby"``, no statement). So
+100 replicas cost the server what 3 do, plus the heartbeats. A fleet of at most *racers*
+members races as before.
 
-Every replica computes the same assignment from the same member list, and a member list
-seen a moment apart by two replicas only changes who claims, never the exclusion: the
-ledger and the job's lock or lease still decide who runs. The price: a job whose *racers*
-assigned replicas all die at once is not run until the members table forgets them (their
-rows expire after :data:`MEMBER_TTL` seconds). A replica that stops deletes its row, so a
-rolling deploy moves its jobs at once.
+Every replica computes the same active set from the same member list, and two replicas
+that see the list a moment apart only disagree on who claims, never on the exclusion: the
+ledger and the job's lock or lease still decide who runs. The price: if every active
+replica dies at once, no slot runs until the members table forgets them (their rows expire
+after :data:`MEMBER_TTL` seconds); one dying leaves the others racing, as in a small fleet.
+A replica that stops deletes its row, so a rolling deploy hands over at once.
 
 Replicas are grouped by the set of jobs they have (a digest): during a rolling deploy that
-adds a job, it is assigned among the replicas that have it, never to ones that do not.
+adds a job, the replicas that have it choose racers among themselves.
 
 The same count scales the fleet-wide background work (:meth:`Membership.spread`): with N
-members each replica polls the control table, reads the fleet's runs, checks for crashes
-and writes schedule notes N / racers times less often, so the fleet as a whole sends them at
-the rate of a fleet of *racers*.
+members each replica polls the control table, reads the fleet's runs, checks for crashes,
+writes schedule notes and estimates fleet time N / racers times less often, so the fleet as
+a whole does them at the rate of a fleet of *racers*.
 """
 
 from __future__ import annotations
 
 import asyncio
-import bisect
 import hashlib
 import random
 from collections.abc import Sequence
@@ -42,7 +41,7 @@ from ._backend_errors import gone_or_failed_types
 from ._ledger import LedgerTable
 from ._session import LockSession
 
-__all__ = ("BACKUP_DELAY", "MEMBERS_EVERY", "MEMBER_TTL", "Membership")
+__all__ = ("MEMBERS_EVERY", "MEMBER_TTL", "Membership")
 
 _logger = get_logger("cronlock.postgres")
 
@@ -50,9 +49,6 @@ MEMBERS_EVERY = 15.0
 """Seconds between two heartbeats of one replica in the members table."""
 MEMBER_TTL = 3 * MEMBERS_EVERY
 """Seconds a member row lives without a heartbeat (and a replica trusts its last view)."""
-BACKUP_DELAY = 0.25
-"""Seconds after the first racer that each further racer of a job claims its slot."""
-_POINTS = 32  # places of each member on the ring: an even share of the jobs each
 
 
 def _point(text: str) -> int:
@@ -78,7 +74,7 @@ def heartbeat_sql(table: LedgerTable) -> str:
 
 class Membership:
     """One locker's place in its fleet (see the module): the heartbeat task, the live
-    members seen last, and the rank of this replica among each job's racers."""
+    members seen last, and whether this replica is one of the racers."""
 
     def __init__(
         self,
@@ -95,9 +91,7 @@ class Membership:
         self._racers = racers
         self._digest = 0
         self._members: tuple[str, ...] = ()
-        self._ring: list[tuple[int, str]] = []
-        self._points: list[int] = []
-        self._ranks: dict[str, int] = {}
+        self._rank = 0  # members whose names hash lower than ours
         self._seen_at = float("-inf")
         self._task: asyncio.Task[None] | None = None
         self.beats = 0
@@ -113,37 +107,17 @@ class Membership:
         with the same jobs: the digest is the XOR of their names' hashes)."""
         self._digest ^= _point(job)
 
-    def rank(self, job: str) -> int | None:
-        """This replica's place among *job*'s racers (0 claims first), *racers* when it
-        stands by, ``None`` while every replica races (a small fleet, or none known)."""
+    def standing_by(self) -> bool:
+        """Whether this replica stands by: the fleet has more than *racers* members and
+        *racers* of them hash lower. False while the members are not known."""
         racers = self._racers
-        if racers is None or self.size <= racers:
-            return None
-        rank = self._ranks.get(job)
-        if rank is None:
-            rank = self._ranks[job] = self._place(job, racers)
-        return rank
+        return racers is not None and self.size > racers and self._rank >= racers
 
     def spread(self) -> float:
         """How many times less often than one replica alone each fleet-wide background
         chore runs here: ``members / racers``, at least 1."""
         racers, size = self._racers, self.size
         return 1.0 if racers is None or size <= racers else size / racers
-
-    def _place(self, job: str, racers: int) -> int:
-        seen: list[str] = []
-        ring, points = self._ring, self._points
-        start = bisect.bisect(points, _point(job))
-        for i in range(len(ring)):
-            holder = ring[(start + i) % len(ring)][1]
-            if holder in seen:
-                continue
-            if holder == self._holder:
-                return len(seen)
-            seen.append(holder)
-            if len(seen) == racers:
-                break
-        return racers
 
     def _see(self, others: Sequence[str]) -> None:
         members = tuple(sorted({*others, self._holder}))
@@ -153,9 +127,8 @@ class Membership:
         if self._members:
             _logger.info("fleet members: %d (were %d)", len(members), len(self._members))
         self._members = members
-        self._ring = sorted((_point(f"{m}#{i}"), m) for m in members for i in range(_POINTS))
-        self._points = [point for point, _ in self._ring]
-        self._ranks.clear()
+        mine = _point(self._holder)
+        self._rank = sum(1 for member in members if _point(member) < mine)
 
     def start(self) -> None:
         """Start the heartbeat task, unless it runs already."""
