@@ -12,6 +12,7 @@ import dataclasses
 import functools
 import typing
 from collections.abc import Callable, Mapping, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Literal, Protocol, runtime_checkable
@@ -19,6 +20,7 @@ from typing import Literal, Protocol, runtime_checkable
 from ._records import RunRecord
 
 __all__ = (
+    "ASKED",
     "BatchLedgerLocker",
     "BoundedRelease",
     "ClaimAheadLocker",
@@ -212,6 +214,10 @@ class CrashWatchingLocker(Locker, Protocol):
         """Call *callback* (from the event loop) for each crashed run this locker marks."""
         ...
 
+
+ASKED: ContextVar[bool] = ContextVar("cronlock_asked", default=False)
+"""True inside a run someone asked for (``run_now()``), not one the schedule fired: a
+locker of a large fleet that stands by for scheduled slots still claims such a run."""
 
 ForeignCallback = Callable[[str, datetime, str], None]
 """Told of a job whose lock key a session outside the fleet holds: ``(job, slot, holder)``."""

@@ -18,7 +18,7 @@ from ._executor import Executor
 from ._fleetclock import FleetClock
 from ._job import Job
 from ._jobconf import schedule_text
-from ._locking import Elector, FencedElector
+from ._locking import ASKED, Elector, FencedElector
 from ._logs import at, get_logger
 from ._planner import Entry, Fast, Planner
 
@@ -357,6 +357,8 @@ class RunLoop:
         waiter: asyncio.Future[JobEvent] | None,
         replaced: tuple[asyncio.Task[Any], ...],
     ) -> None:
+        if waiter is not None:
+            ASKED.set(True)  # in this task's own context: the locker claims it even on standby
         try:
             if replaced:
                 # "replace": the old run's cleanup (lock release) finishes before we start.

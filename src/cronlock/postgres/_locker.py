@@ -22,7 +22,7 @@ from .._claimed import remember_claim
 from .._durations import Seconds
 from .._errors import LockError
 from .._keys import job_lock_key
-from .._locking import Refusal
+from .._locking import ASKED, Refusal
 from .._logs import get_logger, say
 from .._resources import HeldOpenByBlocks
 from ._claims import Claims
@@ -273,7 +273,12 @@ class PostgresLocker(HeldOpenByBlocks, ReadsLedger):
         # that run's row over (once: a failed attempt is not retried).
         rerun = self._crashes is not None and self._crashes.take(job, slot)
         # In a fleet of more than `racers`, only `racers` replicas claim (._members).
-        if self._members is not None and not rerun and self._members.standing_by():
+        if (
+            self._members is not None
+            and not rerun
+            and self._members.standing_by()
+            and not ASKED.get()  # run_now() claims the slot even here
+        ):
             self._count.standby += 1
             return "standby"
         # Reserve the key in-process first: the session would grant it twice (re-entrant).
