@@ -10,7 +10,8 @@ never imports it. The metric names are part of the API:
 - ``cronlock_job_next_run_timestamp_seconds{job}``, ``cronlock_job_overdue{job}`` (0/1, see
   :meth:`cronlock.Scheduler.overdue`), ``cronlock_job_paused{job}`` (0/1, here or fleet-wide),
 - ``cronlock_runs_total{job,outcome}``, ``cronlock_skips_total{job,reason}`` (lock contention
-  is ``reason="locked"``/``"already_ran"``), ``cronlock_lock_errors_total{job}`` (this
+  is ``reason="locked"``/``"already_ran"``; ``"standby"`` on the replicas of a large fleet
+  that leave the claims to its racers), ``cronlock_lock_errors_total{job}`` (this
   replica's), ``cronlock_lock_held_elsewhere_total{job}`` (a session outside the fleet holds
   the job's lock: :class:`~cronlock.LockHeldElsewhere`),
 - ``cronlock_run_duration_seconds{job}``, ``cronlock_start_lateness_seconds{job}``

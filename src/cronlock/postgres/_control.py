@@ -299,7 +299,9 @@ class FleetWatch:
         paused = frozenset(row["job"] for row in rows if row["paused"])
         triggers = {row["job"]: row["trigger_slot"] for row in rows if row["trigger_slot"]}
         runs: dict[str, tuple[RunRecord | None, RunRecord | None]] | None = None
-        if now - self._runs_at >= RUNS_EVERY * self._spread():
+        # Not spread out: every replica's gauges (overdue, last success) must stay right,
+        # standing by or not, and this read is one statement every RUNS_EVERY seconds.
+        if now - self._runs_at >= RUNS_EVERY:
             names = self.names()
             found = await self._read(lambda c: c.fetch(self._sql["fleet_runs"], names))
             self._runs_at = now

@@ -22,10 +22,11 @@ Replicas are grouped by the set of jobs they have (a digest): during a rolling d
 adds a job, the replicas that have it choose racers among themselves.
 
 The same count scales the fleet-wide background work (:meth:`Membership.spread`): with N
-members each replica that stands by polls the control table, reads the fleet's runs,
-checks for crashes, writes schedule notes and estimates fleet time N / racers times less
-often, so the fleet as a whole does them at about twice the rate of a fleet of *racers*
-(the racers at their usual rate, the others together at that rate again).
+members each replica that stands by polls the control table, checks for crashes, writes
+schedule notes and estimates fleet time N / racers times less often, so the fleet as a
+whole does them at about twice the rate of a fleet of *racers* (the racers at their usual
+rate, the others together at that rate again). It still reads the fleet's latest runs
+every 15 s: its metrics (last success, overdue) must be right whichever replica is scraped.
 """
 
 from __future__ import annotations

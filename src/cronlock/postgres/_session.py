@@ -276,6 +276,9 @@ class LockSession:
             return result
 
 
+_pooler_told = False  # whether refuse_pooler has logged its ERROR in this process
+
+
 async def refuse_pooler(conn: Any, where: str) -> None:
     """Raise :class:`PoolerDetected` unless *conn* is a server backend of its own.
 
@@ -289,7 +292,10 @@ async def refuse_pooler(conn: Any, where: str) -> None:
     if first == announced == second:
         return
     seen = f"announced pid {announced}, then backends {first} and {second}"
-    _logger.error(
+    global _pooler_told
+    log = _logger.debug if _pooler_told else _logger.error  # said once; retries are quiet
+    _pooler_told = True
+    log(
         "a connection pooler or proxy sits between this replica and PostgreSQL (%s); session "
         "advisory locks cannot work through it. Use PostgresLocker(..., mode='lease') "
         "(docs/guides/poolers.md), or connect to the server directly",
