@@ -22,16 +22,37 @@ from __future__ import annotations
 import contextlib
 import glob
 import os
-import pwd
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 from types import TracebackType
 from typing import Literal
+
+try:
+    from .throwaway import (
+        DONE,
+        free_port,
+        orphans,
+        run_as_postgres,
+        spawn_watchdog,
+        start_time,
+        watch,
+        write_owner,
+    )
+except ImportError:  # run as a script (the watchdog): its folder is on sys.path
+    from throwaway import (  # type: ignore[no-redef,import-not-found]
+        DONE,
+        free_port,
+        orphans,
+        run_as_postgres,
+        spawn_watchdog,
+        start_time,
+        watch,
+        write_owner,
+    )
 
 __all__ = (
     "PREFIX",
@@ -44,8 +65,6 @@ __all__ = (
 )
 
 PREFIX = "cronlock-pg-"
-OWNER_FILE = "owner"  # "<pid> <start time>" of the process the cluster belongs to
-_DONE = b"q"  # the owner stopped the cluster itself: the watchdog just leaves
 
 Mode = Literal["smart", "fast", "immediate"]
 
@@ -63,26 +82,6 @@ def local_binaries() -> str | None:
     return os.path.dirname(initdb) if initdb else None
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-def _start_time(pid: int) -> str | None:
-    """The start time of process *pid* (clock ticks since boot); ``None`` if it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            stat = f.read()
-    except OSError:
-        return None
-    fields = stat.rsplit(")", 1)[1].split()  # the command name may contain spaces
-    if fields[0] == "Z":
-        return None  # a zombie has exited: only its exit status is left to collect
-    return fields[19]
-
-
 def postmaster_pid(data: str) -> int | None:
     """The pid of the postmaster running on *data*, or ``None`` if none is."""
     try:
@@ -92,7 +91,7 @@ def postmaster_pid(data: str) -> int | None:
             cmdline = f.read().split(b"\0")
     except (OSError, ValueError):
         return None
-    if _start_time(pid) is None or os.fsencode(data) not in cmdline:
+    if start_time(pid) is None or os.fsencode(data) not in cmdline:
         return None  # gone, or the pid now belongs to another process
     return pid
 
@@ -132,14 +131,7 @@ def sweep() -> list[str]:
     """Stop and remove the ``/tmp/cronlock-pg-*`` clusters whose owner is gone; list them."""
     bindir = local_binaries()
     swept: list[str] = []
-    for root in glob.glob(os.path.join(tempfile.gettempdir(), PREFIX + "*")):
-        try:
-            with open(os.path.join(root, OWNER_FILE)) as f:
-                pid_text, started = f.read().split()
-        except (OSError, ValueError):
-            continue  # not made by Cluster (or not yet written): not ours to judge
-        if _start_time(int(pid_text)) == started:
-            continue  # its owner runs: another test run, maybe in another worktree
+    for root in orphans(PREFIX):
         if bindir is not None:
             _dispose(root, bindir, _run_as(), grace=0)
             swept.append(root)
@@ -147,15 +139,7 @@ def sweep() -> list[str]:
 
 
 def _run_as() -> str | None:
-    if os.geteuid() != 0:
-        return None
-    try:
-        pwd.getpwnam("postgres")
-    except KeyError:
-        raise ClusterUnavailable(
-            "running as root and there is no 'postgres' user for initdb"
-        ) from None
-    return "postgres"
+    return run_as_postgres(ClusterUnavailable, "for initdb")
 
 
 _swept = False
@@ -180,7 +164,7 @@ class Cluster:
         self._watch = watchdog
         self.max_connections = max_connections
         self.options = options  # more `-c name=value` for the server, e.g. for a benchmark
-        self.port = _free_port()
+        self.port = free_port()
         self.root: str | None = None
         self._watchdog: subprocess.Popen[bytes] | None = None
         self._pipe: int | None = None
@@ -234,7 +218,7 @@ class Cluster:
         pipe, self._pipe = self._pipe, None
         if pipe is not None:
             with contextlib.suppress(OSError):
-                os.write(pipe, _DONE)
+                os.write(pipe, DONE)
             os.close(pipe)
         watchdog, self._watchdog = self._watchdog, None
         if watchdog is not None:
@@ -282,10 +266,7 @@ class Cluster:
             sweep()
         root = tempfile.mkdtemp(prefix=PREFIX)
         self.root = root
-        with open(os.path.join(root, OWNER_FILE), "w") as f:
-            f.write(f"{os.getpid()} {_start_time(os.getpid())}\n")
-        if self._run_as is not None:
-            shutil.chown(root, user=self._run_as)
+        write_owner(root, self._run_as)
         if self._watch:
             self._spawn_watchdog(root)
         initdb = f"{self._bindir}/initdb"
@@ -295,48 +276,11 @@ class Cluster:
         )
 
     def _spawn_watchdog(self, root: str) -> None:
-        read, write = os.pipe()  # both ends non-inheritable: no other child holds them
-        try:
-            self._watchdog = subprocess.Popen(
-                [sys.executable, __file__, "--watch", str(read), root, self._bindir]
-                + ([self._run_as] if self._run_as else []),
-                pass_fds=(read,),
-                start_new_session=True,  # out of reach of the terminal's Ctrl-C
-                stdin=subprocess.DEVNULL,
-            )
-        except BaseException:
-            os.close(write)
-            raise
-        finally:
-            os.close(read)
-        self._pipe = write
-
-
-class _Terminated(Exception):
-    pass
-
-
-def _terminated(signum: int, frame: object) -> None:
-    raise _Terminated
-
-
-def _watch(fd: int, root: str, bindir: str, run_as: str | None) -> None:
-    """The watchdog: wait for the owner to go, then dispose of the cluster."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGHUP, signal.SIG_IGN)
-    # SIGTERM (someone cleaning up processes): dispose of the cluster too, then exit.
-    signal.signal(signal.SIGTERM, _terminated)
-    told = b""
-    try:
-        # End of file once every write end is closed: the owner is done, or dead.
-        while chunk := os.read(fd, 64):
-            told += chunk
-    except _Terminated:
-        told = b""
-    if _DONE not in told:
-        _dispose(root, bindir, run_as)
+        args = [root, self._bindir] + ([self._run_as] if self._run_as else [])
+        self._watchdog, self._pipe = spawn_watchdog(__file__, args)
 
 
 if __name__ == "__main__" and sys.argv[1:2] == ["--watch"]:
     _fd, _root_dir, _bindir = int(sys.argv[2]), sys.argv[3], sys.argv[4]
-    _watch(_fd, _root_dir, _bindir, sys.argv[5] if len(sys.argv) > 5 else None)
+    _run_as_user = sys.argv[5] if len(sys.argv) > 5 else None
+    watch(_fd, lambda: _dispose(_root_dir, _bindir, _run_as_user))

@@ -368,3 +368,13 @@ def coordination(
         )
     finally:
         asyncio.run(_drop_schemas(pg_server, [schema]))
+
+
+@pytest.fixture
+async def server_schema(pg_server: str) -> AsyncIterator[str]:
+    """A schema name of the test's own on ``pg_server``, dropped (with what the test made in
+    it) afterwards: for what goes through PgBouncer, which refuses ``pg_dsn``'s
+    ``search_path``."""
+    name = f"{_schema_prefix()}{os.getpid()}_own_{uuid.uuid4().hex[:6]}"
+    yield name
+    await _drop_schemas(pg_server, [name])

@@ -30,7 +30,6 @@ import csv
 import glob
 import io
 import os
-import pwd
 import shutil
 import signal
 import socket
@@ -42,6 +41,29 @@ from collections.abc import Mapping
 from types import TracebackType
 from urllib.parse import parse_qs, unquote, urlsplit
 
+try:
+    from .throwaway import (
+        DONE,
+        free_port,
+        orphans,
+        run_as_postgres,
+        spawn_watchdog,
+        start_time,
+        watch,
+        write_owner,
+    )
+except ImportError:  # run as a script (the watchdog): its folder is on sys.path
+    from throwaway import (  # type: ignore[no-redef,import-not-found]
+        DONE,
+        free_port,
+        orphans,
+        run_as_postgres,
+        spawn_watchdog,
+        start_time,
+        watch,
+        write_owner,
+    )
+
 __all__ = (
     "PREFIX",
     "PgBouncer",
@@ -52,10 +74,8 @@ __all__ = (
 )
 
 PREFIX = "cronlock-pgbouncer-"
-OWNER_FILE = "owner"  # "<pid> <start time>" of the process the pooler belongs to
 CONFIG_FILE = "pgbouncer.ini"
 LOG_FILE = "pgbouncer.log"
-_DONE = b"q"  # the owner stopped the pooler itself: the watchdog just leaves
 _STARTUP_SECONDS = 30.0
 
 
@@ -91,29 +111,6 @@ def psql_binary() -> str | None:
     return versions[-1] if versions else None
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-def _start_time(pid: int) -> str | None:
-    """The start time of process *pid* (clock ticks since boot); ``None`` if it is gone.
-
-    The same as cluster.py's: copied, so that this file runs as a script on its own.
-    """
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            stat = f.read()
-    except OSError:
-        return None
-    fields = stat.rsplit(")", 1)[1].split()  # the command name may contain spaces
-    if fields[0] == "Z":
-        return None  # a zombie has exited: only its exit status is left to collect
-    return fields[19]
-
-
 def _pids_using(config: str) -> list[int]:
     """The live processes whose command line has *config* as an argument."""
     wanted = os.fsencode(config)
@@ -126,7 +123,7 @@ def _pids_using(config: str) -> list[int]:
                 args = f.read().split(b"\0")
         except OSError:
             continue
-        if wanted in args and _start_time(int(entry)) is not None:
+        if wanted in args and start_time(int(entry)) is not None:
             pids.append(int(entry))
     return pids
 
@@ -163,29 +160,14 @@ def _dispose(root: str, *, grace: float = 1.0) -> None:
 def sweep() -> list[str]:
     """Stop and remove the ``/tmp/cronlock-pgbouncer-*`` poolers whose owner is gone."""
     swept: list[str] = []
-    for root in glob.glob(os.path.join(tempfile.gettempdir(), PREFIX + "*")):
-        try:
-            with open(os.path.join(root, OWNER_FILE)) as f:
-                pid_text, started = f.read().split()
-        except (OSError, ValueError):
-            continue  # not made by PgBouncer (or not yet written): not ours to judge
-        if _start_time(int(pid_text)) == started:
-            continue  # its owner runs: another test run, maybe in another worktree
+    for root in orphans(PREFIX):
         _dispose(root, grace=0)
         swept.append(root)
     return swept
 
 
 def _run_as() -> str | None:
-    if os.geteuid() != 0:
-        return None
-    try:
-        pwd.getpwnam("postgres")
-    except KeyError:
-        raise PgBouncerUnavailable(
-            "running as root and there is no 'postgres' user to run pgbouncer as"
-        ) from None
-    return "postgres"
+    return run_as_postgres(PgBouncerUnavailable, "to run pgbouncer as")
 
 
 def _connstr_value(value: str) -> str:
@@ -259,7 +241,7 @@ class PgBouncer:
         self.default_pool_size = default_pool_size
         self.max_client_conn = max_client_conn
         self._settings = dict(settings or {})
-        self.port = _free_port()
+        self.port = free_port()
         self.root: str | None = None
         self._process: subprocess.Popen[bytes] | None = None
         self._watchdog: subprocess.Popen[bytes] | None = None
@@ -331,7 +313,7 @@ class PgBouncer:
             self._create()
         for attempt in range(5):
             if attempt:  # the port was taken between choosing and binding it: another one
-                self.port = _free_port()
+                self.port = free_port()
             self._write_config()
             try:
                 if self._launch():
@@ -350,7 +332,7 @@ class PgBouncer:
         pipe, self._pipe = self._pipe, None
         if pipe is not None:
             with contextlib.suppress(OSError):
-                os.write(pipe, _DONE)
+                os.write(pipe, DONE)
             os.close(pipe)
         watchdog, self._watchdog = self._watchdog, None
         if watchdog is not None:
@@ -414,8 +396,7 @@ class PgBouncer:
             sweep()
         root = tempfile.mkdtemp(prefix=PREFIX)
         self.root = root
-        with open(os.path.join(root, OWNER_FILE), "w") as f:
-            f.write(f"{os.getpid()} {_start_time(os.getpid())}\n")
+        write_owner(root, None)
         # The watchdog first: a start that is under way when the owner dies is caught too.
         if self._watch:
             self._spawn_watchdog(root)
@@ -511,49 +492,12 @@ class PgBouncer:
         return "\n".join(self.log.splitlines()[-lines:])
 
     def _spawn_watchdog(self, root: str) -> None:
-        read, write = os.pipe()  # both ends non-inheritable: no other child holds them
-        try:
-            self._watchdog = subprocess.Popen(
-                [sys.executable, __file__, "--watch", str(read), root],
-                pass_fds=(read,),
-                start_new_session=True,  # out of reach of the terminal's Ctrl-C
-                stdin=subprocess.DEVNULL,
-            )
-        except BaseException:
-            os.close(write)
-            raise
-        finally:
-            os.close(read)
-        self._pipe = write
+        self._watchdog, self._pipe = spawn_watchdog(__file__, [root])
 
 
 _swept = False
 
 
-class _Terminated(Exception):
-    pass
-
-
-def _terminated(signum: int, frame: object) -> None:
-    raise _Terminated
-
-
-def _watch(fd: int, root: str) -> None:
-    """The watchdog: wait for the owner to go, then stop the pooler and remove its files."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGHUP, signal.SIG_IGN)
-    # SIGTERM (someone cleaning up processes): dispose of the pooler too, then exit.
-    signal.signal(signal.SIGTERM, _terminated)
-    told = b""
-    try:
-        # End of file once every write end is closed: the owner is done, or dead.
-        while chunk := os.read(fd, 64):
-            told += chunk
-    except _Terminated:
-        told = b""
-    if _DONE not in told:
-        _dispose(root)
-
-
 if __name__ == "__main__" and sys.argv[1:2] == ["--watch"]:
-    _watch(int(sys.argv[2]), sys.argv[3])
+    _root = sys.argv[3]
+    watch(int(sys.argv[2]), lambda: _dispose(_root))

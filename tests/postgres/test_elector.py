@@ -18,7 +18,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -462,23 +462,11 @@ async def test_network_fault_between_leader_and_server_never_makes_two_leaders(
 # -- lease mode: the leadership as a row in the server's time ----------------------------
 
 
-@pytest.fixture
-async def leaders_schema(pg_server: str) -> AsyncIterator[str]:
-    """A schema for the leaders table, dropped afterwards (PgBouncer refuses search_path)."""
-    name = f"cronlock_test_leaders_{uuid.uuid4().hex[:8]}"
-    yield name
-    conn = await asyncpg.connect(pg_server)
-    try:
-        await conn.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
-    finally:
-        await conn.close()
-
-
 async def test_lease_mode_through_pgbouncer_one_leader_then_a_prompt_handover(
-    pgbouncer_dsn: str, pg_server: str, leaders_schema: str
+    pgbouncer_dsn: str, pg_server: str, server_schema: str
 ) -> None:
     name = election()
-    options: dict[str, Any] = {"name": name, "mode": "lease", "schema": leaders_schema}
+    options: dict[str, Any] = {"name": name, "mode": "lease", "schema": server_schema}
     a = PostgresElector(pgbouncer_dsn, application_name="lease-elector-a", **options)
     b = PostgresElector(pgbouncer_dsn, application_name="lease-elector-b", **options)
     async with a, b:
@@ -490,7 +478,7 @@ async def test_lease_mode_through_pgbouncer_one_leader_then_a_prompt_handover(
         conn = await asyncpg.connect(pg_server)
         try:
             row = await conn.fetchrow(
-                f'SELECT holder FROM "{leaders_schema}".cronlock_leaders WHERE name = $1', name
+                f'SELECT holder FROM "{server_schema}".cronlock_leaders WHERE name = $1', name
             )
         finally:
             await conn.close()
@@ -503,18 +491,18 @@ async def test_lease_mode_through_pgbouncer_one_leader_then_a_prompt_handover(
 
 @pytest.mark.slow
 async def test_lease_mode_sigkill_of_the_leader_through_pgbouncer_fails_over(
-    pgbouncer_dsn: str, leaders_schema: str
+    pgbouncer_dsn: str, server_schema: str
 ) -> None:
     async def sigkill(leader: ElectorProcess) -> None:
         await leader.kill()
 
-    lease = ("--mode", "lease", "--schema", leaders_schema)
+    lease = ("--mode", "lease", "--schema", server_schema)
     await failover_run(pgbouncer_dsn, pgbouncer_dsn, sigkill, "lease SIGKILL", lease)
 
 
 @pytest.mark.slow
 async def test_lease_mode_frozen_network_never_makes_two_leaders(
-    pg_server: str, leaders_schema: str
+    pg_server: str, server_schema: str
 ) -> None:
     target = urlsplit(pg_server)
     proxy = TcpProxy(target.hostname or "127.0.0.1", target.port or 5432)
@@ -523,7 +511,7 @@ async def test_lease_mode_frozen_network_never_makes_two_leaders(
     async def freeze(leader: ElectorProcess) -> None:
         proxy.set_mode("freeze")
 
-    lease = ("--mode", "lease", "--schema", leaders_schema)
+    lease = ("--mode", "lease", "--schema", server_schema)
     try:
         await failover_run(via(pg_server, port), pg_server, freeze, "lease freeze", lease)
     finally:

@@ -12,7 +12,7 @@ import logging
 import math
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -33,21 +33,9 @@ pytestmark = pytest.mark.postgres
 SLOT = datetime(2030, 1, 1, tzinfo=UTC)
 
 
-@pytest.fixture
-async def schema(pg_server: str) -> AsyncIterator[str]:
-    """A schema of the test's own on the server (PgBouncer refuses ``pg_dsn``'s search_path)."""
-    name = f"cronlock_test_pooler_{uuid.uuid4().hex[:8]}"
-    yield name
-    conn = await asyncpg.connect(pg_server)
-    try:
-        await conn.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
-    finally:
-        await conn.close()
-
-
 @pytest.mark.parametrize("cache", [0, 100], ids=["no-statement-cache", "asyncpg-default"])
 async def test_the_default_locker_through_pgbouncer_refuses_loudly_and_runs_nothing(
-    pgbouncer_dsn: str, schema: str, cache: int, caplog: pytest.LogCaptureFixture
+    pgbouncer_dsn: str, server_schema: str, cache: int, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Session mode (the default) through a transaction pooler would lose most runs
     silently: its locks would land on backends it does not own. It refuses instead: every
@@ -55,7 +43,7 @@ async def test_the_default_locker_through_pgbouncer_refuses_loudly_and_runs_noth
     no run starts, so nothing runs without exclusion. With asyncpg's statement cache as it
     comes, the pooler may first show as clashing prepared statements: the same refusal."""
     locker = PostgresLocker(
-        pgbouncer_dsn, schema=schema, connect_kwargs={"statement_cache_size": cache}
+        pgbouncer_dsn, schema=server_schema, connect_kwargs={"statement_cache_size": cache}
     )
     scheduler = Scheduler(locker=locker)
     events = Events()
@@ -79,13 +67,13 @@ async def test_the_default_locker_through_pgbouncer_refuses_loudly_and_runs_noth
 
 
 async def test_lease_mode_on_a_pool_through_pgbouncer_holds_no_connection_while_it_runs(
-    pgbouncer_dsn: str, schema: str
+    pgbouncer_dsn: str, server_schema: str
 ) -> None:
     """Given the user's pool, every statement borrows a connection for itself alone: while
     the run goes on (its lease renewed meanwhile), the locker holds none."""
     pool = await asyncpg.create_pool(pgbouncer_dsn, min_size=0, max_size=3, statement_cache_size=0)
     try:
-        async with PostgresLocker(pool, mode="lease", schema=schema, lease=2) as locker:
+        async with PostgresLocker(pool, mode="lease", schema=server_schema, lease=2) as locker:
             lease = await locker.acquire("pooled", SLOT)
             assert isinstance(lease, PostgresLease)
             await asyncio.sleep(1.5)  # past a renewal (every lease / 4 = 0.5 s)
@@ -101,7 +89,7 @@ async def test_lease_mode_on_a_pool_through_pgbouncer_holds_no_connection_while_
 
 
 async def test_a_lease_holder_cut_off_is_fenced_before_another_replica_takes_the_job(
-    pg_server: str, schema: str
+    pg_server: str, server_schema: str
 ) -> None:
     """Replica A's network to the server freezes mid-run: it cannot renew, so it ends its
     run (LockLost) before its lease could expire; replica B gets the job only after that."""
@@ -110,8 +98,8 @@ async def test_a_lease_holder_cut_off_is_fenced_before_another_replica_takes_the
     await proxy.start()
     lost_at: list[float] = []
     try:
-        a = PostgresLocker(via(pg_server, proxy.port), mode="lease", schema=schema, lease=2)
-        b = PostgresLocker(pg_server, mode="lease", schema=schema, lease=2)
+        a = PostgresLocker(via(pg_server, proxy.port), mode="lease", schema=server_schema, lease=2)
+        b = PostgresLocker(pg_server, mode="lease", schema=server_schema, lease=2)
         async with a, b:
             lease = await a.acquire("fenced", SLOT)
             assert isinstance(lease, PostgresLease)

@@ -8,12 +8,9 @@ the two left race on (no slot is missed) and a standby replica takes its place.
 from __future__ import annotations
 
 import asyncio
-import uuid
 from collections import Counter
-from collections.abc import AsyncIterator
 from datetime import datetime
 
-import asyncpg
 import pytest
 
 from cronlock import JobSkipped, JobSucceeded, RunContext, Scheduler, every
@@ -26,25 +23,14 @@ pytestmark = pytest.mark.postgres
 JOBS = [f"job-{i}" for i in range(12)]
 
 
-@pytest.fixture
-async def schema(pg_server: str) -> AsyncIterator[str]:
-    name = f"cronlock_test_racers_{uuid.uuid4().hex[:8]}"
-    yield name
-    conn = await asyncpg.connect(pg_server)
-    try:
-        await conn.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
-    finally:
-        await conn.close()
-
-
 @pytest.mark.parametrize("mode", ["session", "lease"])
 async def test_six_replicas_three_racers_every_slot_once(
-    pg_server: str, schema: str, mode: str, monkeypatch: pytest.MonkeyPatch
+    pg_server: str, server_schema: str, mode: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(_members, "MEMBERS_EVERY", 0.5)
     runs: Counter[tuple[str, datetime]] = Counter()
     lockers = [
-        PostgresLocker(pg_server, schema=schema, mode=mode, sessions=1)  # type: ignore[arg-type]
+        PostgresLocker(pg_server, schema=server_schema, mode=mode, sessions=1)  # type: ignore[arg-type]
         for _ in range(6)
     ]
     schedulers = [Scheduler(locker=locker) for locker in lockers]

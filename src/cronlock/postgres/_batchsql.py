@@ -20,6 +20,7 @@ __all__ = (
     "Prefixed",
     "catch_up_sql",
     "claim_many_sql",
+    "end_ctes",
     "finish_many_sql",
 )
 
@@ -124,7 +125,20 @@ def finish_many_sql(table: LedgerTable) -> str:
             SELECT * FROM unnest($1::text[], $2::timestamptz[], $3::text[], $4::text[],
                                  $5::bigint[], $6::boolean[]) WITH ORDINALITY
                  AS u(job, slot, outcome, error, key, undo, i)
-        ), t AS MATERIALIZED (
+        ), {end_ctes(runs)}
+        ), relaxed AS MATERIALIZED (
+            SELECT set_config('synchronous_commit', 'off', true)
+        )
+        SELECT u.i, pg_advisory_unlock(u.key) AS released
+        FROM u, relaxed"""
+
+
+def end_ctes(runs: str) -> str:
+    """The CTEs of an end of many runs that touch the runs table (``t``, ``del``, ``upd``),
+    the same in both modes: each run's row found by a primary-key probe, deleted for an
+    undo of a first attempt, else given its outcome. They read the CTE ``u`` (the arrays of
+    :func:`finish_many_sql`) and ``$7`` host, ``$8`` pid."""
+    return f"""t AS MATERIALIZED (
             SELECT u.outcome, u.error, u.undo, r.rid, r.host, r.pid, r.attempt
             FROM u JOIN LATERAL (
                 SELECT r.ctid AS rid, r.host, r.pid, r.attempt FROM {runs} r
@@ -143,12 +157,7 @@ def finish_many_sql(table: LedgerTable) -> str:
             FROM t
             WHERE r.ctid = t.rid
               AND (NOT t.undo OR (t.host = $7::text AND t.pid = $8::integer
-                                  AND t.attempt > 1))
-        ), relaxed AS MATERIALIZED (
-            SELECT set_config('synchronous_commit', 'off', true)
-        )
-        SELECT u.i, pg_advisory_unlock(u.key) AS released
-        FROM u, relaxed"""
+                                  AND t.attempt > 1))"""
 
 
 def catch_up_sql(table: LedgerTable) -> str:

@@ -21,6 +21,7 @@ UPDATE`` before renewing or releasing), so statements of different replicas cann
 
 from __future__ import annotations
 
+from ._batchsql import end_ctes
 from ._ledger import R_RUN, RUN, LedgerTable
 
 __all__ = (
@@ -121,26 +122,7 @@ def lease_finish_many_sql(table: LedgerTable) -> str:
             SELECT x.job, x.slot FROM {leases} x JOIN u ON x.job = u.job AND x.slot = u.slot
             WHERE x.holder = $9::text
             ORDER BY x.job FOR UPDATE OF x
-        ), t AS MATERIALIZED (
-            SELECT u.outcome, u.error, u.undo, r.rid, r.host, r.pid, r.attempt
-            FROM u JOIN LATERAL (
-                SELECT r.ctid AS rid, r.host, r.pid, r.attempt FROM {runs} r
-                WHERE r.job = u.job AND r.slot = u.slot AND r.finished_at IS NULL LIMIT 1
-            ) r ON true
-        ), del AS (
-            DELETE FROM {runs} r USING t
-            WHERE r.ctid = t.rid AND t.undo AND t.host = $7::text AND t.pid = $8::integer
-              AND t.attempt = 1
-        ), upd AS (
-            UPDATE {runs} r
-            SET finished_at = clock_timestamp(),
-                outcome = CASE WHEN t.undo THEN 'cancelled' ELSE t.outcome END,
-                error = CASE WHEN t.undo THEN 'cancelled before the rerun began'
-                             ELSE t.error END
-            FROM t
-            WHERE r.ctid = t.rid
-              AND (NOT t.undo OR (t.host = $7::text AND t.pid = $8::integer
-                                  AND t.attempt > 1))
+        ), {end_ctes(runs)}
         ), rel AS (
             UPDATE {leases} x SET expires_at = '-infinity'
             FROM lk WHERE x.job = lk.job AND x.holder = $9::text
