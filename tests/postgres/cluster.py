@@ -32,27 +32,9 @@ from types import TracebackType
 from typing import Literal
 
 try:
-    from .throwaway import (
-        DONE,
-        free_port,
-        orphans,
-        run_as_postgres,
-        spawn_watchdog,
-        start_time,
-        watch,
-        write_owner,
-    )
+    from . import throwaway
 except ImportError:  # run as a script (the watchdog): its folder is on sys.path
-    from throwaway import (  # type: ignore[no-redef,import-not-found]
-        DONE,
-        free_port,
-        orphans,
-        run_as_postgres,
-        spawn_watchdog,
-        start_time,
-        watch,
-        write_owner,
-    )
+    import throwaway  # type: ignore[no-redef,import-not-found]
 
 __all__ = (
     "PREFIX",
@@ -91,7 +73,7 @@ def postmaster_pid(data: str) -> int | None:
             cmdline = f.read().split(b"\0")
     except (OSError, ValueError):
         return None
-    if start_time(pid) is None or os.fsencode(data) not in cmdline:
+    if throwaway.start_time(pid) is None or os.fsencode(data) not in cmdline:
         return None  # gone, or the pid now belongs to another process
     return pid
 
@@ -131,7 +113,7 @@ def sweep() -> list[str]:
     """Stop and remove the ``/tmp/cronlock-pg-*`` clusters whose owner is gone; list them."""
     bindir = local_binaries()
     swept: list[str] = []
-    for root in orphans(PREFIX):
+    for root in throwaway.orphans(PREFIX):
         if bindir is not None:
             _dispose(root, bindir, _run_as(), grace=0)
             swept.append(root)
@@ -139,7 +121,7 @@ def sweep() -> list[str]:
 
 
 def _run_as() -> str | None:
-    return run_as_postgres(ClusterUnavailable, "for initdb")
+    return throwaway.run_as_postgres(ClusterUnavailable, "for initdb")
 
 
 _swept = False
@@ -164,7 +146,7 @@ class Cluster:
         self._watch = watchdog
         self.max_connections = max_connections
         self.options = options  # more `-c name=value` for the server, e.g. for a benchmark
-        self.port = free_port()
+        self.port = throwaway.free_port()
         self.root: str | None = None
         self._watchdog: subprocess.Popen[bytes] | None = None
         self._pipe: int | None = None
@@ -218,7 +200,7 @@ class Cluster:
         pipe, self._pipe = self._pipe, None
         if pipe is not None:
             with contextlib.suppress(OSError):
-                os.write(pipe, DONE)
+                os.write(pipe, throwaway.DONE)
             os.close(pipe)
         watchdog, self._watchdog = self._watchdog, None
         if watchdog is not None:
@@ -266,7 +248,7 @@ class Cluster:
             sweep()
         root = tempfile.mkdtemp(prefix=PREFIX)
         self.root = root
-        write_owner(root, self._run_as)
+        throwaway.write_owner(root, self._run_as)
         if self._watch:
             self._spawn_watchdog(root)
         initdb = f"{self._bindir}/initdb"
@@ -277,10 +259,10 @@ class Cluster:
 
     def _spawn_watchdog(self, root: str) -> None:
         args = [root, self._bindir] + ([self._run_as] if self._run_as else [])
-        self._watchdog, self._pipe = spawn_watchdog(__file__, args)
+        self._watchdog, self._pipe = throwaway.spawn_watchdog(__file__, args)
 
 
 if __name__ == "__main__" and sys.argv[1:2] == ["--watch"]:
     _fd, _root_dir, _bindir = int(sys.argv[2]), sys.argv[3], sys.argv[4]
     _run_as_user = sys.argv[5] if len(sys.argv) > 5 else None
-    watch(_fd, lambda: _dispose(_root_dir, _bindir, _run_as_user))
+    throwaway.watch(_fd, lambda: _dispose(_root_dir, _bindir, _run_as_user))

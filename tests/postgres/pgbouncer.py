@@ -42,27 +42,9 @@ from types import TracebackType
 from urllib.parse import parse_qs, unquote, urlsplit
 
 try:
-    from .throwaway import (
-        DONE,
-        free_port,
-        orphans,
-        run_as_postgres,
-        spawn_watchdog,
-        start_time,
-        watch,
-        write_owner,
-    )
+    from . import throwaway
 except ImportError:  # run as a script (the watchdog): its folder is on sys.path
-    from throwaway import (  # type: ignore[no-redef,import-not-found]
-        DONE,
-        free_port,
-        orphans,
-        run_as_postgres,
-        spawn_watchdog,
-        start_time,
-        watch,
-        write_owner,
-    )
+    import throwaway  # type: ignore[no-redef,import-not-found]
 
 __all__ = (
     "PREFIX",
@@ -123,7 +105,7 @@ def _pids_using(config: str) -> list[int]:
                 args = f.read().split(b"\0")
         except OSError:
             continue
-        if wanted in args and start_time(int(entry)) is not None:
+        if wanted in args and throwaway.start_time(int(entry)) is not None:
             pids.append(int(entry))
     return pids
 
@@ -160,14 +142,14 @@ def _dispose(root: str, *, grace: float = 1.0) -> None:
 def sweep() -> list[str]:
     """Stop and remove the ``/tmp/cronlock-pgbouncer-*`` poolers whose owner is gone."""
     swept: list[str] = []
-    for root in orphans(PREFIX):
+    for root in throwaway.orphans(PREFIX):
         _dispose(root, grace=0)
         swept.append(root)
     return swept
 
 
 def _run_as() -> str | None:
-    return run_as_postgres(PgBouncerUnavailable, "to run pgbouncer as")
+    return throwaway.run_as_postgres(PgBouncerUnavailable, "to run pgbouncer as")
 
 
 def _connstr_value(value: str) -> str:
@@ -241,7 +223,7 @@ class PgBouncer:
         self.default_pool_size = default_pool_size
         self.max_client_conn = max_client_conn
         self._settings = dict(settings or {})
-        self.port = free_port()
+        self.port = throwaway.free_port()
         self.root: str | None = None
         self._process: subprocess.Popen[bytes] | None = None
         self._watchdog: subprocess.Popen[bytes] | None = None
@@ -313,7 +295,7 @@ class PgBouncer:
             self._create()
         for attempt in range(5):
             if attempt:  # the port was taken between choosing and binding it: another one
-                self.port = free_port()
+                self.port = throwaway.free_port()
             self._write_config()
             try:
                 if self._launch():
@@ -332,7 +314,7 @@ class PgBouncer:
         pipe, self._pipe = self._pipe, None
         if pipe is not None:
             with contextlib.suppress(OSError):
-                os.write(pipe, DONE)
+                os.write(pipe, throwaway.DONE)
             os.close(pipe)
         watchdog, self._watchdog = self._watchdog, None
         if watchdog is not None:
@@ -396,7 +378,7 @@ class PgBouncer:
             sweep()
         root = tempfile.mkdtemp(prefix=PREFIX)
         self.root = root
-        write_owner(root, None)
+        throwaway.write_owner(root, None)
         # The watchdog first: a start that is under way when the owner dies is caught too.
         if self._watch:
             self._spawn_watchdog(root)
@@ -492,7 +474,7 @@ class PgBouncer:
         return "\n".join(self.log.splitlines()[-lines:])
 
     def _spawn_watchdog(self, root: str) -> None:
-        self._watchdog, self._pipe = spawn_watchdog(__file__, [root])
+        self._watchdog, self._pipe = throwaway.spawn_watchdog(__file__, [root])
 
 
 _swept = False
@@ -500,4 +482,4 @@ _swept = False
 
 if __name__ == "__main__" and sys.argv[1:2] == ["--watch"]:
     _root = sys.argv[3]
-    watch(int(sys.argv[2]), lambda: _dispose(_root))
+    throwaway.watch(int(sys.argv[2]), lambda: _dispose(_root))
