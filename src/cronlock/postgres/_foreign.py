@@ -5,11 +5,12 @@ key: a Go service using the seed's recipe, ``locked_run`` on the same name, a cr
 service with ``bare_keys=True`` sharing the database. Every claim of that job is then
 answered ``"locked"``, and its slots are lost without any error. So a ``"locked"`` answer
 sets off a look at who holds the key: at most once per job every :data:`LOOK_EVERY`
-seconds, one look at a time. A holder with no unfinished run of the job in this ledger and
-no live lease of it, seen twice :data:`CONFIRM_AFTER` seconds apart (a racing claimant of
-our own holds its lock only for its claim statement, and its row is committed by then),
-is reported: a WARNING once per job, the locker's ``foreign_holders`` counter, and the
-callbacks (the scheduler emits :class:`cronlock.LockHeldElsewhere`).
+seconds, and one look every :data:`LOOK_SPACING` seconds per locker. A holder with no
+unfinished run of the job in this ledger and no live lease of it, seen twice
+:data:`CONFIRM_AFTER` seconds apart (a racing claimant of our own holds its lock only for
+its claim statement, and its row is committed by then), is reported: a WARNING once per
+job, the locker's ``foreign_holders`` counter, and the callbacks (the scheduler emits
+:class:`cronlock.LockHeldElsewhere`).
 """
 
 from __future__ import annotations
@@ -25,12 +26,15 @@ from ._backend_errors import gone_or_failed_types
 from ._ledger import LedgerTable
 from ._session import LockSession
 
-__all__ = ("CONFIRM_AFTER", "LOOK_EVERY", "ForeignCallback", "ForeignHolders")
+__all__ = ("CONFIRM_AFTER", "LOOK_EVERY", "LOOK_SPACING", "ForeignCallback", "ForeignHolders")
 
 _logger = get_logger("cronlock.postgres")
 
 LOOK_EVERY = 60.0
 """Seconds between two looks at one job's lock holder, at most."""
+LOOK_SPACING = 5.0
+"""Seconds between two looks of one locker, whatever the job: a burst's thousands of
+refusals cost one look, and claims never queue behind looks."""
 CONFIRM_AFTER = 0.2
 """Seconds between the two sightings of a holder outside the fleet before it is reported."""
 
@@ -60,6 +64,7 @@ class ForeignHolders:
         self._reported: set[str] = set()
         self._callbacks: list[ForeignCallback] = []
         self._tasks: set[asyncio.Task[None]] = set()
+        self._next_look = float("-inf")
         self.found = 0
         """Jobs reported held outside the fleet."""
 
@@ -74,9 +79,10 @@ class ForeignHolders:
         if job in self._reported or self._tasks:
             return  # one look at a time: a burst of refusals costs one statement, not many
         now = asyncio.get_running_loop().time()
-        if now - self._looked.get(job, float("-inf")) < LOOK_EVERY:
+        if now < self._next_look or now - self._looked.get(job, float("-inf")) < LOOK_EVERY:
             return
         self._looked[job] = now
+        self._next_look = now + LOOK_SPACING
         if len(self._looked) > 4096:
             del self._looked[next(iter(self._looked))]
         task = asyncio.create_task(

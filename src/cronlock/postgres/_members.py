@@ -59,7 +59,11 @@ def _point(text: str) -> int:
 
 def heartbeat_sql(table: LedgerTable) -> str:
     """``$1`` holder, ``$2`` group digest, ``$3`` seconds to live: upsert this member and
-    return the other live members of its group (rows expired long ago are deleted)."""
+    return the other live members of its group (rows expired long ago are deleted).
+
+    Its commit does not wait for the disk (``synchronous_commit`` off for this transaction):
+    a member row is soft state, rewritten every period, and a flush here would hold the
+    lock session, and the claims queued on it, for as long as the disk takes."""
     members = table.members
     return f"""
         WITH me AS (
@@ -69,8 +73,10 @@ def heartbeat_sql(table: LedgerTable) -> str:
             SET fleet = EXCLUDED.fleet, expires_at = EXCLUDED.expires_at
         ), gone AS (
             DELETE FROM {members} WHERE expires_at < clock_timestamp() - interval '1 hour'
+        ), relaxed AS MATERIALIZED (
+            SELECT set_config('synchronous_commit', 'off', true)
         )
-        SELECT holder FROM {members}
+        SELECT holder FROM {members}, relaxed
         WHERE fleet = $2 AND expires_at > clock_timestamp() AND holder <> $1"""
 
 
@@ -186,9 +192,10 @@ class Membership:
         self._see([row["holder"] for row in rows])
 
     async def _beat_forever(self) -> None:
-        # The first beat a random part of a period in: replicas started together spread
-        # their heartbeats out, and a session just opened serves its first claims first.
-        await asyncio.sleep(random.uniform(0.1, 0.5) * MEMBERS_EVERY)
+        # The first beat half a period in or later (a random part of it): replicas started
+        # together spread their heartbeats out, and a session just opened serves its
+        # start-up claims and catch-up first. Until then, this replica races.
+        await asyncio.sleep(random.uniform(0.5, 1.0) * MEMBERS_EVERY)
         while True:
             try:
                 await self.beat()
