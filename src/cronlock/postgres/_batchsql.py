@@ -19,6 +19,7 @@ __all__ = (
     "UNLOCK_MANY_SQL",
     "Prefixed",
     "catch_up_sql",
+    "claim_inputs",
     "claim_many_sql",
     "end_ctes",
     "finish_many_sql",
@@ -58,20 +59,7 @@ def claim_many_sql(table: LedgerTable) -> str:
     """
     runs = table.runs
     return f"""
-        WITH u AS MATERIALIZED (
-            SELECT u.i, u.key, u.job, u.slot, seen.job IS NOT NULL AS ran,
-                   coalesce(pz.paused, false) AS paused
-            FROM unnest($1::bigint[], $2::text[], $3::timestamptz[]) WITH ORDINALITY
-                 AS u(key, job, slot, i)
-            LEFT JOIN LATERAL (
-                SELECT r.job FROM {runs} r WHERE r.job = u.job AND r.slot = u.slot LIMIT 1
-            ) seen ON true
-            LEFT JOIN LATERAL (
-                SELECT true AS paused FROM {table.control} pc
-                WHERE pc.job = u.job AND pc.paused_at IS NOT NULL
-                  AND pc.trigger_slot IS DISTINCT FROM u.slot
-                LIMIT 1
-            ) pz ON true
+        WITH u AS MATERIALIZED ({claim_inputs(table)}
         ), l AS MATERIALIZED (
             SELECT u.i, u.key, u.job, u.slot, u.ran, u.paused,
                    CASE WHEN u.ran OR u.paused THEN false
@@ -100,6 +88,28 @@ def claim_many_sql(table: LedgerTable) -> str:
               AND r.finished_at IS NOT NULL
             ORDER BY r.slot DESC LIMIT 1
         ) p ON true"""
+
+
+def claim_inputs(table: LedgerTable) -> str:
+    """The body of the claims' first CTE, ``u``, the same in both modes: the arrays ``$1``
+    keys, ``$2`` jobs, ``$3`` slots, each row with whether its slot is in the ledger
+    already (*ran*) and whether its job is paused fleet-wide (the triggered slot exempt),
+    each a primary-key probe (``LATERAL ... LIMIT 1``)."""
+    runs = table.runs
+    return f"""
+            SELECT u.i, u.key, u.job, u.slot, seen.job IS NOT NULL AS ran,
+                   coalesce(pz.paused, false) AS paused
+            FROM unnest($1::bigint[], $2::text[], $3::timestamptz[]) WITH ORDINALITY
+                 AS u(key, job, slot, i)
+            LEFT JOIN LATERAL (
+                SELECT r.job FROM {runs} r WHERE r.job = u.job AND r.slot = u.slot LIMIT 1
+            ) seen ON true
+            LEFT JOIN LATERAL (
+                SELECT true AS paused FROM {table.control} pc
+                WHERE pc.job = u.job AND pc.paused_at IS NOT NULL
+                  AND pc.trigger_slot IS DISTINCT FROM u.slot
+                LIMIT 1
+            ) pz ON true"""
 
 
 def finish_many_sql(table: LedgerTable) -> str:

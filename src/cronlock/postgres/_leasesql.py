@@ -21,7 +21,7 @@ UPDATE`` before renewing or releasing), so statements of different replicas cann
 
 from __future__ import annotations
 
-from ._batchsql import end_ctes
+from ._batchsql import claim_inputs, end_ctes
 from ._ledger import R_RUN, RUN, LedgerTable
 
 __all__ = (
@@ -49,20 +49,7 @@ def lease_claim_many_sql(table: LedgerTable) -> str:
     """
     runs, leases = table.runs, table.leases
     return f"""
-        WITH u AS MATERIALIZED (
-            SELECT u.i, u.key, u.job, u.slot, seen.job IS NOT NULL AS ran,
-                   coalesce(pz.paused, false) AS paused
-            FROM unnest($1::bigint[], $2::text[], $3::timestamptz[]) WITH ORDINALITY
-                 AS u(key, job, slot, i)
-            LEFT JOIN LATERAL (
-                SELECT r.job FROM {runs} r WHERE r.job = u.job AND r.slot = u.slot LIMIT 1
-            ) seen ON true
-            LEFT JOIN LATERAL (
-                SELECT true AS paused FROM {table.control} pc
-                WHERE pc.job = u.job AND pc.paused_at IS NOT NULL
-                  AND pc.trigger_slot IS DISTINCT FROM u.slot
-                LIMIT 1
-            ) pz ON true
+        WITH u AS MATERIALIZED ({claim_inputs(table)}
         ), l AS MATERIALIZED (
             SELECT u.i, u.job, u.slot, u.ran, u.paused,
                    CASE WHEN u.ran OR u.paused THEN false
