@@ -23,6 +23,7 @@ __all__ = (
     "claim_many_sql",
     "end_ctes",
     "finish_many_sql",
+    "told_columns",
 )
 
 TRY_LOCK_MANY_SQL = """
@@ -78,7 +79,14 @@ def claim_many_sql(table: LedgerTable) -> str:
         SELECT c.i, c.ran, c.paused, c.got, c.started_at,
                CASE WHEN c.got AND c.started_at IS NULL
                     THEN pg_advisory_unlock(c.key) END AS undone,
-               p.slot AS p_slot, p.started_at AS p_started_at,
+               {told_columns(runs)}"""
+
+
+def told_columns(runs: str) -> str:
+    """The end of a claim statement, the same in both modes: the ``p_*`` columns, and the
+    ``FROM c`` they come with: for a refused row, the job's latest finished run at or
+    before that slot (one backward step on the primary key, skipped for granted rows)."""
+    return f"""p.slot AS p_slot, p.started_at AS p_started_at,
                p.finished_at AS p_finished_at, p.outcome AS p_outcome, p.error AS p_error,
                p.host AS p_host, p.pid AS p_pid, p.attempt AS p_attempt
         FROM c

@@ -21,8 +21,8 @@ UPDATE`` before renewing or releasing), so statements of different replicas cann
 
 from __future__ import annotations
 
-from ._batchsql import claim_inputs, end_ctes
-from ._ledger import R_RUN, RUN, LedgerTable
+from ._batchsql import claim_inputs, end_ctes, told_columns
+from ._ledger import R_RUN, LedgerTable
 
 __all__ = (
     "lease_claim_many_sql",
@@ -79,16 +79,7 @@ def lease_claim_many_sql(table: LedgerTable) -> str:
         )
         SELECT c.i, c.ran, c.paused, c.got, c.started_at,
                c.got AND c.started_at IS NULL AS stray,
-               p.slot AS p_slot, p.started_at AS p_started_at,
-               p.finished_at AS p_finished_at, p.outcome AS p_outcome, p.error AS p_error,
-               p.host AS p_host, p.pid AS p_pid, p.attempt AS p_attempt
-        FROM c
-        LEFT JOIN LATERAL (
-            SELECT {RUN} FROM {runs} r
-            WHERE c.started_at IS NULL AND r.job = c.job AND r.slot <= c.slot
-              AND r.finished_at IS NOT NULL
-            ORDER BY r.slot DESC LIMIT 1
-        ) p ON true"""
+               {told_columns(runs)}"""
 
 
 def lease_finish_many_sql(table: LedgerTable) -> str:
