@@ -1,4 +1,7 @@
-"""The project's workflow: ``nox -s tests lint typing docs`` (``nox -s bench`` is separate)."""
+"""The project's workflow: ``nox -s tests lint typing docs``.
+
+``bench``, ``fleet`` and ``soak`` are separate.
+"""
 
 from __future__ import annotations
 
@@ -66,3 +69,10 @@ def fleet(session: nox.Session) -> None:
     """Fleet scale: 3/30/100 replica processes, throwaway clusters (``-- --quick``, ``--rows``)."""
     session.install("-e", ".[postgres]")
     session.run("python", "benchmarks/fleet.py", *session.posargs)
+
+
+@nox.session
+def soak(session: nox.Session) -> None:
+    """The nemesis soak, both modes, 60 s of faults each (``-- --minutes 30``, ``--seed N``)."""
+    session.install("-e", ".[postgres]")
+    session.run("python", "benchmarks/soak/run.py", *session.posargs)

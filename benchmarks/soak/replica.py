@@ -1,0 +1,161 @@
+"""One replica of the soak: a service as users write it, a dozen jobs, effects on disk.
+
+    python benchmarks/soak/replica.py --dsn DSN --mode lease --id 1 --effects FILE
+
+Each run appends a ``start`` line to *FILE* (JSON: job, slot, replica, pid, true wall
+time) as its first act and an ``end`` line as its last (``cancel`` when it was cancelled):
+an append-only file written with one ``write(2)`` per line, so what a run did outlives a
+SIGKILL of its process. Skipped slots (``JobSkipped``) and lost locks (``LockLost``) are
+appended too, for the post-mortem. The jobs are :data:`JOBS` (the checker reads the same
+table). ``ready`` is printed on stdout once the scheduler runs; SIGTERM stops it cleanly
+(``stopped`` is printed, exit status 0). SIGUSR1 steps the replica's clock to the offset
+written in ``FILE.clock`` (seconds), as a host clock step would.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import signal
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import timedelta
+
+from cronlock import Event, JobEvent, JobSkipped, LockFailed, LockLost, RunContext, Scheduler, every
+from cronlock.postgres import Keepalives, PostgresLocker
+from cronlock.testing import OffsetClock
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """One job of the soak: every *interval* s, its body sleeps *duration* s."""
+
+    name: str
+    interval: float
+    duration: float
+    recover: bool = False
+
+
+JOBS = (
+    *(JobSpec(f"quick-{i}", 1.0, 0.05) for i in range(1, 7)),
+    JobSpec("half-1", 2.0, 0.3),
+    JobSpec("half-2", 2.0, 0.3),
+    JobSpec("slow-1", 1.0, 2.5),  # runs longer than its interval: slots between are skipped
+    JobSpec("slow-2", 3.0, 7.0),
+    JobSpec("slow-3", 2.0, 3.0),
+    JobSpec("recovered", 5.0, 1.5, recover=True),
+)
+"""The soak's jobs: six quick ones every second, two every 2 s, three slow ones (runs
+longer than their interval) and one with ``recover=True``."""
+
+LEASE = 6.0
+"""The soak's lease (lease mode): renewed every 1.5 s, fenced 4.5 s after a renewal was sent."""
+HEARTBEAT = 2.0
+"""Session mode: a lock session is checked every 2 s ..."""
+STATEMENT_TIMEOUT = 2.0
+"""... and a statement not answered within 2 s fails: a dead session is noticed in ~4 s."""
+KEEPALIVES = Keepalives(idle=3, interval=1, count=3, user_timeout=6.0)
+"""Session mode: the server drops a silent client's session after ~6 s."""
+MISFIRE_GRACE = 30.0
+
+
+class Effects:
+    """The replica's append-only effects file: one ``write(2)`` per JSON line."""
+
+    def __init__(self, path: str, replica: int) -> None:
+        self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        self._replica = replica
+        self._pid = os.getpid()
+
+    def write(self, kind: str, job: str, slot: float, **more: object) -> None:
+        fields = {"e": kind, "job": job, "slot": slot, "rep": self._replica, "pid": self._pid}
+        fields["t"] = time.time()  # true time: the effects are judged against one clock
+        fields.update(more)
+        os.write(self._fd, (json.dumps(fields) + "\n").encode())
+
+
+def job_body(effects: Effects, spec: JobSpec) -> Callable[[RunContext], Awaitable[None]]:
+    """The task of *spec*: record the start, work for its duration, record the end."""
+
+    async def run(context: RunContext) -> None:
+        slot = context.slot.timestamp()
+        effects.write("start", spec.name, slot)
+        try:
+            await asyncio.sleep(spec.duration)
+        except asyncio.CancelledError:
+            effects.write("cancel", spec.name, slot)
+            raise
+        effects.write("end", spec.name, slot)
+
+    run.__name__ = spec.name.replace("-", "_")
+    return run
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--dsn", required=True)
+    parser.add_argument("--mode", choices=("session", "lease"), required=True)
+    parser.add_argument("--id", type=int, required=True)
+    parser.add_argument("--effects", required=True)
+    args = parser.parse_args()
+    logging.basicConfig(
+        stream=sys.stderr,
+        level=logging.INFO,
+        format=f"%(created).3f r{args.id} %(levelname)s %(name)s: %(message)s",
+    )
+    effects = Effects(args.effects, args.id)
+    clock = OffsetClock(0)
+    locker = PostgresLocker(
+        args.dsn,
+        mode=args.mode,
+        lease=LEASE,
+        heartbeat=HEARTBEAT,
+        statement_timeout=STATEMENT_TIMEOUT,
+        keepalives=KEEPALIVES,
+        application_name=f"cronlock-soak-{args.id}",
+    )
+    scheduler = Scheduler(locker=locker, clock=clock, stop_timeout=3)
+    for spec in JOBS:
+        scheduler.add_job(
+            job_body(effects, spec),
+            every(spec.interval),
+            name=spec.name,
+            recover=spec.recover,
+            misfire_grace=MISFIRE_GRACE,
+        )
+
+    def report(event: Event) -> None:
+        if not isinstance(event, JobEvent):
+            return
+        slot = event.slot.timestamp()
+        if isinstance(event, JobSkipped):
+            effects.write("skip", event.job, slot, reason=event.reason)
+        elif isinstance(event, LockLost):
+            effects.write("lost", event.job, slot, why=repr(event.exception))
+        elif isinstance(event, LockFailed):
+            effects.write("lockfailed", event.job, slot, why=type(event.exception).__name__)
+
+    scheduler.subscribe(report, JobSkipped, LockLost, LockFailed)
+
+    def step_clock() -> None:
+        with open(args.effects + ".clock") as f:
+            clock.offset = timedelta(seconds=float(f.read()))
+        logging.getLogger("soak").warning("clock stepped to %+.3f s", clock.offset.total_seconds())
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGTERM, stop.set)
+    loop.add_signal_handler(signal.SIGUSR1, step_clock)
+    async with scheduler:
+        print("ready", flush=True)
+        await stop.wait()
+    print("stopped", flush=True)
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
