@@ -16,7 +16,11 @@ that see the list a moment apart only disagree on who claims, never on the exclu
 ledger and the job's lock or lease still decide who runs. The price: if every active
 replica dies at once, no slot runs until the members table forgets them (their rows expire
 after :data:`MEMBER_TTL` seconds); one dying leaves the others racing, as in a small fleet.
-A replica that stops deletes its row, so a rolling deploy hands over at once.
+A replica that stops deletes its row, so a rolling deploy hands over at once. A replica
+races for its first ``3 * MEMBERS_EVERY`` seconds whatever its rank: it cannot yet tell a
+member that died from a live one, and it is most often the replacement of one that died
+(a crash loop, a killed pod), so a fleet whose racers keep dying and coming back never
+waits for their rows to expire. The price is a few more racers while a deploy rolls.
 
 Replicas are grouped by the set of jobs they have (a digest): during a rolling deploy that
 adds a job, the replicas that have it choose racers among themselves.
@@ -101,6 +105,7 @@ class Membership:
         self._members: tuple[str, ...] = ()
         self._rank = 0  # members whose names hash lower than ours
         self._seen_at = float("-inf")
+        self._born = monotonic()
         self._task: asyncio.Task[None] | None = None
         self.beats = 0
         """Heartbeat statements sent."""
@@ -117,9 +122,15 @@ class Membership:
 
     def standing_by(self) -> bool:
         """Whether this replica stands by: the fleet has more than *racers* members and
-        *racers* of them hash lower. False while the members are not known."""
+        *racers* of them hash lower. False while the members are not known, and while this
+        replica is young (its first three heartbeat periods: see the module)."""
         racers = self._racers
-        return racers is not None and self.size > racers and self._rank >= racers
+        return (
+            racers is not None
+            and self.size > racers
+            and self._rank >= racers
+            and monotonic() - self._born >= 3 * MEMBERS_EVERY
+        )
 
     def spread(self) -> float:
         """How many times less often than alone each fleet-wide background chore runs here:
