@@ -43,7 +43,8 @@ def claim_many_sql(table: LedgerTable) -> str:
     Row by row: the slot already in the ledger (*ran*) or the job paused skips the lock; a
     lock granted for a slot another replica claimed meanwhile is given back in the same
     statement (the ``ON CONFLICT`` is what makes the claim unique; the pre-check only saves
-    the lock churn). The claim records this session's backend pid (``session``): that is
+    the lock churn, and a row another transaction is deleting does not count, see
+    :func:`claim_inputs`). The claim records this session's backend pid (``session``): that is
     how a crashed run is told from one in progress (:mod:`._crashes`).
 
     Arrays ``$1`` keys, ``$2`` jobs, ``$3`` slots; ``$4`` host, ``$5`` pid. Answers
@@ -102,7 +103,15 @@ def claim_inputs(table: LedgerTable) -> str:
     """The body of the claims' first CTE, ``u``, the same in both modes: the arrays ``$1``
     keys, ``$2`` jobs, ``$3`` slots, each row with whether its slot is in the ledger
     already (*ran*) and whether its job is paused fleet-wide (the triggered slot exempt),
-    each a primary-key probe (``LATERAL ... LIMIT 1``)."""
+    each a primary-key probe (``LATERAL ... LIMIT 1``).
+
+    A row that another transaction is changing (``xmax`` set: the undo of a cancelled claim
+    deleting it, or a finish still in flight) is not taken as *ran*: this statement's
+    snapshot still shows the row even when its delete is about to commit, and answering
+    ``"already_ran"`` from it would lose a slot nobody ran. Such a row takes the full path
+    instead (the exclusion, then the ``ON CONFLICT`` insert, which waits for that
+    transaction and sees its outcome). Rows not being changed, the ordinary case, still
+    skip the exclusion."""
     runs = table.runs
     return f"""
             SELECT u.i, u.key, u.job, u.slot, seen.job IS NOT NULL AS ran,
@@ -110,7 +119,8 @@ def claim_inputs(table: LedgerTable) -> str:
             FROM unnest($1::bigint[], $2::text[], $3::timestamptz[]) WITH ORDINALITY
                  AS u(key, job, slot, i)
             LEFT JOIN LATERAL (
-                SELECT r.job FROM {runs} r WHERE r.job = u.job AND r.slot = u.slot LIMIT 1
+                SELECT r.job FROM {runs} r
+                WHERE r.job = u.job AND r.slot = u.slot AND r.xmax = '0'::xid LIMIT 1
             ) seen ON true
             LEFT JOIN LATERAL (
                 SELECT true AS paused FROM {table.control} pc
@@ -128,9 +138,15 @@ def finish_many_sql(table: LedgerTable) -> str:
     a claim whose caller was cancelled before its run began: deleted, so that another
     replica may still run the slot, or, for the rerun of a crashed run (attempt 2),
     recorded ``"cancelled"``: the row also stands for the first attempt, and no replica may
-    take the slot over again. Answers (i, released). The unlock takes effect at once and
-    the row at commit, a moment later: another replica that takes the lock in between
-    finds the slot claimed either way. The commit does not wait for its WAL flush
+    take the slot over again. Answers (i, released).
+
+    The rows are changed before any lock is given back (the final projection reads
+    ``written``, so the ``DELETE`` and ``UPDATE`` run first), and the claim's pre-check does
+    not trust a row being changed (:func:`claim_inputs`): the unlocks take effect at once
+    and the changes at commit, a moment later, and a claim in between that takes the lock
+    has its insert wait for this commit, then runs the slot an undo gave back (or finds the
+    slot claimed, for an outcome). No claim can take a deleted-but-uncommitted claim for a
+    slot that ran. The commit does not wait for its WAL flush
     (``synchronous_commit`` off for this transaction only): a server crash can lose an
     outcome written just before it, leaving the run "unfinished", but never a claim.
     Rows are found by a primary-key probe each (``LATERAL ... LIMIT 1``), then
@@ -146,16 +162,19 @@ def finish_many_sql(table: LedgerTable) -> str:
         ), {end_ctes(runs)}
         ), relaxed AS MATERIALIZED (
             SELECT set_config('synchronous_commit', 'off', true)
+        ), written AS MATERIALIZED (
+            SELECT (SELECT count(*) FROM del) + (SELECT count(*) FROM upd) AS n
         )
         SELECT u.i, pg_advisory_unlock(u.key) AS released
-        FROM u, relaxed"""
+        FROM u, relaxed, written"""
 
 
 def end_ctes(runs: str) -> str:
     """The CTEs of an end of many runs that touch the runs table (``t``, ``del``, ``upd``),
     the same in both modes: each run's row found by a primary-key probe, deleted for an
     undo of a first attempt, else given its outcome. They read the CTE ``u`` (the arrays of
-    :func:`finish_many_sql`) and ``$7`` host, ``$8`` pid."""
+    :func:`finish_many_sql`) and ``$7`` host, ``$8`` pid; ``del`` and ``upd`` return the job
+    of each row they changed."""
     return f"""t AS MATERIALIZED (
             SELECT u.outcome, u.error, u.undo, r.rid, r.host, r.pid, r.attempt
             FROM u JOIN LATERAL (
@@ -166,6 +185,7 @@ def end_ctes(runs: str) -> str:
             DELETE FROM {runs} r USING t
             WHERE r.ctid = t.rid AND t.undo AND t.host = $7::text AND t.pid = $8::integer
               AND t.attempt = 1
+            RETURNING r.job
         ), upd AS (
             UPDATE {runs} r
             SET finished_at = clock_timestamp(),
@@ -175,7 +195,8 @@ def end_ctes(runs: str) -> str:
             FROM t
             WHERE r.ctid = t.rid
               AND (NOT t.undo OR (t.host = $7::text AND t.pid = $8::integer
-                                  AND t.attempt > 1))"""
+                                  AND t.attempt > 1))
+            RETURNING r.job"""
 
 
 def catch_up_sql(table: LedgerTable) -> str:
