@@ -27,6 +27,8 @@ from cronlock import (
     JobStarted,
     JobSucceeded,
     LockError,
+    LockLost,
+    RunContext,
     RunRecord,
     Scheduler,
     SystemClock,
@@ -426,3 +428,50 @@ async def test_history_and_status_show_crashed_runs_and_reruns(
     status = await cli("status", job, "--dsn", pg_dsn, "--table", ledger.table)
     assert status.returncode == 0, status.stderr
     assert "2030-01-01 03:00:00 crashed" in status.stdout
+
+
+async def test_a_run_cut_off_by_a_lost_lock_is_rerun_with_recover(
+    pg_dsn: str, app_name: str, admin: Any, ledger: LedgerTable
+) -> None:
+    """Found by the soak (benchmarks/soak, a server crash-restart): a run of a
+    ``recover=True`` job cut off because its lock session died (outcome ``lock_lost``) was
+    never run again, unless another replica happened to mark it crashed before its late
+    outcome was written. It is a crash like any other: its slot is rerun, once."""
+    locker = PostgresLocker(
+        pg_dsn, application_name=app_name, table=ledger.table, sessions=1, heartbeat=0.2
+    )
+    scheduler = Scheduler(locker=locker)
+    events = Events()
+    scheduler.subscribe(events)
+    calls: list[datetime] = []
+    running = asyncio.Event()
+
+    async def work(ctx: RunContext) -> None:
+        calls.append(ctx.slot)
+        if len(calls) == 1:
+            running.set()
+            await asyncio.sleep(60)  # cut off by the lost lock
+
+    job = new_job()
+    scheduler.add_job(work, every(4.0), name=job, recover=True, misfire_grace=60)
+    async with scheduler:
+        async with asyncio.timeout(30):
+            await running.wait()
+        first = calls[0]
+        killed = await admin.fetchval(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+            " WHERE application_name = $1",
+            app_name,
+        )
+        assert killed >= 1
+        async with asyncio.timeout(30):
+            while calls.count(first) < 2 or not events.of(JobSucceeded):
+                await asyncio.sleep(0.05)
+            while (await row_of(admin, ledger, job, first))["outcome"] != "succeeded":
+                await asyncio.sleep(0.05)
+    assert [lost.slot for lost in events.of(LockLost)] == [first]
+    [crashed] = events.of(JobCrashed)
+    assert (crashed.slot, crashed.recovered) == (first, True)
+    assert calls.count(first) == 2
+    row = await row_of(admin, ledger, job, first)
+    assert (row["outcome"], row["attempt"]) == ("succeeded", 2)

@@ -13,6 +13,13 @@ it can never make a live run look crashed, since a live run's session keeps its 
 The replica that marked a row tells its callbacks (the scheduler); if one will rerun the
 slot, the locker's next acquire of that slot uses :func:`recover_sql`, which takes the row
 over only while it is ``crashed`` on its first attempt: one rerun fleet-wide, never more.
+
+A run cut off because its lock was lost (its session died, or its lease could not be
+renewed: outcome ``lock_lost``) did not finish either, and is reported the same way by the
+replica that ran it (:meth:`CrashWatch.lost`), once its outcome is in the ledger: a job
+with ``recover=True`` has that slot run again too (a server restart or failover cuts off
+every run in flight; they are not lost for good). The takeover treats ``lock_lost`` on a
+first attempt as it treats ``crashed``.
 """
 
 from __future__ import annotations
@@ -62,10 +69,10 @@ def recover_sql(table: LedgerTable) -> str:
 
     The same parameters and answers as :func:`._batchsql.claim_many_sql` (*ran* is always
     false: the row is expected; a job paused fleet-wide is refused as by the claim). Only a
-    row marked ``crashed`` on its first attempt is taken over (attempt 2, this replica as
-    owner, started now), so a slot is rerun at most once fleet-wide, and one whose rerun
-    crashed too is left ``crashed``. A lock granted for a row that cannot be taken over is
-    given back in the same statement.
+    row marked ``crashed`` (or ``lock_lost``) on its first attempt is taken over (attempt 2,
+    this replica as owner, started now), so a slot is rerun at most once fleet-wide, and one
+    whose rerun crashed too is left ``crashed``. A lock granted for a row that cannot be
+    taken over is given back in the same statement.
     """
     return f"""
         WITH p AS MATERIALIZED (
@@ -83,7 +90,7 @@ def recover_sql(table: LedgerTable) -> str:
             SET host = EXCLUDED.host, pid = EXCLUDED.pid, session = EXCLUDED.session,
                 started_at = clock_timestamp(), finished_at = NULL, outcome = NULL,
                 error = NULL, attempt = r.attempt + 1
-            WHERE r.outcome = 'crashed' AND r.attempt = 1
+            WHERE r.outcome IN ('crashed', 'lock_lost') AND r.attempt = 1
             RETURNING r.started_at
         ), c AS MATERIALIZED (
             SELECT l.paused, l.got, (SELECT started_at FROM up) AS started_at FROM l
@@ -158,8 +165,14 @@ class CrashWatch:
             self._report(row["job"], to_record(row))
         return len(rows)
 
-    def _report(self, job: str, record: RunRecord) -> None:
-        self.marked += 1
+    def lost(self, job: str, record: RunRecord) -> None:
+        """This replica's run *record* of *job* (first attempt) was cut off because its lock
+        was lost, and its outcome is now in the ledger: report it as a crash (a callback may
+        rerun the slot, taking the ``lock_lost`` row over)."""
+        self._report(job, record, marked=False)
+
+    def _report(self, job: str, record: RunRecord, *, marked: bool = True) -> None:
+        self.marked += marked
         rerun = False
         for callback in tuple(self._callbacks):
             try:
@@ -174,13 +187,14 @@ class CrashWatch:
             if len(self._recoverable) > _REMEMBER:
                 del self._recoverable[next(iter(self._recoverable))]
         _logger.warning(
-            "job %r slot %s: the run by %s (started %s, attempt %d) crashed (%s); marked crashed%s",
+            "job %r slot %s: the run by %s (started %s, attempt %d) crashed (%s); %s%s",
             job,
             record.slot.isoformat(),
             record.owner,
             record.started_at.isoformat(),
             record.attempt,
             record.error,
+            "marked crashed" if marked else "its lock was lost",
             "; this replica runs it again" if rerun else "",
             extra=at(job, record.slot),
         )

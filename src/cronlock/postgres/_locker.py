@@ -264,14 +264,14 @@ class PostgresLocker(HeldOpenByBlocks, ReadsLedger):
             self._count.busy_here += 1
             say(_logger, DEBUG, job, slot, "already running in this process")
             return "locked"
+        # A slot whose crashed run this replica said it would rerun is claimed by taking
+        # that run's row over (once: a failed attempt is not retried), even if it was ours.
+        rerun = self._crashes is not None and self._crashes.take(job, slot)
         claimed = self._claimed.get(job)
-        if claimed and slot in claimed:
+        if claimed and slot in claimed and not rerun:
             self._count.busy_here += 1
             say(_logger, DEBUG, job, slot, "already claimed by this process")
             return "already_ran"
-        # A slot whose crashed run this replica said it would rerun is claimed by taking
-        # that run's row over (once: a failed attempt is not retried).
-        rerun = self._crashes is not None and self._crashes.take(job, slot)
         # In a fleet of more than `racers`, only `racers` replicas claim (._members).
         if (
             self._members is not None

@@ -13,6 +13,7 @@ import asyncio
 import os
 import random
 from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import replace
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -224,6 +225,15 @@ class Upkeep:
                 # error on upkeep leaves it sound. Either way, try again next tick.
                 _logger.debug("lock session upkeep failed: %r", exc)
 
+    def _report_lost(self, late: list[tuple[str, datetime, RunRecord, int]]) -> None:
+        """Runs cut off by a lost lock, now written: crashes for recovery (:mod:`._crashes`)."""
+        crashes = self._crashes
+        if crashes is None:
+            return
+        for job, slot, record, attempt in late:
+            if record.outcome == "lock_lost" and attempt == 1:
+                crashes.lost(job, replace(record, slot=slot, owner=f"{self._host}:{os.getpid()}"))
+
     async def flush(self, session: LockSession, conn: Any, generation: int) -> None:
         """Write changed job schedules and outcomes of lost leases, on *session*."""
         table = self._table
@@ -255,6 +265,7 @@ class Upkeep:
             except BaseException:
                 self._late[:0] = late
                 raise
+            self._report_lost(late)
         if not self._dirty:
             return
         dirty, self._dirty, self._dirty_at = self._dirty, set(), None
