@@ -117,7 +117,7 @@ async def test_a_replacement_races_while_its_dead_predecessors_rows_live(
     scheduler.subscribe(seen)
     me = _members._point(locker._holder)
     digest = f"{_members._point('pulse'):016x}"
-    dead = []  # names of dead replicas that hash lower than this one's
+    dead: list[str] = []  # names of dead replicas that hash lower than this one's
     names = (f"dead-{i}" for i in itertools.count())
     while len(dead) < 3:
         name = next(names)
