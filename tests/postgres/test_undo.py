@@ -121,13 +121,20 @@ async def locks_on(admin: Any, key: int) -> int:
     return held
 
 
-@pytest.mark.parametrize("pair", [("session", "AFTER")], indirect=True, ids=["session"])
+@pytest.mark.parametrize(
+    "pair",
+    [("session", "AFTER"), ("lease", "AFTER"), ("lease", "BEFORE")],
+    indirect=True,
+    ids=["session", "lease", "lease-row-being-deleted"],
+)
 async def test_a_claim_during_an_undo_waits_for_it_and_runs_the_slot(
     pair: Pair, admin: Any, app_name: str
 ) -> None:
-    """The undo's unlock (or lease release) is done and its delete not yet committed when B
-    claims: B's snapshot still shows A's row. B is not answered "already_ran" for a slot
-    nobody ran: its claim waits for the undo's commit and wins the slot."""
+    """The undo's unlock is done (lease mode: its lease released, uncommitted) and its
+    delete not yet committed when B claims: B's snapshot still shows A's row. B is not
+    answered "already_ran" for a slot nobody ran: its claim waits for the undo's commit
+    and wins the slot. In lease mode the lease undone is released for no slot (a lease
+    released for its own slot would refuse B "locked" then and ever after)."""
     task = await cancel_mid_claim(pair)
     await undo_sleeping(admin, f"{app_name}-a")
     assert pair.a.ledger is not None

@@ -45,7 +45,8 @@ def lease_claim_many_sql(table: LedgerTable) -> str:
     lease was taken), plus *stray*: the lease was taken but the slot had been claimed
     meanwhile (seen only in the latest data, not in this statement's snapshot), so the caller
     gives that lease back. A job's lease is taken only while no unexpired lease of the job
-    exists and the latest one was not for this very slot (then the slot ran already).
+    exists and the latest one was not for this very slot (then the slot ran already; the
+    lease of an undone claim is released for no slot, see :func:`lease_finish_many_sql`).
     """
     runs, leases = table.runs, table.leases
     return f"""
@@ -89,6 +90,12 @@ def lease_finish_many_sql(table: LedgerTable) -> str:
     ``$9`` holder. Answers (i, released): *released* false when the lease was no longer
     this holder's (it expired and another replica took it over). The leases are locked in
     job order first. Like the session form, the commit does not wait for its WAL flush.
+
+    The lease of a claim undone (its row deleted) is released for no slot (``-infinity``),
+    not for the slot it was taken for: a claim only takes a lease whose latest slot is not
+    its own (that slot ran), and the undo gives the slot back. A claim that comes while the
+    undo commits waits for the lease row's lock, then takes the lease, and its insert of
+    the run finds the undone row gone: it runs the slot.
     """
     runs, leases = table.runs, table.leases
     return f"""
@@ -102,7 +109,8 @@ def lease_finish_many_sql(table: LedgerTable) -> str:
             ORDER BY x.job FOR UPDATE OF x
         ), {end_ctes(runs)}
         ), rel AS (
-            UPDATE {leases} x SET expires_at = '-infinity'
+            UPDATE {leases} x SET expires_at = '-infinity',
+                slot = CASE WHEN x.job IN (SELECT job FROM del) THEN '-infinity' ELSE x.slot END
             FROM lk WHERE x.job = lk.job AND x.holder = $9::text
             RETURNING x.job
         ), relaxed AS MATERIALIZED (
