@@ -144,8 +144,9 @@ def lease_recover_sql(table: LedgerTable) -> str:
 
     ``$1`` key, ``$2`` job, ``$3`` slot, ``$4`` host, ``$5`` pid, ``$6`` holder, ``$7``
     lease seconds. Answers as :func:`._crashes.recover_sql` does, plus *stray* (see
-    :func:`lease_claim_many_sql`). Only a row marked ``crashed`` on its first attempt is taken
-    over, so a slot is rerun at most once fleet-wide.
+    :func:`lease_claim_many_sql`). Only a row marked ``crashed`` (or ended ``lock_lost``:
+    :mod:`._crashes`) on its first attempt is taken over, so a slot is rerun at most once
+    fleet-wide.
     """
     runs, leases = table.runs, table.leases
     return f"""
@@ -170,8 +171,8 @@ def lease_recover_sql(table: LedgerTable) -> str:
             SET host = $4::text, pid = $5::integer, session = NULL,
                 started_at = clock_timestamp(), finished_at = NULL, outcome = NULL,
                 error = NULL, attempt = r.attempt + 1
-            WHERE r.job = $2 AND r.slot = $3 AND r.outcome = 'crashed' AND r.attempt = 1
-              AND EXISTS (SELECT 1 FROM lease)
+            WHERE r.job = $2 AND r.slot = $3 AND r.outcome IN ('crashed', 'lock_lost')
+              AND r.attempt = 1 AND EXISTS (SELECT 1 FROM lease)
             RETURNING r.started_at
         ), c AS MATERIALIZED (
             SELECT l.paused, EXISTS (SELECT 1 FROM lease) AS got,
