@@ -20,7 +20,17 @@ from urllib.parse import urlsplit
 import asyncpg
 import pytest
 
-from cronlock import JobStarted, LockFailed, PoolerDetected, RunContext, Scheduler, every
+from cronlock import (
+    JobCrashed,
+    JobStarted,
+    JobSucceeded,
+    LockFailed,
+    LockLost,
+    PoolerDetected,
+    RunContext,
+    Scheduler,
+    every,
+)
 from cronlock.postgres import PostgresLease, PostgresLocker, job_lock_key, locked_run
 
 from .cluster import Cluster, ClusterUnavailable
@@ -198,3 +208,47 @@ async def test_locked_run_through_pgbouncer_refuses_and_takes_no_lock(
     finally:
         await direct.close()
     assert held == 0
+
+
+async def test_a_fenced_run_of_a_recover_job_is_rerun_once(
+    pg_server: str, server_schema: str
+) -> None:
+    """Found by the soak: a lease-mode run cut off by its fence (its network froze, so it
+    could not renew) ended ``lock_lost`` and its slot was never run again. With
+    ``recover=True`` it is, once, when the replica is back."""
+    where = urlsplit(pg_server)
+    proxy = TcpProxy(where.hostname or "127.0.0.1", where.port or 5432)
+    await proxy.start()
+    locker = PostgresLocker(via(pg_server, proxy.port), mode="lease", schema=server_schema, lease=2)
+    scheduler = Scheduler(locker=locker)
+    seen = Events()
+    scheduler.subscribe(seen)
+    calls: list[datetime] = []
+    running = asyncio.Event()
+
+    async def work(ctx: RunContext) -> None:
+        calls.append(ctx.slot)
+        if len(calls) == 1:
+            running.set()
+            await asyncio.sleep(60)  # cut off by the fence
+
+    scheduler.add_job(work, every(4.0), name="fenced", recover=True, misfire_grace=60)
+    try:
+        async with scheduler:
+            async with asyncio.timeout(30):
+                await running.wait()
+            proxy.set_mode("freeze")
+            async with asyncio.timeout(30):
+                while not seen.of(LockLost):
+                    await asyncio.sleep(0.05)
+            proxy.set_mode("pass")
+            proxy.cut()  # the frozen connections are gone: the locker opens a new one
+            async with asyncio.timeout(30):
+                while calls.count(calls[0]) < 2 or not seen.of(JobSucceeded):
+                    await asyncio.sleep(0.05)
+            [run] = [r for r in await locker.history("fenced") if r.slot == calls[0]]
+    finally:
+        await proxy.close()
+    [crashed] = seen.of(JobCrashed)
+    assert (crashed.slot, crashed.recovered) == (calls[0], True)
+    assert (run.outcome, run.attempt) == ("succeeded", 2)
