@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+from datetime import datetime
 from typing import Any
 
-from cronlock import Event
+from cronlock import Event, RunContext
 
 
 class Events:
@@ -34,3 +35,24 @@ class Events:
                     return found[n - 1]
                 self.changed.clear()
                 await self.changed.wait()
+
+
+class CutOffFirstRun:
+    """A task whose first run hangs until it is cut off (cancelled: its lock was lost),
+    and whose later runs return at once; :attr:`slots` lists the slot of every run."""
+
+    def __init__(self) -> None:
+        self.slots: list[datetime] = []
+        self.running = asyncio.Event()
+        """Set once the first run is in progress."""
+
+    async def task(self, ctx: RunContext) -> None:
+        """The job's task (register ``CutOffFirstRun().task``)."""
+        self.slots.append(ctx.slot)
+        if len(self.slots) == 1:
+            self.running.set()
+            await asyncio.sleep(60)
+
+    def reruns(self) -> int:
+        """How many more runs the first run's slot had."""
+        return self.slots.count(self.slots[0]) - 1 if self.slots else 0

@@ -28,7 +28,6 @@ from cronlock import (
     JobSucceeded,
     LockError,
     LockLost,
-    RunContext,
     RunRecord,
     Scheduler,
     SystemClock,
@@ -38,7 +37,7 @@ from cronlock.postgres import PostgresLease, PostgresLocker
 from cronlock.postgres._crashes import CHECK_EVERY, crashed_sql, recover_sql
 from cronlock.postgres._ledger import LedgerTable
 
-from .events import Events
+from .events import CutOffFirstRun, Events
 from .test_cli_pg import cli
 
 pytestmark = pytest.mark.postgres
@@ -443,21 +442,13 @@ async def test_a_run_cut_off_by_a_lost_lock_is_rerun_with_recover(
     scheduler = Scheduler(locker=locker)
     events = Events()
     scheduler.subscribe(events)
-    calls: list[datetime] = []
-    running = asyncio.Event()
-
-    async def work(ctx: RunContext) -> None:
-        calls.append(ctx.slot)
-        if len(calls) == 1:
-            running.set()
-            await asyncio.sleep(60)  # cut off by the lost lock
-
+    work = CutOffFirstRun()
     job = new_job()
-    scheduler.add_job(work, every(4.0), name=job, recover=True, misfire_grace=60)
+    scheduler.add_job(work.task, every(4.0), name=job, recover=True, misfire_grace=60)
     async with scheduler:
         async with asyncio.timeout(30):
-            await running.wait()
-        first = calls[0]
+            await work.running.wait()
+        first = work.slots[0]
         killed = await admin.fetchval(
             "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
             " WHERE application_name = $1",
@@ -465,13 +456,13 @@ async def test_a_run_cut_off_by_a_lost_lock_is_rerun_with_recover(
         )
         assert killed >= 1
         async with asyncio.timeout(30):
-            while calls.count(first) < 2 or not events.of(JobSucceeded):
+            while work.reruns() < 1 or not events.of(JobSucceeded):
                 await asyncio.sleep(0.05)
             while (await row_of(admin, ledger, job, first))["outcome"] != "succeeded":
                 await asyncio.sleep(0.05)
     assert [lost.slot for lost in events.of(LockLost)] == [first]
     [crashed] = events.of(JobCrashed)
     assert (crashed.slot, crashed.recovered) == (first, True)
-    assert calls.count(first) == 2
+    assert work.reruns() == 1
     row = await row_of(admin, ledger, job, first)
     assert (row["outcome"], row["attempt"]) == ("succeeded", 2)

@@ -34,7 +34,7 @@ from cronlock import (
 from cronlock.postgres import PostgresLease, PostgresLocker, job_lock_key, locked_run
 
 from .cluster import Cluster, ClusterUnavailable
-from .events import Events
+from .events import CutOffFirstRun, Events
 from .proxy import TcpProxy, via
 from .test_exactly_once import Fleet, analyse
 
@@ -223,20 +223,12 @@ async def test_a_fenced_run_of_a_recover_job_is_rerun_once(
     scheduler = Scheduler(locker=locker)
     seen = Events()
     scheduler.subscribe(seen)
-    calls: list[datetime] = []
-    running = asyncio.Event()
-
-    async def work(ctx: RunContext) -> None:
-        calls.append(ctx.slot)
-        if len(calls) == 1:
-            running.set()
-            await asyncio.sleep(60)  # cut off by the fence
-
-    scheduler.add_job(work, every(4.0), name="fenced", recover=True, misfire_grace=60)
+    work = CutOffFirstRun()
+    scheduler.add_job(work.task, every(4.0), name="fenced", recover=True, misfire_grace=60)
     try:
         async with scheduler:
             async with asyncio.timeout(30):
-                await running.wait()
+                await work.running.wait()
             proxy.set_mode("freeze")
             async with asyncio.timeout(30):
                 while not seen.of(LockLost):
@@ -244,11 +236,11 @@ async def test_a_fenced_run_of_a_recover_job_is_rerun_once(
             proxy.set_mode("pass")
             proxy.cut()  # the frozen connections are gone: the locker opens a new one
             async with asyncio.timeout(30):
-                while calls.count(calls[0]) < 2 or not seen.of(JobSucceeded):
+                while work.reruns() < 1 or not seen.of(JobSucceeded):
                     await asyncio.sleep(0.05)
-            [run] = [r for r in await locker.history("fenced") if r.slot == calls[0]]
+            [run] = [r for r in await locker.history("fenced") if r.slot == work.slots[0]]
     finally:
         await proxy.close()
     [crashed] = seen.of(JobCrashed)
-    assert (crashed.slot, crashed.recovered) == (calls[0], True)
+    assert (crashed.slot, crashed.recovered) == (work.slots[0], True)
     assert (run.outcome, run.attempt) == ("succeeded", 2)
