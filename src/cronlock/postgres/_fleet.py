@@ -78,7 +78,8 @@ class FleetJob:
     """Who holds the job's lock right now (empty when nobody runs it)."""
     grace: float | None = None
     """Seconds a slot may stay without a success before the job is overdue, as its replicas
-    noted it; ``None`` when they did not (an older cronlock, or the job is paused)."""
+    noted it (the largest, when they give different ones: see ``LedgerTable.note_sql``);
+    ``None`` when they did not (an older cronlock, or the job is paused)."""
     due: datetime | None = None
     """The slot its replicas said it is due by: its first slot after its latest success."""
 

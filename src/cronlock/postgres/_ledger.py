@@ -36,8 +36,9 @@ DEFAULT_TABLE = "cronlock_runs"
 # become another name, so it is refused instead.
 _MAX_IDENTIFIER = 63
 _OUTCOMES = frozenset({"succeeded", "failed", "timed_out", "cancelled", "lock_lost", "crashed"})
-# The columns a ledger made by an older cronlock lacks; migrate() adds them.
-_ADDED_COLUMNS = ("session", "attempt")
+# The columns of the runs and jobs tables a ledger made by an older cronlock lacks (no name
+# is in both tables); migrate() adds them.
+_ADDED_COLUMNS = ("session", "attempt", "grace", "due", "grace_until")
 
 RUN_COLUMNS = ("slot", "started_at", "finished_at", "outcome", "error", "host", "pid", "attempt")
 """The columns of a run that :func:`to_record` reads: every read of runs selects these."""
@@ -47,7 +48,7 @@ R_RUN = ", ".join(f"r.{column}" for column in RUN_COLUMNS)
 """:data:`RUN_COLUMNS` of the runs table aliased ``r`` (for ``RETURNING``)."""
 
 LedgerState = Literal["missing", "old", "current"]
-"""A ledger's tables are missing, predate the crash-detection columns, or are current."""
+"""A ledger's tables are missing, lack a table or column this cronlock uses, or are current."""
 
 
 def quote_ident(name: str, *, field: str = "identifier") -> str:
@@ -201,9 +202,11 @@ class LedgerTable:
                 updated_at timestamptz NOT NULL DEFAULT clock_timestamp(),
                 updated_by text
             )""",
-            # Each job's overdue grace and due slot, for 'status --check' (added later).
+            # Each job's overdue grace and due slot, for 'status --check' (added later), and
+            # until when that grace stands against a lower one (note_sql).
             f"""ALTER TABLE {self.jobs} ADD COLUMN IF NOT EXISTS grace float8,
-                ADD COLUMN IF NOT EXISTS due timestamptz""",
+                ADD COLUMN IF NOT EXISTS due timestamptz,
+                ADD COLUMN IF NOT EXISTS grace_until timestamptz""",
             # Fleet control (FleetControl, ._control): pauses and triggers.
             f"""CREATE TABLE IF NOT EXISTS {self.control} (
                 job          text        PRIMARY KEY,
@@ -234,15 +237,16 @@ class LedgerTable:
 
     @property
     def state_sql(self) -> str:
-        """``$1, $2``: the quoted names of both tables, ``$3`` the columns a current ledger
-        has that an old one lacks, ``$4``, ``$5``, ``$6`` the control, leases and members
-        tables (an older ledger lacks them). NULL when a table is missing, else whether it
-        is current.
+        """``$1, $2``: the quoted names of the runs and jobs tables, ``$3`` the columns a
+        current ledger has in them that an old one lacks, ``$4``, ``$5``, ``$6`` the control,
+        leases and members tables (an older ledger lacks them). NULL when a table is
+        missing, else whether it is current.
         """
         return """
             SELECT CASE WHEN to_regclass($1) IS NULL OR to_regclass($2) IS NULL THEN NULL
                    ELSE (SELECT count(*) = cardinality($3::text[]) FROM pg_attribute
-                         WHERE attrelid = to_regclass($1) AND attname = ANY($3::text[])
+                         WHERE attrelid IN (to_regclass($1), to_regclass($2))
+                           AND attname = ANY($3::text[])
                            AND NOT attisdropped)
                         AND to_regclass($4) IS NOT NULL AND to_regclass($5) IS NOT NULL
                         AND to_regclass($6) IS NOT NULL END"""
@@ -322,22 +326,43 @@ class LedgerTable:
     @property
     def note_sql(self) -> str:
         """Upsert job schedules; arrays ``$1`` jobs, ``$2`` schedules, ``$3`` next slots,
-        ``$5`` overdue graces in seconds, ``$6`` the slots they are due by; ``$4`` who writes.
-        Rows already up to date are left alone (no dead tuples)."""
+        ``$5`` overdue graces in seconds, ``$6`` the slots they are due by; ``$4`` who writes,
+        ``$7`` its margin in seconds (below). Rows already up to date are left alone.
+
+        Replicas may give one job different graces (``alert_after``): the published one is
+        the largest a replica still stands by. A grace stands until ``grace_until``: the
+        next slot its replica noted, plus the grace, plus the margin (twice the longest
+        that replica takes to write a changed note). Each replica writes its note again
+        once that slot fires, so a replica alive keeps its grace standing; a lower grace
+        replaces a larger one only once the larger stands no more (every replica that gave
+        it stopped, or lowered it: a deploy that lowers ``alert_after`` takes effect about
+        one slot later), an equal or larger one at once. So the overdue verdict never
+        depends on which replica wrote last: where two graces disagree (less than the
+        larger one past the due slot) the larger one still stands.
+        """
+        kept = "(j.grace > coalesce(EXCLUDED.grace, '-Infinity') AND j.grace_until > now())"
+        grace = f"CASE WHEN {kept} THEN j.grace ELSE EXCLUDED.grace END"
+        until = f"""CASE WHEN {kept} THEN j.grace_until
+                         WHEN j.grace = EXCLUDED.grace
+                         THEN greatest(j.grace_until, EXCLUDED.grace_until)
+                         ELSE EXCLUDED.grace_until END"""
         return f"""
             INSERT INTO {self.jobs} AS j
-                (job, schedule, next_run, updated_at, updated_by, grace, due)
-            SELECT u.job, u.schedule, u.next_run, clock_timestamp(), $4::text, u.grace, u.due
+                (job, schedule, next_run, updated_at, updated_by, grace, due, grace_until)
+            SELECT u.job, u.schedule, u.next_run, clock_timestamp(), $4::text, u.grace, u.due,
+                   greatest(u.next_run, now())
+                   + (u.grace + $7::float8) * interval '1 second'
             FROM unnest($1::text[], $2::text[], $3::timestamptz[], $5::float8[],
                         $6::timestamptz[])
                  AS u(job, schedule, next_run, grace, due)
             ON CONFLICT (job) DO UPDATE
             SET schedule = EXCLUDED.schedule, next_run = EXCLUDED.next_run,
                 updated_at = EXCLUDED.updated_at, updated_by = EXCLUDED.updated_by,
-                grace = EXCLUDED.grace, due = EXCLUDED.due
+                grace = {grace}, grace_until = {until}, due = EXCLUDED.due
             WHERE j.schedule IS DISTINCT FROM EXCLUDED.schedule
                OR j.next_run IS DISTINCT FROM EXCLUDED.next_run
-               OR j.grace IS DISTINCT FROM EXCLUDED.grace
+               OR j.grace IS DISTINCT FROM {grace}
+               OR j.grace_until IS DISTINCT FROM {until}
                OR j.due IS DISTINCT FROM EXCLUDED.due"""
 
     @property

@@ -109,6 +109,14 @@ class Upkeep:
         self._dirty.add(job)
         return known is None
 
+    def note_delay(self) -> float:
+        """The longest this replica takes to write a changed note: a flush waits until
+        ``NOTE_EVERY`` (times the fleet's spread) passed since the last one, and at most
+        ``NOTE_LATEST`` for runs holding leases, then for the next tick. Twice it is the
+        margin a published grace stands by past its next slot (see
+        :attr:`._ledger.LedgerTable.note_sql`)."""
+        return max(NOTE_EVERY * self._spread(), NOTE_LATEST) + NOTE_EVERY
+
     def write_late(self, job: str, slot: datetime, record: RunRecord, attempt: int = 1) -> None:
         """Keep the outcome of a lease whose session died, to write once a session is back."""
         self._late.append((job, slot, record, attempt))
@@ -287,6 +295,7 @@ class Upkeep:
                     self._application_name,
                     graces,
                     dues,
+                    2 * self.note_delay(),
                 ),
                 what="writing schedules",
                 keep_on_server_error=True,
