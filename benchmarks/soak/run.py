@@ -6,7 +6,7 @@
 
 Per mode, a throwaway PostgreSQL cluster (tests/postgres/cluster.py, never the machine's
 server) and, for lease mode, PgBouncer in transaction mode in front of it; per replica a
-TCP proxy (proxy.py) between the replica and the server (session) or the pooler (lease), so
+TCP proxy (faultproxy.py) between the replica and the server (session) or the pooler (lease), so
 that a fault hits one replica at a time. Three replica processes (replica.py) run the
 soak's jobs. After a warm-up a seeded nemesis injects one fault at a time, every few
 seconds: SIGKILL (the replica is restarted at once), SIGSTOP for 0.5-3.5 s, a partition
@@ -47,8 +47,8 @@ sys.path.insert(0, str(HERE))
 
 from checker import Fault, Job, Verdict, check, read_effects  # noqa: E402
 from cluster import Cluster  # noqa: E402
+from faultproxy import FaultProxy  # noqa: E402
 from pgbouncer import PgBouncer  # noqa: E402
-from proxy import FaultProxy  # noqa: E402
 from replica import HEARTBEAT, JOBS, KEEPALIVES, LEASE, STATEMENT_TIMEOUT  # noqa: E402
 
 from cronlock.postgres._backoff import RECONNECT_MAX  # noqa: E402

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import Literal
+from collections.abc import Coroutine
+from typing import Any, Literal
 from urllib.parse import urlsplit, urlunsplit
 
 Mode = Literal["pass", "refuse", "freeze"]
@@ -60,16 +61,29 @@ class TcpProxy:
         if self.mode == "refuse":
             writer.transport.abort()
             return
-        try:
-            up_reader, up_writer = await asyncio.open_connection(*self.target)
-        except OSError:
-            writer.transport.abort()
+        upstream = await self._upstream(writer)
+        if upstream is None:
             return
+        up_reader, up_writer = upstream
         self._writers.update((writer, up_writer))
         for src, dst in ((reader, up_writer), (up_reader, writer)):
-            task = asyncio.create_task(self._pipe(src, dst), name="proxy-pipe")
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            self._spawn(self._pipe(src, dst))
+
+    async def _upstream(
+        self, client: asyncio.StreamWriter
+    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter] | None:
+        """A connection to the target for *client*; ``None`` (the client reset) if refused."""
+        try:
+            return await asyncio.open_connection(*self.target)
+        except OSError:
+            client.transport.abort()
+            return None
+
+    def _spawn(self, pipe: Coroutine[Any, Any, None]) -> None:
+        """Run *pipe* in a task that :meth:`close` cancels."""
+        task = asyncio.create_task(pipe, name="proxy-pipe")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def _pipe(self, src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
         try:

@@ -15,6 +15,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from tests.postgres.proxy import TcpProxy
 
 
 class _Pair:
@@ -35,25 +40,18 @@ class _Pair:
                 writer.transport.abort()
 
 
-class FaultProxy:
-    """A TCP proxy on a free port of 127.0.0.1 to *target*, with faults on command."""
+class FaultProxy(TcpProxy):
+    """A TCP proxy on a free port of 127.0.0.1 to *target*, with faults on command (the
+    tests' :class:`TcpProxy`, whose ``cut`` is :meth:`reset` here)."""
 
     def __init__(self, target_host: str, target_port: int, *, server_notice: float) -> None:
-        self.target = (target_host, target_port)
+        super().__init__(target_host, target_port)
         self.server_notice = server_notice
-        self.port = 0
-        self._server: asyncio.Server | None = None
         self._pairs: set[_Pair] = set()
         self._flowing = asyncio.Event()
         self._flowing.set()
         self._hung: set[asyncio.StreamWriter] = set()
         self._notice: asyncio.TimerHandle | None = None
-        self._tasks: set[asyncio.Task[None]] = set()
-
-    async def start(self) -> int:
-        self._server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
-        self.port = self._server.sockets[0].getsockname()[1]
-        return self.port
 
     @property
     def partitioned(self) -> bool:
@@ -86,15 +84,13 @@ class FaultProxy:
         self._hung.clear()
         self._flowing.set()
 
+    def cut(self) -> None:
+        """What the tests' proxy calls a cut: :meth:`reset`."""
+        self.reset()
+
     async def close(self) -> None:
         self.heal()
-        self.reset()
-        if self._server is not None:
-            self._server.close()
-            await self._server.wait_closed()
-        for task in tuple(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await super().close()
 
     def _server_notices(self) -> None:
         self._notice = None
@@ -105,19 +101,16 @@ class FaultProxy:
         if self.partitioned:
             self._hung.add(writer)  # the handshake never gets through while partitioned
             return
-        try:
-            up_reader, up_writer = await asyncio.open_connection(*self.target)
-        except OSError:
-            writer.transport.abort()
+        upstream = await self._upstream(writer)
+        if upstream is None:
             return
+        up_reader, up_writer = upstream
         pair = _Pair(writer, up_writer)
         self._pairs.add(pair)
         for src, dst in ((reader, up_writer), (up_reader, writer)):
-            task = asyncio.create_task(self._pipe(pair, src, dst), name="soak-proxy-pipe")
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            self._spawn(self._pair_pipe(pair, src, dst))
 
-    async def _pipe(
+    async def _pair_pipe(
         self, pair: _Pair, src: asyncio.StreamReader, dst: asyncio.StreamWriter
     ) -> None:
         try:
