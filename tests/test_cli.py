@@ -79,6 +79,7 @@ def test_next_with_seconds_field_first() -> None:
         (("next", "0 25 * * *"), "25"),
         (("next", "0 0 31 2 *"), "never fires"),
         (("next", "@daily", "--tz", "Mars/Olympus"), "Mars/Olympus"),
+        (("next", "@daily", "--tz", "EST"), "--tz='EST' is a fixed offset of -05:00"),
         (("next", "@daily", "-n", "0"), "-n must be between 1 and 10000, got 0"),
         (("next", "@daily", "-n", "5000000"), "-n must be between 1 and 10000, got 5000000"),
         (("next", "@daily", "--after", "yesterday"), "--after: 'yesterday' is not an ISO 8601"),

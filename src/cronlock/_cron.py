@@ -288,7 +288,7 @@ class CronSchedule:
             raise ScheduleError(f"cron: expression must be a string, got {self.expr!r}")
         if not isinstance(self.seconds, bool):
             raise ScheduleError(f"cron {self.expr!r}: seconds must be a bool, got {self.seconds!r}")
-        if self.tz is not None and not isinstance(self.tz, ZoneInfo):
+        if self.tz is not None:  # a ZoneInfo too: ZoneInfo("EST") is a fixed offset
             object.__setattr__(self, "tz", resolve_tz(self.tz))
         object.__setattr__(self, "_compiled", _compile(self.expr, self.seconds))
 

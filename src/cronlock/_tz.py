@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta, tzinfo
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from ._errors import ScheduleError
+from ._fixedzones import refuse_fixed_offset
 
 __all__ = (
     "TimeZone",
@@ -30,12 +31,14 @@ _WINDOW = timedelta(hours=26)
 def resolve_tz(tz: TimeZone | tzinfo | None, *, field: str = "tz") -> ZoneInfo:
     """Return a :class:`ZoneInfo` for an IANA name or ZoneInfo; ``None`` means UTC.
 
-    Fixed-offset tzinfos (``timezone(timedelta(hours=2))``) are rejected: they have no DST
-    rules, so a schedule in them silently drifts by an hour twice a year.
+    Fixed offsets are rejected, whether a tzinfo (``timezone(timedelta(hours=2))``) or a
+    zone name that holds one (``EST``, ``Etc/GMT-1``): they have no DST rules, so a schedule
+    in them silently drifts by an hour twice a year. UTC, however spelt, is accepted.
     """
     if tz is None:
         return _UTC_ZONE
     if isinstance(tz, ZoneInfo):
+        refuse_fixed_offset(tz, field=field)
         return tz
     if tz is UTC:
         return _UTC_ZONE
@@ -43,11 +46,13 @@ def resolve_tz(tz: TimeZone | tzinfo | None, *, field: str = "tz") -> ZoneInfo:
         if not tz or tz != tz.strip():
             raise ScheduleError(f"{field}: {tz!r} is not an IANA time zone name")
         try:
-            return ZoneInfo(tz)
+            zone = ZoneInfo(tz)
         except (ZoneInfoNotFoundError, ValueError) as exc:
             raise ScheduleError(
                 f"{field}: unknown time zone {tz!r} (use an IANA name like 'Europe/Berlin')"
             ) from exc
+        refuse_fixed_offset(zone, field=field)
+        return zone
     raise ScheduleError(
         f"{field}: {tz!r} is not an IANA zone; fixed offsets have no DST rules, "
         "pass a name like 'Europe/Berlin' or a zoneinfo.ZoneInfo"
