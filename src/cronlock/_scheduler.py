@@ -37,7 +37,7 @@ from ._records import DEFAULT_MISFIRE_GRACE, Overlap
 from ._recovery import Recovery
 from ._resources import Resources
 from ._runloop import RunLoop
-from ._schedule import Schedule, bind_zone
+from ._schedule import Schedule, bind_zone, check_jitter
 from ._tz import TimeZone, resolve_tz
 
 __all__ = ("JobOptions", "Scheduler")
@@ -204,6 +204,8 @@ class Scheduler(FleetViews):
             self,
         )
         settings = job._settings
+        if settings.jitter:  # shorter than the gap between two slots, or the job is not kept
+            check_jitter(name, schedule, settings.jitter)
         last = self._last_wiring  # the last job's: jobs registered in a row share settings
         wiring = last[1] if last[0] is settings else None
         # Only a job that takes a lock has a lock key (the locker wire() will pick): an
@@ -359,7 +361,7 @@ class Scheduler(FleetViews):
     def update(self, name: str, schedule: Schedule) -> Job:
         """Give job *name* a new schedule, keeping its history and options."""
         job = self.get_job(name)
-        job.set_schedule(bind_zone(schedule, self._tz))
+        job.set_schedule(check_jitter(job.name, bind_zone(schedule, self._tz), job.jitter))
         if self._loop is not None and not job.paused:
             self._loop.schedule(job, self._clock.now())
         return job
