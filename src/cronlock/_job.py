@@ -18,20 +18,12 @@ from ._durations import Seconds
 from ._errors import ScheduleError, SchedulerStateError
 from ._events import JobEvent
 from ._interval import IntervalSchedule
-from ._jobconf import (
-    NO_KWARGS,
-    NO_TAGS,
-    JobSettings,
-    describe_task,
-    last_settings,
-    last_task,
-    normalise_tags,
-    settle,
-)
+from ._jobconf import NO_KWARGS, NO_TAGS, JobSettings, last_settings, normalise_tags, settle
 from ._locking import Locker, Wiring
 from ._records import Overlap, RunRecord, run_context
 from ._schedule import Schedule
 from ._state import RunState, fresh
+from ._tasks import Shape, last_task, task_shape
 from ._threads import in_thread
 
 
@@ -121,8 +113,9 @@ class Job(RunState):
     kwargs: Mapping[str, Any]
     # Derived once from the configuration (never run state).
     _scheduler: Controller | None
-    # (is async, the RunContext parameter's name or None)
-    _task: tuple[bool, str | None]
+    # (is async, the RunContext parameter's name or None, its position in the call or None
+    # for by keyword): the call shape, from the args checked at registration (_tasks)
+    _task: Shape
     _schedule: Schedule
     _wiring: Wiring
     _settings: JobSettings
@@ -317,17 +310,23 @@ class Job(RunState):
     def call(self, slot: datetime, started: datetime, number: int) -> Awaitable[object]:
         """Start the task for run *number* of *slot*; plain functions go to a worker thread."""
         # The run loop's hot path: no dict for a task without keyword arguments, and no
-        # typing.cast (a function call per run).
-        kwargs = self.kwargs
-        is_async, param = self._task
+        # typing.cast (a function call per run). Where the context goes was settled when
+        # the args were checked (_tasks.TaskInfo.check): nothing is looked up here.
+        args, kwargs = self.args, self.kwargs
+        is_async, param, at = self._task
         if param is not None:
             context = run_context(self.name, slot, started, number)
-            kwargs = {**kwargs, param: context} if kwargs else {param: context}
+            if at is None:
+                kwargs = {**kwargs, param: context} if kwargs else {param: context}
+            elif at == 0:
+                args = (context, *args)
+            else:
+                args = (*args[:at], context, *args[at:])
         if not is_async:
-            return in_thread(functools.partial(self.func, *self.args, **kwargs))
+            return in_thread(functools.partial(self.func, *args, **kwargs))
         if kwargs:
-            return self.func(*self.args, **kwargs)  # type: ignore[return-value]
-        return self.func(*self.args)  # type: ignore[return-value]
+            return self.func(*args, **kwargs)  # type: ignore[return-value]
+        return self.func(*args)  # type: ignore[return-value]
 
 
 def new_job(
@@ -409,9 +408,13 @@ def new_job(
         )
     job._settings = settings
     job.name, job.func, job.args, job.kwargs = name, func, args, kwargs
-    if func is not last_task[0]:
-        describe_task(func)
-    job._task = last_task[1]
+    last = last_task
+    # The very task and count of args the last job had, no kwargs: checked then. This is
+    # task_shape's own reuse test, written out for the common case; the two must agree.
+    if func is last[0] and len(args) == last[1] and kwargs is NO_KWARGS and not last[2]:
+        job._task = last[3]
+    else:
+        job._task = task_shape(name, func, args, kwargs)
     job._scheduler = scheduler
     job._wiring = _UNWIRED
     job._schedule = schedule

@@ -1,20 +1,17 @@
-"""What a job's options, task and schedule are checked into, once for jobs registered alike.
+"""What a job's options and schedule are checked into, once for jobs registered alike.
 
 A service registers the same function, schedule and options many times over. Each is
 checked for the first job given it; jobs given the very same objects then share what the
 check made: one :class:`JobSettings` holding every option as checked (the durations as
-floats), what the task is (async or not, its ``RunContext`` parameter), and the schedule's
-text. One entry is kept of each kind (the schedule texts: a bounded few), so nothing piles
-up.
+floats), and the schedule's text. One entry is kept of each kind (the schedule texts: a
+bounded few), so nothing piles up. What the task is, and its arguments checked against
+it, is :mod:`cronlock._tasks`'s.
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
-import inspect
-import typing
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from datetime import datetime
 from types import MappingProxyType
 from typing import Any
@@ -22,7 +19,7 @@ from typing import Any
 from ._durations import Seconds, optional_seconds, positive_int
 from ._errors import ScheduleError
 from ._locking import Locker
-from ._records import OVERLAPS, Overlap, RunContext
+from ._records import OVERLAPS, Overlap
 from ._schedule import Schedule
 from ._tz import to_utc
 
@@ -30,9 +27,7 @@ __all__ = (
     "NO_KWARGS",
     "NO_TAGS",
     "JobSettings",
-    "describe_task",
     "last_settings",
-    "last_task",
     "normalise_tags",
     "schedule_text",
     "settle",
@@ -44,9 +39,6 @@ NO_KWARGS: MappingProxyType[str, Any] = MappingProxyType({})
 NO_TAGS: frozenset[str] = frozenset()
 _UNSET = object()  # nothing checked yet
 
-# The task last seen, then what it is: (is async, its RunContext parameter), one tuple that
-# the jobs given it share.
-last_task: list[Any] = [None, (True, None)]
 # Recent schedules' texts, bounded: by id (holding the schedule, so the id stays its own)
 # and by value (equal schedules share one string).
 _texts: dict[int, tuple[Any, str]] = {}
@@ -201,17 +193,6 @@ def settle(
     return made
 
 
-def describe_task(func: Callable[..., object]) -> None:
-    """Put what *func* is (async or not, its ``RunContext`` parameter) in ``last_task``."""
-    target = func
-    while isinstance(target, functools.partial):
-        target = target.func
-    is_async = inspect.iscoroutinefunction(target) or inspect.iscoroutinefunction(
-        getattr(target, "__call__", None)  # noqa: B004 - async callable objects
-    )
-    last_task[:] = (func, (is_async, _context_parameter(func)))
-
-
 def schedule_text(schedule: Schedule) -> str:
     """``str(schedule)``, made once for a schedule that many jobs share (lockers that keep
     a job's schedule are told it at every plan)."""
@@ -232,24 +213,3 @@ def schedule_text(schedule: Schedule) -> str:
         _texts.clear()
     _texts[id(schedule)] = (schedule, text)
     return text
-
-
-def _context_parameter(func: Callable[..., object]) -> str | None:
-    """The name of the parameter annotated ``RunContext``, if any."""
-    annotations = getattr(func, "__annotations__", None)
-    if isinstance(annotations, dict) and not any(
-        a is RunContext or (isinstance(a, str) and "RunContext" in a) for a in annotations.values()
-    ):
-        # Resolving string annotations (get_type_hints) costs ~100 us a call: skip it
-        # when no annotation could be RunContext, which is nearly every job.
-        return None
-    try:
-        hints = typing.get_type_hints(func)
-    except Exception:  # unresolvable forward references: fall back to the raw annotations
-        hints = {}
-        for name, param in inspect.signature(func).parameters.items():
-            hints[name] = param.annotation
-    for name, hint in hints.items():
-        if name != "return" and (hint is RunContext or hint == "RunContext"):
-            return name
-    return None

@@ -153,8 +153,12 @@ def test_each_option_reaches_its_own_field(scheduler: Scheduler) -> None:
     # value each, every one must come out where it was put, durations as float seconds.
     locker = InMemoryLocker()
     start, stop = T0 + timedelta(hours=1), T0 + timedelta(hours=2)
+
+    async def task(a: int, *, k: int) -> None:  # the args are checked against it
+        pass
+
     job = scheduler.add_job(
-        _noop,
+        task,
         every(10),
         name="all",
         args=(1,),
