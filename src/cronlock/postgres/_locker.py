@@ -138,7 +138,7 @@ class PostgresLocker(HeldOpenByBlocks, ReadsLedger):
             mode=mode, ledger=ledger, sessions=sessions, remember=remember, racers=racers,
             lease=lease, retention=retention, heartbeat=heartbeat,
             connect_timeout=connect_timeout, statement_timeout=statement_timeout,
-            spread=spread, claim_ahead=claim_ahead,
+            spread=spread, claim_ahead=claim_ahead, pool=pool_or_dsn,
         )  # fmt: skip
         self._mode: Mode = mode
         self._application_name = application_name or default_application_name()

@@ -3,13 +3,18 @@ field and the value), in the units its parts use: seconds as floats, counts as i
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
+from typing import Any
 
 from .._durations import Seconds, optional_seconds, positive_int, to_seconds
 from .._errors import ConfigError
+from .._logs import get_logger
 from ._exclusion import Mode, checked_mode
 
-__all__ = ("LockerSettings",)
+__all__ = ("LockerSettings", "check_pool_room")
+
+_logger = get_logger("cronlock.postgres")
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,16 +49,23 @@ class LockerSettings:
         statement_timeout: Seconds,
         spread: Seconds,
         claim_ahead: Seconds,
+        pool: object = None,
     ) -> LockerSettings:
-        """Check each value; raise :class:`cronlock.ConfigError` for the first bad one."""
+        """Check each value; raise :class:`cronlock.ConfigError` for the first bad one.
+
+        *pool* is what the locker was given: an asyncpg pool is checked for room
+        (:func:`check_pool_room`), anything else is left to the connection source.
+        """
         owner = "PostgresLocker"
 
         def seconds(value: Seconds, field: str, *, zero: bool = False) -> float:
             return to_seconds(value, field=field, allow_zero=zero, error=ConfigError)
 
+        sessions = positive_int(sessions, field="sessions", owner=owner, upper=64)
+        check_pool_room(pool, mode=mode, sessions=sessions)
         return cls(
             mode=mode,
-            sessions=positive_int(sessions, field="sessions", owner=owner, upper=64),
+            sessions=sessions,
             remember=positive_int(remember, field="remember", owner=owner),
             racers=None if racers is None else positive_int(racers, field="racers", owner=owner),
             lease=checked_mode(mode, ledger=ledger, lease=lease),
@@ -63,4 +75,41 @@ class LockerSettings:
             statement_timeout=seconds(statement_timeout, "statement_timeout"),
             spread=seconds(spread, "spread", zero=True),
             claim_ahead=seconds(claim_ahead, "claim_ahead", zero=True),
+        )
+
+
+def check_pool_room(pool: Any, *, mode: Mode, sessions: int) -> None:
+    """Refuse, or warn about, an asyncpg *pool* too small for the locker and its owner.
+
+    The pool is the application's too. In session mode the locker borrows up to
+    *sessions* of its connections, for its lifetime: a pool of ``max_size <= sessions``
+    could be left with none for the application (whose ``acquire()`` then waits forever,
+    or until its timeout), so it raises :class:`cronlock.ConfigError`. In lease mode it
+    borrows one per statement (a claim, a renewal every ``lease / 4``, upkeep), and gives it
+    back: a pool of one connection is shared by turns, and a statement that waits for it
+    longer than ``connect_timeout`` fails (a renewal that fails cancels the runs in
+    flight), so it logs a WARNING. Anything but an asyncpg pool is not looked at.
+    """
+    asyncpg = sys.modules.get("asyncpg")  # whoever made a pool imported it
+    if asyncpg is None or not isinstance(pool, asyncpg.Pool):
+        return
+    size: int = pool.get_max_size()
+    if mode == "session" and sessions >= size:
+        fewer = f", pass sessions={size - 1} or fewer" if size > 1 else ""
+        raise ConfigError(
+            f"PostgresLocker: the asyncpg pool has max_size={size}, and mode='session' "
+            f"borrows up to sessions={sessions} of its connections for the locker's "
+            f"lifetime, which could leave none for the application; create the pool with "
+            f"max_size={sessions + 1} or more{fewer}, or pass a DSN so that the locker "
+            "opens connections of its own"
+        )
+    if mode == "lease" and size < 2:
+        _logger.warning(
+            "PostgresLocker: the asyncpg pool has max_size=%d, and mode='lease' borrows a "
+            "connection of it for each statement (claims, renewals, upkeep), so the locker "
+            "and the application take turns on it; a statement that waits longer than "
+            "connect_timeout for it fails, and a failed renewal cancels the runs in flight. "
+            "Create the pool with max_size=2 or more, or pass a DSN so that the locker "
+            "keeps a connection of its own",
+            size,
         )
