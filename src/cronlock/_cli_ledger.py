@@ -72,13 +72,17 @@ def run_pg(args: argparse.Namespace) -> int:
             # The dashboard's extra: Starlette, Jinja2 and uvicorn (and asyncpg).
             from .web._serve import serve
         except ImportError:
-            raise CronlockError("web needs the web extra: pip install 'cronlock[web]'") from None
+            raise CronlockError(
+                "web needs the web extra: pip install 'cronlock[web]' "
+                "(from a clone, until cronlock is on PyPI: pip install -e '.[web]')"
+            ) from None
         return serve(args)
     try:
         # cronlock.postgres refuses to import without asyncpg, its one extra dependency.
         from .postgres._cli import run_verb
     except ImportError:
         raise CronlockError(
-            f"{args.verb} needs asyncpg: pip install 'cronlock[postgres]'"
+            f"{args.verb} needs asyncpg: pip install 'cronlock[postgres]' "
+            "(from a clone, until cronlock is on PyPI: pip install -e '.[postgres]')"
         ) from None
     return run_verb(args)

@@ -145,7 +145,10 @@ async def _postgres_backend(dsn: str, source: str, *, lock_only: bool) -> _Backe
     try:
         import asyncpg
     except ImportError:
-        raise CronlockError("asyncpg is not installed: pip install 'cronlock[postgres]'") from None
+        raise CronlockError(
+            "asyncpg is not installed: pip install 'cronlock[postgres]' "
+            "(from a clone, until cronlock is on PyPI: pip install -e '.[postgres]')"
+        ) from None
     from .postgres._ledger import DEFAULT_TABLE, LedgerTable, migrate
 
     try:

@@ -1,7 +1,8 @@
 """OpenTelemetry traces for a scheduler: ``cronlock.otel.instrument(scheduler)``.
 
-Needs the ``otel`` extra (``pip install 'cronlock[otel]'``, the OpenTelemetry API only: bring
-the SDK and exporter of your choice); ``import cronlock`` never imports it.
+Needs the ``otel`` extra (the OpenTelemetry API only: bring the SDK and exporter of your
+choice): ``pip install -e '.[otel]'`` from a clone, ``pip install 'cronlock[otel]'`` once
+cronlock is on PyPI. ``import cronlock`` never imports it.
 
 Each run is a span ``cronlock.run`` from the moment the task starts to its end, with the
 attributes ``cronlock.job``, ``cronlock.slot`` (ISO 8601), ``cronlock.outcome``,
@@ -24,7 +25,8 @@ try:
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise ImportError(
         "cronlock.otel needs opentelemetry-api, which is not installed; "
-        "install the extra with: pip install 'cronlock[otel]'"
+        "install the extra with: pip install 'cronlock[otel]' (from a clone of the "
+        "repository, until cronlock is on PyPI: pip install -e '.[otel]')"
     ) from exc
 
 from ._events import (

@@ -1,7 +1,8 @@
 """Prometheus metrics for a scheduler: ``cronlock.prometheus.instrument(scheduler)``.
 
-Needs the ``prometheus`` extra (``pip install 'cronlock[prometheus]'``); ``import cronlock``
-never imports it. The metric names are part of the API:
+Needs the ``prometheus`` extra (``pip install -e '.[prometheus]'`` from a clone,
+``pip install 'cronlock[prometheus]'`` once cronlock is on PyPI); ``import cronlock`` never
+imports it. The metric names are part of the API:
 
 - ``cronlock_job_last_success_timestamp_seconds{job}`` and
   ``cronlock_job_last_run_timestamp_seconds{job}`` (when the latest successful / finished
@@ -34,7 +35,8 @@ try:
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise ImportError(
         "cronlock.prometheus needs prometheus_client, which is not installed; "
-        "install the extra with: pip install 'cronlock[prometheus]'"
+        "install the extra with: pip install 'cronlock[prometheus]' (from a clone of the "
+        "repository, until cronlock is on PyPI: pip install -e '.[prometheus]')"
     ) from exc
 
 from ._events import (

@@ -1,6 +1,7 @@
 """PostgreSQL coordination: advisory locks for standalone runs and for the Scheduler.
 
-Needs the ``postgres`` extra (asyncpg): ``pip install 'cronlock[postgres]'``. See
+Needs the ``postgres`` extra (asyncpg): ``pip install -e '.[postgres]'`` from a clone,
+``pip install 'cronlock[postgres]'`` once cronlock is on PyPI. See
 ``docs/coordination.md`` for the rules these functions follow and why. Names are loaded on
 first use (PEP 562 ``__getattr__``); asyncpg is imported later still, by the first connect
 (a pool handed over has imported it already).
@@ -15,7 +16,8 @@ from typing import Any as _Any
 if _importlib_util.find_spec("asyncpg") is None:  # pragma: no cover - only without the extra
     raise ImportError(
         "cronlock.postgres needs asyncpg, which is not installed; "
-        "install the extra with: pip install 'cronlock[postgres]'"
+        "install the extra with: pip install 'cronlock[postgres]' (from a clone of the "
+        "repository, until cronlock is on PyPI: pip install -e '.[postgres]')"
     )
 
 if _TYPE_CHECKING:
