@@ -143,3 +143,15 @@ def test_slots_are_multiples_of_the_interval_since_the_epoch(
     start: float, stop: float, expected: list[float]
 ) -> None:
     assert checker.slots_between(QUICK, start, stop) == expected
+
+
+def test_a_recovered_slot_finished_twice_inside_a_fault_window_is_its_documented_price() -> None:
+    # Its run finished while a partition kept the outcome from the ledger; another replica
+    # reran the slot as crashed (recover=True is at least once). Outside a window: a failure.
+    lines = run("recovered", T0, 0, T0 + 0.01, T0 + 1.0) + run("recovered", T0, 1, T0 + 7, T0 + 8)
+    lines += run("recovered", T0 + 5, 1, T0 + 5, T0 + 6)
+    partition = checker.Fault("partition", 0, T0 + 0.5, T0 + 7.0, T0 + 9.0)
+    verdict = judge(lines, [partition], jobs=(RECOVERED,))
+    assert (len(verdict.recovered_twice), verdict.duplicates, verdict.failures) == (1, [], [])
+    verdict = judge(lines, jobs=(RECOVERED,))
+    assert len(verdict.duplicates) == 1 and verdict.failures

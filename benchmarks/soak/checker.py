@@ -4,7 +4,11 @@ It reads what the replicas did (their effects files: a ``start`` line as a run's
 ``end`` as its last, ``cancel`` when it was cancelled), what the nemesis did (its faults,
 each with the window in which it may cost slots), and judges:
 
-- **duplicates**: a slot with two *finished* runs (``end`` lines). Must be 0.
+- **duplicates**: a slot with two *finished* runs (``end`` lines). Must be 0, but for a
+  ``recover=True`` job inside a fault window: its run may have finished while the fault
+  kept its outcome from the ledger (a partition, a server crash), and another replica then
+  reruns the slot as crashed. That is the documented price of ``recover=True`` (at least
+  once, for idempotent jobs), reported as **recovered twice**.
 - **overlaps**: two runs of one job, by different processes, in progress at the same
   instant. Must be 0 outside partitions; reported inside them.
 - **misses outside fault windows**: a slot with no run, while no run of its job was in
@@ -90,6 +94,7 @@ class Verdict:
     ran: int = 0
     busy: int = 0
     duplicates: list[str] = dataclasses.field(default_factory=list)
+    recovered_twice: list[str] = dataclasses.field(default_factory=list)
     double_starts: int = 0
     overlaps_outside: list[str] = dataclasses.field(default_factory=list)
     overlaps_inside: list[str] = dataclasses.field(default_factory=list)
@@ -233,10 +238,14 @@ def _slots(job: Job, runs: Sequence[Run], faults: Sequence[Fault], v: Verdict) -
             v.ran += 1
             finished = [r for r in mine if r.outcome == "end"]
             if len(finished) > 1:
-                v.duplicates.append(
-                    f"{job.name}@{slot:.0f} finished on "
-                    + ", ".join(f"r{r.replica}/pid {r.pid} at {r.end:.3f}" for r in finished)
+                what = f"{job.name}@{slot:.0f} finished on " + ", ".join(
+                    f"r{r.replica}/pid {r.pid} at {r.end:.3f}" for r in finished
                 )
+                first = min(_end(job, r) for r in finished)
+                if job.recover and any(f.covers(first) for f in faults):
+                    v.recovered_twice.append(what)
+                else:
+                    v.duplicates.append(what)
             if len(mine) > 1:
                 v.double_starts += 1
             if job.recover and not finished:

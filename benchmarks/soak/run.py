@@ -296,15 +296,26 @@ async def soak(mode: str, seconds: float, seed: int, warmup: float, evidence: Pa
                 replica.signal(signal.SIGKILL)
             for proxy in proxies:
                 await proxy.close()
-    records = read_effects(r.effects for r in replicas)
-    jobs = [Job(j.name, j.interval, j.duration, j.recover) for j in JOBS]
-    verdict = check(records, nemesis.faults, jobs, judged_from, judged_to)
-    report(mode, seed, verdict, problems)
     (evidence / "faults.json").write_text(json.dumps([f.__dict__ for f in nemesis.faults]))
-    (evidence / "verdict.json").write_text(
-        json.dumps({"mode": mode, "seed": seed, "problems": problems, **verdict.as_dict()})
-    )
-    return not (verdict.failures or problems)
+    run = {"mode": mode, "seed": seed, "from": judged_from, "to": judged_to, "problems": problems}
+    (evidence / "run.json").write_text(json.dumps(run))
+    return judge(evidence)
+
+
+def judge(evidence: Path) -> bool:
+    """Judge the evidence of a soak (its effects files, faults and run); True if it passed.
+    Writes verdict.json beside it."""
+    run = json.loads((evidence / "run.json").read_text())
+    faults = [
+        Fault(**{**f, "pids": tuple(f["pids"])})
+        for f in json.loads((evidence / "faults.json").read_text())
+    ]
+    records = read_effects(sorted(evidence.glob("effects-*.jsonl")))
+    jobs = [Job(j.name, j.interval, j.duration, j.recover) for j in JOBS]
+    verdict = check(records, faults, jobs, run["from"], run["to"])
+    report(run["mode"], run["seed"], verdict, run["problems"])
+    (evidence / "verdict.json").write_text(json.dumps({**run, **verdict.as_dict()}))
+    return not (verdict.failures or run["problems"])
 
 
 def report(mode: str, seed: int, v: Verdict, problems: list[str]) -> None:
@@ -315,6 +326,8 @@ def report(mode: str, seed: int, v: Verdict, problems: list[str]) -> None:
     print(f"- slots judged: {v.slots}; ran {v.ran}; skipped while their job ran: {v.busy}")
     print(f"- runs: {v.runs} (cancelled {v.cancelled}, killed {v.killed})")
     print(f"- slots finished twice: {len(v.duplicates)}; started twice: {v.double_starts}")
+    twice = len(v.recovered_twice)
+    print(f"- recover=True slots rerun after a finished run's outcome was lost: {twice}")
     print(
         f"- overlaps: outside partitions {len(v.overlaps_outside)}, inside {len(v.overlaps_inside)}"
     )
@@ -333,7 +346,10 @@ def main() -> int:
     parser.add_argument("--seed", type=int, help="default: drawn, and printed")
     parser.add_argument("--warmup", type=float, default=10.0)
     parser.add_argument("--keep", action="store_true", help="keep the evidence of a passing run")
+    parser.add_argument("--judge", type=Path, help="judge a kept evidence folder again, only")
     args = parser.parse_args()
+    if args.judge is not None:
+        return 0 if judge(args.judge) else 1
     seconds = args.minutes * 60 if args.minutes is not None else args.seconds
     seed = args.seed if args.seed is not None else random.randrange(1 << 31)
     modes = ("session", "lease") if args.mode == "both" else (args.mode,)
