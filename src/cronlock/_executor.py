@@ -301,6 +301,11 @@ class Executor:
             )
         try:
             async with guard:
+                if getattr(lease, "lost", False):
+                    # Lost before the body began (claimed ahead, its session died while the
+                    # run waited for its slot): the loss's callback is due at this turn of
+                    # the loop; take it here, so that the body never starts without its lock.
+                    await asyncio.sleep(0)
                 result = await job.call(slot, started, number)
         except asyncio.CancelledError:
             self._cancelled(job, slot, started, lease)
