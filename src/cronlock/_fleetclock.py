@@ -13,6 +13,12 @@ The rules time keeps, whatever the estimates do:
 
 - Before the first estimate the base clock's time is used (offset zero).
 - When the server cannot be read, the last offset is kept, and tried again soon.
+- A step of the base clock (NTP, an operator, a VM resumed) does not move fleet time: over
+  a base clock that follows real time, every reading compares it with the monotonic clock,
+  and a change of more than :data:`STEP` seconds since the last reading is taken out of the
+  offset at once (the next estimate measures it anew). Before, fleet time followed such a
+  step for up to ``ESTIMATE_EVERY`` seconds: a replica stepped 9 s ahead claimed slots 9 s
+  early, and held their locks while its peers were refused (found by the soak).
 - Fleet time never goes back when the offset shrinks: it holds still until the base clock
   catches up, so a slot that fired cannot come due again. When the offset grows, fleet
   time steps forward and the run loop is woken at once: slots due by then fire now, late
@@ -44,6 +50,9 @@ _logger = get_logger("cronlock")
 
 ESTIMATE_EVERY = 30.0
 """Seconds between two estimates of the offset (each a few round trips)."""
+STEP = 0.05
+"""Seconds the base clock may move against the monotonic clock between two readings before
+it counts as a step (slewing by NTP moves it by well under a millisecond a second)."""
 RETRY_EVERY = 2.0
 """Seconds before trying again after the server's clock could not be read."""
 FIRST_SAMPLES = 8
@@ -135,6 +144,12 @@ class FleetClock:
         self._adopted = False
         self._delta = _ZERO
         self._floor = _MIN  # fleet time never reads earlier than this (see now())
+        # Base time minus monotonic time at the last reading: only a base clock that
+        # follows real time is watched for steps (a fake one moves as its test says).
+        self._watch = follows_real_time(base)
+        self._gap: float | None = None
+        self.steps = 0
+        """Steps of the base clock taken out of the offset so far."""
 
     @property
     def real_time(self) -> bool:
@@ -149,8 +164,24 @@ class FleetClock:
     def now(self) -> datetime:
         """Fleet time: the base clock's time plus the offset, never before an earlier reading
         made just before the offset shrank."""
-        now = self.base.now() + self._delta
+        base = self.base.now()
+        if self._watch:
+            gap = base.timestamp() - monotonic()
+            last, self._gap = self._gap, gap
+            if last is not None and abs(gap - last) > STEP:
+                self._stepped(gap - last)
+        now = base + self._delta
         return now if now >= self._floor else self._floor
+
+    def _stepped(self, jump: float) -> None:
+        """The base clock stepped by *jump* seconds: take it out of the offset."""
+        self._delta -= timedelta(seconds=jump)
+        self.steps += 1
+        _logger.warning(
+            "fleet clock: the host clock stepped by %+.3f s; fleet time goes on unchanged",
+            jump,
+            extra=at(None),
+        )
 
     async def sleep_until(self, deadline: datetime) -> None:
         """Sleep until fleet time reaches *deadline* (the offset may change meanwhile)."""

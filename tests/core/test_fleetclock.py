@@ -229,3 +229,22 @@ async def test_a_growing_offset_fires_what_became_due_at_once(clock: FakeClock) 
         assert started == [T0 + timedelta(seconds=1), T0 + timedelta(seconds=2)]
         await clock.advance(1.0)  # fleet T0 + 3.1
     assert runs == [T0 + timedelta(seconds=s) for s in (1, 2, 3)]
+
+
+async def test_a_step_of_the_host_clock_does_not_move_fleet_time() -> None:
+    """Found by the soak: fleet time followed a host clock step until the next estimate
+    (up to 30 s), so a replica stepped 9 s ahead claimed slots 9 s early. Over a base clock
+    that follows real time, a step is taken out of the offset at the next reading."""
+    base = OffsetClock(0.0)
+    fleet = FleetClock(base, FakeServer(ManualClock(), 0.0, [(0.0, 0.0)]))
+    fleet.adopt(1.5)
+    before = fleet.now()
+    base.offset = timedelta(seconds=9.25)  # the host clock jumps ahead
+    ahead = fleet.now()
+    base.offset = timedelta(seconds=-5.0)  # and back, behind true time
+    behind = fleet.now()
+    assert timedelta(0) <= ahead - before < timedelta(seconds=0.05)
+    assert timedelta(0) <= behind - ahead < timedelta(seconds=0.05)
+    assert fleet.steps == 2
+    assert fleet.offset is not None
+    assert abs((fleet.offset - timedelta(seconds=6.5)).total_seconds()) < 0.05
