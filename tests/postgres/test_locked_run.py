@@ -273,5 +273,6 @@ def test_rejects_what_is_neither_pool_nor_dsn() -> None:
 
 @pytest.mark.parametrize("option", ["acquire_timeout", "unlock_timeout"])
 def test_bad_timeouts_raise_config_error(option: str) -> None:
+    options: dict[str, Any] = {option: -1}
     with pytest.raises(ConfigError, match=option):
-        locked_run("postgresql://unused", "x", **{option: -1})
+        locked_run("postgresql://unused", "x", **options)

@@ -32,6 +32,7 @@ from cronlock import (
     every,
 )
 from cronlock.postgres import PostgresLease, PostgresLocker, job_lock_key, locked_run
+from cronlock.postgres._ledger import LedgerTable
 
 from .cluster import Cluster, ClusterUnavailable
 from .events import CutOffFirstRun, Events
@@ -208,6 +209,34 @@ async def test_locked_run_through_pgbouncer_refuses_and_takes_no_lock(
     finally:
         await direct.close()
     assert held == 0
+
+
+async def test_locked_run_for_a_slot_through_pgbouncer_refuses_and_claims_nothing(
+    pgbouncer_dsn: str, pg_server: str, server_schema: str
+) -> None:
+    """With a slot too, the pooler is refused before the ledger is touched: no table made,
+    no slot claimed, no lock taken."""
+    name = f"standalone-{uuid.uuid4().hex[:8]}"
+    slot = datetime(2030, 1, 1, 3, 0, tzinfo=UTC)
+    pool = await asyncpg.create_pool(pgbouncer_dsn, min_size=0, max_size=2, statement_cache_size=0)
+    try:
+        with pytest.raises(PoolerDetected, match="direct connection"):
+            async with locked_run(pool, name, slot=slot, schema=server_schema):
+                pass
+    finally:
+        await pool.close()
+    ledger = LedgerTable(schema=server_schema)
+    direct = await asyncpg.connect(pg_server)
+    try:
+        made = await direct.fetchval("SELECT to_regclass($1)", ledger.runs)
+        held = await direct.fetchval(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'"
+            " AND ((classid::int8 << 32) | objid::int8) = $1",
+            ledger.lock_key(name),
+        )
+    finally:
+        await direct.close()
+    assert (made, held) == (None, 0)
 
 
 async def test_a_fenced_run_of_a_recover_job_is_rerun_once(

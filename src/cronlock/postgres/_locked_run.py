@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
+from datetime import datetime
 from types import TracebackType
 from typing import Any, TypeVar, TypeVarTuple, Unpack
 
@@ -13,30 +14,48 @@ from .._cancel import claim_or_undo, task_name, uncancellable
 from .._durations import Seconds, to_seconds
 from .._errors import ConfigError, PoolerDetected
 from .._keys import job_lock_key
+from .._locking import Refusal
 from .._logs import at, get_logger
 from ._advisory import TRY_LOCK_ON_SQL, UNLOCK_SQL
 from ._backend_errors import backend_error_types, backend_errors
 from ._connections import ConnectionSource, is_closed, terminate
+from ._ledger import DEFAULT_TABLE, LedgerTable
+from ._slotclaim import SlotClaim, to_slot
 
 __all__ = ("RunLock", "locked_run", "run_locked")
 
 _logger = get_logger("cronlock.postgres")
 _T = TypeVar("_T")
+_SAME_BACKEND_SQL = "SELECT CASE WHEN pg_backend_pid() = $1::integer THEN true END"
 _Ts = TypeVarTuple("_Ts")
 
 
 class RunLock:
-    """What :func:`locked_run` yields: truthy when this session holds the job's lock.
+    """What :func:`locked_run` yields: truthy when this session holds the job's lock (and,
+    with a *slot*, has claimed that slot in the run ledger).
 
-    *lost* turns true if the connection holding the lock dies while the body runs; the
-    server has then released the lock and another replica may take it.
+    *reason* says why not when falsy: ``"locked"`` (another session holds the lock),
+    ``"already_ran"`` (the slot was claimed before, by any copy, finished or not) or
+    ``"paused"`` (the job is paused fleet-wide); ``None`` when acquired. *lost* turns true if
+    the connection holding the lock dies while the body runs; the server has then released
+    the lock and another replica may take it.
     """
 
-    __slots__ = ("_acquired", "_lost", "key", "name")
+    __slots__ = ("_acquired", "_lost", "key", "name", "reason", "slot")
 
-    def __init__(self, name: str, key: int, *, acquired: bool) -> None:
+    def __init__(
+        self,
+        name: str,
+        key: int,
+        *,
+        acquired: bool,
+        reason: Refusal | None = None,
+        slot: datetime | None = None,
+    ) -> None:
         self.name = name
         self.key = key
+        self.slot = slot
+        self.reason: Refusal | None = None if acquired else (reason or "locked")
         self._acquired = acquired
         self._lost = False
 
@@ -54,23 +73,33 @@ class RunLock:
         return self._lost
 
     def __repr__(self) -> str:
-        state = "lost" if self._lost else "acquired" if self._acquired else "held elsewhere"
-        return f"<RunLock {self.name!r} key={self.key} {state}>"
+        state = "lost" if self._lost else "acquired" if self._acquired else self.reason
+        at_slot = "" if self.slot is None else f" slot={self.slot.isoformat()}"
+        return f"<RunLock {self.name!r} key={self.key}{at_slot} {state}>"
 
 
 class _LockedRun(AbstractAsyncContextManager[RunLock]):
     """The context manager behind :func:`locked_run`; single use."""
 
     def __init__(
-        self, source: ConnectionSource, name: str, acquire_timeout: float, unlock_timeout: float
+        self,
+        source: ConnectionSource,
+        name: str,
+        acquire_timeout: float,
+        unlock_timeout: float,
+        claim: SlotClaim | None = None,
     ) -> None:
         self._source = source
         self._name = name
-        self._key = job_lock_key(name)
+        # With a slot, the ledger's namespaced key (what a PostgresLocker on that ledger
+        # takes); without, the bare Go-compatible key.
+        self._claim = claim
+        self._key = job_lock_key(name) if claim is None else claim.key
+        self._slot = None if claim is None else claim.slot
         self._acquire_timeout = acquire_timeout
         self._unlock_timeout = unlock_timeout
         self._conn: Any = None
-        self._result = RunLock(name, self._key, acquired=True)
+        self._result = RunLock(name, self._key, acquired=True, slot=self._slot)
         self._entered = False
 
     async def __aenter__(self) -> RunLock:
@@ -85,23 +114,22 @@ class _LockedRun(AbstractAsyncContextManager[RunLock]):
         # tells us exactly what to undo when we were cancelled meanwhile: the lock, if
         # granted, and the connection. A try-lock that failed has terminated conn itself.
 
-        def undo(granted: bool) -> Awaitable[None]:
+        # With a slot, the undo of a granted claim also deletes the claim's row, in the
+        # same statement as the unlock (the ledger's own undo), so the slot stays free.
+
+        def undo(refused: Refusal | None) -> Awaitable[None]:
             return asyncio.create_task(
-                self._give_back(conn, locked=granted),
+                self._give_back(conn, locked=refused is None, undo=True),
                 name=task_name("locked-run-release", self._name),
             )
 
-        granted = await claim_or_undo(
+        refused = await claim_or_undo(
             self._try_lock(conn), undo, name=task_name("locked-run-try-lock", self._name)
         )
-        if not granted:
-            _logger.debug(
-                "job %r: another session holds the lock; not running",
-                self._name,
-                extra=at(self._name),
-            )
+        if refused is not None:
+            _logger.debug("job %r: not running (%s)", self._name, refused, extra=at(self._name))
             await self._give_back_uncancellably(conn, locked=False)
-            return RunLock(self._name, self._key, acquired=False)
+            return RunLock(self._name, self._key, acquired=False, reason=refused, slot=self._slot)
         self._conn = conn
         conn.add_termination_listener(self._on_connection_lost)
         return self._result
@@ -121,7 +149,8 @@ class _LockedRun(AbstractAsyncContextManager[RunLock]):
         # Runs whatever ended the body: return, exception, cancellation (once or repeatedly)
         # or an asyncio.timeout() deadline. A cancellation that arrives meanwhile is
         # delivered after the unlock, so the caller still sees it.
-        await self._give_back_uncancellably(conn, locked=True)
+        outcome, error = _outcome(exc)
+        await self._give_back_uncancellably(conn, locked=True, outcome=outcome, error=error)
 
     def _on_connection_lost(self, _conn: object) -> None:
         self._result._lost = True
@@ -132,16 +161,25 @@ class _LockedRun(AbstractAsyncContextManager[RunLock]):
             extra=at(self._name),
         )
 
-    async def _try_lock(self, conn: Any) -> bool:
-        """Try the lock on *conn*; if that fails, terminate *conn* and raise LockError.
+    async def _try_lock(self, conn: Any) -> Refusal | None:
+        """Try the lock (and the slot's claim) on *conn*; ``None`` when granted, else why
+        not. If that fails, terminate *conn* and raise LockError.
 
         A try-lock that failed or timed out may still have been granted by the server:
         dropping the session is the one way to be sure nothing stays held.
         """
+        claim = self._claim
         try:
             with backend_errors(f"job {self._name!r}: pg_try_advisory_lock failed"):
                 async with asyncio.timeout(self._acquire_timeout):
-                    got = await conn.fetchval(TRY_LOCK_ON_SQL, self._key, conn.get_server_pid())
+                    if claim is None:
+                        got = await conn.fetchval(TRY_LOCK_ON_SQL, self._key, conn.get_server_pid())
+                    else:
+                        # The same backend check, before the ledger is touched; the claim
+                        # statement then takes the lock itself.
+                        got = await conn.fetchval(_SAME_BACKEND_SQL, conn.get_server_pid())
+                        if got is not None:
+                            return await claim.claim(conn)
             if got is None:
                 raise PoolerDetected(
                     f"job {self._name!r}: the connection is not a server backend of its own "
@@ -149,19 +187,31 @@ class _LockedRun(AbstractAsyncContextManager[RunLock]):
                     "held through it, so none was taken. locked_run needs a direct "
                     "connection to the server"
                 )
-            return bool(got)
+            return None if got else "locked"
         except BaseException:
             terminate(conn)  # synchronous: nothing can interrupt it
             raise
 
-    async def _give_back_uncancellably(self, conn: Any, *, locked: bool) -> None:
+    async def _give_back_uncancellably(
+        self, conn: Any, *, locked: bool, outcome: str | None = None, error: str | None = None
+    ) -> None:
         await uncancellable(
-            self._give_back(conn, locked=locked),
+            self._give_back(conn, locked=locked, outcome=outcome, error=error),
             name=task_name("locked-run-release", self._name),
         )
 
-    async def _give_back(self, conn: Any, *, locked: bool) -> None:
-        """Unlock if *locked*, then return the connection; bounded by unlock_timeout.
+    async def _give_back(
+        self,
+        conn: Any,
+        *,
+        locked: bool,
+        outcome: str | None = None,
+        error: str | None = None,
+        undo: bool = False,
+    ) -> None:
+        """Unlock if *locked* (with a slot: recording *outcome*, or deleting the claim with
+        *undo*, in the same statement), then return the connection; bounded by
+        unlock_timeout.
 
         When that cannot complete, terminate the connection: the server then releases
         every lock of the session. Never raises a backend error.
@@ -171,7 +221,7 @@ class _LockedRun(AbstractAsyncContextManager[RunLock]):
             return
         try:
             async with asyncio.timeout(self._unlock_timeout):
-                if locked and not await conn.fetchval(UNLOCK_SQL, self._key):
+                if locked and not await self._unlock(conn, outcome, error, undo=undo):
                     _logger.warning(
                         "job %r: its lock was no longer held by this session at unlock",
                         self._name,
@@ -189,11 +239,31 @@ class _LockedRun(AbstractAsyncContextManager[RunLock]):
             )
             terminate(conn)
 
+    async def _unlock(
+        self, conn: Any, outcome: str | None, error: str | None, *, undo: bool
+    ) -> bool:
+        if self._claim is None:
+            return bool(await conn.fetchval(UNLOCK_SQL, self._key))
+        return await self._claim.end(conn, outcome=outcome, error=error, undo=undo)
+
+
+def _outcome(exc: BaseException | None) -> tuple[str, str | None]:
+    """The ledger outcome of a body that ended with *exc* (``None``: it returned)."""
+    if exc is None:
+        return "succeeded", None
+    if isinstance(exc, asyncio.CancelledError):
+        return "cancelled", None
+    return "failed", repr(exc)
+
 
 def locked_run(
     pool_or_dsn: Any,
     name: str,
     *,
+    slot: datetime | None = None,
+    table: str | None = None,
+    schema: str | None = None,
+    create_table: bool = True,
     acquire_timeout: Seconds = 10.0,
     unlock_timeout: Seconds = 5.0,
 ) -> AbstractAsyncContextManager[RunLock]:
@@ -218,12 +288,32 @@ def locked_run(
     server raises :class:`cronlock.LockError` after it, rather than hanging) and, separately,
     the try-lock statement. Backend failures raise :class:`cronlock.LockError`; exceptions
     from the block propagate unchanged.
+
+    **Once per slot.** The lock alone only prevents overlap: a copy that starts after
+    another finished runs again. Pass *slot*, an aware datetime naming the instant the run
+    stands for (for a script that system cron starts on every host each minute, that minute:
+    ``datetime.now(UTC).replace(second=0, microsecond=0)``), and the run is claimed in the
+    run ledger (*table*, default ``cronlock_runs``, in *schema*: the ledger a
+    :class:`PostgresLocker` uses, created on first use unless *create_table* is false), so
+    that every other copy for that slot, during or after this one, gets a falsy
+    :class:`RunLock` whose ``reason`` is ``"already_ran"``. The lock is then the ledger's
+    namespaced key (the one a ``PostgresLocker`` on that ledger takes for *name*), and the
+    block's end is recorded: ``"succeeded"``, ``"failed"`` (with the exception's repr) or
+    ``"cancelled"``, as ``python -m cronlock history`` shows. A cancelled acquire deletes its
+    claim with the unlock, leaving the slot free.
     """
+    if slot is None and (table is not None or schema is not None):
+        raise ConfigError(f"job {name!r}: table= and schema= are the ledger's, and need slot=")
+    claim = None
+    if slot is not None:
+        ledger = LedgerTable(DEFAULT_TABLE if table is None else table, schema)
+        claim = SlotClaim(ledger, name, to_slot(slot, name), create_table)
     return _LockedRun(
         ConnectionSource(pool_or_dsn),
         name,
         to_seconds(acquire_timeout, field="acquire_timeout", error=ConfigError),
         to_seconds(unlock_timeout, field="unlock_timeout", error=ConfigError),
+        claim,
     )
 
 
@@ -232,16 +322,28 @@ async def run_locked(
     name: str,
     fn: Callable[[Unpack[_Ts]], Awaitable[_T]],
     *args: *_Ts,
+    slot: datetime | None = None,
+    table: str | None = None,
+    schema: str | None = None,
+    create_table: bool = True,
     acquire_timeout: Seconds = 10.0,
     unlock_timeout: Seconds = 5.0,
 ) -> tuple[bool, _T | None]:
-    """Run ``await fn(*args)`` under job *name*'s lock, unless another session holds it.
+    """Run ``await fn(*args)`` under job *name*'s lock, unless another session holds it
+    (or, with *slot*, unless that slot was claimed before).
 
-    Returns ``(False, None)`` when the lock is held elsewhere, else ``(True, result)``.
+    Returns ``(False, None)`` when it did not run, else ``(True, result)``.
     Same guarantees and options as :func:`locked_run`; *fn*'s exceptions propagate.
     """
     async with locked_run(
-        pool_or_dsn, name, acquire_timeout=acquire_timeout, unlock_timeout=unlock_timeout
+        pool_or_dsn,
+        name,
+        slot=slot,
+        table=table,
+        schema=schema,
+        create_table=create_table,
+        acquire_timeout=acquire_timeout,
+        unlock_timeout=unlock_timeout,
     ) as lock:
         if not lock:
             return False, None
