@@ -295,13 +295,18 @@ class Executor:
         guard = RunGuard(clock, timeout, self._deadlines)
         if coordinated:
             self._coordinated.add(guard)
-        if lease is not None and lease_hooks(lease).losable:
-            typing.cast(LosableLease, lease).on_lost(
-                guard.lose if self._cancel_on_lock_loss else _log_loss(job, slot)
+        lost = (
+            lease is not None
+            and lease_hooks(lease).losable
+            and bool(
+                typing.cast(LosableLease, lease).on_lost(
+                    guard.lose if self._cancel_on_lock_loss else _log_loss(job, slot)
+                )
             )
+        )
         try:
             async with guard:
-                if getattr(lease, "lost", False):
+                if lost:
                     # Lost before the body began (claimed ahead, its session died while the
                     # run waited for its slot): the loss's callback is due at this turn of
                     # the loop; take it here, so that the body never starts without its lock.

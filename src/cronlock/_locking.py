@@ -94,8 +94,11 @@ class RecordingLease(Lease, Protocol):
 class LosableLease(Lease, Protocol):
     """A lease that can tell when its lock was lost while the run was going on."""
 
-    def on_lost(self, callback: Callable[[BaseException | None], None]) -> None:
-        """Call *callback* (once, from the event loop) if the lock is lost before release.
+    def on_lost(self, callback: Callable[[BaseException | None], None]) -> bool:
+        """Call *callback* (once, from the event loop) if the lock is lost before release;
+        return whether it is lost already (the callback is then called soon: a run claimed
+        ahead may lose its lock before its slot, and the scheduler then ends it before its
+        task starts).
 
         Losing the lock (session killed, network cut, server restart) means mutual exclusion
         no longer holds; the scheduler cancels the run by default (event ``LockLost``).

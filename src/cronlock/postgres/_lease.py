@@ -74,18 +74,20 @@ class PostgresLease(BoundedRelease):
         """Keep the run's outcome; :meth:`release` writes it to the ledger with the unlock."""
         self._record = record
 
-    def on_lost(self, callback: Callable[[BaseException | None], None]) -> None:
-        """Call *callback* once, from the event loop, if the lock is lost before release.
+    def on_lost(self, callback: Callable[[BaseException | None], None]) -> bool:
+        """Call *callback* once, from the event loop, if the lock is lost before release;
+        return whether it is lost already.
 
         It receives a :class:`cronlock.LockError` saying why. Registered after the loss, it
         is called soon; after :meth:`release` has started, never.
         """
         if self._done:
-            return
+            return False
         if self._lost:
             asyncio.get_running_loop().call_soon(callback, self._lost_because)
-        else:
-            self._watchers.append(callback)
+            return True
+        self._watchers.append(callback)
+        return False
 
     def mark_lost(self, because: BaseException) -> None:
         """Note that the session holding this lock was dropped; called by the locker.
