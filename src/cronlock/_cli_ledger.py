@@ -36,9 +36,17 @@ def add_pg_parsers(verbs: Any) -> None:
         "jobs", nargs="*", metavar="JOB", help="only these jobs (exit status 1 if one is unknown)"
     )
     status.add_argument(
+        "--state",
+        action="append",
+        metavar="STATES",
+        help="only jobs in these states, as the STATE column names them, comma-separated "
+        "(e.g. failing,overdue; repeatable)",
+    )
+    status.add_argument(
         "--check",
         action="store_true",
-        help="health check: exit status 1, naming them, if jobs are overdue (0 otherwise)",
+        help="health check: exit status 1, naming them, if jobs are overdue (0 otherwise; "
+        "failing jobs count once overdue; --state does not change it)",
     )
     history = verbs.add_parser("history", help="the latest runs of one job from the ledger")
     common(history)

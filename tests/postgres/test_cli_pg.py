@@ -14,7 +14,7 @@ import pytest
 
 from cronlock import RunRecord
 from cronlock.postgres import PostgresLease, PostgresLocker
-from cronlock.postgres._ledger import quote_ident
+from cronlock.postgres._ledger import DEFAULT_TABLE, LedgerTable, quote_ident
 
 pytestmark = pytest.mark.postgres
 
@@ -163,3 +163,92 @@ async def test_unknown_jobs_are_named_and_exit_status_1(pg_dsn: str, schema: str
     noted = await cli("history", "weekly-report", "--dsn", pg_dsn, "--schema", schema)
     assert noted.returncode == 0, noted.stderr
     assert noted.stdout.startswith("no runs of 'weekly-report'")
+
+
+async def seed_states(pg_dsn: str, schema: str, admin: Any) -> None:
+    """One job in each of ok, failing, overdue and new (the dashboard's states)."""
+    locker = PostgresLocker(pg_dsn, schema=schema, application_name="cli-test-states")
+    async with locker:
+        for i, (job, outcome) in enumerate(
+            [
+                ("fine", "succeeded"),
+                ("broken", "succeeded"),
+                ("broken", "failed"),
+            ]
+        ):
+            slot = SLOT + timedelta(hours=i)
+            lease = await locker.acquire(job, slot)
+            assert isinstance(lease, PostgresLease)
+            now = datetime.now(UTC)
+            error = None if outcome == "succeeded" else "RuntimeError: upstream said 503"
+            lease.record(RunRecord(slot, now, now, outcome, error))  # type: ignore[arg-type]
+            await lease.release()
+        for job in ("fine", "broken", "late", "unrun"):
+            locker.note_schedule(job, "every 1h", SLOT + timedelta(days=1))
+    # As a Scheduler's replicas note them: a grace and a due slot (here a day ahead), but
+    # 'late', never run, is due by a slot an hour past its one-second grace.
+    jobs = LedgerTable(DEFAULT_TABLE, schema).jobs
+    await admin.execute(f"UPDATE {jobs} SET grace = 60, due = $1", SLOT + timedelta(days=1))
+    await admin.execute(
+        f"UPDATE {jobs} SET grace = 1, due = now() - interval '1 hour' WHERE job = 'late'"
+    )
+
+
+def states(result: subprocess.CompletedProcess[str]) -> dict[str, str]:
+    return {line.split()[0]: line.split()[1] for line in result.stdout.splitlines()[2:]}
+
+
+async def test_status_shows_the_dashboards_states(pg_dsn: str, schema: str, admin: Any) -> None:
+    await seed_states(pg_dsn, schema, admin)
+    status = await cli("status", "--dsn", pg_dsn, "--schema", schema)
+    assert status.returncode == 0, status.stderr
+    assert status.stdout.splitlines()[1].split()[:2] == ["JOB", "STATE"]
+    # A job whose latest run failed is failing, not ok; one never run is new.
+    assert states(status) == {"broken": "failing", "fine": "ok", "late": "overdue", "unrun": "new"}
+
+    # --check keeps its meaning: overdue jobs only (a failing one counts once overdue).
+    check = await cli("status", "--check", "--dsn", pg_dsn, "--schema", schema)
+    assert check.returncode == 1
+    assert check.stdout.splitlines()[-1] == "overdue: late"
+    healthy = await cli("status", "--check", "fine", "broken", "--dsn", pg_dsn, "--schema", schema)
+    assert healthy.returncode == 0, healthy.stdout + healthy.stderr
+
+
+async def test_status_filters_by_state(pg_dsn: str, schema: str, admin: Any) -> None:
+    await seed_states(pg_dsn, schema, admin)
+    args = ("--dsn", pg_dsn, "--schema", schema)
+    bad = await cli("status", "--state", "failing,overdue", *args)
+    assert bad.returncode == 0, bad.stderr
+    assert bad.stdout.splitlines()[0].endswith("4 job(s), 2 overdue, failing; times in UTC")
+    assert states(bad) == {"broken": "failing", "late": "overdue"}
+    # Repeated, with spaces; and combined with job names.
+    again = await cli("status", "--state", "new", "--state", " ok ", *args)
+    assert states(again) == {"fine": "ok", "unrun": "new"}
+    named = await cli("status", "fine", "broken", "--state", "failing", *args)
+    assert states(named) == {"broken": "failing"}
+    # Nothing in that state: the count line, no table.
+    none = await cli("status", "--state", "paused", *args)
+    assert none.returncode == 0, none.stderr
+    assert none.stdout.splitlines() == [
+        f'run ledger "{schema}"."cronlock_runs": 4 job(s), 0 paused; times in UTC'
+    ]
+    # --check still judges every job asked for, whatever --state shows.
+    check = await cli("status", "--check", "--state", "failing", *args)
+    assert check.returncode == 1
+    assert states(check) == {"broken": "failing"} | {"overdue:": "late"}
+
+
+@pytest.mark.parametrize(
+    ("value", "hint"),
+    [("failed", " (did you mean failing?)"), ("ok,bogus", ""), ("", "")],
+)
+async def test_an_unknown_state_is_refused(value: str, hint: str, unreachable_dsn: str) -> None:
+    # Refused before connecting, like the other bad input: one line, exit status 2.
+    result = await cli("status", "--state", value, "--dsn", unreachable_dsn)
+    assert result.returncode == 2
+    assert result.stdout == ""
+    name = value.split(",")[-1]
+    assert result.stderr == (
+        f"cronlock: error: unknown state for --state: {name!r}{hint}; "
+        "valid: paused, overdue, failing, running, ok, new\n"
+    )

@@ -17,7 +17,7 @@ from typing import Any
 from .._errors import CronlockError
 from .._records import RunRecord
 from ._control import control_sql
-from ._fleet import read_jobs, read_paused, read_runs, server_now
+from ._fleet import STATUSES, Status, job_status, read_jobs, read_paused, read_runs, server_now
 from ._ledger import DEFAULT_TABLE, LedgerTable, ledger_state, migrate
 
 __all__ = ("run_verb",)
@@ -28,7 +28,23 @@ def run_verb(args: argparse.Namespace) -> int:
     table = LedgerTable(args.table or DEFAULT_TABLE, args.schema)
     if args.verb == "history" and args.n < 1:
         raise CronlockError(f"-n must be at least 1, got {args.n}")
+    if args.verb == "status":
+        args.states = _states(args.state or [])
     return asyncio.run(_run(args, table))
+
+
+def _states(given: Sequence[str]) -> frozenset[Status]:
+    """The states ``--state`` names (comma-separated, repeatable); empty: every state."""
+    wanted: set[Status] = set()
+    for name in (part.strip() for text in given for part in text.split(",")):
+        if name not in STATUSES:
+            close = difflib.get_close_matches(name, STATUSES, n=1)
+            hint = f" (did you mean {close[0]}?)" if close else ""
+            raise CronlockError(
+                f"unknown state for --state: {name!r}{hint}; valid: {', '.join(STATUSES)}"
+            )
+        wanted.add(name)
+    return frozenset(wanted)
 
 
 async def _run(args: argparse.Namespace, table: LedgerTable) -> int:
@@ -48,7 +64,7 @@ async def _run(args: argparse.Namespace, table: LedgerTable) -> int:
                 f"'python -m cronlock migrate --dsn ...' or start a PostgresLocker"
             )
         if args.verb == "status":
-            return await _status(conn, table, args.jobs, check=args.check)
+            return await _status(conn, table, args.jobs, args.states, check=args.check)
         if args.verb in ("pause", "resume", "trigger"):
             return await _control(conn, table, args.verb, args.job, force=args.force)
         return await _history(conn, table, args.job, args.n)
@@ -113,7 +129,9 @@ async def _control(conn: Any, table: LedgerTable, verb: str, job: str, *, force:
     return 0
 
 
-async def _status(conn: Any, table: LedgerTable, only: Sequence[str], *, check: bool) -> int:
+async def _status(
+    conn: Any, table: LedgerTable, only: Sequence[str], states: frozenset[Status], *, check: bool
+) -> int:
     # A job is known once a replica noted its schedule or claimed a slot of it.
     jobs = await read_jobs(conn, table, list(only) if only else None)
     unknown: list[str] = []
@@ -121,23 +139,22 @@ async def _status(conn: Any, table: LedgerTable, only: Sequence[str], *, check: 
     if only:
         known = [row["job"] for row in await conn.fetch(table.jobs_sql)]
         unknown = [name for name in dict.fromkeys(only) if name not in known]
-    print(f"run ledger {table.runs}: {len(jobs)} job(s); times in UTC")
-    if not jobs:
-        return _unknown(unknown, known)
-    paused = await read_paused(conn, table)
+    paused = await read_paused(conn, table) if jobs else set()
     now = await server_now(conn)
-    overdue: list[str] = []
+    # The dashboard's rule (job_status), so the page and the command line never disagree.
+    judged = [(job, job_status(job, now, paused=job.name in paused)) for job in jobs]
+    # --check judges every job asked for, whatever --state shows: its meaning stays one rule.
+    overdue = [job.name for job, state in judged if state == "overdue"]
+    shown = [(job, state) for job, state in judged if not states or state in states]
+    filtered = ""
+    if states:
+        wanted = ", ".join(state for state in STATUSES if state in states)
+        filtered = f", {len(shown)} {wanted}"
+    print(f"run ledger {table.runs}: {len(jobs)} job(s){filtered}; times in UTC")
     lines = []
-    for job in jobs:
+    for job, state in shown:
         ok, failed = job.last_success, job.last_failure
         failure = "-" if failed is None else f"{_when(failed.slot)} {_outcome(failed)}"
-        if job.name in paused:
-            state = "paused"
-        elif job.overdue_since(now) is not None:
-            state = "OVERDUE"
-            overdue.append(job.name)
-        else:
-            state = "ok" if job.grace is not None else "-"
         lines.append(
             [
                 job.name,
@@ -149,8 +166,9 @@ async def _status(conn: Any, table: LedgerTable, only: Sequence[str], *, check: 
                 ", ".join(h.describe() for h in job.holders) or "-",
             ]
         )
-    header = ["JOB", "STATE", "SCHEDULE", "LAST SUCCESS", "LAST FAILURE", "NEXT SLOT"]
-    _table([*header, "LOCK HELD BY"], lines)
+    if lines:
+        header = ["JOB", "STATE", "SCHEDULE", "LAST SUCCESS", "LAST FAILURE", "NEXT SLOT"]
+        _table([*header, "LOCK HELD BY"], lines)
     status = _unknown(unknown, known)
     if check and overdue:
         print(f"overdue: {', '.join(overdue)}")

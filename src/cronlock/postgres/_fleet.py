@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal, get_args
 
 from .._keys import job_lock_key
 from .._records import RunRecord
@@ -19,8 +19,11 @@ from ._ledger import RUN, LedgerTable, to_record
 
 __all__ = (
     "HOLDERS_SQL",
+    "STATUSES",
     "FleetJob",
     "LockHolder",
+    "Status",
+    "job_status",
     "read_holders",
     "read_jobs",
     "read_paused",
@@ -99,6 +102,31 @@ class FleetJob:
     def failing(self) -> bool:
         """Its latest finished run did not succeed."""
         return self.last_run is not None and self.last_run.outcome != "succeeded"
+
+
+Status = Literal["paused", "overdue", "failing", "running", "ok", "new"]
+"""A job at a glance, in this order of precedence: paused fleet-wide; overdue (a slot fell due
+past its grace and nothing at or after it succeeded); its latest run failed; a replica
+holds its lock now; its latest run succeeded; it never ran."""
+
+STATUSES: tuple[Status, ...] = get_args(Status)
+"""Every :data:`Status`, in order of precedence (what ``status --state`` accepts)."""
+
+
+def job_status(job: FleetJob, now: datetime, *, paused: bool) -> Status:
+    """*job*'s :data:`Status` at *now* (server time), *paused* fleet-wide or not.
+
+    The one rule for the dashboard's badge and the ``status`` verb's STATE column.
+    """
+    if paused:
+        return "paused"
+    if job.overdue_since(now) is not None:
+        return "overdue"
+    if job.failing:
+        return "failing"
+    if job.holders:
+        return "running"
+    return "ok" if job.last_run is not None else "new"
 
 
 async def read_holders(

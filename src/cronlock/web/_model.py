@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any
 
 from .._records import RunRecord
-from ..postgres._fleet import FleetJob
+from ..postgres._fleet import FleetJob, Status, job_status
 from ._words import describe
 
 __all__ = (
@@ -29,11 +29,6 @@ __all__ = (
     "run_view",
     "when",
 )
-
-Status = Literal["paused", "overdue", "failing", "running", "ok", "new"]
-"""At a glance, in this order of precedence: paused fleet-wide; overdue (a slot fell due
-past its grace and nothing at or after it succeeded); its latest run failed; a replica
-holds its lock now; its latest run succeeded; it never ran."""
 
 _ERROR_LIMIT = 300
 
@@ -146,19 +141,7 @@ def job_view(job: FleetJob, now: datetime, *, paused: bool) -> JobView:
     """How *job* looks at *now* (the database server's time, which overdue is judged by)."""
     described = describe(job.schedule, job.next_run, now=now)
     late = job.overdue_since(now)
-    status: Status
-    if paused:
-        status = "paused"
-    elif late is not None:
-        status = "overdue"
-    elif job.failing:
-        status = "failing"
-    elif job.holders:
-        status = "running"
-    elif job.last_run is not None:
-        status = "ok"
-    else:
-        status = "new"
+    status = job_status(job, now, paused=paused)
 
     def view(record: RunRecord | None) -> RunView | None:
         return None if record is None else run_view(record)
