@@ -27,7 +27,7 @@ from ._interval import IntervalSchedule
 from ._job import Job
 from ._locking import Elector, Lease, LosableLease, RecordingLease, lease_hooks
 from ._logs import at, get_logger
-from ._records import RunRecord, error_summary
+from ._records import RunRecord, error_summary, timed_out_error
 
 __all__ = ("Executor",)
 
@@ -247,14 +247,9 @@ class Executor:
     ) -> JobEvent:
         assert timeout is not None
         finished = self._clock.now()
-        _logger.error(
-            "job %r slot %s timed out after %ss",
-            job.name,
-            slot,
-            timeout,
-            extra=at(job.name, slot),
-        )
-        record = RunRecord(slot, started, finished, "timed_out", None)
+        error = timed_out_error(timeout)
+        _logger.error("job %r slot %s %s", job.name, slot, error, extra=at(job.name, slot))
+        record = RunRecord(slot, started, finished, "timed_out", error)
         event = JobTimedOut(job.name, slot, started, finished, timeout)
         return self._end(job, lease, record, event)
 

@@ -100,3 +100,8 @@ def error_summary(exc: BaseException, limit: int = 500) -> str:
         f"{type(exc).__name__}: {exc}".strip().splitlines()[0] if str(exc) else type(exc).__name__
     )
     return text[:limit]
+
+
+def timed_out_error(timeout: float) -> str:
+    """The error of a run that hit its *timeout*: ``timed out after 600 s``."""
+    return f"timed out after {timeout:g} s"

@@ -74,7 +74,17 @@ class _Claim:
 
 
 class _End:
-    __slots__ = ("error", "future", "generation", "job", "key", "outcome", "slot", "undo")
+    __slots__ = (
+        "error",
+        "future",
+        "generation",
+        "job",
+        "key",
+        "outcome",
+        "slot",
+        "started",
+        "undo",
+    )
 
     def __init__(
         self,
@@ -89,6 +99,7 @@ class _End:
         self.job, self.key, self.slot, self.generation = job, key, slot, generation
         self.outcome = None if record is None else record.outcome
         self.error = None if record is None else record.error
+        self.started = None if record is None else record.started_at
         self.undo, self.future = undo, future
 
 
@@ -326,6 +337,7 @@ class Batcher:
                     [end.undo for end in current],
                     self._host,
                     self._pid,
+                    [end.started for end in current],
                     *self._holder,
                 )
                 rows = await run(conn, generation, lambda c: c.fetch(sql, *args), what="finish")

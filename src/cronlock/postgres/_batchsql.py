@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from ._ledger import RUN, RUN_COLUMNS, LedgerTable
+from ._starts import CLAIMED_START, real_start
 
 __all__ = (
     "TRY_LOCK_MANY_SQL",
@@ -68,8 +69,8 @@ def claim_many_sql(table: LedgerTable) -> str:
                         ELSE pg_try_advisory_lock(u.key) END AS got
             FROM u
         ), ins AS (
-            INSERT INTO {runs} (job, slot, host, pid, session)
-            SELECT l.job, l.slot, $4::text, $5::integer, pg_backend_pid()
+            INSERT INTO {runs} (job, slot, host, pid, session, started_at)
+            SELECT l.job, l.slot, $4::text, $5::integer, pg_backend_pid(), {CLAIMED_START}
             FROM l WHERE l.got
             ON CONFLICT (job, slot) DO NOTHING
             RETURNING job, slot, started_at
@@ -134,7 +135,8 @@ def finish_many_sql(table: LedgerTable) -> str:
     """Record outcomes (or undo claims) and unlock, for many runs in one statement.
 
     Arrays ``$1`` jobs, ``$2`` slots, ``$3`` outcomes (NULL: none recorded), ``$4``
-    errors, ``$5`` keys, ``$6`` undo flags; ``$7`` host, ``$8`` pid. A row to *undo* is
+    errors, ``$5`` keys, ``$6`` undo flags, ``$9`` the instants the runs' bodies began
+    (:func:`real_start`); ``$7`` host, ``$8`` pid. A row to *undo* is
     a claim whose caller was cancelled before its run began: deleted, so that another
     replica may still run the slot, or, for the rerun of a crashed run (attempt 2),
     recorded ``"cancelled"``: the row also stands for the first attempt, and no replica may
@@ -157,8 +159,8 @@ def finish_many_sql(table: LedgerTable) -> str:
     return f"""
         WITH u AS MATERIALIZED (
             SELECT * FROM unnest($1::text[], $2::timestamptz[], $3::text[], $4::text[],
-                                 $5::bigint[], $6::boolean[]) WITH ORDINALITY
-                 AS u(job, slot, outcome, error, key, undo, i)
+                                 $5::bigint[], $6::boolean[], $9::timestamptz[]) WITH ORDINALITY
+                 AS u(job, slot, outcome, error, key, undo, started, i)
         ), {end_ctes(runs)}
         ), relaxed AS MATERIALIZED (
             SELECT set_config('synchronous_commit', 'off', true)
@@ -174,9 +176,9 @@ def end_ctes(runs: str) -> str:
     the same in both modes: each run's row found by a primary-key probe, deleted for an
     undo of a first attempt, else given its outcome. They read the CTE ``u`` (the arrays of
     :func:`finish_many_sql`) and ``$7`` host, ``$8`` pid; ``del`` and ``upd`` return the job
-    of each row they changed."""
+    of each row they changed. An outcome also records when the run's body really began."""
     return f"""t AS MATERIALIZED (
-            SELECT u.outcome, u.error, u.undo, r.rid, r.host, r.pid, r.attempt
+            SELECT u.outcome, u.error, u.undo, u.started, r.rid, r.host, r.pid, r.attempt
             FROM u JOIN LATERAL (
                 SELECT r.ctid AS rid, r.host, r.pid, r.attempt FROM {runs} r
                 WHERE r.job = u.job AND r.slot = u.slot AND r.finished_at IS NULL LIMIT 1
@@ -189,6 +191,7 @@ def end_ctes(runs: str) -> str:
         ), upd AS (
             UPDATE {runs} r
             SET finished_at = clock_timestamp(),
+                started_at = {real_start("r.started_at", "t.started", "clock_timestamp()")},
                 outcome = CASE WHEN t.undo THEN 'cancelled' ELSE t.outcome END,
                 error = CASE WHEN t.undo THEN 'cancelled before the rerun began'
                              ELSE t.error END

@@ -65,13 +65,13 @@ class Exclusion:
     claim_sql: str
     """Claims of many slots: ``$1``-``$5`` (keys, jobs, slots, host, pid), then :attr:`extra`."""
     finish_sql: str
-    """Ends of many runs: ``$1``-``$8``, then :attr:`holder_args`."""
+    """Ends of many runs: ``$1``-``$9``, then :attr:`holder_args`."""
     recover_sql: str
     """The rerun of one crashed run: ``$1``-``$5``, then :attr:`extra`."""
     crashed_sql: str
     """Mark crashed runs: ``$1`` host, ``$2`` pid, then :attr:`holder_args`."""
     late_finish_sql: str
-    """Late outcomes: ``$1``-``$8``, then :attr:`holder_args`."""
+    """Late outcomes: ``$1``-``$9``, then :attr:`holder_args`."""
     extra: tuple[object, ...] = ()
     """Lease mode: (holder, lease seconds); session mode: nothing."""
     table: LedgerTable | None = None

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from ._batchsql import claim_inputs, end_ctes, told_columns
 from ._ledger import R_RUN, LedgerTable
+from ._starts import CLAIMED_START
 
 __all__ = (
     "lease_claim_many_sql",
@@ -66,8 +67,8 @@ def lease_claim_many_sql(table: LedgerTable) -> str:
             WHERE x.expires_at <= clock_timestamp() AND x.slot <> EXCLUDED.slot
             RETURNING x.job
         ), ins AS (
-            INSERT INTO {runs} (job, slot, host, pid, session)
-            SELECT l.job, l.slot, $4::text, $5::integer, NULL
+            INSERT INTO {runs} (job, slot, host, pid, session, started_at)
+            SELECT l.job, l.slot, $4::text, $5::integer, NULL, {CLAIMED_START}
             FROM l JOIN lease ON lease.job = l.job
             ORDER BY l.job
             ON CONFLICT (job, slot) DO NOTHING
@@ -87,7 +88,7 @@ def lease_finish_many_sql(table: LedgerTable) -> str:
     """Record outcomes (or undo claims) and release the leases, for many runs at once.
 
     The parameters of :func:`._batchsql.finish_many_sql` (``$5`` keys are unused here) plus
-    ``$9`` holder. Answers (i, released): *released* false when the lease was no longer
+    ``$10`` holder. Answers (i, released): *released* false when the lease was no longer
     this holder's (it expired and another replica took it over). The leases are locked in
     job order first. Like the session form, the commit does not wait for its WAL flush.
 
@@ -101,17 +102,17 @@ def lease_finish_many_sql(table: LedgerTable) -> str:
     return f"""
         WITH u AS MATERIALIZED (
             SELECT * FROM unnest($1::text[], $2::timestamptz[], $3::text[], $4::text[],
-                                 $5::bigint[], $6::boolean[]) WITH ORDINALITY
-                 AS u(job, slot, outcome, error, key, undo, i)
+                                 $5::bigint[], $6::boolean[], $9::timestamptz[]) WITH ORDINALITY
+                 AS u(job, slot, outcome, error, key, undo, started, i)
         ), lk AS MATERIALIZED (
             SELECT x.job, x.slot FROM {leases} x JOIN u ON x.job = u.job AND x.slot = u.slot
-            WHERE x.holder = $9::text
+            WHERE x.holder = $10::text
             ORDER BY x.job FOR UPDATE OF x
         ), {end_ctes(runs)}
         ), rel AS (
             UPDATE {leases} x SET expires_at = '-infinity',
                 slot = CASE WHEN x.job IN (SELECT job FROM del) THEN '-infinity' ELSE x.slot END
-            FROM lk WHERE x.job = lk.job AND x.holder = $9::text
+            FROM lk WHERE x.job = lk.job AND x.holder = $10::text
             RETURNING x.job
         ), relaxed AS MATERIALIZED (
             SELECT set_config('synchronous_commit', 'off', true)
@@ -209,7 +210,7 @@ def lease_crashed_sql(table: LedgerTable) -> str:
 
 def lease_late_finish_sql(table: LedgerTable) -> str:
     """:attr:`LedgerTable.late_finish_sql` (same ``$1``-``$8``), and the release of those
-    runs' leases while still this holder's (``$9``)."""
+    runs' leases while still this holder's (``$10``)."""
     return f"""
         WITH done AS (
             {table.late_finish_sql.strip()}
@@ -217,7 +218,7 @@ def lease_late_finish_sql(table: LedgerTable) -> str:
         ), rel AS (
             UPDATE {table.leases} x SET expires_at = '-infinity'
             FROM unnest($1::text[], $2::timestamptz[]) AS u(job, slot)
-            WHERE x.job = u.job AND x.slot = u.slot AND x.holder = $9::text
+            WHERE x.job = u.job AND x.slot = u.slot AND x.holder = $10::text
         )
         SELECT count(*) FROM done"""
 

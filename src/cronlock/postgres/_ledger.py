@@ -15,6 +15,7 @@ from typing import Any, Literal
 from .._errors import LedgerNameError
 from .._keys import job_lock_key, ledger_lock_key
 from .._records import RunRecord
+from ._starts import real_start
 
 __all__ = (
     "DEFAULT_TABLE",
@@ -258,17 +259,18 @@ class LedgerTable:
         """Record outcomes of runs whose session died (no lock to release any more).
 
         Arrays: ``$1`` jobs, ``$2`` slots, ``$3`` outcomes, ``$4`` errors, ``$5`` times,
-        ``$6`` attempts; ``$7`` host, ``$8`` pid: only this process's own claims are
-        written. Another replica may have marked such a run ``"crashed"`` meanwhile (its
-        session was gone): the real outcome replaces that, unless a rerun took the slot
-        over (the row is then another attempt's).
+        ``$6`` attempts, ``$9`` when the runs began; ``$7`` host, ``$8`` pid: only this
+        process's own claims are written. Another replica may have marked such a run
+        ``"crashed"`` meanwhile (its session was gone): the real outcome replaces that,
+        unless a rerun took the slot over (the row is then another attempt's).
         """
         return f"""
             UPDATE {self.runs} AS r
-            SET finished_at = u.finished_at, outcome = u.outcome, error = u.error
+            SET finished_at = u.finished_at, outcome = u.outcome, error = u.error,
+                started_at = {real_start("r.started_at", "u.started", "u.finished_at")}
             FROM unnest($1::text[], $2::timestamptz[], $3::text[], $4::text[],
-                        $5::timestamptz[], $6::smallint[])
-                 AS u(job, slot, outcome, error, finished_at, attempt)
+                        $5::timestamptz[], $6::smallint[], $9::timestamptz[])
+                 AS u(job, slot, outcome, error, finished_at, attempt, started)
             WHERE r.job = u.job AND r.slot = u.slot AND r.attempt = u.attempt
               AND r.host = $7::text AND r.pid = $8::integer
               AND (r.finished_at IS NULL OR r.outcome = 'crashed')"""

@@ -259,6 +259,7 @@ class Upkeep:
                 list(attempts),
                 self._host,
                 os.getpid(),
+                [r.started_at for r in records],
                 *self._late_args,
             )
             late_sql = self._late_sql or table.late_finish_sql
