@@ -41,15 +41,16 @@ async def test_every_verb_takes_a_name(scheduler: Scheduler, clock: FakeClock) -
 async def test_an_unknown_name_is_refused_with_a_hint(scheduler: Scheduler, verb: str) -> None:
     scheduler.add_job(lambda: None, every(60), name="nightly-report")
     method = getattr(scheduler, verb)
+
+    async def call() -> object:
+        if verb == "update":
+            return method("nightly-reprot", every(60))
+        result = method("nightly-reprot")
+        return await result if verb == "run_job_now" else result
+
     async with scheduler:
         with pytest.raises(JobLookupError) as caught:
-            result = (
-                method("nightly-reprot", every(60))
-                if verb == "update"
-                else method("nightly-reprot")
-            )
-            if verb == "run_job_now":
-                await result
+            await call()
     assert str(caught.value) == "unknown job: nightly-reprot (did you mean nightly-report?)"
 
 
