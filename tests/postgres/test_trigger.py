@@ -9,8 +9,10 @@ import uuid
 from datetime import UTC, datetime
 from typing import Any
 
+import httpx
 import pytest
 
+import cronlock.web
 from cronlock import JobLookupError, RunRecord, Schedule, Scheduler, daily
 from cronlock.postgres import FleetControl, PostgresLease, PostgresLocker, Triggered
 from cronlock.postgres._ledger import LedgerTable, ledger_state, migrate
@@ -106,6 +108,15 @@ async def test_a_trigger_is_waited_for_and_its_run_is_marked_manual(
             (first.slot, True),
         ]
     assert [run_json(run_view(r))["manual"] for r in history] == [False, True, True]
+    # The dashboard: a "manual" tag on the job's page, "manual" in its JSON API.
+    app = cronlock.web.app(pg_dsn, table=table)
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://dash") as dash:
+        page = (await dash.get("/jobs/nightly")).text
+        api = (await dash.get("/api/jobs/nightly/runs")).json()
+    table_rows = page.split('<tr class="run ')[1:]  # the runs table, newest first
+    assert ['class="manual"' in row.split("</tr>")[0] for row in table_rows] == [False, True, True]
+    assert [run["manual"] for run in api["runs"]] == [False, True, True]
     shown = await cli("history", "nightly", "--dsn", pg_dsn, "--table", table)
     assert shown.returncode == 0, shown.stderr
     rows = shown.stdout.splitlines()[2:]
