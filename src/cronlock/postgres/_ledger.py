@@ -40,17 +40,8 @@ _OUTCOMES = frozenset({"succeeded", "failed", "timed_out", "cancelled", "lock_lo
 # is in both tables); migrate() adds them.
 _ADDED_COLUMNS = ("session", "attempt", "manual", "grace", "due", "grace_until")
 
-RUN_COLUMNS = (
-    "slot",
-    "started_at",
-    "finished_at",
-    "outcome",
-    "error",
-    "host",
-    "pid",
-    "attempt",
-    "manual",
-)
+_RUN_NAMES = "slot started_at finished_at outcome error host pid attempt manual"
+RUN_COLUMNS = tuple(_RUN_NAMES.split())
 """The columns of a run that :func:`to_record` reads: every read of runs selects these."""
 RUN = ", ".join(RUN_COLUMNS)
 """:data:`RUN_COLUMNS` as a select list."""
