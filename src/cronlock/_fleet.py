@@ -21,6 +21,7 @@ from ._events import JobEvent, JobSkipped, LockFailed
 from ._job import Job
 from ._locking import FleetView, FleetWatchingLocker, Health, Wiring
 from ._logs import at, get_logger
+from ._names import job_named
 from ._records import DEFAULT_MISFIRE_GRACE
 from ._runloop import RunLoop
 
@@ -206,6 +207,7 @@ class FleetViews:
 
     _fleet: Fleet
     _clock: Clock
+    _jobs: dict[str, Job]
 
     def overdue(self) -> tuple[Job, ...]:
         """The jobs that stopped: a slot fell due more than the job's grace ago and no run
@@ -217,7 +219,8 @@ class FleetViews:
         """
         return self._fleet.overdue(self._clock.now())
 
-    def paused_fleet_wide(self, job: Job) -> bool:
-        """Whether *job* is paused on every replica (``cronlock.postgres.FleetControl``),
-        as of its locker's last read, about a second old."""
-        return self._fleet.paused(job)
+    def paused_fleet_wide(self, job: Job | str) -> bool:
+        """Whether *job* (a job or its name) is paused on every replica
+        (``cronlock.postgres.FleetControl``), as of its locker's last read, about a second
+        old. An unknown name raises :class:`~cronlock.JobLookupError`."""
+        return self._fleet.paused(job_named(self._jobs, job))

@@ -92,6 +92,9 @@ class RunRecord:
     """Who ran it (``host:pid``), when a ledger recorded it."""
     attempt: int = 1
     """1 for a slot's first run; 2 for the rerun of a crashed one (``recover=True``)."""
+    manual: bool = False
+    """True for a run asked for by a fleet-wide trigger (``FleetControl.trigger``, the
+    command line's ``trigger``, the dashboard's button), as its ledger recorded it."""
 
 
 def error_summary(exc: BaseException, limit: int = 500) -> str:

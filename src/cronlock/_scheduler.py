@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime, time, tzinfo
 from types import TracebackType
@@ -13,13 +12,11 @@ from ._durations import Seconds, optional_seconds, positive_int, to_seconds
 from ._errors import (
     ConfigError,
     JobConflictError,
-    JobLookupError,
     SchedulerStateError,
 )
 from ._events import (
     Event,
     EventBus,
-    JobEvent,
     Listener,
     SchedulerStarted,
     SchedulerStopped,
@@ -29,6 +26,7 @@ from ._fleet import Fleet, FleetViews
 from ._fleetclock import on_loop_time, scheduler_clock
 from ._interval import IntervalSchedule
 from ._job import Job, default_name, new_job
+from ._jobcontrol import JobControl
 from ._keys import job_lock_key
 from ._locking import Elector, Locker, Wiring, wire
 from ._logs import get_logger
@@ -47,7 +45,7 @@ _F = TypeVar("_F", bound=Callable[..., object])
 _UNSET = object()  # no job wired yet
 
 
-class Scheduler(FleetViews):
+class Scheduler(JobControl, FleetViews):
     """Runs async (and plain) functions on schedules; coordinates replicas through a locker.
 
     Use it as an async context manager (``async with scheduler:``), or call
@@ -138,13 +136,6 @@ class Scheduler(FleetViews):
     def jobs(self) -> tuple[Job, ...]:
         """Every registered job, in registration order."""
         return tuple(self._jobs.values())
-
-    def get_job(self, name: str) -> Job:
-        """The job called *name*; raises :class:`~cronlock.JobLookupError` if none."""
-        try:
-            return self._jobs[name]
-        except KeyError:
-            raise JobLookupError(f"no job named {name!r}") from None
 
     # -- registration ------------------------------------------------------------------
 
@@ -337,56 +328,6 @@ class Scheduler(FleetViews):
         return self._decorator(once(at), options)
 
     # -- control -------------------------------------------------------------------------
-
-    def remove(self, job: str | Job) -> None:
-        """Unregister a job; a run of it in flight goes on to its end."""
-        name = job.name if isinstance(job, Job) else job
-        found = self.get_job(name)
-        if self._loop is not None:
-            self._loop.unschedule(found)
-        found._forget_plan()
-        del self._jobs[name]
-        if found._wiring.locker is not None:  # only a job with a locker has a key
-            del self._keys[job_lock_key(name)]
-        found._scheduler = None
-
-    def remove_by_tags(self, *tags: str) -> list[Job]:
-        """Unregister every job carrying any of *tags*; return them."""
-        wanted = set(tags)
-        removed = [job for job in self._jobs.values() if job.tags & wanted]
-        for job in removed:
-            self.remove(job)
-        return removed
-
-    def update(self, name: str, schedule: Schedule) -> Job:
-        """Give job *name* a new schedule, keeping its history and options."""
-        job = self.get_job(name)
-        job.set_schedule(check_jitter(job.name, bind_zone(schedule, self._tz), job.jitter))
-        if self._loop is not None and not job.paused:
-            self._loop.schedule(job, self._clock.now())
-        return job
-
-    def pause_job(self, job: Job) -> None:
-        """Stop firing *job* (same as ``job.pause()``)."""
-        job._halt()
-        if self._loop is not None:
-            self._loop.unschedule(job)
-
-    def resume_job(self, job: Job) -> None:
-        """Fire *job* again from its next slot after now (same as ``job.resume()``)."""
-        if not job.paused:
-            return
-        job._unhalt()
-        if self._loop is not None:
-            self._loop.schedule(job, self._clock.now())
-
-    async def run_job_now(self, job: Job) -> JobEvent:
-        """Run *job* once now (same as ``await job.run_now()``); return its final event."""
-        if self._loop is None:
-            raise SchedulerStateError(f"job {job.name!r}: run_now() needs a started scheduler")
-        waiter: asyncio.Future[JobEvent] = asyncio.get_running_loop().create_future()
-        self._loop.dispatch(job, self._clock.now(), waiter)
-        return await waiter
 
     def subscribe(self, callback: Listener, *event_types: type[Event]) -> Subscription:
         """Call *callback* (sync or async) with each event of *event_types* (default: all).

@@ -441,8 +441,8 @@ async def test_a_batch_refuses_only_its_paused_jobs_and_runs_their_triggered_slo
         table = lk.ledger
         assert table is not None
         async with FleetControl(pg_dsn, table=table.table) as control:
-            await control.pause(paused[0])
-            await control.trigger(paused[0])
+            await control.pause(paused[0], force=True)
+            await control.trigger(paused[0], force=True)
             conn = await asyncpg.connect(pg_dsn)
             try:
                 triggered = await conn.fetchval(
@@ -458,7 +458,7 @@ async def test_a_batch_refuses_only_its_paused_jobs_and_runs_their_triggered_slo
             lease = await lk.acquire(paused[0], triggered)
             assert isinstance(lease, PostgresLease)
             await asyncio.gather(*(lease.release() for lease in [lease, *answers[1:]]))
-            await control.resume(paused[0])
+            await control.resume(paused[0], force=True)
             resumed = await lk.acquire(paused[0], SLOT + timedelta(hours=1))
             assert isinstance(resumed, PostgresLease)
             await resumed.release()

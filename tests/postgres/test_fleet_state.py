@@ -56,7 +56,7 @@ async def test_a_trigger_runs_once_on_one_of_two_replicas(pg_dsn: str, table: st
         scheduler.add_job(task, _daily(), name="report")
         schedulers.append(scheduler)
     async with schedulers[0], schedulers[1], FleetControl(pg_dsn, table=table) as control:
-        await control.trigger("report")
+        await control.trigger("report", force=True)  # maybe not noted yet
         await eventually(lambda: len(runs) == 1, "the triggered run")
         # Several more polls: nobody runs it again.
         locker = schedulers[0].get_job("report")._wiring.fleet
@@ -99,14 +99,14 @@ async def test_a_paused_job_is_skipped_paused_and_shows_paused(pg_dsn: str, tabl
     scheduler.subscribe(skipped.append, JobSkipped)  # type: ignore[arg-type]
     job = scheduler.add_job(lambda: None, _daily(), name="nightly")
     async with scheduler, FleetControl(pg_dsn, table=table) as control:
-        await control.pause("nightly")
+        await control.pause("nightly", force=True)
         await eventually(lambda: scheduler.paused_fleet_wide(job), "the pause seen")
         assert not job.paused  # not paused by this replica itself
         event = await job.run_now()  # a run of this replica alone is refused at claim time
         assert isinstance(event, JobSkipped)
         assert event.reason == "paused"
         assert [e.reason for e in skipped] == ["paused"]
-        await control.resume("nightly")
+        await control.resume("nightly", force=True)
         await eventually(lambda: not scheduler.paused_fleet_wide(job), "the resume seen")
 
 
@@ -131,7 +131,7 @@ async def test_leader_gauge_and_run_spans_with_the_real_backend(pg_dsn: str, tab
         await elector.start()
         await eventually(lambda: registry.get_sample_value("cronlock_leader") == 1.0, "leadership")
         assert isinstance(await job.run_now(), JobSucceeded)
-        await control.pause("nightly")
+        await control.pause("nightly", force=True)
         skipped = await job.run_now()
         assert isinstance(skipped, JobSkipped)
     [span] = exporter.get_finished_spans()  # the skipped run makes none
@@ -193,7 +193,7 @@ async def test_a_trigger_that_finds_the_job_running_is_tried_again(
     async with scheduler, FleetControl(pg_dsn, table=table) as control:
         running = asyncio.create_task(job.run_now())
         await eventually(lambda: len(slots) == 1, "the first run")
-        await control.trigger("long")
+        await control.trigger("long", force=True)
         await eventually(lambda: any(e.reason == "overlap" for e in skipped), "overlap skip")
         release.set()
         await running

@@ -26,6 +26,7 @@ if _TYPE_CHECKING:
     from .._keys import ledger_lock_key as ledger_lock_key
     from ._connections import Keepalives as Keepalives
     from ._control import FleetControl as FleetControl
+    from ._control import Triggered as Triggered
     from ._elector import PostgresElector as PostgresElector
     from ._lease import PostgresLease as PostgresLease
     from ._ledger import DEFAULT_TABLE as DEFAULT_TABLE
@@ -43,6 +44,7 @@ _WHERE = {
     "ledger_lock_key": ".._keys",
     "Keepalives": "._connections",
     "FleetControl": "._control",
+    "Triggered": "._control",
     "PostgresElector": "._elector",
     "PostgresLease": "._lease",
     "DEFAULT_TABLE": "._ledger",
@@ -65,6 +67,7 @@ __all__ = (
     "PostgresLocker",
     "PostgresLockerStatistics",
     "RunLock",
+    "Triggered",
     "job_lock_key",
     "ledger_lock_key",
     "locked_run",

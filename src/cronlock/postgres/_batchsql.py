@@ -64,13 +64,14 @@ def claim_many_sql(table: LedgerTable) -> str:
     return f"""
         WITH u AS MATERIALIZED ({claim_inputs(table)}
         ), l AS MATERIALIZED (
-            SELECT u.i, u.key, u.job, u.slot, u.ran, u.paused,
+            SELECT u.i, u.key, u.job, u.slot, u.ran, u.paused, u.manual,
                    CASE WHEN u.ran OR u.paused THEN false
                         ELSE pg_try_advisory_lock(u.key) END AS got
             FROM u
         ), ins AS (
-            INSERT INTO {runs} (job, slot, host, pid, session, started_at)
-            SELECT l.job, l.slot, $4::text, $5::integer, pg_backend_pid(), {CLAIMED_START}
+            INSERT INTO {runs} (job, slot, host, pid, session, started_at, manual)
+            SELECT l.job, l.slot, $4::text, $5::integer, pg_backend_pid(), {CLAIMED_START},
+                   l.manual
             FROM l WHERE l.got
             ON CONFLICT (job, slot) DO NOTHING
             RETURNING job, slot, started_at
@@ -90,7 +91,7 @@ def told_columns(runs: str) -> str:
     before that slot (one backward step on the primary key, skipped for granted rows)."""
     return f"""p.slot AS p_slot, p.started_at AS p_started_at,
                p.finished_at AS p_finished_at, p.outcome AS p_outcome, p.error AS p_error,
-               p.host AS p_host, p.pid AS p_pid, p.attempt AS p_attempt
+               p.host AS p_host, p.pid AS p_pid, p.attempt AS p_attempt, p.manual AS p_manual
         FROM c
         LEFT JOIN LATERAL (
             SELECT {RUN} FROM {runs} r
@@ -103,8 +104,9 @@ def told_columns(runs: str) -> str:
 def claim_inputs(table: LedgerTable) -> str:
     """The body of the claims' first CTE, ``u``, the same in both modes: the arrays ``$1``
     keys, ``$2`` jobs, ``$3`` slots, each row with whether its slot is in the ledger
-    already (*ran*) and whether its job is paused fleet-wide (the triggered slot exempt),
-    each a primary-key probe (``LATERAL ... LIMIT 1``).
+    already (*ran*), whether its job is paused fleet-wide (the triggered slot exempt), and
+    whether the slot is the job's trigger slot (*manual*: the claim marks its row so), each
+    a primary-key probe (``LATERAL ... LIMIT 1``).
 
     A row that another transaction is changing (``xmax`` set: the undo of a cancelled claim
     deleting it, or a finish still in flight) is not taken as *ran*: this statement's
@@ -116,7 +118,7 @@ def claim_inputs(table: LedgerTable) -> str:
     runs = table.runs
     return f"""
             SELECT u.i, u.key, u.job, u.slot, seen.job IS NOT NULL AS ran,
-                   coalesce(pz.paused, false) AS paused
+                   coalesce(pz.paused, false) AS paused, coalesce(pz.manual, false) AS manual
             FROM unnest($1::bigint[], $2::text[], $3::timestamptz[]) WITH ORDINALITY
                  AS u(key, job, slot, i)
             LEFT JOIN LATERAL (
@@ -124,10 +126,10 @@ def claim_inputs(table: LedgerTable) -> str:
                 WHERE r.job = u.job AND r.slot = u.slot AND r.xmax = '0'::xid LIMIT 1
             ) seen ON true
             LEFT JOIN LATERAL (
-                SELECT true AS paused FROM {table.control} pc
-                WHERE pc.job = u.job AND pc.paused_at IS NOT NULL
-                  AND pc.trigger_slot IS DISTINCT FROM u.slot
-                LIMIT 1
+                SELECT pc.paused_at IS NOT NULL AND pc.trigger_slot IS DISTINCT FROM u.slot
+                       AS paused,
+                       pc.trigger_slot IS NOT DISTINCT FROM u.slot AS manual
+                FROM {table.control} pc WHERE pc.job = u.job LIMIT 1
             ) pz ON true"""
 
 

@@ -14,9 +14,10 @@ from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from .._errors import CronlockError
+from .._errors import CronlockError, JobLookupError
+from .._names import unknown_job
 from .._records import RunRecord
-from ._control import control_sql
+from ._control import control_sql, refuse_unknown
 from ._fleet import STATUSES, Status, job_status, read_jobs, read_paused, read_runs, server_now
 from ._ledger import DEFAULT_TABLE, LedgerTable, ledger_state, migrate
 
@@ -97,9 +98,11 @@ def _when(value: datetime | None) -> str:
 
 
 def _outcome(record: RunRecord) -> str:
-    """A run's outcome, with the attempt when the run was the rerun of a crashed one."""
-    text = record.outcome
-    return text if record.attempt == 1 else f"{text} (attempt {record.attempt})"
+    """A run's outcome, with the attempt when the run was the rerun of a crashed one, and
+    ``manual`` when a fleet-wide trigger asked for it."""
+    notes = [f"attempt {record.attempt}"] if record.attempt > 1 else []
+    notes += ["manual"] if record.manual else []
+    return f"{record.outcome} ({', '.join(notes)})" if notes else record.outcome
 
 
 def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
@@ -109,11 +112,13 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
 
 
 async def _control(conn: Any, table: LedgerTable, verb: str, job: str, *, force: bool) -> int:
-    known = {row["job"] for row in await conn.fetch(table.jobs_sql)}
-    if job not in known and not force:
-        _unknown([job], known)
-        print(f"(nothing done; pass --force to {verb} it anyway)", file=sys.stderr)
-        return 1
+    if not force:
+        try:
+            await refuse_unknown(conn, table, job)  # FleetControl's rule and message
+        except JobLookupError as exc:
+            print(exc, file=sys.stderr)
+            print(f"(nothing done; pass --force to {verb} it anyway)", file=sys.stderr)
+            return 1
     sql = control_sql(table)[verb]
     who = "cli:" + (await conn.fetchval("SELECT current_user"))
     if verb == "resume":
@@ -179,9 +184,7 @@ async def _status(
 def _unknown(names: Sequence[str], known: Iterable[str]) -> int:
     """Say on stderr which of *names* the ledger does not know; 1 if any, else 0."""
     for name in names:
-        close = difflib.get_close_matches(name, list(known), n=1)
-        hint = f" (did you mean {close[0]}?)" if close else ""
-        print(f"unknown job: {name}{hint}", file=sys.stderr)
+        print(unknown_job(name, known), file=sys.stderr)
     return 1 if names else 0
 
 

@@ -17,14 +17,17 @@ import os
 import socket
 from collections import ChainMap
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from datetime import datetime
 from types import TracebackType
 from typing import Any, Self
 
 from .._cancel import cancel_and_wait, task_name, uncancellable
-from .._errors import ConfigError, LockError
+from .._durations import Seconds, optional_seconds
+from .._errors import ConfigError, JobLookupError, LockError
 from .._keys import job_lock_key
 from .._locking import FleetCallback, FleetView, Health
 from .._logs import get_logger
+from .._names import unknown_job
 from .._records import RunRecord
 from ._backend_errors import backend_errors
 from ._connections import ConnectionSource
@@ -35,9 +38,12 @@ __all__ = (
     "POLL_EVERY",
     "RUNS_EVERY",
     "TRIGGER_EXPIRES",
+    "WAIT_EVERY",
     "FleetControl",
     "FleetWatch",
+    "Triggered",
     "control_sql",
+    "refuse_unknown",
 )
 
 _logger = get_logger("cronlock.postgres")
@@ -103,6 +109,81 @@ def _job_name(job: object, verb: str) -> str:
     if not isinstance(job, str) or not job:
         raise ConfigError(f"FleetControl.{verb}: job must be a non-empty string, got {job!r}")
     return job
+
+
+async def refuse_unknown(conn: Any, table: LedgerTable, job: str) -> None:
+    """Raise :class:`~cronlock.JobLookupError` (``unknown job: NAME (did you mean
+    OTHER?)``) unless the ledger knows *job*: a replica noted its schedule or claimed a slot
+    of it. The rule of :class:`FleetControl` and of the command line's verbs alike."""
+    if await conn.fetchval(_KNOWN_SQL.format(jobs=table.jobs, runs=table.runs), job):
+        return
+    known = [row["job"] for row in await conn.fetch(table.jobs_sql)]
+    raise JobLookupError(unknown_job(job, known))
+
+
+_KNOWN_SQL = """SELECT EXISTS (SELECT 1 FROM {jobs} WHERE job = $1::text)
+                    OR EXISTS (SELECT 1 FROM {runs} WHERE job = $1::text)"""
+# $1 job, $2 slot: the trigger's run, if claimed, and the trigger pending now (a later one
+# replaces an unclaimed earlier one: two requests, one run).
+_TRIGGERED_SQL = """SELECT c.trigger_slot AS pending, r.*
+    FROM (SELECT 1) one
+    LEFT JOIN {control} c ON c.job = $1::text
+    LEFT JOIN LATERAL (SELECT {run} FROM {runs} WHERE job = $1::text AND slot = $2) r ON true"""
+WAIT_EVERY = 0.5
+"""Seconds between two reads of the ledger by :meth:`Triggered.wait`."""
+
+
+class Triggered:
+    """A run asked for by :meth:`FleetControl.trigger`: its job and trigger slot, and
+    :meth:`wait` for its outcome."""
+
+    __slots__ = ("_control", "_sql", "job", "slot")
+
+    def __init__(self, control: FleetControl, job: str, slot: datetime) -> None:
+        self._control = control
+        self._sql = _TRIGGERED_SQL.format(
+            control=control.ledger.control, run=RUN, runs=control.ledger.runs
+        )
+        self.job = job
+        """The job triggered."""
+        self.slot = slot
+        """The trigger's slot (server time): the run's slot in the ledger."""
+
+    def __repr__(self) -> str:
+        return f"Triggered(job={self.job!r}, slot={self.slot.isoformat()!r})"
+
+    async def _read(self, slot: datetime) -> Any:
+        return await self._control._call(lambda c: c.fetchrow(self._sql, self.job, slot))
+
+    async def wait(self, timeout: Seconds | None = None) -> RunRecord:
+        """Wait until a replica has run the trigger and return its :class:`RunRecord`
+        (``manual`` true; any outcome: ``succeeded``, ``failed``, ``crashed``...).
+
+        Reads the ledger every :data:`WAIT_EVERY` seconds through the :class:`FleetControl`
+        (so call it inside its ``async with``). A later trigger of the job that replaced
+        this one before any replica claimed it is followed: that run serves both. Raises
+        :class:`TimeoutError` after *timeout* seconds (``None``: no limit), for instance
+        when no replica running the job is up (a trigger is dropped after
+        :data:`TRIGGER_EXPIRES` seconds).
+        """
+        limit = optional_seconds(timeout, field="timeout", allow_zero=True)
+        slot = self.slot
+        try:
+            async with asyncio.timeout(limit):
+                while True:
+                    row = await self._read(slot)
+                    if row["slot"] is not None:
+                        if row["finished_at"] is not None:
+                            return to_record(row)
+                    elif row["pending"] is not None and row["pending"] > slot:
+                        slot = row["pending"]
+                        continue
+                    await asyncio.sleep(WAIT_EVERY)
+        except TimeoutError:
+            raise TimeoutError(
+                f"job {self.job!r}: the run triggered for {self.slot.isoformat()} did not "
+                f"finish within {limit} s"
+            ) from None
 
 
 class FleetControl:
@@ -174,21 +255,34 @@ class FleetControl:
                     await self._source.checkin(conn, timeout=_TIMEOUT)
         raise LockError("FleetControl is not open: use it as 'async with FleetControl(...)'")
 
-    async def pause(self, job: str) -> None:
-        """Stop *job* on every replica from its next slot on (a run in flight goes on)."""
-        name = _job_name(job, "pause")
+    async def _known(self, job: object, verb: str, force: bool) -> str:
+        name = _job_name(job, verb)
+        if not force:
+            await self._call(lambda c: refuse_unknown(c, self._table, name))
+        return name
+
+    async def pause(self, job: str, *, force: bool = False) -> None:
+        """Stop *job* on every replica from its next slot on (a run in flight goes on).
+
+        A job the ledger does not know (no replica noted or ran it) is refused with
+        :class:`~cronlock.JobLookupError`, as by the command line, unless *force* (as
+        ``--force``); so are :meth:`resume` and :meth:`trigger`."""
+        name = await self._known(job, "pause", force)
         await self._call(lambda c: c.execute(self._sql["pause"], name, self._who))
 
-    async def resume(self, job: str) -> None:
+    async def resume(self, job: str, *, force: bool = False) -> None:
         """Let *job* run again on every replica, from its next slot (missed slots stay
         missed)."""
-        name = _job_name(job, "resume")
+        name = await self._known(job, "resume", force)
         await self._call(lambda c: c.execute(self._sql["resume"], name))
 
-    async def trigger(self, job: str) -> None:
-        """Run *job* once, now, on exactly one replica (within about a second)."""
-        name = _job_name(job, "trigger")
-        await self._call(lambda c: c.fetchval(self._sql["trigger"], name, self._who))
+    async def trigger(self, job: str, *, force: bool = False) -> Triggered:
+        """Run *job* once, now, on exactly one replica (within about a second); return the
+        :class:`Triggered` run, whose :meth:`~Triggered.wait` gives its outcome. The run's
+        ledger row is marked ``manual``."""
+        name = await self._known(job, "trigger", force)
+        slot = await self._call(lambda c: c.fetchval(self._sql["trigger"], name, self._who))
+        return Triggered(self, name, slot)
 
     async def paused(self) -> frozenset[str]:
         """The jobs paused fleet-wide."""

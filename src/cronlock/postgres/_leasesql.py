@@ -53,7 +53,7 @@ def lease_claim_many_sql(table: LedgerTable) -> str:
     return f"""
         WITH u AS MATERIALIZED ({claim_inputs(table)}
         ), l AS MATERIALIZED (
-            SELECT u.i, u.job, u.slot, u.ran, u.paused,
+            SELECT u.i, u.job, u.slot, u.ran, u.paused, u.manual,
                    CASE WHEN u.ran OR u.paused THEN false
                         ELSE pg_try_advisory_xact_lock(u.key) END AS free
             FROM u
@@ -67,8 +67,9 @@ def lease_claim_many_sql(table: LedgerTable) -> str:
             WHERE x.expires_at <= clock_timestamp() AND x.slot <> EXCLUDED.slot
             RETURNING x.job
         ), ins AS (
-            INSERT INTO {runs} (job, slot, host, pid, session, started_at)
-            SELECT l.job, l.slot, $4::text, $5::integer, NULL, {CLAIMED_START}
+            INSERT INTO {runs} (job, slot, host, pid, session, started_at, manual)
+            SELECT l.job, l.slot, $4::text, $5::integer, NULL, {CLAIMED_START},
+                   l.manual
             FROM l JOIN lease ON lease.job = l.job
             ORDER BY l.job
             ON CONFLICT (job, slot) DO NOTHING

@@ -39,9 +39,10 @@ _MAX_IDENTIFIER = 63
 _OUTCOMES = frozenset({"succeeded", "failed", "timed_out", "cancelled", "lock_lost", "crashed"})
 # The columns of the runs and jobs tables a ledger made by an older cronlock lacks (no name
 # is in both tables); migrate() adds them.
-_ADDED_COLUMNS = ("session", "attempt", "grace", "due", "grace_until")
+_ADDED_COLUMNS = ("session", "attempt", "manual", "grace", "due", "grace_until")
 
-RUN_COLUMNS = ("slot", "started_at", "finished_at", "outcome", "error", "host", "pid", "attempt")
+_RUN_NAMES = "slot started_at finished_at outcome error host pid attempt manual"
+RUN_COLUMNS = tuple(_RUN_NAMES.split())
 """The columns of a run that :func:`to_record` reads: every read of runs selects these."""
 RUN = ", ".join(RUN_COLUMNS)
 """:data:`RUN_COLUMNS` as a select list."""
@@ -83,8 +84,7 @@ def _derived(table: str, suffix: str) -> str:
 
 
 def to_record(row: Any) -> RunRecord:
-    """A ledger row (slot, started_at, finished_at, outcome, error, host, pid, attempt) as
-    a record.
+    """A ledger row (:data:`RUN_COLUMNS`) as a record.
 
     A row without an outcome is ``"unfinished"``: still running, its replica died moments
     ago, or it was released without an outcome (then *finished_at* is set).
@@ -98,6 +98,7 @@ def to_record(row: Any) -> RunRecord:
         error=row["error"],
         owner=f"{row['host']}:{row['pid']}",
         attempt=row["attempt"],
+        manual=row["manual"],
     )
 
 
@@ -183,13 +184,15 @@ class LedgerTable:
                 error       text,
                 session     integer,
                 attempt     smallint    NOT NULL DEFAULT 1,
+                manual      boolean     NOT NULL DEFAULT false,
                 PRIMARY KEY (job, slot)
             )""",
             # A ledger made by an older cronlock: add what it lacks (no table rewrite: the
-            # default is a constant).
+            # default is a constant; an older replica's claims leave manual false).
             f"""ALTER TABLE {self.runs}
                 ADD COLUMN IF NOT EXISTS session integer,
-                ADD COLUMN IF NOT EXISTS attempt smallint NOT NULL DEFAULT 1""",
+                ADD COLUMN IF NOT EXISTS attempt smallint NOT NULL DEFAULT 1,
+                ADD COLUMN IF NOT EXISTS manual boolean NOT NULL DEFAULT false""",
             # For pruning by age across jobs; (job, slot) lookups use the primary key.
             f"CREATE INDEX IF NOT EXISTS {slot_index} ON {self.runs} (slot)",
             # The crash check reads only the unfinished runs, a handful however long the

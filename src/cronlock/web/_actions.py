@@ -24,6 +24,6 @@ async def act(source: Any, table: LedgerTable, verb: str, job: str) -> None:
         elif verb == "resume":
             await control.resume(job)
         elif verb == "trigger":
-            await control.trigger(job)
+            await control.trigger(job)  # the page does not wait for the run
         else:
             raise ValueError(f"unknown action {verb!r}")

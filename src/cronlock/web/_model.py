@@ -65,6 +65,8 @@ class RunView:
     replica: str | None
     attempt: int
     error: str | None
+    manual: bool = False
+    """Asked for by a fleet-wide trigger (shown "manual")."""
 
 
 def run_view(record: RunRecord) -> RunView:
@@ -79,6 +81,7 @@ def run_view(record: RunRecord) -> RunView:
         replica=record.owner,
         attempt=record.attempt,
         error=error_line(record.error),
+        manual=record.manual,
     )
 
 
@@ -94,6 +97,7 @@ def run_json(run: RunView) -> dict[str, Any]:
         "replica": run.replica,
         "attempt": run.attempt,
         "error": run.error,
+        "manual": run.manual,
     }
 
 
