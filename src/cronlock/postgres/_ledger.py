@@ -153,6 +153,12 @@ class LedgerTable:
         assignment of claims, :mod:`._members`), quoted and qualified."""
         return self._qualified(_derived(self.table, "_members"))
 
+    @property
+    def secrets(self) -> str:
+        """The secrets table (``<table>_secrets``: keys the fleet shares, such as the
+        dashboard's CSRF key, :mod:`._secrets`), quoted and qualified."""
+        return self._qualified(_derived(self.table, "_secrets"))
+
     def lock_key(self, job: str) -> int:
         """*job*'s advisory-lock key in this ledger's namespace (:func:`ledger_lock_key` of
         the qualified runs table): two ledgers in one database never share a key."""
@@ -236,15 +242,18 @@ class LedgerTable:
                 expires_at timestamptz NOT NULL,
                 since      timestamptz NOT NULL DEFAULT clock_timestamp()
             )""",
+            # Keys every process of the fleet shares (._secrets), made once by the first.
+            f"""CREATE TABLE IF NOT EXISTS {self.secrets} (name text PRIMARY KEY,
+                value bytea NOT NULL, created_at timestamptz NOT NULL DEFAULT clock_timestamp())""",
         ]
         return statements
 
     @property
     def state_sql(self) -> str:
         """``$1, $2``: the quoted names of the runs and jobs tables, ``$3`` the columns a
-        current ledger has in them that an old one lacks, ``$4``, ``$5``, ``$6`` the control,
-        leases and members tables (an older ledger lacks them). NULL when a table is
-        missing, else whether it is current.
+        current ledger has in them that an old one lacks, ``$4`` the tables an older ledger
+        lacks (control, leases, members, secrets). NULL when a table is missing, else
+        whether it is current.
         """
         return """
             SELECT CASE WHEN to_regclass($1) IS NULL OR to_regclass($2) IS NULL THEN NULL
@@ -252,8 +261,8 @@ class LedgerTable:
                          WHERE attrelid IN (to_regclass($1), to_regclass($2))
                            AND attname = ANY($3::text[])
                            AND NOT attisdropped)
-                        AND to_regclass($4) IS NOT NULL AND to_regclass($5) IS NOT NULL
-                        AND to_regclass($6) IS NOT NULL END"""
+                        AND NOT EXISTS (SELECT FROM unnest($4::text[]) AS t(name)
+                                        WHERE to_regclass(t.name) IS NULL) END"""
 
     # -- writes that are not the hot path's (whose statements are in ._exclusion) --------
 
@@ -432,9 +441,7 @@ async def ledger_state(conn: Any, table: LedgerTable) -> LedgerState:
         table.runs,
         table.jobs,
         list(_ADDED_COLUMNS),
-        table.control,
-        table.leases,
-        table.members,
+        [table.control, table.leases, table.members, table.secrets],
     )
     return "missing" if current is None else "current" if current else "old"
 

@@ -3,11 +3,14 @@
 Every page is read from the run ledger on each request (no scheduler in this process):
 the jobs list, a job's page with its paged run history and chart, and the same data as
 JSON. Actions (pause, resume, trigger) exist only when an *authorize* callable is given;
-each is a POST with a CSRF token, and every refusal is a 403 before anything is written.
+each is a POST with a CSRF token, and every refusal is a 403, naming its cause, before
+anything is written. The CSRF key is the fleet's (the ledger's, unless one is given), read
+once per process, so every worker of a multi-process server accepts every page's token.
 """
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -30,6 +33,7 @@ from starlette.staticfiles import StaticFiles
 from .._errors import ConfigError
 from ..postgres._fleet import read_jobs, read_paused, read_runs, server_now
 from ..postgres._ledger import DEFAULT_TABLE, LedgerTable
+from ..postgres._secrets import fleet_secret
 from ._actions import ACTIONS, act
 from ._csrf import COOKIE, Csrf
 from ._headers import SecurityHeaders
@@ -41,6 +45,7 @@ _logger = logging.getLogger("cronlock.web")
 _HERE = Path(__file__).parent
 _MAX_PAGE = 500
 _MAX_FORM = 4096
+_CSRF_KEY = "web.csrf"  # its row in the ledger's secrets table
 
 Authorize = Callable[[Request], bool | Awaitable[bool]]
 """Decides whether *request* may pause, resume or trigger: ``True`` allows it."""
@@ -107,7 +112,8 @@ class _Dashboard:
         self.authorize = authorize
         self.refresh = refresh
         self.page_size = page_size
-        self.csrf = Csrf(csrf_secret)
+        self._csrf = None if csrf_secret is None else Csrf(csrf_secret)
+        self._csrf_lock = asyncio.Lock()
         self.title = title
         self.env = _environment()
 
@@ -161,17 +167,36 @@ class _Dashboard:
             "now": now,
         }
 
+    async def csrf(self) -> Csrf:
+        """The fleet's CSRF key: the one given, or the ledger's (made there by the first
+        process that needs it), read once per process."""
+        if self._csrf is None:
+            async with self._csrf_lock:
+                if self._csrf is None:
+                    async with self.connection() as conn:
+                        self._csrf = Csrf(await fleet_secret(conn, self.table, _CSRF_KEY))
+        return self._csrf
+
     # -- rendering ---------------------------------------------------------------------
 
-    def page(self, request: Request, template: str, status: int = 200, **context: Any) -> Response:
-        cookie, new = self.csrf.cookie(request)
+    async def page(
+        self, request: Request, template: str, status: int = 200, **context: Any
+    ) -> Response:
+        cookie, new = Csrf.cookie(request)
+        token = ""
+        if self.authorize is not None:  # a read-only dashboard needs no key, writes nothing
+            try:
+                token = (await self.csrf()).token(cookie)
+            except (HTTPException, _Unavailable):
+                if template != "error.html":
+                    raise
         base = request.scope.get("root_path", "").rstrip("/")
         html = self.env.get_template(template).render(
             base=base,
             title=self.title,
             refresh=self.refresh,
             actions=self.authorize is not None,
-            csrf=self.csrf.token(cookie),
+            csrf=token,
             partial=request.query_params.get("partial") == "1",
             **context,
         )
@@ -235,8 +260,9 @@ def app(
     unless *authorize* is given: then pause, resume and trigger buttons appear, and a POST
     that *authorize* (sync or async) does not answer ``True`` is refused with a 403.
     *refresh*: seconds between the pages' live updates. *csrf_secret*: the key of the
-    CSRF tokens; give the same one to every process serving the dashboard (one is made per
-    app otherwise).
+    CSRF tokens; by default the fleet's, kept in the ledger's ``<table>_secrets`` table
+    (made by the first process that needs it), so that every process serving the
+    dashboard accepts the others' pages. Given, it must be the same in every process.
     """
     if not (isinstance(refresh, int | float) and refresh > 0):
         raise ConfigError(f"web.app: refresh must be a positive number of seconds, got {refresh!r}")
@@ -256,13 +282,13 @@ def app(
 
     async def index(request: Request) -> Response:
         jobs, now = await board.jobs()
-        return board.page(request, "jobs.html", jobs=jobs, now=now)
+        return await board.page(request, "jobs.html", jobs=jobs, now=now)
 
     async def job_page(request: Request) -> Response:
         data = await board.job(
             request.path_params["name"], _before(request), _limit(request, board.page_size)
         )
-        return board.page(request, "job.html", before=_before(request), **data)
+        return await board.page(request, "job.html", before=_before(request), **data)
 
     async def api_jobs(request: Request) -> Response:
         jobs, now = await board.jobs()
@@ -295,11 +321,14 @@ def app(
         if len(body) > _MAX_FORM:
             raise HTTPException(413, "form too large")
         form = {k: v[0] for k, v in parse_qs(body.decode("utf-8", "replace")).items()}
-        # Every refusal comes before anything is read or written, and looks the same.
+        # Every refusal comes before any job is touched (only the fleet's key may be made,
+        # once), and names its cause: the browser's owner reads it, not the site that
+        # forged the form (it cannot read the answer).
         if board.authorize is None:
             raise HTTPException(403, "this dashboard is read-only")
-        if not board.csrf.check(request, form.get("csrf")):
-            raise HTTPException(403, "refused: missing or wrong CSRF token; reload the page")
+        refusal = (await board.csrf()).refusal(request, form.get("csrf"))
+        if refusal is not None:
+            raise HTTPException(403, refusal)
         if not await board.allowed(request):
             raise HTTPException(403, "refused: you may not change jobs here")
         job = form.get("job", "")
@@ -317,7 +346,7 @@ def app(
         detail = exc.detail if isinstance(exc, HTTPException) else "the database did not answer"
         if request.url.path.startswith(request.scope.get("root_path", "") + "/api/"):
             return JSONResponse({"error": detail}, status_code=code)
-        return board.page(request, "error.html", status=code, code=code, detail=detail)
+        return await board.page(request, "error.html", status=code, code=code, detail=detail)
 
     routes = [
         Route("/", index),

@@ -1,11 +1,15 @@
 """CSRF protection for the dashboard's actions: a cookie, and a form token bound to it.
 
 Each browser gets a random cookie (``HttpOnly``, ``SameSite=Strict``); each form carries
-``HMAC(secret, cookie)``. Another site can make a browser send the cookie (not with
+``key id + HMAC(key, cookie)``. Another site can make a browser send the cookie (not with
 ``SameSite=Strict``, in browsers that honour it) but cannot read it or the page, so it
 cannot forge the token. A POST also has to come from the dashboard's own origin when the
-browser says where it comes from (``Origin``). The secret is made per app unless given:
-give the same one to every worker process that serves the dashboard.
+browser says where it comes from (``Origin``).
+
+The key is the fleet's: given (``csrf_secret=``), or else read from the ledger's secrets
+table (made there by the first process), so every worker process accepts every other's
+tokens. The key id (a digest of the key, which tells nothing about it) lets a refusal say
+"made with another key" apart from "does not match your cookie".
 """
 
 from __future__ import annotations
@@ -21,39 +25,78 @@ __all__ = ("COOKIE", "Csrf")
 
 COOKIE = "cronlock_csrf"
 _COOKIE_BYTES = 32
+_ID_CHARS = 8
+_MAC_CHARS = 64
+_HEX = frozenset("0123456789abcdef")
+
+FOREIGN = (
+    "refused: this form was sent from another site than this dashboard (its Origin is not "
+    "this host; behind a proxy, pass the Host header on unchanged); use the dashboard's page"
+)
+NO_COOKIE = (
+    f"refused: the browser sent no dashboard cookie ({COOKIE}): cookies are blocked for "
+    "this site, or the form was sent without loading the page first; allow cookies for "
+    "this site and reload the page"
+)
+NO_TOKEN = "refused: the form carried no CSRF token; reload the page and use its buttons"
+MALFORMED = (
+    "refused: the CSRF token is not one this dashboard makes (a page from an older "
+    "cronlock, or a form made by hand); reload the page"
+)
+OTHER_KEY = (
+    "refused: the CSRF token was made with another key than this process's: another "
+    "process serves this dashboard with a key of its own (give every process the same "
+    "csrf_secret=, or none, so that they share the ledger's key), or the key changed "
+    "since the page was loaded; reload the page"
+)
+OTHER_COOKIE = (
+    "refused: the CSRF token belongs to another cookie than this browser's (the cookie "
+    "was replaced since the page was loaded, e.g. cleared or set again in another tab); "
+    "reload the page"
+)
 
 
 class Csrf:
-    """Issues and checks the tokens of one dashboard (*secret*: ``None`` makes one)."""
+    """Issues and checks the tokens of one dashboard under *secret*."""
 
-    def __init__(self, secret: bytes | str | None = None) -> None:
-        if secret is None:
-            secret = secrets.token_bytes(32)
+    def __init__(self, secret: bytes | str) -> None:
         self._secret = secret.encode() if isinstance(secret, str) else secret
+        self._id = hmac.new(self._secret, b"cronlock csrf key id", hashlib.sha256).hexdigest()
+        self._id = self._id[:_ID_CHARS]
 
     @staticmethod
     def cookie(request: Request) -> tuple[str, bool]:
         """The browser's cookie value, or a new one; and whether it is new (to be set)."""
         value = request.cookies.get(COOKIE, "")
-        if 20 <= len(value) <= 100 and value.isascii():
+        if _usable(value):
             return value, False
         return secrets.token_urlsafe(_COOKIE_BYTES), True
 
     def token(self, cookie: str) -> str:
-        """The form token that goes with *cookie*."""
-        return hmac.new(self._secret, cookie.encode(), hashlib.sha256).hexdigest()
+        """The form token that goes with *cookie*: the key's id, then the HMAC."""
+        return self._id + hmac.new(self._secret, cookie.encode(), hashlib.sha256).hexdigest()
 
-    def check(self, request: Request, token: str | None) -> bool:
-        """Whether a POST with form *token* may act: same origin, and the token matches
-        the browser's cookie."""
+    def refusal(self, request: Request, token: str | None) -> str | None:
+        """Why a POST with form *token* may not act (the 403's message), or ``None``: it
+        comes from this dashboard's origin and the token matches the browser's cookie."""
         origin = request.headers.get("origin")
-        if origin is not None and origin != "null":
-            parts = urlsplit(origin)
-            if parts.netloc != request.headers.get("host", ""):
-                return False
-        elif origin == "null":
-            return False
-        cookie = request.cookies.get(COOKIE)
-        if not cookie or not token:
-            return False
-        return hmac.compare_digest(self.token(cookie), token)
+        if origin == "null" or (
+            origin is not None and urlsplit(origin).netloc != request.headers.get("host", "")
+        ):
+            return FOREIGN
+        cookie = request.cookies.get(COOKIE, "")
+        if not _usable(cookie):
+            return NO_COOKIE
+        if not token:
+            return NO_TOKEN
+        if len(token) != _ID_CHARS + _MAC_CHARS or not set(token) <= _HEX:
+            return MALFORMED
+        if not hmac.compare_digest(token[:_ID_CHARS], self._id):
+            return OTHER_KEY
+        if not hmac.compare_digest(self.token(cookie), token):
+            return OTHER_COOKIE
+        return None
+
+
+def _usable(cookie: str) -> bool:
+    return 20 <= len(cookie) <= 100 and cookie.isascii()

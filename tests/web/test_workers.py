@@ -1,0 +1,143 @@
+"""The dashboard's actions under a real multi-worker server (issue 23, item 3).
+
+``uvicorn --workers 3`` serves the dashboard on one port, each worker with the default
+CSRF key. A browser loads a page from one worker and posts its forms, each on a fresh
+connection, so they land on the other workers too: every action must be accepted (the
+key is the fleet's, kept in the ledger) and done in the ledger.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import httpx
+import pytest
+
+from cronlock.postgres import FleetControl
+
+from ..postgres.conftest import free_port
+from .seed import seed, table_name
+
+pytestmark = [pytest.mark.postgres, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parents[2]
+WORKERS = 3
+STARTUP_BOUND = 120.0  # only stops a hang; reaching it is a failure
+POSTS = 45  # enough that fresh connections reach every worker
+
+
+@pytest.fixture
+async def served(pg_dsn: str) -> AsyncIterator[tuple[str, str]]:
+    """(base URL, ledger table) of a 3-worker uvicorn serving the dashboard."""
+    table = table_name()
+    await seed(pg_dsn, table, notes=[("nightly", "every 1h", None)], runs=[])
+    port = free_port()
+    env = {**os.environ, "CRONLOCK_WEB_DSN": pg_dsn, "CRONLOCK_WEB_TABLE": table}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), str(ROOT)])
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "uvicorn",
+            "tests.web.workers_app:app",
+            "--workers",
+            str(WORKERS),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--log-level",
+            "warning",
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        async with asyncio.timeout(STARTUP_BOUND):
+            pids: set[str] = set()
+            while len(pids) < WORKERS:  # every worker answers before the test starts
+                try:
+                    pids.add((await _get(base, "/api/jobs")).headers["x-worker-pid"])
+                except httpx.TransportError:
+                    await asyncio.sleep(0.2)
+        yield base, table
+    finally:
+        server.terminate()
+        _, stderr = server.communicate(timeout=60)
+        conn = await asyncpg.connect(pg_dsn)
+        try:
+            for suffix in ("", "_jobs", "_control", "_leases", "_members", "_secrets"):
+                await conn.execute(f'DROP TABLE IF EXISTS "{table}{suffix}"')
+        finally:
+            await conn.close()
+    assert "Traceback" not in stderr.decode(), stderr.decode()
+
+
+async def _get(base: str, path: str, **options: Any) -> httpx.Response:
+    async with httpx.AsyncClient(base_url=base) as fresh:  # one connection per request
+        return await fresh.get(path, **options)
+
+
+async def _post(base: str, path: str, **options: Any) -> httpx.Response:
+    async with httpx.AsyncClient(base_url=base) as fresh:
+        return await fresh.post(path, **options)
+
+
+async def test_every_action_is_accepted_by_every_worker(
+    pg_dsn: str, served: tuple[str, str]
+) -> None:
+    base, table = served
+    page = await _get(base, "/")
+    assert page.status_code == 200, page.text
+    cookie = page.cookies["cronlock_csrf"]
+    found = re.search(r'name="csrf" value="([0-9a-f]+)"', page.text)
+    assert found, "no CSRF token on the page"
+    form = {"job": "nightly", "csrf": found.group(1)}
+    served_by: dict[str, int] = {}
+    refused: list[str] = []
+    expected: frozenset[str] = frozenset()
+    async with FleetControl(pg_dsn, table=table) as control:
+        for i in range(POSTS):
+            verb = ("pause", "resume", "trigger")[i % 3]
+            done = await _post(
+                base, f"/actions/{verb}", data=form, headers={"cookie": f"cronlock_csrf={cookie}"}
+            )
+            pid = done.headers["x-worker-pid"]
+            served_by[pid] = served_by.get(pid, 0) + 1
+            if done.status_code != 303:
+                refused.append(f"{verb} on worker {pid}: {done.status_code} {done.text[:200]}")
+                continue
+            if verb != "trigger":
+                expected = frozenset({"nightly"}) if verb == "pause" else frozenset()
+            # Done in the ledger, as FleetControl sees it.
+            assert await control.paused() == expected, (i, verb)
+    print(
+        f"[measured] page from worker {page.headers['x-worker-pid']}, posts by worker: "
+        f"{served_by}, refused {len(refused)} of {POSTS}"
+    )
+    assert set(served_by) - {page.headers["x-worker-pid"]}, (
+        "every POST landed on the page's own worker: the test proved nothing"
+    )
+    assert refused == []
+    conn = await asyncpg.connect(pg_dsn)
+    try:
+        triggered = await conn.fetchval(
+            f'SELECT trigger_slot IS NOT NULL FROM "{table}_control" WHERE job = $1', "nightly"
+        )
+        [key] = await conn.fetch(f'SELECT name, value FROM "{table}_secrets"')
+    finally:
+        await conn.close()
+    assert triggered
+    assert key["name"] == "web.csrf" and len(key["value"]) == 32  # one key for the fleet
+    assert key["value"].hex() not in page.text  # never shown

@@ -1,0 +1,30 @@
+"""The dashboard as a multi-worker server runs it: ``uvicorn tests.web.workers_app:app
+--workers 3``. Each worker process imports this module and builds its own app, with the
+default CSRF key (no ``csrf_secret``); every answer names the worker that gave it
+(``x-worker-pid``). Configured by ``CRONLOCK_WEB_DSN`` and ``CRONLOCK_WEB_TABLE``.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import cronlock.web
+
+_dashboard = cronlock.web.app(
+    os.environ["CRONLOCK_WEB_DSN"],
+    table=os.environ["CRONLOCK_WEB_TABLE"],
+    authorize=lambda request: True,
+)
+_PID = str(os.getpid()).encode()
+
+
+async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    """The dashboard, each answer marked with this worker's pid."""
+
+    async def marked(message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.start":
+            message = {**message, "headers": [*message["headers"], (b"x-worker-pid", _PID)]}
+        await send(message)
+
+    await _dashboard(scope, receive, marked)
