@@ -3,6 +3,7 @@ pages, the JSON API, escaping, what is never shown, and the actions' refusals.""
 
 from __future__ import annotations
 
+import asyncio
 import re
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
@@ -156,6 +157,35 @@ async def test_job_page_has_history_chart_and_pager(read_only: httpx.AsyncClient
     assert 'class="older"' in page
 
 
+async def test_processes_without_a_key_share_the_ledgers_and_a_given_key_wins(
+    pg_dsn: str, ledger: str
+) -> None:
+    """Two apps without csrf_secret (two worker processes) accept each other's tokens,
+    also when both make the fleet's key at once; an app given a key uses only that."""
+
+    def authorize(request: Request) -> bool:
+        return True
+
+    first, second = (cronlock.web.app(pg_dsn, table=ledger, authorize=authorize) for _ in "ab")
+    async with client(first) as a, client(second) as b:
+        pages = await asyncio.gather(a.get("/"), b.get("/"))  # both make the key at once
+        assert all(page.status_code == 200 for page in pages)
+        b.cookies.update(a.cookies)
+        done = await b.post("/actions/pause", data={"job": "nightly", "csrf": _csrf(pages[0].text)})
+        assert done.status_code == 303, done.text
+    assert await _paused(pg_dsn, ledger) == {"nightly"}
+    conn = await asyncpg.connect(pg_dsn)
+    try:
+        keys = await conn.fetchval(f"SELECT count(*) FROM {ledger}_secrets")
+    finally:
+        await conn.close()
+    assert keys == 1
+    given = cronlock.web.app(pg_dsn, table=ledger, authorize=authorize, csrf_secret=b"k" * 32)
+    async with client(given) as g:
+        g.cookies.update(a.cookies)
+        assert _csrf((await g.get("/")).text) != _csrf(pages[0].text)
+
+
 def _csrf(page: str) -> str:
     found = re.search(r'name="csrf" value="([0-9a-f]+)"', page)
     assert found, "no CSRF token on the page"
@@ -200,8 +230,22 @@ async def test_an_authorized_pause_and_resume(pg_dsn: str, ledger: str) -> None:
     assert pending == 1  # one replica will claim it, like a slot
 
 
-@pytest.mark.parametrize("case", ["read-only", "no-token", "wrong-token", "other-origin", "denied"])
-async def test_every_refusal_is_a_403_that_changes_nothing(
+# Each refusal's cause, and the words of its 403 that say what to do.
+REFUSALS = {
+    "read-only": "this dashboard is read-only",
+    "no-cookie": "the browser sent no dashboard cookie (cronlock_csrf): cookies are blocked",
+    "no-token": "the form carried no CSRF token; reload the page",
+    "malformed-token": "the CSRF token is not one this dashboard makes",
+    "other-key": "made with another key than this process's: another process serves this "
+    "dashboard with a key of its own (give every process the same csrf_secret=, or none",
+    "other-cookie": "the CSRF token belongs to another cookie than this browser's",
+    "other-origin": "this form was sent from another site than this dashboard",
+    "denied": "refused: you may not change jobs here",
+}
+
+
+@pytest.mark.parametrize("case", sorted(REFUSALS))
+async def test_every_refusal_is_a_403_that_names_its_cause_and_changes_nothing(
     pg_dsn: str, ledger: str, case: str
 ) -> None:
     async def authorize(request: Request) -> bool:  # async callables are awaited
@@ -211,18 +255,28 @@ async def test_every_refusal_is_a_403_that_changes_nothing(
         pg_dsn, table=ledger, authorize=None if case == "read-only" else authorize
     )
     async with client(app) as c:
-        token = _csrf((await c.get("/")).text) if case != "read-only" else "0" * 64
+        token = _csrf((await c.get("/")).text) if case != "read-only" else "0" * 72
         form = {"job": "nightly", "csrf": token}
         headers = {}
         if case == "no-token":
             del form["csrf"]
-        elif case == "wrong-token":
-            form["csrf"] = "f" * 64
+        elif case == "malformed-token":
+            form["csrf"] = "f" * 64  # e.g. a page from a cronlock before key ids
+        elif case == "other-key":  # a process with a key of its own made this page
+            other = cronlock.web.app(pg_dsn, table=ledger, authorize=authorize, csrf_secret="k")
+            async with client(other) as o:
+                o.cookies.update(c.cookies)
+                form["csrf"] = _csrf((await o.get("/")).text)
+        elif case == "other-cookie":
+            c.cookies.set("cronlock_csrf", "x" * 43)
         elif case == "other-origin":
             headers["origin"] = "https://evil.example"
         for verb in ("pause", "trigger"):
+            if case == "no-cookie":  # the 403 page gave the browser one, for the reload
+                c.cookies.clear()
             refused = await c.post(f"/actions/{verb}", data=form, headers=headers)
             assert refused.status_code == 403, (verb, refused.text)
+            assert REFUSALS[case] in refused.text.replace("&#39;", "'"), refused.text
         assert (await c.get("/actions/pause")).status_code == 405
     assert await _paused(pg_dsn, ledger) == frozenset()
     conn = await asyncpg.connect(pg_dsn)
