@@ -155,8 +155,7 @@ class LedgerTable:
 
     @property
     def secrets(self) -> str:
-        """The secrets table (``<table>_secrets``: keys the fleet shares, such as the
-        dashboard's CSRF key, :mod:`._secrets`), quoted and qualified."""
+        """The secrets table (``<table>_secrets``: keys the fleet shares), quoted, qualified."""
         return self._qualified(_derived(self.table, "_secrets"))
 
     def lock_key(self, job: str) -> int:
