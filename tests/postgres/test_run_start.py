@@ -32,16 +32,22 @@ async def table(admin: Any) -> AsyncIterator[LedgerTable]:
         await admin.execute(f"DROP SCHEMA IF EXISTS {quote_ident(table.schema or '')} CASCADE")
 
 
-@pytest.mark.parametrize("mode", ["session", "lease"])
-async def test_the_ledger_records_when_the_run_began_not_when_it_was_claimed(
-    pg_dsn: str, app_name: str, admin: Any, table: LedgerTable, mode: Mode
-) -> None:
+def watched(pg_dsn: str, app_name: str, table: LedgerTable, mode: Mode) -> tuple[Scheduler, Events]:
+    """A scheduler on *table* in *mode*, and the events it emits."""
     locker = PostgresLocker(
         pg_dsn, application_name=app_name, table=table.table, schema=table.schema, mode=mode
     )
     scheduler = Scheduler(clock=SystemClock(), locker=locker, stop_timeout=5)
     events = Events()
     scheduler.subscribe(events)
+    return scheduler, events
+
+
+@pytest.mark.parametrize("mode", ["session", "lease"])
+async def test_the_ledger_records_when_the_run_began_not_when_it_was_claimed(
+    pg_dsn: str, app_name: str, admin: Any, table: LedgerTable, mode: Mode
+) -> None:
+    scheduler, events = watched(pg_dsn, app_name, table, mode)
 
     async def tick() -> None:
         await asyncio.sleep(0.05)
@@ -65,12 +71,7 @@ async def test_the_ledger_records_when_the_run_began_not_when_it_was_claimed(
 async def test_a_timed_out_run_says_so_in_its_error(
     pg_dsn: str, app_name: str, admin: Any, table: LedgerTable, mode: Mode
 ) -> None:
-    locker = PostgresLocker(
-        pg_dsn, application_name=app_name, table=table.table, schema=table.schema, mode=mode
-    )
-    scheduler = Scheduler(clock=SystemClock(), locker=locker, stop_timeout=5)
-    events = Events()
-    scheduler.subscribe(events)
+    scheduler, events = watched(pg_dsn, app_name, table, mode)
 
     async def stuck() -> None:
         await asyncio.sleep(3600)
