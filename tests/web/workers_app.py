@@ -7,7 +7,8 @@ default CSRF key (no ``csrf_secret``); every answer names the worker that gave i
 from __future__ import annotations
 
 import os
-from typing import Any
+
+from starlette.types import Message, Receive, Scope, Send
 
 import cronlock.web
 
@@ -19,10 +20,10 @@ _dashboard = cronlock.web.app(
 _PID = str(os.getpid()).encode()
 
 
-async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+async def app(scope: Scope, receive: Receive, send: Send) -> None:
     """The dashboard, each answer marked with this worker's pid."""
 
-    async def marked(message: dict[str, Any]) -> None:
+    async def marked(message: Message) -> None:
         if message["type"] == "http.response.start":
             message = {**message, "headers": [*message["headers"], (b"x-worker-pid", _PID)]}
         await send(message)
