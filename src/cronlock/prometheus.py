@@ -20,7 +20,10 @@ imports it. The metric names are part of the API:
   without a round trip, as :class:`cronlock.postgres.PostgresElector` can).
 
 The gauges are computed at scrape time from the scheduler's state; the counters and
-histograms are fed by its events.
+histograms are fed by its events. Under a server of several worker processes
+(``uvicorn --workers 3``, gunicorn), set ``PROMETHEUS_MULTIPROC_DIR`` and serve
+:func:`scrape_registry`: every scrape then gives the service's values, whichever worker
+answers (``docs/observability.md``, "Several worker processes").
 """
 
 from __future__ import annotations
@@ -51,13 +54,17 @@ from ._events import (
     LockFailed,
     LockHeldElsewhere,
     LockLost,
+    SchedulerStarted,
+    SchedulerStopped,
     Subscription,
 )
+from ._prometheus_workers import Mirror, multiprocess_dir
+from ._prometheus_workers import scrape_registry as _merged
 
 if TYPE_CHECKING:
     from ._scheduler import Scheduler
 
-__all__ = ("Instrumentation", "instrument")
+__all__ = ("Instrumentation", "instrument", "scrape_registry")
 
 _OUTCOMES = RUN_ENDINGS
 _FINAL = JobSucceeded | JobFailed | JobTimedOut | JobCancelled | LockLost
@@ -77,6 +84,8 @@ class Instrumentation:
     def __init__(self, scheduler: Scheduler, registry: CollectorRegistry) -> None:
         self._scheduler = scheduler
         self._registry = registry
+        path = multiprocess_dir()
+        self._mirror = None if path is None else Mirror(path, registry)
         self.runs = Counter(
             "cronlock_runs", "Runs that ended on this replica", ["job", "outcome"], registry=None
         )
@@ -116,11 +125,17 @@ class Instrumentation:
             self.held_elsewhere,
             self.duration,
             self.lateness,
-            self._state,
+            *((self._state,) if self._mirror is None else ()),
         )
         for collector in self._collectors:
             registry.register(collector)
         self._subscription: Subscription | None = scheduler.subscribe(self._on_event)
+        if self._mirror is not None and scheduler.running:
+            self._mirror.start(self._copy)
+
+    def _copy(self) -> None:
+        if self._mirror is not None:
+            self._mirror.copy(self._state.collect())
 
     def _on_event(self, event: Event) -> None:
         kind = type(event)
@@ -141,6 +156,11 @@ class Instrumentation:
         elif kind is LockHeldElsewhere:
             assert isinstance(event, LockHeldElsewhere)
             self.held_elsewhere.labels(event.job).inc()
+        elif kind is SchedulerStarted and self._mirror is not None:
+            self._mirror.start(self._copy)
+        elif kind is SchedulerStopped and self._mirror is not None:
+            self._copy()
+            self._mirror.stop()
         elif kind is JobStarted:
             assert isinstance(event, JobStarted)
             try:
@@ -156,6 +176,8 @@ class Instrumentation:
         if sub is None:
             return
         sub.unsubscribe()
+        if self._mirror is not None:
+            self._mirror.close()
         for collector in self._collectors:
             self._registry.unregister(collector)
 
@@ -210,6 +232,23 @@ def instrument(scheduler: Scheduler, registry: CollectorRegistry | None = None) 
     """Register cronlock's metrics for *scheduler* in *registry* (default: the global one).
 
     Returns a handle whose ``close()`` unregisters them. Instrument each scheduler once per
-    registry (the names would clash otherwise).
+    registry (the names would clash otherwise). In multiprocess mode a process holds one
+    instrumented scheduler at a time, and a missing ``PROMETHEUS_MULTIPROC_DIR`` directory,
+    or one set after prometheus_client was imported, raises :class:`~cronlock.ConfigError`.
     """
     return Instrumentation(scheduler, REGISTRY if registry is None else registry)
+
+
+def scrape_registry(registry: CollectorRegistry | None = None) -> CollectorRegistry:
+    """The registry a metrics endpoint serves: *registry* (default: the global one), or,
+    in prometheus_client's multiprocess mode (``PROMETHEUS_MULTIPROC_DIR`` set before the
+    server started), a new registry that merges the files of every worker of the server.
+
+    Serve it whichever mode the service runs in, for instance
+    ``app.mount("/metrics", prometheus_client.make_asgi_app(scrape_registry()))``.
+    Raises :class:`~cronlock.ConfigError` when the directory is missing, or was set too late.
+    """
+    merged = _merged()
+    if merged is not None:
+        return merged
+    return REGISTRY if registry is None else registry

@@ -8,13 +8,8 @@ key is the fleet's, kept in the ledger) and done in the ledger.
 
 from __future__ import annotations
 
-import asyncio
-import os
 import re
-import subprocess
-import sys
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import asyncpg
@@ -23,14 +18,12 @@ import pytest
 
 from cronlock.postgres import FleetControl
 
-from ..postgres.conftest import free_port
+from ..multiworker import get, uvicorn_workers
 from .seed import seed, table_name
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow]
 
-ROOT = Path(__file__).resolve().parents[2]
 WORKERS = 3
-STARTUP_BOUND = 120.0  # only stops a hang; reaching it is a failure
 POSTS = 45  # enough that fresh connections reach every worker
 
 
@@ -39,54 +32,19 @@ async def served(pg_dsn: str) -> AsyncIterator[tuple[str, str]]:
     """(base URL, ledger table) of a 3-worker uvicorn serving the dashboard."""
     table = table_name()
     await seed(pg_dsn, table, notes=[("nightly", "every 1h", None)], runs=[])
-    port = free_port()
-    env = {**os.environ, "CRONLOCK_WEB_DSN": pg_dsn, "CRONLOCK_WEB_TABLE": table}
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), str(ROOT)])
-    server = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "uvicorn",
-            "tests.web.workers_app:app",
-            "--workers",
-            str(WORKERS),
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--log-level",
-            "warning",
-        ],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
-    base = f"http://127.0.0.1:{port}"
+    env = {"CRONLOCK_WEB_DSN": pg_dsn, "CRONLOCK_WEB_TABLE": table}
     try:
-        async with asyncio.timeout(STARTUP_BOUND):
-            pids: set[str] = set()
-            while len(pids) < WORKERS:  # every worker answers before the test starts
-                try:
-                    pids.add((await _get(base, "/api/jobs")).headers["x-worker-pid"])
-                except httpx.TransportError:
-                    await asyncio.sleep(0.2)
-        yield base, table
+        async with uvicorn_workers(
+            "tests.web.workers_app:app", env, workers=WORKERS, probe="/api/jobs"
+        ) as (base, _):
+            yield base, table
     finally:
-        server.terminate()
-        _, stderr = server.communicate(timeout=60)
         conn = await asyncpg.connect(pg_dsn)
         try:
             for suffix in ("", "_jobs", "_control", "_leases", "_members", "_secrets"):
                 await conn.execute(f'DROP TABLE IF EXISTS "{table}{suffix}"')
         finally:
             await conn.close()
-    assert "Traceback" not in stderr.decode(), stderr.decode()
-
-
-async def _get(base: str, path: str, **options: Any) -> httpx.Response:
-    async with httpx.AsyncClient(base_url=base) as fresh:  # one connection per request
-        return await fresh.get(path, **options)
 
 
 async def _post(base: str, path: str, **options: Any) -> httpx.Response:
@@ -98,7 +56,7 @@ async def test_every_action_is_accepted_by_every_worker(
     pg_dsn: str, served: tuple[str, str]
 ) -> None:
     base, table = served
-    page = await _get(base, "/")
+    page = await get(base, "/")
     assert page.status_code == 200, page.text
     cookie = page.cookies["cronlock_csrf"]
     found = re.search(r'name="csrf" value="([0-9a-f]+)"', page.text)

@@ -8,24 +8,14 @@ from __future__ import annotations
 
 import os
 
-from starlette.types import Message, Receive, Scope, Send
-
 import cronlock.web
+
+from ..multiworker import pid_marked
 
 _dashboard = cronlock.web.app(
     os.environ["CRONLOCK_WEB_DSN"],
     table=os.environ["CRONLOCK_WEB_TABLE"],
     authorize=lambda request: True,
 )
-_PID = str(os.getpid()).encode()
-
-
-async def app(scope: Scope, receive: Receive, send: Send) -> None:
-    """The dashboard, each answer marked with this worker's pid."""
-
-    async def marked(message: Message) -> None:
-        if message["type"] == "http.response.start":
-            message = {**message, "headers": [*message["headers"], (b"x-worker-pid", _PID)]}
-        await send(message)
-
-    await _dashboard(scope, receive, marked)
+app = pid_marked(_dashboard)
+"""The dashboard, each answer marked with this worker's pid."""
