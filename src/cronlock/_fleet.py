@@ -242,8 +242,9 @@ class FleetViews:
         """Since when *job* (a job or its name) has gone without a success: when its latest
         successful run ended (anywhere in the fleet, with a run ledger), or, if it never
         succeeded, when it was first seen: with a ledger, when a replica first noted it
-        there (so the instant survives restarts; read with the fleet's latest runs, every
-        15 s), else when this scheduler started. ``None`` before the scheduler started.
+        there (so the instant survives restarts; learned with the fleet's latest runs,
+        read every 15 s: the scheduler's start until then), else when this scheduler
+        started. ``None`` before the scheduler started. Computed from memory, no I/O.
 
         Unlike :meth:`overdue`, which counts from a slot falling due, this is the rule "no
         success in N days": ``now - without_success_since(job) > N days``, whatever the
