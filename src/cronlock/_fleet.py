@@ -6,7 +6,8 @@ every second or so. Fleet keeps the jobs paused fleet-wide (for status views and
 the locker itself refuses their claims), starts the runs triggered fleet-wide (each one is
 a slot claimed like any other, so one replica runs it), and copies the fleet's latest run
 and success into each job, so that every replica, even one that never ran the job,
-reports the fleet's last success. The overdue rule is written once here.
+reports the fleet's last success, and keeps each job's first-seen instant in the ledger.
+The overdue rule and the "without success since" rule are written once here.
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ class Fleet:
     __slots__ = (
         "_default_timeout",
         "_dues",
+        "_first_seen",
         "_jobs",
         "_loop",
         "_paused",
@@ -72,6 +74,9 @@ class Fleet:
         self._paused: dict[int, frozenset[str]] = {}
         self._started: dict[int, dict[tuple[str, datetime], None]] = {}
         self._since: datetime | None = None
+        # Per job of a locker with a ledger: when a replica first noted it there (so a job
+        # that never succeeded is judged from then, across restarts, not from our start).
+        self._first_seen: dict[str, datetime] = {}
         # Per job: (the instant its due slot was computed after, that slot). A schedule's
         # next_after can cost tens of microseconds (cron): computed again only when the
         # job's latest success moved, not on every scrape of 10,000 jobs.
@@ -129,6 +134,11 @@ class Fleet:
                 job = self._jobs.get(name)
                 if job is not None and id(job._wiring.fleet) == key:
                     job._learn(last, success)
+        if view.first_seen is not None:
+            for name, seen in view.first_seen.items():
+                job = self._jobs.get(name)
+                if job is not None and id(job._wiring.fleet) == key:
+                    self._first_seen[name] = seen
         loop = self._loop()
         if loop is None or not view.triggers:
             return
@@ -168,6 +178,15 @@ class Fleet:
             isinstance(event, JobSkipped) and event.reason in ("overlap", "locked")
         ):
             started.pop(trigger, None)
+
+    def without_success_since(self, job: Job) -> datetime | None:
+        """See :meth:`FleetViews.without_success_since`."""
+        if self._since is None:
+            return None
+        success = job.last_success
+        if success is not None and success.finished_at is not None:
+            return success.finished_at
+        return self._first_seen.get(job.name, self._since)
 
     def overdue(self, now: datetime) -> tuple[Job, ...]:
         """The jobs overdue at *now* (see :meth:`FleetViews.overdue`)."""
@@ -218,6 +237,20 @@ class FleetViews:
         jobs (here or fleet-wide) are never overdue.
         """
         return self._fleet.overdue(self._clock.now())
+
+    def without_success_since(self, job: Job | str) -> datetime | None:
+        """Since when *job* (a job or its name) has gone without a success: when its latest
+        successful run ended (anywhere in the fleet, with a run ledger), or, if it never
+        succeeded, when it was first seen: with a ledger, when a replica first noted it
+        there (so the instant survives restarts; learned with the fleet's latest runs,
+        read every 15 s: the scheduler's start until then), else when this scheduler
+        started. ``None`` before the scheduler started. Computed from memory, no I/O.
+
+        Unlike :meth:`overdue`, which counts from a slot falling due, this is the rule "no
+        success in N days": ``now - without_success_since(job) > N days``, whatever the
+        schedule. An unknown name raises :class:`~cronlock.JobLookupError`.
+        """
+        return self._fleet.without_success_since(job_named(self._jobs, job))
 
     def paused_fleet_wide(self, job: Job | str) -> bool:
         """Whether *job* (a job or its name) is paused on every replica

@@ -244,12 +244,15 @@ class FleetView:
     *paused*: the jobs paused fleet-wide. *triggers*: per job, the slot of a run asked for
     fleet-wide and not claimed yet (claim it like any slot: one replica runs it). *runs*:
     per job, the latest finished run and the latest success of any replica, or ``None``
-    when this read did not include them (they are read less often).
+    when this read did not include them (they are read less often). *first_seen*: per
+    job, when a replica first noted it in the ledger (jobs not noted yet are left out),
+    ``None`` when this read did not include it (read with *runs*).
     """
 
     paused: frozenset[str] = frozenset()
     triggers: Mapping[str, datetime] = dataclasses.field(default_factory=dict)
     runs: Mapping[str, tuple[RunRecord | None, RunRecord | None]] | None = None
+    first_seen: Mapping[str, datetime] | None = None
 
 
 FleetCallback = Callable[[FleetView], None]

@@ -10,6 +10,10 @@ imports it. The metric names are part of the API:
   seconds in one statement, never per scrape),
 - ``cronlock_job_next_run_timestamp_seconds{job}``, ``cronlock_job_overdue{job}`` (0/1, see
   :meth:`cronlock.Scheduler.overdue`), ``cronlock_job_paused{job}`` (0/1, here or fleet-wide),
+- ``cronlock_job_without_success_since_timestamp_seconds{job}`` (see
+  :meth:`cronlock.Scheduler.without_success_since`: "no success in N days" is
+  ``time() - ... > N * 86400``; left out for paused and finished jobs, of which nothing is
+  expected),
 - ``cronlock_runs_total{job,outcome}``, ``cronlock_skips_total{job,reason}`` (lock contention
   is ``reason="locked"``/``"already_ran"``; ``"standby"`` on the replicas of a large fleet
   that leave the claims to its racers), ``cronlock_lock_errors_total{job}`` (this
@@ -193,7 +197,7 @@ class _StateCollector(Collector):
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         scheduler = self._scheduler
-        success, last, nxt, overdue, paused = self._families()
+        success, last, nxt, overdue, paused, quiet = self._families()
         late = {job.name for job in scheduler.overdue()}
         for job in scheduler.jobs:
             name = job.name
@@ -204,10 +208,12 @@ class _StateCollector(Collector):
             if job.next_run is not None:
                 nxt.add_metric([name], job.next_run.timestamp())
             overdue.add_metric([name], 1.0 if name in late else 0.0)
-            paused.add_metric(
-                [name], 1.0 if job.paused or scheduler.paused_fleet_wide(job) else 0.0
-            )
-        yield from (success, last, nxt, overdue, paused)
+            stopped = job.paused or scheduler.paused_fleet_wide(job)
+            paused.add_metric([name], 1.0 if stopped else 0.0)
+            since = scheduler.without_success_since(job)
+            if since is not None and job.next_run is not None and not stopped:
+                quiet.add_metric([name], since.timestamp())
+        yield from (success, last, nxt, overdue, paused, quiet)
         elector = scheduler._elector
         if elector is not None and isinstance(elector, _KnowsLeadership):
             leader = GaugeMetricFamily("cronlock_leader", "1 while this replica leads")
@@ -225,6 +231,11 @@ class _StateCollector(Collector):
             gauge("next_run_timestamp_seconds", "The next slot this replica will fire"),
             gauge("overdue", "1 when a slot fell due longer ago than the grace, unrun"),
             gauge("paused", "1 while the job is paused, here or fleet-wide"),
+            gauge(
+                "without_success_since_timestamp_seconds",
+                "Since when the job has gone without a success (its latest success ended, "
+                "else it was first seen)",
+            ),
         )
 
 

@@ -34,6 +34,7 @@ def test_the_rules_are_well_formed() -> None:
     found = rules()
     assert [r["alert"] for r in found] == [
         "CronlockJobOverdue",
+        "CronlockNoSuccess",
         "CronlockJobFailing",
         "CronlockLockErrors",
         "CronlockJobAbsent",

@@ -31,6 +31,7 @@ from .._names import unknown_job
 from .._records import RunRecord
 from ._backend_errors import backend_errors
 from ._connections import ConnectionSource
+from ._firstseen import first_seen_sql
 from ._ledger import DEFAULT_TABLE, RUN, LedgerTable, migrate, to_record
 from ._session import LockSession
 
@@ -301,7 +302,8 @@ class FleetWatch:
 
     Every :data:`POLL_EVERY` seconds it reads the control table (pauses, pending triggers:
     one small statement), and every :data:`RUNS_EVERY` seconds the latest run and success of
-    every watched job (one statement for all of them, two index probes a job); it hands
+    every watched job (one statement for all of them, two index probes a job; and, while
+    some have none known yet, their first-seen instants, one more); it hands
     each read to the callbacks as a :class:`~cronlock.FleetView`. It reads on the locker's
     lock *sessions*.
     """
@@ -316,6 +318,9 @@ class FleetWatch:
         # fleet as a whole reads at the rate of a small one.
         self._spread = spread
         self._sql = control_sql(table)
+        self._first_seen_sql = first_seen_sql(table.jobs)
+        # Each job's first-seen instant never changes once noted: read once a job.
+        self._first_seen: dict[str, datetime] = {}
         self._sessions = sessions
         self._watchers: list[tuple[FleetCallback, Callable[[], Mapping[str, Health]]]] = []
         self._task: asyncio.Task[None] | None = None
@@ -393,13 +398,20 @@ class FleetWatch:
         paused = frozenset(row["job"] for row in rows if row["paused"])
         triggers = {row["job"]: row["trigger_slot"] for row in rows if row["trigger_slot"]}
         runs: dict[str, tuple[RunRecord | None, RunRecord | None]] | None = None
+        first_seen: dict[str, datetime] | None = None
         # Not spread out: every replica's gauges (overdue, last success) must stay right,
         # standing by or not, and this read is one statement every RUNS_EVERY seconds.
         if now - self._runs_at >= RUNS_EVERY:
             names = self.names()
             found = await self._read(lambda c: c.fetch(self._sql["fleet_runs"], names))
-            self._runs_at = now
             last = {row["job"]: to_record(row) for row in found if row["kind"] == "last"}
             ok = {row["job"]: to_record(row) for row in found if row["kind"] == "ok"}
             runs = {name: (last.get(name), ok.get(name)) for name in names}
-        return FleetView(paused=paused, triggers=triggers, runs=runs)
+            seen = self._first_seen
+            unknown = [name for name in names if name not in seen]
+            if unknown:
+                noted = await self._read(lambda c: c.fetch(self._first_seen_sql, unknown))
+                seen.update((row["job"], row["first_seen"]) for row in noted)
+            first_seen = {name: seen[name] for name in names if name in seen}
+            self._runs_at = now
+        return FleetView(paused=paused, triggers=triggers, runs=runs, first_seen=first_seen)

@@ -15,6 +15,7 @@ from typing import Any, Literal
 from .._errors import LedgerNameError
 from .._keys import job_lock_key, ledger_lock_key
 from .._records import RunRecord
+from ._firstseen import first_seen_ddl
 from ._starts import real_start
 
 __all__ = (
@@ -39,7 +40,7 @@ _MAX_IDENTIFIER = 63
 _OUTCOMES = frozenset({"succeeded", "failed", "timed_out", "cancelled", "lock_lost", "crashed"})
 # The columns of the runs and jobs tables a ledger made by an older cronlock lacks (no name
 # is in both tables); migrate() adds them.
-_ADDED_COLUMNS = ("session", "attempt", "manual", "grace", "due", "grace_until")
+_ADDED_COLUMNS = ("session", "attempt", "manual", "grace", "due", "grace_until", "first_seen")
 
 _RUN_NAMES = "slot started_at finished_at outcome error host pid attempt manual"
 RUN_COLUMNS = tuple(_RUN_NAMES.split())
@@ -200,8 +201,7 @@ class LedgerTable:
                 ADD COLUMN IF NOT EXISTS manual boolean NOT NULL DEFAULT false""",
             # For pruning by age across jobs; (job, slot) lookups use the primary key.
             f"CREATE INDEX IF NOT EXISTS {slot_index} ON {self.runs} (slot)",
-            # The crash check reads only the unfinished runs, a handful however long the
-            # ledger is.
+            # The crash check reads only the unfinished runs, a handful however many runs.
             f"""CREATE INDEX IF NOT EXISTS {unfinished_index} ON {self.runs} (session)
                 WHERE finished_at IS NULL""",
             f"""CREATE TABLE IF NOT EXISTS {self.jobs} (
@@ -216,6 +216,7 @@ class LedgerTable:
             f"""ALTER TABLE {self.jobs} ADD COLUMN IF NOT EXISTS grace float8,
                 ADD COLUMN IF NOT EXISTS due timestamptz,
                 ADD COLUMN IF NOT EXISTS grace_until timestamptz""",
+            *first_seen_ddl(self.jobs, self.runs),  # when each job was first noted
             # Fleet control (FleetControl, ._control): pauses and triggers.
             f"""CREATE TABLE IF NOT EXISTS {self.control} (
                 job          text        PRIMARY KEY,
@@ -296,15 +297,14 @@ class LedgerTable:
     @property
     def last_runs_sql(self) -> str:
         """``$1`` job: rows ('last', latest finished run) and ('ok', latest success)."""
-        cols = RUN
         return f"""
-            (SELECT 'last' AS kind, {cols} FROM {self.runs}
+            (SELECT 'last' AS kind, {RUN} FROM {self.runs}
              WHERE job = $1 AND finished_at IS NOT NULL ORDER BY slot DESC LIMIT 1)
             UNION ALL
-            (SELECT 'ok' AS kind, {cols} FROM {self.runs}
+            (SELECT 'ok' AS kind, {RUN} FROM {self.runs}
              WHERE job = $1 AND outcome = 'succeeded' ORDER BY slot DESC LIMIT 1)
             UNION ALL
-            (SELECT 'failed' AS kind, {cols} FROM {self.runs}
+            (SELECT 'failed' AS kind, {RUN} FROM {self.runs}
              WHERE job = $1 AND outcome <> 'succeeded' ORDER BY slot DESC LIMIT 1)"""
 
     @property
