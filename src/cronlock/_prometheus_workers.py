@@ -8,9 +8,10 @@ summed over the workers, those of workers that exited included, so they never go
 The gauges, which cronlock otherwise computes at scrape time, are copied by each worker
 into the files every :data:`REFRESH` seconds (a value only when it changed) and merged over
 the live workers: the latest of their timestamps and the highest of their 0/1 flags
-(``max``), the earliest of their next slots (``min``). Each worker removes the gauge files
-of workers that exited, as ``prometheus_client.multiprocess.mark_process_dead`` does from
-a gunicorn hook: uvicorn has no hook that would tell.
+(``max``), the earliest of their next slots and no-success instants (``min``). Each
+worker removes the gauge files of workers that exited, as
+``prometheus_client.multiprocess.mark_process_dead`` does from a gunicorn hook: uvicorn
+has no hook that would tell.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import asyncio
 import contextlib
 import glob
 import logging
+import math
 import os
 import re
 import time
@@ -37,7 +39,12 @@ REFRESH = 1.0
 """How often, in seconds, a worker copies its gauges into the multiprocess files (less
 often where copying would take more than 5 % of the time: 6,000 jobs take about 50 ms)."""
 _SWEEP_EVERY = 10  # refreshes between two looks for the files of workers that exited
-_EARLIEST = frozenset({"cronlock_job_next_run_timestamp_seconds"})
+_EARLIEST = frozenset(
+    {
+        "cronlock_job_next_run_timestamp_seconds",
+        "cronlock_job_without_success_since_timestamp_seconds",
+    }
+)
 _LIVE_FILE = re.compile(r"gauge_live[a-z]+_(\d+)\.db")
 _logger = logging.getLogger("cronlock.prometheus")
 
@@ -99,7 +106,11 @@ class Mirror:
         self._ticks = 0
 
     def copy(self, families: Iterable[GaugeMetricFamily]) -> None:
-        """Write each sample of *families* that changed since the last copy."""
+        """Write each sample of *families* that changed since the last copy, and a neutral
+        value for each series written before and now gone (a job paused, finished or
+        removed: this mode cannot remove a series): ``+Inf`` where the workers' earliest
+        value is kept, so the others' win, else 0."""
+        seen: set[tuple[str, str]] = set()
         for family in families:
             gauge = self._gauges.get(family.name)
             if gauge is None:
@@ -116,11 +127,16 @@ class Mirror:
                 self._registry.register(gauge)
                 self._gauges[family.name] = gauge
             for sample in family.samples:
-                job = sample.labels.get("job", "")
-                if self._written.get((family.name, job)) == sample.value:
-                    continue
-                self._written[(family.name, job)] = sample.value
-                (gauge.labels(job) if job else gauge).set(sample.value)
+                seen.add((family.name, sample.labels.get("job", "")))
+                self._write(family.name, sample.labels.get("job", ""), sample.value)
+        for name, job in [key for key in self._written if key not in seen]:
+            self._write(name, job, math.inf if name in _EARLIEST else 0.0)
+
+    def _write(self, name: str, job: str, value: float) -> None:
+        if self._written.get((name, job)) != value:
+            self._written[(name, job)] = value
+            gauge = self._gauges[name]
+            (gauge.labels(job) if job else gauge).set(value)
 
     def start(self, refresh: Callable[[], None]) -> None:
         """Copy now and every :data:`REFRESH` seconds, on the running loop."""

@@ -97,3 +97,44 @@ print(cronlock.prometheus.scrape_registry() is REGISTRY,
       cronlock.prometheus.scrape_registry(mine) is mine)
 """
     assert _run(code).stdout.split() == ["True", "True"]
+
+
+def test_a_series_a_job_stops_reporting_lets_the_other_workers_win(tmp_path: Path) -> None:
+    """Multiprocess mode cannot remove a series: a job that finished or was paused after
+    its gauges were written reads +Inf where the workers' earliest value counts (its next
+    slot, its no-success instant: ``CronlockNoSuccess`` stays quiet) and 0 elsewhere."""
+    code = """
+import asyncio
+from datetime import UTC, datetime, timedelta
+import cronlock.prometheus
+from prometheus_client import CollectorRegistry
+from cronlock import Scheduler, once
+from cronlock.testing import FakeClock
+
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+
+async def main():
+    clock = FakeClock(T0)
+    scheduler = Scheduler(clock=clock)
+    warm = scheduler.add_job(lambda: None, once(T0 + timedelta(seconds=30)), name="warm")
+    later = scheduler.add_job(lambda: None, once(T0 + timedelta(days=1)), name="later")
+    handle = cronlock.prometheus.instrument(scheduler, CollectorRegistry())
+    merged = cronlock.prometheus.scrape_registry()
+    def read(name, job):
+        return merged.get_sample_value(f"cronlock_job_{name}", {"job": job})
+    async with scheduler:  # a copy at start
+        print(read("next_run_timestamp_seconds", "warm"), read("paused", "later"))
+        later.pause()
+        await clock.advance(60)  # warm ran and finished
+    # and a copy at stop
+    print(read("next_run_timestamp_seconds", "warm"),
+          read("without_success_since_timestamp_seconds", "warm"),
+          read("without_success_since_timestamp_seconds", "later"),
+          read("paused", "later"))
+    handle.close()
+
+asyncio.run(main())
+"""
+    done = _run(code, PROMETHEUS_MULTIPROC_DIR=str(tmp_path))
+    t0 = "1767225630.0"  # T0 + 30 s
+    assert done.stdout.split() == [t0, "0.0", "inf", "inf", "inf", "1.0"], done.stdout + done.stderr
