@@ -81,5 +81,6 @@ class SlotClaim:
             [undo],
             socket.gethostname(),
             os.getpid(),
+            [None],  # the body began as the claim was taken: the claim's start stands
         )
         return bool(row["released"])
