@@ -324,11 +324,12 @@ def problems(stderr: str, port: int) -> list[str]:
     Except one that is uvicorn's own: its supervisor never closes the listening socket it
     binds for its workers (``uvicorn.main.run``: ``config.bind_socket()``), so at exit the
     master process warns about that socket, on our port; nothing of the application's.
+    (uvicorn 0.55 binds it with ``proto=6``, older releases with ``proto=0``.)
     """
     lines = stderr.splitlines()
     listening = re.compile(
         rf"sys:1: ResourceWarning: unclosed <socket\.socket fd=\d+, family=2, type=1, "
-        rf"proto=0, laddr=\('127\.0\.0\.1', {port}\)>"
+        rf"proto=\d+, laddr=\('127\.0\.0\.1', {port}\)>"
     )
     for i, line in enumerate(lines):
         if listening.fullmatch(line):
