@@ -18,7 +18,7 @@ from contextlib import asynccontextmanager
 from datetime import datetime
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs, quote
+from urllib.parse import quote
 from zoneinfo import ZoneInfo
 
 import asyncpg
@@ -38,13 +38,12 @@ from ._actions import ACTIONS, act
 from ._csrf import COOKIE, Csrf
 from ._headers import SecurityHeaders
 from ._model import chart, job_view, run_json, run_view
+from ._params import MAX_PAGE, before_param, limit_param, read_form
 
 __all__ = ("Authorize", "app")
 
 _logger = logging.getLogger("cronlock.web")
 _HERE = Path(__file__).parent
-_MAX_PAGE = 500
-_MAX_FORM = 4096
 _CSRF_KEY = "web.csrf"  # its row in the ledger's secrets table
 
 Authorize = Callable[[Request], bool | Awaitable[bool]]
@@ -221,26 +220,6 @@ class _Dashboard:
         return verdict is True
 
 
-def _before(request: Request) -> datetime | None:
-    text = request.query_params.get("before")
-    if not text:
-        return None
-    try:
-        value = datetime.fromisoformat(text)
-    except ValueError:
-        raise HTTPException(400, "before must be an ISO 8601 instant with an offset") from None
-    if value.tzinfo is None:
-        raise HTTPException(400, "before must be an ISO 8601 instant with an offset")
-    return value
-
-
-def _limit(request: Request, default: int) -> int:
-    text = request.query_params.get("limit", str(default))
-    if not text.isdigit() or not 1 <= int(text) <= _MAX_PAGE:
-        raise HTTPException(400, f"limit must be a whole number from 1 to {_MAX_PAGE}")
-    return int(text)
-
-
 def app(
     dsn_or_pool: str | Any,
     *,
@@ -266,8 +245,8 @@ def app(
     """
     if not (isinstance(refresh, int | float) and refresh > 0):
         raise ConfigError(f"web.app: refresh must be a positive number of seconds, got {refresh!r}")
-    if not (isinstance(page_size, int) and 1 <= page_size <= _MAX_PAGE):
-        raise ConfigError(f"web.app: page_size must be 1 to {_MAX_PAGE}, got {page_size!r}")
+    if not (isinstance(page_size, int) and 1 <= page_size <= MAX_PAGE):
+        raise ConfigError(f"web.app: page_size must be 1 to {MAX_PAGE}, got {page_size!r}")
     if not isinstance(dsn_or_pool, str) and not isinstance(dsn_or_pool, asyncpg.Pool):
         raise ConfigError(f"web.app: expected a DSN or an asyncpg.Pool, got {dsn_or_pool!r}")
     board = _Dashboard(
@@ -286,9 +265,11 @@ def app(
 
     async def job_page(request: Request) -> Response:
         data = await board.job(
-            request.path_params["name"], _before(request), _limit(request, board.page_size)
+            request.path_params["name"],
+            before_param(request),
+            limit_param(request, board.page_size),
         )
-        return await board.page(request, "job.html", before=_before(request), **data)
+        return await board.page(request, "job.html", before=before_param(request), **data)
 
     async def api_jobs(request: Request) -> Response:
         jobs, now = await board.jobs()
@@ -302,7 +283,9 @@ def app(
 
     async def api_runs(request: Request) -> Response:
         data = await board.job(
-            request.path_params["name"], _before(request), _limit(request, board.page_size)
+            request.path_params["name"],
+            before_param(request),
+            limit_param(request, board.page_size),
         )
         more = data["more"]
         return JSONResponse(
@@ -317,15 +300,13 @@ def app(
         verb = request.path_params["action"]
         if verb not in ACTIONS:
             raise HTTPException(404, "no such action")
-        body = await request.body()
-        if len(body) > _MAX_FORM:
-            raise HTTPException(413, "form too large")
-        form = {k: v[0] for k, v in parse_qs(body.decode("utf-8", "replace")).items()}
         # Every refusal comes before any job is touched (only the fleet's key may be made,
         # once), and names its cause: the browser's owner reads it, not the site that
-        # forged the form (it cannot read the answer).
+        # forged the form (it cannot read the answer). A read-only dashboard refuses
+        # before reading the body, and the form is read only up to its limit.
         if board.authorize is None:
             raise HTTPException(403, "this dashboard is read-only")
+        form = await read_form(request)
         refusal = (await board.csrf()).refusal(request, form.get("csrf"))
         if refusal is not None:
             raise HTTPException(403, refusal)

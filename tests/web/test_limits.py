@@ -1,0 +1,88 @@
+"""What one anonymous client can make a real dashboard server hold (issue 24): a huge
+action body is refused before it is read, whatever the dashboard's mode."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import asyncpg
+import pytest
+
+from .realserver import Served, served
+from .seed import seed, table_name
+
+pytestmark = [pytest.mark.postgres, pytest.mark.slow]
+
+MIB = 1024 * 1024
+HUGE = 64 * MIB
+CHUNK = 64 * 1024
+
+
+async def drop(dsn: str, table: str) -> None:
+    conn = await asyncpg.connect(dsn)
+    try:
+        for suffix in ("", "_jobs", "_control", "_leases", "_members", "_secrets"):
+            await conn.execute(f'DROP TABLE IF EXISTS "{table}{suffix}"')
+    finally:
+        await conn.close()
+
+
+@pytest.fixture(params=["read-only", "actions"])
+async def server(request: pytest.FixtureRequest, pg_dsn: str) -> AsyncIterator[tuple[Served, str]]:
+    """(the server, its mode)."""
+    table = table_name()
+    await seed(pg_dsn, table, notes=[("nightly", "every 1h", None)], runs=[])
+    env = {"CRONLOCK_WEB_DSN": pg_dsn, "CRONLOCK_WEB_TABLE": table}
+    try:
+        async with served({**env, "CRONLOCK_WEB_MODE": request.param}) as running:
+            yield running, request.param
+    finally:
+        await drop(pg_dsn, table)
+
+
+async def post_lazily(server: Served, *, chunked: bool) -> tuple[str, int]:
+    """POST a body of :data:`HUGE` bytes, made as it is sent, to /actions/pause, until the
+    server answers or stops reading: (its status line, the bytes the client got to send)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+    framing = "Transfer-Encoding: chunked" if chunked else f"Content-Length: {HUGE}"
+    writer.write(
+        f"POST /actions/pause HTTP/1.1\r\nHost: 127.0.0.1:{server.port}\r\n"
+        f"Content-Type: application/x-www-form-urlencoded\r\n{framing}\r\n\r\n".encode()
+    )
+    answer = asyncio.ensure_future(reader.readline())
+    piece = b"job=" + b"a" * (CHUNK - 4)
+    frame = f"{CHUNK:x}\r\n".encode() + piece + b"\r\n" if chunked else piece
+    sent = 0
+    try:
+        while sent < HUGE and not answer.done():
+            writer.write(frame)
+            drained = asyncio.ensure_future(writer.drain())
+            await asyncio.wait({drained, answer}, timeout=30, return_when="FIRST_COMPLETED")
+            if not drained.done():  # the server stopped reading: it answered, or will
+                drained.cancel()
+                break
+            drained.result()
+            sent += CHUNK
+        if sent >= HUGE and chunked:
+            writer.write(b"0\r\n\r\n")
+    except (ConnectionResetError, BrokenPipeError):
+        pass  # the server closed the connection: what it answered is still readable
+    status = (await asyncio.wait_for(answer, 30)).decode().strip()
+    writer.close()
+    return status, sent
+
+
+@pytest.mark.parametrize("chunked", [True, False], ids=["chunked", "content-length"])
+async def test_a_huge_action_body_is_refused_before_it_is_read(
+    server: tuple[Served, str], chunked: bool
+) -> None:
+    running, mode = server
+    peak = running.memory()
+    status, sent = await post_lazily(running, chunked=chunked)
+    grown = running.memory() - peak
+    print(f"[measured] {status!r} after {sent / MIB:.1f} MiB sent, peak RSS +{grown / MIB:.1f} MiB")
+    # A read-only dashboard refuses every action at once; else the form is too large.
+    assert status.split()[1] == ("403" if mode == "read-only" else "413"), status
+    assert sent < HUGE / 4, f"the server read {sent / MIB:.1f} MiB of the body before answering"
+    assert grown < 8 * MIB
