@@ -7,6 +7,7 @@ import asyncio
 from collections.abc import AsyncIterator
 
 import asyncpg
+import httpx
 import pytest
 
 from .realserver import Served, served
@@ -86,3 +87,43 @@ async def test_a_huge_action_body_is_refused_before_it_is_read(
     assert status.split()[1] == ("403" if mode == "read-only" else "413"), status
     assert sent < HUGE / 4, f"the server read {sent / MIB:.1f} MiB of the body before answering"
     assert grown < 8 * MIB
+
+
+BURST = 25
+BOUND = 4  # web.app's default max_connections
+
+
+async def test_a_burst_of_requests_opens_at_most_max_connections(pg_dsn: str) -> None:
+    """25 anonymous GETs at once to a dashboard given a DSN: the server's sessions of
+    the dashboard (by its application_name), polled through the burst, stay within 4."""
+    table = table_name()
+    await seed(pg_dsn, table, notes=[(f"job-{i}", "every 1h", None) for i in range(10)], runs=[])
+    name = f"cronlock-web-{table}"
+    sep = "&" if "?" in pg_dsn else "?"
+    env = {
+        "CRONLOCK_WEB_DSN": f"{pg_dsn}{sep}application_name={name}",
+        "CRONLOCK_WEB_TABLE": table,
+    }
+    watcher = await asyncpg.connect(pg_dsn)
+    try:
+        async with served(env) as running, httpx.AsyncClient(base_url=running.base) as client:
+            seen: list[int] = []
+
+            async def burst() -> list[int]:
+                answers = await asyncio.gather(*(client.get("/") for _ in range(BURST)))
+                return [answer.status_code for answer in answers]
+
+            requests = asyncio.ensure_future(burst())
+            while not requests.done():
+                seen.append(
+                    await watcher.fetchval(
+                        "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1", name
+                    )
+                )
+            statuses = await requests
+        print(f"[measured] dashboard sessions during the burst: at most {max(seen)}")
+        assert statuses == [200] * BURST
+        assert 1 <= max(seen) <= BOUND, seen
+    finally:
+        await watcher.close()
+        await drop(pg_dsn, table)

@@ -13,8 +13,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Awaitable, Callable
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -39,6 +38,7 @@ from ._csrf import COOKIE, Csrf
 from ._headers import SecurityHeaders
 from ._model import chart, job_view, run_json, run_view
 from ._params import MAX_PAGE, before_param, limit_param, read_form
+from ._source import Source, Unavailable
 
 __all__ = ("Authorize", "app")
 
@@ -48,10 +48,6 @@ _CSRF_KEY = "web.csrf"  # its row in the ledger's secrets table
 
 Authorize = Callable[[Request], bool | Awaitable[bool]]
 """Decides whether *request* may pause, resume or trigger: ``True`` allows it."""
-
-
-class _Unavailable(Exception):
-    """The database could not be read; the page says so, without the details."""
 
 
 def _environment() -> Environment:
@@ -105,8 +101,10 @@ class _Dashboard:
         page_size: int,
         csrf_secret: bytes | str | None,
         title: str,
+        max_connections: int,
     ) -> None:
-        self.source = source
+        self.source = Source(source, table, max_connections)
+        self.connection = self.source.connection
         self.table = table
         self.authorize = authorize
         self.refresh = refresh
@@ -115,30 +113,6 @@ class _Dashboard:
         self._csrf_lock = asyncio.Lock()
         self.title = title
         self.env = _environment()
-
-    @asynccontextmanager
-    async def connection(self) -> AsyncIterator[Any]:
-        try:
-            if isinstance(self.source, str):
-                # No named prepared statements: it works through a transaction pooler too.
-                conn = await asyncpg.connect(self.source, timeout=10, statement_cache_size=0)
-                try:
-                    yield conn
-                finally:
-                    await conn.close()
-            else:
-                async with self.source.acquire(timeout=10) as conn:
-                    yield conn
-        except (asyncpg.UndefinedTableError, asyncpg.InvalidSchemaNameError) as exc:
-            raise HTTPException(
-                503,
-                f"no current run ledger {self.table.runs} here: start a replica, or run "
-                "'python -m cronlock migrate --dsn ...' to create or upgrade it",
-            ) from exc
-        except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
-            # Logged for the operator; the page never shows it (it may name hosts or users).
-            _logger.warning("dashboard: the database could not be read: %r", exc)
-            raise _Unavailable from exc
 
     # -- reads -------------------------------------------------------------------------
 
@@ -186,7 +160,7 @@ class _Dashboard:
         if self.authorize is not None:  # a read-only dashboard needs no key, writes nothing
             try:
                 token = (await self.csrf()).token(cookie)
-            except (HTTPException, _Unavailable):
+            except (HTTPException, Unavailable):
                 if template != "error.html":
                     raise
         base = request.scope.get("root_path", "").rstrip("/")
@@ -230,11 +204,13 @@ def app(
     page_size: int = 50,
     csrf_secret: bytes | str | None = None,
     title: str = "cronlock",
+    max_connections: int = 4,
 ) -> Starlette:
     """The fleet dashboard, an ASGI app to mount (``app.mount("/cron", web.app(pool))``).
 
     *dsn_or_pool*: an ``asyncpg.Pool`` (a connection is borrowed per request) or a DSN
-    (one connection per request, closed after it; nothing to close at shutdown). It only
+    (one connection per request, closed after it, at most *max_connections* at once, the
+    other requests waiting for one; nothing to close at shutdown). It only
     reads the run ledger (*table*, *schema*, as the replicas' ``PostgresLocker`` names it)
     unless *authorize* is given: then pause, resume and trigger buttons appear, and a POST
     that *authorize* (sync or async) does not answer ``True`` is refused with a 403.
@@ -247,6 +223,8 @@ def app(
         raise ConfigError(f"web.app: refresh must be a positive number of seconds, got {refresh!r}")
     if not (isinstance(page_size, int) and 1 <= page_size <= MAX_PAGE):
         raise ConfigError(f"web.app: page_size must be 1 to {MAX_PAGE}, got {page_size!r}")
+    if not (isinstance(max_connections, int) and max_connections >= 1):
+        raise ConfigError(f"web.app: max_connections must be 1 or more, got {max_connections!r}")
     if not isinstance(dsn_or_pool, str) and not isinstance(dsn_or_pool, asyncpg.Pool):
         raise ConfigError(f"web.app: expected a DSN or an asyncpg.Pool, got {dsn_or_pool!r}")
     board = _Dashboard(
@@ -257,6 +235,7 @@ def app(
         page_size=page_size,
         csrf_secret=csrf_secret,
         title=title,
+        max_connections=max_connections,
     )
 
     async def index(request: Request) -> Response:
@@ -316,7 +295,8 @@ def app(
         async with board.connection() as conn:
             if not await read_jobs(conn, board.table, [job]):
                 raise HTTPException(404, "no such job in the run ledger")
-        await act(board.source, board.table, verb, job)
+        async with board.source.slot():
+            await act(board.source.source, board.table, verb, job)
         _logger.info("dashboard: %s %r", verb, job)
         target = f"/jobs/{quote(job, safe='')}" if form.get("back") == "job" else "/"
         base = request.scope.get("root_path", "").rstrip("/")
@@ -340,5 +320,5 @@ def app(
     return Starlette(
         routes=routes,
         middleware=[SecurityHeaders.middleware()],
-        exception_handlers={HTTPException: failed, _Unavailable: failed},
+        exception_handlers={HTTPException: failed, Unavailable: failed},
     )
