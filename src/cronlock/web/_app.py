@@ -38,6 +38,7 @@ from ._csrf import COOKIE, Csrf
 from ._headers import SecurityHeaders
 from ._model import chart, job_view, run_json, run_view
 from ._params import MAX_PAGE, before_param, limit_param, read_form
+from ._reads import SafeReads
 from ._source import Source, Unavailable
 
 __all__ = ("Authorize", "app")
@@ -59,6 +60,9 @@ def _environment() -> Environment:
     )
     env.filters["url"] = lambda name: quote(str(name), safe="")
     env.filters["utc"] = lambda t: "-" if t is None else t.strftime("%Y-%m-%d %H:%M:%S UTC")
+    # A run's slot and start are never missing: None is a value the ledger holds that is
+    # not a readable instant (_reads).
+    env.filters["required"] = lambda t: "invalid" if t is None else env.filters["utc"](t)
     env.filters["local"] = lambda t, zone: _local(t, zone)
     env.filters["seconds"] = lambda s: "-" if s is None else f"{s:.3f} s"
     env.globals["ago"] = _ago
@@ -118,17 +122,18 @@ class _Dashboard:
 
     async def jobs(self) -> tuple[list[Any], datetime]:
         async with self.connection() as conn:
-            fleet = await read_jobs(conn, self.table)
+            fleet = await read_jobs(SafeReads(conn, self.table), self.table)
             paused = await read_paused(conn, self.table)
             now = await server_now(conn)
         return [job_view(job, now, paused=job.name in paused) for job in fleet], now
 
     async def job(self, name: str, before: datetime | None, limit: int) -> dict[str, Any]:
         async with self.connection() as conn:
-            found = await read_jobs(conn, self.table, [name])
+            reads = SafeReads(conn, self.table)
+            found = await read_jobs(reads, self.table, [name])
             if not found:
                 raise HTTPException(404, "no such job in the run ledger")
-            runs = await read_runs(conn, self.table, name, limit + 1, before)
+            runs = await read_runs(reads, self.table, name, limit + 1, before)
             paused = await read_paused(conn, self.table)
             now = await server_now(conn)
         views = [run_view(r) for r in runs[:limit]]
@@ -293,7 +298,7 @@ def app(
             raise HTTPException(403, "refused: you may not change jobs here")
         job = form.get("job", "")
         async with board.connection() as conn:
-            if not await read_jobs(conn, board.table, [job]):
+            if not await read_jobs(SafeReads(conn, board.table), board.table, [job]):
                 raise HTTPException(404, "no such job in the run ledger")
         async with board.source.slot():
             await act(board.source.source, board.table, verb, job)
