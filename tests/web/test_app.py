@@ -344,3 +344,22 @@ async def test_a_missing_ledger_is_named_with_the_fix(pg_dsn: str) -> None:
     assert page.status_code == api.status_code == 503
     assert "python -m cronlock migrate" in page.text
     assert "no current run ledger" in api.json()["error"]
+
+
+async def test_a_500_carries_the_security_headers() -> None:
+    class Broken(asyncpg.Pool):  # type: ignore[misc]
+        def __init__(self) -> None:
+            pass
+
+        def acquire(self, *, timeout: float | None = None) -> Any:
+            raise RuntimeError("an unexpected failure")
+
+    app = cronlock.web.app(Broken())
+    transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+    async with httpx.AsyncClient(transport=transport, base_url="http://dash") as c:
+        for url in ("/", "/api/jobs"):
+            answer = await c.get(url)
+            assert answer.status_code == 500
+            assert answer.headers["content-security-policy"].startswith("default-src 'none'")
+            assert answer.headers["x-frame-options"] == "DENY"
+            assert "unexpected failure" not in answer.text

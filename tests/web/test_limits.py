@@ -127,3 +127,71 @@ async def test_a_burst_of_requests_opens_at_most_max_connections(pg_dsn: str) ->
     finally:
         await watcher.close()
         await drop(pg_dsn, table)
+
+
+ERRORS = 40
+ERROR_BYTES = 2 * MIB
+
+
+async def test_long_errors_are_fetched_as_a_prefix(pg_dsn: str) -> None:
+    """40 runs with a 2 MiB error each: a page of them grows the server's peak RSS by a
+    few MiB, not by the 80 MiB of their texts; the cut first line is marked truncated."""
+    table = table_name()
+    await seed(pg_dsn, table, notes=[("noisy", "every 1h", None)], runs=[])
+    conn = await asyncpg.connect(pg_dsn)
+    try:
+        await conn.execute(
+            f'INSERT INTO "{table}" (job, slot, host, pid, started_at, finished_at, outcome, '
+            "error) SELECT 'noisy', s, 'h', 1, s, s, 'failed', repeat('E', $1) "
+            "FROM generate_series(now() - interval '1 hour' * ($2 - 1), now(), '1 hour') s",
+            ERROR_BYTES,
+            ERRORS,
+        )
+    finally:
+        await conn.close()
+    env = {"CRONLOCK_WEB_DSN": pg_dsn, "CRONLOCK_WEB_TABLE": table}
+    try:
+        async with served(env) as running, httpx.AsyncClient(base_url=running.base) as client:
+            assert (await client.get("/api/jobs")).status_code == 200  # warmed up
+            peak = running.memory()
+            api = await client.get("/api/jobs/noisy/runs?limit=100")
+            page = await client.get("/jobs/noisy?limit=100")
+            grown = running.memory() - peak
+        print(
+            f"[measured] {ERRORS} runs of {ERROR_BYTES // MIB} MiB errors: +{grown / MIB:.1f} MiB"
+        )
+        runs = api.json()["runs"]
+        assert len(runs) == ERRORS
+        assert all(run["error_truncated"] and run["error"] == "E" * 300 for run in runs)
+        assert page.status_code == 200 and page.text.count("(truncated)") == ERRORS + 1
+        assert grown < 16 * MIB
+    finally:
+        await drop(pg_dsn, table)
+
+
+BAD_QUERIES = [
+    "limit=%C2%B2",  # "²": str.isdigit() says yes, int() says no
+    "limit=%EF%BC%95",  # a fullwidth 5
+    "limit=0",
+    "limit=99999999999999999999",
+    "before=0001-01-01T00:00:00%2B01:00",  # year 0 in UTC
+    "before=9999-12-31T23:00:00-05:00",  # year 10000 in UTC
+    "before=yesterday",
+    "before=2026-01-01T00:00:00",  # no offset
+]
+
+
+async def test_bad_query_parameters_are_a_400_with_the_headers(pg_dsn: str) -> None:
+    table = table_name()
+    await seed(pg_dsn, table, notes=[("nightly", "every 1h", None)], runs=[])
+    env = {"CRONLOCK_WEB_DSN": pg_dsn, "CRONLOCK_WEB_TABLE": table}
+    try:
+        async with served(env) as running, httpx.AsyncClient(base_url=running.base) as client:
+            for query in BAD_QUERIES:
+                for path in ("/jobs/nightly", "/api/jobs/nightly/runs"):
+                    answer = await client.get(f"{path}?{query}")
+                    assert answer.status_code == 400, (path, query, answer.text[:300])
+                    assert answer.headers["x-content-type-options"] == "nosniff"
+                    assert "content-security-policy" in answer.headers
+    finally:
+        await drop(pg_dsn, table)

@@ -35,7 +35,7 @@ from ..postgres._ledger import DEFAULT_TABLE, LedgerTable
 from ..postgres._secrets import fleet_secret
 from ._actions import ACTIONS, act
 from ._csrf import COOKIE, Csrf
-from ._headers import SecurityHeaders
+from ._headers import SecurityHeaders, crashed
 from ._model import chart, job_view, run_json, run_view
 from ._params import MAX_PAGE, before_param, limit_param, read_form
 from ._reads import SafeReads
@@ -325,5 +325,5 @@ def app(
     return Starlette(
         routes=routes,
         middleware=[SecurityHeaders.middleware()],
-        exception_handlers={HTTPException: failed, Unavailable: failed},
+        exception_handlers={HTTPException: failed, Unavailable: failed, Exception: crashed},
     )

@@ -52,6 +52,14 @@ def error_line(text: str | None) -> str | None:
     return first[:_ERROR_LIMIT] or None
 
 
+def _cut(text: str | None) -> bool:
+    """Whether :func:`error_line` shows less than the whole first line of *text* (what
+    the reads fetch of an error is longer than what is shown, so this tells it too)."""
+    if not text or not text.strip():
+        return False
+    return len(text.strip().splitlines()[0]) > _ERROR_LIMIT
+
+
 @dataclass(frozen=True, slots=True)
 class RunView:
     """One run as shown: slot, outcome, how long and how late, where, and why it failed."""
@@ -69,6 +77,8 @@ class RunView:
     error: str | None
     manual: bool = False
     """Asked for by a fleet-wide trigger (shown "manual")."""
+    error_truncated: bool = False
+    """The error's first line is longer than :attr:`error` (shown "truncated")."""
 
 
 def run_view(record: RunRecord) -> RunView:
@@ -91,6 +101,7 @@ def run_view(record: RunRecord) -> RunView:
         attempt=record.attempt,
         error=error_line(record.error),
         manual=record.manual,
+        error_truncated=_cut(record.error),
     )
 
 
@@ -107,6 +118,7 @@ def run_json(run: RunView) -> dict[str, Any]:
         "attempt": run.attempt,
         "error": run.error,
         "manual": run.manual,
+        "error_truncated": run.error_truncated,
     }
 
 

@@ -8,7 +8,7 @@ than the limit, whatever it sends).
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime
 from urllib.parse import parse_qs
 
 from starlette.exceptions import HTTPException
@@ -29,17 +29,23 @@ def before_param(request: Request) -> datetime | None:
         return None
     try:
         value = datetime.fromisoformat(text)
-    except ValueError:
-        raise HTTPException(400, "before must be an ISO 8601 instant with an offset") from None
-    if value.tzinfo is None:
-        raise HTTPException(400, "before must be an ISO 8601 instant with an offset")
+        # In UTC it must still be a datetime: PostgreSQL is given it so, and a page of
+        # runs before year 1 (or after 9999) is a bad request, not a database failure.
+        in_utc = value.astimezone(UTC) if value.tzinfo is not None else None
+    except (ValueError, OverflowError):
+        in_utc = None
+    if in_utc is None:
+        raise HTTPException(
+            400, "before must be an ISO 8601 instant with an offset, in years 1 to 9999 in UTC"
+        )
     return value
 
 
 def limit_param(request: Request, default: int) -> int:
     """The ``limit`` of a page of runs: ASCII digits, 1 to :data:`MAX_PAGE`."""
     text = request.query_params.get("limit", str(default))
-    if not text.isdigit() or not 1 <= int(text) <= MAX_PAGE:
+    # str.isdigit() also accepts "²" and other digits int() refuses: ASCII only.
+    if not (text.isascii() and text.isdigit() and len(text) <= 4 and 1 <= int(text) <= MAX_PAGE):
         raise HTTPException(400, f"limit must be a whole number from 1 to {MAX_PAGE}")
     return int(text)
 
