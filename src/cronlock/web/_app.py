@@ -11,9 +11,7 @@ once per process, so every worker of a multi-process server accepts every page's
 from __future__ import annotations
 
 import asyncio
-import inspect
 import logging
-from collections.abc import Awaitable, Callable
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -35,6 +33,7 @@ from ..postgres._ledger import DEFAULT_TABLE, LedgerTable
 from ..postgres._secrets import fleet_secret
 from ._actions import ACTIONS, act
 from ._csrf import COOKIE, Csrf
+from ._gates import Authorize, ReadRefused, client, verdict
 from ._headers import SecurityHeaders, crashed
 from ._model import chart, job_view, run_json, run_view
 from ._params import MAX_PAGE, before_param, limit_param, read_form
@@ -46,9 +45,6 @@ __all__ = ("Authorize", "app")
 _logger = logging.getLogger("cronlock.web")
 _HERE = Path(__file__).parent
 _CSRF_KEY = "web.csrf"  # its row in the ledger's secrets table
-
-Authorize = Callable[[Request], bool | Awaitable[bool]]
-"""Decides whether *request* may pause, resume or trigger: ``True`` allows it."""
 
 
 def _environment() -> Environment:
@@ -100,6 +96,7 @@ class _Dashboard:
         source: Any,
         table: LedgerTable,
         authorize: Authorize | None,
+        authorize_read: Authorize | None,
         *,
         refresh: float,
         page_size: int,
@@ -111,6 +108,7 @@ class _Dashboard:
         self.connection = self.source.connection
         self.table = table
         self.authorize = authorize
+        self.authorize_read = authorize_read
         self.refresh = refresh
         self.page_size = page_size
         self._csrf = None if csrf_secret is None else Csrf(csrf_secret)
@@ -162,7 +160,9 @@ class _Dashboard:
     ) -> Response:
         cookie, new = Csrf.cookie(request)
         token = ""
-        if self.authorize is not None:  # a read-only dashboard needs no key, writes nothing
+        if context.pop("reader", True) is False:  # who may not read gets no cookie either
+            new = False
+        elif self.authorize is not None:  # a read-only dashboard needs no key, writes nothing
             try:
                 token = (await self.csrf()).token(cookie)
             except (HTTPException, Unavailable):
@@ -190,19 +190,17 @@ class _Dashboard:
             )
         return response
 
-    async def allowed(self, request: Request) -> bool:
-        if self.authorize is None:
-            return False
-        verdict = self.authorize(request)
-        if inspect.isawaitable(verdict):
-            verdict = await verdict
-        return verdict is True
+    async def readable(self, request: Request) -> None:
+        """Raise the 403 of a request that ``authorize_read`` refuses."""
+        if self.authorize_read is not None and await verdict(self.authorize_read, request) is None:
+            raise ReadRefused
 
 
 def app(
     dsn_or_pool: str | Any,
     *,
     authorize: Authorize | None = None,
+    authorize_read: Authorize | None = None,
     table: str = DEFAULT_TABLE,
     schema: str | None = None,
     refresh: float = 3.0,
@@ -218,7 +216,11 @@ def app(
     other requests waiting for one; nothing to close at shutdown). It only
     reads the run ledger (*table*, *schema*, as the replicas' ``PostgresLocker`` names it)
     unless *authorize* is given: then pause, resume and trigger buttons appear, and a POST
-    that *authorize* (sync or async) does not answer ``True`` is refused with a 403.
+    that *authorize* (sync or async) does not allow is refused with a 403. It allows with
+    ``True`` or a non-empty string, which names who asked in the log of each action
+    (``cronlock.web``, INFO). *authorize_read*, given, gates every page and JSON answer
+    the same way (the static files stay open); without it, anyone who reaches the mount
+    reads the whole fleet.
     *refresh*: seconds between the pages' live updates. *csrf_secret*: the key of the
     CSRF tokens; by default the fleet's, kept in the ledger's ``<table>_secrets`` table
     (made by the first process that needs it), so that every process serving the
@@ -236,6 +238,7 @@ def app(
         dsn_or_pool,
         LedgerTable(table, schema),
         authorize,
+        authorize_read,
         refresh=float(refresh),
         page_size=page_size,
         csrf_secret=csrf_secret,
@@ -244,10 +247,12 @@ def app(
     )
 
     async def index(request: Request) -> Response:
+        await board.readable(request)
         jobs, now = await board.jobs()
         return await board.page(request, "jobs.html", jobs=jobs, now=now)
 
     async def job_page(request: Request) -> Response:
+        await board.readable(request)
         data = await board.job(
             request.path_params["name"],
             before_param(request),
@@ -256,6 +261,7 @@ def app(
         return await board.page(request, "job.html", before=before_param(request), **data)
 
     async def api_jobs(request: Request) -> Response:
+        await board.readable(request)
         jobs, now = await board.jobs()
         return JSONResponse(
             {
@@ -266,6 +272,7 @@ def app(
         )
 
     async def api_runs(request: Request) -> Response:
+        await board.readable(request)
         data = await board.job(
             request.path_params["name"],
             before_param(request),
@@ -281,6 +288,7 @@ def app(
         )
 
     async def action(request: Request) -> Response:
+        await board.readable(request)
         verb = request.path_params["action"]
         if verb not in ACTIONS:
             raise HTTPException(404, "no such action")
@@ -294,15 +302,23 @@ def app(
         refusal = (await board.csrf()).refusal(request, form.get("csrf"))
         if refusal is not None:
             raise HTTPException(403, refusal)
-        if not await board.allowed(request):
-            raise HTTPException(403, "refused: you may not change jobs here")
         job = form.get("job", "")
+        who = await verdict(board.authorize, request)
+        if who is None:
+            _logger.info("dashboard: refused %s %r from %s", verb, job, client(request))
+            raise HTTPException(403, "refused: you may not change jobs here")
         async with board.connection() as conn:
             if not await read_jobs(SafeReads(conn, board.table), board.table, [job]):
                 raise HTTPException(404, "no such job in the run ledger")
         async with board.source.slot():
             await act(board.source.source, board.table, verb, job)
-        _logger.info("dashboard: %s %r", verb, job)
+        _logger.info(
+            "dashboard: %s %r by %s from %s",
+            verb,
+            job,
+            who or "an unnamed operator",
+            client(request),
+        )
         target = f"/jobs/{quote(job, safe='')}" if form.get("back") == "job" else "/"
         base = request.scope.get("root_path", "").rstrip("/")
         return RedirectResponse(base + target, status_code=303)
@@ -312,7 +328,10 @@ def app(
         detail = exc.detail if isinstance(exc, HTTPException) else "the database did not answer"
         if request.url.path.startswith(request.scope.get("root_path", "") + "/api/"):
             return JSONResponse({"error": detail}, status_code=code)
-        return await board.page(request, "error.html", status=code, code=code, detail=detail)
+        reader = not isinstance(exc, ReadRefused)
+        return await board.page(
+            request, "error.html", status=code, code=code, detail=detail, reader=reader
+        )
 
     routes = [
         Route("/", index),
