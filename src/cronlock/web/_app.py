@@ -158,16 +158,19 @@ class _Dashboard:
     async def page(
         self, request: Request, template: str, status: int = 200, **context: Any
     ) -> Response:
-        cookie, new = Csrf.cookie(request)
-        token = ""
-        if context.pop("reader", True) is False:  # who may not read gets no cookie either
-            new = False
-        elif self.authorize is not None:  # a read-only dashboard needs no key, writes nothing
+        cookie, new, token = "", False, ""
+        reader = context.pop("reader", True)
+        # A read-only dashboard needs no key and sets no cookie; who may not read gets
+        # neither.
+        if self.authorize is not None and reader:
             try:
-                token = (await self.csrf()).token(cookie)
+                csrf = await self.csrf()
             except (HTTPException, Unavailable):
                 if template != "error.html":
                     raise
+            else:
+                cookie, new = csrf.cookie(request)
+                token = csrf.token(cookie)
         base = request.scope.get("root_path", "").rstrip("/")
         html = self.env.get_template(template).render(
             base=base,
