@@ -6,6 +6,10 @@ JSON. Actions (pause, resume, trigger) exist only when an *authorize* callable i
 each is a POST with a CSRF token, and every refusal is a 403, naming its cause, before
 anything is written. The CSRF key is the fleet's (the ledger's, unless one is given), read
 once per process, so every worker of a multi-process server accepts every page's token.
+Reads are open to whoever reaches the mount unless an *authorize_read* callable gates them
+(:mod:`._gates`); what a request may ask is bounded before it is served (:mod:`._params`),
+and so are the connections it may open (:mod:`._source`) and the rows it reads
+(:mod:`._reads`).
 """
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ meaning stay those of the fleet reads.
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Any
 
 from ..postgres._fleet import _page_sql as page_sql  # the fleet read of a page of runs
@@ -50,9 +51,10 @@ def _wrapped(sql: str, columns: tuple[str, ...], order: str = "") -> str:
     return f"SELECT {select} FROM ({sql}) AS q{order}"
 
 
+@lru_cache(maxsize=32)
 def rewrites(table: LedgerTable) -> dict[str, str]:
     """Each fleet read of *table* that returns instants or error texts, and what runs
-    instead. Another statement is run as it is."""
+    instead (made once per table). Another statement is run as it is."""
     jobs = ("job", "schedule", "next_run", "updated_at", "grace", "due")
     return {
         table.jobs_sql: _wrapped(table.jobs_sql, jobs, " ORDER BY 1"),

@@ -76,7 +76,7 @@ def describe(
     """
     try:
         return _describe(note, next_run, count, now)
-    except (ValueError, OverflowError, ArithmeticError, CronlockError):
+    except (ValueError, ArithmeticError, CronlockError):  # OverflowError among them
         words = note or "unknown (no replica noted a schedule)"
         zone_match = _ZONE.search(words)
         return Described(words, zone_match["zone"] if zone_match else "UTC", _first(next_run))
