@@ -63,7 +63,12 @@ async def ledger(pg_dsn: str) -> str:
 
 
 def client(app: Any) -> httpx.AsyncClient:
-    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://dash")
+    """A browser of the dashboard at http://dash: its POSTs say they come from there."""
+    return httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app),
+        base_url="http://dash",
+        headers={"origin": "http://dash"},
+    )
 
 
 @pytest.fixture
@@ -239,7 +244,12 @@ REFUSALS = {
     "other-key": "made with another key than this process's: another process serves this "
     "dashboard with a key of its own (give every process the same csrf_secret=, or none",
     "other-cookie": "the CSRF token belongs to another cookie than this browser's",
+    "forged-cookie": "cookie (cronlock_csrf) was not made by this dashboard (set by another "
+    "site or by hand",
     "other-origin": "this form was sent from another site than this dashboard",
+    "other-scheme": "this form was sent from another site than this dashboard",
+    "other-referer": "this form was sent from another site than this dashboard",
+    "no-origin": "the request says neither where it comes from (no Origin, no Referer",
     "denied": "refused: you may not change jobs here",
 }
 
@@ -267,10 +277,23 @@ async def test_every_refusal_is_a_403_that_names_its_cause_and_changes_nothing(
             async with client(other) as o:
                 o.cookies.update(c.cookies)
                 form["csrf"] = _csrf((await o.get("/")).text)
-        elif case == "other-cookie":
+        elif case == "other-cookie":  # a cookie this dashboard made, for another browser
+            async with client(app) as stranger:
+                await stranger.get("/")
+                c.cookies.set("cronlock_csrf", stranger.cookies["cronlock_csrf"])
+        elif case == "forged-cookie":  # chosen by the client, the token made for it
             c.cookies.set("cronlock_csrf", "x" * 43)
+            form["csrf"] = _csrf((await c.get("/")).text)
+            c.cookies.set("cronlock_csrf", "x" * 43)  # the page replaced it: set it again
         elif case == "other-origin":
             headers["origin"] = "https://evil.example"
+        elif case == "other-scheme":  # the dashboard is http://dash
+            headers["origin"] = "https://dash"
+        elif case == "other-referer":
+            del c.headers["origin"]
+            headers["referer"] = "https://evil.example/page"
+        elif case == "no-origin":
+            del c.headers["origin"]
         for verb in ("pause", "trigger"):
             if case == "no-cookie":  # the 403 page gave the browser one, for the reload
                 c.cookies.clear()
@@ -330,9 +353,12 @@ async def test_served_from_aiohttp(pg_dsn: str, ledger: str) -> None:
         api = await (await c.get("/cron/api/jobs/nightly/runs?limit=2")).json()
         assert len(api["runs"]) == 2
         form = {"job": "nightly", "csrf": _csrf(text)}
-        done = await c.post("/cron/actions/pause", data=form, allow_redirects=False)
+        origin = {"origin": str(c.make_url("/")).rstrip("/")}
+        done = await c.post("/cron/actions/pause", data=form, headers=origin, allow_redirects=False)
         assert (done.status, done.headers["location"]) == (303, "/cron/")
-        refused = await c.post("/cron/actions/pause", data={"job": "nightly", "csrf": "0"})
+        refused = await c.post(
+            "/cron/actions/pause", data={"job": "nightly", "csrf": "0"}, headers=origin
+        )
         assert refused.status == 403
     assert await _paused(pg_dsn, ledger) == {"nightly"}
 
@@ -344,3 +370,22 @@ async def test_a_missing_ledger_is_named_with_the_fix(pg_dsn: str) -> None:
     assert page.status_code == api.status_code == 503
     assert "python -m cronlock migrate" in page.text
     assert "no current run ledger" in api.json()["error"]
+
+
+async def test_a_500_carries_the_security_headers() -> None:
+    class Broken(asyncpg.Pool):  # type: ignore[misc]
+        def __init__(self) -> None:
+            pass
+
+        def acquire(self, *, timeout: float | None = None) -> Any:
+            raise RuntimeError("an unexpected failure")
+
+    app = cronlock.web.app(Broken())
+    transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+    async with httpx.AsyncClient(transport=transport, base_url="http://dash") as c:
+        for url in ("/", "/api/jobs"):
+            answer = await c.get(url)
+            assert answer.status_code == 500
+            assert answer.headers["content-security-policy"].startswith("default-src 'none'")
+            assert answer.headers["x-frame-options"] == "DENY"
+            assert "unexpected failure" not in answer.text

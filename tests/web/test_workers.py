@@ -69,7 +69,10 @@ async def test_every_action_is_accepted_by_every_worker(
         for i in range(POSTS):
             verb = ("pause", "resume", "trigger")[i % 3]
             done = await _post(
-                base, f"/actions/{verb}", data=form, headers={"cookie": f"cronlock_csrf={cookie}"}
+                base,
+                f"/actions/{verb}",
+                data=form,
+                headers={"cookie": f"cronlock_csrf={cookie}", "origin": base},
             )
             pid = done.headers["x-worker-pid"]
             served_by[pid] = served_by.get(pid, 0) + 1

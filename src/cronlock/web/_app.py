@@ -6,19 +6,20 @@ JSON. Actions (pause, resume, trigger) exist only when an *authorize* callable i
 each is a POST with a CSRF token, and every refusal is a 403, naming its cause, before
 anything is written. The CSRF key is the fleet's (the ledger's, unless one is given), read
 once per process, so every worker of a multi-process server accepts every page's token.
+Reads are open to whoever reaches the mount unless an *authorize_read* callable gates them
+(:mod:`._gates`); what a request may ask is bounded before it is served (:mod:`._params`),
+and so are the connections it may open (:mod:`._source`) and the rows it reads
+(:mod:`._reads`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import inspect
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
 from datetime import datetime
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs, quote
+from urllib.parse import quote
 from zoneinfo import ZoneInfo
 
 import asyncpg
@@ -36,23 +37,18 @@ from ..postgres._ledger import DEFAULT_TABLE, LedgerTable
 from ..postgres._secrets import fleet_secret
 from ._actions import ACTIONS, act
 from ._csrf import COOKIE, Csrf
-from ._headers import SecurityHeaders
+from ._gates import Authorize, ReadRefused, client, verdict
+from ._headers import SecurityHeaders, crashed
 from ._model import chart, job_view, run_json, run_view
+from ._params import MAX_PAGE, before_param, limit_param, read_form
+from ._reads import SafeReads
+from ._source import Source, Unavailable
 
 __all__ = ("Authorize", "app")
 
 _logger = logging.getLogger("cronlock.web")
 _HERE = Path(__file__).parent
-_MAX_PAGE = 500
-_MAX_FORM = 4096
 _CSRF_KEY = "web.csrf"  # its row in the ledger's secrets table
-
-Authorize = Callable[[Request], bool | Awaitable[bool]]
-"""Decides whether *request* may pause, resume or trigger: ``True`` allows it."""
-
-
-class _Unavailable(Exception):
-    """The database could not be read; the page says so, without the details."""
 
 
 def _environment() -> Environment:
@@ -64,6 +60,9 @@ def _environment() -> Environment:
     )
     env.filters["url"] = lambda name: quote(str(name), safe="")
     env.filters["utc"] = lambda t: "-" if t is None else t.strftime("%Y-%m-%d %H:%M:%S UTC")
+    # A run's slot and start are never missing: None is a value the ledger holds that is
+    # not a readable instant (_reads).
+    env.filters["required"] = lambda t: "invalid" if t is None else env.filters["utc"](t)
     env.filters["local"] = lambda t, zone: _local(t, zone)
     env.filters["seconds"] = lambda s: "-" if s is None else f"{s:.3f} s"
     env.globals["ago"] = _ago
@@ -101,15 +100,19 @@ class _Dashboard:
         source: Any,
         table: LedgerTable,
         authorize: Authorize | None,
+        authorize_read: Authorize | None,
         *,
         refresh: float,
         page_size: int,
         csrf_secret: bytes | str | None,
         title: str,
+        max_connections: int,
     ) -> None:
-        self.source = source
+        self.source = Source(source, table, max_connections)
+        self.connection = self.source.connection
         self.table = table
         self.authorize = authorize
+        self.authorize_read = authorize_read
         self.refresh = refresh
         self.page_size = page_size
         self._csrf = None if csrf_secret is None else Csrf(csrf_secret)
@@ -117,45 +120,22 @@ class _Dashboard:
         self.title = title
         self.env = _environment()
 
-    @asynccontextmanager
-    async def connection(self) -> AsyncIterator[Any]:
-        try:
-            if isinstance(self.source, str):
-                # No named prepared statements: it works through a transaction pooler too.
-                conn = await asyncpg.connect(self.source, timeout=10, statement_cache_size=0)
-                try:
-                    yield conn
-                finally:
-                    await conn.close()
-            else:
-                async with self.source.acquire(timeout=10) as conn:
-                    yield conn
-        except (asyncpg.UndefinedTableError, asyncpg.InvalidSchemaNameError) as exc:
-            raise HTTPException(
-                503,
-                f"no current run ledger {self.table.runs} here: start a replica, or run "
-                "'python -m cronlock migrate --dsn ...' to create or upgrade it",
-            ) from exc
-        except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
-            # Logged for the operator; the page never shows it (it may name hosts or users).
-            _logger.warning("dashboard: the database could not be read: %r", exc)
-            raise _Unavailable from exc
-
     # -- reads -------------------------------------------------------------------------
 
     async def jobs(self) -> tuple[list[Any], datetime]:
         async with self.connection() as conn:
-            fleet = await read_jobs(conn, self.table)
+            fleet = await read_jobs(SafeReads(conn, self.table), self.table)
             paused = await read_paused(conn, self.table)
             now = await server_now(conn)
         return [job_view(job, now, paused=job.name in paused) for job in fleet], now
 
     async def job(self, name: str, before: datetime | None, limit: int) -> dict[str, Any]:
         async with self.connection() as conn:
-            found = await read_jobs(conn, self.table, [name])
+            reads = SafeReads(conn, self.table)
+            found = await read_jobs(reads, self.table, [name])
             if not found:
                 raise HTTPException(404, "no such job in the run ledger")
-            runs = await read_runs(conn, self.table, name, limit + 1, before)
+            runs = await read_runs(reads, self.table, name, limit + 1, before)
             paused = await read_paused(conn, self.table)
             now = await server_now(conn)
         views = [run_view(r) for r in runs[:limit]]
@@ -182,14 +162,19 @@ class _Dashboard:
     async def page(
         self, request: Request, template: str, status: int = 200, **context: Any
     ) -> Response:
-        cookie, new = Csrf.cookie(request)
-        token = ""
-        if self.authorize is not None:  # a read-only dashboard needs no key, writes nothing
+        cookie, new, token = "", False, ""
+        reader = context.pop("reader", True)
+        # A read-only dashboard needs no key and sets no cookie; who may not read gets
+        # neither.
+        if self.authorize is not None and reader:
             try:
-                token = (await self.csrf()).token(cookie)
-            except (HTTPException, _Unavailable):
+                csrf = await self.csrf()
+            except (HTTPException, Unavailable):
                 if template != "error.html":
                     raise
+            else:
+                cookie, new = csrf.cookie(request)
+                token = csrf.token(cookie)
         base = request.scope.get("root_path", "").rstrip("/")
         html = self.env.get_template(template).render(
             base=base,
@@ -212,53 +197,37 @@ class _Dashboard:
             )
         return response
 
-    async def allowed(self, request: Request) -> bool:
-        if self.authorize is None:
-            return False
-        verdict = self.authorize(request)
-        if inspect.isawaitable(verdict):
-            verdict = await verdict
-        return verdict is True
-
-
-def _before(request: Request) -> datetime | None:
-    text = request.query_params.get("before")
-    if not text:
-        return None
-    try:
-        value = datetime.fromisoformat(text)
-    except ValueError:
-        raise HTTPException(400, "before must be an ISO 8601 instant with an offset") from None
-    if value.tzinfo is None:
-        raise HTTPException(400, "before must be an ISO 8601 instant with an offset")
-    return value
-
-
-def _limit(request: Request, default: int) -> int:
-    text = request.query_params.get("limit", str(default))
-    if not text.isdigit() or not 1 <= int(text) <= _MAX_PAGE:
-        raise HTTPException(400, f"limit must be a whole number from 1 to {_MAX_PAGE}")
-    return int(text)
+    async def readable(self, request: Request) -> None:
+        """Raise the 403 of a request that ``authorize_read`` refuses."""
+        if self.authorize_read is not None and await verdict(self.authorize_read, request) is None:
+            raise ReadRefused
 
 
 def app(
     dsn_or_pool: str | Any,
     *,
     authorize: Authorize | None = None,
+    authorize_read: Authorize | None = None,
     table: str = DEFAULT_TABLE,
     schema: str | None = None,
     refresh: float = 3.0,
     page_size: int = 50,
     csrf_secret: bytes | str | None = None,
     title: str = "cronlock",
+    max_connections: int = 4,
 ) -> Starlette:
     """The fleet dashboard, an ASGI app to mount (``app.mount("/cron", web.app(pool))``).
 
     *dsn_or_pool*: an ``asyncpg.Pool`` (a connection is borrowed per request) or a DSN
-    (one connection per request, closed after it; nothing to close at shutdown). It only
+    (one connection per request, closed after it, at most *max_connections* at once, the
+    other requests waiting for one; nothing to close at shutdown). It only
     reads the run ledger (*table*, *schema*, as the replicas' ``PostgresLocker`` names it)
     unless *authorize* is given: then pause, resume and trigger buttons appear, and a POST
-    that *authorize* (sync or async) does not answer ``True`` is refused with a 403.
+    that *authorize* (sync or async) does not allow is refused with a 403. It allows with
+    ``True`` or a non-empty string, which names who asked in the log of each action
+    (``cronlock.web``, INFO). *authorize_read*, given, gates every page and JSON answer
+    the same way (the static files stay open); without it, anyone who reaches the mount
+    reads the whole fleet.
     *refresh*: seconds between the pages' live updates. *csrf_secret*: the key of the
     CSRF tokens; by default the fleet's, kept in the ledger's ``<table>_secrets`` table
     (made by the first process that needs it), so that every process serving the
@@ -266,31 +235,40 @@ def app(
     """
     if not (isinstance(refresh, int | float) and refresh > 0):
         raise ConfigError(f"web.app: refresh must be a positive number of seconds, got {refresh!r}")
-    if not (isinstance(page_size, int) and 1 <= page_size <= _MAX_PAGE):
-        raise ConfigError(f"web.app: page_size must be 1 to {_MAX_PAGE}, got {page_size!r}")
+    if not (isinstance(page_size, int) and 1 <= page_size <= MAX_PAGE):
+        raise ConfigError(f"web.app: page_size must be 1 to {MAX_PAGE}, got {page_size!r}")
+    if not (isinstance(max_connections, int) and max_connections >= 1):
+        raise ConfigError(f"web.app: max_connections must be 1 or more, got {max_connections!r}")
     if not isinstance(dsn_or_pool, str) and not isinstance(dsn_or_pool, asyncpg.Pool):
         raise ConfigError(f"web.app: expected a DSN or an asyncpg.Pool, got {dsn_or_pool!r}")
     board = _Dashboard(
         dsn_or_pool,
         LedgerTable(table, schema),
         authorize,
+        authorize_read,
         refresh=float(refresh),
         page_size=page_size,
         csrf_secret=csrf_secret,
         title=title,
+        max_connections=max_connections,
     )
 
     async def index(request: Request) -> Response:
+        await board.readable(request)
         jobs, now = await board.jobs()
         return await board.page(request, "jobs.html", jobs=jobs, now=now)
 
     async def job_page(request: Request) -> Response:
+        await board.readable(request)
         data = await board.job(
-            request.path_params["name"], _before(request), _limit(request, board.page_size)
+            request.path_params["name"],
+            before_param(request),
+            limit_param(request, board.page_size),
         )
-        return await board.page(request, "job.html", before=_before(request), **data)
+        return await board.page(request, "job.html", before=before_param(request), **data)
 
     async def api_jobs(request: Request) -> Response:
+        await board.readable(request)
         jobs, now = await board.jobs()
         return JSONResponse(
             {
@@ -301,8 +279,11 @@ def app(
         )
 
     async def api_runs(request: Request) -> Response:
+        await board.readable(request)
         data = await board.job(
-            request.path_params["name"], _before(request), _limit(request, board.page_size)
+            request.path_params["name"],
+            before_param(request),
+            limit_param(request, board.page_size),
         )
         more = data["more"]
         return JSONResponse(
@@ -314,29 +295,37 @@ def app(
         )
 
     async def action(request: Request) -> Response:
+        await board.readable(request)
         verb = request.path_params["action"]
         if verb not in ACTIONS:
             raise HTTPException(404, "no such action")
-        body = await request.body()
-        if len(body) > _MAX_FORM:
-            raise HTTPException(413, "form too large")
-        form = {k: v[0] for k, v in parse_qs(body.decode("utf-8", "replace")).items()}
         # Every refusal comes before any job is touched (only the fleet's key may be made,
         # once), and names its cause: the browser's owner reads it, not the site that
-        # forged the form (it cannot read the answer).
+        # forged the form (it cannot read the answer). A read-only dashboard refuses
+        # before reading the body, and the form is read only up to its limit.
         if board.authorize is None:
             raise HTTPException(403, "this dashboard is read-only")
+        form = await read_form(request)
         refusal = (await board.csrf()).refusal(request, form.get("csrf"))
         if refusal is not None:
             raise HTTPException(403, refusal)
-        if not await board.allowed(request):
-            raise HTTPException(403, "refused: you may not change jobs here")
         job = form.get("job", "")
+        who = await verdict(board.authorize, request)
+        if who is None:
+            _logger.info("dashboard: refused %s %r from %s", verb, job, client(request))
+            raise HTTPException(403, "refused: you may not change jobs here")
         async with board.connection() as conn:
-            if not await read_jobs(conn, board.table, [job]):
+            if not await read_jobs(SafeReads(conn, board.table), board.table, [job]):
                 raise HTTPException(404, "no such job in the run ledger")
-        await act(board.source, board.table, verb, job)
-        _logger.info("dashboard: %s %r", verb, job)
+        async with board.source.slot():
+            await act(board.source.source, board.table, verb, job)
+        _logger.info(
+            "dashboard: %s %r by %s from %s",
+            verb,
+            job,
+            who or "an unnamed operator",
+            client(request),
+        )
         target = f"/jobs/{quote(job, safe='')}" if form.get("back") == "job" else "/"
         base = request.scope.get("root_path", "").rstrip("/")
         return RedirectResponse(base + target, status_code=303)
@@ -346,7 +335,10 @@ def app(
         detail = exc.detail if isinstance(exc, HTTPException) else "the database did not answer"
         if request.url.path.startswith(request.scope.get("root_path", "") + "/api/"):
             return JSONResponse({"error": detail}, status_code=code)
-        return await board.page(request, "error.html", status=code, code=code, detail=detail)
+        reader = not isinstance(exc, ReadRefused)
+        return await board.page(
+            request, "error.html", status=code, code=code, detail=detail, reader=reader
+        )
 
     routes = [
         Route("/", index),
@@ -359,5 +351,5 @@ def app(
     return Starlette(
         routes=routes,
         middleware=[SecurityHeaders.middleware()],
-        exception_handlers={HTTPException: failed, _Unavailable: failed},
+        exception_handlers={HTTPException: failed, Unavailable: failed, Exception: crashed},
     )

@@ -1,10 +1,13 @@
 """CSRF protection for the dashboard's actions: a cookie, and a form token bound to it.
 
-Each browser gets a random cookie (``HttpOnly``, ``SameSite=Strict``); each form carries
-``key id + HMAC(key, cookie)``. Another site can make a browser send the cookie (not with
-``SameSite=Strict``, in browsers that honour it) but cannot read it or the page, so it
-cannot forge the token. A POST also has to come from the dashboard's own origin when the
-browser says where it comes from (``Origin``).
+Each browser gets a cookie the dashboard made (``HttpOnly``, ``SameSite=Strict``): random,
+followed by its own MAC under the key, so a cookie the dashboard did not make (set by
+another site sharing the domain, or by hand: a fixation) is never given a token; it is
+replaced by a fresh one. Each form carries ``key id + HMAC(key, cookie)``. Another site can
+make a browser send the cookie (not with ``SameSite=Strict``, in browsers that honour it)
+but cannot read it or the page, so it cannot forge the token. A POST must also say it
+comes from the dashboard's own scheme and host: by its ``Origin``, or, without one, its
+``Referer``; with neither, it is refused (browsers send ``Origin`` with every POST form).
 
 The key is the fleet's: given (``csrf_secret=``), or else read from the ledger's secrets
 table (made there by the first process), so every worker process accepts every other's
@@ -25,13 +28,25 @@ __all__ = ("COOKIE", "Csrf")
 
 COOKIE = "cronlock_csrf"
 _COOKIE_BYTES = 32
+_COOKIE_MAC_CHARS = 32
 _ID_CHARS = 8
 _MAC_CHARS = 64
 _HEX = frozenset("0123456789abcdef")
 
 FOREIGN = (
-    "refused: this form was sent from another site than this dashboard (its Origin is not "
-    "this host; behind a proxy, pass the Host header on unchanged); use the dashboard's page"
+    "refused: this form was sent from another site than this dashboard (its Origin, or its "
+    "Referer, is not this scheme and host; behind a proxy, pass the Host header on "
+    "unchanged, and the scheme, e.g. uvicorn --proxy-headers); use the dashboard's page"
+)
+NO_ORIGIN = (
+    "refused: the request says neither where it comes from (no Origin, no Referer header); "
+    "browsers send one with every form: use the dashboard's page (a script must send "
+    "Origin: <scheme>://<host> of the dashboard)"
+)
+FORGED_COOKIE = (
+    f"refused: the browser's dashboard cookie ({COOKIE}) was not made by this dashboard "
+    "(set by another site or by hand, or made with an older key); it has been replaced "
+    "with a fresh one: reload the page"
 )
 NO_COOKIE = (
     f"refused: the browser sent no dashboard cookie ({COOKIE}): cookies are blocked for "
@@ -64,13 +79,25 @@ class Csrf:
         self._id = hmac.new(self._secret, b"cronlock csrf key id", hashlib.sha256).hexdigest()
         self._id = self._id[:_ID_CHARS]
 
-    @staticmethod
-    def cookie(request: Request) -> tuple[str, bool]:
-        """The browser's cookie value, or a new one; and whether it is new (to be set)."""
+    def cookie(self, request: Request) -> tuple[str, bool]:
+        """The browser's cookie, if this dashboard made it, or a new one; and whether it
+        is new (to be set)."""
         value = request.cookies.get(COOKIE, "")
-        if _usable(value):
+        if self._made(value):
             return value, False
-        return secrets.token_urlsafe(_COOKIE_BYTES), True
+        nonce = secrets.token_urlsafe(_COOKIE_BYTES)
+        return f"{nonce}.{self._cookie_mac(nonce)}", True
+
+    def _cookie_mac(self, nonce: str) -> str:
+        mac = hmac.new(self._secret, b"cronlock csrf cookie " + nonce.encode(), hashlib.sha256)
+        return mac.hexdigest()[:_COOKIE_MAC_CHARS]
+
+    def _made(self, cookie: str) -> bool:
+        """*cookie* is one this dashboard made under this key (its MAC matches)."""
+        if not (cookie.isascii() and len(cookie) <= 100):
+            return False
+        nonce, dot, mac = cookie.rpartition(".")
+        return bool(dot and nonce) and hmac.compare_digest(self._cookie_mac(nonce), mac)
 
     def token(self, cookie: str) -> str:
         """The form token that goes with *cookie*: the key's id, then the HMAC."""
@@ -78,15 +105,19 @@ class Csrf:
 
     def refusal(self, request: Request, token: str | None) -> str | None:
         """Why a POST with form *token* may not act (the 403's message), or ``None``: it
-        comes from this dashboard's origin and the token matches the browser's cookie."""
-        origin = request.headers.get("origin")
-        if origin == "null" or (
-            origin is not None and urlsplit(origin).netloc != request.headers.get("host", "")
-        ):
-            return FOREIGN
+        comes from this dashboard's scheme and host, its cookie is one this dashboard
+        made, and the token matches that cookie."""
+        source = request.headers.get("origin") or request.headers.get("referer")
+        if source is None:
+            return NO_ORIGIN
+        where = urlsplit(source)
+        if (where.scheme, where.netloc) != (request.url.scheme, request.headers.get("host")):
+            return FOREIGN  # "null" (an opaque origin) included
         cookie = request.cookies.get(COOKIE, "")
-        if not _usable(cookie):
+        if not cookie:
             return NO_COOKIE
+        if not self._made(cookie):
+            return FORGED_COOKIE
         if not token:
             return NO_TOKEN
         if len(token) != _ID_CHARS + _MAC_CHARS or not set(token) <= _HEX:
@@ -96,7 +127,3 @@ class Csrf:
         if not hmac.compare_digest(self.token(cookie), token):
             return OTHER_COOKIE
         return None
-
-
-def _usable(cookie: str) -> bool:
-    return 20 <= len(cookie) <= 100 and cookie.isascii()

@@ -8,9 +8,11 @@ if some text escaped the templates' escaping, a browser would not run it.
 from __future__ import annotations
 
 from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-__all__ = ("SecurityHeaders",)
+__all__ = ("SecurityHeaders", "crashed")
 
 _HEADERS = (
     (
@@ -47,3 +49,12 @@ class SecurityHeaders:
             await send(message)
 
         await self.app(scope, receive, send_with_headers)
+
+
+async def crashed(request: Request, exc: Exception) -> Response:
+    """The 500 of an unexpected error, with the headers: Starlette answers it outside
+    every middleware (the error is then raised on, for the server's log), so they are
+    set here. It says nothing of the error."""
+    response = PlainTextResponse("internal error: see the server's log", status_code=500)
+    response.raw_headers.extend(_HEADERS)
+    return response

@@ -52,13 +52,23 @@ def error_line(text: str | None) -> str | None:
     return first[:_ERROR_LIMIT] or None
 
 
+def _cut(text: str | None) -> bool:
+    """Whether :func:`error_line` shows less than the whole first line of *text* (what
+    the reads fetch of an error is longer than what is shown, so this tells it too)."""
+    if not text or not text.strip():
+        return False
+    return len(text.strip().splitlines()[0]) > _ERROR_LIMIT
+
+
 @dataclass(frozen=True, slots=True)
 class RunView:
     """One run as shown: slot, outcome, how long and how late, where, and why it failed."""
 
-    slot: datetime
+    slot: datetime | None
+    """``None`` when the ledger's value is not a readable instant (shown "invalid")."""
     outcome: str
-    started_at: datetime
+    started_at: datetime | None
+    """``None`` when the ledger's value is not a readable instant (shown "invalid")."""
     finished_at: datetime | None
     duration: float | None
     lateness: float
@@ -67,21 +77,31 @@ class RunView:
     error: str | None
     manual: bool = False
     """Asked for by a fleet-wide trigger (shown "manual")."""
+    error_truncated: bool = False
+    """The error's first line is longer than :attr:`error` (shown "truncated")."""
 
 
 def run_view(record: RunRecord) -> RunView:
-    """A ledger record as shown (lateness: how long after its slot the run started)."""
+    """A ledger record as shown (lateness: how long after its slot the run started).
+
+    Its instants may be ``None`` (the dashboard's reads make unreadable ones so,
+    :mod:`._reads`): what follows from them is then unknown, shown "-", never an error.
+    """
+    slot: datetime | None = record.slot
+    started: datetime | None = record.started_at
+    late = _seconds(slot, started)
     return RunView(
-        slot=record.slot,
+        slot=slot,
         outcome=record.outcome,
-        started_at=record.started_at,
+        started_at=started,
         finished_at=record.finished_at,
-        duration=_seconds(record.started_at, record.finished_at),
-        lateness=max(0.0, (record.started_at - record.slot).total_seconds()),
+        duration=_seconds(started, record.finished_at),
+        lateness=0.0 if late is None else max(0.0, late),
         replica=record.owner,
         attempt=record.attempt,
         error=error_line(record.error),
         manual=record.manual,
+        error_truncated=_cut(record.error),
     )
 
 
@@ -98,6 +118,7 @@ def run_json(run: RunView) -> dict[str, Any]:
         "attempt": run.attempt,
         "error": run.error,
         "manual": run.manual,
+        "error_truncated": run.error_truncated,
     }
 
 
@@ -143,7 +164,7 @@ class JobView:
 
 def job_view(job: FleetJob, now: datetime, *, paused: bool) -> JobView:
     """How *job* looks at *now* (the database server's time, which overdue is judged by)."""
-    described = describe(job.schedule, job.next_run, now=now)
+    described = describe(job.schedule, job.next_run, now=now)  # never raises
     late = job.overdue_since(now)
     status = job_status(job, now, paused=paused)
 
@@ -188,6 +209,10 @@ class Chart:
     max_lateness: float
 
 
+def _slot_label(slot: datetime | None) -> str:
+    return "invalid slot" if slot is None else f"{slot:%Y-%m-%d %H:%M:%S} UTC"
+
+
 def chart(runs: list[RunView], width: int = 600, height: int = 120) -> Chart:
     """The chart of *runs* (newest first, as the ledger pages them), each axis scaled to
     its own maximum."""
@@ -200,7 +225,7 @@ def chart(runs: list[RunView], width: int = 600, height: int = 120) -> Chart:
             x=round(i * step, 2),
             duration_y=round(height * (r.duration or 0.0) / top_d, 2),
             lateness_y=round(height * r.lateness / top_l, 2),
-            label=f"{r.slot:%Y-%m-%d %H:%M:%S} UTC: {r.outcome}, "
+            label=f"{_slot_label(r.slot)}: {r.outcome}, "
             f"took {r.duration if r.duration is not None else '-'} s, "
             f"started {r.lateness:.3f} s late",
             failed=r.outcome != "succeeded",

@@ -69,7 +69,22 @@ def describe(
 
     With *now*, the upcoming slots are those after it (a noted slot already past, because
     the replicas stopped or note only every few seconds, is stepped over).
+
+    Never raises: a note it cannot follow (``every 1.2.3s``), or next slots past what a
+    datetime holds (``every 1000000d``), leave the note as it is and no upcoming slots
+    beyond the noted one.
     """
+    try:
+        return _describe(note, next_run, count, now)
+    except (ValueError, ArithmeticError, CronlockError):  # OverflowError among them
+        words = note or "unknown (no replica noted a schedule)"
+        zone_match = _ZONE.search(words)
+        return Described(words, zone_match["zone"] if zone_match else "UTC", _first(next_run))
+
+
+def _describe(
+    note: str | None, next_run: datetime | None, count: int, now: datetime | None
+) -> Described:
     if not note:
         return Described("unknown (no replica noted a schedule)", "-", _first(next_run))
     found = _CRON.match(note)
