@@ -14,6 +14,7 @@ from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+from .._dsn import connect_failure
 from .._errors import CronlockError, JobLookupError
 from .._names import unknown_job
 from .._records import RunRecord
@@ -49,7 +50,7 @@ def _states(given: Sequence[str]) -> frozenset[Status]:
 
 
 async def _run(args: argparse.Namespace, table: LedgerTable) -> int:
-    conn = await _connect(args.dsn)
+    conn = await _connect(args.dsn, args.dsn_source)
     try:
         if args.verb == "migrate":
             return await _migrate(conn, table)
@@ -73,15 +74,16 @@ async def _run(args: argparse.Namespace, table: LedgerTable) -> int:
         await conn.close()
 
 
-async def _connect(dsn: str) -> Any:
+async def _connect(dsn: str | None, source: str) -> Any:
     import asyncpg  # at the first connect, as everywhere in cronlock.postgres
 
     try:
         # No named prepared statements: the command line works through a transaction pooler.
+        # No DSN: asyncpg reads libpq's environment (PGHOST, PGUSER, PGPASSWORD, ...).
         return await asyncpg.connect(dsn, timeout=10, statement_cache_size=0)
     except Exception as exc:  # bad syntax, refused, auth, unknown database: one clear line
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise CronlockError(f"cannot connect to PostgreSQL with --dsn: {reason}") from None
+        reason = connect_failure(dsn, exc)  # never the password a parse error may quote
+        raise CronlockError(f"cannot connect to PostgreSQL with {source}: {reason}") from None
 
 
 async def _migrate(conn: Any, table: LedgerTable) -> int:
