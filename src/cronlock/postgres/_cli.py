@@ -12,12 +12,13 @@ import difflib
 import sys
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TextIO
 
 from .._dsn import connect_failure
 from .._errors import CronlockError, JobLookupError
 from .._names import unknown_job
 from .._records import RunRecord
+from .._terminal import printable
 from ._control import control_sql, refuse_unknown
 from ._fleet import STATUSES, Status, job_status, read_jobs, read_paused, read_runs, server_now
 from ._ledger import DEFAULT_TABLE, LedgerTable, ledger_state, migrate
@@ -91,7 +92,7 @@ async def _migrate(conn: Any, table: LedgerTable) -> int:
         done = await migrate(conn, table)
     except Exception as exc:
         raise CronlockError(f"could not create the run ledger {table.runs}: {exc}") from None
-    print(f"run ledger {table.runs} and {table.jobs}: {done or 'already there'}")
+    _print(f"run ledger {table.runs} and {table.jobs}: {done or 'already there'}")
     return 0
 
 
@@ -107,10 +108,17 @@ def _outcome(record: RunRecord) -> str:
     return f"{record.outcome} ({', '.join(notes)})" if notes else record.outcome
 
 
+def _print(*values: object, file: TextIO | None = None) -> None:
+    """print(), with whatever a terminal would act on escaped (:mod:`cronlock._terminal`):
+    every line shows ledger text (job names, errors, hosts, application names)."""
+    print(printable(" ".join(str(value) for value in values)), file=file)
+
+
 def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
+    rows = [[printable(cell) for cell in row] for row in rows]  # escaped, then measured
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
     for line in (header, *rows):
-        print("  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip())
+        _print("  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip())
 
 
 async def _control(conn: Any, table: LedgerTable, verb: str, job: str, *, force: bool) -> int:
@@ -118,8 +126,8 @@ async def _control(conn: Any, table: LedgerTable, verb: str, job: str, *, force:
         try:
             await refuse_unknown(conn, table, job)  # FleetControl's rule and message
         except JobLookupError as exc:
-            print(exc, file=sys.stderr)
-            print(f"(nothing done; pass --force to {verb} it anyway)", file=sys.stderr)
+            _print(exc, file=sys.stderr)
+            _print(f"(nothing done; pass --force to {verb} it anyway)", file=sys.stderr)
             return 1
     sql = control_sql(table)[verb]
     who = "cli:" + (await conn.fetchval("SELECT current_user"))
@@ -132,7 +140,7 @@ async def _control(conn: Any, table: LedgerTable, verb: str, job: str, *, force:
         "resume": "resumed on every replica, from its next slot",
         "trigger": "triggered: one replica runs it within about a second",
     }[verb]
-    print(f"{job}: {done}")
+    _print(f"{job}: {done}")
     return 0
 
 
@@ -157,7 +165,7 @@ async def _status(
     if states:
         wanted = ", ".join(state for state in STATUSES if state in states)
         filtered = f", {len(shown)} {wanted}"
-    print(f"run ledger {table.runs}: {len(jobs)} job(s){filtered}; times in UTC")
+    _print(f"run ledger {table.runs}: {len(jobs)} job(s){filtered}; times in UTC")
     lines = []
     for job, state in shown:
         ok, failed = job.last_success, job.last_failure
@@ -178,7 +186,7 @@ async def _status(
         _table([*header, "LOCK HELD BY"], lines)
     status = _unknown(unknown, known)
     if check and overdue:
-        print(f"overdue: {', '.join(overdue)}")
+        _print(f"overdue: {', '.join(overdue)}")
         return 1
     return status
 
@@ -186,7 +194,7 @@ async def _status(
 def _unknown(names: Sequence[str], known: Iterable[str]) -> int:
     """Say on stderr which of *names* the ledger does not know; 1 if any, else 0."""
     for name in names:
-        print(unknown_job(name, known), file=sys.stderr)
+        _print(unknown_job(name, known), file=sys.stderr)
     return 1 if names else 0
 
 
@@ -196,9 +204,9 @@ async def _history(conn: Any, table: LedgerTable, job: str, limit: int) -> int:
         known = {row["job"] for row in await conn.fetch(table.jobs_sql)}
         if job not in known:
             return _unknown([job], known)
-        print(f"no runs of {job!r} in {table.runs} yet")  # its schedule is noted
+        _print(f"no runs of {job!r} in {table.runs} yet")  # its schedule is noted
         return 0
-    print(f"last {len(records)} run(s) of {job!r}, newest first; times in UTC")
+    _print(f"last {len(records)} run(s) of {job!r}, newest first; times in UTC")
     lines = []
     for r in records:
         took = (
