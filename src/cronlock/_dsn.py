@@ -59,14 +59,11 @@ def target_of(dsn: str | None) -> Target:
         password = os.environ.get("PGPASSWORD")
         return Target(True, where, (password,) if password else ())
     secrets = _secrets(dsn)
-    try:
-        parts = urlsplit(dsn)
-        port = parts.port  # ValueError for a port that is not one: a password read as it
-        host = parts.hostname
-    except ValueError:
-        return Target(False, "", secrets)
+    parts = urlsplit(dsn)
+    hosts = _hosts(parts.netloc.rpartition("@")[2])
     if (
-        parts.scheme not in _SCHEMES
+        hosts is None  # a port that is not one: a piece of the password read as it
+        or parts.scheme not in _SCHEMES
         or parts.fragment  # an unescaped '#' in the password
         or "@" in parts.path + parts.query  # an unescaped '/' or '?' before the '@'
         or parts.netloc.count("@") > 1  # an unescaped '@'
@@ -75,8 +72,26 @@ def target_of(dsn: str | None) -> Target:
     query = parse_qs(parts.query)
     user = unquote(parts.username or "") or next(iter(query.get("user", [])), "")
     database = unquote(parts.path.lstrip("/")) or next(iter(query.get("dbname", [])), "")
-    where = f"{user + '@' if user else ''}{host or 'localhost'}:{port or 5432}/{database or '-'}"
+    host = hosts or next(iter(query.get("host", [])), "") or "localhost"
+    where = f"{user + '@' if user else ''}{host}/{database or '-'}"
     return Target(True, where, secrets)
+
+
+def _hosts(hostinfo: str) -> str | None:
+    """``host:port`` for each host of a DSN's netloc (comma-separated, IPv6 in brackets),
+    the default port filled in; ``None`` when a port is not a number."""
+    shown = []
+    for entry in hostinfo.split(",") if hostinfo else []:
+        if entry.startswith("["):
+            host, _, rest = entry[1:].partition("]")
+            port = rest.removeprefix(":")
+            host = f"[{host}]"
+        else:
+            host, _, port = entry.partition(":")
+        if port and not port.isdigit():
+            return None
+        shown.append(f"{unquote(host) or 'localhost'}:{port or 5432}")
+    return ",".join(shown)
 
 
 def _secrets(dsn: str) -> tuple[str, ...]:
