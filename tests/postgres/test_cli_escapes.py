@@ -64,6 +64,15 @@ async def _seeded(pg_dsn: str, admin: Any) -> str:
             Run("plain", old, f"weird{CLEAR}", host="", took=-5, error="\x1b\x1b\x07"),
         ],
     )
+    # Timestamps of +-infinity, which asyncpg reads as naive datetimes.
+    await admin.execute(
+        f"INSERT INTO {ledger.jobs} (job, schedule, next_run, grace, due) "
+        "VALUES ('forever', 'x', 'infinity', 1, '-infinity')"
+    )
+    await admin.execute(
+        f"INSERT INTO {ledger.runs} (job, slot, host, pid, started_at, finished_at, outcome)"
+        " VALUES ('forever', 'infinity', 'h', 1, '-infinity', 'infinity', 'failed')"
+    )
     # Overdue: due an hour ago, with a one-second grace (what --check reports).
     await admin.execute(
         f"UPDATE {ledger.jobs} SET grace = 1, due = $2 WHERE job = $1",
@@ -101,6 +110,12 @@ async def test_status_and_history_escape_the_ledgers_text(pg_dsn: str, admin: An
         assert _raw_in(odd.stdout) == set()
         # (an outcome no cronlock writes is decoded by the readers' rule, shown nowhere raw)
         assert "\\x1b\\x1b\\x07" in odd.stdout
+
+        forever = await cli("history", "forever", "--dsn", pg_dsn, "--table", table)
+        assert forever.returncode == 0, forever.stderr
+        assert forever.stdout.splitlines()[2].split()[:3] == ["infinity", "failed", "-infinity"]
+        rows = {line.split()[0]: line.split()[1] for line in status.stdout.splitlines()[2:]}
+        assert rows["forever"] == "failing"  # its due slot cannot be judged: not overdue
 
         # A name the ledger does not know, close to one it does: the hint is escaped too.
         unknown = await cli("history", "evil", "--dsn", pg_dsn, "--table", table)

@@ -11,6 +11,7 @@ import asyncio
 import difflib
 import sys
 from collections.abc import Iterable, Sequence
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any, TextIO
 
@@ -20,7 +21,16 @@ from .._names import unknown_job
 from .._records import RunRecord
 from .._terminal import printable
 from ._control import control_sql, refuse_unknown
-from ._fleet import STATUSES, Status, job_status, read_jobs, read_paused, read_runs, server_now
+from ._fleet import (
+    STATUSES,
+    FleetJob,
+    Status,
+    job_status,
+    read_jobs,
+    read_paused,
+    read_runs,
+    server_now,
+)
 from ._ledger import DEFAULT_TABLE, LedgerTable, ledger_state, migrate
 
 __all__ = ("run_verb",)
@@ -97,7 +107,33 @@ async def _migrate(conn: Any, table: LedgerTable) -> int:
 
 
 def _when(value: datetime | None) -> str:
-    return "-" if value is None else value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S")
+    if value is None:
+        return "-"
+    if value.tzinfo is None:  # how asyncpg reads a timestamptz of +-infinity: naive
+        return "infinity" if value.year == 9999 else "-infinity"
+    try:
+        return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S")
+    except (ValueError, OverflowError):  # an aware instant UTC cannot hold (year 0)
+        return value.isoformat()
+
+
+def _took(started: datetime, finished: datetime | None) -> str:
+    if finished is None:
+        return "-"
+    try:
+        return f"{(finished - started).total_seconds():.3f}s"
+    except (TypeError, OverflowError):  # +-infinity at one end (see _when)
+        return "?"
+
+
+def _judge(job: FleetJob, now: datetime, *, paused: bool) -> Status:
+    """:func:`job_status`, for any row: a due slot that cannot be compared with *now*
+    (``infinity``, read as a naive datetime) is not judged, like a job whose replicas
+    never said (the health probe must not fail on one odd row)."""
+    try:
+        return job_status(job, now, paused=paused)
+    except (TypeError, ValueError, OverflowError):
+        return job_status(replace(job, grace=None, due=None), now, paused=paused)
 
 
 def _outcome(record: RunRecord) -> str:
@@ -157,7 +193,7 @@ async def _status(
     paused = await read_paused(conn, table) if jobs else set()
     now = await server_now(conn)
     # The dashboard's rule (job_status), so the page and the command line never disagree.
-    judged = [(job, job_status(job, now, paused=job.name in paused)) for job in jobs]
+    judged = [(job, _judge(job, now, paused=job.name in paused)) for job in jobs]
     # --check judges every job asked for, whatever --state shows: its meaning stays one rule.
     overdue = [job.name for job, state in judged if state == "overdue"]
     shown = [(job, state) for job, state in judged if not states or state in states]
@@ -209,11 +245,7 @@ async def _history(conn: Any, table: LedgerTable, job: str, limit: int) -> int:
     _print(f"last {len(records)} run(s) of {job!r}, newest first; times in UTC")
     lines = []
     for r in records:
-        took = (
-            "-"
-            if r.finished_at is None
-            else f"{(r.finished_at - r.started_at).total_seconds():.3f}s"
-        )
+        took = _took(r.started_at, r.finished_at)
         lines.append(
             [_when(r.slot), _outcome(r), _when(r.started_at), took, r.owner or "-", r.error or ""]
         )
