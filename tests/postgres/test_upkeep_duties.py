@@ -83,3 +83,27 @@ async def test_failing_notes_leave_the_crash_check_and_the_prune_running(
     ]
     assert len(warnings) == 1, [r.getMessage() for r in caplog.records]
     assert "the other duties go on" in warnings[0].getMessage()
+
+
+async def test_a_failing_duty_is_told_once_then_again_later_and_its_recovery(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="cronlock.postgres")
+    complaints = _upkeep._Complaints()
+    boom = OSError("boom")
+    for _ in range(3):
+        complaints.failed("prune", boom)
+    complaints.failed("prune", TimeoutError())  # another way of failing: told at once
+    complaints.failed("crash check", boom)  # another duty: told on its own
+    monkeypatch.setattr(_upkeep, "COMPLAIN_EVERY", 0.0)
+    complaints.failed("prune", TimeoutError())  # the same, but the quiet time is over
+    complaints.succeeded("prune")
+    complaints.succeeded("prune")  # already told
+    told = [(r.levelname, r.getMessage().split(" failed")[0]) for r in caplog.records]
+    assert [t for t in told if t[0] != "DEBUG"] == [
+        ("WARNING", "PostgresLocker upkeep (prune)"),
+        ("WARNING", "PostgresLocker upkeep (prune)"),
+        ("WARNING", "PostgresLocker upkeep (crash check)"),
+        ("WARNING", "PostgresLocker upkeep (prune)"),
+        ("INFO", "PostgresLocker upkeep (prune) works again"),
+    ]
