@@ -30,6 +30,7 @@ from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Re
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
+from .._dsn import connect_failure
 from .._errors import ConfigError
 from ..postgres._fleet import read_jobs, read_paused, read_runs, server_now
 from ..postgres._ledger import DEFAULT_TABLE, LedgerTable
@@ -53,6 +54,16 @@ Authorize = Callable[[Request], bool | Awaitable[bool]]
 
 class _Unavailable(Exception):
     """The database could not be read; the page says so, without the details."""
+
+
+async def _connect(dsn: str) -> Any:
+    """A connection of *dsn*; a failure is logged without the DSN's password, which a
+    parse error of a malformed DSN may quote (:mod:`cronlock._dsn`)."""
+    try:
+        return await asyncpg.connect(dsn, timeout=10, statement_cache_size=0)
+    except Exception as exc:
+        _logger.warning("dashboard: cannot connect to PostgreSQL: %s", connect_failure(dsn, exc))
+        raise _Unavailable from None
 
 
 def _environment() -> Environment:
@@ -122,7 +133,7 @@ class _Dashboard:
         try:
             if isinstance(self.source, str):
                 # No named prepared statements: it works through a transaction pooler too.
-                conn = await asyncpg.connect(self.source, timeout=10, statement_cache_size=0)
+                conn = await _connect(self.source)
                 try:
                     yield conn
                 finally:
