@@ -11,6 +11,7 @@ from zoneinfo import ZoneInfo
 from ._clock import SystemClock
 from ._errors import CronlockError, ScheduleError
 from ._schedule import Schedule
+from ._terminal import printable
 from ._tz import resolve_tz
 
 __all__ = ("main",)
@@ -174,7 +175,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return run_demo(args)
     except CronlockError as exc:
-        print(f"cronlock: error: {exc}", file=sys.stderr)
+        # Escaped: an error may quote the ledger's text (a job's name, a server's answer).
+        print(f"cronlock: error: {printable(str(exc))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

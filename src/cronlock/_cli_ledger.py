@@ -9,8 +9,10 @@ declares their arguments, so the command line (``next``, ``demo``) works without
 from __future__ import annotations
 
 import argparse
+import os
 from typing import Any
 
+from ._dsn import DSN_ENV, cli_dsn
 from ._errors import CronlockError
 
 __all__ = ("PG_VERBS", "add_pg_parsers", "run_pg")
@@ -22,7 +24,11 @@ def add_pg_parsers(verbs: Any) -> None:
     """Register ``migrate``, ``status``, ``history`` and the fleet control verbs."""
 
     def common(parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("--dsn", required=True, help="PostgreSQL DSN (postgresql://...)")
+        parser.add_argument(
+            "--dsn",
+            help=f"PostgreSQL DSN (postgresql://...; default: ${DSN_ENV}, else libpq's "
+            "PGHOST, PGUSER, PGPASSWORD, PGDATABASE...: a password there stays out of ps)",
+        )
         parser.add_argument("--schema", help="schema of the ledger (default: search_path)")
         parser.add_argument("--table", default=None, help="ledger table (cronlock_runs)")
 
@@ -75,6 +81,13 @@ def add_pg_parsers(verbs: Any) -> None:
 
 def run_pg(args: argparse.Namespace) -> int:
     """Run one of the ledger verbs; errors are raised as :class:`CronlockError`."""
+    # Where the DSN comes from, for error messages ("with --dsn"): never the DSN itself.
+    from_env = DSN_ENV if os.environ.get(DSN_ENV) else "the PG* variables"
+    args.dsn_source = "--dsn" if args.dsn else from_env
+    try:
+        args.dsn = cli_dsn(args.dsn)
+    except ValueError as exc:
+        raise CronlockError(str(exc)) from None
     if args.verb == "web":
         try:
             # The dashboard's extra: Starlette, Jinja2 and uvicorn (and asyncpg).

@@ -24,6 +24,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from ._clock import SystemClock
+from ._dsn import connect_failure
 from ._errors import CronlockError
 
 __all__ = ("add_demo_parser", "replica_main", "run_demo")
@@ -156,7 +157,8 @@ async def _postgres_backend(dsn: str, source: str, *, lock_only: bool) -> _Backe
             dsn, timeout=3, server_settings={"application_name": "cronlock-demo"}
         )
     except Exception as exc:  # bad syntax, refused, auth, unknown database: one clear line
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        # Never the DSN's password, which a parse error may quote (cronlock._dsn).
+        reason = connect_failure(dsn, exc)
         raise CronlockError(f"cannot connect to PostgreSQL with {source}: {reason}") from None
     try:
         # Described from the server's side, so a password in the DSN is never printed.

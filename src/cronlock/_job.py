@@ -19,6 +19,7 @@ from ._errors import ScheduleError, SchedulerStateError
 from ._events import JobEvent
 from ._interval import IntervalSchedule
 from ._jobconf import NO_KWARGS, NO_TAGS, JobSettings, last_settings, normalise_tags, settle
+from ._jobname import check_job_name
 from ._locking import Locker, Wiring
 from ._records import Overlap, RunRecord, run_context
 from ._schedule import Schedule
@@ -362,8 +363,7 @@ def new_job(
         args = tuple(args)
     kwargs = dict(kwargs) if kwargs else NO_KWARGS
     tags = NO_TAGS if tags is None else normalise_tags(tags)
-    if not isinstance(name, str) or not name:
-        raise ScheduleError(f"job name must be a non-empty string, got {name!r}")
+    check_job_name(name)  # a key of the ledger: refused here, not by its statements
     if not callable(func):
         raise ScheduleError(f"job {name!r}: task {func!r} is not callable")
     # hasattr, not isinstance(Schedule): a runtime Protocol check costs ~20 us a job.

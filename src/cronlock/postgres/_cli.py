@@ -11,14 +11,26 @@ import asyncio
 import difflib
 import sys
 from collections.abc import Iterable, Sequence
+from dataclasses import replace
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TextIO
 
+from .._dsn import connect_failure
 from .._errors import CronlockError, JobLookupError
 from .._names import unknown_job
 from .._records import RunRecord
+from .._terminal import printable
 from ._control import control_sql, refuse_unknown
-from ._fleet import STATUSES, Status, job_status, read_jobs, read_paused, read_runs, server_now
+from ._fleet import (
+    STATUSES,
+    FleetJob,
+    Status,
+    job_status,
+    read_jobs,
+    read_paused,
+    read_runs,
+    server_now,
+)
 from ._ledger import DEFAULT_TABLE, LedgerTable, ledger_state, migrate
 
 __all__ = ("run_verb",)
@@ -49,7 +61,7 @@ def _states(given: Sequence[str]) -> frozenset[Status]:
 
 
 async def _run(args: argparse.Namespace, table: LedgerTable) -> int:
-    conn = await _connect(args.dsn)
+    conn = await _connect(args.dsn, args.dsn_source)
     try:
         if args.verb == "migrate":
             return await _migrate(conn, table)
@@ -73,15 +85,16 @@ async def _run(args: argparse.Namespace, table: LedgerTable) -> int:
         await conn.close()
 
 
-async def _connect(dsn: str) -> Any:
+async def _connect(dsn: str | None, source: str) -> Any:
     import asyncpg  # at the first connect, as everywhere in cronlock.postgres
 
     try:
         # No named prepared statements: the command line works through a transaction pooler.
+        # No DSN: asyncpg reads libpq's environment (PGHOST, PGUSER, PGPASSWORD, ...).
         return await asyncpg.connect(dsn, timeout=10, statement_cache_size=0)
     except Exception as exc:  # bad syntax, refused, auth, unknown database: one clear line
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise CronlockError(f"cannot connect to PostgreSQL with --dsn: {reason}") from None
+        reason = connect_failure(dsn, exc)  # never the password a parse error may quote
+        raise CronlockError(f"cannot connect to PostgreSQL with {source}: {reason}") from None
 
 
 async def _migrate(conn: Any, table: LedgerTable) -> int:
@@ -89,12 +102,38 @@ async def _migrate(conn: Any, table: LedgerTable) -> int:
         done = await migrate(conn, table)
     except Exception as exc:
         raise CronlockError(f"could not create the run ledger {table.runs}: {exc}") from None
-    print(f"run ledger {table.runs} and {table.jobs}: {done or 'already there'}")
+    _print(f"run ledger {table.runs} and {table.jobs}: {done or 'already there'}")
     return 0
 
 
 def _when(value: datetime | None) -> str:
-    return "-" if value is None else value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S")
+    if value is None:
+        return "-"
+    if value.tzinfo is None:  # how asyncpg reads a timestamptz of +-infinity: naive
+        return "infinity" if value.year == 9999 else "-infinity"
+    try:
+        return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S")
+    except (ValueError, OverflowError):  # an aware instant UTC cannot hold (year 0)
+        return value.isoformat()
+
+
+def _took(started: datetime, finished: datetime | None) -> str:
+    if finished is None:
+        return "-"
+    try:
+        return f"{(finished - started).total_seconds():.3f}s"
+    except (TypeError, OverflowError):  # +-infinity at one end (see _when)
+        return "?"
+
+
+def _judge(job: FleetJob, now: datetime, *, paused: bool) -> Status:
+    """:func:`job_status`, for any row: a due slot that cannot be compared with *now*
+    (``infinity``, read as a naive datetime) is not judged, like a job whose replicas
+    never said (the health probe must not fail on one odd row)."""
+    try:
+        return job_status(job, now, paused=paused)
+    except (TypeError, ValueError, OverflowError):
+        return job_status(replace(job, grace=None, due=None), now, paused=paused)
 
 
 def _outcome(record: RunRecord) -> str:
@@ -105,10 +144,17 @@ def _outcome(record: RunRecord) -> str:
     return f"{record.outcome} ({', '.join(notes)})" if notes else record.outcome
 
 
+def _print(*values: object, file: TextIO | None = None) -> None:
+    """print(), with whatever a terminal would act on escaped (:mod:`cronlock._terminal`):
+    every line shows ledger text (job names, errors, hosts, application names)."""
+    print(printable(" ".join(str(value) for value in values)), file=file)
+
+
 def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
+    rows = [[printable(cell) for cell in row] for row in rows]  # escaped, then measured
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
     for line in (header, *rows):
-        print("  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip())
+        _print("  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip())
 
 
 async def _control(conn: Any, table: LedgerTable, verb: str, job: str, *, force: bool) -> int:
@@ -116,8 +162,8 @@ async def _control(conn: Any, table: LedgerTable, verb: str, job: str, *, force:
         try:
             await refuse_unknown(conn, table, job)  # FleetControl's rule and message
         except JobLookupError as exc:
-            print(exc, file=sys.stderr)
-            print(f"(nothing done; pass --force to {verb} it anyway)", file=sys.stderr)
+            _print(exc, file=sys.stderr)
+            _print(f"(nothing done; pass --force to {verb} it anyway)", file=sys.stderr)
             return 1
     sql = control_sql(table)[verb]
     who = "cli:" + (await conn.fetchval("SELECT current_user"))
@@ -130,7 +176,7 @@ async def _control(conn: Any, table: LedgerTable, verb: str, job: str, *, force:
         "resume": "resumed on every replica, from its next slot",
         "trigger": "triggered: one replica runs it within about a second",
     }[verb]
-    print(f"{job}: {done}")
+    _print(f"{job}: {done}")
     return 0
 
 
@@ -147,7 +193,7 @@ async def _status(
     paused = await read_paused(conn, table) if jobs else set()
     now = await server_now(conn)
     # The dashboard's rule (job_status), so the page and the command line never disagree.
-    judged = [(job, job_status(job, now, paused=job.name in paused)) for job in jobs]
+    judged = [(job, _judge(job, now, paused=job.name in paused)) for job in jobs]
     # --check judges every job asked for, whatever --state shows: its meaning stays one rule.
     overdue = [job.name for job, state in judged if state == "overdue"]
     shown = [(job, state) for job, state in judged if not states or state in states]
@@ -155,7 +201,7 @@ async def _status(
     if states:
         wanted = ", ".join(state for state in STATUSES if state in states)
         filtered = f", {len(shown)} {wanted}"
-    print(f"run ledger {table.runs}: {len(jobs)} job(s){filtered}; times in UTC")
+    _print(f"run ledger {table.runs}: {len(jobs)} job(s){filtered}; times in UTC")
     lines = []
     for job, state in shown:
         ok, failed = job.last_success, job.last_failure
@@ -176,7 +222,7 @@ async def _status(
         _table([*header, "LOCK HELD BY"], lines)
     status = _unknown(unknown, known)
     if check and overdue:
-        print(f"overdue: {', '.join(overdue)}")
+        _print(f"overdue: {', '.join(overdue)}")
         return 1
     return status
 
@@ -184,7 +230,7 @@ async def _status(
 def _unknown(names: Sequence[str], known: Iterable[str]) -> int:
     """Say on stderr which of *names* the ledger does not know; 1 if any, else 0."""
     for name in names:
-        print(unknown_job(name, known), file=sys.stderr)
+        _print(unknown_job(name, known), file=sys.stderr)
     return 1 if names else 0
 
 
@@ -194,16 +240,12 @@ async def _history(conn: Any, table: LedgerTable, job: str, limit: int) -> int:
         known = {row["job"] for row in await conn.fetch(table.jobs_sql)}
         if job not in known:
             return _unknown([job], known)
-        print(f"no runs of {job!r} in {table.runs} yet")  # its schedule is noted
+        _print(f"no runs of {job!r} in {table.runs} yet")  # its schedule is noted
         return 0
-    print(f"last {len(records)} run(s) of {job!r}, newest first; times in UTC")
+    _print(f"last {len(records)} run(s) of {job!r}, newest first; times in UTC")
     lines = []
     for r in records:
-        took = (
-            "-"
-            if r.finished_at is None
-            else f"{(r.finished_at - r.started_at).total_seconds():.3f}s"
-        )
+        took = _took(r.started_at, r.finished_at)
         lines.append(
             [_when(r.slot), _outcome(r), _when(r.started_at), took, r.owner or "-", r.error or ""]
         )

@@ -15,8 +15,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from .._dsn import connect_failure, target_of
 from .._errors import LockError
-from ._backend_errors import backend_error_types, backend_errors
+from ._backend_errors import backend_error_types, backend_errors, kind_of
 
 __all__ = (
     "ConnectionSource",
@@ -161,9 +162,7 @@ class ConnectionSource:
             try:
                 if self._pool is not None:
                     return await self._pool.acquire(timeout=timeout)
-                import asyncpg  # the first connect of a DSN loads it
-
-                return await asyncpg.connect(self._dsn, timeout=timeout, **self._connect_kwargs)
+                return await self._connect(timeout)
             except TimeoutError as exc:  # an OSError too, but worth its own message
                 if self._pool is not None:
                     raise LockError(
@@ -174,6 +173,26 @@ class ConnectionSource:
                 raise LockError(
                     f"could not connect to the PostgreSQL server in {timeout:g}s"
                 ) from exc
+
+    async def _connect(self, timeout: float) -> Any:
+        """A new connection of the DSN; a failure is said without the password (:mod:`._dsn`)."""
+        import asyncpg  # the first connect of a DSN loads it
+
+        try:
+            return await asyncpg.connect(self._dsn, timeout=timeout, **self._connect_kwargs)
+        except TimeoutError:
+            raise  # said by checkout(), without the error's text
+        except Exception as exc:
+            reason = connect_failure(self._dsn, exc)
+            # The cause is kept only for a DSN that parses cleanly: for one that does not,
+            # its message may quote the password (so would its traceback).
+            cause = exc if target_of(self._dsn).clean else None
+            if not isinstance(exc, backend_error_types()):
+                # A LockError like any failed connect, so a scheduler reports LockFailed
+                # for it and retries (the DSN may be fixed in place: a secret mounted late).
+                raise LockError(f"cannot connect to PostgreSQL: {reason}") from cause
+            message = f"could not get a connection from the {self.describe()}: {reason}"
+            raise kind_of(exc)(message) from cause
 
     async def checkin(self, conn: Any, *, timeout: float) -> None:
         """Give *conn* back (pool) or close it (DSN); terminate it if that fails or times out.

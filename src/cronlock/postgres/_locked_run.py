@@ -13,6 +13,7 @@ from typing import Any, TypeVar, TypeVarTuple, Unpack
 from .._cancel import claim_or_undo, task_name, uncancellable
 from .._durations import Seconds, to_seconds
 from .._errors import ConfigError, PoolerDetected
+from .._jobname import check_job_name
 from .._keys import job_lock_key
 from .._locking import Refusal
 from .._logs import at, get_logger
@@ -306,6 +307,7 @@ def locked_run(
         raise ConfigError(f"job {name!r}: table= and schema= are the ledger's, and need slot=")
     claim = None
     if slot is not None:
+        check_job_name(name)  # a key of the ledger, as a scheduler's job name is
         ledger = LedgerTable(DEFAULT_TABLE if table is None else table, schema)
         claim = SlotClaim(ledger, name, to_slot(slot, name), create_table)
     return _LockedRun(

@@ -12,14 +12,14 @@ from __future__ import annotations
 import asyncio
 import os
 import random
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Coroutine, Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from .._cancel import cancel_and_wait, task_name, uncancellable
 from .._logs import get_logger
-from ._backend_errors import backend_errors, gone_or_failed_types
+from ._backend_errors import SessionGone, backend_errors, gone_or_failed_types
 from ._connections import is_closed
 from ._crashes import CHECK_EVERY, CrashWatch
 from ._ledger import LedgerTable
@@ -30,9 +30,10 @@ if TYPE_CHECKING:
     from .._records import RunRecord
     from ._exclusion import Exclusion
 
-__all__ = ("NOTE_EVERY", "NOTE_LATEST", "PRUNE_BATCH", "PRUNE_EVERY", "Upkeep")
+__all__ = ("COMPLAIN_EVERY", "NOTE_EVERY", "NOTE_LATEST", "PRUNE_BATCH", "PRUNE_EVERY", "Upkeep")
 
 _logger = get_logger("cronlock.postgres")
+_T = TypeVar("_T")
 
 NOTE_EVERY = 5.0
 """Seconds between writes of changed job schedules (``note_schedule``) per locker."""
@@ -42,6 +43,39 @@ PRUNE_EVERY = 300.0
 """Seconds between two prunes of the ledger by one locker (plus up to 20% jitter)."""
 PRUNE_BATCH = 1000
 """Rows one prune statement deletes at most; a full batch is followed by another soon."""
+COMPLAIN_EVERY = 600.0
+"""Seconds: an upkeep duty that keeps failing the same way is logged again this often."""
+
+
+class _Complaints:
+    """Which upkeep duties fail, told at WARNING: when a duty starts failing or fails
+    another way, then every ``COMPLAIN_EVERY`` seconds while it goes on; its recovery at
+    INFO. A session that went away is not a duty's failure (its drop is told where it is
+    dropped, and the next session retries): DEBUG."""
+
+    def __init__(self) -> None:
+        self._failing: dict[str, tuple[str, float]] = {}  # duty: (error's type, told at)
+
+    def failed(self, duty: str, exc: BaseException) -> None:
+        if isinstance(exc, SessionGone):
+            _logger.debug("upkeep (%s) skipped: the lock session is gone", duty)
+            return
+        now = asyncio.get_running_loop().time()
+        kind = type(exc).__name__
+        known = self._failing.get(duty)
+        if known is not None and known[0] == kind and now - known[1] < COMPLAIN_EVERY:
+            _logger.debug("upkeep (%s) failed again: %r", duty, exc)
+            return
+        self._failing[duty] = (kind, now)
+        _logger.warning(
+            "PostgresLocker upkeep (%s) failed; the other duties go on, this one is retried: %r",
+            duty,
+            exc,
+        )
+
+    def succeeded(self, duty: str) -> None:
+        if self._failing.pop(duty, None) is not None:
+            _logger.info("PostgresLocker upkeep (%s) works again", duty)
 
 
 class Upkeep:
@@ -90,6 +124,7 @@ class Upkeep:
         self._late_args = () if exclusion is None else exclusion.holder_args
         self._crash_at = 0.0  # loop time of the next check for crashed runs
         self._task: asyncio.Task[None] | None = None
+        self._complaints = _Complaints()
         self._noted_at = float("-inf")
         self._prune_at = PRUNE_EVERY * random.uniform(0.2, 0.4)  # relative until started
         self.heartbeats = 0
@@ -199,39 +234,50 @@ class Upkeep:
             if self._table is None or found is None:
                 continue  # only acquire reconnects: upkeep alone never opens a session
             session, conn, generation = found
-            try:
-                # Notes wait while runs hold leases (a burst's claims and ends come first:
-                # the schedules of thousands of jobs are a long statement), within reason.
-                if self._dirty and self._dirty_at is None:
-                    self._dirty_at = now
-                if self._late or (
-                    self._dirty_at is not None
-                    and now - self._noted_at >= NOTE_EVERY * self._spread()
-                    and (now - self._dirty_at >= NOTE_LATEST or not self._busy())
-                ):
-                    await uncancellable(
-                        self.flush(session, conn, generation), name=task_name("pg-flush")
-                    )
-                # Other replicas' runs whose session is gone (ours are left to the late
-                # writes above, which replace a "crashed" another replica may have set).
-                if self._crashes is not None and now >= self._crash_at:
-                    # Less half a tick: with a tick of CHECK_EVERY, a check on every tick.
-                    self._crash_at = now + CHECK_EVERY * self._spread() - tick / 2
-                    await uncancellable(
-                        self._crashes.check(session, conn, generation),
-                        name=task_name("pg-crashes"),
-                    )
-                if now >= self._prune_at:
-                    deleted = await uncancellable(
-                        self._prune_batch(session, conn, generation),
-                        name=task_name("pg-prune"),
-                    )
-                    full = deleted >= PRUNE_BATCH
-                    self._prune_at = now + (tick if full else PRUNE_EVERY * random.uniform(1, 1.2))
-            except gone_or_failed_types() as exc:
-                # A dead session was dropped (its leases marked lost) by run(); a server
-                # error on upkeep leaves it sound. Either way, try again next tick.
-                _logger.debug("lock session upkeep failed: %r", exc)
+            # Each duty on its own: one that fails (a server error on its statement) must
+            # not stop the others, a failing note must not stop pruning or the crash check.
+            if self._late:
+                await self._duty("late outcomes", self._write_late, session, conn, generation)
+            # Notes wait while runs hold leases (a burst's claims and ends come first:
+            # the schedules of thousands of jobs are a long statement), within reason.
+            if self._dirty and self._dirty_at is None:
+                self._dirty_at = now
+            if (
+                self._dirty_at is not None
+                and now - self._noted_at >= NOTE_EVERY * self._spread()
+                and (now - self._dirty_at >= NOTE_LATEST or not self._busy())
+            ):
+                await self._duty("schedule notes", self._write_notes, session, conn, generation)
+            # Other replicas' runs whose session is gone (ours are left to the late
+            # writes above, which replace a "crashed" another replica may have set).
+            if self._crashes is not None and now >= self._crash_at:
+                # Less half a tick: with a tick of CHECK_EVERY, a check on every tick.
+                self._crash_at = now + CHECK_EVERY * self._spread() - tick / 2
+                await self._duty("crash check", self._crashes.check, session, conn, generation)
+            if now >= self._prune_at:
+                deleted = await self._duty("prune", self._prune_batch, session, conn, generation)
+                full = deleted is not None and deleted >= PRUNE_BATCH
+                self._prune_at = now + (tick if full else PRUNE_EVERY * random.uniform(1, 1.2))
+
+    async def _duty(
+        self,
+        duty: str,
+        fn: Callable[[LockSession, Any, int], Coroutine[Any, Any, _T]],
+        session: LockSession,
+        conn: Any,
+        generation: int,
+    ) -> _T | None:
+        """Run one upkeep duty, uncancellably; its failure is told (:class:`_Complaints`)
+        and swallowed, so the next duty runs, and this one is tried again next time."""
+        try:
+            result = await uncancellable(fn(session, conn, generation), name=task_name("pg-upkeep"))
+        except gone_or_failed_types() as exc:
+            # A dead session was dropped (its leases marked lost, which is logged) by run();
+            # a server error on upkeep leaves it sound, and says something is wrong.
+            self._complaints.failed(duty, exc)
+            return None
+        self._complaints.succeeded(duty)
+        return result
 
     def _report_lost(self, late: list[tuple[str, datetime, RunRecord, int]]) -> None:
         """Runs cut off by a lost lock, now written: crashes for recovery (:mod:`._crashes`)."""
@@ -243,39 +289,54 @@ class Upkeep:
                 crashes.lost(job, replace(record, slot=slot, owner=f"{self._host}:{os.getpid()}"))
 
     async def flush(self, session: LockSession, conn: Any, generation: int) -> None:
-        """Write changed job schedules and outcomes of lost leases, on *session*."""
+        """Write changed job schedules and outcomes of lost leases, on *session*; each is
+        tried even if the other fails (the first failure is raised after both)."""
+        failure: BaseException | None = None
+        for write in (self._write_late, self._write_notes):
+            try:
+                await write(session, conn, generation)
+            except gone_or_failed_types() as exc:
+                failure = failure or exc
+        if failure is not None:
+            raise failure
+
+    async def _write_late(self, session: LockSession, conn: Any, generation: int) -> None:
+        """Write the outcomes of lost leases (kept for the next try if that fails)."""
         table = self._table
-        if table is None:
+        if table is None or not self._late:
             return
         late, self._late = self._late, []
-        if late:
-            jobs, slots, records, attempts = zip(*late, strict=True)
-            args = (
-                list(jobs),
-                list(slots),
-                [r.outcome for r in records],
-                [r.error for r in records],
-                [r.finished_at for r in records],
-                list(attempts),
-                self._host,
-                os.getpid(),
-                [r.started_at for r in records],
-                *self._late_args,
+        jobs, slots, records, attempts = zip(*late, strict=True)
+        args = (
+            list(jobs),
+            list(slots),
+            [r.outcome for r in records],
+            [r.error for r in records],
+            [r.finished_at for r in records],
+            list(attempts),
+            self._host,
+            os.getpid(),
+            [r.started_at for r in records],
+            *self._late_args,
+        )
+        late_sql = self._late_sql or table.late_finish_sql
+        try:
+            await session.run(
+                conn,
+                generation,
+                lambda c: c.execute(late_sql, *args),
+                what="writing late outcomes",
+                keep_on_server_error=True,
             )
-            late_sql = self._late_sql or table.late_finish_sql
-            try:
-                await session.run(
-                    conn,
-                    generation,
-                    lambda c: c.execute(late_sql, *args),
-                    what="writing late outcomes",
-                    keep_on_server_error=True,
-                )
-            except BaseException:
-                self._late[:0] = late
-                raise
-            self._report_lost(late)
-        if not self._dirty:
+        except BaseException:
+            self._late[:0] = late
+            raise
+        self._report_lost(late)
+
+    async def _write_notes(self, session: LockSession, conn: Any, generation: int) -> None:
+        """Write changed job schedules (kept for the next try if that fails)."""
+        table = self._table
+        if table is None or not self._dirty:
             return
         dirty, self._dirty, self._dirty_at = self._dirty, set(), None
         names = sorted(dirty)

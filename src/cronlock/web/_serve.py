@@ -13,6 +13,7 @@ import asyncio
 import asyncpg
 import uvicorn
 
+from .._dsn import connect_failure
 from .._errors import CronlockError
 from ..postgres._ledger import DEFAULT_TABLE
 from ._app import app
@@ -40,8 +41,10 @@ async def _serve(args: argparse.Namespace) -> int:
             server_settings={"application_name": "cronlock-web"},
         )
     except Exception as exc:  # bad syntax, refused, auth, unknown database: one clear line
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise CronlockError(f"cannot connect to PostgreSQL with --dsn: {reason}") from None
+        # Never the DSN's password, which a parse error may quote (cronlock._dsn).
+        reason = connect_failure(args.dsn, exc)
+        source = args.dsn_source
+        raise CronlockError(f"cannot connect to PostgreSQL with {source}: {reason}") from None
     try:
         dashboard = app(
             pool, table=args.table or DEFAULT_TABLE, schema=args.schema, refresh=args.refresh

@@ -20,6 +20,7 @@ from urllib.parse import parse_qs, urlsplit
 import asyncpg
 from starlette.exceptions import HTTPException
 
+from .._dsn import connect_failure
 from ..postgres._ledger import LedgerTable
 
 __all__ = ("APPLICATION_NAME", "WAIT", "Source", "Unavailable")
@@ -63,19 +64,27 @@ class Source:
         finally:
             self._slots.release()
 
+    async def _connect(self, dsn: str) -> Any:
+        """A connection of *dsn*; a failure is logged without the DSN's password, which a
+        parse error of a malformed DSN may quote (:mod:`cronlock._dsn`)."""
+        try:
+            # No named prepared statements: it works through a transaction pooler.
+            return await asyncpg.connect(
+                dsn, timeout=WAIT, statement_cache_size=0, server_settings=self._settings or None
+            )
+        except Exception as exc:
+            _logger.warning(
+                "dashboard: cannot connect to PostgreSQL: %s", connect_failure(dsn, exc)
+            )
+            raise Unavailable from None
+
     @asynccontextmanager
     async def connection(self) -> AsyncIterator[Any]:
         """A connection for one request's reads; database errors become a 503."""
         try:
             if isinstance(self.source, str):
                 async with self.slot():
-                    # No named prepared statements: it works through a transaction pooler.
-                    conn = await asyncpg.connect(
-                        self.source,
-                        timeout=WAIT,
-                        statement_cache_size=0,
-                        server_settings=self._settings or None,
-                    )
+                    conn = await self._connect(self.source)
                     try:
                         yield conn
                     finally:
