@@ -35,7 +35,7 @@ from ._records import DEFAULT_MISFIRE_GRACE, Overlap
 from ._recovery import Recovery
 from ._resources import Resources
 from ._runloop import RunLoop
-from ._schedule import Schedule, bind_zone, check_jitter
+from ._schedule import Schedule, bind_zone, check_interval, check_jitter
 from ._tz import TimeZone, resolve_tz
 
 __all__ = ("JobOptions", "Scheduler")
@@ -174,6 +174,7 @@ class Scheduler(JobControl, FleetViews):
             raise JobConflictError(f"a job named {name!r} is already registered")
         if type(schedule) is not IntervalSchedule:  # bind_zone() returns those as they are
             schedule = bind_zone(schedule, self._tz)
+        check_interval(name, schedule)
         job = new_job(
             func,
             schedule,
