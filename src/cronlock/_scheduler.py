@@ -34,6 +34,7 @@ from ._options import JobOptions, check_option_names
 from ._records import DEFAULT_MISFIRE_GRACE, Overlap
 from ._recovery import Recovery
 from ._resources import Resources
+from ._retention import check_retention
 from ._runloop import RunLoop
 from ._schedule import Schedule, bind_zone, check_interval, check_jitter
 from ._tz import TimeZone, resolve_tz
@@ -218,6 +219,8 @@ class Scheduler(JobControl, FleetViews):
         if wiring is None:
             wiring = self._wire(settings.distributed, settings.locker)
             self._last_wiring = (settings, wiring)
+        if wiring.retention is not None:  # its slots stay claimable for less than that
+            check_retention(name, settings.jitter, settings.misfire_grace, wiring.retention)
         job._wiring = wiring
         self._jobs[name] = job
         if key is not None:

@@ -153,7 +153,7 @@ class PostgresLocker(HeldOpenByBlocks, ReadsLedger):
         self._exclusion = exclusion_for(mode, self._table, holder=self._holder, lease=checked.lease)
         self._remember = checked.remember
         self._race = FairRace(checked.spread)
-        self._ahead = checked.claim_ahead
+        self._ahead, self._keep = checked.claim_ahead, checked.retention
         self._closed = False
         self._entered = 0  # open async-with blocks: the Scheduler then leaves closing to them
         self._source = source
@@ -243,9 +243,8 @@ class PostgresLocker(HeldOpenByBlocks, ReadsLedger):
     def statistics(self) -> PostgresLockerStatistics:
         """Return the locker's counters."""
         return self._count.snapshot(
-            held=len(self._held), shards=self._shards, upkeep=self._upkeep,
-            crashes=self._crashes, foreign=self._foreign, keeper=self._keeper,
-            members=self._members,
+            held=len(self._held), shards=self._shards, upkeep=self._upkeep, crashes=self._crashes,
+            foreign=self._foreign, keeper=self._keeper, members=self._members,
         )  # fmt: skip
 
     async def acquire(self, job: str, slot: datetime) -> PostgresLease | Refusal:
@@ -328,9 +327,12 @@ class PostgresLocker(HeldOpenByBlocks, ReadsLedger):
         return lease
 
     def fleet_pace(self) -> float:
-        """Members over *racers* in a fleet larger than that, else 1: how many times less
-        often each fleet-wide chore runs here (fleet time's estimates included)."""
+        """How many times less often fleet-wide chores run here (members over *racers*, >= 1)."""
         return 1.0 if self._members is None else self._members.spread()
+
+    def retention(self) -> float:
+        """Seconds after its slot a run's row may be pruned (infinite without a ledger)."""
+        return self._keep
 
     def claims_ahead(self) -> float:
         """Seconds before its slot a claim may go out (``claim_ahead``, ClaimAheadLocker)."""
@@ -430,9 +432,7 @@ class PostgresLocker(HeldOpenByBlocks, ReadsLedger):
             self._pool_watch = watch_pool(self._source, self.close)
 
     def _on_session_dropped(self, shard: int, reason: str) -> None:
-        """Every lock on the dropped session is gone: mark the leases of its shard lost.
-
-        In lease mode nothing lived in the session: the leases stay held (and renewed)."""
+        """Mark the leases of a dropped session lost (lease mode: they stay held, renewed)."""
         if self._mode == "session":
             self._count.lost += mark_dropped(self._held, shard, len(self._shards), reason)
 
