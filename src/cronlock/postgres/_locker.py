@@ -21,7 +21,6 @@ from .._cancel import cancel_and_wait
 from .._claimed import remember_claim
 from .._durations import Seconds
 from .._errors import LockError
-from .._keys import job_lock_key
 from .._locking import ASKED, Refusal
 from .._logs import get_logger, say
 from .._resources import HeldOpenByBlocks
@@ -33,6 +32,7 @@ from ._exclusion import Mode, exclusion_for, make_sessions, source_for
 from ._foreign import ForeignCallback, ForeignHolders
 from ._lease import PostgresLease
 from ._ledger import DEFAULT_TABLE, LedgerTable
+from ._lockkeys import KeySource, LockKeys
 from ._members import Membership
 from ._reads import LedgerReads, ReadsLedger
 from ._renewal import LeaseKeeper
@@ -89,8 +89,9 @@ class PostgresLocker(HeldOpenByBlocks, ReadsLedger):
 
     **Keys.** Advisory-lock keys are namespaced by the ledger (:meth:`lock_key`), so two
     services with ledgers of their own never block each other; ``bare_keys=True`` takes
-    ``job_lock_key(job)``, the seed's Go-compatible key, to contend with Go services.
-    Exclusion among this replica's own runs is kept here, without a round trip.
+    ``job_lock_key(job)``, Go's FNV-1a key; ``lock_keys="keyed"`` an HMAC under a secret of
+    the ledger's, at which no job name can be aimed (every replica of a ledger must agree:
+    docs/coordination.md). Exclusion among this replica's own runs is kept here.
 
     **Racers.** In a fleet of more than *racers* live replicas (default 3; ``None``: all),
     only *racers* of them claim (chosen by the members table, ``<table>_members``); they
@@ -132,6 +133,7 @@ class PostgresLocker(HeldOpenByBlocks, ReadsLedger):
         mode: Mode = "session",
         lease: Seconds = 20.0,
         bare_keys: bool = False,
+        lock_keys: LockKeys = "fnv1a",
         racers: int | None = 3,
     ) -> None:
         checked = LockerSettings.check(
@@ -144,11 +146,8 @@ class PostgresLocker(HeldOpenByBlocks, ReadsLedger):
         self._application_name = application_name or default_application_name()
         source = source_for(mode, pool_or_dsn, connect_kwargs, self._application_name)
         self._table = LedgerTable(table, schema) if ledger else None
-        # Lock keys: namespaced by the ledger, so that two services' ledgers in one database
-        # never share a key; the bare Go-compatible key on request (or without a ledger).
-        self._lock_key: Callable[[str], int] = (
-            job_lock_key if bare_keys or self._table is None else self._table.lock_key
-        )
+        # Lock keys: namespaced by the ledger, bare (Go's) on request, or keyed (._lockkeys).
+        self._keys = KeySource(lock_keys, self._table, bare=bare_keys)
         self._holder = f"{self._application_name}:{secrets.token_hex(4)}"
         self._exclusion = exclusion_for(mode, self._table, holder=self._holder, lease=checked.lease)
         self._remember = checked.remember
@@ -180,7 +179,7 @@ class PostgresLocker(HeldOpenByBlocks, ReadsLedger):
         # refusal_history); bounded like the claimed slots.
         self._told: dict[str, tuple[RunRecord | None, RunRecord | None]] = {}
         self._reads = LedgerReads(
-            self._shards, self._table, lambda: self._closed, key=self._lock_key
+            self._shards, self._table, lambda: self._closed, key=self._keys.fnv
         )
         self._crashes = CrashWatch.of(self._exclusion, host)
         self._foreign = None if self._table is None else ForeignHolders(self._table, self._shards)
@@ -224,18 +223,15 @@ class PostgresLocker(HeldOpenByBlocks, ReadsLedger):
 
     def lock_key(self, job: str) -> int:
         """*job*'s advisory-lock key here: :func:`~cronlock.postgres.ledger_lock_key` of the
-        ledger, or with ``bare_keys=True`` or no ledger ``job_lock_key(job)``."""
-        return self._lock_key(job)
+        ledger, with ``bare_keys=True`` or no ledger ``job_lock_key(job)``; with
+        ``lock_keys="keyed"`` known from the first claim on (:class:`cronlock.LockError`
+        before)."""
+        return self._keys.key(job)
 
     @property
     def ledger(self) -> LedgerTable | None:
         """Where the run ledger lives, or ``None`` in lock-only mode (``ledger=False``)."""
         return self._table
-
-    @property
-    def _session(self) -> Any:
-        """The first open lock session's connection, or ``None`` (for tests, debugging)."""
-        return next((s.conn for s in self._shards if s.conn is not None), None)
 
     def _shard(self, key: int) -> int:
         return key % len(self._shards)
@@ -258,7 +254,9 @@ class PostgresLocker(HeldOpenByBlocks, ReadsLedger):
         """
         if self._closed:
             raise LockError(f"job {job!r}: {_CLOSED}")
-        key = self._lock_key(job)
+        if not self._keys.ready:  # lock_keys="keyed": the ledger's secret, read once
+            await self._keys.load(self._shards)
+        key = self._keys.key(job)
         if key in self._held or key in self._pending:
             self._count.busy_here += 1
             say(_logger, DEBUG, job, slot, "already running in this process")
