@@ -15,7 +15,7 @@ import hmac
 import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 
@@ -141,7 +141,7 @@ async def test_two_keyed_replicas_run_each_slot_once(
             await asyncio.sleep(0.05)
 
         scheduler.add_job(work, every(0.2), name="tick")
-        scheduler.subscribe(lambda e: starts.append(e.slot), JobStarted)  # type: ignore[attr-defined]
+        scheduler.subscribe(lambda e: starts.append(e.slot), JobStarted)
         schedulers.append(scheduler)
     async with schedulers[0], schedulers[1]:
         await asyncio.sleep(2.5)
@@ -151,7 +151,7 @@ async def test_two_keyed_replicas_run_each_slot_once(
 
 @pytest.mark.parametrize("mode", ["session", "lease"])
 async def test_a_mixed_fleet_runs_a_slot_once_but_only_lease_mode_excludes_overlap(
-    pg_dsn: str, schemas: list[str], mode: str
+    pg_dsn: str, schemas: list[str], mode: Literal["session", "lease"]
 ) -> None:
     """Replicas of one ledger that disagree on lock_keys: the runs table's primary key still
     lets one of them claim each slot; in session mode their locks differ, so a run of the
