@@ -43,7 +43,7 @@ class JobControl:
             self._loop.unschedule(found)
         found._forget_plan()
         del self._jobs[found.name]
-        if found._wiring.locker is not None:  # only a job with a locker has a key
+        if found._wiring.locker is not None and found._wiring.fnv_keys:  # it has a key here
             del self._keys[job_lock_key(found.name)]
         found._scheduler = None
 

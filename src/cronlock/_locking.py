@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Literal, Protocol, runtime_checkable
 
+from ._lockerkinds import KeyedLocker, PruningLocker
 from ._records import RunRecord
 
 __all__ = (
@@ -40,7 +41,6 @@ __all__ = (
     "LedgerSummary",
     "Locker",
     "LosableLease",
-    "PruningLocker",
     "RecordingLease",
     "Refusal",
     "Resource",
@@ -200,21 +200,6 @@ class ClaimAheadLocker(Locker, Protocol):
         ...
 
 
-@runtime_checkable
-class PruningLocker(Locker, Protocol):
-    """A ledger locker that deletes the rows of old slots, after :meth:`retention` seconds.
-
-    A slot's row is what answers a late claim of it ``"already_ran"``: once pruned, a
-    replica still within the job's ``misfire_grace`` of that slot could claim it again
-    and run it twice. So a job's slots must stay late for less than the retention, with
-    a margin to spare (:func:`cronlock._retention.check_retention`, when it is registered).
-    """
-
-    def retention(self) -> float:
-        """Seconds after its slot that a row may be pruned."""
-        ...
-
-
 CrashCallback = Callable[[str, RunRecord], bool]
 """Told of each crashed run a locker found: ``(job, record)``; returns True when the caller
 runs that slot again (the locker then lets its next acquire of the slot take it over)."""
@@ -359,6 +344,8 @@ class Wiring:
     """How long before a slot its claim may go out (see :class:`ClaimAheadLocker`)."""
     retention: float | None = None
     """Seconds after its slot the locker prunes a row (see :class:`PruningLocker`)."""
+    fnv_keys: bool = True
+    """Whether its lock keys are FNV-1a of the name, checked for collisions (KeyedLocker)."""
 
 
 def wire(
@@ -370,7 +357,7 @@ def wire(
     locker = own if own is not None else default
     if locker is None:
         return Wiring(elected=elector is not None, coordinated=elector is not None)
-    ledger, notes, crashes, batch, fleet, ahead, prunes = _locker_kinds(type(locker))
+    ledger, notes, crashes, batch, fleet, ahead, prunes, keyed = _locker_kinds(type(locker))
     return Wiring(
         locker=locker,
         ledger=typing.cast(LedgerLocker, locker) if ledger else None,
@@ -382,6 +369,7 @@ def wire(
         coordinated=True,
         ahead=_ahead(typing.cast(ClaimAheadLocker, locker).claims_ahead()) if ahead else _NOW,
         retention=typing.cast(PruningLocker, locker).retention() if prunes else None,
+        fnv_keys=not (keyed and typing.cast(KeyedLocker, locker).keyed_keys()),
     )
 
 
@@ -394,7 +382,7 @@ def _ahead(seconds: float) -> timedelta:
 
 
 @functools.cache
-def _locker_kinds(kind: type) -> tuple[bool, bool, bool, bool, bool, bool, bool]:
+def _locker_kinds(kind: type) -> tuple[bool, bool, bool, bool, bool, bool, bool, bool]:
     # A runtime Protocol check walks every member (~20 us); registering 100,000 jobs on
     # one locker pays for it once.
     return (
@@ -405,6 +393,7 @@ def _locker_kinds(kind: type) -> tuple[bool, bool, bool, bool, bool, bool, bool]
         issubclass(kind, FleetWatchingLocker),
         issubclass(kind, ClaimAheadLocker),
         issubclass(kind, PruningLocker),
+        issubclass(kind, KeyedLocker),
     )
 
 

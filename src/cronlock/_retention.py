@@ -1,5 +1,5 @@
 """How long a slot's ledger row must outlive the slot: the rule both the locker's settings
-and the registration of each job check (:class:`~cronlock._locking.PruningLocker`)."""
+and the registration of each job check (:class:`~cronlock._lockerkinds.PruningLocker`)."""
 
 from __future__ import annotations
 

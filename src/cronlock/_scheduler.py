@@ -201,26 +201,22 @@ class Scheduler(JobControl, FleetViews):
             check_jitter(name, schedule, settings.jitter)
         last = self._last_wiring  # the last job's: jobs registered in a row share settings
         wiring = last[1] if last[0] is settings else None
-        # Only a job that takes a lock has a lock key (the locker wire() will pick): an
-        # FNV-1a in Python costs more than the rest of a job's validation, and a job that
-        # never locks cannot contend with another for its key.
+        if wiring is None:
+            wiring = self._wire(settings.distributed, settings.locker)
+            self._last_wiring = (settings, wiring)
+        if wiring.retention is not None:  # its slots stay claimable for less than that
+            check_retention(name, settings.jitter, settings.misfire_grace, wiring.retention)
+        # Only a job that takes a lock on an FNV-1a key has one to check: an FNV-1a in
+        # Python costs more than the rest of a job's validation, a job that never locks
+        # cannot contend for its key, and a keyed locker's keys are not these.
         key = None
-        if (
-            wiring.locker is not None
-            if wiring is not None
-            else settings.distributed and (settings.locker is not None or self._locker is not None)
-        ):
+        if wiring.locker is not None and wiring.fnv_keys:
             key = job_lock_key(name)
             other = self._keys.get(key)
             if other is not None:
                 raise JobConflictError(
                     f"jobs {other!r} and {name!r} have the same lock key {key}; rename one"
                 )
-        if wiring is None:
-            wiring = self._wire(settings.distributed, settings.locker)
-            self._last_wiring = (settings, wiring)
-        if wiring.retention is not None:  # its slots stay claimable for less than that
-            check_retention(name, settings.jitter, settings.misfire_grace, wiring.retention)
         job._wiring = wiring
         self._jobs[name] = job
         if key is not None:

@@ -19,7 +19,15 @@ from typing import Any, Literal
 
 import pytest
 
-from cronlock import ConfigError, JobStarted, LockError, Scheduler, SystemClock, every
+from cronlock import (
+    ConfigError,
+    JobConflictError,
+    JobStarted,
+    LockError,
+    Scheduler,
+    SystemClock,
+    every,
+)
 from cronlock._keys import job_lock_key, keyed_lock_key
 from cronlock.postgres import PostgresLease, PostgresLocker
 from cronlock.postgres._fleet import read_holders
@@ -169,3 +177,21 @@ async def test_a_mixed_fleet_runs_a_slot_once_but_only_lease_mode_excludes_overl
         else:
             assert later == "locked"
         await lease.release()
+
+
+def test_registration_refuses_colliding_fnv_keys_only_where_the_locker_takes_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The scheduler refuses two jobs whose FNV-1a keys collide (they would block each
+    other). A keyed locker's keys are not those: refusing there would let a name built to
+    collide with another job's FNV key keep that job from being registered at all."""
+    monkeypatch.setattr("cronlock._scheduler.job_lock_key", lambda name: 42)  # all collide
+    fnv = Scheduler(locker=PostgresLocker(UNUSED))
+    fnv.add_job(print, every(60), name="victim")
+    with pytest.raises(JobConflictError, match="'victim' and 'crafted'"):
+        fnv.add_job(print, every(60), name="crafted")
+    keyed_scheduler = Scheduler(locker=PostgresLocker(UNUSED, lock_keys="keyed"))
+    keyed_scheduler.add_job(print, every(60), name="victim")
+    keyed_scheduler.add_job(print, every(60), name="crafted")
+    keyed_scheduler.remove("victim")  # no FNV key was noted for it
+    assert [job.name for job in keyed_scheduler.jobs] == ["crafted"]

@@ -222,11 +222,13 @@ class PostgresLocker(HeldOpenByBlocks, ReadsLedger):
         return self._mode
 
     def lock_key(self, job: str) -> int:
-        """*job*'s advisory-lock key here: :func:`~cronlock.postgres.ledger_lock_key` of the
-        ledger, with ``bare_keys=True`` or no ledger ``job_lock_key(job)``; with
-        ``lock_keys="keyed"`` known from the first claim on (:class:`cronlock.LockError`
-        before)."""
+        """*job*'s lock key: :func:`~cronlock.postgres.ledger_lock_key` (``job_lock_key`` with
+        *bare_keys* or no ledger); ``lock_keys="keyed"``: from the first claim (LockError)."""
         return self._keys.key(job)
+
+    def keyed_keys(self) -> bool:
+        """Whether the keys are ``lock_keys="keyed"`` (``KeyedLocker``: no FNV-1a)."""
+        return self._keys.kind == "keyed"
 
     @property
     def ledger(self) -> LedgerTable | None:

@@ -42,7 +42,7 @@ class KeySource:
                 "PostgresLocker: lock_keys='keyed' keeps its secret in the ledger, and its "
                 "keys are nobody else's: it takes neither ledger=False nor bare_keys=True"
             )
-        self.table = table
+        self.table, self.kind = table, kind
         self.fnv: Callable[[str], int] = job_lock_key if bare or table is None else table.lock_key
         """FNV-1a keys, which need nothing read: what spreads jobs over the sessions too."""
         self._secret: bytes | None = None
