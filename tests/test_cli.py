@@ -208,3 +208,23 @@ def test_demo_with_unreachable_database_is_one_line_and_status_2() -> None:
     assert result.returncode == 2
     assert len(result.stderr.strip().splitlines()) == 1
     assert "cannot connect to PostgreSQL with --dsn" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("given", "said"),
+    [
+        (str(2**63), f"must be from 1 to 10000, got '{2**63}'"),
+        ("0", "must be from 1 to 10000, got '0'"),
+        ("10001", "must be from 1 to 10000, got '10001'"),
+        ("9" * 5000, "not a whole number: '999999999999999999999999999999'... (5000 characters)"),
+        ("ten", "not a whole number: 'ten'"),
+    ],
+    ids=["2**63", "zero", "10001", "5000-digits", "word"],
+)
+def test_history_n_out_of_bounds_is_a_usage_error_before_connecting(given: str, said: str) -> None:
+    """Exit status 2 and one line naming -n and the value; not a traceback from the driver
+    (2**63 is past the server's bigint), and not a connection attempt."""
+    result = cronlock("history", "j", "--dsn", UNREACHABLE, "-n", given)
+    assert result.returncode == 2
+    assert result.stderr == f"cronlock history: error: argument -n: {said}\n"
+    assert result.stdout == ""

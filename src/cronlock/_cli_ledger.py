@@ -19,6 +19,22 @@ __all__ = ("PG_VERBS", "add_pg_parsers", "run_pg")
 
 PG_VERBS = frozenset({"migrate", "status", "history", "pause", "resume", "trigger", "web"})
 
+# `history -n` beyond this is a mistake rather than a question; a number past the server's
+# bigint failed in the driver with a traceback.
+MAX_HISTORY = 10_000
+
+
+def _history_count(text: str) -> int:
+    """``-n``'s value: a whole number from 1 to :data:`MAX_HISTORY` (argparse says which)."""
+    shown = repr(text) if len(text) <= 30 else f"{text[:30]!r}... ({len(text)} characters)"
+    try:
+        count = int(text)
+    except ValueError:  # not digits, or more than int() reads (4,300)
+        raise argparse.ArgumentTypeError(f"not a whole number: {shown}") from None
+    if not 1 <= count <= MAX_HISTORY:
+        raise argparse.ArgumentTypeError(f"must be from 1 to {MAX_HISTORY}, got {shown}")
+    return count
+
 
 def add_pg_parsers(verbs: Any) -> None:
     """Register ``migrate``, ``status``, ``history`` and the fleet control verbs."""
@@ -57,7 +73,12 @@ def add_pg_parsers(verbs: Any) -> None:
     history = verbs.add_parser("history", help="the latest runs of one job from the ledger")
     common(history)
     history.add_argument("job", metavar="JOB", help="exit status 1 if the ledger does not know it")
-    history.add_argument("-n", type=int, default=20, help="how many runs (default: 20)")
+    history.add_argument(
+        "-n",
+        type=_history_count,
+        default=20,
+        help=f"how many runs, 1 to {MAX_HISTORY} (default: 20)",
+    )
     for verb, what in (
         ("pause", "pause a job on every replica (until resume)"),
         ("resume", "resume a paused job on every replica"),

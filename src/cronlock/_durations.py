@@ -25,16 +25,19 @@ def to_seconds(
     naming *job*, *field* and the value.
     """
     kind = type(value)
-    if kind is float or kind is int:
-        seconds = float(value)  # type: ignore[arg-type]
-    elif isinstance(value, timedelta):
-        seconds = value.total_seconds()
-    elif isinstance(value, int | float) and not isinstance(value, bool):
-        seconds = float(value)
-    else:
-        raise error(
-            f"{_where(job)}{field} must be seconds (int, float) or a timedelta, got {value!r}"
-        )
+    try:
+        if kind is float or kind is int:
+            seconds = float(value)  # type: ignore[arg-type]
+        elif isinstance(value, timedelta):
+            seconds = value.total_seconds()
+        elif isinstance(value, int | float) and not isinstance(value, bool):
+            seconds = float(value)
+        else:
+            raise error(
+                f"{_where(job)}{field} must be seconds (int, float) or a timedelta, got {value!r}"
+            )
+    except OverflowError:  # an int past float's range: 10**400
+        seconds = math.inf
     if not math.isfinite(seconds):
         raise error(f"{_where(job)}{field} must be a finite duration, got {value!r}")
     if seconds < 0 or (seconds == 0 and not allow_zero):

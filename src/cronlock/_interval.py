@@ -115,6 +115,8 @@ def every(
 
     Raises :class:`~cronlock.ScheduleError` naming the bad value for a zero, negative, NaN
     or infinite part or total, and for a naive anchor.
+    A job's interval is at least 50 ms: ``add_job`` refuses a finer one (the schedule
+    itself, pure arithmetic, takes any whole number of microseconds).
     """
     key: tuple[Any, ...]
     if type(anchor) is datetime and anchor.tzinfo is UTC:

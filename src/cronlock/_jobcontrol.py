@@ -14,7 +14,7 @@ from ._job import Job
 from ._keys import job_lock_key
 from ._names import job_named
 from ._runloop import RunLoop
-from ._schedule import Schedule, bind_zone, check_jitter
+from ._schedule import Schedule, bind_zone, check_interval, check_jitter
 
 __all__ = ("JobControl",)
 
@@ -43,7 +43,7 @@ class JobControl:
             self._loop.unschedule(found)
         found._forget_plan()
         del self._jobs[found.name]
-        if found._wiring.locker is not None:  # only a job with a locker has a key
+        if found._wiring.locker is not None and found._wiring.fnv_keys:  # it has a key here
             del self._keys[job_lock_key(found.name)]
         found._scheduler = None
 
@@ -58,6 +58,7 @@ class JobControl:
     def update(self, name: str | Job, schedule: Schedule) -> Job:
         """Give job *name* a new schedule, keeping its history and options."""
         job = job_named(self._jobs, name, field="name")
+        check_interval(job.name, schedule)
         job.set_schedule(check_jitter(job.name, bind_zone(schedule, self._tz), job.jitter))
         if self._loop is not None and not job.paused:
             self._loop.schedule(job, self._clock.now())

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-__all__ = ("job_lock_key", "ledger_lock_key")
+import hashlib
+import hmac
+
+__all__ = ("job_lock_key", "keyed_lock_key", "ledger_lock_key")
 
 # FNV-1a, 64-bit variant: http://www.isthe.com/chongo/tech/comp/fnv/ (parameters public).
 _FNV64_OFFSET_BASIS = 0xCBF29CE484222325
@@ -35,3 +38,15 @@ def ledger_lock_key(ledger: str, name: str) -> int:
     occurs in a name the server stores), so each ledger's jobs contend only among themselves.
     """
     return job_lock_key(f"{ledger}\x00{name}")
+
+
+def keyed_lock_key(secret: bytes, name: str) -> int:
+    """The advisory-lock key of job *name* under *secret*: the first 8 bytes of
+    HMAC-SHA256(*secret*, UTF-8 *name*), big-endian, as a signed int64.
+
+    FNV-1a is not a keyed hash: whoever chooses a job's name can search for another name
+    with the same key (minutes on a laptop), and a job of that name then holds the first
+    one off. Without the secret no name can be aimed at another's key.
+    """
+    digest = hmac.new(secret, name.encode("utf-8"), hashlib.sha256).digest()
+    return int.from_bytes(digest[:8], "big", signed=True)

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Literal, Protocol, runtime_checkable
 
+from ._lockerkinds import KeyedLocker, PruningLocker
 from ._records import RunRecord
 
 __all__ = (
@@ -344,6 +345,10 @@ class Wiring:
     """True when a run has anyone to ask before it starts (elector or locker)."""
     ahead: timedelta = timedelta(0)
     """How long before a slot its claim may go out (see :class:`ClaimAheadLocker`)."""
+    retention: float | None = None
+    """Seconds after its slot the locker prunes a row (see :class:`PruningLocker`)."""
+    fnv_keys: bool = True
+    """Whether its lock keys are FNV-1a of the name, checked for collisions (KeyedLocker)."""
 
 
 def wire(
@@ -355,7 +360,7 @@ def wire(
     locker = own if own is not None else default
     if locker is None:
         return Wiring(elected=elector is not None, coordinated=elector is not None)
-    ledger, notes, crashes, batch, fleet, ahead = _locker_kinds(type(locker))
+    ledger, notes, crashes, batch, fleet, ahead, prunes, keyed = _locker_kinds(type(locker))
     return Wiring(
         locker=locker,
         ledger=typing.cast(LedgerLocker, locker) if ledger else None,
@@ -366,6 +371,8 @@ def wire(
         elected=elector is not None,
         coordinated=True,
         ahead=_ahead(typing.cast(ClaimAheadLocker, locker).claims_ahead()) if ahead else _NOW,
+        retention=typing.cast(PruningLocker, locker).retention() if prunes else None,
+        fnv_keys=not (keyed and typing.cast(KeyedLocker, locker).keyed_keys()),
     )
 
 
@@ -378,7 +385,7 @@ def _ahead(seconds: float) -> timedelta:
 
 
 @functools.cache
-def _locker_kinds(kind: type) -> tuple[bool, bool, bool, bool, bool, bool]:
+def _locker_kinds(kind: type) -> tuple[bool, bool, bool, bool, bool, bool, bool, bool]:
     # A runtime Protocol check walks every member (~20 us); registering 100,000 jobs on
     # one locker pays for it once.
     return (
@@ -388,6 +395,8 @@ def _locker_kinds(kind: type) -> tuple[bool, bool, bool, bool, bool, bool]:
         issubclass(kind, BatchLedgerLocker),
         issubclass(kind, FleetWatchingLocker),
         issubclass(kind, ClaimAheadLocker),
+        issubclass(kind, PruningLocker),
+        issubclass(kind, KeyedLocker),
     )
 
 

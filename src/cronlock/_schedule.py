@@ -12,7 +12,16 @@ from ._errors import ScheduleError
 from ._interval import IntervalSchedule
 from ._once import OnceSchedule
 
-__all__ = ("SAMPLED_SLOTS", "Schedule", "bind_zone", "check_jitter", "shortest_gap", "upcoming")
+__all__ = (
+    "MIN_INTERVAL",
+    "SAMPLED_SLOTS",
+    "Schedule",
+    "bind_zone",
+    "check_interval",
+    "check_jitter",
+    "shortest_gap",
+    "upcoming",
+)
 
 
 @runtime_checkable
@@ -52,6 +61,32 @@ def upcoming(schedule: Schedule, after: datetime, n: int) -> list[datetime]:
         out.append(slot)
         current = slot
     return out
+
+
+MIN_INTERVAL = timedelta(milliseconds=50)
+"""The shortest interval of a job's ``every()`` schedule: 20 slots a second.
+
+Each slot costs the run loop a plan, a start, events and log records, and a coordinated
+job a claim and a row in the ledger: with ``every(seconds=1e-6)`` one job kept a core busy
+and wrote thousands of warnings and a hundred ledger rows a second. ``every()`` itself
+takes any positive interval (its slots are pure arithmetic); a job is refused one below
+this floor when it is registered or given a new schedule."""
+
+
+def check_interval(job: str, schedule: Schedule) -> None:
+    """Refuse job *job*'s ``every()`` schedule if its interval is below :data:`MIN_INTERVAL`.
+
+    Raises :class:`~cronlock.ScheduleError` naming the job, ``interval``, its value and
+    the floor. Only interval schedules can be this fine: the finest cron schedule fires
+    every second, and a ``once()`` schedule's instants are finite.
+    """
+    if type(schedule) is IntervalSchedule and schedule.interval < MIN_INTERVAL:
+        raise ScheduleError(
+            f"job {job!r}: interval={_seconds(schedule.interval)} ({schedule}) is below the "
+            f"floor of {_seconds(MIN_INTERVAL)} a job's interval may have (20 runs a second): "
+            "each slot costs a plan, a start, events and logs, and a coordinated job a claim "
+            f"and a ledger row; use every({MIN_INTERVAL.total_seconds():g}) or longer"
+        )
 
 
 SAMPLED_SLOTS = 16

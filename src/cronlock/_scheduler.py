@@ -34,8 +34,9 @@ from ._options import JobOptions, check_option_names
 from ._records import DEFAULT_MISFIRE_GRACE, Overlap
 from ._recovery import Recovery
 from ._resources import Resources
+from ._retention import check_retention
 from ._runloop import RunLoop
-from ._schedule import Schedule, bind_zone, check_jitter
+from ._schedule import Schedule, bind_zone, check_interval, check_jitter
 from ._tz import TimeZone, resolve_tz
 
 __all__ = ("JobOptions", "Scheduler")
@@ -174,6 +175,7 @@ class Scheduler(JobControl, FleetViews):
             raise JobConflictError(f"a job named {name!r} is already registered")
         if type(schedule) is not IntervalSchedule:  # bind_zone() returns those as they are
             schedule = bind_zone(schedule, self._tz)
+        check_interval(name, schedule)
         job = new_job(
             func,
             schedule,
@@ -199,24 +201,22 @@ class Scheduler(JobControl, FleetViews):
             check_jitter(name, schedule, settings.jitter)
         last = self._last_wiring  # the last job's: jobs registered in a row share settings
         wiring = last[1] if last[0] is settings else None
-        # Only a job that takes a lock has a lock key (the locker wire() will pick): an
-        # FNV-1a in Python costs more than the rest of a job's validation, and a job that
-        # never locks cannot contend with another for its key.
+        if wiring is None:
+            wiring = self._wire(settings.distributed, settings.locker)
+            self._last_wiring = (settings, wiring)
+        if wiring.retention is not None:  # its slots stay claimable for less than that
+            check_retention(name, settings.jitter, settings.misfire_grace, wiring.retention)
+        # Only a job that takes a lock on an FNV-1a key has one to check: an FNV-1a in
+        # Python costs more than the rest of a job's validation, a job that never locks
+        # cannot contend for its key, and a keyed locker's keys are not these.
         key = None
-        if (
-            wiring.locker is not None
-            if wiring is not None
-            else settings.distributed and (settings.locker is not None or self._locker is not None)
-        ):
+        if wiring.locker is not None and wiring.fnv_keys:
             key = job_lock_key(name)
             other = self._keys.get(key)
             if other is not None:
                 raise JobConflictError(
                     f"jobs {other!r} and {name!r} have the same lock key {key}; rename one"
                 )
-        if wiring is None:
-            wiring = self._wire(settings.distributed, settings.locker)
-            self._last_wiring = (settings, wiring)
         job._wiring = wiring
         self._jobs[name] = job
         if key is not None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable
 from datetime import UTC, datetime, timedelta, tzinfo
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError, available_timezones
 
 from ._errors import ScheduleError
 from ._fixedzones import refuse_fixed_offset
@@ -23,6 +23,10 @@ __all__ = (
 TimeZone = str | ZoneInfo
 
 _UTC_ZONE = ZoneInfo("UTC")
+# The longest IANA name is 32 characters (America/Argentina/ComodRivadavia); a longer one
+# is refused before the file system is asked (which says "File name too long", with the
+# path of the zone files).
+MAX_ZONE_NAME = 64
 # How far ahead to look for a fall-back whose repeated hour could still be to come;
 # no real zone moves twice in it.
 _WINDOW = timedelta(hours=26)
@@ -45,18 +49,32 @@ def resolve_tz(tz: TimeZone | tzinfo | None, *, field: str = "tz") -> ZoneInfo:
     if isinstance(tz, str):
         if not tz or tz != tz.strip():
             raise ScheduleError(f"{field}: {tz!r} is not an IANA time zone name")
+        if len(tz) > MAX_ZONE_NAME:
+            raise ScheduleError(
+                f"{field}: unknown time zone {tz[:MAX_ZONE_NAME]!r}... ({len(tz)} characters; "
+                f"IANA names have at most {MAX_ZONE_NAME}, like 'Europe/Berlin')"
+            )
         try:
             zone = ZoneInfo(tz)
-        except (ZoneInfoNotFoundError, ValueError) as exc:
-            raise ScheduleError(
-                f"{field}: unknown time zone {tz!r} (use an IANA name like 'Europe/Berlin')"
-            ) from exc
+        except (ZoneInfoNotFoundError, ValueError, OSError):
+            # OSError: a directory of the zone files ("Europe": IsADirectoryError) or a name
+            # the file system refuses; its message would show the install path, not the name.
+            raise ScheduleError(f"{field}: unknown time zone {tz!r} ({_region_hint(tz)})") from None
         refuse_fixed_offset(zone, field=field)
         return zone
     raise ScheduleError(
         f"{field}: {tz!r} is not an IANA zone; fixed offsets have no DST rules, "
         "pass a name like 'Europe/Berlin' or a zoneinfo.ZoneInfo"
     )
+
+
+def _region_hint(name: str) -> str:
+    """What to name instead of *name*: a zone of it when it is a region ("Europe")."""
+    prefix = name.rstrip("/") + "/"
+    zones = sorted(z for z in available_timezones() if z.startswith(prefix))
+    if zones:
+        return f"{name!r} is a region; name a zone in it, such as {zones[0]!r}"
+    return "use an IANA name like 'Europe/Berlin'"
 
 
 def to_utc(value: datetime, *, field: str = "datetime") -> datetime:

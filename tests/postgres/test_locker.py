@@ -312,7 +312,7 @@ async def test_session_is_labelled_and_has_keepalives(
         lease = await locker.acquire(new_job(), SLOT)
         assert isinstance(lease, PostgresLease)
         # Read the settings the way an operator would: from the session itself.
-        conn = locker._session
+        conn = next(s.conn for s in locker._shards if s.conn is not None)
         assert await conn.fetchval("SHOW application_name") == app_name
         if await conn.fetchval("SELECT inet_client_addr() IS NOT NULL"):  # TCP, not a socket
             assert await conn.fetchval("SHOW tcp_keepalives_idle") == "30"

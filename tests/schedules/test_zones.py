@@ -116,3 +116,28 @@ def test_exactly_the_fixed_offset_names_are_refused() -> None:
             refused.add(name)
     assert refused == REFUSED & available_timezones()
     assert {"EST", "Etc/GMT-1", "Etc/GMT+12"} <= refused  # the test did look at them
+
+
+@pytest.mark.parametrize("make", MAKERS.values(), ids=MAKERS.keys())
+@pytest.mark.parametrize(
+    ("tz", "expected"),
+    [
+        ("Europe", "unknown time zone 'Europe' ('Europe' is a region; name a zone in it, such as"),
+        ("America/Argentina/", "such as 'America/Argentina/Buenos_Aires'"),
+        ("x" * 300, "(300 characters; IANA names have at most 64"),
+        ("Mars/Base", "unknown time zone 'Mars/Base' (use an IANA name like 'Europe/Berlin')"),
+    ],
+    ids=["region", "subregion", "300-characters", "unknown"],
+)
+def test_a_region_or_an_overlong_name_is_a_schedule_error_not_an_os_error(
+    make: Callable[[str | ZoneInfo], object], tz: str, expected: str
+) -> None:
+    """Not the OSError the zone files raise (IsADirectoryError, "File name too long"),
+    whose message names the install path of tzdata instead of the zone."""
+    with pytest.raises(ScheduleError) as info:
+        make(tz)
+    message = str(info.value)
+    assert expected in message
+    assert "zoneinfo/" not in message and "Errno" not in message
+    assert len(message) < 250  # the 300 characters are not repeated back
+    assert info.value.__cause__ is None

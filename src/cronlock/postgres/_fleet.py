@@ -11,11 +11,12 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal, get_args
 
-from .._keys import job_lock_key
+from .._keys import job_lock_key, keyed_lock_key
 from .._records import RunRecord
 from ._control import control_sql
 from ._leasesql import lease_holders_sql
 from ._ledger import RUN, LedgerTable, to_record
+from ._lockkeys import SECRET_NAME
 
 __all__ = (
     "HOLDERS_SQL",
@@ -134,14 +135,20 @@ async def read_holders(
 ) -> dict[str, tuple[LockHolder, ...]]:
     """Who holds each job's lock now: one query over ``pg_locks`` for all of *names*.
 
-    Both keys of a job are looked up: the bare one (``locked_run``, ``bare_keys=True``) and,
-    given the ledger *table*, its namespaced one. With *table*, the holders of unexpired
+    Every key of a job is looked up: the bare one (``locked_run``, ``bare_keys=True``) and,
+    given the ledger *table*, its namespaced one and, once a replica made the ledger's
+    secret, its keyed one (``lock_keys="keyed"``). With *table*, the holders of unexpired
     leases (lease mode) are included too: their *pid* is the replica's process id, their
     *application* the lease's holder, their address unknown.
     """
     by_key = {job_lock_key(name): name for name in names}
     if table is not None:
         by_key |= {table.lock_key(name): name for name in names}
+        if await conn.fetchval("SELECT to_regclass($1)", table.secrets):  # lock_keys="keyed"
+            select = f"SELECT value FROM {table.secrets} WHERE name = $1"
+            secret = await conn.fetchval(select, SECRET_NAME)
+            if secret is not None:
+                by_key |= {keyed_lock_key(bytes(secret), name): name for name in names}
     found: dict[str, list[LockHolder]] = {}
     for row in await conn.fetch(HOLDERS_SQL, list(by_key)):
         holder = LockHolder(row["pid"], row["application_name"] or "", row["addr"])

@@ -21,7 +21,6 @@ from .._cancel import cancel_and_wait
 from .._claimed import remember_claim
 from .._durations import Seconds
 from .._errors import LockError
-from .._keys import job_lock_key
 from .._locking import ASKED, Refusal
 from .._logs import get_logger, say
 from .._resources import HeldOpenByBlocks
@@ -33,6 +32,7 @@ from ._exclusion import Mode, exclusion_for, make_sessions, source_for
 from ._foreign import ForeignCallback, ForeignHolders
 from ._lease import PostgresLease
 from ._ledger import DEFAULT_TABLE, LedgerTable
+from ._lockkeys import KeySource, LockKeys
 from ._members import Membership
 from ._reads import LedgerReads, ReadsLedger
 from ._renewal import LeaseKeeper
@@ -89,8 +89,9 @@ class PostgresLocker(HeldOpenByBlocks, ReadsLedger):
 
     **Keys.** Advisory-lock keys are namespaced by the ledger (:meth:`lock_key`), so two
     services with ledgers of their own never block each other; ``bare_keys=True`` takes
-    ``job_lock_key(job)``, the seed's Go-compatible key, to contend with Go services.
-    Exclusion among this replica's own runs is kept here, without a round trip.
+    ``job_lock_key(job)``, Go's FNV-1a key; ``lock_keys="keyed"`` an HMAC under a secret of
+    the ledger's, at which no job name can be aimed (every replica of a ledger must agree:
+    docs/coordination.md). Exclusion among this replica's own runs is kept here.
 
     **Racers.** In a fleet of more than *racers* live replicas (default 3; ``None``: all),
     only *racers* of them claim (chosen by the members table, ``<table>_members``); they
@@ -132,6 +133,7 @@ class PostgresLocker(HeldOpenByBlocks, ReadsLedger):
         mode: Mode = "session",
         lease: Seconds = 20.0,
         bare_keys: bool = False,
+        lock_keys: LockKeys = "fnv1a",
         racers: int | None = 3,
     ) -> None:
         checked = LockerSettings.check(
@@ -144,16 +146,13 @@ class PostgresLocker(HeldOpenByBlocks, ReadsLedger):
         self._application_name = application_name or default_application_name()
         source = source_for(mode, pool_or_dsn, connect_kwargs, self._application_name)
         self._table = LedgerTable(table, schema) if ledger else None
-        # Lock keys: namespaced by the ledger, so that two services' ledgers in one database
-        # never share a key; the bare Go-compatible key on request (or without a ledger).
-        self._lock_key: Callable[[str], int] = (
-            job_lock_key if bare_keys or self._table is None else self._table.lock_key
-        )
+        # Lock keys: namespaced by the ledger, bare (Go's) on request, or keyed (._lockkeys).
+        self._keys = KeySource(lock_keys, self._table, bare=bare_keys)
         self._holder = f"{self._application_name}:{secrets.token_hex(4)}"
         self._exclusion = exclusion_for(mode, self._table, holder=self._holder, lease=checked.lease)
         self._remember = checked.remember
         self._race = FairRace(checked.spread)
-        self._ahead = checked.claim_ahead
+        self._ahead, self._keep = checked.claim_ahead, checked.retention
         self._closed = False
         self._entered = 0  # open async-with blocks: the Scheduler then leaves closing to them
         self._source = source
@@ -180,7 +179,7 @@ class PostgresLocker(HeldOpenByBlocks, ReadsLedger):
         # refusal_history); bounded like the claimed slots.
         self._told: dict[str, tuple[RunRecord | None, RunRecord | None]] = {}
         self._reads = LedgerReads(
-            self._shards, self._table, lambda: self._closed, key=self._lock_key
+            self._shards, self._table, lambda: self._closed, key=self._keys.fnv
         )
         self._crashes = CrashWatch.of(self._exclusion, host)
         self._foreign = None if self._table is None else ForeignHolders(self._table, self._shards)
@@ -223,19 +222,18 @@ class PostgresLocker(HeldOpenByBlocks, ReadsLedger):
         return self._mode
 
     def lock_key(self, job: str) -> int:
-        """*job*'s advisory-lock key here: :func:`~cronlock.postgres.ledger_lock_key` of the
-        ledger, or with ``bare_keys=True`` or no ledger ``job_lock_key(job)``."""
-        return self._lock_key(job)
+        """*job*'s lock key: :func:`~cronlock.postgres.ledger_lock_key` (``job_lock_key`` with
+        *bare_keys* or no ledger); ``lock_keys="keyed"``: from the first claim (LockError)."""
+        return self._keys.key(job)
+
+    def keyed_keys(self) -> bool:
+        """Whether the keys are ``lock_keys="keyed"`` (``KeyedLocker``: no FNV-1a)."""
+        return self._keys.kind == "keyed"
 
     @property
     def ledger(self) -> LedgerTable | None:
         """Where the run ledger lives, or ``None`` in lock-only mode (``ledger=False``)."""
         return self._table
-
-    @property
-    def _session(self) -> Any:
-        """The first open lock session's connection, or ``None`` (for tests, debugging)."""
-        return next((s.conn for s in self._shards if s.conn is not None), None)
 
     def _shard(self, key: int) -> int:
         return key % len(self._shards)
@@ -243,9 +241,8 @@ class PostgresLocker(HeldOpenByBlocks, ReadsLedger):
     def statistics(self) -> PostgresLockerStatistics:
         """Return the locker's counters."""
         return self._count.snapshot(
-            held=len(self._held), shards=self._shards, upkeep=self._upkeep,
-            crashes=self._crashes, foreign=self._foreign, keeper=self._keeper,
-            members=self._members,
+            held=len(self._held), shards=self._shards, upkeep=self._upkeep, crashes=self._crashes,
+            foreign=self._foreign, keeper=self._keeper, members=self._members,
         )  # fmt: skip
 
     async def acquire(self, job: str, slot: datetime) -> PostgresLease | Refusal:
@@ -259,7 +256,9 @@ class PostgresLocker(HeldOpenByBlocks, ReadsLedger):
         """
         if self._closed:
             raise LockError(f"job {job!r}: {_CLOSED}")
-        key = self._lock_key(job)
+        if not self._keys.ready:  # lock_keys="keyed": the ledger's secret, read once
+            await self._keys.load(self._shards)
+        key = self._keys.key(job)
         if key in self._held or key in self._pending:
             self._count.busy_here += 1
             say(_logger, DEBUG, job, slot, "already running in this process")
@@ -328,9 +327,12 @@ class PostgresLocker(HeldOpenByBlocks, ReadsLedger):
         return lease
 
     def fleet_pace(self) -> float:
-        """Members over *racers* in a fleet larger than that, else 1: how many times less
-        often each fleet-wide chore runs here (fleet time's estimates included)."""
+        """How many times less often fleet-wide chores run here (members over *racers*, >= 1)."""
         return 1.0 if self._members is None else self._members.spread()
+
+    def retention(self) -> float:
+        """Seconds after its slot a run's row may be pruned (infinite without a ledger)."""
+        return self._keep
 
     def claims_ahead(self) -> float:
         """Seconds before its slot a claim may go out (``claim_ahead``, ClaimAheadLocker)."""
@@ -430,9 +432,7 @@ class PostgresLocker(HeldOpenByBlocks, ReadsLedger):
             self._pool_watch = watch_pool(self._source, self.close)
 
     def _on_session_dropped(self, shard: int, reason: str) -> None:
-        """Every lock on the dropped session is gone: mark the leases of its shard lost.
-
-        In lease mode nothing lived in the session: the leases stay held (and renewed)."""
+        """Mark the leases of a dropped session lost (lease mode: they stay held, renewed)."""
         if self._mode == "session":
             self._count.lost += mark_dropped(self._held, shard, len(self._shards), reason)
 

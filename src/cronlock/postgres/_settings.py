@@ -3,6 +3,7 @@ field and the value), in the units its parts use: seconds as floats, counts as i
 
 from __future__ import annotations
 
+import math
 import sys
 from dataclasses import dataclass
 from typing import Any
@@ -10,16 +11,25 @@ from typing import Any
 from .._durations import Seconds, optional_seconds, positive_int, to_seconds
 from .._errors import ConfigError
 from .._logs import get_logger
+from .._retention import RETENTION_MARGIN
 from ._exclusion import Mode, checked_mode
 
-__all__ = ("LockerSettings", "check_pool_room")
+__all__ = ("MAX_RETENTION", "MIN_RETENTION", "LockerSettings", "check_pool_room")
+
+MIN_RETENTION = RETENTION_MARGIN
+"""The shortest retention, one hour: a row is what refuses a late claim of its slot, and
+each job's own lateness (misfire_grace, jitter) is checked on top when it is registered."""
+MAX_RETENTION = 100 * 365.25 * 86_400
+"""The longest retention, 100 years: past about 6,700 the prune's ``clock_timestamp() -
+retention`` is out of PostgreSQL's range and every prune failed."""
 
 _logger = get_logger("cronlock.postgres")
 
 
 @dataclass(frozen=True, slots=True)
 class LockerSettings:
-    """The checked values of :class:`PostgresLocker`'s keyword arguments of the same names."""
+    """The checked values of :class:`PostgresLocker`'s keyword arguments of the same names
+    (``retention`` infinite without a ledger)."""
 
     mode: Mode
     sessions: int
@@ -63,19 +73,38 @@ class LockerSettings:
 
         sessions = positive_int(sessions, field="sessions", owner=owner, upper=64)
         check_pool_room(pool, mode=mode, sessions=sessions)
+        kept = _retention(seconds(retention, "retention"))
         return cls(
             mode=mode,
             sessions=sessions,
             remember=positive_int(remember, field="remember", owner=owner),
             racers=None if racers is None else positive_int(racers, field="racers", owner=owner),
             lease=checked_mode(mode, ledger=ledger, lease=lease),
-            retention=seconds(retention, "retention"),
+            # Without a ledger nothing is pruned: no job's grace can outlast it.
+            retention=kept if ledger else math.inf,
             heartbeat=optional_seconds(heartbeat, field="heartbeat", error=ConfigError),
             connect_timeout=seconds(connect_timeout, "connect_timeout"),
             statement_timeout=seconds(statement_timeout, "statement_timeout"),
             spread=seconds(spread, "spread", zero=True),
             claim_ahead=seconds(claim_ahead, "claim_ahead", zero=True),
         )
+
+
+def _retention(value: float) -> float:
+    if value < MIN_RETENTION:
+        raise ConfigError(
+            f"PostgresLocker: retention={value:g}s is shorter than {MIN_RETENTION:g}s (one "
+            "hour): a ledger row is what answers a late claim of its slot 'already_ran', and "
+            "a replica that lags could claim a slot whose row was pruned and run it a second "
+            "time; pass retention=3600 or more (default: 30 days)"
+        )
+    if value > MAX_RETENTION:
+        raise ConfigError(
+            f"PostgresLocker: retention={value:g}s is longer than {MAX_RETENTION:.0f}s (100 "
+            "years), past which the prune's cut-off leaves PostgreSQL's range; pass a shorter "
+            "one (default: 30 days)"
+        )
+    return value
 
 
 def check_pool_room(pool: Any, *, mode: Mode, sessions: int) -> None:
