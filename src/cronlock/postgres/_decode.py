@@ -95,23 +95,26 @@ _told: set[tuple[str, str]] = set()
 
 
 def skipped(table: str) -> int:
-    """How many rows of *table* this process skipped as unreadable."""
+    """How many rows of *table* this process found unreadable (:func:`report_odd`)."""
     return _skipped[table]
 
 
-def report_odd(table: str, job: object, odd: str) -> None:
-    """Count a row of *table* skipped for *job*, and say so at WARNING the first time."""
+def report_odd(table: str, job: object, odd: str, *, kept: bool = False) -> None:
+    """Count a row of *table* about *job* that has an unreadable value (*odd*), and say so
+    at WARNING the first time. The row is skipped, or with *kept* read with those values
+    unknown (a job's schedule note)."""
     _skipped[table] += 1
     key = (table, str(job))
     if key in _told:
         return
     _told.add(key)
     _logger.warning(
-        "job %r: a row of %s cannot be read (%s) and is skipped; fix or delete it "
-        "(said once per job and table)",
+        "job %r: a row of %s holds a value this replica cannot read (%s): %s; fix or "
+        "delete it (said once per job and table)",
         job,
         table,
         odd,
+        "read as unknown" if kept else "the row is skipped",
     )
 
 

@@ -171,7 +171,7 @@ async def read_jobs(
     jobs = []
     for row in rows:
         if row["odd"] is not None:  # its odd times read as unknown (._decode)
-            report_odd(table.jobs, row["job"], row["odd"])
+            report_odd(table.jobs, row["job"], row["odd"], kept=True)
         found = await conn.fetch(table.last_runs_sql, row["job"])
         last = {r["kind"]: decode_run(r, table=table.runs, job=row["job"]) for r in found}
         jobs.append(

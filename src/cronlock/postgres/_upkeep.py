@@ -232,6 +232,10 @@ class Upkeep:
                 # A dead session was dropped (its leases marked lost) by run(); a server
                 # error on upkeep leaves it sound. Either way, try again next tick.
                 _logger.debug("lock session upkeep failed: %r", exc)
+            except Exception:
+                # A bug, or a row no decoding foresaw: said loudly, and upkeep goes on (its
+                # heartbeats and crash checks must not stop in silence).
+                _logger.exception("lock session upkeep failed unexpectedly")
 
     def _report_lost(self, late: list[tuple[str, datetime, RunRecord, int]]) -> None:
         """Runs cut off by a lost lock, now written: crashes for recovery (:mod:`._crashes`)."""
