@@ -1,6 +1,6 @@
 """Random odd rows in a real ledger while a replica runs (issue 24): it keeps running its
-healthy job every slot, and the command line's status and history read the ledger without a
-traceback.
+healthy job every slot, a trigger still reaches it, and the command line's status and
+history read the ledger without a traceback.
 
 The rows come from a seeded generator (the seed is in the test's name: a failure replays):
 timestamps at and past the edges of what Python holds, huge and odd text (no NUL: the
@@ -20,8 +20,8 @@ from typing import Any
 
 import pytest
 
-from cronlock import Scheduler, every
-from cronlock.postgres import PostgresLocker
+from cronlock import Scheduler, daily, every
+from cronlock.postgres import FleetControl, PostgresLocker
 from cronlock.postgres import _control as control_module
 from cronlock.postgres._ledger import LedgerTable
 
@@ -154,6 +154,7 @@ async def test_random_odd_rows_never_stop_the_replica_or_the_cli(
     ran: list[int] = []
     scheduler = Scheduler(locker=PostgresLocker(pool, table=ledger.table, sessions=1))
     scheduler.add_job(lambda: ran.append(1), every(seconds=1), name="healthy")
+    scheduler.add_job(lambda: None, daily("03:00"), name="on-demand")  # run by a trigger
     for name in odd[:2]:  # odd jobs this replica runs too: their rows are read back
         scheduler.add_job(lambda: None, every(seconds=1), name=name)
     async with scheduler:
@@ -165,6 +166,9 @@ async def test_random_odd_rows_never_stop_the_replica_or_the_cli(
             await _wave(admin, ledger, rng, ["healthy", *odd])
             await asyncio.sleep(2)
         done = len(ran) - before
+        async with FleetControl(pool, table=ledger.table) as control:  # triggers still work
+            triggered = await control.trigger("on-demand", force=True)
+            assert (await triggered.wait(timeout=10)).outcome == "succeeded"
         await asyncio.sleep(0.5)
     assert done >= 4, f"healthy ran {done} times in 6 s"
     real = await admin.fetchval(
