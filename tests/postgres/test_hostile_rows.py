@@ -13,7 +13,7 @@ import asyncio
 import logging
 import uuid
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 
@@ -45,13 +45,13 @@ def fast_fleet_reads(monkeypatch: pytest.MonkeyPatch) -> None:
 class Fleet:
     """Two replicas running ``healthy`` and ``bad`` every second; counts healthy's runs."""
 
-    def __init__(self, pool: Any, ledger: LedgerTable) -> None:
+    def __init__(self, pool: Any, ledger: LedgerTable, mode: Literal["session", "lease"]) -> None:
         self._pool, self._table = pool, ledger.table
         self.ran: list[str] = []
         self.schedulers = []
         for _ in range(2):
             # One session a locker: both jobs' claims of an instant go in one batch.
-            locker = PostgresLocker(pool, table=ledger.table, sessions=1)
+            locker = PostgresLocker(pool, table=ledger.table, sessions=1, mode=mode)
             scheduler = Scheduler(locker=locker)
             scheduler.add_job(lambda: self.ran.append(_OK), every(seconds=1), name=_OK)
             scheduler.add_job(lambda: self.ran.append(_BAD), every(seconds=1), name=_BAD)
@@ -74,7 +74,7 @@ class Fleet:
 
 @pytest.fixture
 async def fleet(pool: Any, ledger: LedgerTable) -> AsyncIterator[Fleet]:
-    async with Fleet(pool, ledger) as running:
+    async with Fleet(pool, ledger, "session") as running:
         yield running
 
 
@@ -188,6 +188,20 @@ async def test_a_claim_batch_answering_a_hostile_row_still_claims_the_others(
 ) -> None:
     """The next slots of ``bad`` are in the ledger already, finished at a hostile time: each
     refusal tells that row, in the batch that also claims ``healthy``."""
+    await _claims_survive(fleet, dsn_admin, ledger, value, caplog)
+
+
+@pytest.mark.parametrize("value", HOSTILE[:2])
+async def test_a_lease_mode_claim_batch_answering_a_hostile_row_still_claims_the_others(
+    pool: Any, dsn_admin: Any, ledger: LedgerTable, value: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with Fleet(pool, ledger, "lease") as fleet:
+        await _claims_survive(fleet, dsn_admin, ledger, value, caplog)
+
+
+async def _claims_survive(
+    fleet: Fleet, dsn_admin: Any, ledger: LedgerTable, value: str, caplog: pytest.LogCaptureFixture
+) -> None:
     caplog.set_level(logging.WARNING, logger="cronlock")
     await _started(fleet, dsn_admin, ledger)
     await dsn_admin.execute(
@@ -245,7 +259,7 @@ async def test_catch_up_at_start_works_for_the_other_jobs(
         _BAD,
         value,
     )
-    async with Fleet(pool, ledger) as fleet:
+    async with Fleet(pool, ledger, "session") as fleet:
         await _keeps_running(fleet, dsn_admin, ledger, 3)
     caught_up = [
         r.getMessage()
