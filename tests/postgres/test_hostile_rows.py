@@ -22,6 +22,8 @@ from cronlock.postgres import FleetControl, PostgresLocker
 from cronlock.postgres import _control as control_module
 from cronlock.postgres._ledger import LedgerTable
 
+from .test_cli_pg import cli
+
 pytestmark = pytest.mark.postgres
 
 HOSTILE = ["4713-01-01 BC", "infinity", "-infinity", "9999-12-31 23:59:59+00"]
@@ -304,3 +306,31 @@ async def test_a_hostile_crashed_row_does_not_stop_upkeep(
     await _keeps_running(fleet, dsn_admin, ledger, 2)
     assert _warned(caplog, repr(_BAD), ledger.runs, "slot=")
     assert _trouble(caplog) == []
+
+
+@pytest.mark.parametrize("value", HOSTILE[:2])
+async def test_status_reads_a_hostile_lease_and_jobs_row(
+    fleet: Fleet, dsn_admin: Any, ledger: LedgerTable, value: str
+) -> None:
+    """A lease (read by ``status`` for *lock held by*) and a schedule note with hostile
+    times: the command line shows the jobs, without a traceback."""
+    await _started(fleet, dsn_admin, ledger)
+    await dsn_admin.execute(
+        f"""INSERT INTO {ledger.leases} (job, slot, holder, expires_at)
+            VALUES ($1, $2::text::timestamptz, 'elsewhere', now() + interval '1 hour')""",
+        _BAD,
+        value,
+    )
+    await dsn_admin.execute(
+        f"""INSERT INTO {ledger.jobs} (job, schedule, next_run, due)
+            VALUES ($1, 'every 1s', $2::text::timestamptz, $2::text::timestamptz)
+            ON CONFLICT (job) DO UPDATE SET next_run = EXCLUDED.next_run, due = EXCLUDED.due""",
+        _BAD,
+        value,
+    )
+    shown = await cli("status", "--dsn", _DSN, "--table", ledger.table)
+    assert shown.returncode == 0, shown.stderr
+    assert "Traceback" not in shown.stderr
+    assert any(line.startswith(_BAD) for line in shown.stdout.splitlines())
+    assert "next_run=" in shown.stderr  # the note's odd time, named
+    await _keeps_running(fleet, dsn_admin, ledger, 2)

@@ -1,9 +1,9 @@
-"""The run ledger's SQL: table names, quoting, schema migration, statements, row mapping.
+"""The run ledger's SQL: table names, quoting, schema migration, statements.
 
 A ledger is one table of runs keyed by (job, slot) plus a small table of job schedules.
 Every statement here is parameterized; the only text spliced into SQL is identifiers,
 always through :func:`quote_ident`. The locker and the ledger verbs of the command line
-run them.
+run them. A run's columns and their decoding live in :mod:`._decode` (re-exported here).
 """
 
 from __future__ import annotations
