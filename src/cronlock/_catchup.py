@@ -123,12 +123,20 @@ class CatchUp:
                 summary = found.get(job.name)
                 if summary is None or job._scheduler is None:
                     continue  # the ledger never saw it (a new job starts fresh), or removed
-                job._checked(now)
-                job._learn(summary.last_run, summary.last_success)
-                self.decide(job, summary.last_claimed, started, jobs[job])
+                try:
+                    job._checked(now)
+                    job._learn(summary.last_run, summary.last_success)
+                    self.decide(job, summary.last_claimed, started, jobs[job])
+                except Exception:
+                    # One job's odd history (a bug, a row no check foresaw) must not cost
+                    # the catch-up of the others.
+                    _logger.exception("job %r: catch-up failed", job.name, extra=at(job.name))
         for job in single:
             if job._scheduler is not None:  # still registered
-                await self.one(job, started, jobs[job])
+                try:
+                    await self.one(job, started, jobs[job])
+                except Exception:
+                    _logger.exception("job %r: catch-up failed", job.name, extra=at(job.name))
 
     async def one(self, job: Job, started: datetime, planned: datetime | None) -> None:
         """Catch up on one *job* through its ledger, one read at a time."""

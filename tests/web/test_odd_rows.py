@@ -67,19 +67,18 @@ async def test_every_page_renders_odd_rows(server: Served) -> None:
         listing = await client.get("/")
         assert listing.status_code == 200, listing.text[:500]
         assert "every 1.2.3s" in listing.text and "every 1000000d" in listing.text
-        assert "slot invalid" in listing.text  # run-bc's last run
         api = await client.get("/api/jobs")
         assert api.status_code == 200, api.text[:500]
         jobs = {job["name"]: job for job in api.json()["jobs"]}
         assert set(jobs) == {"healthy", *ODD}
-        assert jobs["run-bc"]["last_run"]["slot"] is None  # not a readable instant
+        # A run whose slot no one can read is left out (and reported in the log), as the
+        # replicas and the command line leave it out (cronlock.postgres._decode).
+        assert jobs["run-bc"]["last_run"] is None
         assert jobs["next-bc"]["next_slots"] == []
         for job in ["healthy", *ODD]:
             page = await client.get(f"/jobs/{quote(job)}")
             assert page.status_code == 200, (job, page.text[:500])
             runs = await client.get(f"/api/jobs/{quote(job)}/runs")
             assert runs.status_code == 200, (job, runs.text[:500])
-        odd_run = (await client.get("/jobs/run-bc")).text
-        assert odd_run.count("<td>invalid</td>") == 2  # its slot and its start
-        late = (await client.get("/api/jobs/run-9999/runs")).json()["runs"]
-        assert [run["slot"] for run in late] == [None]  # past what the pages compute with
+        for job in ("run-bc", "run-9999", "run-infinity", "slot-minus-infinity"):
+            assert (await client.get(f"/api/jobs/{job}/runs")).json()["runs"] == [], job

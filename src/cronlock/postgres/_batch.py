@@ -34,7 +34,7 @@ from .._logs import at, get_logger
 from ._advisory import UNLOCK_SQL
 from ._backend_errors import SessionGone, backend_error_types, backend_errors
 from ._batchsql import TRY_LOCK_MANY_SQL, UNLOCK_MANY_SQL, Prefixed
-from ._ledger import to_record
+from ._decode import decode_run
 
 if TYPE_CHECKING:
     from .._records import RunRecord
@@ -123,6 +123,8 @@ class Batcher:
         self._holder = () if exclusion is None else exclusion.holder_args
         # Session mode: a lease lives and dies with the session it was granted on.
         self._bound = exclusion is None or exclusion.session_bound
+        ledger = None if exclusion is None else exclusion.table
+        self._runs = "" if ledger is None else ledger.runs
         self._claims: list[_Claim] = []
         self._ends: list[_End] = []
         self._flush: asyncio.Task[None] | None = None
@@ -275,9 +277,9 @@ class Batcher:
         for row in rows:
             if row["started_at"] is not None:
                 continue
+            claim = claims[row["i"] - 1]
             if not self._bound and row["stray"]:
                 # Lease mode: a lease taken for a slot claimed meanwhile goes straight back.
-                claim = claims[row["i"] - 1]
                 self.end(generation, claim.job, claim.key, claim.slot, None, undo=True)
             refusal: Refusal
             if row["paused"]:
@@ -286,8 +288,9 @@ class Batcher:
                 refusal = "already_ran" if row["ran"] or row["got"] else "locked"
             told: Told = (None, None)
             if row["p_slot"] is not None:
-                last = to_record(Prefixed(row, "p_"))
-                told = (last, last if last.outcome == "succeeded" else None)
+                last = decode_run(Prefixed(row, "p_"), table=self._runs, job=claim.job)
+                if last is not None:
+                    told = (last, last if last.outcome == "succeeded" else None)
             answers[row["i"] - 1] = ClaimAnswer(refusal, generation, told)
         return answers
 

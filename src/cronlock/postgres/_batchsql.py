@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._ledger import RUN, RUN_COLUMNS, LedgerTable
+from ._decode import HIGH, LOW, RUN, RUN_COLUMNS, odd_list, slot_in_range
+from ._ledger import LedgerTable
 from ._starts import CLAIMED_START, real_start
 
 __all__ = (
@@ -88,15 +89,16 @@ def claim_many_sql(table: LedgerTable) -> str:
 def told_columns(runs: str) -> str:
     """The end of a claim statement, the same in both modes: the ``p_*`` columns, and the
     ``FROM c`` they come with: for a refused row, the job's latest finished run at or
-    before that slot (one backward step on the primary key, skipped for granted rows)."""
-    return f"""p.slot AS p_slot, p.started_at AS p_started_at,
-               p.finished_at AS p_finished_at, p.outcome AS p_outcome, p.error AS p_error,
-               p.host AS p_host, p.pid AS p_pid, p.attempt AS p_attempt, p.manual AS p_manual
+    before that slot (one backward step on the primary key, skipped for granted rows).
+    Its timestamps are guarded (:mod:`._decode`): a row no replica can read must not fail
+    every claim of the batch."""
+    told = ", ".join(f"p.{column} AS p_{column}" for column in RUN_COLUMNS)
+    return f"""{told}
         FROM c
         LEFT JOIN LATERAL (
             SELECT {RUN} FROM {runs} r
             WHERE c.started_at IS NULL AND r.job = c.job AND r.slot <= c.slot
-              AND r.finished_at IS NOT NULL
+              AND r.finished_at IS NOT NULL AND {slot_in_range("r.slot")}
             ORDER BY r.slot DESC LIMIT 1
         ) p ON true"""
 
@@ -209,31 +211,41 @@ def catch_up_sql(table: LedgerTable) -> str:
 
     Array ``$1`` jobs. Per job: ``claimed``, the latest slot any replica claimed; its
     latest finished run and its latest success (``l_*`` and ``s_*`` columns, NULL when
-    none). Three look-ups on the primary key per job.
+    none). Three look-ups on the primary key per job. Rows whose slot Python cannot hold
+    are none of these (:mod:`._decode`); ``odd_slot`` names the job's latest such row
+    (two more probes), for the caller to report.
     """
     runs = table.runs
     cols = RUN_COLUMNS
     last = ", ".join(f"l.{c} AS l_{c}" for c in cols)
     ok = ", ".join(f"s.{c} AS s_{c}" for c in cols)
+    sane_slot = slot_in_range("r.slot")
     return f"""
-        SELECT u.job, m.slot AS claimed, {last}, {ok}
+        SELECT u.job, m.slot AS claimed, {last}, {ok}, {odd_list([("o.slot", "slot")])} AS odd_slot
         FROM unnest($1::text[]) AS u(job)
         LEFT JOIN LATERAL (
-            SELECT r.slot FROM {runs} r WHERE r.job = u.job ORDER BY r.slot DESC LIMIT 1
+            SELECT r.slot FROM {runs} r WHERE r.job = u.job AND {sane_slot}
+            ORDER BY r.slot DESC LIMIT 1
         ) m ON true
         LEFT JOIN LATERAL (
             SELECT {RUN} FROM {runs} r WHERE r.job = u.job AND r.finished_at IS NOT NULL
-            ORDER BY r.slot DESC LIMIT 1
+              AND {sane_slot} ORDER BY r.slot DESC LIMIT 1
         ) l ON true
         LEFT JOIN LATERAL (
             SELECT {RUN} FROM {runs} r WHERE r.job = u.job AND r.outcome = 'succeeded'
-            ORDER BY r.slot DESC LIMIT 1
-        ) s ON true"""
+              AND {sane_slot} ORDER BY r.slot DESC LIMIT 1
+        ) s ON true
+        LEFT JOIN LATERAL (
+            (SELECT r.slot FROM {runs} r WHERE r.job = u.job AND r.slot > {HIGH} LIMIT 1)
+            UNION ALL
+            (SELECT r.slot FROM {runs} r WHERE r.job = u.job AND r.slot < {LOW} LIMIT 1)
+            LIMIT 1
+        ) o ON true"""
 
 
 class Prefixed:
     """The columns of an answer's *row* named *prefix* + name, read as a ledger row (for
-    :func:`._ledger.to_record`)."""
+    :func:`._decode.decode_run`)."""
 
     __slots__ = ("_prefix", "_row")
 

@@ -31,8 +31,9 @@ from .._names import unknown_job
 from .._records import RunRecord
 from ._backend_errors import backend_errors
 from ._connections import ConnectionSource
+from ._decode import LOW, RUN, decode_run, report_odd, sane, slot_in_range
 from ._firstseen import first_seen_sql
-from ._ledger import DEFAULT_TABLE, RUN, LedgerTable, migrate, to_record
+from ._ledger import DEFAULT_TABLE, LedgerTable, migrate
 from ._session import LockSession
 
 __all__ = (
@@ -81,28 +82,35 @@ def control_sql(table: LedgerTable) -> dict[str, str]:
             RETURNING trigger_slot""",
         "paused": f"SELECT job FROM {control} WHERE paused_at IS NOT NULL ORDER BY job",
         # What a replica polls: paused jobs, and triggers no replica has claimed yet (a
-        # claimed trigger has its row in the ledger) and that are not too old.
+        # claimed trigger has its row in the ledger) and that are not too old. A trigger
+        # slot is the server's time when it was asked for: one later than now (plus a
+        # margin) or before the year 1 was not written by FleetControl, and is reported
+        # (odd), never run (._decode).
         "poll": f"""
             SELECT c.job, c.paused_at IS NOT NULL AS paused,
                    CASE WHEN c.trigger_slot > clock_timestamp() - $1::float8 * interval '1 s'
+                         AND c.trigger_slot <= {_LATEST_TRIGGER}
                          AND NOT EXISTS (SELECT 1 FROM {table.runs} r
                                          WHERE r.job = c.job AND r.slot = c.trigger_slot)
-                        THEN c.trigger_slot END AS trigger_slot
+                        THEN c.trigger_slot END AS trigger_slot,
+                   CASE WHEN c.trigger_slot > {_LATEST_TRIGGER} OR c.trigger_slot < {LOW}
+                        THEN c.trigger_slot::text END AS odd
             FROM {control} c
             WHERE c.paused_at IS NOT NULL OR c.trigger_slot IS NOT NULL""",
-        # $1 jobs: each one's latest finished run and latest success (two index probes).
+        # $1 jobs: each one's latest finished run and latest success (two index probes),
+        # rows of a slot out of range left out (._decode).
         "fleet_runs": f"""
             SELECT u.job, 'last' AS kind, r.* FROM unnest($1::text[]) AS u(job)
             CROSS JOIN LATERAL (
                 SELECT {RUN}
-                FROM {table.runs} WHERE job = u.job AND finished_at IS NOT NULL
-                ORDER BY slot DESC LIMIT 1) r
+                FROM {table.runs} x WHERE x.job = u.job AND x.finished_at IS NOT NULL
+                  AND {slot_in_range("x.slot")} ORDER BY x.slot DESC LIMIT 1) r
             UNION ALL
             SELECT u.job, 'ok' AS kind, r.* FROM unnest($1::text[]) AS u(job)
             CROSS JOIN LATERAL (
                 SELECT {RUN}
-                FROM {table.runs} WHERE job = u.job AND outcome = 'succeeded'
-                ORDER BY slot DESC LIMIT 1) r""",
+                FROM {table.runs} x WHERE x.job = u.job AND x.outcome = 'succeeded'
+                  AND {slot_in_range("x.slot")} ORDER BY x.slot DESC LIMIT 1) r""",
     }
 
 
@@ -122,14 +130,15 @@ async def refuse_unknown(conn: Any, table: LedgerTable, job: str) -> None:
     raise JobLookupError(unknown_job(job, known))
 
 
+_LATEST_TRIGGER = "clock_timestamp() + interval '5 minutes'"
 _KNOWN_SQL = """SELECT EXISTS (SELECT 1 FROM {jobs} WHERE job = $1::text)
                     OR EXISTS (SELECT 1 FROM {runs} WHERE job = $1::text)"""
 # $1 job, $2 slot: the trigger's run, if claimed, and the trigger pending now (a later one
 # replaces an unclaimed earlier one: two requests, one run).
-_TRIGGERED_SQL = """SELECT c.trigger_slot AS pending, r.*
+_TRIGGERED_SQL = f"""SELECT {sane("c.trigger_slot", "pending")}, r.*
     FROM (SELECT 1) one
-    LEFT JOIN {control} c ON c.job = $1::text
-    LEFT JOIN LATERAL (SELECT {run} FROM {runs} WHERE job = $1::text AND slot = $2) r ON true"""
+    LEFT JOIN {{control}} c ON c.job = $1::text
+    LEFT JOIN LATERAL (SELECT {{run}} FROM {{runs}} WHERE job = $1::text AND slot = $2) r ON true"""
 WAIT_EVERY = 0.5
 """Seconds between two reads of the ledger by :meth:`Triggered.wait`."""
 
@@ -174,8 +183,10 @@ class Triggered:
                 while True:
                     row = await self._read(slot)
                     if row["slot"] is not None:
-                        if row["finished_at"] is not None:
-                            return to_record(row)
+                        runs = self._control.ledger.runs
+                        record = decode_run(row, table=runs, job=self.job)
+                        if record is not None and record.finished_at is not None:
+                            return record
                     elif row["pending"] is not None and row["pending"] > slot:
                         slot = row["pending"]
                         continue
@@ -321,6 +332,7 @@ class FleetWatch:
         self._first_seen_sql = first_seen_sql(table.jobs)
         # Each job's first-seen instant never changes once noted: read once a job.
         self._first_seen: dict[str, datetime] = {}
+        self._runs, self._control = table.runs, table.control
         self._sessions = sessions
         self._watchers: list[tuple[FleetCallback, Callable[[], Mapping[str, Health]]]] = []
         self._task: asyncio.Task[None] | None = None
@@ -368,6 +380,10 @@ class FleetWatch:
             except LockError as exc:
                 # The lock sessions log outages themselves; the next read tries again.
                 _logger.debug("reading the fleet's state failed: %s", exc)
+            except Exception:
+                # Anything else is a bug or a row no decoding foresaw: said loudly, and the
+                # watch goes on (pauses, triggers and the fleet's runs must keep coming).
+                _logger.exception("reading the fleet's state failed unexpectedly")
             else:
                 for callback, _ in tuple(self._watchers):
                     try:
@@ -397,6 +413,9 @@ class FleetWatch:
         self.reads += 1
         paused = frozenset(row["job"] for row in rows if row["paused"])
         triggers = {row["job"]: row["trigger_slot"] for row in rows if row["trigger_slot"]}
+        for row in rows:
+            if row["odd"] is not None:
+                report_odd(self._control, row["job"], f"trigger_slot={row['odd']}")
         runs: dict[str, tuple[RunRecord | None, RunRecord | None]] | None = None
         first_seen: dict[str, datetime] | None = None
         # Not spread out: every replica's gauges (overdue, last success) must stay right,
@@ -404,14 +423,16 @@ class FleetWatch:
         if now - self._runs_at >= RUNS_EVERY:
             names = self.names()
             found = await self._read(lambda c: c.fetch(self._sql["fleet_runs"], names))
-            last = {row["job"]: to_record(row) for row in found if row["kind"] == "last"}
-            ok = {row["job"]: to_record(row) for row in found if row["kind"] == "ok"}
-            runs = {name: (last.get(name), ok.get(name)) for name in names}
+            self._runs_at = now
+            told: dict[tuple[str, str], RunRecord | None] = {
+                (row["kind"], row["job"]): decode_run(row, table=self._runs, job=row["job"])
+                for row in found
+            }
+            runs = {name: (told.get(("last", name)), told.get(("ok", name))) for name in names}
             seen = self._first_seen
             unknown = [name for name in names if name not in seen]
             if unknown:
                 noted = await self._read(lambda c: c.fetch(self._first_seen_sql, unknown))
                 seen.update((row["job"], row["first_seen"]) for row in noted)
             first_seen = {name: seen[name] for name in names if name in seen}
-            self._runs_at = now
         return FleetView(paused=paused, triggers=triggers, runs=runs, first_seen=first_seen)

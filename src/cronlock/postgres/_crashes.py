@@ -29,7 +29,8 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from .._logs import at, get_logger
-from ._ledger import R_RUN, LedgerTable, to_record
+from ._decode import R_RUN, decode_run
+from ._ledger import LedgerTable
 
 if TYPE_CHECKING:
     from .._locking import CrashCallback
@@ -110,15 +111,19 @@ class CrashWatch:
         "_host",
         "_pid",
         "_recoverable",
+        "_runs",
         "_sql",
         "marked",
         "rerun",
     )
 
-    def __init__(self, sql: str, host: str, args: tuple[object, ...] = ()) -> None:
+    def __init__(
+        self, sql: str, host: str, args: tuple[object, ...] = (), *, runs: str = ""
+    ) -> None:
         # The mode's check (session gone, or lease expired: Exclusion.crashed_sql) and the
-        # arguments it takes after host and pid.
+        # arguments it takes after host and pid; *runs* names the table in what it logs.
         self._sql = sql
+        self._runs = runs
         self._args = args
         self._host = host
         self._pid = os.getpid()
@@ -135,7 +140,9 @@ class CrashWatch:
         *exclusion*: its mode's check; ``None`` without a ledger (nothing to check)."""
         if exclusion is None:
             return None
-        return cls(exclusion.crashed_sql, host, exclusion.holder_args)
+        table = exclusion.table
+        runs = "" if table is None else table.runs
+        return cls(exclusion.crashed_sql, host, exclusion.holder_args, runs=runs)
 
     def on_crashed(self, callback: CrashCallback) -> None:
         """Tell *callback* of each row marked from now on (once, however often added)."""
@@ -162,7 +169,9 @@ class CrashWatch:
             keep_on_server_error=True,
         )
         for row in rows:
-            self._report(row["job"], to_record(row))
+            record = decode_run(row, table=self._runs, job=row["job"])
+            if record is not None:  # marked, but a row no callback could use (._decode)
+                self._report(row["job"], record)
         return len(rows)
 
     def lost(self, job: str, record: RunRecord) -> None:

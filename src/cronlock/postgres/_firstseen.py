@@ -7,6 +7,8 @@ however often its replicas restarted. The column's default sets it when a row is
 
 from __future__ import annotations
 
+from ._decode import slot_in_range
+
 __all__ = ("first_seen_ddl", "first_seen_sql")
 
 
@@ -26,6 +28,7 @@ def first_seen_ddl(jobs: str, runs: str) -> list[str]:
 
 
 def first_seen_sql(jobs: str) -> str:
-    """``$1`` job names: the first-seen instant of those of them the quoted *jobs* table has."""
+    """``$1`` job names: the first-seen instant of those of them the quoted *jobs* table has
+    (one Python cannot hold, a hostile row's, is left out: the replica counts from its start)."""
     return f"""SELECT job, first_seen FROM {jobs}
-               WHERE job = ANY($1::text[]) AND first_seen IS NOT NULL"""
+               WHERE job = ANY($1::text[]) AND {slot_in_range("first_seen")}"""

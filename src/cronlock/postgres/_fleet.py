@@ -14,8 +14,9 @@ from typing import Any, Literal, get_args
 from .._keys import job_lock_key, keyed_lock_key
 from .._records import RunRecord
 from ._control import control_sql
+from ._decode import RUN, decode_run, report_odd
 from ._leasesql import lease_holders_sql
-from ._ledger import RUN, LedgerTable, to_record
+from ._ledger import LedgerTable
 from ._lockkeys import SECRET_NAME
 
 __all__ = (
@@ -176,7 +177,10 @@ async def read_jobs(
     holders = await read_holders(conn, [row["job"] for row in rows], table)
     jobs = []
     for row in rows:
-        last = {r["kind"]: to_record(r) for r in await conn.fetch(table.last_runs_sql, row["job"])}
+        if row["odd"] is not None:  # its odd times read as unknown (._decode)
+            report_odd(table.jobs, row["job"], row["odd"], kept=True)
+        found = await conn.fetch(table.last_runs_sql, row["job"])
+        last = {r["kind"]: decode_run(r, table=table.runs, job=row["job"]) for r in found}
         jobs.append(
             FleetJob(
                 name=row["job"],
@@ -197,9 +201,9 @@ async def read_jobs(
 def _page_sql(table: LedgerTable) -> str:
     return f"""
         SELECT {RUN}
-        FROM {table.runs}
-        WHERE job = $1 AND ($3::timestamptz IS NULL OR slot < $3::timestamptz)
-        ORDER BY slot DESC LIMIT $2"""
+        FROM {table.runs} r
+        WHERE job = $1 AND ($3::timestamptz IS NULL OR r.slot < $3::timestamptz)
+        ORDER BY r.slot DESC LIMIT $2"""
 
 
 async def read_runs(
@@ -211,7 +215,8 @@ async def read_runs(
         rows = await conn.fetch(table.history_sql, job, limit)
     else:
         rows = await conn.fetch(_page_sql(table), job, limit, before)
-    return [to_record(row) for row in rows]
+    decoded = (decode_run(row, table=table.runs, job=job) for row in rows)
+    return [record for record in decoded if record is not None]
 
 
 async def server_now(conn: Any) -> datetime:

@@ -22,7 +22,8 @@ UPDATE`` before renewing or releasing), so statements of different replicas cann
 from __future__ import annotations
 
 from ._batchsql import claim_inputs, end_ctes, told_columns
-from ._ledger import R_RUN, LedgerTable
+from ._decode import R_RUN, sane
+from ._ledger import LedgerTable
 from ._starts import CLAIMED_START
 
 __all__ = (
@@ -227,6 +228,6 @@ def lease_late_finish_sql(table: LedgerTable) -> str:
 def lease_holders_sql(table: LedgerTable) -> str:
     """``$1`` jobs: each one's unexpired lease (job, holder, slot, host, pid) right now."""
     return f"""
-        SELECT x.job, x.holder, x.slot, r.host, r.pid FROM {table.leases} x
+        SELECT x.job, x.holder, {sane("x.slot", "slot")}, r.host, r.pid FROM {table.leases} x
         LEFT JOIN {table.runs} r ON r.job = x.job AND r.slot = x.slot
         WHERE x.job = ANY($1::text[]) AND x.expires_at > clock_timestamp()"""

@@ -1,9 +1,9 @@
-"""The run ledger's SQL: table names, quoting, schema migration, statements, row mapping.
+"""The run ledger's SQL: table names, quoting, schema migration, statements.
 
 A ledger is one table of runs keyed by (job, slot) plus a small table of job schedules.
 Every statement here is parameterized; the only text spliced into SQL is identifiers,
 always through :func:`quote_ident`. The locker and the ledger verbs of the command line
-run them.
+run them. A run's columns and their decoding live in :mod:`._decode` (re-exported here).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from .._errors import LedgerNameError
 from .._keys import job_lock_key, ledger_lock_key
-from .._records import RunRecord
+from ._decode import R_RUN, RUN, RUN_COLUMNS, odd_list, sane, slot_in_range, to_record
 from ._firstseen import first_seen_ddl
 from ._starts import real_start
 
@@ -37,18 +37,9 @@ DEFAULT_TABLE = "cronlock_runs"
 # PostgreSQL truncates identifiers to NAMEDATALEN - 1 bytes; a longer name would silently
 # become another name, so it is refused instead.
 _MAX_IDENTIFIER = 63
-_OUTCOMES = frozenset({"succeeded", "failed", "timed_out", "cancelled", "lock_lost", "crashed"})
 # The columns of the runs and jobs tables a ledger made by an older cronlock lacks (no name
 # is in both tables); migrate() adds them.
 _ADDED_COLUMNS = ("session", "attempt", "manual", "grace", "due", "grace_until", "first_seen")
-
-_RUN_NAMES = "slot started_at finished_at outcome error host pid attempt manual"
-RUN_COLUMNS = tuple(_RUN_NAMES.split())
-"""The columns of a run that :func:`to_record` reads: every read of runs selects these."""
-RUN = ", ".join(RUN_COLUMNS)
-""":data:`RUN_COLUMNS` as a select list."""
-R_RUN = ", ".join(f"r.{column}" for column in RUN_COLUMNS)
-""":data:`RUN_COLUMNS` of the runs table aliased ``r`` (for ``RETURNING``)."""
 
 LedgerState = Literal["missing", "old", "current"]
 """A ledger's tables are missing, lack a table or column this cronlock uses, or are current."""
@@ -82,25 +73,6 @@ def _derived(table: str, suffix: str) -> str:
     room = _MAX_IDENTIFIER - len(suffix) - len(digest) - 1
     head = table.encode()[:room].decode(errors="ignore")
     return f"{head}_{digest}{suffix}"
-
-
-def to_record(row: Any) -> RunRecord:
-    """A ledger row (:data:`RUN_COLUMNS`) as a record.
-
-    A row without an outcome is ``"unfinished"``: still running, its replica died moments
-    ago, or it was released without an outcome (then *finished_at* is set).
-    """
-    outcome = row["outcome"]
-    return RunRecord(
-        slot=row["slot"],
-        started_at=row["started_at"],
-        finished_at=row["finished_at"],
-        outcome=outcome if outcome in _OUTCOMES else "unfinished",
-        error=row["error"],
-        owner=f"{row['host']}:{row['pid']}",
-        attempt=row["attempt"],
-        manual=row["manual"],
-    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -292,26 +264,28 @@ class LedgerTable:
     @property
     def last_claimed_sql(self) -> str:
         """``$1`` job: the latest slot any replica claimed."""
-        return f"SELECT max(slot) FROM {self.runs} WHERE job = $1"
+        return f"SELECT max(slot) FROM {self.runs} WHERE job = $1 AND {slot_in_range('slot')}"
 
     @property
     def last_runs_sql(self) -> str:
-        """``$1`` job: rows ('last', latest finished run) and ('ok', latest success)."""
+        """``$1`` job: rows ('last', latest finished run) and ('ok', latest success), and
+        ('failed', latest failure); a row whose slot is out of range is none of them."""
+        cols, sane_slot = RUN, slot_in_range("r.slot")
         return f"""
-            (SELECT 'last' AS kind, {RUN} FROM {self.runs}
-             WHERE job = $1 AND finished_at IS NOT NULL ORDER BY slot DESC LIMIT 1)
+            (SELECT 'last' AS kind, {cols} FROM {self.runs} r WHERE job = $1
+             AND finished_at IS NOT NULL AND {sane_slot} ORDER BY r.slot DESC LIMIT 1)
             UNION ALL
-            (SELECT 'ok' AS kind, {RUN} FROM {self.runs}
-             WHERE job = $1 AND outcome = 'succeeded' ORDER BY slot DESC LIMIT 1)
+            (SELECT 'ok' AS kind, {cols} FROM {self.runs} r WHERE job = $1
+             AND outcome = 'succeeded' AND {sane_slot} ORDER BY r.slot DESC LIMIT 1)
             UNION ALL
-            (SELECT 'failed' AS kind, {RUN} FROM {self.runs}
-             WHERE job = $1 AND outcome <> 'succeeded' ORDER BY slot DESC LIMIT 1)"""
+            (SELECT 'failed' AS kind, {cols} FROM {self.runs} r WHERE job = $1
+             AND outcome <> 'succeeded' AND {sane_slot} ORDER BY r.slot DESC LIMIT 1)"""
 
     @property
     def history_sql(self) -> str:
         """``$1`` job, ``$2`` limit: the latest runs, newest first."""
         return f"""
-            SELECT {RUN} FROM {self.runs} WHERE job = $1 ORDER BY slot DESC LIMIT $2"""
+            SELECT {RUN} FROM {self.runs} r WHERE job = $1 ORDER BY r.slot DESC LIMIT $2"""
 
     @property
     def jobs_sql(self) -> str:
@@ -328,8 +302,9 @@ class LedgerTable:
                         ORDER BY r.job LIMIT 1)
                 FROM seen WHERE seen.job IS NOT NULL
             )
-            SELECT coalesce(j.job, s.job) AS job, j.schedule, j.next_run, j.updated_at,
-                   j.grace, j.due
+            SELECT coalesce(j.job, s.job) AS job, j.schedule, {sane("j.next_run", "next_run")},
+                   {sane("j.updated_at", "updated_at")}, j.grace, {sane("j.due", "due")},
+                   {odd_list((f"j.{c}", c) for c in ("next_run", "updated_at", "due"))} AS odd
             FROM {self.jobs} j
             FULL JOIN (SELECT job FROM seen WHERE job IS NOT NULL) s ON s.job = j.job
             ORDER BY 1"""

@@ -17,7 +17,8 @@ from .._keys import job_lock_key
 from .._locking import LedgerSummary
 from ._backend_errors import backend_errors
 from ._batchsql import Prefixed, catch_up_sql
-from ._ledger import LedgerTable, to_record
+from ._decode import decode_run, report_odd
+from ._ledger import LedgerTable
 
 if TYPE_CHECKING:
     from .._records import RunRecord
@@ -61,7 +62,8 @@ class LedgerReads:
             return None, None
         sql = self._table.last_runs_sql
         rows = await self._read(job, lambda s: s.fetch(sql, job))
-        found = {row["kind"]: to_record(row) for row in rows}
+        runs = self._table.runs
+        found = {row["kind"]: decode_run(row, table=runs, job=job) for row in rows}
         return found.get("last"), found.get("ok")
 
     async def history(self, job: str, limit: int) -> list[RunRecord]:
@@ -70,7 +72,8 @@ class LedgerReads:
             return []
         sql = self._table.history_sql
         rows = await self._read(job, lambda s: s.fetch(sql, job, limit))
-        return [to_record(row) for row in rows]
+        runs = self._table.runs
+        return [r for row in rows if (r := decode_run(row, table=runs, job=job)) is not None]
 
     async def summaries(self, jobs: Sequence[str]) -> Mapping[str, LedgerSummary]:
         """Each job's latest claimed slot, latest finished run and latest success.
@@ -78,8 +81,8 @@ class LedgerReads:
         One statement per :data:`READ_BATCH` jobs, on the first job's shard. Jobs without
         a row are left out; empty without a ledger.
         """
-        sql = self._catch_up_sql
-        if sql is None or not jobs:
+        sql, table = self._catch_up_sql, self._table
+        if sql is None or table is None or not jobs:
             return {}
         found: dict[str, LedgerSummary] = {}
         names = list(dict.fromkeys(jobs))
@@ -87,11 +90,18 @@ class LedgerReads:
             chunk = names[start : start + READ_BATCH]
             rows: list[Any] = await self._read(chunk[0], functools.partial(_fetch, sql, chunk))
             for row in rows:
+                job = row["job"]
+                if row["odd_slot"] is not None:
+                    report_odd(table.runs, job, row["odd_slot"])
                 if row["claimed"] is None:
                     continue
-                last = to_record(Prefixed(row, "l_")) if row["l_slot"] is not None else None
-                ok = to_record(Prefixed(row, "s_")) if row["s_slot"] is not None else None
-                found[row["job"]] = LedgerSummary(row["claimed"], last, ok)
+                last, ok = (
+                    None
+                    if row[f"{prefix}slot"] is None
+                    else decode_run(Prefixed(row, prefix), table=table.runs, job=job)
+                    for prefix in ("l_", "s_")
+                )
+                found[job] = LedgerSummary(row["claimed"], last, ok)
         return found
 
     async def _read(self, job: str, call: Callable[[Any], Awaitable[_T]]) -> _T:

@@ -276,6 +276,11 @@ class Upkeep:
             # a server error on upkeep leaves it sound, and says something is wrong.
             self._complaints.failed(duty, exc)
             return None
+        except Exception:
+            # A bug, or a row no decoding foresaw: said loudly, and upkeep goes on (its
+            # heartbeats and crash checks must not stop in silence).
+            _logger.exception("lock session upkeep (%s) failed unexpectedly", duty)
+            return None
         self._complaints.succeeded(duty)
         return result
 

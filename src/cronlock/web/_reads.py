@@ -55,7 +55,7 @@ def _wrapped(sql: str, columns: tuple[str, ...], order: str = "") -> str:
 def rewrites(table: LedgerTable) -> dict[str, str]:
     """Each fleet read of *table* that returns instants or error texts, and what runs
     instead (made once per table). Another statement is run as it is."""
-    jobs = ("job", "schedule", "next_run", "updated_at", "grace", "due")
+    jobs = ("job", "schedule", "next_run", "updated_at", "grace", "due", "odd")
     return {
         table.jobs_sql: _wrapped(table.jobs_sql, jobs, " ORDER BY 1"),
         table.last_runs_sql: _wrapped(table.last_runs_sql, ("kind", *RUN_COLUMNS)),
