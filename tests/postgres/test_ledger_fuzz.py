@@ -1,6 +1,7 @@
 """Random odd rows in a real ledger while a replica runs (issue 24): it keeps running its
-healthy job every slot, a trigger still reaches it, and the command line's status and
-history read the ledger without a traceback.
+healthy job every slot, a trigger still reaches it, the command line's status and
+history read the ledger without a traceback, and the dashboard (a real server) answers
+every page and API read.
 
 The rows come from a seeded generator (the seed is in the test's name: a failure replays):
 timestamps at and past the edges of what Python holds, huge and odd text (no NUL: the
@@ -17,7 +18,9 @@ import os
 import random
 import uuid
 from typing import Any
+from urllib.parse import quote
 
+import httpx
 import pytest
 
 from cronlock import Scheduler, daily, every
@@ -25,6 +28,7 @@ from cronlock.postgres import FleetControl, PostgresLocker
 from cronlock.postgres import _control as control_module
 from cronlock.postgres._ledger import LedgerTable
 
+from ..web.realserver import served
 from .test_cli_pg import cli
 
 pytestmark = pytest.mark.postgres
@@ -186,3 +190,12 @@ async def test_random_odd_rows_never_stop_the_replica_or_the_cli(
     table = ["--dsn", pg_dsn, "--table", ledger.table]
     for args in (["status", "--check"], ["status"], *(["history", job] for job in odd[:3])):
         _traceback_free(await cli(*args, *table))
+    # The dashboard, a real server, answers every page and API read (its log: no traceback).
+    env = {"CRONLOCK_WEB_DSN": pg_dsn, "CRONLOCK_WEB_TABLE": ledger.table}
+    async with served(env) as web, httpx.AsyncClient(base_url=web.base) as client:
+        paths = ["/", "/api/jobs"]
+        for job in ["healthy", *odd]:
+            paths += [f"/jobs/{quote(job, safe='')}", f"/api/jobs/{quote(job, safe='')}/runs"]
+        for path in paths:
+            answer = await client.get(path)
+            assert answer.status_code == 200, (path, answer.text[:500])
