@@ -9,14 +9,11 @@ then libpq's ``PG*`` variables, keep the password out of ``ps``.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
-import subprocess
-import sys
 import traceback
 import uuid
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import urlsplit
@@ -26,6 +23,8 @@ import pytest
 from cronlock import LockError
 from cronlock.postgres import PostgresLocker, locked_run
 from cronlock.postgres._ledger import quote_ident
+
+from .test_cli_pg import cli
 
 pytestmark = pytest.mark.postgres
 
@@ -41,20 +40,6 @@ def _env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in _PG_VARS and k != "CRONLOCK_DSN"}
     env.update(extra)
     return env
-
-
-async def cli(*args: str, env: Mapping[str, str]) -> subprocess.CompletedProcess[str]:
-    def run() -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "cronlock", *args],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-            env=dict(env),
-        )
-
-    return await asyncio.to_thread(run)
 
 
 def _no_password(text: str) -> None:

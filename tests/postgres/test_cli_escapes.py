@@ -6,9 +6,6 @@ nor ``history`` (issue 24, item 4)."""
 
 from __future__ import annotations
 
-import asyncio
-import subprocess
-import sys
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -16,6 +13,8 @@ import asyncpg
 import pytest
 
 from tests.web.seed import Run, seed, table_name
+
+from .test_cli_pg import cli
 
 pytestmark = pytest.mark.postgres
 
@@ -29,19 +28,6 @@ SCHEDULE = f"every 1h{CLEAR}"
 # Characters that must never reach a terminal raw.
 RAW = {chr(c) for c in [*range(0x20), *range(0x7F, 0xA0), *range(0x202A, 0x202F)]}
 RAW |= {chr(c) for c in range(0x2066, 0x206A)}
-
-
-async def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    def run() -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "cronlock", *args],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
-
-    return await asyncio.to_thread(run)
 
 
 def _raw_in(text: str) -> set[str]:

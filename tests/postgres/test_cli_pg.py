@@ -6,7 +6,7 @@ import asyncio
 import subprocess
 import sys
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -21,7 +21,10 @@ pytestmark = pytest.mark.postgres
 SLOT = datetime(2030, 1, 1, 3, 0, tzinfo=UTC)
 
 
-async def cli(*args: str) -> subprocess.CompletedProcess[str]:
+async def cli(*args: str, env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """``python -m cronlock ARGS`` in a process of its own (with *env*: only that
+    environment), off the event loop."""
+
     def run() -> subprocess.CompletedProcess[str]:
         return subprocess.run(
             [sys.executable, "-m", "cronlock", *args],
@@ -29,6 +32,7 @@ async def cli(*args: str) -> subprocess.CompletedProcess[str]:
             text=True,
             timeout=60,
             check=False,
+            env=None if env is None else dict(env),
         )
 
     return await asyncio.to_thread(run)
