@@ -92,7 +92,8 @@ class Replicas:
         )
 
 
-async def eventually(check: Callable[[], bool], what: str, limit: float = 90.0) -> None:
+async def eventually(check: Callable[[], object], what: str, limit: float = 90.0) -> None:
+    """Wait (polling) until *check()* is true; fail naming *what* after *limit* seconds."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + limit
     while not check():

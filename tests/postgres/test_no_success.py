@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import Any
 
@@ -18,6 +18,8 @@ from cronlock import JobSucceeded, Schedule, Scheduler, daily
 from cronlock.postgres import PostgresLocker, _control, _upkeep
 from cronlock.postgres._ledger import LedgerTable, ledger_state, migrate, quote_ident
 from cronlock.prometheus import instrument
+
+from .test_fleet_replicas import eventually
 
 pytestmark = pytest.mark.postgres
 
@@ -43,16 +45,6 @@ def replica(pg_dsn: str, table: LedgerTable, schedule: Schedule | None = None) -
     scheduler = Scheduler(locker=locker, stop_timeout=5)
     scheduler.add_job(lambda: None, schedule or daily("03:00"), name="nightly")
     return scheduler
-
-
-async def eventually(check: Callable[[], object], what: str, limit: float = 15.0) -> None:
-    """Wait (polling) until *check()* is true; fail naming *what* after *limit* seconds."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + limit
-    while not check():
-        if loop.time() > deadline:
-            pytest.fail(f"never happened: {what}")
-        await asyncio.sleep(0.05)
 
 
 async def note(admin: Any, table: LedgerTable) -> Any:
