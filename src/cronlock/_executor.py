@@ -22,7 +22,7 @@ from ._events import (
     JobTimedOut,
     LockLost,
 )
-from ._guard import Deadlines, Lane, RunGuard
+from ._guard import Deadlines, Lane, RunGuard, take_back
 from ._interval import IntervalSchedule
 from ._job import Job
 from ._locking import Elector, Lease, LosableLease, RecordingLease, lease_hooks
@@ -194,29 +194,27 @@ class Executor:
                     return
                 self._done(job, slot, started, result)
                 return
-            # RunGuard's rules, inline: at the deadline the lane cancels the task; on the way
-            # out our cancel is taken back, and a cancellation that was only ours is a timeout.
+            # RunGuard's rules, inline: at the deadline the lane cancels the task (and drops
+            # its entry); on the way out take_back() decides whose cancellation it was.
             assert task is not None
             cancelling = task.cancelling()
             lane.watch(task)
             try:
                 result = await job.call(slot, started, number)
-            except asyncio.CancelledError:
-                if not lane.drop(task) and task.uncancel() <= cancelling:
+            except asyncio.CancelledError as exc:
+                if not lane.drop(task) and take_back(task, cancelling, exc):
                     self._timed_out(job, slot, started, lane.seconds)
                     return
                 self._cancelled(job, slot, started, None)
                 raise
             except Exception as exc:
-                if not lane.drop(task):
-                    task.uncancel()
-                    if isinstance(exc, TimeoutError):
-                        self._timed_out(job, slot, started, lane.seconds)
-                        return
+                if not lane.drop(task) and take_back(task, cancelling, exc):
+                    self._timed_out(job, slot, started, lane.seconds)
+                    return
                 self._failed(job, slot, started, exc, None)
                 return
             if lane.entries.pop(task, None) is None:  # lane.drop(), inline: the hot path
-                task.uncancel()  # expired as it returned: take our cancel back
+                take_back(task, cancelling, None)  # expired as it returned: a success
             # _done(), inline: this is the hot path
             finished = self._clock.now()
             job._succeeded((slot, started, finished, "succeeded"))
@@ -311,9 +309,9 @@ class Executor:
             self._cancelled(job, slot, started, lease)
             raise
         except Exception as exc:
-            if guard.reason == "timeout" and isinstance(exc, TimeoutError):
+            if guard.ended_run and guard.reason == "timeout":
                 return self._timed_out(job, slot, started, timeout, lease)
-            if guard.reason == "lock_lost" and isinstance(exc, TimeoutError):
+            if guard.ended_run:  # its lock was lost
                 finished = clock.now()
                 _lock_logger.error(
                     "job %r slot %s cancelled: its lock was lost (%s)",
