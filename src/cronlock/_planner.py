@@ -3,7 +3,7 @@
 :class:`Planner` owns the heap: it makes every entry (:meth:`Planner.entry`: the
 tie-breaker; the job's first slot after an instant, its jitter, its claim ahead) and is the
 only code that changes the heap; the run loop (:mod:`cronlock._runloop`) reads the earliest
-entry and asks the planner to drop it, replace it with the next (:meth:`Planner.advance`) or
+entry and asks the planner to drop it, replace it with the next (``Planner.replace``) or
 queue another (:meth:`Planner.push`). An entry names its job and the plan's generation: a
 job re-planned, paused or removed leaves stale entries, dropped when they come first.
 """
@@ -11,6 +11,7 @@ job re-planned, paused or removed leaves stale entries, dropped when they come f
 from __future__ import annotations
 
 import contextlib
+import functools
 import heapq
 import itertools
 import random
@@ -53,6 +54,11 @@ class Planner:
         self._seq = itertools.count()
         self._draw = random.Random().getrandbits  # seeded from the OS: each replica its own
         self._poke = poke
+        # The fast path fired the earliest entry: replace it with the job's next (an entry
+        # made by entry()), one sift where a pop and a push take two, and one C call.
+        self.replace: Callable[[Entry], Entry] = functools.partial(heapq.heapreplace, self.heap)
+        # Remove the earliest entry (fired by the general rules, or stale).
+        self.drop: Callable[[], Entry] = functools.partial(heapq.heappop, self.heap)
 
     def entry(self, job: Job, fire: datetime, slot: datetime, fast: Fast | None) -> Entry:
         """The heap entry of *slot* of *job*, due at *fire*, in the job's current plan
@@ -72,15 +78,6 @@ class Planner:
         heapq.heappush(self.heap, entry)
         if self.heap[0] is entry:
             self._poke()  # the new entry is the earliest: the loop sleeps too long
-
-    def advance(self, job: Job, slot: datetime, fast: Fast) -> None:
-        """The fast path fired the earliest entry, *job*'s: replace it with *slot*'s, due at
-        *slot* (one sift, where a pop and a push take two)."""
-        heapq.heapreplace(self.heap, self.entry(job, slot, slot, fast))
-
-    def drop(self) -> None:
-        """Remove the earliest entry (fired by the general rules, or stale)."""
-        heapq.heappop(self.heap)
 
     def schedule(self, job: Job, after: datetime) -> None:
         """Queue the job's first slot strictly after *after* (or mark it exhausted)."""

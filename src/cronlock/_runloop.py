@@ -86,7 +86,7 @@ class RunLoop:
         self._main: asyncio.Task[None] | None = None
         self._helpers: set[asyncio.Task[None]] = set()
         self._loop = asyncio.get_running_loop()  # made by Scheduler.start, in its loop
-        self._ended = self._finished  # bound once: the direct path hands it to every run
+        self._ended = self._finished  # bound once: every direct run is handed it
         self._fasts: dict[Fast, Fast] = {}  # one tuple for jobs alike
 
     def unschedule(self, job: Job) -> None:
@@ -183,12 +183,12 @@ class RunLoop:
     def fire_due(self, now: datetime, limit: int = -1) -> bool:
         """One pass of the run loop: fire the slots due by *now* (at most *limit*: then True)."""
         heap = self._heap
-        advance, drop = self._planner.advance, self._planner.drop
-        run_direct = self._executor.run_direct
+        planner = self._planner
+        entry_of, replace, drop = planner.entry, planner.replace, planner.drop
+        run_direct, spawn, ended = self._executor.run_direct, self._spawn_run, self._ended
         create_task: Callable[..., asyncio.Task[Any]] = self._loop.create_task
         if self._loop.get_task_factory() is None:  # what create_task() would do, one call less
             create_task = functools.partial(asyncio.Task, loop=self._loop)
-        tasks = self._tasks
         jobs = self._jobs
         while heap and heap[0][0] <= now:
             if not limit:
@@ -209,11 +209,9 @@ class RunLoop:
                 step, grace, lane = fast
                 following = slot + step
                 if following > now and now - slot <= grace:
-                    advance(job, following, fast)
-                    number = job._launch(following)
-                    self._running += 1
-                    coro = run_direct(job, slot, number, lane, self._ended)
-                    tasks[create_task(coro, name=RUN_TASK + name)] = job
+                    replace(entry_of(job, following, following, fast))
+                    job._launch(following)  # planned and admitted
+                    spawn(job, run_direct(job, slot, lane, ended), create_task)
                     continue
             drop()
             self._fire(job, fire, slot, now)
@@ -341,14 +339,25 @@ class RunLoop:
         waiter: asyncio.Future[JobEvent] | None,
         replaced: tuple[asyncio.Task[Any], ...] = (),
     ) -> None:
+        """Start an admitted run: on the direct path when nobody waits for it and no run it
+        replaces must end first (the fast path's runs are these too), else the general."""
+        executor = self._executor
+        if waiter is None and not replaced and executor.takes_direct(job):
+            run = executor.run_direct(job, slot, executor.lane_of(job), self._ended)
+        else:
+            run = self._run(job, slot, waiter, replaced)
+        self._spawn_run(job, run, self._loop.create_task)
+
+    def _spawn_run(
+        self,
+        job: Job,
+        run: Coroutine[Any, Any, None],
+        create_task: Callable[..., asyncio.Task[Any]],
+    ) -> None:
+        """Every run's task starts here: counted in flight and owned by the loop (awaited or
+        cancelled at stop); its coroutine ends in :meth:`_finished`."""
         self._running += 1
-        coro = None
-        if waiter is None and not replaced:
-            coro = self._executor.direct(job, slot, self._ended)
-        if coro is None:
-            coro = self._run(job, slot, waiter, replaced)
-        task = self._loop.create_task(coro, name=RUN_TASK + job.name)
-        self._tasks[task] = job
+        self._tasks[create_task(run, name=RUN_TASK + job.name)] = job
 
     async def _run(
         self,
