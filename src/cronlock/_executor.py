@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import typing
 from asyncio import current_task
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -22,7 +22,7 @@ from ._events import (
     JobTimedOut,
     LockLost,
 )
-from ._guard import Deadlines, Lane, RunGuard
+from ._guard import Deadlines, Lane, RunGuard, take_back
 from ._interval import IntervalSchedule
 from ._job import Job
 from ._locking import Elector, Lease, LosableLease, RecordingLease, lease_hooks
@@ -119,24 +119,12 @@ class Executor:
         return job.timeout if job.timeout is not None else self._default_timeout
 
     def takes_direct(self, job: Job) -> bool:
-        """Whether runs of *job* can take the direct path (see :meth:`direct`)."""
+        """Whether runs of *job* nobody waits for can take the direct path (see
+        :meth:`run_direct`): no elector or locker to ask, and no timeout or one on the real
+        clock's shared timers."""
         return not job._wiring.coordinated and (
             self._deadlines is not None or self.timeout_of(job) is None
         )
-
-    def direct(
-        self, job: Job, slot: datetime, ended: Callable[[Job, asyncio.Task[Any] | None], None]
-    ) -> Coroutine[Any, Any, None] | None:
-        """The coroutine of a run task on the direct path, or None if the run needs :meth:`run`.
-
-        The direct path is the common run: no elector or locker to ask, nobody waiting for
-        its event, and its timeout (if any) on the real clock's shared timers. It does in one
-        coroutine what :meth:`run`, ``_execute`` and :class:`RunGuard` do in four, and calls
-        *ended* with the task last.
-        """
-        if not self.takes_direct(job):
-            return None
-        return self.run_direct(job, slot, None, self.lane_of(job), ended)
 
     def fast_of(self, job: Job) -> tuple[timedelta, timedelta, Lane | None] | None:
         """What the run loop's fast path needs to fire *job*: (step to the next slot, misfire
@@ -168,74 +156,50 @@ class Executor:
         self,
         job: Job,
         slot: datetime,
-        number: int | None,
         lane: Lane | None,
         ended: Callable[[Job, asyncio.Task[Any] | None], None],
     ) -> None:
-        """Run *slot* of *job* on the direct path (see :meth:`direct`) under *lane*'s
-        timeout as run *number*: the run loop's fast path has begun the run already; None:
-        begin it here."""
+        """Run *slot* of *job* on the direct path (the common run: see :meth:`takes_direct`;
+        nobody waits for its event), under *lane*'s timeout (None: none). One coroutine does
+        what :meth:`run`, ``_execute`` and :class:`RunGuard` do; the outcome goes to the same
+        recorders; *ended* is called with the task last."""
         task = current_task(self._loop)
+        assert task is not None
         try:
-            if number is None:
-                number = job._begin()
+            number = job._begin()
             bus = self._bus
             started = self._clock.now()
             if not bus.silent and bus.wants(JobStarted):
                 bus.emit(JobStarted(job.name, slot, started, number))
-            if lane is None:
-                try:
-                    result = await job.call(slot, started, number)
-                except asyncio.CancelledError:
-                    self._cancelled(job, slot, started, None)
-                    raise
-                except Exception as exc:
-                    self._failed(job, slot, started, exc, None)
-                    return
-                self._done(job, slot, started, result)
-                return
-            # RunGuard's rules, inline: at the deadline the lane cancels the task; on the way
-            # out our cancel is taken back, and a cancellation that was only ours is a timeout.
-            assert task is not None
-            cancelling = task.cancelling()
-            lane.watch(task)
+            cancelling = 0
+            if lane is not None:
+                # RunGuard's rules, inline: at the deadline the lane cancels the task (and
+                # drops its entry); on the way out take_back() says whose cancellation it was.
+                cancelling = task.cancelling()
+                lane.watch(task)
             try:
                 result = await job.call(slot, started, number)
-            except asyncio.CancelledError:
-                if not lane.drop(task) and task.uncancel() <= cancelling:
+            except asyncio.CancelledError as exc:
+                if lane is not None and not lane.drop(task) and take_back(task, cancelling, exc):
                     self._timed_out(job, slot, started, lane.seconds)
                     return
                 self._cancelled(job, slot, started, None)
                 raise
             except Exception as exc:
-                if not lane.drop(task):
-                    task.uncancel()
-                    if isinstance(exc, TimeoutError):
-                        self._timed_out(job, slot, started, lane.seconds)
-                        return
+                if lane is not None and not lane.drop(task) and take_back(task, cancelling, exc):
+                    self._timed_out(job, slot, started, lane.seconds)
+                    return
                 self._failed(job, slot, started, exc, None)
                 return
-            if lane.entries.pop(task, None) is None:  # lane.drop(), inline: the hot path
-                task.uncancel()  # expired as it returned: take our cancel back
-            # _done(), inline: this is the hot path
-            finished = self._clock.now()
-            job._succeeded((slot, started, finished, "succeeded"))
-            if not bus.silent and bus.wants(JobSucceeded):
-                bus.emit(JobSucceeded(job.name, slot, started, finished, result))
+            if lane is not None and lane.entries.pop(task, None) is None:  # lane.drop()
+                take_back(task, cancelling, None)  # expired as it returned: still a success
+            self._succeeded(job, slot, started, result, False, None)
         except Exception:  # a bug of ours: never let it kill the scheduler
             _logger.exception(
                 "job %r slot %s: internal error", job.name, slot, extra=at(job.name, slot)
             )
         finally:
             ended(job, task)
-
-    def _done(self, job: Job, slot: datetime, started: datetime, result: object) -> None:
-        """A direct run succeeded: :meth:`_succeeded` for a run nobody waits for."""
-        finished = self._clock.now()
-        job._succeeded((slot, started, finished, "succeeded"))
-        bus = self._bus
-        if not bus.silent and bus.wants(JobSucceeded):
-            bus.emit(JobSucceeded(job.name, slot, started, finished, result))
 
     def _timed_out(
         self,
@@ -275,18 +239,8 @@ class Executor:
         started = clock.now()
         if bus.wants(JobStarted):
             bus.emit(JobStarted(job.name, slot, started, number))
-        timeout = job.timeout if job.timeout is not None else self._default_timeout
+        timeout = self.timeout_of(job)
         coordinated = job._wiring.elected
-        if timeout is None and lease is None and not coordinated:
-            # The common case pays for no timeout machinery at all.
-            try:
-                result = await job.call(slot, started, number)
-            except asyncio.CancelledError:
-                self._cancelled(job, slot, started, None)
-                raise
-            except Exception as exc:
-                return self._failed(job, slot, started, exc, None)
-            return self._succeeded(job, slot, started, result, report, None)
         guard = RunGuard(clock, timeout, self._deadlines)
         if coordinated:
             self._coordinated.add(guard)
@@ -311,9 +265,9 @@ class Executor:
             self._cancelled(job, slot, started, lease)
             raise
         except Exception as exc:
-            if guard.reason == "timeout" and isinstance(exc, TimeoutError):
+            if guard.ended_run and guard.reason == "timeout":
                 return self._timed_out(job, slot, started, timeout, lease)
-            if guard.reason == "lock_lost" and isinstance(exc, TimeoutError):
+            if guard.ended_run:  # its lock was lost
                 finished = clock.now()
                 _lock_logger.error(
                     "job %r slot %s cancelled: its lock was lost (%s)",
@@ -351,6 +305,8 @@ class Executor:
         report: bool,
         lease: Lease | None,
     ) -> JobEvent | None:
+        """A run succeeded (every path records a success here; other outcomes: :meth:`_end`).
+        Its event is returned if *report* (somebody waits for it), else None."""
         finished = self._clock.now()
         if lease is not None:
             record = RunRecord(slot, started, finished, "succeeded")
@@ -359,12 +315,13 @@ class Executor:
         # The hot path: a plain tuple, made into a RunRecord only if somebody reads it, and
         # no event nobody listens to or waits for.
         job._succeeded((slot, started, finished, "succeeded"))
-        wanted = self._bus.wants(JobSucceeded)
+        bus = self._bus
+        wanted = not bus.silent and bus.wants(JobSucceeded)
         if not (report or wanted):
             return None
         event = JobSucceeded(job.name, slot, started, finished, result)
         if wanted:
-            self._bus.emit(event)
+            bus.emit(event)
         return event
 
     def _failed(

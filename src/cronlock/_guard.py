@@ -11,9 +11,29 @@ from typing import Any, Literal
 from ._cancel import cancel_and_wait, task_name
 from ._clock import Clock, loop_clock
 
-__all__ = ("Deadlines", "Lane", "RunGuard")
+__all__ = ("Deadlines", "Lane", "RunGuard", "take_back")
 
 Reason = Literal["timeout", "lock_lost"]
+
+
+def take_back(task: asyncio.Task[Any], cancelling: int, exc: BaseException | None) -> bool:
+    """We cancelled *task* (its run's deadline, or its lock lost); the run has now ended by
+    raising *exc* (None: it returned). Take our cancel back, and say whether it is what
+    ended the run: the one rule of whose cancellation it was, for :class:`RunGuard` and the
+    executor's direct path alike.
+
+    *cancelling* is ``task.cancelling()`` as the run began. A ``CancelledError`` is ours
+    only if no other cancel is pending once ours is taken back: when someone else (a
+    shutdown, an "replace" run, the task's owner) cancelled the task too, theirs must go on
+    as ``CancelledError``, or the task would swallow a cancellation asked of it. A
+    ``TimeoutError`` raised after our cancel is ours whatever else is pending (the run
+    turned our cancel into one, as ``asyncio.timeout`` does); anything else (a return, a
+    run that swallowed our cancel and failed) is the run's own outcome.
+    """
+    left = task.uncancel()
+    if isinstance(exc, asyncio.CancelledError):
+        return left <= cancelling
+    return isinstance(exc, TimeoutError)
 
 
 class Deadlines:
@@ -96,7 +116,8 @@ class RunGuard:
     At the deadline, or when ``lose()`` is called (the run's lock or leadership was lost),
     the run's task is cancelled; on the way out that cancellation becomes ``TimeoutError``
     and the task's pending-cancel count is put back, while a cancellation from outside still
-    propagates as ``CancelledError``. ``reason`` tells which one ended the run. On the real
+    propagates as ``CancelledError`` (:func:`take_back`). ``reason`` tells which of the two
+    it was, ``ended_run`` whether it is what ended the run. On the real
     clock deadlines go through the scheduler's shared :class:`Deadlines`; a virtual clock's
     time is not the loop's, so there a watchdog task sleeps on the clock instead.
     """
@@ -109,6 +130,7 @@ class RunGuard:
         "_lane",
         "_seconds",
         "_task",
+        "ended_run",
         "exited",
         "lost_because",
         "reason",
@@ -123,6 +145,7 @@ class RunGuard:
         self._dog: asyncio.Task[None] | None = None
         self._lane: Lane | None = None
         self.exited = False
+        self.ended_run = False  # our cancel (for reason) is what ended the run
         self.reason: Reason | None = None
         self.lost_because: BaseException | None = None
 
@@ -170,7 +193,6 @@ class RunGuard:
             await cancel_and_wait(self._dog)
         if self.reason is not None:
             assert self._task is not None
-            # Take back our cancel; if it was the only one pending, the run ended because
-            # of us: report it as a timeout, not as the task being cancelled.
-            if self._task.uncancel() <= self._cancelling and exc_type is asyncio.CancelledError:
-                raise TimeoutError from exc
+            self.ended_run = take_back(self._task, self._cancelling, exc)
+            if self.ended_run and exc_type is asyncio.CancelledError:
+                raise TimeoutError from exc  # as asyncio.timeout() does

@@ -1,14 +1,17 @@
 """The run loop's plan: each job's next slot as an entry in one heap, ordered by fire time.
 
-:class:`Planner` makes the entries (the job's first slot after an instant, its jitter, its
-claim ahead, a tie-breaker) and keeps the heap; the run loop (:mod:`cronlock._runloop`)
-pops them as they fall due and pushes the next. An entry names its job and the plan's
-generation: a job re-planned, paused or removed leaves stale entries, dropped when popped.
+:class:`Planner` owns the heap: it makes every entry (:meth:`Planner.entry`: the
+tie-breaker; the job's first slot after an instant, its jitter, its claim ahead) and is the
+only code that changes the heap; the run loop (:mod:`cronlock._runloop`) reads the earliest
+entry and asks the planner to drop it, replace it with the next (``Planner.replace``) or
+queue another (:meth:`Planner.push`). An entry names its job and the plan's generation: a
+job re-planned, paused or removed leaves stale entries, dropped when they come first.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import heapq
 import itertools
 import random
@@ -34,24 +37,51 @@ Fast = tuple[timedelta, timedelta, "Lane | None"]
 # By name: an entry with no Fast yet holds nothing the garbage collector has to track.
 Entry = tuple[datetime, int, str, int, datetime, "Fast | None"]
 _ONE_MICROSECOND = timedelta(microseconds=1)
-UNKNOWN: Any = ()  # an entry's Fast until the job's first fire has looked (also: not found)
+# An entry's Fast until the job's first fire has looked: falsy like None (general rules),
+# and the empty tuple, which the garbage collector does not track.
+UNKNOWN: Any = ()
+_UNPLANNED: Any = object()  # plan_all: no job of this schedule object planned yet
 
 
 class Planner:
-    """Makes the run loop's heap entries and keeps its heap.
+    """Makes the run loop's heap entries and owns its heap.
 
     *poke* wakes the run loop when a new entry comes first (it sleeps until the earliest).
     """
 
     def __init__(self, poke: Callable[[], None]) -> None:
-        self.heap: list[Entry] = []
-        self.seq = itertools.count()
+        self.heap: list[Entry] = []  # the run loop reads it; only the planner changes it
+        self._seq = itertools.count()
         self._draw = random.Random().getrandbits  # seeded from the OS: each replica its own
         self._poke = poke
+        # The fast path fired the earliest entry: replace it with the job's next (an entry
+        # made by entry()), one sift where a pop and a push take two, and one C call.
+        self.replace: Callable[[Entry], Entry] = functools.partial(heapq.heapreplace, self.heap)
+        # Remove the earliest entry (fired by the general rules, or stale).
+        self.drop: Callable[[], Entry] = functools.partial(heapq.heappop, self.heap)
+
+    def entry(self, job: Job, fire: datetime, slot: datetime, fast: Fast | None) -> Entry:
+        """The heap entry of *slot* of *job*, due at *fire*, in the job's current plan
+        generation (every entry is made here).
+
+        Its tie-breaker: first come, first served, except coordinated jobs, drawn per entry,
+        so replicas go through a burst in different orders (in one, the first awake claims
+        all)."""
+        seq = next(self._seq)
+        if job._wiring.coordinated:
+            seq |= self._draw(64) << 64
+        return (fire, seq, job.name, job._generation, slot, fast)
+
+    def push(self, job: Job, fire: datetime, slot: datetime, fast: Fast | None) -> None:
+        """Queue *slot* of *job*, due at *fire* (:meth:`entry`)."""
+        entry = self.entry(job, fire, slot, fast)
+        heapq.heappush(self.heap, entry)
+        if self.heap[0] is entry:
+            self._poke()  # the new entry is the earliest: the loop sleeps too long
 
     def schedule(self, job: Job, after: datetime) -> None:
         """Queue the job's first slot strictly after *after* (or mark it exhausted)."""
-        entry = self._entry(job, self._first(job, after), next(self.seq))
+        entry = self._first_entry(job, self._first(job, after))
         if entry is not None:
             heapq.heappush(self.heap, entry)
             if self.heap[0] is entry:
@@ -63,18 +93,18 @@ class Planner:
         alike one datetime (48 B each)."""
         firsts: dict[int, datetime | None] = {}
         interned: dict[datetime, datetime] = {}
-        append, seqs, entry_of = self.heap.append, self.seq, self._entry
+        append, entry_of = self.heap.append, self._first_entry
         for job in jobs:
             schedule = job._schedule
             unbounded = job._settings.unbounded
-            slot = firsts.get(id(schedule), UNKNOWN) if unbounded else UNKNOWN
-            if slot is UNKNOWN:
+            slot = firsts.get(id(schedule), _UNPLANNED) if unbounded else _UNPLANNED
+            if slot is _UNPLANNED:
                 slot = self._first(job, after)
                 if slot is not None:
                     slot = interned.setdefault(slot, slot)
                 if unbounded and job._schedule is schedule:  # (not a once() at start's)
                     firsts[id(schedule)] = slot
-            entry = entry_of(job, slot, next(seqs))
+            entry = entry_of(job, slot)
             if entry is not None:
                 append(entry)
         heapq.heapify(self.heap)
@@ -100,25 +130,17 @@ class Planner:
             )
             return None
 
-    def _entry(self, job: Job, slot: datetime | None, seq: int) -> Entry | None:
+    def _first_entry(self, job: Job, slot: datetime | None) -> Entry | None:
         """Plan *slot* (None: nothing) as the job's next, and make its heap entry."""
-        generation = job._replan(slot)  # stale entries of the job are dropped
+        job._replan(slot)  # a new generation: stale entries of the job are dropped
         wiring = job._wiring
         if wiring.note is not None:
             wiring.note(job.name, schedule_text(job._schedule), slot)
         if slot is None:
             return None
-        if wiring.coordinated:  # see order
-            seq |= self._draw(64) << 64
         fire = job.fire_time(slot) if job._settings.jitter else slot
         if wiring.ahead:  # its claim goes out before the first slot too (ClaimAheadLocker)
             with contextlib.suppress(Exception):  # (a failing schedule fails at its slot)
                 following = job.following(slot)
                 fire = fire if following is None else claim_time(job, fire, following - slot)
-        return (fire, seq, job.name, generation, slot, UNKNOWN)
-
-    def order(self, job: Job) -> int:
-        """Tie-breaker: first come, first served, except coordinated jobs, drawn per entry, so
-        replicas go through a burst in different orders (in one, the first awake claims all)."""
-        seq = next(self.seq)
-        return (self._draw(64) << 64) | seq if job._wiring.coordinated else seq
+        return self.entry(job, fire, slot, UNKNOWN)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import heapq
+import itertools
 from collections.abc import Callable, Coroutine, Iterable, Mapping
 from datetime import datetime
 from typing import Any
@@ -20,7 +21,7 @@ from ._job import Job
 from ._jobconf import schedule_text
 from ._locking import ASKED, Elector, FencedElector
 from ._logs import at, get_logger
-from ._planner import Entry, Fast, Planner
+from ._planner import Fast, Planner
 
 __all__ = ("RunLoop", "misfired")
 
@@ -67,11 +68,14 @@ class RunLoop:
             elector.on_demoted(executor.demote)
         self._bus = bus
         self._cap = max_concurrent
-        planner = Planner(self._poke)  # the heap and its entries (cronlock._planner)
+        # The heap and its entries (cronlock._planner): the planner changes the heap, the
+        # loop reads its earliest entry.
+        self._planner = planner = Planner(self._poke)
         self.schedule = planner.schedule  # the scheduler plans a job's first slot with it,
         self.plan_all = planner.plan_all  # and every job's at start with this
-        self._heap, self._seq, self._order = planner.heap, planner.seq, planner.order
+        self._heap = planner.heap
         self._waiting: list[_Waiting] = []  # runs held back by the concurrency cap
+        self._seq = itertools.count()  # their tie-breaker: first held, first started
         self._queued: dict[
             Job, tuple[datetime, asyncio.Future[JobEvent] | None]
         ] = {}  # overlap="queue": one pending slot per job
@@ -82,7 +86,7 @@ class RunLoop:
         self._main: asyncio.Task[None] | None = None
         self._helpers: set[asyncio.Task[None]] = set()
         self._loop = asyncio.get_running_loop()  # made by Scheduler.start, in its loop
-        self._ended = self._finished  # bound once: the direct path hands it to every run
+        self._ended = self._finished  # bound once: every direct run is handed it
         self._fasts: dict[Fast, Fast] = {}  # one tuple for jobs alike
 
     def unschedule(self, job: Job) -> None:
@@ -179,42 +183,38 @@ class RunLoop:
     def fire_due(self, now: datetime, limit: int = -1) -> bool:
         """One pass of the run loop: fire the slots due by *now* (at most *limit*: then True)."""
         heap = self._heap
-        seq = self._seq
-        run_direct = self._executor.run_direct
+        planner = self._planner
+        entry_of, replace, drop = planner.entry, planner.replace, planner.drop
+        run_direct, spawn, ended = self._executor.run_direct, self._spawn_run, self._ended
         create_task: Callable[..., asyncio.Task[Any]] = self._loop.create_task
         if self._loop.get_task_factory() is None:  # what create_task() would do, one call less
             create_task = functools.partial(asyncio.Task, loop=self._loop)
-        tasks = self._tasks
         jobs = self._jobs
         while heap and heap[0][0] <= now:
             if not limit:
                 return True
             limit -= 1
-            entry = heap[0]
+            fire, _, name, generation, slot, fast = heap[0]
             try:
-                job = jobs[entry[2]]
+                job = jobs[name]
             except KeyError:  # stale: the job was removed
-                heapq.heappop(heap)
+                drop()
                 continue
-            if entry[3] != job._generation:
-                heapq.heappop(heap)  # stale: the job was rescheduled or paused
+            if generation != job._generation:
+                drop()  # stale: the job was rescheduled or paused
                 continue
-            fast = entry[5]
             if fast and not job._active:
                 # The fast path: one slot due, on time, no run in flight, no rule to
                 # apply (see _fast_of); the next entry replaces this one in one sift.
-                slot = entry[4]
-                following = slot + fast[0]
-                if following > now and now - slot <= fast[1]:
-                    entry = (following, next(seq), entry[2], entry[3], following, fast)
-                    heapq.heapreplace(heap, entry)
-                    number = job._launch(following)
-                    self._running += 1
-                    coro = run_direct(job, slot, number, fast[2], self._ended)
-                    tasks[create_task(coro, name=RUN_TASK + entry[2])] = job
+                step, grace, lane = fast
+                following = slot + step
+                if following > now and now - slot <= grace:
+                    replace(entry_of(job, following, following, fast))
+                    job._launch(following)  # planned and admitted
+                    spawn(job, run_direct(job, slot, lane, ended), create_task)
                     continue
-            heapq.heappop(heap)
-            self._fire(job, entry[0], entry[4], now)
+            drop()
+            self._fire(job, fire, slot, now)
         return False
 
     def _poke(self) -> None:
@@ -228,8 +228,7 @@ class RunLoop:
         if job._wiring.ahead:
             at_slot = job.fire_time(slot)
             if at_slot > now and job._active:  # its own run goes on: claim at the slot
-                entry: Entry = (at_slot, self._order(job), job.name, job._generation, slot, None)
-                heapq.heappush(self._heap, entry)
+                self._planner.push(job, at_slot, slot, None)
                 return
             fire, now = at_slot, max(now, at_slot)
         latest = slot
@@ -267,8 +266,7 @@ class RunLoop:
             fast = self._fast_of(job)
             if job._wiring.ahead:  # claimed ahead: popped early (ClaimAheadLocker)
                 next_fire = claim_time(job, next_fire, following - latest)
-            entry = (next_fire, self._order(job), job.name, job._generation, following, fast)
-            heapq.heappush(self._heap, entry)
+            self._planner.push(job, next_fire, following, fast)
         lateness = misfired(job.misfire_grace, fire, now)
         if lateness is not None:
             _logger.warning(
@@ -341,14 +339,25 @@ class RunLoop:
         waiter: asyncio.Future[JobEvent] | None,
         replaced: tuple[asyncio.Task[Any], ...] = (),
     ) -> None:
+        """Start an admitted run: on the direct path when nobody waits for it and no run it
+        replaces must end first (the fast path's runs are these too), else the general."""
+        executor = self._executor
+        if waiter is None and not replaced and executor.takes_direct(job):
+            run = executor.run_direct(job, slot, executor.lane_of(job), self._ended)
+        else:
+            run = self._run(job, slot, waiter, replaced)
+        self._spawn_run(job, run, self._loop.create_task)
+
+    def _spawn_run(
+        self,
+        job: Job,
+        run: Coroutine[Any, Any, None],
+        create_task: Callable[..., asyncio.Task[Any]],
+    ) -> None:
+        """Every run's task starts here: counted in flight and owned by the loop (awaited or
+        cancelled at stop); its coroutine ends in :meth:`_finished`."""
         self._running += 1
-        coro = None
-        if waiter is None and not replaced:
-            coro = self._executor.direct(job, slot, self._ended)
-        if coro is None:
-            coro = self._run(job, slot, waiter, replaced)
-        task = self._loop.create_task(coro, name=RUN_TASK + job.name)
-        self._tasks[task] = job
+        self._tasks[create_task(run, name=RUN_TASK + job.name)] = job
 
     async def _run(
         self,

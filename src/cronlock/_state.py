@@ -102,13 +102,11 @@ class RunState:
         self._run_count += 1
         return self._run_count
 
-    def _launch(self, following: datetime) -> int:
-        """The run loop's fast path: plan *following*, admit a run and begin it, in one call
-        (what :meth:`_plan`, :meth:`_admit` and :meth:`_begin` do); return the run's number."""
+    def _launch(self, following: datetime) -> None:
+        """The run loop's fast path: plan *following* and admit a run, in one call (what
+        :meth:`_plan` and :meth:`_admit` do); the run begins in its task, as any other."""
         self._next_run = following
         self._active += 1
-        self._run_count += 1
-        return self._run_count
 
     def _finish(self, record: RawRecord) -> None:
         """A run of this replica ended as *record* says."""
