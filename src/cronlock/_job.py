@@ -18,13 +18,13 @@ from ._durations import Seconds
 from ._errors import ScheduleError, SchedulerStateError
 from ._events import JobEvent
 from ._interval import IntervalSchedule
-from ._jobconf import NO_KWARGS, NO_TAGS, JobSettings, last_settings, normalise_tags, settle
+from ._jobconf import NO_KWARGS, NO_TAGS, JobSettings, Recall, normalise_tags, settle
 from ._jobname import check_job_name
 from ._locking import Locker, Wiring
 from ._records import Overlap, RunRecord, run_context
 from ._schedule import Schedule
 from ._state import RunState, fresh
-from ._tasks import Shape, last_task, task_shape
+from ._tasks import Shape, task_shape
 from ._threads import in_thread
 
 
@@ -349,6 +349,7 @@ def new_job(
     recover: bool,
     alert_after: Seconds | None,
     scheduler: Controller,
+    recall: Recall,
 ) -> Job:
     """A :class:`Job` of *scheduler* with these options, each checked (raises
     :class:`~cronlock.ScheduleError` naming the job, the option and the value); what
@@ -374,7 +375,7 @@ def new_job(
             f"job {name!r}: schedule {schedule!r} has no next_after(); build one "
             "with cronlock.cron(), every(), daily(), weekly(), monthly() or once()"
         )
-    last = last_settings
+    last = recall.settings  # one read: a registration in another thread replaces it whole
     if (
         tags is last[0]
         and timeout is last[1]
@@ -405,16 +406,17 @@ def new_job(
             locker,
             recover,
             alert_after,
+            recall,
         )
     job._settings = settings
     job.name, job.func, job.args, job.kwargs = name, func, args, kwargs
-    last = last_task
+    last = recall.task
     # The very task and count of args the last job had, no kwargs: checked then. This is
     # task_shape's own reuse test, written out for the common case; the two must agree.
     if func is last[0] and len(args) == last[1] and kwargs is NO_KWARGS and not last[2]:
         job._task = last[3]
     else:
-        job._task = task_shape(name, func, args, kwargs)
+        job._task = task_shape(name, func, args, kwargs, recall)
     job._scheduler = scheduler
     job._wiring = _UNWIRED
     job._schedule = schedule

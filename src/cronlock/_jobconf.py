@@ -27,7 +27,7 @@ __all__ = (
     "NO_KWARGS",
     "NO_TAGS",
     "JobSettings",
-    "last_settings",
+    "Recall",
     "normalise_tags",
     "schedule_text",
     "settle",
@@ -43,9 +43,28 @@ _UNSET = object()  # nothing checked yet
 # and by value (equal schedules share one string).
 _texts: dict[int, tuple[Any, str]] = {}
 _texts_by_value: dict[Any, str] = {}
-# The options last given (the objects; tags as normalised), then the JobSettings they were
-# checked into: a job given the very same objects shares it without a check.
-last_settings: list[Any] = [_UNSET] * 12 + [None]
+
+
+class Recall:
+    """What a scheduler's last registration was given and what it was checked into, so
+    that the next job given the very same objects shares it without a check (a service
+    registering 100,000 jobs with one set of options checks them once).
+
+    One per scheduler, never shared: two schedulers registering in two threads cannot
+    pair a job with the other's settings. Each field is one tuple, replaced whole and read
+    once per registration, so a registration in another thread is never half seen.
+    """
+
+    __slots__ = ("settings", "task")
+
+    def __init__(self) -> None:
+        self.settings: tuple[Any, ...] = (_UNSET,) * 12 + (None,)
+        """The 12 options in :func:`settle`'s order (the objects; tags as normalised),
+        then the :class:`JobSettings` they were checked into."""
+        self.task: tuple[Any, ...] = (None, -1, (), None, None)
+        """The task, how many args it was given, the names of its kwargs (``()`` for
+        none), the call shape they were checked into, and what the task is
+        (:func:`cronlock._tasks.task_shape`)."""
 
 
 def normalise_tags(tags: str | Iterable[str] | None) -> frozenset[str]:
@@ -144,9 +163,10 @@ def settle(
     locker: Locker | None,
     recover: bool,
     alert_after: Seconds | None,
+    recall: Recall,
 ) -> JobSettings:
-    """Check job *name*'s options into a JobSettings (the last one made, when it holds the
-    same values) and remember them in ``last_settings`` for the next job.
+    """Check job *name*'s options into a JobSettings (*recall*'s last one, when it holds
+    the same values) and remember them in *recall* for the next job.
 
     Raises :class:`~cronlock.ScheduleError` naming the job, the option and the value.
     """
@@ -186,10 +206,10 @@ def settle(
         recover,
         alert,
     )
-    last = last_settings[12]
+    last = recall.settings[12]
     if last is not None and last._key() == made._key():
         made = last
-    last_settings[:] = (*given, distributed, locker, recover, alert_after, made)
+    recall.settings = (*given, distributed, locker, recover, alert_after, made)
     return made
 
 

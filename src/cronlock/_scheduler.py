@@ -26,6 +26,7 @@ from ._fleet import Fleet, FleetViews
 from ._fleetclock import on_loop_time, scheduler_clock
 from ._interval import IntervalSchedule
 from ._job import Job, default_name, new_job
+from ._jobconf import Recall
 from ._jobcontrol import JobControl
 from ._keys import job_lock_key
 from ._locking import Elector, Locker, Wiring, wire
@@ -108,6 +109,7 @@ class Scheduler(JobControl, FleetViews):
         self._on_lock_lost = on_lock_lost
         self._bus = EventBus()
         self._jobs: dict[str, Job] = {}
+        self._recall = Recall()  # this scheduler's last registration, for the next one
         self._keys: dict[int, str] = {}  # lock keys of the jobs that take a lock
         self._loop: RunLoop | None = None
         # Told by crash-watching lockers of runs whose replica died (recover=True reruns).
@@ -195,6 +197,7 @@ class Scheduler(JobControl, FleetViews):
             recover,
             alert_after,
             self,
+            self._recall,
         )
         settings = job._settings
         if settings.jitter:  # shorter than the gap between two slots, or the job is not kept

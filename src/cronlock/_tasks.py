@@ -17,12 +17,15 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ._errors import ScheduleError
 from ._records import RunContext
 
-__all__ = ("Shape", "TaskInfo", "last_task", "task_shape")
+if TYPE_CHECKING:
+    from ._jobconf import Recall
+
+__all__ = ("Shape", "TaskInfo", "task_shape")
 
 # (is async, the RunContext parameter's name or None, where the context goes: None by
 # keyword, an int at that position among the args).
@@ -100,24 +103,25 @@ class TaskInfo:
         return f"task {name}{bare}"
 
 
-# The last job's task, how many args it was given, the names of its kwargs (() for none),
-# the call shape they were checked into, and what the task is: a job given the very same
-# task and argument count, without kwargs, shares that shape without a check (new_job).
-last_task: list[Any] = [None, -1, (), None, None]
-
-
 def task_shape(
-    job: str, func: Callable[..., object], args: Sequence[Any], kwargs: Mapping[str, Any]
+    job: str,
+    func: Callable[..., object],
+    args: Sequence[Any],
+    kwargs: Mapping[str, Any],
+    recall: Recall,
 ) -> Shape:
     """The call shape of job *job* (*func* given *args* and *kwargs*), checked (raises
-    :class:`~cronlock.ScheduleError`), and remembered in ``last_task`` for the next job."""
-    info = last_task[4] if func is last_task[0] else describe_task(func)
+    :class:`~cronlock.ScheduleError`), and remembered in *recall* for the next job: a job
+    given the very same task and argument count, without kwargs, shares that shape
+    without a check (new_job)."""
+    last = recall.task  # one read: a registration in another thread replaces it whole
+    info = last[4] if func is last[0] else describe_task(func)
     names = tuple(kwargs) if kwargs else ()
-    if info is last_task[4] and len(args) == last_task[1] and names == last_task[2]:
-        shape: Shape = last_task[3]  # binding depends on nothing else
+    if info is last[4] and len(args) == last[1] and names == last[2]:
+        shape: Shape = last[3]  # binding depends on nothing else
     else:
         shape = info.check(job, args, kwargs)
-    last_task[:] = (func, len(args), names, shape, info)
+    recall.task = (func, len(args), names, shape, info)
     return shape
 
 
