@@ -1,7 +1,7 @@
 """Random odd rows in a real ledger while a replica runs (issue 24): it keeps running its
 healthy job every slot, a trigger still reaches it, the command line's status and
 history read the ledger without a traceback, and the dashboard (a real server) answers
-every page and API read.
+every page and API read; each of them reports the rows it cannot read.
 
 The rows come from a seeded generator (the seed is in the test's name: a failure replays):
 timestamps at and past the edges of what Python holds, huge and odd text (no NUL: the
@@ -26,6 +26,7 @@ import pytest
 from cronlock import Scheduler, daily, every
 from cronlock.postgres import FleetControl, PostgresLocker
 from cronlock.postgres import _control as control_module
+from cronlock.postgres._decode import skipped
 from cronlock.postgres._ledger import LedgerTable
 
 from ..web.realserver import served
@@ -187,9 +188,18 @@ async def test_random_odd_rows_never_stop_the_replica_or_the_cli(
         if r.name.startswith("cronlock") and (r.levelno >= logging.ERROR or r.exc_info)
     ]
     assert trouble == []
+    # The odd rows were reported: counted, and named at WARNING, by the replica.
+    assert skipped(ledger.runs) > 0
+    assert any(
+        "cannot read" in r.getMessage() for r in caplog.records if r.levelno == logging.WARNING
+    )
     table = ["--dsn", pg_dsn, "--table", ledger.table]
+    told = ""
     for args in (["status", "--check"], ["status"], *(["history", job] for job in odd[:3])):
-        _traceback_free(await cli(*args, *table))
+        result = await cli(*args, *table)
+        _traceback_free(result)
+        told += result.stderr
+    assert "cannot read" in told  # and by the command line, on stderr
     # The dashboard, a real server, answers every page and API read (its log: no traceback).
     env = {"CRONLOCK_WEB_DSN": pg_dsn, "CRONLOCK_WEB_TABLE": ledger.table}
     async with served(env) as web, httpx.AsyncClient(base_url=web.base) as client:
@@ -199,3 +209,4 @@ async def test_random_odd_rows_never_stop_the_replica_or_the_cli(
         for path in paths:
             answer = await client.get(path)
             assert answer.status_code == 200, (path, answer.text[:500])
+        assert "cannot read" in web.log.read_text()  # and by the dashboard, in its log
