@@ -17,7 +17,7 @@ import pytest
 import cronlock._filelock
 from cronlock._errors import LockError
 from cronlock._filelock import FileLocker
-from cronlock._locking import Lease, Locker
+from cronlock._locking import Hold, Locker
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="FileLocker needs fcntl")
 
@@ -102,7 +102,7 @@ async def holding(directory: Path, job: str, slot: datetime) -> AsyncIterator[Ch
         await child.finish()
 
 
-def granted(result: Lease | str) -> Lease:
+def granted(result: Hold | str) -> Hold:
     """Assert that acquire granted a lease, and return it."""
     assert not isinstance(result, str), f"refused: {result}"
     return result
@@ -120,7 +120,7 @@ async def in_child(directory: Path, job: str, slot: datetime) -> str:
 
 
 @pytest.mark.parametrize("distinct_slots", [False, True], ids=["same-slot", "distinct-slots"])
-async def test_racing_processes_get_exactly_one_lease(tmp_path: Path, distinct_slots: bool) -> None:
+async def test_racing_processes_get_exactly_one_hold(tmp_path: Path, distinct_slots: bool) -> None:
     # With distinct slots de-duplication cannot explain the refusals: only the flock can.
     slots = [SLOT + timedelta(minutes=i if distinct_slots else 0) for i in range(6)]
     children = [await Child.start(tmp_path, "race-job", slot, "race") for slot in slots]
@@ -187,7 +187,7 @@ async def test_killed_holder_frees_the_lock(tmp_path: Path) -> None:
 async def test_same_job_twice_in_one_process(tmp_path: Path) -> None:
     locker = FileLocker(tmp_path)
     lease = await locker.acquire("job", SLOT)
-    assert isinstance(lease, Lease)
+    assert isinstance(lease, Hold)
     assert await locker.acquire("job", LATER) == "locked"
     # Another locker on the same directory opens its own file description: still excluded.
     assert await FileLocker(tmp_path).acquire("job", LATER) == "locked"

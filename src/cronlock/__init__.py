@@ -6,6 +6,7 @@ service pays only for what it uses: croniter, for one, only with a cron schedule
 """
 
 import importlib as _importlib
+import warnings as _warnings
 from typing import TYPE_CHECKING as _TYPE_CHECKING
 from typing import Any as _Any
 
@@ -61,12 +62,12 @@ if _TYPE_CHECKING:
     from ._locking import FleetView as FleetView
     from ._locking import FleetWatchingLocker as FleetWatchingLocker
     from ._locking import ForeignWatchingLocker as ForeignWatchingLocker
-    from ._locking import Lease as Lease
+    from ._locking import Hold as Hold
     from ._locking import LedgerLocker as LedgerLocker
     from ._locking import LedgerSummary as LedgerSummary
     from ._locking import Locker as Locker
-    from ._locking import LosableLease as LosableLease
-    from ._locking import RecordingLease as RecordingLease
+    from ._locking import LosableHold as LosableHold
+    from ._locking import RecordingHold as RecordingHold
     from ._locking import Refusal as Refusal
     from ._locking import Resource as Resource
     from ._locking import ScheduleNotingLocker as ScheduleNotingLocker
@@ -135,12 +136,12 @@ _WHERE = {
     "FencedElector": "._locking",
     "FleetView": "._locking",
     "FleetWatchingLocker": "._locking",
-    "Lease": "._locking",
+    "Hold": "._locking",
     "LedgerLocker": "._locking",
     "LedgerSummary": "._locking",
     "Locker": "._locking",
-    "LosableLease": "._locking",
-    "RecordingLease": "._locking",
+    "LosableHold": "._locking",
+    "RecordingHold": "._locking",
     "Refusal": "._locking",
     "Resource": "._locking",
     "ScheduleNotingLocker": "._locking",
@@ -175,6 +176,7 @@ __all__ = (
     "FleetView",
     "FleetWatchingLocker",
     "ForeignWatchingLocker",
+    "Hold",
     "InMemoryLocker",
     "IntervalSchedule",
     "Job",
@@ -189,7 +191,6 @@ __all__ = (
     "JobStarted",
     "JobSucceeded",
     "JobTimedOut",
-    "Lease",
     "LedgerLocker",
     "LedgerNameError",
     "LedgerSummary",
@@ -199,13 +200,13 @@ __all__ = (
     "LockLost",
     "LockUnavailable",
     "Locker",
-    "LosableLease",
+    "LosableHold",
     "OnceSchedule",
     "Outcome",
     "Overlap",
     "PoolerDetected",
     "RealTimeClock",
-    "RecordingLease",
+    "RecordingHold",
     "Refusal",
     "Resource",
     "RunContext",
@@ -234,8 +235,18 @@ __all__ = (
 )
 
 
+# Names of earlier releases, still importable (with a DeprecationWarning): a held lock was
+# called a lease, the word lease mode's expiring rows now have to themselves.
+_RENAMED = {"Lease": "Hold", "LosableLease": "LosableHold", "RecordingLease": "RecordingHold"}
+
+
 def __getattr__(name: str) -> _Any:
     """Import the module defining *name* on first access, then keep the name here."""
+    if name in _RENAMED:
+        _warnings.warn(
+            f"{__name__}.{name} is now {_RENAMED[name]}", DeprecationWarning, stacklevel=2
+        )
+        return __getattr__(_RENAMED[name])
     where = _WHERE.get(name)
     if where is None:
         raise AttributeError(f"module 'cronlock' has no attribute {name!r}")

@@ -1,4 +1,4 @@
-"""Before and after a coordinated run: the elector and the lock's claim, the release, and
+"""Before and after a gated run: the elector and the lock's claim, the release, and
 what a replica that did not run a slot learns of the fleet's runs."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from ._clock import Clock
 from ._errors import LockUnavailable
 from ._events import JobEvent, JobSkipped, LockFailed
 from ._job import Job
-from ._locking import Elector, Lease, lease_hooks
+from ._locking import Elector, Hold, hold_hooks
 from ._logs import at, get_logger, say
 
 __all__ = ("HISTORY_REFRESH", "RELEASE_TIMEOUT", "Admission")
@@ -20,7 +20,7 @@ __all__ = ("HISTORY_REFRESH", "RELEASE_TIMEOUT", "Admission")
 _logger = get_logger("cronlock")
 _lock_logger = get_logger("cronlock.lock")
 
-# A lease release that takes longer than this is abandoned (and logged); backends bound
+# A release that takes longer than this is abandoned (and logged); backends bound
 # their own release and terminate the session when it cannot finish.
 RELEASE_TIMEOUT = 30.0
 # How often a replica that did not run a slot re-reads the job's fleet-wide history.
@@ -28,7 +28,7 @@ HISTORY_REFRESH = timedelta(seconds=30)
 
 
 class Admission:
-    """Asks the elector and the job's locker whether a run may start, and releases its lease."""
+    """Asks the elector and the job's locker whether a run may start, and releases its hold."""
 
     __slots__ = ("_clock", "_elector", "_reading")
 
@@ -69,7 +69,7 @@ class Admission:
             self._reading = False
         job._learn(last, success)
 
-    async def admit(self, job: Job, slot: datetime) -> Lease | JobEvent | None:
+    async def admit(self, job: Job, slot: datetime) -> Hold | JobEvent | None:
         """Ask the elector, then claim the slot; an event means: do not run."""
         if self._elector is not None:
             try:
@@ -122,14 +122,14 @@ class Admission:
         assert not isinstance(claim, str)
         return claim
 
-    async def release(self, job: Job, slot: datetime, lease: Lease) -> None:
+    async def release(self, job: Job, slot: datetime, hold: Hold) -> None:
         async def bounded() -> None:
             async with asyncio.timeout(RELEASE_TIMEOUT):
-                await lease.release()
+                await hold.release()
 
         try:
-            if lease_hooks(lease).bounded:  # safe as it is (a burst ends thousands at once)
-                await lease.release()
+            if hold_hooks(hold).bounded:  # safe as it is (a burst ends thousands at once)
+                await hold.release()
             else:
                 await finish_uncancellably(bounded())
         except asyncio.CancelledError:

@@ -25,7 +25,7 @@ from ._events import (
 from ._guard import Deadlines, Lane, RunGuard, take_back
 from ._interval import IntervalSchedule
 from ._job import Job
-from ._locking import Elector, Lease, LosableLease, RecordingLease, lease_hooks
+from ._locking import Elector, Hold, LosableHold, RecordingHold, hold_hooks
 from ._logs import at, get_logger
 from ._records import RunRecord, error_summary, timed_out_error
 
@@ -45,9 +45,9 @@ class Executor:
         "_bus",
         "_cancel_on_lock_loss",
         "_clock",
-        "_coordinated",
         "_deadlines",
         "_default_timeout",
+        "_elected_guards",
         "_loop",
     )
 
@@ -65,8 +65,8 @@ class Executor:
         self._loop = asyncio.get_running_loop()  # made by Scheduler.start, in its loop
         # On the real clock every run deadline shares one event-loop timer.
         self._deadlines = Deadlines() if loop_time else None
-        # Guards of coordinated runs in flight: ended together when leadership is lost.
-        self._coordinated: set[RunGuard] = set()
+        # Guards of elected runs (started as leader): ended together when leadership is lost.
+        self._elected_guards: set[RunGuard] = set()
         self._clock = clock
         self._bus = bus
         self._admission = Admission(clock, elector)
@@ -78,7 +78,7 @@ class Executor:
         With ``report=False`` a successful run nobody subscribed to returns ``None``
         instead of building an event no one reads (the run loop's hot path).
         """
-        if not job._wiring.coordinated:
+        if not job._wiring.gated:
             return await self._execute(job, slot, None, report)
         gate = await self._admission.admit(job, slot)
         if isinstance(gate, JobEvent):
@@ -102,7 +102,7 @@ class Executor:
         finally:
             await self._admission.release(job, slot, gate)
 
-    async def _until(self, job: Job, slot: datetime, lease: Lease) -> None:
+    async def _until(self, job: Job, slot: datetime, hold: Hold) -> None:
         """Wait for the instant *slot* fires at; cancelled meanwhile, the run is recorded
         ``"cancelled"`` (the claim is kept: the slot does not run elsewhere either)."""
         start = job.fire_time(slot)
@@ -111,7 +111,7 @@ class Executor:
         try:
             await self._clock.sleep_until(start)
         except asyncio.CancelledError:
-            self._cancelled(job, slot, self._clock.now(), lease)
+            self._cancelled(job, slot, self._clock.now(), hold)
             raise
 
     def timeout_of(self, job: Job) -> float | None:
@@ -122,7 +122,7 @@ class Executor:
         """Whether runs of *job* nobody waits for can take the direct path (see
         :meth:`run_direct`): no elector or locker to ask, and no timeout or one on the real
         clock's shared timers."""
-        return not job._wiring.coordinated and (
+        return not job._wiring.gated and (
             self._deadlines is not None or self.timeout_of(job) is None
         )
 
@@ -207,7 +207,7 @@ class Executor:
         slot: datetime,
         started: datetime,
         timeout: float | None,
-        lease: Lease | None = None,
+        hold: Hold | None = None,
     ) -> JobEvent:
         assert timeout is not None
         finished = self._clock.now()
@@ -215,14 +215,14 @@ class Executor:
         _logger.error("job %r slot %s %s", job.name, slot, error, extra=at(job.name, slot))
         record = RunRecord(slot, started, finished, "timed_out", error)
         event = JobTimedOut(job.name, slot, started, finished, timeout)
-        return self._end(job, lease, record, event)
+        return self._end(job, hold, record, event)
 
     def demote(self, reason: BaseException | None) -> None:
-        """This replica stopped leading: end its coordinated runs (event ``LockLost``)."""
+        """This replica stopped leading: end its elected runs (event ``LockLost``)."""
         if not self._cancel_on_lock_loss:
-            _lock_logger.error("leadership lost (%s); coordinated runs go on", reason)
+            _lock_logger.error("leadership lost (%s); elected runs go on", reason)
             return
-        for guard in tuple(self._coordinated):
+        for guard in tuple(self._elected_guards):
             guard.lose(reason)
 
     async def refresh_history(self, job: Job, *, force: bool = False) -> None:
@@ -231,7 +231,7 @@ class Executor:
         await self._admission.refresh_history(job, force=force)
 
     async def _execute(
-        self, job: Job, slot: datetime, lease: Lease | None, report: bool
+        self, job: Job, slot: datetime, hold: Hold | None, report: bool
     ) -> JobEvent | None:
         clock = self._clock
         bus = self._bus
@@ -240,15 +240,15 @@ class Executor:
         if bus.wants(JobStarted):
             bus.emit(JobStarted(job.name, slot, started, number))
         timeout = self.timeout_of(job)
-        coordinated = job._wiring.elected
+        elected = job._wiring.elected
         guard = RunGuard(clock, timeout, self._deadlines)
-        if coordinated:
-            self._coordinated.add(guard)
+        if elected:
+            self._elected_guards.add(guard)
         lost = (
-            lease is not None
-            and lease_hooks(lease).losable
+            hold is not None
+            and hold_hooks(hold).losable
             and bool(
-                typing.cast(LosableLease, lease).on_lost(
+                typing.cast(LosableHold, hold).on_lost(
                     guard.lose if self._cancel_on_lock_loss else _log_loss(job, slot)
                 )
             )
@@ -262,11 +262,11 @@ class Executor:
                     await asyncio.sleep(0)
                 result = await job.call(slot, started, number)
         except asyncio.CancelledError:
-            self._cancelled(job, slot, started, lease)
+            self._cancelled(job, slot, started, hold)
             raise
         except Exception as exc:
             if guard.ended_run and guard.reason == "timeout":
-                return self._timed_out(job, slot, started, timeout, lease)
+                return self._timed_out(job, slot, started, timeout, hold)
             if guard.ended_run:  # its lock was lost
                 finished = clock.now()
                 _lock_logger.error(
@@ -278,21 +278,21 @@ class Executor:
                 )
                 record = RunRecord(slot, started, finished, "lock_lost", None)
                 event: JobEvent = LockLost(job.name, slot, started, finished, guard.lost_because)
-                return self._end(job, lease, record, event)
-            return self._failed(job, slot, started, exc, lease)
+                return self._end(job, hold, record, event)
+            return self._failed(job, slot, started, exc, hold)
         finally:
-            self._coordinated.discard(guard)
-        return self._succeeded(job, slot, started, result, report, lease)
+            self._elected_guards.discard(guard)
+        return self._succeeded(job, slot, started, result, report, hold)
 
-    def _end(self, job: Job, lease: Lease | None, record: RunRecord, event: JobEvent) -> JobEvent:
-        """A run ended as *record* says: store it, hand it to a recording lease, emit *event*.
+    def _end(self, job: Job, hold: Hold | None, record: RunRecord, event: JobEvent) -> JobEvent:
+        """A run ended as *record* says: store it, hand it to a recording hold, emit *event*.
 
-        The record goes to the lease directly (the ledger writes it with the release, in
+        The record goes to the hold directly (the ledger writes it with the release, in
         one round trip), never read back from the job.
         """
         job._finish(record)
-        if lease is not None and lease_hooks(lease).records:
-            typing.cast(RecordingLease, lease).record(record)
+        if hold is not None and hold_hooks(hold).records:
+            typing.cast(RecordingHold, hold).record(record)
         self._bus.emit(event)
         return event
 
@@ -303,15 +303,15 @@ class Executor:
         started: datetime,
         result: object,
         report: bool,
-        lease: Lease | None,
+        hold: Hold | None,
     ) -> JobEvent | None:
         """A run succeeded (every path records a success here; other outcomes: :meth:`_end`).
         Its event is returned if *report* (somebody waits for it), else None."""
         finished = self._clock.now()
-        if lease is not None:
+        if hold is not None:
             record = RunRecord(slot, started, finished, "succeeded")
             event = JobSucceeded(job.name, slot, started, finished, result)
-            return self._end(job, lease, record, event)
+            return self._end(job, hold, record, event)
         # The hot path: a plain tuple, made into a RunRecord only if somebody reads it, and
         # no event nobody listens to or waits for.
         job._succeeded((slot, started, finished, "succeeded"))
@@ -325,19 +325,19 @@ class Executor:
         return event
 
     def _failed(
-        self, job: Job, slot: datetime, started: datetime, exc: Exception, lease: Lease | None
+        self, job: Job, slot: datetime, started: datetime, exc: Exception, hold: Hold | None
     ) -> JobEvent:
         finished = self._clock.now()
         _logger.error(
             "job %r slot %s failed", job.name, slot, exc_info=exc, extra=at(job.name, slot)
         )
         record = RunRecord(slot, started, finished, "failed", error_summary(exc))
-        return self._end(job, lease, record, JobFailed(job.name, slot, started, finished, exc))
+        return self._end(job, hold, record, JobFailed(job.name, slot, started, finished, exc))
 
-    def _cancelled(self, job: Job, slot: datetime, started: datetime, lease: Lease | None) -> None:
+    def _cancelled(self, job: Job, slot: datetime, started: datetime, hold: Hold | None) -> None:
         finished = self._clock.now()
         record = RunRecord(slot, started, finished, "cancelled", None)
-        self._end(job, lease, record, JobCancelled(job.name, slot, started, finished))
+        self._end(job, hold, record, JobCancelled(job.name, slot, started, finished))
 
 
 def _log_loss(job: Job, slot: datetime) -> Callable[[BaseException | None], None]:

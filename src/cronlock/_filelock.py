@@ -14,7 +14,7 @@ from pathlib import Path
 from ._cancel import claim_or_undo, task_name
 from ._claimed import remember_claim
 from ._errors import ConfigError, LockError
-from ._locking import Lease, Refusal
+from ._locking import Hold, Refusal
 from ._logs import at, get_logger
 
 if sys.platform != "win32":
@@ -56,7 +56,7 @@ def _parse_ledger(text: str) -> list[str]:
     return list(entries)
 
 
-class _FileLease:
+class _FileHold:
     """The held flock of one job, plus what is needed to undo the claim."""
 
     __slots__ = ("_fd", "_job", "_locker", "_previous")
@@ -147,15 +147,15 @@ class FileLocker:
         self._held: set[str] = set()
         self._mutex = threading.Lock()
 
-    async def acquire(self, job: str, slot: datetime) -> Lease | Refusal:
-        """Claim *slot* of *job*: a lease, ``"locked"`` if the job is held (in this process or
+    async def acquire(self, job: str, slot: datetime) -> Hold | Refusal:
+        """Claim *slot* of *job*: a hold, ``"locked"`` if the job is held (in this process or
         another), or ``"already_ran"`` if the slot was claimed before. A file system failure
         raises :class:`cronlock.LockError`.
         """
         key = _slot_key(job, slot)
 
-        def undo(claimed: _FileLease | Refusal) -> None:
-            if isinstance(claimed, _FileLease):
+        def undo(claimed: _FileHold | Refusal) -> None:
+            if isinstance(claimed, _FileHold):
                 claimed._abandon()
 
         # The thread cannot be stopped, so wait for it whatever happens: otherwise a
@@ -174,7 +174,7 @@ class FileLocker:
         with self._mutex:
             self._held.discard(job)
 
-    def _acquire_sync(self, job: str, key: str) -> _FileLease | Refusal:
+    def _acquire_sync(self, job: str, key: str) -> _FileHold | Refusal:
         with self._mutex:
             if job in self._held:
                 _logger.debug("job %r is already held by this process", job, extra=at(job))
@@ -182,7 +182,7 @@ class FileLocker:
             self._held.add(job)
         path = self._lock_path(job)
         fd: int | None = None
-        lease: _FileLease | None = None
+        hold: _FileHold | None = None
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
             try:
@@ -197,12 +197,12 @@ class FileLocker:
             claimed = dict.fromkeys(previous)
             remember_claim(claimed, key, None, remember=self._remember)
             self._write_ledger(job, list(claimed))
-            lease = _FileLease(self, job, fd, previous)
-            return lease
+            hold = _FileHold(self, job, fd, previous)
+            return hold
         except OSError as exc:
             raise LockError(f"cannot lock job {job!r} at {str(path)!r}: {exc}") from exc
         finally:
-            if lease is None:  # refused or failed: give everything back
+            if hold is None:  # refused or failed: give everything back
                 if fd is not None:
                     os.close(fd)  # also drops the flock, if we got it
                 self._forget(job)

@@ -1,8 +1,8 @@
-"""The plug-in points for coordination (Locker, Lease, Elector) and how a job is wired to them.
+"""The plug-in points for coordination (Locker, Hold, Elector) and how a job is wired to them.
 
-Optional capabilities (a ledger, crash reports, recording or losable leases, a fenced
+Optional capabilities (a ledger, crash reports, recording or losable holds, a fenced
 elector) are typed Protocols. They are checked once — when a job is registered
-(:func:`wire`) or once per lease class (:func:`lease_hooks`) — never probed again on every
+(:func:`wire`) or once per hold class (:func:`hold_hooks`) — never probed again on every
 run.
 """
 
@@ -35,26 +35,31 @@ __all__ = (
     "ForeignCallback",
     "ForeignWatchingLocker",
     "Health",
-    "Lease",
-    "LeaseHooks",
+    "Hold",
+    "HoldHooks",
     "LedgerLocker",
     "LedgerSummary",
     "Locker",
-    "LosableLease",
-    "RecordingLease",
+    "LosableHold",
+    "RecordingHold",
     "Refusal",
     "Resource",
     "ScheduleNotingLocker",
     "ServerClockLocker",
     "Wiring",
-    "lease_hooks",
+    "hold_hooks",
     "wire",
 )
 
 
 @runtime_checkable
-class Lease(Protocol):
-    """Proof that this process holds one job's lock for one slot."""
+class Hold(Protocol):
+    """Proof that this process holds one job's lock for one slot, until :meth:`release`.
+
+    What :meth:`Locker.acquire` grants. A hold has no expiry of its own: in the PostgreSQL
+    locker's lease mode a *lease* (a row valid for a while, renewed) stands behind it, in
+    session mode an advisory lock. Formerly named ``Lease``.
+    """
 
     async def release(self) -> None:
         """Give the lock back. Called exactly once by the scheduler, even on cancellation."""
@@ -71,8 +76,8 @@ large fleet claim this job and this one stands by (``PostgresLocker(racers=...)`
 class Locker(Protocol):
     """Claims the right to run one slot of one job across processes or replicas."""
 
-    async def acquire(self, job: str, slot: datetime) -> Lease | Refusal | None:
-        """Return a lease when this caller may run *slot* of *job*, else why not.
+    async def acquire(self, job: str, slot: datetime) -> Hold | Refusal | None:
+        """Return a hold when this caller may run *slot* of *job*, else why not.
 
         ``None`` or ``"locked"``: another holder has the job's lock, the normal case on every
         replica but one. ``"already_ran"``: the slot was claimed before (lockers that keep a
@@ -83,8 +88,8 @@ class Locker(Protocol):
 
 
 @runtime_checkable
-class RecordingLease(Lease, Protocol):
-    """A lease that stores the run's outcome (a run ledger) when it is released."""
+class RecordingHold(Hold, Protocol):
+    """A hold that stores the run's outcome (a run ledger) when it is released."""
 
     def record(self, record: RunRecord) -> None:
         """Remember how the run went; the scheduler calls it just before :meth:`release`."""
@@ -92,8 +97,8 @@ class RecordingLease(Lease, Protocol):
 
 
 @runtime_checkable
-class LosableLease(Lease, Protocol):
-    """A lease that can tell when its lock was lost while the run was going on."""
+class LosableHold(Hold, Protocol):
+    """A hold that can tell when its lock was lost while the run was going on."""
 
     def on_lost(self, callback: Callable[[BaseException | None], None]) -> bool:
         """Call *callback* (once, from the event loop) if the lock is lost before release;
@@ -326,6 +331,11 @@ class FencedElector(Elector, Protocol):
 class Wiring:
     """How one job is coordinated, decided once when it is registered.
 
+    The words, one meaning each: a *coordinated* job is one registered with
+    ``distributed=True`` (:attr:`cronlock.Job.coordinated`); its runs are *gated* when they
+    have anyone to ask before they start (the elector, the locker, or both), and *elected*
+    when the elector is one of them.
+
     ``locker`` is None for a job that coordinates through no locker (``distributed=False``,
     or a scheduler without one); ``ledger`` is the same locker when it keeps a run ledger;
     ``elected`` says whether runs ask the elector first.
@@ -341,8 +351,8 @@ class Wiring:
     fleet: FleetWatchingLocker | None = None
     """The same locker when it reads the fleet's pauses, triggers and latest runs."""
     elected: bool = False
-    coordinated: bool = False
-    """True when a run has anyone to ask before it starts (elector or locker)."""
+    gated: bool = False
+    """True when a run has anyone to ask before it starts (elector, locker or both)."""
     ahead: timedelta = timedelta(0)
     """How long before a slot its claim may go out (see :class:`ClaimAheadLocker`)."""
     retention: float | None = None
@@ -359,7 +369,7 @@ def wire(
         return Wiring()
     locker = own if own is not None else default
     if locker is None:
-        return Wiring(elected=elector is not None, coordinated=elector is not None)
+        return Wiring(elected=elector is not None, gated=elector is not None)
     ledger, notes, crashes, batch, fleet, ahead, prunes, keyed = _locker_kinds(type(locker))
     return Wiring(
         locker=locker,
@@ -369,7 +379,7 @@ def wire(
         batch=typing.cast(BatchLedgerLocker, locker) if batch else None,
         fleet=typing.cast(FleetWatchingLocker, locker) if fleet else None,
         elected=elector is not None,
-        coordinated=True,
+        gated=True,
         ahead=_ahead(typing.cast(ClaimAheadLocker, locker).claims_ahead()) if ahead else _NOW,
         retention=typing.cast(PruningLocker, locker).retention() if prunes else None,
         fnv_keys=not (keyed and typing.cast(KeyedLocker, locker).keyed_keys()),
@@ -401,7 +411,7 @@ def _locker_kinds(kind: type) -> tuple[bool, bool, bool, bool, bool, bool, bool,
 
 
 class BoundedRelease:
-    """A base class for leases whose :meth:`~Lease.release` bounds itself in time and runs
+    """A base class for holds whose :meth:`~Hold.release` bounds itself in time and runs
     to its end even when the caller is cancelled (re-raising the cancellation after):
     the scheduler then awaits it as it is, with no timeout or task of its own around it."""
 
@@ -409,8 +419,8 @@ class BoundedRelease:
 
 
 @dataclass(frozen=True, slots=True)
-class LeaseHooks:
-    """Which optional lease capabilities a lease class has."""
+class HoldHooks:
+    """Which optional hold capabilities a hold class has."""
 
     records: bool
     losable: bool
@@ -419,14 +429,14 @@ class LeaseHooks:
 
 
 @functools.cache
-def _hooks_of(kind: type) -> LeaseHooks:
-    return LeaseHooks(
-        issubclass(kind, RecordingLease),
-        issubclass(kind, LosableLease),
+def _hooks_of(kind: type) -> HoldHooks:
+    return HoldHooks(
+        issubclass(kind, RecordingHold),
+        issubclass(kind, LosableHold),
         issubclass(kind, BoundedRelease),
     )
 
 
-def lease_hooks(lease: Lease) -> LeaseHooks:
-    """The optional capabilities of *lease*, checked once per lease class."""
-    return _hooks_of(type(lease))
+def hold_hooks(hold: Hold) -> HoldHooks:
+    """The optional capabilities of *hold*, checked once per hold class."""
+    return _hooks_of(type(hold))

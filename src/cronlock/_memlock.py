@@ -5,13 +5,13 @@ from __future__ import annotations
 from datetime import datetime
 
 from ._durations import positive_int
-from ._locking import Lease, Refusal
+from ._locking import Hold, Refusal
 from ._records import RunRecord
 
 __all__ = ("InMemoryLocker",)
 
 
-class _MemoryLease:
+class _MemoryHold:
     __slots__ = ("_job", "_locker", "_slot")
 
     def __init__(self, locker: InMemoryLocker, job: str, slot: datetime) -> None:
@@ -44,8 +44,8 @@ class InMemoryLocker:
         self._claimed: dict[str, dict[datetime, RunRecord | None]] = {}
         self._remember = remember
 
-    async def acquire(self, job: str, slot: datetime) -> Lease | Refusal | None:
-        """Claim *slot* of *job*: a lease, or ``"locked"`` / ``"already_ran"``."""
+    async def acquire(self, job: str, slot: datetime) -> Hold | Refusal | None:
+        """Claim *slot* of *job*: a hold, or ``"locked"`` / ``"already_ran"``."""
         if job in self._held:
             return "locked"
         claimed = self._claimed.setdefault(job, {})
@@ -55,7 +55,7 @@ class InMemoryLocker:
         if len(claimed) > self._remember:
             del claimed[min(claimed)]
         self._held.add(job)
-        return _MemoryLease(self, job, slot)
+        return _MemoryHold(self, job, slot)
 
     async def last_claimed(self, job: str) -> datetime | None:
         """The latest slot of *job* claimed through this locker."""

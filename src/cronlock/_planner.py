@@ -64,11 +64,11 @@ class Planner:
         """The heap entry of *slot* of *job*, due at *fire*, in the job's current plan
         generation (every entry is made here).
 
-        Its tie-breaker: first come, first served, except coordinated jobs, drawn per entry,
+        Its tie-breaker: first come, first served, except gated jobs, drawn per entry,
         so replicas go through a burst in different orders (in one, the first awake claims
         all)."""
         seq = next(self._seq)
-        if job._wiring.coordinated:
+        if job._wiring.gated:
             seq |= self._draw(64) << 64
         return (fire, seq, job.name, job._generation, slot, fast)
 

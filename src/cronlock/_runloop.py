@@ -142,7 +142,7 @@ class RunLoop:
                 _logger.warning(
                     "shutdown: cancelled %d run(s) still going after %ss", len(pending), timeout
                 )
-                # Their cleanup (lease release) is bounded; wait for it even if cancelled.
+                # Their cleanup (hold release) is bounded; wait for it even if cancelled.
                 await cancel_and_wait(*pending)
 
     def tasks(self) -> set[asyncio.Task[Any]]:

@@ -22,8 +22,8 @@ from ._events import (
     SchedulerStopped,
     Subscription,
 )
-from ._fleet import Fleet, FleetViews
 from ._fleetclock import on_loop_time, scheduler_clock
+from ._fleetstate import FleetState, FleetViews
 from ._interval import IntervalSchedule
 from ._job import Job, default_name, new_job
 from ._jobconf import Recall
@@ -116,7 +116,7 @@ class Scheduler(JobControl, FleetViews):
         self._recovery = Recovery(
             jobs=self._jobs, clock=self._clock, bus=self._bus, loop=lambda: self._loop
         )
-        self._fleet = Fleet(self._jobs, lambda: self._loop, self._default_timeout)
+        self._fleet = FleetState(self._jobs, lambda: self._loop, self._default_timeout)
 
     # -- properties ------------------------------------------------------------------
 

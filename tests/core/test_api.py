@@ -295,3 +295,19 @@ def test_colliding_lock_keys_are_rejected(
     scheduler.remove("first")
     scheduler.add_job(_noop, every(10), name="second")
     assert [job.name for job in scheduler.jobs] == ["local", "second"]
+
+
+def test_the_names_of_a_hold_before_its_rename_still_import_with_a_warning() -> None:
+    import cronlock
+    import cronlock.postgres
+
+    renamed = {
+        (cronlock, "Lease"): cronlock.Hold,
+        (cronlock, "RecordingLease"): cronlock.RecordingHold,
+        (cronlock, "LosableLease"): cronlock.LosableHold,
+        (cronlock.postgres, "PostgresLease"): cronlock.postgres.PostgresHold,
+    }
+    for (module, old), new in renamed.items():
+        with pytest.warns(DeprecationWarning, match=rf"{old} is now {new.__name__}"):
+            assert getattr(module, old) is new
+    assert "Lease" not in cronlock.__all__

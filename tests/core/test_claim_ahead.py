@@ -11,11 +11,11 @@ from datetime import datetime, timedelta
 
 from cronlock import (
     ClaimAheadLocker,
+    Hold,
     InMemoryLocker,
     JobCancelled,
     JobSkipped,
     JobStarted,
-    Lease,
     Refusal,
     Scheduler,
     every,
@@ -40,7 +40,7 @@ class AheadLocker(InMemoryLocker):
     def claims_ahead(self) -> float:
         return self.ahead
 
-    async def acquire(self, job: str, slot: datetime) -> Lease | Refusal | None:
+    async def acquire(self, job: str, slot: datetime) -> Hold | Refusal | None:
         self.claims.append((self.clock.now(), slot))
         return await super().acquire(job, slot)
 

@@ -9,10 +9,10 @@ from datetime import datetime, timedelta
 import pytest
 
 from cronlock import (
+    Hold,
     InMemoryLocker,
     JobSkipped,
     JobStarted,
-    Lease,
     LockError,
     LockFailed,
     RunContext,
@@ -78,7 +78,7 @@ async def test_distributed_false_bypasses_the_locker(clock: FakeClock) -> None:
 
 async def test_per_job_locker_overrides_the_scheduler_one(clock: FakeClock) -> None:
     class Refuser:
-        async def acquire(self, job: str, slot: datetime) -> Lease | None:
+        async def acquire(self, job: str, slot: datetime) -> Hold | None:
             return None
 
     s = Scheduler(clock=clock, locker=InMemoryLocker())
@@ -198,7 +198,7 @@ class _CountingLocker:
         self.acquired = 0
         self.released = 0
 
-    async def acquire(self, job: str, slot: datetime) -> Lease:
+    async def acquire(self, job: str, slot: datetime) -> Hold:
         self.held += 1
         self.acquired += 1
         locker = self

@@ -22,7 +22,7 @@ from cronlock import (
     Scheduler,
     every,
 )
-from cronlock._locking import CrashCallback, Lease, Refusal
+from cronlock._locking import CrashCallback, Hold, Refusal
 from cronlock.testing import FakeClock
 
 from .conftest import T0, Recorder
@@ -38,7 +38,7 @@ class _Watching:
         self.callbacks: list[CrashCallback] = []
         self.acquired: list[tuple[str, datetime]] = []
 
-    async def acquire(self, job: str, slot: datetime) -> Lease | Refusal | None:
+    async def acquire(self, job: str, slot: datetime) -> Hold | Refusal | None:
         self.acquired.append((job, slot))
         return await self._inner.acquire(job, slot)
 

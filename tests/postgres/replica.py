@@ -38,8 +38,8 @@ from cronlock import (
     LockFailed,
     LockHeldElsewhere,
     LockLost,
-    LosableLease,
-    RecordingLease,
+    LosableHold,
+    RecordingHold,
     Refusal,
     RunContext,
     RunRecord,
@@ -50,7 +50,7 @@ from cronlock import (
     every,
 )
 from cronlock._locking import CrashCallback, ForeignCallback
-from cronlock.postgres import PostgresLease, PostgresLocker
+from cronlock.postgres import PostgresHold, PostgresLocker
 from cronlock.testing import OffsetClock
 
 
@@ -87,7 +87,7 @@ class _TracedLease:
     """Prints each release; forwards the rest. Every capability is a method of its own:
     the scheduler checks them on the class (once), where ``__getattr__`` shows nothing."""
 
-    def __init__(self, lease: PostgresLease, rid: int, slot: float) -> None:
+    def __init__(self, lease: PostgresHold, rid: int, slot: float) -> None:
         self._lease = lease
         self._rid = rid
         self._slot = slot
@@ -154,7 +154,7 @@ class _TracedLocker:
 assert issubclass(_TracedLocker, LedgerLocker) and issubclass(_TracedLocker, ScheduleNotingLocker)
 assert issubclass(_TracedLocker, ServerClockLocker)
 assert issubclass(_TracedLocker, ForeignWatchingLocker)
-assert issubclass(_TracedLease, RecordingLease) and issubclass(_TracedLease, LosableLease)
+assert issubclass(_TracedLease, RecordingHold) and issubclass(_TracedLease, LosableHold)
 
 
 async def main() -> None:

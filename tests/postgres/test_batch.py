@@ -22,7 +22,7 @@ import asyncpg
 import pytest
 
 from cronlock import LockError, RunContext, RunRecord, Scheduler, every
-from cronlock.postgres import FleetControl, PostgresLease, PostgresLocker
+from cronlock.postgres import FleetControl, PostgresHold, PostgresLocker
 
 pytestmark = pytest.mark.postgres
 
@@ -69,7 +69,7 @@ async def test_claims_and_releases_due_together_share_one_statement(
         before = lk.statistics().statements
         leases = await acquire_all(lk, jobs)
         claimed = lk.statistics().statements - before
-        assert all(isinstance(lease, PostgresLease) for lease in leases)
+        assert all(isinstance(lease, PostgresHold) for lease in leases)
         assert await locks_held(jobs) == len(jobs)
         before = lk.statistics().statements
         await asyncio.gather(*(lease.release() for lease in leases))
@@ -81,7 +81,7 @@ async def test_claims_and_releases_due_together_share_one_statement(
         # A run alone still costs one round trip each way, without waiting for company.
         before = lk.statistics().statements
         lease = await lk.acquire(jobs[0], SLOT + timedelta(minutes=1))
-        assert isinstance(lease, PostgresLease)
+        assert isinstance(lease, PostgresHold)
         await lease.release()
         assert lk.statistics().statements - before == 2
 
@@ -95,7 +95,7 @@ async def test_a_burst_across_three_lockers_runs_each_slot_exactly_once(
     async def replica(lk: PostgresLocker) -> None:
         async def one(job: str) -> None:
             lease = await lk.acquire(job, SLOT)
-            if isinstance(lease, PostgresLease):
+            if isinstance(lease, PostgresHold):
                 granted.append(job)
                 await asyncio.sleep(0.01)
                 await lease.release()
@@ -131,15 +131,15 @@ async def test_the_fair_race_spreads_a_burst_over_the_replicas(
         for lk in lockers:  # sessions open, as in a running replica (connecting takes longer)
             warm = names(20)  # (another slot: the race's draws are per slot and lane)
             for lease in await acquire_all(lk, warm, SLOT - timedelta(days=1)):
-                assert isinstance(lease, PostgresLease)
+                assert isinstance(lease, PostgresHold)
                 await lease.release()
             assert lk.statistics().sessions_open == 1
         answers = await asyncio.gather(*(acquire_all(lk, jobs) for lk in lockers))
-        won = [sum(isinstance(a, PostgresLease) for a in mine) for mine in answers]
+        won = [sum(isinstance(a, PostgresHold) for a in mine) for mine in answers]
         statements = sum(lk.statistics().statements for lk in lockers)
         for mine in answers:
             for lease in mine:
-                if isinstance(lease, PostgresLease):
+                if isinstance(lease, PostgresHold):
                     await lease.release()
     finally:
         for lk in lockers:
@@ -163,13 +163,13 @@ async def test_the_fair_race_sends_a_few_claim_statements_per_instant_whatever_t
     async with locker(pg_dsn, app_name, sessions=4, spread=0.5) as lk:
         warm = names(40)  # every session open (another slot)
         for lease in await acquire_all(lk, warm, SLOT - timedelta(days=1)):
-            assert isinstance(lease, PostgresLease)
+            assert isinstance(lease, PostgresHold)
             await lease.release()
         assert lk.statistics().sessions_open == 4
         before = lk.statistics().statements
         leases = await acquire_all(lk, jobs)
         statements = lk.statistics().statements - before
-        assert all(isinstance(lease, PostgresLease) for lease in leases)
+        assert all(isinstance(lease, PostgresHold) for lease in leases)
         for lease in leases:
             await lease.release()
     assert statements <= 8, statements  # eight lanes (with lanes per session: ~32)
@@ -187,7 +187,7 @@ async def test_claims_waiting_on_a_session_go_before_ends_waiting_on_it(
     try:
         async with locker(pg_dsn, app_name, sessions=1) as lk:
             lease = await lk.acquire(held, SLOT)
-            assert isinstance(lease, PostgresLease)
+            assert isinstance(lease, PostgresHold)
             tx = await hold_row(blocker, lk, blocked)  # its claim's insert waits on it
             before = lk.statistics().statements
             claiming = asyncio.create_task(lk.acquire(blocked, SLOT))
@@ -208,7 +208,7 @@ async def test_claims_waiting_on_a_session_go_before_ends_waiting_on_it(
             first, second = await asyncio.gather(claiming, claiming_later)
             await releasing
             for lease in (first, second):
-                assert isinstance(lease, PostgresLease)
+                assert isinstance(lease, PostgresHold)
                 await lease.release()
     finally:
         await blocker.close()
@@ -235,16 +235,16 @@ async def test_a_caller_cancelled_inside_a_batch_gives_its_slot_back(
         outcome = dict(zip(tasks, results, strict=True))
         assert isinstance(outcome[victim], asyncio.CancelledError)
         kept = [lease for job, lease in outcome.items() if job != victim]
-        assert all(isinstance(lease, PostgresLease) for lease in kept)
+        assert all(isinstance(lease, PostgresHold) for lease in kept)
         # The others hold their locks; the victim's lock and claim were given back.
         assert await locks_held([victim]) == 0
         assert await locks_held(jobs) == len(jobs) - 1
         assert await lk.history(victim) == []
         lease = await other.acquire(victim, SLOT)  # another replica may still run the slot
-        assert isinstance(lease, PostgresLease)
+        assert isinstance(lease, PostgresHold)
         await lease.release()
         for held in kept:
-            assert isinstance(held, PostgresLease)
+            assert isinstance(held, PostgresHold)
             await held.release()
     assert await locks_held(jobs) == 0
 
@@ -275,7 +275,7 @@ async def test_a_session_killed_during_a_batched_claim(
         await tx.rollback()
         await blocker.close()
         results = await asyncio.wait_for(pending, 30)
-        leases = [r for r in results if isinstance(r, PostgresLease)]
+        leases = [r for r in results if isinstance(r, PostgresHold)]
         assert len(leases) == len(jobs)  # retried on a fresh session: all granted
         assert lk.statistics().sessions_opened == 2
         assert await locks_held(jobs) == len(jobs)
@@ -301,7 +301,7 @@ async def test_a_losing_replica_learns_the_outcome_from_its_refusal(
     job = names(1)[0]
     async with locker(pg_dsn, app_name + "-a") as a, locker(pg_dsn, app_name + "-b") as b:
         lease = await a.acquire(job, SLOT)
-        assert isinstance(lease, PostgresLease)
+        assert isinstance(lease, PostgresHold)
         lease.record(RunRecord(SLOT, SLOT, SLOT + timedelta(seconds=1), "succeeded"))
         await lease.release()
         await b.last_claimed(job)  # open b's session
@@ -319,7 +319,7 @@ async def test_a_losing_replica_learns_the_outcome_from_its_refusal(
         assert await b.acquire(job, SLOT + timedelta(minutes=1)) in ("locked", "already_ran")
         told = b.refusal_history(job)
         assert told is not None and told[0] is not None and told[0].slot == SLOT
-        assert isinstance(lease, PostgresLease)
+        assert isinstance(lease, PostgresHold)
         await lease.release()
 
 
@@ -423,9 +423,9 @@ async def test_a_row_the_server_would_refuse_does_not_fail_its_batch(
         failed = results.pop(10)
         assert isinstance(failed, LockError)
         assert "NUL" in str(failed)
-        assert all(isinstance(lease, PostgresLease) for lease in results)
+        assert all(isinstance(lease, PostgresHold) for lease in results)
         for lease in results:
-            assert isinstance(lease, PostgresLease)
+            assert isinstance(lease, PostgresHold)
             await lease.release()
     assert await locks_held(jobs) == 0
 
@@ -454,13 +454,13 @@ async def test_a_batch_refuses_only_its_paused_jobs_and_runs_their_triggered_slo
             answers = await acquire_all(lk, paused + others)
             assert lk.statistics().statements - before <= lk.statistics().sessions  # one each
             assert answers[0] == "paused"
-            assert all(isinstance(lease, PostgresLease) for lease in answers[1:])
+            assert all(isinstance(lease, PostgresHold) for lease in answers[1:])
             lease = await lk.acquire(paused[0], triggered)
-            assert isinstance(lease, PostgresLease)
+            assert isinstance(lease, PostgresHold)
             await asyncio.gather(*(lease.release() for lease in [lease, *answers[1:]]))
             await control.resume(paused[0], force=True)
             resumed = await lk.acquire(paused[0], SLOT + timedelta(hours=1))
-            assert isinstance(resumed, PostgresLease)
+            assert isinstance(resumed, PostgresHold)
             await resumed.release()
 
 
@@ -521,7 +521,7 @@ async def test_a_batch_interrupted_mid_statement_answers_its_claims_and_drops_th
             assert await locks_held([job]) == 0
             # The next claim opens a fresh session and is granted.
             lease = await lk.acquire(job, SLOT + timedelta(minutes=1))
-            assert isinstance(lease, PostgresLease)
+            assert isinstance(lease, PostgresHold)
             await lease.release()
             assert lk.statistics().sessions_opened == opened + 1
     finally:

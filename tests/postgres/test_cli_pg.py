@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from cronlock import RunRecord
-from cronlock.postgres import PostgresLease, PostgresLocker
+from cronlock.postgres import PostgresHold, PostgresLocker
 from cronlock.postgres._ledger import DEFAULT_TABLE, LedgerTable, quote_ident
 
 pytestmark = pytest.mark.postgres
@@ -60,7 +60,7 @@ async def test_migrate_creates_then_finds_the_ledger(pg_dsn: str, schema: str) -
     )
     async with locker:
         lease = await locker.acquire("j", SLOT)
-        assert isinstance(lease, PostgresLease)
+        assert isinstance(lease, PostgresHold)
         await lease.release()
 
 
@@ -79,13 +79,13 @@ async def test_status_and_history(pg_dsn: str, schema: str) -> None:
         ):
             slot = SLOT + timedelta(hours=i)
             lease = await runner.acquire(job, slot)
-            assert isinstance(lease, PostgresLease)
+            assert isinstance(lease, PostgresHold)
             now = datetime.now(UTC)
             lease.record(RunRecord(slot, now, now, outcome, error))  # type: ignore[arg-type]
             await lease.release()
         runner.note_schedule(ok_job, "cron '0 3 * * *' in Europe/Berlin", SLOT + timedelta(days=1))
         held = await holder.acquire(bad_job, SLOT + timedelta(days=1))  # holds it during status
-        assert isinstance(held, PostgresLease)
+        assert isinstance(held, PostgresHold)
         await runner.close()  # writes the schedule note
 
         status = await cli("status", "--dsn", pg_dsn, "--schema", schema)
@@ -134,7 +134,7 @@ async def test_unknown_jobs_are_named_and_exit_status_1(pg_dsn: str, schema: str
     locker = PostgresLocker(pg_dsn, schema=schema, application_name="cli-test-unknown")
     async with locker:
         lease = await locker.acquire(job, SLOT)
-        assert isinstance(lease, PostgresLease)
+        assert isinstance(lease, PostgresHold)
         now = datetime.now(UTC)
         lease.record(RunRecord(SLOT, now, now, "succeeded", None))
         await lease.release()
@@ -182,7 +182,7 @@ async def seed_states(pg_dsn: str, schema: str, admin: Any) -> None:
         ):
             slot = SLOT + timedelta(hours=i)
             lease = await locker.acquire(job, slot)
-            assert isinstance(lease, PostgresLease)
+            assert isinstance(lease, PostgresHold)
             now = datetime.now(UTC)
             error = None if outcome == "succeeded" else "RuntimeError: upstream said 503"
             lease.record(RunRecord(slot, now, now, outcome, error))  # type: ignore[arg-type]

@@ -33,7 +33,7 @@ from cronlock import (
     SystemClock,
     every,
 )
-from cronlock.postgres import PostgresLease, PostgresLocker
+from cronlock.postgres import PostgresHold, PostgresLocker
 from cronlock.postgres._crashes import CHECK_EVERY, crashed_sql, recover_sql
 from cronlock.postgres._ledger import LedgerTable
 
@@ -104,7 +104,7 @@ async def row_of(admin: Any, table: LedgerTable, job: str, slot: datetime = SLOT
 async def open_session(locker: PostgresLocker) -> None:
     """Open a lock session (the crash check rides on one) with a run of a throwaway job."""
     lease = await locker.acquire(new_job(), SLOT)
-    assert isinstance(lease, PostgresLease)
+    assert isinstance(lease, PostgresHold)
     await lease.release()
 
 
@@ -189,7 +189,7 @@ async def test_own_lost_runs_are_left_alone_and_their_late_outcome_replaces_cras
     async with locker:
         marked, taken = new_job(), new_job()
         leases = [await locker.acquire(job, SLOT) for job in (marked, taken)]
-        assert all(isinstance(lease, PostgresLease) for lease in leases)
+        assert all(isinstance(lease, PostgresHold) for lease in leases)
         killed = await admin.fetchval(
             "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
             " WHERE application_name = $1",
@@ -197,7 +197,7 @@ async def test_own_lost_runs_are_left_alone_and_their_late_outcome_replaces_cras
         )
         assert killed == 1
         async with asyncio.timeout(30):
-            while not all(isinstance(x, PostgresLease) and x.lost for x in leases):
+            while not all(isinstance(x, PostgresHold) and x.lost for x in leases):
                 await asyncio.sleep(0.02)
         await open_session(locker)  # a new session: the checks go on
         # A witness: once it is marked, the check that marked it saw our rows too.
@@ -221,7 +221,7 @@ async def test_own_lost_runs_are_left_alone_and_their_late_outcome_replaces_cras
         # The session is gone: the outcomes are written later. The taken-over one first,
         # so that its write is done (or was part of the same statement) once the other's is.
         for lease in reversed(leases):
-            assert isinstance(lease, PostgresLease)
+            assert isinstance(lease, PostgresHold)
             lease.record(RunRecord(SLOT, now(), now(), "lock_lost"))
             await lease.release()
         async with asyncio.timeout(30):
@@ -377,7 +377,7 @@ async def test_a_ledger_made_by_an_older_cronlock_is_upgraded_on_start(
     async with PostgresLocker(pg_dsn, application_name=app_name, table=ledger.table) as locker:
         job = new_job()
         lease = await locker.acquire(job, SLOT)
-        assert isinstance(lease, PostgresLease)
+        assert isinstance(lease, PostgresHold)
         lease.record(RunRecord(SLOT, now(), now(), "succeeded"))
         await lease.release()
         assert locker.ledger is not None

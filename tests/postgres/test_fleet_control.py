@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from cronlock import ConfigError, RunRecord
-from cronlock.postgres import FleetControl, PostgresLease, PostgresLocker
+from cronlock.postgres import FleetControl, PostgresHold, PostgresLocker
 from cronlock.postgres._ledger import LedgerTable, ledger_state
 
 from .test_cli_pg import cli
@@ -61,11 +61,11 @@ async def test_a_paused_job_is_refused_at_claim_time_by_every_locker(
         await control.pause("nightly", force=True)
         assert await locker.acquire("nightly", SLOT) == "paused"
         other = await locker.acquire("other", SLOT)  # other jobs are not affected
-        assert isinstance(other, PostgresLease)
+        assert isinstance(other, PostgresHold)
         await other.release()
         await control.resume("nightly", force=True)
         lease = await locker.acquire("nightly", SLOT)
-        assert isinstance(lease, PostgresLease)
+        assert isinstance(lease, PostgresHold)
         now = datetime.now(UTC)
         lease.record(RunRecord(SLOT, now, now, "succeeded"))
         await lease.release()

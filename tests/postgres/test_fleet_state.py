@@ -20,7 +20,7 @@ from cronlock.otel import instrument as instrument_traces
 from cronlock.postgres import (
     FleetControl,
     PostgresElector,
-    PostgresLease,
+    PostgresHold,
     PostgresLocker,
     _control,
 )
@@ -82,7 +82,7 @@ async def test_a_replica_that_never_ran_the_job_reports_the_fleets_last_success(
         slot = datetime(2026, 1, 1, 3, tzinfo=UTC)
         async with PostgresLocker(pg_dsn, table=table) as other:
             lease = await other.acquire("nightly", slot)
-            assert isinstance(lease, PostgresLease)
+            assert isinstance(lease, PostgresHold)
             now = datetime.now(UTC)
             lease.record(RunRecord(slot, now, now, "succeeded"))
             await lease.release()
@@ -161,7 +161,7 @@ async def test_the_lockers_log_records_carry_job_and_slot(pg_dsn: str, table: st
             PostgresLocker(pg_dsn, table=table) as two,
         ):
             lease = await one.acquire("nightly", slot)
-            assert isinstance(lease, PostgresLease)
+            assert isinstance(lease, PostgresHold)
             assert await two.acquire("nightly", slot) == "already_ran"
             await lease.release()
             assert await one.acquire("nightly", slot) == "already_ran"  # remembered

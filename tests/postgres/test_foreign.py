@@ -15,7 +15,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from cronlock import LockHeldElsewhere, RunContext, Scheduler, every
-from cronlock.postgres import PostgresLease, PostgresLocker, locked_run
+from cronlock.postgres import PostgresHold, PostgresLocker, locked_run
 
 from .events import Events
 
@@ -56,7 +56,7 @@ async def test_a_replica_of_the_fleet_holding_the_job_is_not_reported(pg_dsn: st
     slot = datetime(2030, 1, 1, tzinfo=UTC)
     async with PostgresLocker(pg_dsn) as a, PostgresLocker(pg_dsn) as b:
         lease = await a.acquire(job, slot)
-        assert isinstance(lease, PostgresLease)
+        assert isinstance(lease, PostgresHold)
         assert await b.acquire(job, slot + timedelta(minutes=1)) == "locked"
         await asyncio.sleep(2.0)  # the look and its confirmation are over
         await lease.release()

@@ -19,13 +19,13 @@ from cronlock import (
     LedgerLocker,
     LockError,
     LockLost,
-    RecordingLease,
+    RecordingHold,
     RunRecord,
     Scheduler,
     SystemClock,
     every,
 )
-from cronlock.postgres import LedgerNameError, PostgresLease, PostgresLocker
+from cronlock.postgres import LedgerNameError, PostgresHold, PostgresLocker
 from cronlock.postgres._ledger import LedgerTable, quote_ident
 
 from .events import Events
@@ -62,14 +62,14 @@ async def test_is_a_ledger_locker_and_records_outcomes(pg_dsn: str, app_name: st
         assert isinstance(locker, LedgerLocker)
         assert await locker.last_claimed(job) is None
         first = await locker.acquire(job, SLOT)
-        assert isinstance(first, RecordingLease)
+        assert isinstance(first, RecordingHold)
         [unfinished] = await locker.history(job)
         assert (unfinished.outcome, unfinished.finished_at) == ("unfinished", None)
         first.record(record(SLOT))
         await first.release()
         later = SLOT + timedelta(hours=1)
         second = await locker.acquire(job, later)
-        assert isinstance(second, PostgresLease)
+        assert isinstance(second, PostgresHold)
         second.record(record(later, "failed", "ValueError: boom"))
         await second.release()
         assert await locker.last_claimed(job) == later
@@ -94,14 +94,14 @@ async def test_one_round_trip_to_claim_and_one_to_finish(
             pg_dsn, application_name=app_name, ledger=ledger, heartbeat=None
         ) as locker:
             warm = await locker.acquire(job, SLOT)  # opens (and prepares) the session
-            assert isinstance(warm, PostgresLease)
+            assert isinstance(warm, PostgresHold)
             await warm.release()
             before = locker.statistics().statements
             began = time.perf_counter()
             for i in range(1, runs + 1):
                 slot = SLOT + timedelta(minutes=i)
                 lease = await locker.acquire(job, slot)
-                assert isinstance(lease, PostgresLease)
+                assert isinstance(lease, PostgresHold)
                 lease.record(record(slot))
                 await lease.release()
             took = time.perf_counter() - began
@@ -123,7 +123,7 @@ async def test_lagging_replica_finds_the_slot_taken_after_release(
     b = PostgresLocker(pg_dsn, application_name=app_name + "-b")
     async with a, b:
         lease = await a.acquire(job, SLOT)
-        assert isinstance(lease, PostgresLease)
+        assert isinstance(lease, PostgresHold)
         lease.record(record(SLOT))
         await lease.release()
         assert await locks_held([job]) == 0
@@ -151,7 +151,7 @@ async def test_cancelled_claims_give_the_slot_back(
             except asyncio.CancelledError:
                 given_back += 1
                 continue
-            assert isinstance(lease, PostgresLease)
+            assert isinstance(lease, PostgresHold)
             await lease.release()
         assert locker.statistics().held == 0
     assert await locks_held([job]) == 0
@@ -172,7 +172,7 @@ async def test_awkward_names_are_quoted_and_created_on_start(
     )
     async with locker:
         lease = await locker.acquire(job, SLOT)
-        assert isinstance(lease, PostgresLease)
+        assert isinstance(lease, PostgresHold)
         await lease.release()
         assert [r.slot for r in await locker.history(job)] == [SLOT]
     found = await admin.fetchval(
@@ -223,7 +223,7 @@ async def test_replicas_starting_together_create_the_ledger_once(
     job = new_job()
     try:
         answers = await asyncio.gather(*(locker.acquire(job, SLOT) for locker in lockers))
-        assert sum(isinstance(a, PostgresLease) for a in answers) == 1
+        assert sum(isinstance(a, PostgresHold) for a in answers) == 1
         assert {a for a in answers if isinstance(a, str)} <= {"locked", "already_ran"}
     finally:
         for locker in lockers:
@@ -366,7 +366,7 @@ async def test_pool_backed_locker_reads_and_claims(pool: asyncpg.Pool, app_name:
     job = new_job()
     async with PostgresLocker(pool, application_name=app_name + "-p") as locker:
         lease = await locker.acquire(job, SLOT)
-        assert isinstance(lease, PostgresLease)
+        assert isinstance(lease, PostgresHold)
         lease.record(record(SLOT))
         await lease.release()
         assert (await locker.last_runs(job))[1] is not None
@@ -391,7 +391,7 @@ async def test_schedules_are_written_once_no_run_holds_a_lease(
             return bool(await admin.fetchval(sql, job))
 
         lease = await locker.acquire(job, SLOT)
-        assert isinstance(lease, PostgresLease)
+        assert isinstance(lease, PostgresHold)
         locker.note_schedule(job, "every 1h", SLOT + timedelta(hours=1))
         await asyncio.sleep(1.0)  # some 20 upkeep ticks
         assert not await written()

@@ -29,7 +29,7 @@ from cronlock import (
     every,
 )
 from cronlock._keys import job_lock_key, keyed_lock_key
-from cronlock.postgres import PostgresLease, PostgresLocker
+from cronlock.postgres import PostgresHold, PostgresLocker
 from cronlock.postgres._fleet import read_holders
 from cronlock.postgres._ledger import LedgerTable, quote_ident
 
@@ -86,7 +86,7 @@ def keyed(dsn: str, schema: str, **options: Any) -> PostgresLocker:
 
 async def _claim(locker: PostgresLocker, job: str, slot: datetime) -> None:
     lease = await locker.acquire(job, slot)
-    assert isinstance(lease, PostgresLease)
+    assert isinstance(lease, PostgresHold)
     await lease.release()
 
 
@@ -115,8 +115,8 @@ async def test_keyed_keys_exclude_and_the_status_finds_the_holder(
     a, b = keyed(pg_dsn, schema), keyed(pg_dsn, schema)
     async with a, b:
         answers = await asyncio.gather(a.acquire("sync", SLOT), b.acquire("sync", SLOT))
-        [lease] = [x for x in answers if isinstance(x, PostgresLease)]
-        assert [x for x in answers if not isinstance(x, PostgresLease)] in (
+        [lease] = [x for x in answers if isinstance(x, PostgresHold)]
+        assert [x for x in answers if not isinstance(x, PostgresHold)] in (
             ["locked"],
             ["already_ran"],
         )
@@ -168,11 +168,11 @@ async def test_a_mixed_fleet_runs_a_slot_once_but_only_lease_mode_excludes_overl
     fnv = PostgresLocker(pg_dsn, schema=schema, mode=mode, application_name="keys-test")
     async with fnv, keyed(pg_dsn, schema, mode=mode) as key:
         lease = await fnv.acquire("mixed", SLOT)
-        assert isinstance(lease, PostgresLease)
+        assert isinstance(lease, PostgresHold)
         assert await key.acquire("mixed", SLOT) == "already_ran"
         later = await key.acquire("mixed", SLOT + timedelta(minutes=1))
         if mode == "session":
-            assert isinstance(later, PostgresLease)  # not excluded: two different locks
+            assert isinstance(later, PostgresHold)  # not excluded: two different locks
             await later.release()
         else:
             assert later == "locked"

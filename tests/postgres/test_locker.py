@@ -14,8 +14,8 @@ import asyncpg
 import pytest
 
 from cronlock import ConfigError, LockError
-from cronlock._locking import Lease, Locker, LosableLease
-from cronlock.postgres import PostgresLease, PostgresLocker, job_lock_key, locked_run
+from cronlock._locking import Hold, Locker, LosableHold
+from cronlock.postgres import PostgresHold, PostgresLocker, job_lock_key, locked_run
 from cronlock.postgres._ledger import LedgerTable
 
 pytestmark = pytest.mark.postgres
@@ -53,8 +53,8 @@ async def test_implements_the_locker_protocol(pg_dsn: str, app_name: str) -> Non
         checked: Locker = locker
         lease = await checked.acquire(new_job(), SLOT)
         assert isinstance(locker, Locker)
-        assert isinstance(lease, Lease)
-        assert isinstance(lease, LosableLease)
+        assert isinstance(lease, Hold)
+        assert isinstance(lease, LosableHold)
         await lease.release()
 
 
@@ -64,7 +64,7 @@ async def test_mutual_exclusion_across_two_replicas(
     job = new_job()
     async with replica(pg_dsn, app_name + "-a") as a, replica(pg_dsn, app_name + "-b") as b:
         lease = await a.acquire(job, SLOT)
-        assert isinstance(lease, PostgresLease)
+        assert isinstance(lease, PostgresHold)
         # The ledger knows the slot is taken; the lock keeps B off the next slot meanwhile.
         assert await b.acquire(job, SLOT) == "already_ran"
         assert await b.acquire(job, SLOT + timedelta(minutes=1)) == "locked"
@@ -75,7 +75,7 @@ async def test_mutual_exclusion_across_two_replicas(
         # The lock is free again, but the slot ran: B, which never saw it, skips it.
         assert await b.acquire(job, SLOT) == "already_ran"
         lease_b = await b.acquire(job, SLOT + timedelta(minutes=1))
-        assert isinstance(lease_b, PostgresLease)
+        assert isinstance(lease_b, PostgresHold)
         assert await a.acquire(job, SLOT + timedelta(minutes=2)) == "locked"
         await lease_b.release()
         assert a.statistics().contended >= 1
@@ -91,13 +91,13 @@ async def test_lock_only_mode_lets_another_replica_rerun_a_released_slot(
     b = replica(pg_dsn, app_name + "-b", ledger=False)
     async with a, b:
         lease = await a.acquire(job, SLOT)
-        assert isinstance(lease, PostgresLease)
+        assert isinstance(lease, PostgresHold)
         assert await b.acquire(job, SLOT) == "locked"
         assert await b.acquire(job, SLOT + timedelta(minutes=1)) == "locked"
         await lease.release()
         # The lock is not a ledger: B, which never saw the slot, may now take it.
         lease_b = await b.acquire(job, SLOT)
-        assert isinstance(lease_b, PostgresLease)
+        assert isinstance(lease_b, PostgresHold)
         assert await a.acquire(job, SLOT + timedelta(minutes=1)) == "locked"
         await lease_b.release()
         assert a.statistics().contended >= 1
@@ -111,7 +111,7 @@ async def test_per_slot_in_one_replica(pg_dsn: str, app_name: str, locks_held: L
     later = SLOT + timedelta(days=1)
     async with replica(pg_dsn, app_name) as locker:
         first = await locker.acquire(job, SLOT)
-        assert isinstance(first, PostgresLease)
+        assert isinstance(first, PostgresHold)
         told: list[BaseException | None] = []
         first.on_lost(told.append)
         # Re-entrant server-side, but refused here: the job is running in this process.
@@ -122,7 +122,7 @@ async def test_per_slot_in_one_replica(pg_dsn: str, app_name: str, locks_held: L
         assert await locks_held([job]) == 0
         assert await locker.acquire(job, SLOT) == "already_ran"
         second = await locker.acquire(job, later)
-        assert isinstance(second, PostgresLease)
+        assert isinstance(second, PostgresHold)
         await second.release()
         stats = locker.statistics()
         assert (stats.granted, stats.released, stats.held) == (2, 2, 0)
@@ -142,7 +142,7 @@ async def test_fifty_concurrent_leases_use_at_most_sessions_connections(
     jobs = [new_job() for _ in range(50)]
     async with replica(pg_dsn, app_name, sessions=sessions) as locker:
         leases = await asyncio.gather(*(locker.acquire(job, SLOT) for job in jobs))
-        assert all(isinstance(lease, PostgresLease) for lease in leases)
+        assert all(isinstance(lease, PostgresHold) for lease in leases)
         assert await locks_held(jobs) == 50
         connections = await sessions_named(app_name)
         with capsys.disabled():
@@ -154,7 +154,7 @@ async def test_fifty_concurrent_leases_use_at_most_sessions_connections(
             assert connections == 1
         else:  # 50 random keys all in one of 4 shards: odds 4 ** -49
             assert 1 < connections <= sessions
-        await asyncio.gather(*(lease.release() for lease in leases if isinstance(lease, Lease)))
+        await asyncio.gather(*(lease.release() for lease in leases if isinstance(lease, Hold)))
         assert await locks_held(jobs) == 0
         stats = locker.statistics()
         assert stats.sessions_opened == stats.sessions_open == connections
@@ -167,8 +167,8 @@ async def test_terminating_one_shard_loses_only_its_leases(
     jobs = [new_job() for _ in range(50)]
     async with replica(pg_dsn, app_name, sessions=4, heartbeat=None) as locker:
         leases = await asyncio.gather(*(locker.acquire(job, SLOT) for job in jobs))
-        assert all(isinstance(lease, PostgresLease) for lease in leases)
-        held = [lease for lease in leases if isinstance(lease, PostgresLease)]
+        assert all(isinstance(lease, PostgresHold) for lease in leases)
+        held = [lease for lease in leases if isinstance(lease, PostgresHold)]
         assert 1 < await sessions_named(app_name) <= 4
         victim = held[0]
         shard = key_of(victim.job) % 4
@@ -199,7 +199,7 @@ async def test_terminating_one_shard_loses_only_its_leases(
         assert locker.statistics().lost == len(doomed)
         # The shard reconnects on its next acquire; the others keep their sessions.
         again = await locker.acquire(job_in_shard(shard), SLOT)
-        assert isinstance(again, PostgresLease)
+        assert isinstance(again, PostgresHold)
         await asyncio.gather(*(lease.release() for lease in [*held, again]))
         assert await locks_held([*jobs, again.job]) == 0
         assert locker.statistics().held == 0
@@ -238,7 +238,7 @@ async def test_borrowing_from_a_pool_takes_at_most_sessions_connections(
         leases = await asyncio.gather(*(locker.acquire(job, SLOT) for job in jobs))
         assert await locks_held(jobs) == 50
         assert 1 <= await sessions_named(lock_app) <= 4
-        await asyncio.gather(*(lease.release() for lease in leases if isinstance(lease, Lease)))
+        await asyncio.gather(*(lease.release() for lease in leases if isinstance(lease, Hold)))
     assert await locks_held(jobs) == 0
     assert pool.get_idle_size() == pool.get_size()  # the borrowed connection went back
 
@@ -249,7 +249,7 @@ async def test_terminated_session_reconnects_and_lost_lease_releases_quietly(
     first, second = job_in_shard(2), job_in_shard(2)  # on one session, so one reconnect
     async with replica(pg_dsn, app_name) as locker:
         lease = await locker.acquire(first, SLOT)
-        assert isinstance(lease, PostgresLease)
+        assert isinstance(lease, PostgresHold)
         told: list[BaseException | None] = []
         lease.on_lost(told.append)
         killed = await admin.fetchval(
@@ -261,7 +261,7 @@ async def test_terminated_session_reconnects_and_lost_lease_releases_quietly(
         # No waiting for the client to notice: the next acquire copes either way.
         async with asyncio.timeout(60):
             other = await locker.acquire(second, SLOT)
-            assert isinstance(other, PostgresLease)
+            assert isinstance(other, PostgresHold)
             assert lease.lost
             assert await locks_held([first]) == 0  # the server dropped it with the session
             while not told:
@@ -295,7 +295,7 @@ async def test_closed_locker_refuses_and_released_everything(
     job = new_job()
     locker = replica(pg_dsn, app_name)
     lease = await locker.acquire(job, SLOT)
-    assert isinstance(lease, PostgresLease)
+    assert isinstance(lease, PostgresHold)
     await locker.close()
     assert lease.lost
     assert await locks_held([job]) == 0
@@ -310,7 +310,7 @@ async def test_session_is_labelled_and_has_keepalives(
 ) -> None:
     async with replica(pg_dsn, app_name) as locker:
         lease = await locker.acquire(new_job(), SLOT)
-        assert isinstance(lease, PostgresLease)
+        assert isinstance(lease, PostgresHold)
         # Read the settings the way an operator would: from the session itself.
         conn = next(s.conn for s in locker._shards if s.conn is not None)
         assert await conn.fetchval("SHOW application_name") == app_name
@@ -340,7 +340,7 @@ async def test_acquire_and_release_cancelled_at_random_points_leave_nothing(
 
             async def run(i: int = i) -> None:
                 lease = await locker.acquire(rng.choice(jobs), SLOT + timedelta(minutes=i))
-                if isinstance(lease, PostgresLease):
+                if isinstance(lease, PostgresHold):
                     try:
                         await asyncio.sleep(rng.uniform(0, 0.002))
                     finally:
@@ -430,7 +430,7 @@ async def test_network_cut_release_is_bounded_and_quiet(
         via_proxy = urlunsplit(parts._replace(netloc=f"{netloc}@127.0.0.1:{proxy.port}"))
         async with replica(via_proxy, app_name, statement_timeout=0.5, connect_timeout=1) as locker:
             lease = await locker.acquire(job, SLOT)
-            assert isinstance(lease, PostgresLease)
+            assert isinstance(lease, PostgresHold)
             proxy.cut()
             async with asyncio.timeout(60):
                 await lease.release()  # the unlock cannot get through: bounded, no raise
@@ -453,7 +453,7 @@ async def test_key_in_pg_locks_is_the_ledgers_or_with_bare_keys_job_lock_key(
     job = new_job()
     async with replica(pg_dsn, app_name, bare_keys=bare) as locker:
         lease = await locker.acquire(job, SLOT)
-        assert isinstance(lease, PostgresLease)
+        assert isinstance(lease, PostgresHold)
         keys = await admin.fetch(
             "SELECT (l.classid::int8 << 32) | l.objid::int8 AS key FROM pg_locks l"
             " JOIN pg_stat_activity a USING (pid)"
@@ -465,7 +465,7 @@ async def test_key_in_pg_locks_is_the_ledgers_or_with_bare_keys_job_lock_key(
         await lease.release()
         # With bare keys, the seed's locked_run (same key) and the locker exclude each other.
         lease = await locker.acquire(job, SLOT + timedelta(minutes=1))
-        assert isinstance(lease, PostgresLease)
+        assert isinstance(lease, PostgresHold)
         async with locked_run(pg_dsn, job) as standalone:
             assert bool(standalone) is not bare
         await lease.release()

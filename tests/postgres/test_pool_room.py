@@ -14,7 +14,7 @@ import asyncpg
 import pytest
 
 from cronlock import ConfigError
-from cronlock._locking import Lease
+from cronlock._locking import Hold
 from cronlock.postgres import PostgresLocker
 
 SLOT = datetime(2030, 1, 1, tzinfo=UTC)
@@ -71,11 +71,11 @@ async def test_session_mode_leaving_one_connection_is_accepted_and_leaves_it(
         assert warnings_of(caplog) == []
         async with locker:
             leases = [await locker.acquire(job, SLOT) for job in jobs]
-            assert all(isinstance(lease, Lease) for lease in leases)
+            assert all(isinstance(lease, Hold) for lease in leases)
             async with pool.acquire(timeout=2) as conn:  # the application's connection
                 assert await conn.fetchval("SELECT 1") == 1
             for lease in leases:
-                assert isinstance(lease, Lease)
+                assert isinstance(lease, Hold)
                 await lease.release()
 
 
@@ -92,7 +92,7 @@ async def test_lease_mode_warns_about_a_pool_of_one_and_still_works(
         assert record.name == "cronlock.postgres"
         async with locker:  # a warning, not a refusal: it takes turns with the application
             lease = await locker.acquire(f"turns-{uuid.uuid4().hex[:8]}", SLOT)
-            assert isinstance(lease, Lease)
+            assert isinstance(lease, Hold)
             await lease.release()
 
 

@@ -31,7 +31,7 @@ from cronlock import (
     Scheduler,
     every,
 )
-from cronlock.postgres import PostgresLease, PostgresLocker, job_lock_key, locked_run
+from cronlock.postgres import PostgresHold, PostgresLocker, job_lock_key, locked_run
 from cronlock.postgres._ledger import LedgerTable
 
 from .cluster import Cluster, ClusterUnavailable
@@ -86,7 +86,7 @@ async def test_lease_mode_on_a_pool_through_pgbouncer_holds_no_connection_while_
     try:
         async with PostgresLocker(pool, mode="lease", schema=server_schema, lease=2) as locker:
             lease = await locker.acquire("pooled", SLOT)
-            assert isinstance(lease, PostgresLease)
+            assert isinstance(lease, PostgresHold)
             await asyncio.sleep(1.5)  # past a renewal (every lease / 4 = 0.5 s)
             assert pool.get_size() - pool.get_idle_size() == 0
             assert not lease.lost
@@ -113,14 +113,14 @@ async def test_a_lease_holder_cut_off_is_fenced_before_another_replica_takes_the
         b = PostgresLocker(pg_server, mode="lease", schema=server_schema, lease=2)
         async with a, b:
             lease = await a.acquire("fenced", SLOT)
-            assert isinstance(lease, PostgresLease)
+            assert isinstance(lease, PostgresHold)
             lease.on_lost(lambda _: lost_at.append(time.monotonic()))
             proxy.set_mode("freeze")
             later = SLOT + timedelta(minutes=1)
             granted = None
             for _ in range(100):
                 answer = await b.acquire("fenced", later)
-                if isinstance(answer, PostgresLease):
+                if isinstance(answer, PostgresHold):
                     granted = time.monotonic()
                     await answer.release()
                     break

@@ -17,7 +17,7 @@ from urllib.parse import urlsplit
 import pytest
 
 from cronlock import LockError, LockUnavailable
-from cronlock.postgres import PostgresLease, PostgresLocker, _backoff
+from cronlock.postgres import PostgresHold, PostgresLocker, _backoff
 from cronlock.postgres._backoff import (
     RECONNECT_FIRST,
     RECONNECT_JITTER,
@@ -113,7 +113,7 @@ async def test_backoff_grows_while_down_and_starts_over_after_a_reconnect(
     locker = PostgresLocker(via(pg_dsn, port), application_name=app_name, sessions=1)
     calls = 0
 
-    async def acquire_until_granted() -> PostgresLease:
+    async def acquire_until_granted() -> PostgresHold:
         nonlocal calls
         while True:
             calls += 1
@@ -122,7 +122,7 @@ async def test_backoff_grows_while_down_and_starts_over_after_a_reconnect(
             except LockUnavailable:
                 await asyncio.sleep(0.01)  # a busy caller: far more acquires than attempts
                 continue
-            assert isinstance(lease, PostgresLease)
+            assert isinstance(lease, PostgresHold)
             return lease
 
     try:

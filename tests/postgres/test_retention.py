@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from cronlock import ConfigError, RunRecord, Scheduler, every
-from cronlock.postgres import PostgresLease, PostgresLocker
+from cronlock.postgres import PostgresHold, PostgresLocker
 from cronlock.postgres._ledger import LedgerTable, quote_ident
 
 UNUSED = "postgresql://unused@127.0.0.1:9/none"
@@ -83,12 +83,12 @@ async def _ran_twice(dsn: str, table: LedgerTable, retention: float) -> bool:
     async with a, b:
         for slot in (s1, s2):
             lease = await a.acquire(job, slot)
-            assert isinstance(lease, PostgresLease)
+            assert isinstance(lease, PostgresHold)
             lease.record(_done(slot))
             await lease.release()
         await a.prune()
         late = await b.acquire(job, s1)
-        if isinstance(late, PostgresLease):
+        if isinstance(late, PostgresHold):
             await late.release()
             return True
         assert late == "already_ran"

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from cronlock.postgres import PostgresLease, PostgresLocker, locked_run, run_locked
+from cronlock.postgres import PostgresHold, PostgresLocker, locked_run, run_locked
 
 pytestmark = pytest.mark.postgres
 
@@ -62,7 +62,7 @@ def _one(
 
     async def scheduled() -> None:
         lease = await locker.acquire(name, SLOT0 + timedelta(seconds=i))
-        if isinstance(lease, PostgresLease):
+        if isinstance(lease, PostgresHold):
             try:
                 await _body(rng)
             finally:

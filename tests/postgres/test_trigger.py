@@ -14,7 +14,7 @@ import pytest
 
 import cronlock.web
 from cronlock import JobLookupError, RunRecord, Schedule, Scheduler, daily
-from cronlock.postgres import FleetControl, PostgresLease, PostgresLocker, Triggered
+from cronlock.postgres import FleetControl, PostgresHold, PostgresLocker, Triggered
 from cronlock.postgres._ledger import LedgerTable, ledger_state, migrate
 from cronlock.web._model import run_json, run_view
 
@@ -63,7 +63,7 @@ async def test_a_job_known_only_by_its_runs_is_known(pg_dsn: str, table: str) ->
     locker = PostgresLocker(pg_dsn, table=table)
     async with locker, FleetControl(pg_dsn, table=table) as control:
         lease = await locker.acquire("ran-once", SLOT)
-        assert isinstance(lease, PostgresLease)
+        assert isinstance(lease, PostgresHold)
         now = datetime.now(UTC)
         lease.record(RunRecord(SLOT, now, now, "succeeded"))
         await lease.release()
@@ -97,7 +97,7 @@ async def test_a_trigger_is_waited_for_and_its_run_is_marked_manual(
         locker = scheduler.get_job("nightly")._wiring.locker
         assert isinstance(locker, PostgresLocker)
         lease = await locker.acquire("nightly", SLOT)
-        assert isinstance(lease, PostgresLease)
+        assert isinstance(lease, PostgresHold)
         now = datetime.now(UTC)
         lease.record(RunRecord(SLOT, now, now, "succeeded"))
         await lease.release()

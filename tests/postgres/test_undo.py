@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 import pytest
 
-from cronlock.postgres import PostgresLease, PostgresLocker
+from cronlock.postgres import PostgresHold, PostgresLocker
 from cronlock.postgres._ledger import quote_ident
 
 pytestmark = pytest.mark.postgres
@@ -145,7 +145,7 @@ async def test_a_claim_during_an_undo_waits_for_it_and_runs_the_slot(
     answer = await pair.b.acquire(pair.job, SLOT)
     with pytest.raises(asyncio.CancelledError):
         await task
-    assert isinstance(answer, PostgresLease), answer
+    assert isinstance(answer, PostgresHold), answer
     await answer.release()
     assert [run.slot for run in await pair.b.history(pair.job)] == [SLOT]  # B's claim
 
@@ -168,5 +168,5 @@ async def test_an_undo_keeps_the_lock_until_its_row_is_being_deleted(
     assert await locks_on(admin, key) == 0
     assert await pair.a.history(pair.job) == []
     lease = await pair.b.acquire(pair.job, SLOT)  # given back: B may still run the slot
-    assert isinstance(lease, PostgresLease)
+    assert isinstance(lease, PostgresHold)
     await lease.release()

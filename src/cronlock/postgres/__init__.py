@@ -9,6 +9,7 @@ first use (PEP 562 ``__getattr__``); asyncpg is imported later still, by the fir
 
 import importlib as _importlib
 import importlib.util as _importlib_util
+import warnings as _warnings
 from typing import TYPE_CHECKING as _TYPE_CHECKING
 from typing import Any as _Any
 
@@ -28,7 +29,7 @@ if _TYPE_CHECKING:
     from ._control import FleetControl as FleetControl
     from ._control import Triggered as Triggered
     from ._elector import PostgresElector as PostgresElector
-    from ._lease import PostgresLease as PostgresLease
+    from ._hold import PostgresHold as PostgresHold
     from ._ledger import DEFAULT_TABLE as DEFAULT_TABLE
     from ._locked_run import RunLock as RunLock
     from ._locked_run import locked_run as locked_run
@@ -46,7 +47,7 @@ _WHERE = {
     "FleetControl": "._control",
     "Triggered": "._control",
     "PostgresElector": "._elector",
-    "PostgresLease": "._lease",
+    "PostgresHold": "._hold",
     "DEFAULT_TABLE": "._ledger",
     "RunLock": "._locked_run",
     "locked_run": "._locked_run",
@@ -63,7 +64,7 @@ __all__ = (
     "LedgerNameError",
     "PostgresElector",
     "PostgresElectorStatistics",
-    "PostgresLease",
+    "PostgresHold",
     "PostgresLocker",
     "PostgresLockerStatistics",
     "RunLock",
@@ -75,8 +76,18 @@ __all__ = (
 )
 
 
+# Names of earlier releases, still importable (with a DeprecationWarning): a held lock was
+# called a lease, the word lease mode's expiring rows now have to themselves.
+_RENAMED = {"PostgresLease": "PostgresHold"}
+
+
 def __getattr__(name: str) -> _Any:
     """Import the module defining *name* on first access, then keep the name here."""
+    if name in _RENAMED:
+        _warnings.warn(
+            f"{__name__}.{name} is now {_RENAMED[name]}", DeprecationWarning, stacklevel=2
+        )
+        return __getattr__(_RENAMED[name])
     where = _WHERE.get(name)
     if where is None:
         raise AttributeError(f"module 'cronlock.postgres' has no attribute {name!r}")

@@ -1,9 +1,9 @@
 """PostgresLocker: one replica's advisory locks and run-ledger claims on a few sessions.
 
-The locker hands out leases, keeps in-process exclusion and shards jobs over its lock
+The locker hands out holds, keeps in-process exclusion and shards jobs over its lock
 sessions by lock key; the pieces it is built from live next to it: a session
 (:mod:`._session`) and how one ends (:mod:`._sessionend`), the statements of a run
-(:mod:`._claims`), the leases (:mod:`._lease`), upkeep (:mod:`._upkeep`) and fleet time
+(:mod:`._claims`), the holds (:mod:`._hold`), upkeep (:mod:`._upkeep`) and fleet time
 (:mod:`._servertime`).
 """
 
@@ -30,7 +30,7 @@ from ._control import FleetWatch
 from ._crashes import CrashWatch
 from ._exclusion import Mode, exclusion_for, make_sessions, source_for
 from ._foreign import ForeignCallback, ForeignHolders
-from ._lease import PostgresLease
+from ._hold import PostgresHold
 from ._ledger import DEFAULT_TABLE, LedgerTable
 from ._lockkeys import KeySource, LockKeys
 from ._members import Membership
@@ -46,7 +46,7 @@ if TYPE_CHECKING:
     from .._locking import CrashCallback, FleetCallback, Health
     from .._records import RunRecord
 
-__all__ = ("PostgresLease", "PostgresLocker", "PostgresLockerStatistics")
+__all__ = ("PostgresHold", "PostgresLocker", "PostgresLockerStatistics")
 
 _CLOSED = (
     "the PostgresLocker is closed (a Scheduler closes the locker it was given when it "
@@ -74,7 +74,7 @@ class PostgresLocker(HeldOpenByBlocks, ReadsLedger):
     *sessions* dedicated connections (default 4, 1 to 64; a job uses session ``key %
     sessions``, opened on first use; given a pool, borrowed for the locker's lifetime). A
     dead session is noticed within about *heartbeat* + *statement_timeout* and the leases on
-    it are marked :attr:`~PostgresLease.lost` (the scheduler cancels their runs, event
+    it are marked :attr:`~PostgresHold.lost` (the scheduler cancels their runs, event
     ``LockLost``); sessions carry server-side TCP *keepalives*. It needs a direct
     connection: a pooler in between is refused (:class:`cronlock.PoolerDetected`).
 
@@ -172,7 +172,7 @@ class PostgresLocker(HeldOpenByBlocks, ReadsLedger):
         )
         host = socket.gethostname()
         self._claims = tuple(Claims(session, self._exclusion, host) for session in self._shards)
-        self._held: dict[int, PostgresLease] = {}
+        self._held: dict[int, PostgresHold] = {}
         self._pending: set[int] = set()
         self._claimed: dict[str, dict[datetime, None]] = {}
         # What refusals told of each job's history, until the scheduler asks (see
@@ -245,8 +245,8 @@ class PostgresLocker(HeldOpenByBlocks, ReadsLedger):
             foreign=self._foreign, keeper=self._keeper, members=self._members,
         )  # fmt: skip
 
-    async def acquire(self, job: str, slot: datetime) -> PostgresLease | Refusal:
-        """Claim *slot* of *job*: a lease, or why not.
+    async def acquire(self, job: str, slot: datetime) -> PostgresHold | Refusal:
+        """Claim *slot* of *job*: a hold, or why not.
 
         ``"locked"``: the job's lock is held, by another replica or by a run in this process.
         ``"already_ran"``: the slot was claimed before, by any replica (with the ledger) or
@@ -313,18 +313,18 @@ class PostgresLocker(HeldOpenByBlocks, ReadsLedger):
             say(_logger, INFO, job, slot, "rerunning the crashed run")
         remember_claim(self._claimed.setdefault(job, {}), slot, None, remember=self._remember)
         claims, attempt = self._claims[self._shard(key)], 2 if rerun else 1
-        lease = PostgresLease(
+        hold = PostgresHold(
             job, key, slot, claims=claims, generation=generation, on_released=self._on_released,
             attempt=attempt,
         )  # fmt: skip
-        self._held[key] = lease
+        self._held[key] = hold
         if self._keeper is not None:
-            self._keeper.granted(lease, sent)
+            self._keeper.granted(hold, sent)
         elif self._shards[self._shard(key)].generation != generation:
             # The session died between its answer and now: the lock died with it.
-            lease.mark_lost(LockError(f"job {job!r}: the lock session was dropped"))
+            hold.mark_lost(LockError(f"job {job!r}: the lock session was dropped"))
             self._count.lost += 1
-        return lease
+        return hold
 
     def fleet_pace(self) -> float:
         """How many times less often fleet-wide chores run here (members over *racers*, >= 1)."""
@@ -389,7 +389,7 @@ class PostgresLocker(HeldOpenByBlocks, ReadsLedger):
     async def close(self) -> None:
         """Write pending schedules and outcomes, then close the lock sessions.
 
-        Every lock on them is released; held leases become lost. Idempotent. Borrowed pool
+        Every lock on them is released; holds become lost. Idempotent. Borrowed pool
         connections are given back to their pool.
         """
         self._closed = True
@@ -432,19 +432,19 @@ class PostgresLocker(HeldOpenByBlocks, ReadsLedger):
             self._pool_watch = watch_pool(self._source, self.close)
 
     def _on_session_dropped(self, shard: int, reason: str) -> None:
-        """Mark the leases of a dropped session lost (lease mode: they stay held, renewed)."""
+        """Mark the holds of a dropped session lost (lease mode: they stay held, renewed)."""
         if self._mode == "session":
             self._count.lost += mark_dropped(self._held, shard, len(self._shards), reason)
 
-    def _on_fenced(self, lease: PostgresLease) -> None:  # lease mode: renewal failed
+    def _on_fenced(self, hold: PostgresHold) -> None:  # lease mode: renewal failed
         self._count.lost += 1
 
-    def _on_released(self, lease: PostgresLease, unwritten: RunRecord | None) -> None:
-        """*lease* was released: forget it; keep an outcome its dead session lost."""
+    def _on_released(self, hold: PostgresHold, unwritten: RunRecord | None) -> None:
+        """*hold* was released: forget it; keep an outcome its dead session lost."""
         if self._keeper is not None:
-            self._keeper.released(lease)
+            self._keeper.released(hold)
         if unwritten is not None and self._table is not None:
-            self._upkeep.write_late(lease.job, lease.slot, unwritten, lease.attempt)
-        if self._held.get(lease.key) is lease:
-            del self._held[lease.key]
+            self._upkeep.write_late(hold.job, hold.slot, unwritten, hold.attempt)
+        if self._held.get(hold.key) is hold:
+            del self._held[hold.key]
         self._count.released += 1

@@ -30,7 +30,7 @@ from .._cancel import cancel_and_wait, task_name
 from .._errors import LockError
 from .._logs import get_logger, say
 from ._backend_errors import backend_errors
-from ._lease import PostgresLease
+from ._hold import PostgresHold
 from ._leasesql import renew_sql
 from ._ledger import LedgerTable
 from ._session import LockSession
@@ -57,7 +57,7 @@ class LeaseKeeper:
         *,
         holder: str,
         lease: float,
-        lost: Callable[[PostgresLease], None],
+        lost: Callable[[PostgresHold], None],
     ) -> None:
         self._session = session
         self._sql = renew_sql(table)
@@ -66,7 +66,7 @@ class LeaseKeeper:
         self._every = lease / 4
         self._margin = lease / 4
         self._lost = lost
-        self._trusted: dict[PostgresLease, float] = {}
+        self._trusted: dict[PostgresHold, float] = {}
         self._task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
         self.renewals = 0
@@ -81,14 +81,14 @@ class LeaseKeeper:
         session: LockSession,
         *,
         holder: str,
-        lost: Callable[[PostgresLease], None],
+        lost: Callable[[PostgresHold], None],
     ) -> LeaseKeeper | None:
         """The keeper of a locker whose exclusion is *exclusion*: ``None`` but in lease mode."""
         if exclusion is None or exclusion.mode != "lease" or exclusion.table is None:
             return None
         return cls(session, exclusion.table, holder=holder, lease=exclusion.lease, lost=lost)
 
-    def granted(self, lease: PostgresLease, sent: float) -> None:
+    def granted(self, lease: PostgresHold, sent: float) -> None:
         """*lease* was granted by a claim sent at loop time *sent*: trust it until the fence."""
         self._trusted[lease] = sent + self._lease - self._margin
         if self._task is None:
@@ -97,7 +97,7 @@ class LeaseKeeper:
             )
         self._wake.set()
 
-    def released(self, lease: PostgresLease) -> None:
+    def released(self, lease: PostgresHold) -> None:
         """*lease* is being released: no more renewals, no fence."""
         self._trusted.pop(lease, None)
 
@@ -112,7 +112,7 @@ class LeaseKeeper:
             if until <= now:
                 self._lose(lease, "it could not be renewed in time (fenced before it expires)")
 
-    def _lose(self, lease: PostgresLease, why: str) -> None:
+    def _lose(self, lease: PostgresHold, why: str) -> None:
         self._trusted.pop(lease, None)
         if lease.lost:
             return

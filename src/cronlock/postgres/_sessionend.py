@@ -17,7 +17,7 @@ from .._errors import LockError
 from .._logs import get_logger
 from ._backend_errors import gone_or_failed_types
 from ._connections import ConnectionSource
-from ._lease import PostgresLease
+from ._hold import PostgresHold
 from ._session import LockSession
 from ._upkeep import Upkeep
 
@@ -29,7 +29,7 @@ POOL_WATCH_INTERVAL = 0.5
 _logger = get_logger("cronlock.postgres")
 
 
-def mark_dropped(held: Mapping[int, PostgresLease], shard: int, shards: int, reason: str) -> int:
+def mark_dropped(held: Mapping[int, PostgresHold], shard: int, shards: int, reason: str) -> int:
     """Mark lost the leases in *held* (by lock key) on *shard* of *shards*; return how many."""
     lost = [lease for key, lease in held.items() if not lease.lost and key % shards == shard]
     for lease in lost:
@@ -46,7 +46,7 @@ def mark_dropped(held: Mapping[int, PostgresLease], shard: int, shards: int, rea
 
 
 async def hand_back_all(
-    shards: Sequence[LockSession], upkeep: Upkeep, held: Mapping[int, PostgresLease]
+    shards: Sequence[LockSession], upkeep: Upkeep, held: Mapping[int, PostgresHold]
 ) -> None:
     """Write upkeep's pending rows on the first open session (not while locks are still
     *held*: then close at once), and hand every session's connection back."""

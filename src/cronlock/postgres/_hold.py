@@ -1,4 +1,4 @@
-"""What a PostgresLocker hands out: the lease of one slot."""
+"""What a PostgresLocker hands out: the hold on one slot."""
 
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ if TYPE_CHECKING:
     from .._records import RunRecord
     from ._claims import Claims
 
-__all__ = ("PostgresLease",)
+__all__ = ("PostgresHold",)
 
 
-class PostgresLease(BoundedRelease):
+class PostgresHold(BoundedRelease):
     """The lock of one job for one slot, held on the locker's session for that job.
 
     Made by :meth:`PostgresLocker.acquire`: *claims* are the statements of the job's shard,
@@ -49,7 +49,7 @@ class PostgresLease(BoundedRelease):
         *,
         claims: Claims,
         generation: int,
-        on_released: Callable[[PostgresLease, RunRecord | None], None],
+        on_released: Callable[[PostgresHold, RunRecord | None], None],
         attempt: int = 1,
     ) -> None:
         self.job = job
@@ -106,8 +106,8 @@ class PostgresLease(BoundedRelease):
     async def release(self) -> None:
         """Record the outcome (with a ledger) and unlock, in one bounded round trip.
 
-        Releasing twice, or releasing a lost lease, does nothing on the lock; a lost
-        lease's outcome is written to the ledger later, once a session is back. Never
+        Releasing twice, or releasing a lost hold, does nothing on the lock; a lost
+        hold's outcome is written to the ledger later, once a session is back. Never
         raises a backend error: when the statement cannot complete the session is
         terminated, which releases the lock server-side. A cancellation that arrives
         meanwhile is re-raised afterwards.
@@ -126,7 +126,7 @@ class PostgresLease(BoundedRelease):
             self._on_released(self, self._record)
             return
         # Awaited with no task of its own (runs end in thousands at once): the batch's
-        # answer tells this lease first, then wakes us, however often we were cancelled.
+        # answer tells this hold first, then wakes us, however often we were cancelled.
         end.add_done_callback(self._ended)
         await finish_uncancellably(end)
 
@@ -139,4 +139,4 @@ class PostgresLease(BoundedRelease):
 
     def __repr__(self) -> str:
         state = "released" if self._done else "lost" if self._lost else "held"
-        return f"<PostgresLease {self.job!r} slot={self.slot.isoformat()} {state}>"
+        return f"<PostgresHold {self.job!r} slot={self.slot.isoformat()} {state}>"

@@ -1,13 +1,14 @@
 """What the fleet says about this scheduler's jobs: pauses, triggers, latest runs, overdue.
 
 A locker that reads the fleet's shared state (:class:`~cronlock.FleetWatchingLocker`, the
-PostgreSQL locker with its ledger) hands :class:`Fleet` a :class:`~cronlock.FleetView`
-every second or so. Fleet keeps the jobs paused fleet-wide (for status views and metrics;
-the locker itself refuses their claims), starts the runs triggered fleet-wide (each one is
+PostgreSQL locker with its ledger) hands :class:`FleetState` a :class:`~cronlock.FleetView`
+every second or so. FleetState keeps the jobs paused fleet-wide (for status views and
+metrics; the locker itself refuses their claims), starts the runs triggered fleet-wide (each one is
 a slot claimed like any other, so one replica runs it), and copies the fleet's latest run
 and success into each job, so that every replica, even one that never ran the job,
 reports the fleet's last success, and keeps each job's first-seen instant in the ledger.
-The overdue rule and the "without success since" rule are written once here.
+The overdue rule and the "without success since" rule are written once here. (The time
+the fleet shares, the database server's clock, is another module's: ``_fleetclock``.)
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from ._names import job_named
 from ._records import DEFAULT_MISFIRE_GRACE
 from ._runloop import RunLoop
 
-__all__ = ("Fleet", "FleetViews", "grace")
+__all__ = ("FleetState", "FleetViews", "grace")
 
 _logger = get_logger("cronlock")
 _REMEMBER = 256  # triggers already started, per locker (each is started once)
@@ -42,7 +43,7 @@ def grace(job: Job, default_timeout: float | None = None) -> float:
     return misfire + (timeout or 0.0)
 
 
-class Fleet:
+class FleetState:
     """The fleet callback of one scheduler, registered once with each locker that has one.
 
     *jobs* is the scheduler's registry (a live view), *loop* returns its run loop or
@@ -207,7 +208,7 @@ class _HealthView(Mapping[str, Health]):
     """The health of a locker's jobs, each computed only when asked for (the locker lists
     the names every poll, and wants the health of the few whose notes it writes)."""
 
-    def __init__(self, fleet: Fleet, jobs: dict[str, Job]) -> None:
+    def __init__(self, fleet: FleetState, jobs: dict[str, Job]) -> None:
         self._fleet = fleet
         self._jobs = jobs
 
@@ -224,7 +225,7 @@ class _HealthView(Mapping[str, Health]):
 class FleetViews:
     """The scheduler's fleet-wide views (a mixin of :class:`~cronlock.Scheduler`)."""
 
-    _fleet: Fleet
+    _fleet: FleetState
     _clock: Clock
     _jobs: dict[str, Job]
 
