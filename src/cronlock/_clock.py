@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -17,10 +18,6 @@ __all__ = (
     "monotonic",
     "wait_tasks",
 )
-
-
-_wall = time.time
-_from_timestamp = datetime.fromtimestamp
 
 
 def monotonic() -> float:
@@ -108,9 +105,9 @@ class SystemClock:
         """Always True: this is real time."""
         return True
 
-    def now(self) -> datetime:
-        """Return the current wall-clock instant in UTC."""
-        return _from_timestamp(_wall(), UTC)  # twice per run: no attribute look-ups
+    now: Callable[[], datetime] = functools.partial(datetime.now, UTC)
+    """Return the current wall-clock instant in UTC. Read twice per run, so it is a C
+    call through and through (a partial is no descriptor: ``self`` is not passed)."""
 
     async def sleep_until(self, deadline: datetime) -> None:
         """Sleep until the wall clock reaches *deadline*."""

@@ -68,7 +68,7 @@ class Planner:
         so replicas go through a burst in different orders (in one, the first awake claims
         all)."""
         seq = next(self._seq)
-        if job._wiring.gated:
+        if not fast and job._wiring.gated:  # (a fast entry's job is never gated)
             seq |= self._draw(64) << 64
         return (fire, seq, job.name, job._generation, slot, fast)
 
