@@ -167,3 +167,55 @@ def test_capabilities_are_not_probed() -> None:
             ):
                 probes.append(f"{name}:{node.lineno}:{node.args[1].value!s}")
     assert len(probes) <= MAX_PROBES, probes
+
+
+# The pure slot maths (docs/internals.md, "schedules"): no clock, no event loop, no I/O.
+_SLOT_MATHS = frozenset(
+    f"cronlock.{m}"
+    for m in ("_tz", "_durations", "_cron", "_cron_days", "_interval", "_calendar", "_once")
+) | {"cronlock._schedule", "cronlock._fixedzones"}
+# The run machinery ("running"), and the only modules outside it that may import it.
+_RUN_MACHINERY = frozenset(
+    f"cronlock.{m}"
+    for m in (
+        "_state", "_guard", "_admission", "_executor", "_catchup", "_planner", "_runloop",
+        "_recovery", "_fleetstate", "_fleetclock",
+    )
+)  # fmt: skip
+_RUN_DOORS = {
+    "cronlock._scheduler": {"_fleetclock", "_fleetstate", "_recovery", "_runloop"},
+    "cronlock._jobcontrol": {"_runloop"},
+    "cronlock._job": {"_state"},  # a job carries its run state; only _state writes it
+    "cronlock": {"_fleetclock"},  # FleetClock is public
+}
+
+
+def _outside_imports(path: Path) -> set[str]:
+    """The top-level names of the modules *path* imports that are not cronlock's."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(a.name.partition(".")[0] for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            found.add(node.module.partition(".")[0])
+    return found - {"cronlock", "__future__"}
+
+
+def test_the_slot_maths_is_pure() -> None:
+    graph, paths = _graph(), dict(_modules())
+    leaks = {m: sorted(graph[m] - _SLOT_MATHS - {"cronlock._errors"}) for m in _SLOT_MATHS}
+    assert {m: v for m, v in leaks.items() if v} == {}
+    io = {"asyncio", "anyio", "asyncpg", "socket", "threading", "time"}
+    assert {m: sorted(_outside_imports(paths[m]) & io) for m in _SLOT_MATHS} == {
+        m: [] for m in _SLOT_MATHS
+    }
+
+
+def test_the_run_machinery_has_few_doors() -> None:
+    graph = _graph()
+    doors = {
+        m: {t.removeprefix("cronlock.") for t in targets & _RUN_MACHINERY}
+        for m, targets in graph.items()
+        if m not in _RUN_MACHINERY and targets & _RUN_MACHINERY
+    }
+    assert doors == _RUN_DOORS
