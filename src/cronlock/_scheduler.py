@@ -37,7 +37,7 @@ from ._recovery import Recovery
 from ._resources import Resources
 from ._retention import check_retention
 from ._runloop import RunLoop
-from ._schedule import Schedule, bind_zone, check_interval, check_jitter
+from ._schedule import MIN_INTERVAL, Schedule, bind_zone, check_interval, check_jitter
 from ._tz import TimeZone, resolve_tz
 
 __all__ = ("JobOptions", "Scheduler")
@@ -177,7 +177,8 @@ class Scheduler(JobControl, FleetViews):
             raise JobConflictError(f"a job named {name!r} is already registered")
         if type(schedule) is not IntervalSchedule:  # bind_zone() returns those as they are
             schedule = bind_zone(schedule, self._tz)
-        check_interval(name, schedule)
+        elif schedule.interval < MIN_INTERVAL:  # only these can be too fine: one call fewer
+            check_interval(name, schedule)  # raises
         job = new_job(
             func,
             schedule,
