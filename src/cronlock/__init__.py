@@ -44,6 +44,7 @@ if _TYPE_CHECKING:
     from ._events import LockFailed as LockFailed
     from ._events import LockHeldElsewhere as LockHeldElsewhere
     from ._events import LockLost as LockLost
+    from ._events import ScheduleRejected as ScheduleRejected
     from ._events import SchedulerStarted as SchedulerStarted
     from ._events import SchedulerStopped as SchedulerStopped
     from ._events import SkipReason as SkipReason
@@ -82,6 +83,8 @@ if _TYPE_CHECKING:
     from ._schedule import Schedule as Schedule
     from ._scheduler import JobOptions as JobOptions
     from ._scheduler import Scheduler as Scheduler
+    from ._stored import ScheduleStore as ScheduleStore
+    from ._stored import StoredSchedule as StoredSchedule
 
 # Where each public name lives (its module is imported on first access).
 _WHERE = {
@@ -110,6 +113,9 @@ _WHERE = {
     "JobCancelled": "._events",
     "JobCrashed": "._events",
     "LockHeldElsewhere": "._events",
+    "ScheduleRejected": "._events",
+    "ScheduleStore": "._stored",
+    "StoredSchedule": "._stored",
     "JobEvent": "._events",
     "JobFailed": "._events",
     "JobSkipped": "._events",
@@ -214,6 +220,8 @@ __all__ = (
     "Schedule",
     "ScheduleError",
     "ScheduleNotingLocker",
+    "ScheduleRejected",
+    "ScheduleStore",
     "Scheduler",
     "SchedulerStarted",
     "SchedulerStateError",
@@ -223,6 +231,7 @@ __all__ = (
     "SessionLost",
     "SkipReason",
     "StatementTimeout",
+    "StoredSchedule",
     "Subscription",
     "SystemClock",
     "cron",

@@ -28,6 +28,7 @@ __all__ = (
     "LockFailed",
     "LockHeldElsewhere",
     "LockLost",
+    "ScheduleRejected",
     "SchedulerStarted",
     "SchedulerStopped",
     "SkipReason",
@@ -176,6 +177,21 @@ class LockHeldElsewhere(JobEvent):
     """
 
     holder: str
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleRejected(Event):
+    """This replica could not register revision *revision* of the stored schedule
+    *schedule*, which names task *task*: *reason* says why (no such task here, kwargs that
+    do not fit it, a clash with a job defined in code). The other schedules go on; the
+    store notes the problem, so ``status`` and the dashboard show it. Emitted once per
+    revision by each replica that rejects it (with a WARNING).
+    """
+
+    schedule: str
+    task: str
+    revision: int
+    reason: str
 
 
 Listener = Callable[[Event], object] | Callable[[Event], Awaitable[object]]

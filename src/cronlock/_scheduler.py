@@ -11,6 +11,7 @@ from ._clock import Clock
 from ._durations import Seconds, optional_seconds, positive_int, to_seconds
 from ._errors import (
     ConfigError,
+    CronlockError,
     JobConflictError,
     SchedulerStateError,
 )
@@ -38,6 +39,8 @@ from ._resources import Resources
 from ._retention import check_retention
 from ._runloop import RunLoop
 from ._schedule import MIN_INTERVAL, Schedule, bind_zone, check_interval, check_jitter
+from ._stored import ScheduleStore
+from ._storedsync import StoredSync, StoredTasks
 from ._tz import TimeZone, resolve_tz
 
 __all__ = ("JobOptions", "Scheduler")
@@ -47,7 +50,7 @@ _F = TypeVar("_F", bound=Callable[..., object])
 _UNSET = object()  # no job wired yet
 
 
-class Scheduler(JobControl, FleetViews):
+class Scheduler(JobControl, FleetViews, StoredTasks):
     """Runs async (and plain) functions on schedules; coordinates replicas through a locker.
 
     Use it as an async context manager (``async with scheduler:``), or call
@@ -64,6 +67,8 @@ class Scheduler(JobControl, FleetViews):
     run whose lock is lost mid-run (its database session died): ``"cancel"`` it (default;
     event ``LockLost``) or let it ``"continue"`` (logged at ERROR). *fleet_clock*: fire by the
     locker's server clock (default with PostgreSQL: see docs/coordination.md, "Fleet time").
+    *sync_every*: seconds between two reads of the stored schedules, when the locker keeps
+    them (``PostgresLocker``; see :meth:`task` and docs/stored.md).
 
     **Ownership.** The scheduler closes the lockers and electors it was given (and the jobs'
     ``locker=``) when it shuts down, unless one is held open with ``async with`` (then that
@@ -83,6 +88,7 @@ class Scheduler(JobControl, FleetViews):
         elector: Elector | None = None,
         on_lock_lost: Literal["cancel", "continue"] = "cancel",
         fleet_clock: bool | None = None,
+        sync_every: Seconds = 2.0,
     ) -> None:
         self._tz = resolve_tz(tz)
         if max_concurrent is not None:
@@ -117,6 +123,9 @@ class Scheduler(JobControl, FleetViews):
             jobs=self._jobs, clock=self._clock, bus=self._bus, loop=lambda: self._loop
         )
         self._fleet = FleetState(self._jobs, lambda: self._loop, self._default_timeout)
+        self._sync_every = to_seconds(sync_every, field="sync_every", error=ConfigError)
+        self._tasks: dict[str, Callable[..., object]] = {}
+        self._stored: StoredSync | None = None
 
     # -- properties ------------------------------------------------------------------
 
@@ -347,6 +356,7 @@ class Scheduler(JobControl, FleetViews):
         if self._loop is not None:
             raise SchedulerStateError("the scheduler is already running")
         self._resources.check_open()
+        await self._load_stored()
         self._loop = RunLoop(
             clock=self._clock,
             # Decided once: the real clock sleeps on event-loop timers, a virtual one on itself.
@@ -364,8 +374,25 @@ class Scheduler(JobControl, FleetViews):
         # Only jobs whose locker keeps a ledger catch up: none without such a wiring.
         ledgers = any(wiring.ledger is not None for wiring in self._wirings.values())
         self._loop.start(catch_up=active if ledgers else ())
+        if self._stored is not None:
+            self._stored.start()
         _logger.info("scheduler started with %d job(s)", len(self._jobs))
         self._bus.emit(SchedulerStarted())
+
+    async def _load_stored(self) -> None:
+        """With tasks and a locker that keeps stored schedules, register every stored one
+        (one read); a failed read is logged and the sync tries again."""
+        store = self._locker
+        if not self._tasks or not isinstance(store, ScheduleStore):
+            return
+        if self._stored is None:
+            self._stored = StoredSync(
+                self, self._tasks, store, self._clock, self._bus, self._sync_every
+            )
+        try:
+            await self._stored.sync()
+        except CronlockError as exc:
+            _logger.error("reading the stored schedules failed: %s; retrying", exc)
 
     async def shutdown(self, timeout: Seconds | None = None) -> None:
         """Stop firing; wait up to *timeout* (default ``stop_timeout``) for runs in flight,
@@ -376,6 +403,8 @@ class Scheduler(JobControl, FleetViews):
         if loop is None:
             return
         wait = optional_seconds(timeout, field="timeout", allow_zero=True)
+        if self._stored is not None:
+            await self._stored.stop()
         await loop.stop(self._stop_timeout if wait is None else wait)
         await self._bus.drain()
         await self._resources.close()
