@@ -1,5 +1,5 @@
-"""``python -m cronlock migrate|status|history|pause|resume|trigger|web``: the ledger verbs'
-arguments and dispatch.
+"""``python -m cronlock migrate|status|history|pause|resume|trigger|schedules|web``: the
+ledger verbs' arguments and dispatch.
 
 The verbs themselves run on asyncpg, in :mod:`cronlock.postgres._cli`; this module only
 declares their arguments, so the command line (``next``, ``demo``) works without the
@@ -17,7 +17,9 @@ from ._errors import CronlockError
 
 __all__ = ("PG_VERBS", "add_pg_parsers", "run_pg")
 
-PG_VERBS = frozenset({"migrate", "status", "history", "pause", "resume", "trigger", "web"})
+PG_VERBS = frozenset(
+    {"migrate", "status", "history", "pause", "resume", "trigger", "schedules", "web"}
+)
 
 # `history -n` beyond this is a mistake rather than a question; a number past the server's
 # bigint failed in the driver with a traceback.
@@ -91,6 +93,8 @@ def add_pg_parsers(verbs: Any) -> None:
             "--force", action="store_true", help="even if the ledger does not know the job yet"
         )
 
+    _add_schedules_parser(verbs, common)
+
     web = verbs.add_parser("web", help="serve the live dashboard of the fleet (read-only)")
     common(web)
     web.add_argument("--host", default="127.0.0.1", help="address to listen on (127.0.0.1)")
@@ -98,6 +102,42 @@ def add_pg_parsers(verbs: Any) -> None:
     web.add_argument(
         "--refresh", type=float, default=3.0, help="seconds between live updates (default: 3)"
     )
+
+
+def _add_schedules_parser(verbs: Any, common: Any) -> None:
+    """``schedules list|add|update|remove``: the stored schedules (FleetControl's verbs)."""
+    schedules = verbs.add_parser(
+        "schedules", help="list, add, update or remove the schedules stored in the ledger"
+    )
+    actions = schedules.add_subparsers(dest="action", metavar="ACTION", required=True)
+    common(actions.add_parser("list", help="every stored schedule, with its problem if any"))
+    for action, what in (("add", "store a schedule"), ("update", "change a stored schedule")):
+        parser = actions.add_parser(action, help=what)
+        common(parser)
+        parser.add_argument("name", metavar="NAME", help="the schedule's (and its job's) name")
+        if action == "add":
+            parser.add_argument("task", metavar="TASK", help="the task it runs (@scheduler.task)")
+        else:
+            parser.add_argument("--task", help="the task it runs from now on")
+        kind = parser.add_mutually_exclusive_group(required=action == "add")
+        kind.add_argument("--cron", metavar="EXPR", help="a cron expression ('0 8 * * *')")
+        kind.add_argument("--every", metavar="SECONDS", type=float, help="an interval")
+        kind.add_argument("--at", metavar="ISO", nargs="+", help="once, at these instants")
+        parser.add_argument("--seconds", action="store_true", help="--cron has a seconds field")
+        parser.add_argument("--tz", help="the zone of --cron (default: UTC)")
+        parser.add_argument("--anchor", metavar="ISO", help="one slot of --every (the phase)")
+        parser.add_argument("--kwargs", metavar="JSON", help="the task's keyword arguments")
+        parser.add_argument(
+            "--option",
+            action="append",
+            default=[],
+            metavar="NAME=VALUE",
+            help="a job option (timeout=600, overlap=queue, tags='[\"a\"]', "
+            "stop_at=2027-01-01T00:00:00+00:00...; the value is JSON or text; repeatable)",
+        )
+    remove = actions.add_parser("remove", help="remove a stored schedule")
+    common(remove)
+    remove.add_argument("name", metavar="NAME", help="the schedule's name")
 
 
 def run_pg(args: argparse.Namespace) -> int:

@@ -20,27 +20,16 @@ from datetime import datetime, timedelta
 
 from ._clock import Clock
 from ._events import JobEvent, JobSkipped, LockFailed
-from ._job import Job
+from ._job import Job, grace
 from ._locking import FleetView, FleetWatchingLocker, Health, Wiring
 from ._logs import at, get_logger
 from ._names import job_named
-from ._records import DEFAULT_MISFIRE_GRACE
 from ._runloop import RunLoop
 
 __all__ = ("FleetState", "FleetViews", "grace")
 
 _logger = get_logger("cronlock")
 _REMEMBER = 256  # triggers already started, per locker (each is started once)
-
-
-def grace(job: Job, default_timeout: float | None = None) -> float:
-    """Seconds after a slot fell due before the job counts as overdue: ``alert_after``, or
-    its ``misfire_grace`` (the default when unlimited) plus its timeout."""
-    if job.alert_after is not None:
-        return job.alert_after
-    misfire = job.misfire_grace if job.misfire_grace is not None else DEFAULT_MISFIRE_GRACE
-    timeout = job.timeout if job.timeout is not None else default_timeout
-    return misfire + (timeout or 0.0)
 
 
 class FleetState:

@@ -27,9 +27,9 @@ class StoredSchedule:
     *kwargs* the keyword arguments each run is given, *options* the job options stored
     with it (``timeout``, ``overlap``, ``jitter``, ``misfire_grace``, ``start_at``,
     ``stop_at``, ``tags``, ``recover``, ``alert_after``). *revision* grows with every change
-    to the store; *paused* is the job's fleet-wide pause. *problem* is what a replica
-    reported it could not do with this revision (no such task there, kwargs that do not
-    fit the task), with *problem_by* naming that replica; ``None`` when none did.
+    to the store; *paused* is the job's fleet-wide pause. *problems* maps each replica
+    (``host:pid``) that could not register this revision to why (no such task there, kwargs
+    that do not fit the task); :attr:`problem` says it in one line.
     """
 
     name: str
@@ -40,8 +40,18 @@ class StoredSchedule:
     revision: int = 0
     paused: bool = False
     updated_at: datetime | None = None
-    problem: str | None = None
-    problem_by: str | None = None
+    problems: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def problem(self) -> str | None:
+        """The replicas' problems with this revision in one line (``None``: none said any):
+        each reason once, with the replicas that gave it."""
+        if not self.problems:
+            return None
+        by: dict[str, list[str]] = {}
+        for replica, reason in sorted(self.problems.items()):
+            by.setdefault(reason, []).append(replica)
+        return "; ".join(f"{reason} ({', '.join(names)})" for reason, names in by.items())
 
 
 Change = tuple[str, int, StoredSchedule | None]

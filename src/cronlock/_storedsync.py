@@ -138,8 +138,6 @@ class StoredSync:
             reason,
         )
         self._bus.emit(ScheduleRejected(stored.name, stored.task, stored.revision, reason))
-        if stored.problem == reason:
-            return  # the store has it already (from another replica, or an earlier start)
         try:
             await self._store.report_problem(stored.name, stored.revision, reason)
         except LockError as exc:

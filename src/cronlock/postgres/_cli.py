@@ -1,5 +1,5 @@
 """``python -m cronlock migrate|status|history|pause|resume|trigger``: the run ledger and
-fleet control from the command line.
+fleet control from the command line (``schedules``: :mod:`._cli_schedules`).
 
 The arguments are declared in :mod:`cronlock._cli_ledger`, which needs no asyncpg.
 """
@@ -43,6 +43,10 @@ def run_verb(args: argparse.Namespace) -> int:
         raise CronlockError(f"-n must be at least 1, got {args.n}")
     if args.verb == "status":
         args.states = _states(args.state or [])
+    if args.verb == "schedules":
+        from ._cli_schedules import run_schedules
+
+        return asyncio.run(run_schedules(args, table))
     return asyncio.run(_run(args, table))
 
 

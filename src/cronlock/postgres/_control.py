@@ -35,6 +35,7 @@ from ._decode import LOW, RUN, decode_run, report_odd, sane, slot_in_range
 from ._firstseen import first_seen_sql
 from ._ledger import DEFAULT_TABLE, LedgerTable, migrate
 from ._session import LockSession
+from ._storedverbs import ScheduleVerbs
 
 __all__ = (
     "POLL_EVERY",
@@ -198,7 +199,7 @@ class Triggered:
             ) from None
 
 
-class FleetControl:
+class FleetControl(ScheduleVerbs):
     """Pause, resume and trigger jobs on every replica that shares a run ledger.
 
     ``async with FleetControl(pool_or_dsn) as control: await control.pause("nightly")``.
@@ -209,7 +210,8 @@ class FleetControl:
     A pause is honoured by every replica at its next claim of the job (the claim statement
     reads it: no polling), and lasts until :meth:`resume`, across restarts and deploys.
     A trigger runs the job once, now, on exactly one replica (one that has the job
-    registered and running), even while it is paused.
+    registered and running), even while it is paused. Schedules the application keeps in
+    the ledger are added, changed and removed here too (:meth:`add_schedule`).
     """
 
     def __init__(

@@ -17,6 +17,7 @@ from .._keys import job_lock_key, ledger_lock_key
 from ._decode import R_RUN, RUN, RUN_COLUMNS, odd_list, sane, slot_in_range, to_record
 from ._firstseen import first_seen_ddl
 from ._starts import real_start
+from ._storedddl import schedules_ddl
 
 __all__ = (
     "DEFAULT_TABLE",
@@ -131,6 +132,11 @@ class LedgerTable:
         """The secrets table (``<table>_secrets``: keys the fleet shares), quoted, qualified."""
         return self._qualified(_derived(self.table, "_secrets"))
 
+    @property
+    def schedules(self) -> str:
+        """The stored schedules' table (``<table>_schedules``), quoted and qualified."""
+        return self._qualified(_derived(self.table, "_schedules"))
+
     def lock_key(self, job: str) -> int:
         """*job*'s advisory-lock key in this ledger's namespace (:func:`ledger_lock_key` of
         the qualified runs table): two ledgers in one database never share a key."""
@@ -217,6 +223,8 @@ class LedgerTable:
             # Keys every process of the fleet shares (._secrets), made once by the first.
             f"""CREATE TABLE IF NOT EXISTS {self.secrets} (name text PRIMARY KEY,
                 value bytea NOT NULL, created_at timestamptz NOT NULL DEFAULT clock_timestamp())""",
+            # Schedules the application adds at runtime (FleetControl.add_schedule).
+            *schedules_ddl(self.schedules, quote_ident(_derived(self.table, "_schedules_idx"))),
         ]
         return statements
 
@@ -224,7 +232,7 @@ class LedgerTable:
     def state_sql(self) -> str:
         """``$1, $2``: the quoted names of the runs and jobs tables, ``$3`` the columns a
         current ledger has in them that an old one lacks, ``$4`` the tables an older ledger
-        lacks (control, leases, members, secrets). NULL when a table is missing, else
+        lacks (control, leases, members, secrets, schedules). NULL when a table is missing, else
         whether it is current.
         """
         return """
@@ -415,7 +423,7 @@ async def ledger_state(conn: Any, table: LedgerTable) -> LedgerState:
         table.runs,
         table.jobs,
         list(_ADDED_COLUMNS),
-        [table.control, table.leases, table.members, table.secrets],
+        [table.control, table.leases, table.members, table.secrets, table.schedules],
     )
     return "missing" if current is None else "current" if current else "old"
 

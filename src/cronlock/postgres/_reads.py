@@ -7,6 +7,8 @@ catch-up) is one statement per :data:`READ_BATCH` jobs, however many jobs there 
 from __future__ import annotations
 
 import functools
+import os
+import socket
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -19,9 +21,11 @@ from ._backend_errors import backend_errors
 from ._batchsql import Prefixed, catch_up_sql
 from ._decode import decode_run, report_odd
 from ._ledger import LedgerTable
+from ._storedsql import decode_changes, stored_sql
 
 if TYPE_CHECKING:
     from .._records import RunRecord
+    from .._stored import Change
     from ._session import LockSession
 
 __all__ = ("READ_BATCH", "LedgerReads", "ReadsLedger")
@@ -29,6 +33,7 @@ __all__ = ("READ_BATCH", "LedgerReads", "ReadsLedger")
 READ_BATCH = 5000
 """Jobs per statement of a many-job read."""
 _T = TypeVar("_T")
+_STORED_KEY = "cronlock:stored-schedules"  # the shard the stored schedules are read on
 
 
 class LedgerReads:
@@ -104,6 +109,24 @@ class LedgerReads:
                 found[job] = LedgerSummary(row["claimed"], last, ok)
         return found
 
+    async def stored_changes(self, since: int) -> tuple[int, list[Change]]:
+        """The stored schedules' latest revision and changes after *since* (one statement,
+        on the shard of a fixed key); nothing without a ledger."""
+        table = self._table
+        if table is None:
+            return since, []
+        sql = stored_sql(table)["changes"]
+        rows = await self._read(_STORED_KEY, lambda s: s.fetch(sql, since))
+        return decode_changes(rows, since, table=table.schedules)
+
+    async def report_problem(self, name: str, revision: int, problem: str) -> None:
+        """Note *problem* in revision *revision* of stored schedule *name*, as this host."""
+        table = self._table
+        if table is None:
+            return
+        sql, who = stored_sql(table)["problem"], f"{socket.gethostname()}:{os.getpid()}"
+        await self._read(_STORED_KEY, lambda s: s.execute(sql, name, revision, problem, who))
+
     async def _read(self, job: str, call: Callable[[Any], Awaitable[_T]]) -> _T:
         if self._closed():
             raise LockError(f"job {job!r}: the PostgresLocker is closed")
@@ -154,6 +177,16 @@ class ReadsLedger:
         statement per few thousand jobs (start-up catch-up); jobs without a row are left
         out. Empty without a ledger."""
         return await self._reads.summaries(jobs)
+
+    async def stored_changes(self, since: int) -> tuple[int, list[Change]]:
+        """The stored schedules' latest revision and every change after revision *since*
+        (``FleetControl.add_schedule``...), oldest first: one statement per sync."""
+        return await self._reads.stored_changes(since)
+
+    async def report_problem(self, name: str, revision: int, problem: str) -> None:
+        """Note in the ledger that this replica cannot run revision *revision* of stored
+        schedule *name*, and why (``status`` and the dashboard show it)."""
+        await self._reads.report_problem(name, revision, problem)
 
     def refusal_history(self, job: str) -> tuple[RunRecord | None, RunRecord | None] | None:
         """What the ledger said with the refusal :meth:`acquire` just gave *job*: the job's

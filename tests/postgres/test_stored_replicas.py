@@ -1,0 +1,180 @@
+"""Stored schedules across three real replica processes, changed by a fourth process (the
+command line, through FleetControl) while they run; in both coordination modes.
+
+Added, changed and removed schedules are picked up within the bound (the default sync,
+every 2 s), each slot runs once in the fleet with its kwargs, a changed schedule runs its
+new slots only, a removed one falls silent; a replica without the task rejects it and
+the others run it; a schedule whose kwargs do not fit runs nowhere and says so in
+``schedules list``; one whose task no replica has is overdue in ``status --check``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cronlock.postgres import FleetControl
+
+from .conftest import Coordination
+from .test_cli_pg import cli
+
+pytestmark = [pytest.mark.postgres, pytest.mark.slow]
+
+REPLICA = Path(__file__).with_name("stored_replica.py")
+PICK_UP = 5.0  # the bound a replica with the default sync_every picks a change up within
+
+
+class Replicas:
+    """Replica processes and the JSON lines they printed."""
+
+    def __init__(self) -> None:
+        self.procs: list[asyncio.subprocess.Process] = []
+        self.lines: list[dict[str, Any]] = []
+        self._readers: list[asyncio.Task[None]] = []
+
+    async def start(self, rid: int, *args: str) -> None:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, str(REPLICA), "--id", str(rid), "--sync", "2", *args,
+            stdout=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        self.procs.append(proc)
+        self._readers.append(asyncio.create_task(self._read(proc)))
+
+    async def _read(self, proc: asyncio.subprocess.Process) -> None:
+        assert proc.stdout is not None
+        async for line in proc.stdout:
+            self.lines.append(json.loads(line))
+
+    async def stop(self) -> None:
+        for proc in self.procs:
+            if proc.returncode is None:
+                proc.kill()
+        for proc in self.procs:
+            await proc.wait()
+        await asyncio.gather(*self._readers, return_exceptions=True)
+
+    def of(self, event: str, rid: int | None = None) -> list[dict[str, Any]]:
+        return [
+            x for x in self.lines if x["event"] == event and (rid is None or x["replica"] == rid)
+        ]
+
+    def jobs(self, rid: int) -> dict[str, str]:
+        """Replica *rid*'s stored jobs and their schedules, as last printed."""
+        seen = self.of("jobs", rid)
+        return seen[-1]["names"] if seen else {}
+
+    async def seen(self, rid: int, check: Callable[[dict[str, str]], bool], since: float) -> float:
+        """How long after *since* replica *rid* first printed jobs that pass *check*."""
+
+        def found() -> float | None:
+            seen = self.of("jobs", rid)
+            return next((x["at"] for x in seen if x["at"] >= since and check(x["names"])), None)
+
+        await eventually(lambda: found() is not None, f"replica {rid} picks the change up")
+        at = found()
+        assert at is not None
+        return at - since
+
+
+async def eventually(check: Callable[[], object], what: str, limit: float = 60.0) -> None:
+    deadline = time.monotonic() + limit
+    while not check():
+        if time.monotonic() > deadline:
+            pytest.fail(f"never happened: {what}")
+        await asyncio.sleep(0.05)
+
+
+async def test_add_update_remove_while_three_replicas_run(coordination: Coordination) -> None:
+    table = f"stored_{uuid.uuid4().hex[:10]}"
+    dsn, schema = coordination.dsn, coordination.schema
+    where = ("--dsn", dsn, "--table", table, *coordination.schema_args)
+    replicas = Replicas()
+    latencies: list[float] = []
+    try:
+        async with FleetControl(dsn, table=table, schema=schema) as control:
+            common = ("--dsn", dsn, "--table", table, *coordination.args)
+            for rid in (1, 2):
+                await replicas.start(rid, *common)
+            await replicas.start(3, *common, "--without", "report")
+            await eventually(lambda: len(replicas.of("ready")) == 3, "three replicas ready")
+
+            async def change(*args: str) -> float:
+                """Run ``schedules ARGS`` in a process of its own; the server's commit time."""
+                done = await cli("schedules", *args, *where)
+                assert done.returncode == 0, done.stderr
+                mine = [s.updated_at for s in await control.schedules() if s.name == args[1]]
+                if not mine or mine[0] is None:  # removed: the row is a tombstone now
+                    return time.time()
+                return mine[0].timestamp()
+
+            added = await change(
+                "add", "r:1", "report", "--every", "1", "--kwargs", '{"tenant": 1}'
+            )
+            await change("add", "r:2", "report", "--every", "1", "--kwargs", '{"tenant": 2}')
+            await change(
+                "add", "bad", "report", *("--every", "1", "--option", "alert_after=1"),
+                *("--kwargs", '{"tenant": 3, "x": 1}'),
+            )  # fmt: skip
+            await change("add", "orphan", "missing", "--every", "1", "--option", "alert_after=1")
+            both = {"r:1", "r:2"}
+            for rid in (1, 2):
+                latencies.append(await replicas.seen(rid, lambda n: set(n) == both, added))
+            await eventually(
+                lambda: (
+                    {x["schedule"] for x in replicas.of("rejected", 3)}
+                    == {"r:1", "r:2", "bad", "orphan"}
+                ),
+                "replica 3 rejects what it has no task for",
+            )
+            await asyncio.sleep(3)
+
+            updated = await change("update", "r:1", "--every", "2")
+            for rid in (1, 2):
+                latency = await replicas.seen(rid, lambda n: n.get("r:1") == "every 2s", updated)
+                latencies.append(latency)
+            changed_by = max(latencies[-2:]) + updated
+            await asyncio.sleep(4)
+
+            removed = await change("remove", "r:2")
+            for rid in (1, 2):
+                latencies.append(await replicas.seen(rid, lambda n: "r:2" not in n, removed))
+            gone_by = max(latencies[-2:]) + removed
+            await asyncio.sleep(3)
+
+            listed = {s.name: s for s in await control.schedules()}
+            status = await cli("status", "--check", *where)
+            shown = await cli("schedules", "list", *where)
+    finally:
+        await replicas.stop()
+
+    print(f"pick-up latencies (s): {sorted(round(x, 3) for x in latencies)}")
+    assert all(0 <= x <= PICK_UP for x in latencies), latencies
+    starts = replicas.of("start")
+    runs = Counter((x["job"], x["slot"]) for x in starts)
+    assert runs and max(runs.values()) == 1, [k for k, n in runs.items() if n > 1]  # once each
+    assert {x["tenant"] for x in starts if x["job"] == "r:1"} == {1}  # kwargs delivered
+    assert {x["tenant"] for x in starts if x["job"] == "r:2"} == {2}
+    assert not [x for x in starts if x["replica"] == 3]  # it has no task 'report'
+    assert not [x for x in starts if x["job"] in ("bad", "orphan")]
+    new = [x["slot"] for x in starts if x["job"] == "r:1" and x["slot"] > changed_by]
+    assert len(new) >= 2 and all(slot % 2 == 0 for slot in new)  # the new slots only
+    assert not [x for x in starts if x["job"] == "r:2" and x["slot"] > gone_by]
+    assert "r:2" not in listed and set(listed) == {"r:1", "bad", "orphan"}
+    # Each replica's problem with it: replicas 1 and 2 refuse the kwargs, 3 lacks the task.
+    bad = listed["bad"].problems
+    assert len(bad) == 3 and sum("'x'" in reason for reason in bad.values()) == 2, bad
+    assert listed["orphan"].problem is not None and "no task 'missing'" in listed["orphan"].problem
+    # Replica 3 still has no task 'report': the operator sees it (a deploy half done).
+    assert listed["r:1"].problem is not None and "no task 'report'" in listed["r:1"].problem
+    assert status.returncode == 1 and "orphan" in status.stdout.splitlines()[-1], status.stdout
+    assert "bad" in status.stdout.splitlines()[-1]  # no replica runs it either
+    assert "no task 'missing'" in shown.stdout
