@@ -68,7 +68,7 @@ class Scheduler(JobControl, FleetViews, StoredTasks):
     event ``LockLost``) or let it ``"continue"`` (logged at ERROR). *fleet_clock*: fire by the
     locker's server clock (default with PostgreSQL: see docs/coordination.md, "Fleet time").
     *sync_every*: seconds between two reads of the stored schedules, when the locker keeps
-    them (``PostgresLocker``; see :meth:`task` and docs/stored.md).
+    them (``PostgresLocker``; see :meth:`task` and docs/guides/stored-schedules.md).
 
     **Ownership.** The scheduler closes the lockers and electors it was given (and the jobs'
     ``locker=``) when it shuts down, unless one is held open with ``async with`` (then that
