@@ -37,6 +37,7 @@ if _TYPE_CHECKING:
     from ._events import JobCrashed as JobCrashed
     from ._events import JobEvent as JobEvent
     from ._events import JobFailed as JobFailed
+    from ._events import JobRetrying as JobRetrying
     from ._events import JobSkipped as JobSkipped
     from ._events import JobStarted as JobStarted
     from ._events import JobSucceeded as JobSucceeded
@@ -79,6 +80,7 @@ if _TYPE_CHECKING:
     from ._records import Outcome as Outcome
     from ._records import Overlap as Overlap
     from ._records import RunContext as RunContext
+    from ._retries import RetryingLocker as RetryingLocker
     from ._records import RunRecord as RunRecord
     from ._schedule import Schedule as Schedule
     from ._scheduler import JobOptions as JobOptions
@@ -118,6 +120,8 @@ _WHERE = {
     "StoredSchedule": "._stored",
     "JobEvent": "._events",
     "JobFailed": "._events",
+    "JobRetrying": "._events",
+    "RetryingLocker": "._retries",
     "JobSkipped": "._events",
     "JobStarted": "._events",
     "JobSucceeded": "._events",
@@ -191,6 +195,7 @@ __all__ = (
     "JobCrashed",
     "JobEvent",
     "JobFailed",
+    "JobRetrying",
     "JobLookupError",
     "JobOptions",
     "JobSkipped",
@@ -215,6 +220,7 @@ __all__ = (
     "RecordingHold",
     "Refusal",
     "Resource",
+    "RetryingLocker",
     "RunContext",
     "RunRecord",
     "Schedule",

@@ -20,6 +20,7 @@ __all__ = (
     "JobCrashed",
     "JobEvent",
     "JobFailed",
+    "JobRetrying",
     "JobSkipped",
     "JobStarted",
     "JobSucceeded",
@@ -120,6 +121,17 @@ class JobSkipped(JobEvent):
     """A slot was not run here; *reason* says why."""
 
     reason: SkipReason
+
+
+@dataclass(frozen=True, slots=True)
+class JobRetrying(JobEvent):
+    """Attempt *attempt* - 1 of *slot* failed (or timed out) with *error*; attempt *attempt*
+    starts in *delay* seconds (``retries``, ``retry_delay``). With a ledger each attempt is
+    claimed in it, so a slot is tried ``1 + retries`` times in the whole fleet."""
+
+    attempt: int
+    delay: float
+    error: str
 
 
 @dataclass(frozen=True, slots=True)

@@ -121,9 +121,11 @@ class Executor:
     def takes_direct(self, job: Job) -> bool:
         """Whether runs of *job* nobody waits for can take the direct path (see
         :meth:`run_direct`): no elector or locker to ask, and no timeout or one on the real
-        clock's shared timers."""
-        return not job._wiring.gated and (
-            self._deadlines is not None or self.timeout_of(job) is None
+        clock's shared timers; a job with retries never: its outcome decides a retry)."""
+        return (
+            not job._wiring.gated
+            and not job._settings.retries
+            and (self._deadlines is not None or self.timeout_of(job) is None)
         )
 
     def fast_of(self, job: Job) -> tuple[timedelta, timedelta, Lane | None] | None:

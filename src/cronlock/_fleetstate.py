@@ -20,7 +20,8 @@ from datetime import datetime, timedelta
 
 from ._clock import Clock
 from ._events import JobEvent, JobSkipped, LockFailed
-from ._job import Job, grace
+from ._job import Job
+from ._jobconf import grace
 from ._locking import FleetView, FleetWatchingLocker, Health, Wiring
 from ._logs import at, get_logger
 from ._names import job_named
@@ -115,7 +116,7 @@ class FleetState:
 
     def health(self, job: Job) -> Health:
         """*job*'s overdue grace and the slot it is due by."""
-        return grace(job, self._default_timeout), self.due(job)
+        return grace(job._settings, self._default_timeout), self.due(job)
 
     def _seen(self, key: int, view: FleetView) -> None:
         self._paused[key] = view.paused
@@ -189,7 +190,7 @@ class FleetState:
         due = self.due(job)
         if due is None:
             return False
-        limit = timedelta(seconds=grace(job, self._default_timeout))
+        limit = timedelta(seconds=grace(job._settings, self._default_timeout))
         return now - job.fire_time(due) > limit
 
 

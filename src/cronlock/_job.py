@@ -21,7 +21,7 @@ from ._interval import IntervalSchedule
 from ._jobconf import NO_KWARGS, NO_TAGS, JobSettings, Recall, normalise_tags, settle
 from ._jobname import check_job_name
 from ._locking import Locker, Wiring
-from ._records import DEFAULT_MISFIRE_GRACE, Overlap, RunRecord, run_context
+from ._records import Overlap, RunRecord, run_context
 from ._schedule import Schedule
 from ._state import RunState, fresh
 from ._tasks import Shape, task_shape
@@ -47,7 +47,6 @@ __all__ = (
     "Controller",
     "Job",
     "default_name",
-    "grace",
     "jitter_offset",
     "new_job",
     "normalise_tags",
@@ -182,6 +181,16 @@ class Job(RunState):
     def locker(self) -> Locker | None:
         """The job's own locker, if given (else the scheduler's coordinates it)."""
         return self._settings.locker
+
+    @property
+    def retries(self) -> int:
+        """How many times a failed or timed-out run of a slot is tried again (fleet-wide)."""
+        return self._settings.retries
+
+    @property
+    def retry_delay(self) -> float:
+        """Seconds before the first retry, doubled for each one after (jittered, capped)."""
+        return self._settings.retry_delay
 
     @property
     def recover(self) -> bool:
@@ -432,13 +441,3 @@ def default_name(func: Callable[..., object]) -> str:
     module = getattr(target, "__module__", None) or "<unknown>"
     qualname = getattr(target, "__qualname__", None) or type(target).__qualname__
     return f"{module}.{qualname}"
-
-
-def grace(job: Job, default_timeout: float | None = None) -> float:
-    """Seconds after a slot fell due before the job counts as overdue: ``alert_after``, or
-    its ``misfire_grace`` (the default when unlimited) plus its timeout."""
-    if job.alert_after is not None:
-        return job.alert_after
-    misfire = job.misfire_grace if job.misfire_grace is not None else DEFAULT_MISFIRE_GRACE
-    timeout = job.timeout if job.timeout is not None else default_timeout
-    return misfire + (timeout or 0.0)

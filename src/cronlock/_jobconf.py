@@ -19,7 +19,7 @@ from typing import Any
 from ._durations import Seconds, optional_seconds, positive_int
 from ._errors import ScheduleError
 from ._locking import Locker
-from ._records import OVERLAPS, Overlap
+from ._records import DEFAULT_MISFIRE_GRACE, OVERLAPS, Overlap
 from ._schedule import Schedule
 from ._tz import to_utc
 
@@ -28,6 +28,7 @@ __all__ = (
     "NO_TAGS",
     "JobSettings",
     "Recall",
+    "grace",
     "normalise_tags",
     "schedule_text",
     "settle",
@@ -93,6 +94,8 @@ class JobSettings:
         "misfire_grace",
         "overlap",
         "recover",
+        "retries",
+        "retry_delay",
         "start_at",
         "stop_at",
         "tags",
@@ -128,6 +131,9 @@ class JobSettings:
         self.recover = recover
         self.alert_after = alert_after
         self.unbounded = start_at is None and stop_at is None  # no bound to honour
+        # Set on a copy when a job has retries (._retries.with_retries): most have none.
+        self.retries = 0
+        self.retry_delay = 1.0
 
     def _key(self) -> tuple[Any, ...]:
         # By value (the durations are floats by now), distributed with its type (True == 1,
@@ -146,6 +152,8 @@ class JobSettings:
             id(self.locker),
             self.recover,
             self.alert_after,
+            self.retries,
+            self.retry_delay,
         )
 
 
@@ -233,3 +241,13 @@ def schedule_text(schedule: Schedule) -> str:
         _texts.clear()
     _texts[id(schedule)] = (schedule, text)
     return text
+
+
+def grace(settings: JobSettings, default_timeout: float | None = None) -> float:
+    """Seconds after a slot fell due before a job with *settings* counts as overdue:
+    ``alert_after``, or its ``misfire_grace`` (the default when unlimited) plus its timeout."""
+    if settings.alert_after is not None:
+        return settings.alert_after
+    misfire = settings.misfire_grace
+    timeout = settings.timeout if settings.timeout is not None else default_timeout
+    return (DEFAULT_MISFIRE_GRACE if misfire is None else misfire) + (timeout or 0.0)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import datetime
 
 from ._durations import positive_int
@@ -12,14 +13,17 @@ __all__ = ("InMemoryLocker",)
 
 
 class _MemoryHold:
-    __slots__ = ("_job", "_locker", "_slot")
+    __slots__ = ("_attempt", "_job", "_locker", "_slot")
 
-    def __init__(self, locker: InMemoryLocker, job: str, slot: datetime) -> None:
+    def __init__(self, locker: InMemoryLocker, job: str, slot: datetime, attempt: int) -> None:
         self._locker = locker
         self._job = job
         self._slot = slot
+        self._attempt = attempt
 
     def record(self, record: RunRecord) -> None:
+        if self._attempt > 1:
+            record = dataclasses.replace(record, attempt=self._attempt)
         self._locker._claimed[self._job][self._slot] = record
 
     async def release(self) -> None:
@@ -43,19 +47,34 @@ class InMemoryLocker:
         self._held: set[str] = set()
         self._claimed: dict[str, dict[datetime, RunRecord | None]] = {}
         self._remember = remember
+        self._retrying: dict[tuple[str, datetime], int] = {}  # will_retry's, until claimed
 
     async def acquire(self, job: str, slot: datetime) -> Hold | Refusal | None:
         """Claim *slot* of *job*: a hold, or ``"locked"`` / ``"already_ran"``."""
         if job in self._held:
             return "locked"
         claimed = self._claimed.setdefault(job, {})
+        attempt = 1
         if slot in claimed:
-            return "already_ran"
+            # A retry takes the slot over only from the attempt before it, once it failed.
+            attempt = self._retrying.pop((job, slot), 0)
+            before = claimed[slot]
+            if not (
+                before is not None
+                and before.outcome in ("failed", "timed_out")
+                and before.attempt == attempt - 1
+            ):
+                return "already_ran"
         claimed[slot] = None
         if len(claimed) > self._remember:
             del claimed[min(claimed)]
         self._held.add(job)
-        return _MemoryHold(self, job, slot)
+        return _MemoryHold(self, job, slot, attempt)
+
+    def will_retry(self, job: str, slot: datetime, attempt: int) -> None:
+        """The next :meth:`acquire` of *slot* of *job* claims attempt *attempt*: granted
+        only while the slot's attempt before it failed or timed out."""
+        self._retrying[job, slot] = attempt
 
     async def last_claimed(self, job: str) -> datetime | None:
         """The latest slot of *job* claimed through this locker."""

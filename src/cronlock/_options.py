@@ -32,6 +32,8 @@ class JobOptions(TypedDict, total=False):
     locker: Locker | None
     recover: bool
     alert_after: Seconds | None
+    retries: int
+    retry_delay: Seconds
 
 
 OPTION_NAMES = frozenset(JobOptions.__annotations__)

@@ -22,6 +22,7 @@ from ._jobconf import schedule_text
 from ._locking import ASKED, Elector, FencedElector
 from ._logs import at, get_logger
 from ._planner import Fast, Planner
+from ._retries import Retries
 
 __all__ = ("RunLoop", "misfired")
 
@@ -88,6 +89,7 @@ class RunLoop:
         self._loop = asyncio.get_running_loop()  # made by Scheduler.start, in its loop
         self._ended = self._finished  # bound once: every direct run is handed it
         self._fasts: dict[Fast, Fast] = {}  # one tuple for jobs alike
+        self._retries = Retries(clock, bus, self._spawn, self.dispatch)  # retries=N jobs
 
     def unschedule(self, job: Job) -> None:
         """Forget the job's pending slot (entries are dropped lazily when popped)."""
@@ -368,6 +370,7 @@ class RunLoop:
     ) -> None:
         if waiter is not None:
             ASKED.set(True)  # in this task's own context: the locker claims it even on standby
+        event = None
         try:
             if replaced:
                 # "replace": the old run's cleanup (lock release) finishes before we start.
@@ -386,6 +389,8 @@ class RunLoop:
             if waiter is not None and not waiter.done():
                 waiter.cancel()
         finally:
+            if job._settings.retries:  # after the release: the ledger has the outcome
+                self._retries.ended(job, slot, event)
             self._finished(job, asyncio.current_task())
 
     def _finished(self, job: Job, task: asyncio.Task[Any] | None) -> None:

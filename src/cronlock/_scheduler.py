@@ -37,6 +37,7 @@ from ._records import DEFAULT_MISFIRE_GRACE, Overlap
 from ._recovery import Recovery
 from ._resources import Resources
 from ._retention import check_retention
+from ._retries import DEFAULT_DELAY, with_retries
 from ._runloop import RunLoop
 from ._schedule import MIN_INTERVAL, Schedule, bind_zone, check_interval, check_jitter
 from ._stored import ScheduleStore
@@ -172,6 +173,8 @@ class Scheduler(JobControl, FleetViews, StoredTasks):
         locker: Locker | None = None,
         recover: bool = False,
         alert_after: Seconds | None = None,
+        retries: int = 0,
+        retry_delay: Seconds = DEFAULT_DELAY,
         **unknown: Never,
     ) -> Job:
         """Register *func* to run on *schedule*; return the :class:`~cronlock.Job`.
@@ -209,6 +212,8 @@ class Scheduler(JobControl, FleetViews, StoredTasks):
             self,
             self._recall,
         )
+        if retries or retry_delay is not DEFAULT_DELAY:  # (most jobs have none: one test)
+            job._settings = with_retries(job._settings, name, retries, retry_delay)
         settings = job._settings
         if settings.jitter:  # shorter than the gap between two slots, or the job is not kept
             check_jitter(name, schedule, settings.jitter)

@@ -18,7 +18,7 @@ from datetime import datetime
 from typing import Any
 
 from .._errors import ConfigError, JobConflictError, JobLookupError, ScheduleError
-from .._job import grace
+from .._jobconf import grace
 from .._jobname import check_job_name
 from .._schedule import Schedule
 from .._stored import StoredSchedule
@@ -228,7 +228,7 @@ class ScheduleVerbs:
                     [str(new.schedule)],
                     [first],
                     self._who,
-                    [grace(new.job)],
+                    [grace(new.job._settings)],
                     [first],
                     0.0,
                 )
