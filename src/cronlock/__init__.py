@@ -80,8 +80,8 @@ if _TYPE_CHECKING:
     from ._records import Outcome as Outcome
     from ._records import Overlap as Overlap
     from ._records import RunContext as RunContext
-    from ._retries import RetryingLocker as RetryingLocker
     from ._records import RunRecord as RunRecord
+    from ._retries import RetryingLocker as RetryingLocker
     from ._schedule import Schedule as Schedule
     from ._scheduler import JobOptions as JobOptions
     from ._scheduler import Scheduler as Scheduler
@@ -195,9 +195,9 @@ __all__ = (
     "JobCrashed",
     "JobEvent",
     "JobFailed",
-    "JobRetrying",
     "JobLookupError",
     "JobOptions",
+    "JobRetrying",
     "JobSkipped",
     "JobStarted",
     "JobSucceeded",

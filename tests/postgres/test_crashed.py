@@ -248,15 +248,16 @@ async def test_the_rerun_claim_takes_a_crashed_slot_over_once(
         # Three replicas at once: one takes it over, the others are refused.
         key = hash(job) & 0x7FFFFFFF
         answers = await asyncio.gather(
-            *(c.fetchrow(sql, key + i, job, SLOT, f"r{i}", i) for i, c in enumerate(conns))
+            *(c.fetchrow(sql, key + i, job, SLOT, f"r{i}", i, 2) for i, c in enumerate(conns))
         )
         winners = [i for i, a in enumerate(answers) if a["started_at"] is not None]
         assert len(winners) == 1
         row = await row_of(admin, ledger, job)
         assert (row["host"], row["attempt"], row["outcome"]) == (f"r{winners[0]}", 2, None)
         assert row["session"] == await conns[winners[0]].fetchval("SELECT pg_backend_pid()")
-        # A rerun that crashed too is not taken over again; the lock is given back.
-        again = await conns[0].fetchrow(sql, key, twice, SLOT, "r0", 0)
+        # A rerun that crashed too is not taken over again (as attempt 3 either: only a
+        # failed attempt is retried); the lock is given back.
+        again = await conns[0].fetchrow(sql, key, twice, SLOT, "r0", 0, 3)
         assert (again["got"], again["started_at"]) == (True, None)
         assert await conns[0].fetchval(
             "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()"

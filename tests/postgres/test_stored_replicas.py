@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 
+from cronlock import every
 from cronlock.postgres import FleetControl
 
 from .conftest import Coordination
@@ -178,3 +179,32 @@ async def test_add_update_remove_while_three_replicas_run(coordination: Coordina
     assert status.returncode == 1 and "orphan" in status.stdout.splitlines()[-1], status.stdout
     assert "bad" in status.stdout.splitlines()[-1]  # no replica runs it either
     assert "no task 'missing'" in shown.stdout
+
+
+async def test_a_failing_schedule_is_tried_one_plus_retries_times_per_slot_in_the_fleet(
+    coordination: Coordination,
+) -> None:
+    table = f"retry_{uuid.uuid4().hex[:10]}"
+    dsn, schema = coordination.dsn, coordination.schema
+    where = ("--dsn", dsn, "--table", table, *coordination.schema_args)
+    replicas = Replicas()
+    try:
+        async with FleetControl(dsn, table=table, schema=schema) as control:
+            await control.add_schedule("flaky", "flaky", every(4), retries=2, retry_delay=0.4)
+            common = ("--dsn", dsn, "--table", table, *coordination.args)
+            for rid in (1, 2, 3):
+                await replicas.start(rid, *common)
+            await eventually(lambda: len(replicas.of("ready")) == 3, "three replicas ready")
+            await eventually(
+                lambda: len({x["slot"] for x in replicas.of("start")}) >= 4, "four slots tried"
+            )
+            history = await cli("history", "flaky", "-n", "5", *where)
+    finally:
+        await replicas.stop()
+    tries = Counter(x["slot"] for x in replicas.of("start"))
+    done = sorted(tries)[:-1]  # the last slot may still be retrying
+    assert len(done) >= 3
+    assert [tries[slot] for slot in done] == [3] * len(done), tries  # 1 + 2, fleet-wide
+    by = {x["replica"] for x in replicas.of("start")}
+    assert len(by) >= 2, by  # the replicas take slots; each slot's retries stay in the fleet
+    assert "failed (attempt 3)" in history.stdout, history.stdout

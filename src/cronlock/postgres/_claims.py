@@ -42,19 +42,18 @@ class Claims:
         self._recover_sql = None if exclusion is None else exclusion.recover_sql
         self.batcher = Batcher(session, exclusion, host)
 
-    async def claim(
-        self, job: str, key: int, slot: datetime, *, rerun: bool = False
-    ) -> ClaimAnswer:
+    async def claim(self, job: str, key: int, slot: datetime, *, rerun: int = 0) -> ClaimAnswer:
         """Lock (and claim) *slot* of *job*, with the other claims due on this session.
 
         A claim whose session died is retried once on a fresh one. If our caller is
         cancelled meanwhile, a granted claim is given back before the cancellation is
-        delivered. *rerun*: take over the slot's ``crashed`` row instead (see
-        :mod:`._crashes`); a rare statement of its own, not batched.
+        delivered. *rerun* (an attempt, 2 or more): take over the slot's row at the attempt
+        before it, ``crashed`` or failed, instead (see :mod:`._crashes`); a rare statement
+        of its own, not batched.
         """
         attempt: Coroutine[Any, Any, ClaimAnswer] | asyncio.Future[ClaimAnswer]
         if rerun and self._recover_sql is not None:
-            attempt = self._rerun_reconnecting(job, key, slot, self._recover_sql)
+            attempt = self._rerun_reconnecting(job, key, slot, self._recover_sql, rerun)
         else:
             attempt = self.batcher.claim(job, key, slot)
 
@@ -78,23 +77,30 @@ class Claims:
         if end is not None:
             await end
 
-    # -- the rerun of a crashed run: one statement of its own ----------------------------
+    # -- a takeover (a crashed run's rerun, a retry): one statement of its own -------------
 
     async def _rerun_reconnecting(
-        self, job: str, key: int, slot: datetime, sql: str
+        self, job: str, key: int, slot: datetime, sql: str, taken: int
     ) -> ClaimAnswer:
         conn, generation = await self._session.ensure()
         try:
-            return await self._rerun(conn, generation, job, key, slot, sql)
+            return await self._rerun(conn, generation, job, key, slot, sql, taken)
         except LockError as exc:
             if isinstance(exc.__cause__, TimeoutError):
                 raise  # a slow server: retrying would only double the wait
         _logger.info("job %r: lock session lost; reconnecting", job, extra=at(job))
         conn, generation = await self._session.ensure()
-        return await self._rerun(conn, generation, job, key, slot, sql)
+        return await self._rerun(conn, generation, job, key, slot, sql, taken)
 
     async def _rerun(
-        self, conn: Any, generation: int, job: str, key: int, slot: datetime, sql: str
+        self,
+        conn: Any,
+        generation: int,
+        job: str,
+        key: int,
+        slot: datetime,
+        sql: str,
+        taken: int,
     ) -> ClaimAnswer:
         host, pid = self._host, os.getpid()
         extra = () if self._exclusion is None else self._exclusion.extra
@@ -105,7 +111,7 @@ class Claims:
             row = await self._session.run(
                 conn,
                 generation,
-                lambda c: c.fetchrow(sql, key, job, slot, host, pid, *extra),
+                lambda c: c.fetchrow(sql, key, job, slot, host, pid, *extra, taken),
                 what="claim",
             )
         if extra and row["stray"]:

@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from .._records import RunRecord
     from ._session import LockSession
 
-__all__ = ("CHECK_EVERY", "CrashWatch", "crashed_sql", "recover_sql")
+__all__ = ("CHECK_EVERY", "TAKEN_OVER", "CrashWatch", "crashed_sql", "recover_sql")
 
 _logger = get_logger("cronlock.postgres")
 
@@ -65,15 +65,24 @@ def crashed_sql(table: LedgerTable) -> str:
         RETURNING r.job, {R_RUN}"""
 
 
+TAKEN_OVER = """r.attempt = {attempt} - 1
+              AND (r.outcome IN ('failed', 'timed_out')
+                   OR (r.outcome IN ('crashed', 'lock_lost') AND r.attempt = 1))"""
+"""Which row a takeover claiming attempt *attempt* may take: the attempt before it, failed
+or timed out (a retry), or crashed or cut off on its first attempt (a crashed run's rerun)."""
+
+
 def recover_sql(table: LedgerTable) -> str:
-    """Lock and take over a crashed run's slot, in one statement: the claim of its rerun.
+    """Lock and take over a slot's row, in one statement: the claim of a crashed run's rerun
+    or of a failed run's retry.
 
     The same parameters and answers as :func:`._batchsql.claim_many_sql` (*ran* is always
-    false: the row is expected; a job paused fleet-wide is refused as by the claim). Only a
-    row marked ``crashed`` (or ``lock_lost``) on its first attempt is taken over (attempt 2,
-    this replica as owner, started now), so a slot is rerun at most once fleet-wide, and one
-    whose rerun crashed too is left ``crashed``. A lock granted for a row that cannot be
-    taken over is given back in the same statement.
+    false: the row is expected; a job paused fleet-wide is refused as by the claim), and
+    ``$6`` the attempt to claim. Only the row at the attempt before it is taken over, and
+    only while it failed or timed out, or was marked ``crashed`` (or ``lock_lost``) on its
+    first attempt (:data:`TAKEN_OVER`; this replica as owner, started now): a crashed run is
+    rerun at most once fleet-wide, and every attempt of a retried slot is claimed once. A
+    lock granted for a row that cannot be taken over is given back in the same statement.
     """
     return f"""
         WITH p AS MATERIALIZED (
@@ -85,13 +94,14 @@ def recover_sql(table: LedgerTable) -> str:
             FROM p
         ), up AS (
             INSERT INTO {table.runs} AS r (job, slot, host, pid, session, attempt)
-            SELECT $2::text, $3::timestamptz, $4::text, $5::integer, pg_backend_pid(), 2
+            SELECT $2::text, $3::timestamptz, $4::text, $5::integer, pg_backend_pid(),
+                   $6::smallint
             FROM l WHERE l.got
             ON CONFLICT (job, slot) DO UPDATE
             SET host = EXCLUDED.host, pid = EXCLUDED.pid, session = EXCLUDED.session,
                 started_at = clock_timestamp(), finished_at = NULL, outcome = NULL,
-                error = NULL, attempt = r.attempt + 1
-            WHERE r.outcome IN ('crashed', 'lock_lost') AND r.attempt = 1
+                error = NULL, attempt = $6::smallint
+            WHERE {TAKEN_OVER.format(attempt="$6::smallint")}
             RETURNING r.started_at
         ), c AS MATERIALIZED (
             SELECT l.paused, l.got, (SELECT started_at FROM up) AS started_at FROM l
@@ -128,7 +138,7 @@ class CrashWatch:
         self._host = host
         self._pid = os.getpid()
         self._callbacks: list[CrashCallback] = []
-        self._recoverable: dict[tuple[str, datetime], None] = {}
+        self._recoverable: dict[tuple[str, datetime], int] = {}  # the attempt to claim
         self.marked = 0
         """Rows this locker marked ``crashed``."""
         self.rerun = 0
@@ -149,15 +159,21 @@ class CrashWatch:
         if callback not in self._callbacks:
             self._callbacks.append(callback)
 
-    def take(self, job: str, slot: datetime) -> bool:
-        """Whether *slot* of *job* is to be claimed as a rerun; forgets it (one attempt)."""
+    def take(self, job: str, slot: datetime) -> int:
+        """The attempt *slot* of *job* is to be claimed as, by taking its row over (a rerun
+        or a retry), and forgets it (one claim); 0: a plain claim."""
         if not self._recoverable:  # the usual case, asked once per claim
-            return False
-        try:
-            del self._recoverable[job, slot]
-        except KeyError:
-            return False
-        return True
+            return 0
+        return self._recoverable.pop((job, slot), 0)
+
+    def retry(self, job: str, slot: datetime, attempt: int) -> None:
+        """The next claim of *slot* of *job* takes its failed row over as *attempt*."""
+        self._remember(job, slot, attempt)
+
+    def _remember(self, job: str, slot: datetime, attempt: int) -> None:
+        self._recoverable[job, slot] = attempt
+        if len(self._recoverable) > _REMEMBER:
+            del self._recoverable[next(iter(self._recoverable))]
 
     async def check(self, session: LockSession, conn: Any, generation: int) -> int:
         """Mark crashed runs on *session* and report each; return how many were marked."""
@@ -192,9 +208,7 @@ class CrashWatch:
                 )
         if rerun:
             self.rerun += 1
-            self._recoverable[job, record.slot] = None
-            if len(self._recoverable) > _REMEMBER:
-                del self._recoverable[next(iter(self._recoverable))]
+            self._remember(job, record.slot, 2)
         _logger.warning(
             "job %r slot %s: the run by %s (started %s, attempt %d) crashed (%s); %s%s",
             job,

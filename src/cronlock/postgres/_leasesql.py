@@ -22,6 +22,7 @@ UPDATE`` before renewing or releasing), so statements of different replicas cann
 from __future__ import annotations
 
 from ._batchsql import claim_inputs, end_ctes, told_columns
+from ._crashes import TAKEN_OVER
 from ._decode import R_RUN, sane
 from ._ledger import LedgerTable
 from ._starts import CLAIMED_START
@@ -146,10 +147,10 @@ def lease_recover_sql(table: LedgerTable) -> str:
     """Take the lease and take over a crashed run's slot: the claim of its rerun.
 
     ``$1`` key, ``$2`` job, ``$3`` slot, ``$4`` host, ``$5`` pid, ``$6`` holder, ``$7``
-    lease seconds. Answers as :func:`._crashes.recover_sql` does, plus *stray* (see
-    :func:`lease_claim_many_sql`). Only a row marked ``crashed`` (or ended ``lock_lost``:
-    :mod:`._crashes`) on its first attempt is taken over, so a slot is rerun at most once
-    fleet-wide.
+    lease seconds, ``$8`` the attempt to claim. Answers as :func:`._crashes.recover_sql`
+    does, plus *stray* (see :func:`lease_claim_many_sql`). The row is taken over on the
+    same terms (:data:`._crashes.TAKEN_OVER`): a crashed run is rerun at most once
+    fleet-wide, each attempt of a retried slot is claimed once.
     """
     runs, leases = table.runs, table.leases
     return f"""
@@ -163,19 +164,20 @@ def lease_recover_sql(table: LedgerTable) -> str:
             FROM p
         ), lease AS (
             INSERT INTO {leases} AS x (job, slot, holder, expires_at, attempt)
-            SELECT $2::text, $3::timestamptz, $6::text, {_EXPIRES}, 2 FROM l WHERE l.free
+            SELECT $2::text, $3::timestamptz, $6::text, {_EXPIRES}, $8::smallint
+            FROM l WHERE l.free
             ON CONFLICT (job) DO UPDATE
             SET slot = EXCLUDED.slot, holder = EXCLUDED.holder,
-                expires_at = EXCLUDED.expires_at, attempt = 2
+                expires_at = EXCLUDED.expires_at, attempt = EXCLUDED.attempt
             WHERE x.expires_at <= clock_timestamp()
             RETURNING x.job
         ), up AS (
             UPDATE {runs} r
             SET host = $4::text, pid = $5::integer, session = NULL,
                 started_at = clock_timestamp(), finished_at = NULL, outcome = NULL,
-                error = NULL, attempt = r.attempt + 1
-            WHERE r.job = $2 AND r.slot = $3 AND r.outcome IN ('crashed', 'lock_lost')
-              AND r.attempt = 1 AND EXISTS (SELECT 1 FROM lease)
+                error = NULL, attempt = $8::smallint
+            WHERE r.job = $2 AND r.slot = $3 AND {TAKEN_OVER.format(attempt="$8::smallint")}
+              AND EXISTS (SELECT 1 FROM lease)
             RETURNING r.started_at
         ), c AS MATERIALIZED (
             SELECT l.paused, EXISTS (SELECT 1 FROM lease) AS got,

@@ -263,8 +263,8 @@ class PostgresLocker(HeldOpenByBlocks, ReadsLedger):
             self._count.busy_here += 1
             say(_logger, DEBUG, job, slot, "already running in this process")
             return "locked"
-        # A slot whose crashed run this replica said it would rerun is claimed by taking
-        # that run's row over (once: a failed attempt is not retried), even if it was ours.
+        # A slot whose crashed run this replica said it would rerun, or whose failed attempt
+        # it retries, is claimed by taking that row over (the attempt after it), ours or not.
         rerun = self._crashes is not None and self._crashes.take(job, slot)
         claimed = self._claimed.get(job)
         if claimed and slot in claimed and not rerun:
@@ -310,9 +310,9 @@ class PostgresLocker(HeldOpenByBlocks, ReadsLedger):
         self._count.granted += 1
         if rerun:
             self._count.reran += 1
-            say(_logger, INFO, job, slot, "rerunning the crashed run")
+            say(_logger, INFO, job, slot, f"took the slot over for attempt {rerun}")
         remember_claim(self._claimed.setdefault(job, {}), slot, None, remember=self._remember)
-        claims, attempt = self._claims[self._shard(key)], 2 if rerun else 1
+        claims, attempt = self._claims[self._shard(key)], rerun or 1
         hold = PostgresHold(
             job, key, slot, claims=claims, generation=generation, on_released=self._on_released,
             attempt=attempt,

@@ -26,6 +26,7 @@ from ._storedsql import decode_changes, stored_sql
 if TYPE_CHECKING:
     from .._records import RunRecord
     from .._stored import Change
+    from ._crashes import CrashWatch
     from ._session import LockSession
 
 __all__ = ("READ_BATCH", "LedgerReads", "ReadsLedger")
@@ -155,6 +156,7 @@ class ReadsLedger:
 
     _reads: LedgerReads
     _told: dict[str, tuple[RunRecord | None, RunRecord | None]]
+    _crashes: CrashWatch | None
 
     async def last_claimed(self, job: str) -> datetime | None:
         """The latest slot of *job* any replica claimed; ``None`` without a ledger."""
@@ -187,6 +189,13 @@ class ReadsLedger:
         """Note in the ledger that this replica cannot run revision *revision* of stored
         schedule *name*, and why (``status`` and the dashboard show it)."""
         await self._reads.report_problem(name, revision, problem)
+
+    def will_retry(self, job: str, slot: datetime, attempt: int) -> None:
+        """The next :meth:`acquire` of *slot* of *job* claims attempt *attempt* by taking its
+        failed row over in the ledger: granted once fleet-wide, and only while the attempt
+        before it is the row's and failed (``retries``). Without a ledger, a plain claim."""
+        if self._crashes is not None:
+            self._crashes.retry(job, slot, attempt)
 
     def refusal_history(self, job: str) -> tuple[RunRecord | None, RunRecord | None] | None:
         """What the ledger said with the refusal :meth:`acquire` just gave *job*: the job's
