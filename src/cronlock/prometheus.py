@@ -18,7 +18,10 @@ imports it. The metric names are part of the API:
   is ``reason="locked"``/``"already_ran"``; ``"standby"`` on the replicas of a large fleet
   that leave the claims to its racers), ``cronlock_lock_errors_total{job}`` (this
   replica's), ``cronlock_lock_held_elsewhere_total{job}`` (a session outside the fleet holds
-  the job's lock: :class:`~cronlock.LockHeldElsewhere`),
+  the job's lock: :class:`~cronlock.LockHeldElsewhere`), ``cronlock_retries_total{job}``
+  (attempts retried after a failed one: :class:`~cronlock.JobRetrying`; a retry's start is
+  not counted as a late start), ``cronlock_schedules_rejected_total{schedule}`` (stored
+  schedules this replica could not register: :class:`~cronlock.ScheduleRejected`),
 - ``cronlock_run_duration_seconds{job}``, ``cronlock_start_lateness_seconds{job}``
   (histograms), ``cronlock_leader`` (0/1, when the scheduler has an elector that can tell
   without a round trip, as :class:`cronlock.postgres.PostgresElector` can).
@@ -51,6 +54,7 @@ from ._events import (
     Event,
     JobCancelled,
     JobFailed,
+    JobRetrying,
     JobSkipped,
     JobStarted,
     JobSucceeded,
@@ -58,6 +62,7 @@ from ._events import (
     LockFailed,
     LockHeldElsewhere,
     LockLost,
+    ScheduleRejected,
     SchedulerStarted,
     SchedulerStopped,
     Subscription,
@@ -107,6 +112,19 @@ class Instrumentation:
             ["job"],
             registry=None,
         )
+        self.retries = Counter(
+            "cronlock_retries",
+            "Attempts this replica retried after a failed or timed-out one (retries=N)",
+            ["job"],
+            registry=None,
+        )
+        self.rejected = Counter(
+            "cronlock_schedules_rejected",
+            "Stored schedules (revisions) this replica could not register",
+            ["schedule"],
+            registry=None,
+        )
+        self._retrying: set[tuple[str, object]] = set()  # their starts are not late starts
         self.duration = Histogram(
             "cronlock_run_duration_seconds",
             "How long runs took on this replica",
@@ -127,6 +145,8 @@ class Instrumentation:
             self.skips,
             self.lock_errors,
             self.held_elsewhere,
+            self.retries,
+            self.rejected,
             self.duration,
             self.lateness,
             *((self._state,) if self._mirror is None else ()),
@@ -165,8 +185,18 @@ class Instrumentation:
         elif kind is SchedulerStopped and self._mirror is not None:
             self._copy()
             self._mirror.stop()
+        elif kind is JobRetrying:
+            assert isinstance(event, JobRetrying)
+            self.retries.labels(event.job).inc()
+            self._retrying.add((event.job, event.slot))
+        elif kind is ScheduleRejected:
+            assert isinstance(event, ScheduleRejected)
+            self.rejected.labels(event.schedule).inc()
         elif kind is JobStarted:
             assert isinstance(event, JobStarted)
+            if self._retrying and (event.job, event.slot) in self._retrying:
+                self._retrying.discard((event.job, event.slot))
+                return  # a retry starts when its backoff says, not at its slot
             try:
                 fire = self._scheduler.get_job(event.job).fire_time(event.slot)
             except KeyError:

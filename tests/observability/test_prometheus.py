@@ -85,3 +85,23 @@ async def test_timeouts_count_as_timed_out() -> None:
     async with scheduler:
         await clock.advance(61)
     assert value(registry, "cronlock_runs_total", job="hang", outcome="timed_out") == 1
+
+
+async def test_retries_are_counted_and_a_retry_is_no_late_start() -> None:
+    clock = FakeClock(T0)
+    scheduler = Scheduler(clock=clock)
+    registry = CollectorRegistry()
+
+    @scheduler.every(3600, name="flaky", retries=2, retry_delay=5)
+    async def flaky() -> None:
+        raise RuntimeError("down")
+
+    handle = instrument(scheduler, registry)
+    async with scheduler:
+        await clock.advance(3600 + 60)
+        assert value(registry, "cronlock_runs_total", job="flaky", outcome="failed") == 3
+        assert value(registry, "cronlock_retries_total", job="flaky") == 2
+        # Only the slot's first attempt counts as a start, on time.
+        assert value(registry, "cronlock_start_lateness_seconds_count", job="flaky") == 1
+        assert value(registry, "cronlock_start_lateness_seconds_sum", job="flaky") == 0
+    handle.close()
