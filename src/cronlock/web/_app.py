@@ -42,6 +42,7 @@ from ._headers import SecurityHeaders, crashed
 from ._model import chart, job_view, run_json, run_view
 from ._params import MAX_PAGE, before_param, limit_param, read_form
 from ._reads import SafeReads
+from ._schedules import SCHEDULE_ACTIONS, change_schedule, read_schedules
 from ._source import Source, Unavailable
 
 __all__ = ("Authorize", "app")
@@ -294,10 +295,16 @@ def app(
             }
         )
 
+    async def schedules_page(request: Request) -> Response:
+        await board.readable(request)
+        async with board.connection() as conn:
+            schedules = await read_schedules(conn, board.table)
+        return await board.page(request, "schedules.html", schedules=schedules)
+
     async def action(request: Request) -> Response:
         await board.readable(request)
         verb = request.path_params["action"]
-        if verb not in ACTIONS:
+        if verb not in ACTIONS and verb not in SCHEDULE_ACTIONS:
             raise HTTPException(404, "no such action")
         # Every refusal comes before any job is touched (only the fleet's key may be made,
         # once), and names its cause: the browser's owner reads it, not the site that
@@ -309,11 +316,18 @@ def app(
         refusal = (await board.csrf()).refusal(request, form.get("csrf"))
         if refusal is not None:
             raise HTTPException(403, refusal)
-        job = form.get("job", "")
+        job = form.get("job", form.get("schedule", ""))
         who = await verdict(board.authorize, request)
         if who is None:
             _logger.info("dashboard: refused %s %r from %s", verb, job, client(request))
             raise HTTPException(403, "refused: you may not change jobs here")
+        base = request.scope.get("root_path", "").rstrip("/")
+        if verb in SCHEDULE_ACTIONS:
+            async with board.source.slot():
+                await change_schedule(board.source.source, board.table, verb, form)
+            _logger.info("dashboard: %s %r by %s from %s", verb, job, who or "an unnamed "
+                         "operator", client(request))  # fmt: skip
+            return RedirectResponse(base + "/schedules", status_code=303)
         async with board.connection() as conn:
             if not await read_jobs(SafeReads(conn, board.table), board.table, [job]):
                 raise HTTPException(404, "no such job in the run ledger")
@@ -327,7 +341,6 @@ def app(
             client(request),
         )
         target = f"/jobs/{quote(job, safe='')}" if form.get("back") == "job" else "/"
-        base = request.scope.get("root_path", "").rstrip("/")
         return RedirectResponse(base + target, status_code=303)
 
     async def failed(request: Request, exc: Exception) -> Response:
@@ -344,6 +357,7 @@ def app(
         Route("/", index),
         Route("/api/jobs", api_jobs),
         Route("/api/jobs/{name:path}/runs", api_runs),
+        Route("/schedules", schedules_page),
         Route("/actions/{action}", action, methods=["POST"]),
         Route("/jobs/{name:path}", job_page),
         Mount("/static", StaticFiles(directory=_HERE / "static"), name="static"),

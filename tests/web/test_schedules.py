@@ -1,0 +1,102 @@
+"""The dashboard's stored schedules: listed with each replica's problem, edited and removed
+by an operator ``authorize`` admits (POST, CSRF, same origin, as the other actions), never
+by anyone else."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+from starlette.requests import Request
+
+import cronlock.web
+from cronlock import cron, every
+from cronlock.postgres import FleetControl, PostgresLocker
+
+from .seed import table_name
+from .test_app import XSS, _csrf, client
+
+pytestmark = pytest.mark.postgres
+
+
+@pytest.fixture
+async def ledger(pg_dsn: str) -> str:
+    table = table_name()
+    async with FleetControl(pg_dsn, table=table) as control:
+        await control.add_schedule(
+            "report:42", "send-report", cron("0 8 * * *", tz="America/New_York"),
+            kwargs={"tenant": 42}, timeout=600,
+        )  # fmt: skip
+        await control.add_schedule(XSS, "send-report", every(60), kwargs={"x": XSS})
+    async with PostgresLocker(pg_dsn, table=table) as locker:  # a replica's problem with it
+        await locker.report_problem("report:42", 1, "no task 'send-report' on this replica")
+    return table
+
+
+async def _stored(dsn: str, table: str) -> dict[str, str]:
+    async with FleetControl(dsn, table=table) as control:
+        return {s.name: str(s.schedule) for s in await control.schedules()}
+
+
+def _operator(request: Request) -> str:
+    return "ops" if request.headers.get("x-operator") == "yes" else ""
+
+
+async def test_the_list_shows_schedules_and_problems_read_only(pg_dsn: str, ledger: str) -> None:
+    async with client(cronlock.web.app(pg_dsn, table=ledger)) as c:
+        page = await c.get("/schedules")
+        front = (await c.get("/")).text
+    assert 'href="/schedules"' in front  # the header links to it
+    assert page.status_code == 200
+    text = page.text
+    assert 'data-schedule="report:42"' in text
+    assert "cron &#39;0 8 * * *&#39; in America/New_York" in text
+    assert "no task &#39;send-report&#39; on this replica" in text  # the replica's problem
+    assert "timeout=600.0" in text
+    assert XSS not in text and "&lt;script&gt;" in text  # text, never markup
+    assert "update-schedule" not in text and 'name="csrf"' not in text  # read-only: no forms
+    assert (
+        'href="/schedules"' in (await client(cronlock.web.app(pg_dsn, table=ledger)).get("/")).text
+    )
+
+
+async def test_an_operator_edits_and_removes_a_schedule(pg_dsn: str, ledger: str) -> None:
+    app = cronlock.web.app(pg_dsn, table=ledger, authorize=_operator)
+    async with client(app) as c:
+        c.headers["x-operator"] = "yes"
+        token = _csrf((await c.get("/schedules")).text)
+        form = {"csrf": token, "schedule": "report:42", "cron": "30 7 * * *"}
+        done = await c.post("/actions/update-schedule", data={**form, "tz": "America/New_York"})
+        assert (done.status_code, done.headers["location"]) == (303, "/schedules")
+        stored = await _stored(pg_dsn, ledger)
+        assert stored["report:42"] == "cron '30 7 * * *' in America/New_York"
+        # What FleetControl refuses is a 400 with its message, and changes nothing.
+        bad = await c.post("/actions/update-schedule", data={**form, "cron": "61 * * * *"})
+        assert bad.status_code == 400 and "61" in bad.text
+        kw = await c.post("/actions/update-schedule", data={**form, "kwargs": "[1]"})
+        assert kw.status_code == 400 and "JSON object" in kw.text
+        assert await _stored(pg_dsn, ledger) == stored
+        gone = await c.post("/actions/remove-schedule", data=form)
+        assert gone.status_code == 303
+        assert "report:42" not in await _stored(pg_dsn, ledger)
+        again = await c.post("/actions/remove-schedule", data=form)
+        assert again.status_code == 404 and "unknown schedule: report:42" in again.text
+
+
+@pytest.mark.parametrize("case", ["no-token", "other-origin", "denied", "read-only"])
+async def test_a_refused_change_is_a_403_and_changes_nothing(
+    pg_dsn: str, ledger: str, case: str
+) -> None:
+    app = cronlock.web.app(
+        pg_dsn, table=ledger, authorize=None if case == "read-only" else _operator
+    )
+    async with client(app) as c:
+        c.headers["x-operator"] = "no" if case == "denied" else "yes"
+        page = (await c.get("/")).text
+        form = {"schedule": "report:42", "csrf": "" if case == "read-only" else _csrf(page)}
+        headers = {"origin": "https://evil.example"} if case == "other-origin" else {}
+        if case == "no-token":
+            del form["csrf"]
+        for verb in ("remove-schedule", "update-schedule"):
+            refused: httpx.Response = await c.post(f"/actions/{verb}", data=form, headers=headers)
+            assert refused.status_code == 403, (verb, refused.text)
+    assert set(await _stored(pg_dsn, ledger)) == {"report:42", XSS}
