@@ -178,6 +178,7 @@ async def test_add_update_remove_while_three_replicas_run(coordination: Coordina
     assert listed["r:1"].problem is not None and "no task 'report'" in listed["r:1"].problem
     assert status.returncode == 1 and "orphan" in status.stdout.splitlines()[-1], status.stdout
     assert "bad" in status.stdout.splitlines()[-1]  # no replica runs it either
+    assert "stored schedule orphan (revision 4): no task 'missing'" in status.stdout
     assert "no task 'missing'" in shown.stdout
 
 

@@ -224,11 +224,24 @@ async def _status(
     if lines:
         header = ["JOB", "STATE", "SCHEDULE", "LAST SUCCESS", "LAST FAILURE", "NEXT SLOT"]
         _table([*header, "LOCK HELD BY"], lines)
+    await _stored_problems(conn, table, only)
     status = _unknown(unknown, known)
     if check and overdue:
         _print(f"overdue: {', '.join(overdue)}")
         return 1
     return status
+
+
+async def _stored_problems(conn: Any, table: LedgerTable, only: Sequence[str]) -> None:
+    """Say which stored schedules a replica could not register (``schedules list`` has
+    the rest of them)."""
+    from ._storedsql import decode_stored, stored_sql
+
+    rows = await conn.fetch(stored_sql(table)["list"])
+    found = [s for row in rows if (s := decode_stored(row, table=table.schedules)) is not None]
+    for stored in found:
+        if stored.problem is not None and (not only or stored.name in only):
+            _print(f"stored schedule {stored.name} (revision {stored.revision}): {stored.problem}")
 
 
 def _unknown(names: Sequence[str], known: Iterable[str]) -> int:
