@@ -9,8 +9,6 @@ the job is overdue: the gauge flips and ``status --check`` exits 1 naming it.
 from __future__ import annotations
 
 import asyncio
-import json
-import sys
 import uuid
 from collections.abc import Callable
 from datetime import datetime
@@ -26,6 +24,7 @@ from cronlock.postgres import FleetControl, PostgresLocker, _control
 from cronlock.prometheus import instrument
 
 from .conftest import Coordination
+from .processes import Processes
 from .test_cli_pg import cli
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow]
@@ -41,45 +40,18 @@ class NeverLeader:
         return False
 
 
-class Replicas:
+class Replicas(Processes):
     """Three replica processes and the JSON lines they printed."""
 
     def __init__(self) -> None:
-        self.procs: list[asyncio.subprocess.Process] = []
-        self.lines: list[dict[str, Any]] = []
-        self._readers: list[asyncio.Task[None]] = []
+        super().__init__(REPLICA)
 
     async def start(self, dsn: str, table: str, n: int, *extra: str) -> None:
         for rid in range(1, n + 1):
-            proc = await asyncio.create_subprocess_exec(
-                sys.executable,
-                str(REPLICA),
-                "--dsn",
-                dsn,
-                "--table",
-                table,
-                *extra,
-                "--id",
-                str(rid),
-                "--interval",
-                str(INTERVAL),
-                stdout=asyncio.subprocess.PIPE,
-            )
-            self.procs.append(proc)
-            self._readers.append(asyncio.create_task(self._read(proc)))
-
-    async def _read(self, proc: asyncio.subprocess.Process) -> None:
-        assert proc.stdout is not None
-        async for line in proc.stdout:
-            self.lines.append(json.loads(line))
-
-    async def stop(self) -> None:
-        for proc in self.procs:
-            if proc.returncode is None:
-                proc.kill()
-        for proc in self.procs:
-            await proc.wait()
-        await asyncio.gather(*self._readers, return_exceptions=True)
+            await self.spawn(
+                "--dsn", dsn, "--table", table, *extra, "--id", str(rid),
+                "--interval", str(INTERVAL),
+            )  # fmt: skip
 
     def starts(self, after: float = float("-inf")) -> list[dict[str, Any]]:
         return [x for x in self.lines if x["event"] == "start" and x["slot"] > after]

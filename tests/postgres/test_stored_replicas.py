@@ -11,8 +11,6 @@ the others run it; a schedule whose kwargs do not fit runs nowhere and says so i
 from __future__ import annotations
 
 import asyncio
-import json
-import sys
 import time
 import uuid
 from collections import Counter
@@ -26,6 +24,7 @@ from cronlock import every
 from cronlock.postgres import FleetControl
 
 from .conftest import Coordination
+from .processes import Processes
 from .test_cli_pg import cli
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow]
@@ -34,34 +33,14 @@ REPLICA = Path(__file__).with_name("stored_replica.py")
 PICK_UP = 5.0  # the bound a replica with the default sync_every picks a change up within
 
 
-class Replicas:
-    """Replica processes and the JSON lines they printed."""
+class Replicas(Processes):
+    """Replica processes (``stored_replica.py``) and the JSON lines they printed."""
 
     def __init__(self) -> None:
-        self.procs: list[asyncio.subprocess.Process] = []
-        self.lines: list[dict[str, Any]] = []
-        self._readers: list[asyncio.Task[None]] = []
+        super().__init__(REPLICA)
 
     async def start(self, rid: int, *args: str) -> None:
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable, str(REPLICA), "--id", str(rid), "--sync", "2", *args,
-            stdout=asyncio.subprocess.PIPE,
-        )  # fmt: skip
-        self.procs.append(proc)
-        self._readers.append(asyncio.create_task(self._read(proc)))
-
-    async def _read(self, proc: asyncio.subprocess.Process) -> None:
-        assert proc.stdout is not None
-        async for line in proc.stdout:
-            self.lines.append(json.loads(line))
-
-    async def stop(self) -> None:
-        for proc in self.procs:
-            if proc.returncode is None:
-                proc.kill()
-        for proc in self.procs:
-            await proc.wait()
-        await asyncio.gather(*self._readers, return_exceptions=True)
+        await self.spawn("--id", str(rid), "--sync", "2", *args)
 
     def of(self, event: str, rid: int | None = None) -> list[dict[str, Any]]:
         return [
