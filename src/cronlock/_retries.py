@@ -42,6 +42,7 @@ _logger = get_logger("cronlock")
 
 MAX_DELAY = 300.0
 """Seconds: the longest wait before a retry, however many attempts came before."""
+_REMEMBER = 1024  # slots whose retry is on its way, at most
 DEFAULT_DELAY = 1.0
 """``retry_delay``'s default: seconds before the first retry (before jitter)."""
 
@@ -153,7 +154,19 @@ class Retries:
         await self._clock.sleep_until(when)
         if job._scheduler is None or job.paused:
             return  # removed or paused meanwhile
-        self._attempts[job.name, slot] = attempt
+        if job._active and job.overlap == "skip":  # the next slot's run (a long one) goes on
+            _logger.info(
+                "job %r slot %s: attempt %d not started: a run of the job is in progress",
+                job.name,
+                slot,
+                attempt,
+                extra=at(job.name, slot),
+            )
+            return
+        attempts = self._attempts
+        attempts[job.name, slot] = attempt
+        if len(attempts) > _REMEMBER:  # a retry queued, then dropped with its job, say
+            del attempts[next(iter(attempts))]
         locker = job._wiring.locker
         if isinstance(locker, RetryingLocker):
             locker.will_retry(job.name, slot, attempt)

@@ -25,6 +25,7 @@ from cronlock import (
 from cronlock.postgres import FleetControl, PostgresLocker
 
 from .events import Events
+from .test_cli_pg import cli
 
 pytestmark = pytest.mark.postgres
 
@@ -147,3 +148,40 @@ async def test_ten_thousand_stored_schedules_load_in_one_read(
         job = scheduler.get_job("tenant:9999")
         assert job.next_run is not None and job.next_run - datetime.now(UTC) < timedelta(hours=1)
     print(f"10,000 stored schedules: start took {took:.2f} s, {Counting.reads} read")
+
+
+async def test_the_command_line_adds_lists_and_refuses_with_the_verbs_message(
+    pg_dsn: str, table: str
+) -> None:
+    where = ("--dsn", pg_dsn, "--table", table)
+    added = await cli(
+        "schedules", "add", "report:7", "send-report", "--cron", "0 8 * * *",
+        "--tz", "America/New_York", "--kwargs", '{"tenant": 7}',
+        "--option", "timeout=600", "--option", "overlap=queue", "--option", 'tags=["a"]', *where,
+    )  # fmt: skip
+    assert added.returncode == 0, added.stderr
+    assert "report:7: stored as revision 1 (cron '0 8 * * *' in America/New_York)" in added.stdout
+    async with FleetControl(pg_dsn, table=table) as control:
+        [stored] = await control.schedules()
+    assert stored.kwargs == {"tenant": 7}
+    assert stored.options == {"timeout": 600.0, "overlap": "queue", "tags": ["a"]}
+    for args, words in [
+        (("add", "report:7", "send-report", "--every", "60"), "stored already"),
+        (("add", "x", "t", "--every", "60", "--option", "retires=2"), "retires cannot be stored"),
+        (("add", "x", "t", "--every", "60", "--option", "timeout"), "expected NAME=VALUE"),
+        (("add", "x", "t", "--at", "2020-01-01T00:00:00+00:00"), "never fires after"),
+        (("add", "x", "t", "--at", "2030-01-01T00:00:00"), "names no zone"),
+        (("add", "x", "t", "--every", "60", "--kwargs", "[1]"), "expected a JSON object"),
+        (("update", "report:8", "--every", "60"), "unknown schedule: report:8"),
+        (("remove", "report:8"), "unknown schedule: report:8"),
+    ]:
+        refused = await cli("schedules", *args, *where)
+        assert refused.returncode == 1, (args, refused.stdout, refused.stderr)
+        assert words in refused.stderr, (args, refused.stderr)
+    listed = await cli("schedules", "list", *where)
+    assert listed.returncode == 0
+    assert "1 stored schedule(s)" in listed.stdout and "report:7" in listed.stdout
+    moved = await cli("schedules", "update", "report:7", "--every", "90", *where)
+    assert moved.returncode == 0 and "revision 2 (every 1m30s)" in moved.stdout, moved.stdout
+    removed = await cli("schedules", "remove", "report:7", *where)
+    assert removed.returncode == 0 and "removed" in removed.stdout
