@@ -120,15 +120,15 @@ class Mirror:
                 gauge = Gauge(
                     family.name,
                     family.documentation,
-                    ["job"] if family.name.startswith("cronlock_job_") else [],
+                    ["cronlock_job"] if family.name.startswith("cronlock_job_") else [],
                     multiprocess_mode=mode,
                     registry=None,
                 )
                 self._registry.register(gauge)
                 self._gauges[family.name] = gauge
             for sample in family.samples:
-                seen.add((family.name, sample.labels.get("job", "")))
-                self._write(family.name, sample.labels.get("job", ""), sample.value)
+                seen.add((family.name, sample.labels.get("cronlock_job", "")))
+                self._write(family.name, sample.labels.get("cronlock_job", ""), sample.value)
         for name, job in [key for key in self._written if key not in seen]:
             self._write(name, job, math.inf if name in _EARLIEST else 0.0)
 

@@ -4,25 +4,25 @@ Needs the ``prometheus`` extra (``pip install -e '.[prometheus]'`` from a clone,
 ``pip install 'cronlock[prometheus]'`` once cronlock is on PyPI); ``import cronlock`` never
 imports it. The metric names are part of the API:
 
-- ``cronlock_job_last_success_timestamp_seconds{job}`` and
-  ``cronlock_job_last_run_timestamp_seconds{job}`` (when the latest successful / finished
+- ``cronlock_job_last_success_timestamp_seconds{cronlock_job}`` and
+  ``cronlock_job_last_run_timestamp_seconds{cronlock_job}`` (when the latest successful / finished
   run ended; fleet-wide with a run ledger: every replica reports the fleet's, read every 15
   seconds in one statement, never per scrape),
-- ``cronlock_job_next_run_timestamp_seconds{job}``, ``cronlock_job_overdue{job}`` (0/1, see
-  :meth:`cronlock.Scheduler.overdue`), ``cronlock_job_paused{job}`` (0/1, here or fleet-wide),
-- ``cronlock_job_without_success_since_timestamp_seconds{job}`` (see
+- ``cronlock_job_next_run_timestamp_seconds{cronlock_job}``, ``cronlock_job_overdue{cronlock_job}`` (0/1, see
+  :meth:`cronlock.Scheduler.overdue`), ``cronlock_job_paused{cronlock_job}`` (0/1, here or fleet-wide),
+- ``cronlock_job_without_success_since_timestamp_seconds{cronlock_job}`` (see
   :meth:`cronlock.Scheduler.without_success_since`: "no success in N days" is
   ``time() - ... > N * 86400``; left out for paused and finished jobs, of which nothing is
   expected),
-- ``cronlock_runs_total{job,outcome}``, ``cronlock_skips_total{job,reason}`` (lock contention
+- ``cronlock_runs_total{cronlock_job,outcome}``, ``cronlock_skips_total{cronlock_job,reason}`` (lock contention
   is ``reason="locked"``/``"already_ran"``; ``"standby"`` on the replicas of a large fleet
-  that leave the claims to its racers), ``cronlock_lock_errors_total{job}`` (this
-  replica's), ``cronlock_lock_held_elsewhere_total{job}`` (a session outside the fleet holds
-  the job's lock: :class:`~cronlock.LockHeldElsewhere`), ``cronlock_retries_total{job}``
+  that leave the claims to its racers), ``cronlock_lock_errors_total{cronlock_job}`` (this
+  replica's), ``cronlock_lock_held_elsewhere_total{cronlock_job}`` (a session outside the fleet holds
+  the job's lock: :class:`~cronlock.LockHeldElsewhere`), ``cronlock_retries_total{cronlock_job}``
   (attempts retried after a failed one: :class:`~cronlock.JobRetrying`; a retry's start is
   not counted as a late start), ``cronlock_schedules_rejected_total{schedule}`` (stored
   schedules this replica could not register: :class:`~cronlock.ScheduleRejected`),
-- ``cronlock_run_duration_seconds{job}``, ``cronlock_start_lateness_seconds{job}``
+- ``cronlock_run_duration_seconds{cronlock_job}``, ``cronlock_start_lateness_seconds{cronlock_job}``
   (histograms), ``cronlock_leader`` (0/1, when the scheduler has an elector that can tell
   without a round trip, as :class:`cronlock.postgres.PostgresElector` can).
 
@@ -96,26 +96,26 @@ class Instrumentation:
         path = multiprocess_dir()
         self._mirror = None if path is None else Mirror(path, registry)
         self.runs = Counter(
-            "cronlock_runs", "Runs that ended on this replica", ["job", "outcome"], registry=None
+            "cronlock_runs", "Runs that ended on this replica", ["cronlock_job", "outcome"], registry=None
         )
         self.skips = Counter(
-            "cronlock_skips", "Slots this replica did not run, by reason", ["job", "reason"],
+            "cronlock_skips", "Slots this replica did not run, by reason", ["cronlock_job", "reason"],
             registry=None,
         )  # fmt: skip
         self.lock_errors = Counter(
-            "cronlock_lock_errors", "Locker or elector failures on this replica", ["job"],
+            "cronlock_lock_errors", "Locker or elector failures on this replica", ["cronlock_job"],
             registry=None,
         )  # fmt: skip
         self.held_elsewhere = Counter(
             "cronlock_lock_held_elsewhere",
             "Jobs whose lock a session outside the fleet was found holding (once a job)",
-            ["job"],
+            ["cronlock_job"],
             registry=None,
         )
         self.retries = Counter(
             "cronlock_retries",
             "Attempts this replica retried after a failed or timed-out one (retries=N)",
-            ["job"],
+            ["cronlock_job"],
             registry=None,
         )
         self.rejected = Counter(
@@ -128,14 +128,14 @@ class Instrumentation:
         self.duration = Histogram(
             "cronlock_run_duration_seconds",
             "How long runs took on this replica",
-            ["job"],
+            ["cronlock_job"],
             buckets=_DURATION_BUCKETS,
             registry=None,
         )
         self.lateness = Histogram(
             "cronlock_start_lateness_seconds",
             "How late after its fire time a run started on this replica",
-            ["job"],
+            ["cronlock_job"],
             buckets=_LATENESS_BUCKETS,
             registry=None,
         )
@@ -253,7 +253,7 @@ class _StateCollector(Collector):
     @staticmethod
     def _families() -> tuple[GaugeMetricFamily, ...]:
         def gauge(name: str, text: str) -> GaugeMetricFamily:
-            return GaugeMetricFamily(f"cronlock_job_{name}", text, labels=["job"])
+            return GaugeMetricFamily(f"cronlock_job_{name}", text, labels=["cronlock_job"])
 
         return (
             gauge("last_success_timestamp_seconds", "When the latest successful run ended"),

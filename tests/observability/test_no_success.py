@@ -32,7 +32,7 @@ async def test_a_job_goes_without_success_since_the_start_then_since_its_last_su
     async with scheduler:
         await clock.advance(60)  # fails at T0+60: it never succeeded, judged from the start
         assert scheduler.without_success_since("export") == T0
-        assert registry.get_sample_value(GAUGE, {"job": "export"}) == T0.timestamp()
+        assert registry.get_sample_value(GAUGE, {"cronlock_job": "export"}) == T0.timestamp()
         broken = False
         await clock.advance(60)  # succeeds at T0+120
         since = T0 + timedelta(seconds=120)
@@ -40,7 +40,7 @@ async def test_a_job_goes_without_success_since_the_start_then_since_its_last_su
         broken = True
         await clock.advance(600)  # ten more failures change nothing
         assert scheduler.without_success_since("export") == since
-        assert registry.get_sample_value(GAUGE, {"job": "export"}) == since.timestamp()
+        assert registry.get_sample_value(GAUGE, {"cronlock_job": "export"}) == since.timestamp()
     with pytest.raises(JobLookupError, match="unknown job: exprt"):
         scheduler.without_success_since("exprt")
 
@@ -59,6 +59,6 @@ async def test_the_gauge_leaves_out_paused_and_finished_jobs() -> None:
         # Facts for every job; nothing expected of the paused one or the finished one.
         assert scheduler.without_success_since("warm") == T0 + timedelta(seconds=30)
         assert scheduler.without_success_since("paused") == T0
-        assert registry.get_sample_value(GAUGE, {"job": "later"}) == T0.timestamp()
-        assert registry.get_sample_value(GAUGE, {"job": "warm"}) is None
-        assert registry.get_sample_value(GAUGE, {"job": "paused"}) is None
+        assert registry.get_sample_value(GAUGE, {"cronlock_job": "later"}) == T0.timestamp()
+        assert registry.get_sample_value(GAUGE, {"cronlock_job": "warm"}) is None
+        assert registry.get_sample_value(GAUGE, {"cronlock_job": "paused"}) is None

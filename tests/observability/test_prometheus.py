@@ -37,39 +37,39 @@ async def test_runs_skips_durations_and_state_gauges() -> None:
     handle = instrument(scheduler, registry)
     async with scheduler:
         await clock.advance(62)
-        assert value(registry, "cronlock_runs_total", job="export", outcome="succeeded") == 1
-        assert value(registry, "cronlock_run_duration_seconds_count", job="export") == 1
-        assert value(registry, "cronlock_run_duration_seconds_sum", job="export") == 2
-        assert value(registry, "cronlock_start_lateness_seconds_count", job="export") == 1
-        assert value(registry, "cronlock_start_lateness_seconds_sum", job="export") == 0
-        assert value(registry, "cronlock_skips_total", job="slow", reason="overlap") == 3
+        assert value(registry, "cronlock_runs_total", cronlock_job="export", outcome="succeeded") == 1
+        assert value(registry, "cronlock_run_duration_seconds_count", cronlock_job="export") == 1
+        assert value(registry, "cronlock_run_duration_seconds_sum", cronlock_job="export") == 2
+        assert value(registry, "cronlock_start_lateness_seconds_count", cronlock_job="export") == 1
+        assert value(registry, "cronlock_start_lateness_seconds_sum", cronlock_job="export") == 0
+        assert value(registry, "cronlock_skips_total", cronlock_job="slow", reason="overlap") == 3
         ended = (T0 + timedelta(seconds=62)).timestamp()
-        assert value(registry, "cronlock_job_last_success_timestamp_seconds", job="export") == ended
-        assert value(registry, "cronlock_job_last_run_timestamp_seconds", job="export") == ended
+        assert value(registry, "cronlock_job_last_success_timestamp_seconds", cronlock_job="export") == ended
+        assert value(registry, "cronlock_job_last_run_timestamp_seconds", cronlock_job="export") == ended
         nxt = (T0 + timedelta(seconds=120)).timestamp()
-        assert value(registry, "cronlock_job_next_run_timestamp_seconds", job="export") == nxt
-        assert value(registry, "cronlock_job_overdue", job="export") == 0
-        assert value(registry, "cronlock_job_paused", job="export") == 0
+        assert value(registry, "cronlock_job_next_run_timestamp_seconds", cronlock_job="export") == nxt
+        assert value(registry, "cronlock_job_overdue", cronlock_job="export") == 0
+        assert value(registry, "cronlock_job_paused", cronlock_job="export") == 0
 
         fail = True
         await clock.advance(60)  # fails at T0+122; overdue after T0+120+10+20
-        assert value(registry, "cronlock_runs_total", job="export", outcome="failed") == 1
+        assert value(registry, "cronlock_runs_total", cronlock_job="export", outcome="failed") == 1
         await clock.advance(28)
-        assert value(registry, "cronlock_job_overdue", job="export") == 0
+        assert value(registry, "cronlock_job_overdue", cronlock_job="export") == 0
         await clock.advance(1)
-        assert value(registry, "cronlock_job_overdue", job="export") == 1
-        last_ok = value(registry, "cronlock_job_last_success_timestamp_seconds", job="export")
+        assert value(registry, "cronlock_job_overdue", cronlock_job="export") == 1
+        last_ok = value(registry, "cronlock_job_last_success_timestamp_seconds", cronlock_job="export")
         assert last_ok == ended  # the failure did not move it
 
         scheduler.get_job("export").pause()
-        assert value(registry, "cronlock_job_paused", job="export") == 1
-        assert value(registry, "cronlock_job_overdue", job="export") == 0
+        assert value(registry, "cronlock_job_paused", cronlock_job="export") == 1
+        assert value(registry, "cronlock_job_overdue", cronlock_job="export") == 0
     text = generate_latest(registry).decode()
     assert "# TYPE cronlock_runs_total counter" in text
     assert "cronlock_leader" not in text  # no elector
     handle.close()
     handle.close()
-    assert value(registry, "cronlock_runs_total", job="export", outcome="succeeded") is None
+    assert value(registry, "cronlock_runs_total", cronlock_job="export", outcome="succeeded") is None
 
 
 async def test_timeouts_count_as_timed_out() -> None:
@@ -84,7 +84,7 @@ async def test_timeouts_count_as_timed_out() -> None:
     instrument(scheduler, registry)
     async with scheduler:
         await clock.advance(61)
-    assert value(registry, "cronlock_runs_total", job="hang", outcome="timed_out") == 1
+    assert value(registry, "cronlock_runs_total", cronlock_job="hang", outcome="timed_out") == 1
 
 
 async def test_retries_are_counted_and_a_retry_is_no_late_start() -> None:
@@ -99,9 +99,9 @@ async def test_retries_are_counted_and_a_retry_is_no_late_start() -> None:
     handle = instrument(scheduler, registry)
     async with scheduler:
         await clock.advance(3600 + 60)
-        assert value(registry, "cronlock_runs_total", job="flaky", outcome="failed") == 3
-        assert value(registry, "cronlock_retries_total", job="flaky") == 2
+        assert value(registry, "cronlock_runs_total", cronlock_job="flaky", outcome="failed") == 3
+        assert value(registry, "cronlock_retries_total", cronlock_job="flaky") == 2
         # Only the slot's first attempt counts as a start, on time.
-        assert value(registry, "cronlock_start_lateness_seconds_count", job="flaky") == 1
-        assert value(registry, "cronlock_start_lateness_seconds_sum", job="flaky") == 0
+        assert value(registry, "cronlock_start_lateness_seconds_count", cronlock_job="flaky") == 1
+        assert value(registry, "cronlock_start_lateness_seconds_sum", cronlock_job="flaky") == 0
     handle.close()

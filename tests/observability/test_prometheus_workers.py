@@ -79,8 +79,8 @@ async def main():
             await asyncio.sleep(0.05)
         handle.close()
     merged = cronlock.prometheus.scrape_registry()
-    print(merged.get_sample_value("cronlock_runs_total", {"job": "tick", "outcome": "succeeded"}))
-    print(merged.get_sample_value("cronlock_job_paused", {"job": "tick"}))
+    print(merged.get_sample_value("cronlock_runs_total", {"cronlock_job": "tick", "outcome": "succeeded"}))
+    print(merged.get_sample_value("cronlock_job_paused", {"cronlock_job": "tick"}))
 
 asyncio.run(main())
 """
@@ -121,7 +121,7 @@ async def main():
     handle = cronlock.prometheus.instrument(scheduler, CollectorRegistry())
     merged = cronlock.prometheus.scrape_registry()
     def read(name, job):
-        return merged.get_sample_value(f"cronlock_job_{name}", {"job": job})
+        return merged.get_sample_value(f"cronlock_job_{name}", {"cronlock_job": job})
     async with scheduler:  # a copy at start
         print(read("next_run_timestamp_seconds", "warm"), read("paused", "later"))
         later.pause()

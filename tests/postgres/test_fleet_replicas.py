@@ -93,7 +93,7 @@ async def test_pause_resume_trigger_across_three_replicas(
     instrument(observer, registry)
 
     def gauge(name: str) -> float | None:
-        return registry.get_sample_value(f"cronlock_job_{name}", {"job": "pulse"})
+        return registry.get_sample_value(f"cronlock_job_{name}", {"cronlock_job": "pulse"})
 
     async def server_now() -> float:
         now: datetime = await admin.fetchval("SELECT clock_timestamp()")

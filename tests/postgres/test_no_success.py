@@ -89,7 +89,7 @@ async def test_a_job_that_never_succeeded_counts_from_its_first_note_across_rest
         await eventually(
             lambda: second.without_success_since("nightly") == seen, "first seen after a restart"
         )
-        assert registry.get_sample_value(GAUGE, {"job": "nightly"}) == seen.timestamp()
+        assert registry.get_sample_value(GAUGE, {"cronlock_job": "nightly"}) == seen.timestamp()
         while (row := await note(admin, table))["schedule"] == noted["schedule"]:
             await asyncio.sleep(0.05)
         assert row["updated_at"] > noted["updated_at"]
@@ -114,7 +114,7 @@ async def test_after_a_success_every_replica_counts_from_its_end(
         )
         await eventually(lambda: watcher.without_success_since("nightly") == ended, "the success")
         assert watcher.get_job("nightly").run_count == 0  # it never ran the job itself
-        assert registry.get_sample_value(GAUGE, {"job": "nightly"}) == ended.timestamp()
+        assert registry.get_sample_value(GAUGE, {"cronlock_job": "nightly"}) == ended.timestamp()
 
 
 async def test_an_older_ledgers_jobs_are_first_seen_at_their_oldest_run_or_last_note(
