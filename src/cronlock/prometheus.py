@@ -2,29 +2,31 @@
 
 Needs the ``prometheus`` extra (``pip install -e '.[prometheus]'`` from a clone,
 ``pip install 'cronlock[prometheus]'`` once cronlock is on PyPI); ``import cronlock`` never
-imports it. The metric names are part of the API:
+imports it. The metric names are part of the API. Every series of a job carries its name
+in the label ``cronlock_job`` (``job`` and ``instance`` are the labels Prometheus gives
+every scraped series: the scrape job, the target):
 
-- ``cronlock_job_last_success_timestamp_seconds{cronlock_job}`` and
-  ``cronlock_job_last_run_timestamp_seconds{cronlock_job}`` (when the latest successful / finished
-  run ended; fleet-wide with a run ledger: every replica reports the fleet's, read every 15
+- ``cronlock_job_last_success_timestamp_seconds`` and
+  ``cronlock_job_last_run_timestamp_seconds`` (when the latest successful / finished run
+  ended; fleet-wide with a run ledger: every replica reports the fleet's, read every 15
   seconds in one statement, never per scrape),
-- ``cronlock_job_next_run_timestamp_seconds{cronlock_job}``, ``cronlock_job_overdue{cronlock_job}`` (0/1, see
-  :meth:`cronlock.Scheduler.overdue`), ``cronlock_job_paused{cronlock_job}`` (0/1, here or fleet-wide),
-- ``cronlock_job_without_success_since_timestamp_seconds{cronlock_job}`` (see
+- ``cronlock_job_next_run_timestamp_seconds``, ``cronlock_job_overdue`` (0/1, see
+  :meth:`cronlock.Scheduler.overdue`), ``cronlock_job_paused`` (0/1, here or fleet-wide),
+- ``cronlock_job_without_success_since_timestamp_seconds`` (see
   :meth:`cronlock.Scheduler.without_success_since`: "no success in N days" is
   ``time() - ... > N * 86400``; left out for paused and finished jobs, of which nothing is
   expected),
-- ``cronlock_runs_total{cronlock_job,outcome}``, ``cronlock_skips_total{cronlock_job,reason}`` (lock contention
-  is ``reason="locked"``/``"already_ran"``; ``"standby"`` on the replicas of a large fleet
-  that leave the claims to its racers), ``cronlock_lock_errors_total{cronlock_job}`` (this
-  replica's), ``cronlock_lock_held_elsewhere_total{cronlock_job}`` (a session outside the fleet holds
-  the job's lock: :class:`~cronlock.LockHeldElsewhere`), ``cronlock_retries_total{cronlock_job}``
-  (attempts retried after a failed one: :class:`~cronlock.JobRetrying`; a retry's start is
-  not counted as a late start), ``cronlock_schedules_rejected_total{schedule}`` (stored
-  schedules this replica could not register: :class:`~cronlock.ScheduleRejected`),
-- ``cronlock_run_duration_seconds{cronlock_job}``, ``cronlock_start_lateness_seconds{cronlock_job}``
-  (histograms), ``cronlock_leader`` (0/1, when the scheduler has an elector that can tell
-  without a round trip, as :class:`cronlock.postgres.PostgresElector` can).
+- ``cronlock_runs_total{outcome}``, ``cronlock_skips_total{reason}`` (lock contention is
+  ``reason="locked"``/``"already_ran"``; ``"standby"`` on the replicas of a large fleet that
+  leave the claims to its racers), ``cronlock_lock_errors_total`` (this replica's),
+  ``cronlock_lock_held_elsewhere_total`` (a session outside the fleet holds the job's lock:
+  :class:`~cronlock.LockHeldElsewhere`), ``cronlock_retries_total`` (attempts retried after
+  a failed one: :class:`~cronlock.JobRetrying`; a retry's start is not counted as a late
+  start), ``cronlock_schedules_rejected_total{schedule}`` (stored schedules this replica
+  could not register: :class:`~cronlock.ScheduleRejected`; no ``cronlock_job`` label),
+- ``cronlock_run_duration_seconds``, ``cronlock_start_lateness_seconds`` (histograms),
+  ``cronlock_leader`` (0/1, when the scheduler has an elector that can tell without a round
+  trip, as :class:`cronlock.postgres.PostgresElector` can; no ``cronlock_job`` label).
 
 The gauges are computed at scrape time from the scheduler's state; the counters and
 histograms are fed by its events. Under a server of several worker processes
@@ -96,12 +98,17 @@ class Instrumentation:
         path = multiprocess_dir()
         self._mirror = None if path is None else Mirror(path, registry)
         self.runs = Counter(
-            "cronlock_runs", "Runs that ended on this replica", ["cronlock_job", "outcome"], registry=None
+            "cronlock_runs",
+            "Runs that ended on this replica",
+            ["cronlock_job", "outcome"],
+            registry=None,
         )
         self.skips = Counter(
-            "cronlock_skips", "Slots this replica did not run, by reason", ["cronlock_job", "reason"],
+            "cronlock_skips",
+            "Slots this replica did not run, by reason",
+            ["cronlock_job", "reason"],
             registry=None,
-        )  # fmt: skip
+        )
         self.lock_errors = Counter(
             "cronlock_lock_errors", "Locker or elector failures on this replica", ["cronlock_job"],
             registry=None,

@@ -37,17 +37,27 @@ async def test_runs_skips_durations_and_state_gauges() -> None:
     handle = instrument(scheduler, registry)
     async with scheduler:
         await clock.advance(62)
-        assert value(registry, "cronlock_runs_total", cronlock_job="export", outcome="succeeded") == 1
+        assert (
+            value(registry, "cronlock_runs_total", cronlock_job="export", outcome="succeeded") == 1
+        )
         assert value(registry, "cronlock_run_duration_seconds_count", cronlock_job="export") == 1
         assert value(registry, "cronlock_run_duration_seconds_sum", cronlock_job="export") == 2
         assert value(registry, "cronlock_start_lateness_seconds_count", cronlock_job="export") == 1
         assert value(registry, "cronlock_start_lateness_seconds_sum", cronlock_job="export") == 0
         assert value(registry, "cronlock_skips_total", cronlock_job="slow", reason="overlap") == 3
         ended = (T0 + timedelta(seconds=62)).timestamp()
-        assert value(registry, "cronlock_job_last_success_timestamp_seconds", cronlock_job="export") == ended
-        assert value(registry, "cronlock_job_last_run_timestamp_seconds", cronlock_job="export") == ended
+        assert (
+            value(registry, "cronlock_job_last_success_timestamp_seconds", cronlock_job="export")
+            == ended
+        )
+        assert (
+            value(registry, "cronlock_job_last_run_timestamp_seconds", cronlock_job="export")
+            == ended
+        )
         nxt = (T0 + timedelta(seconds=120)).timestamp()
-        assert value(registry, "cronlock_job_next_run_timestamp_seconds", cronlock_job="export") == nxt
+        assert (
+            value(registry, "cronlock_job_next_run_timestamp_seconds", cronlock_job="export") == nxt
+        )
         assert value(registry, "cronlock_job_overdue", cronlock_job="export") == 0
         assert value(registry, "cronlock_job_paused", cronlock_job="export") == 0
 
@@ -58,7 +68,9 @@ async def test_runs_skips_durations_and_state_gauges() -> None:
         assert value(registry, "cronlock_job_overdue", cronlock_job="export") == 0
         await clock.advance(1)
         assert value(registry, "cronlock_job_overdue", cronlock_job="export") == 1
-        last_ok = value(registry, "cronlock_job_last_success_timestamp_seconds", cronlock_job="export")
+        last_ok = value(
+            registry, "cronlock_job_last_success_timestamp_seconds", cronlock_job="export"
+        )
         assert last_ok == ended  # the failure did not move it
 
         scheduler.get_job("export").pause()
@@ -69,7 +81,9 @@ async def test_runs_skips_durations_and_state_gauges() -> None:
     assert "cronlock_leader" not in text  # no elector
     handle.close()
     handle.close()
-    assert value(registry, "cronlock_runs_total", cronlock_job="export", outcome="succeeded") is None
+    assert (
+        value(registry, "cronlock_runs_total", cronlock_job="export", outcome="succeeded") is None
+    )
 
 
 async def test_timeouts_count_as_timed_out() -> None:

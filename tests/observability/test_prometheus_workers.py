@@ -79,7 +79,8 @@ async def main():
             await asyncio.sleep(0.05)
         handle.close()
     merged = cronlock.prometheus.scrape_registry()
-    print(merged.get_sample_value("cronlock_runs_total", {"cronlock_job": "tick", "outcome": "succeeded"}))
+    ran = {"cronlock_job": "tick", "outcome": "succeeded"}
+    print(merged.get_sample_value("cronlock_runs_total", ran))
     print(merged.get_sample_value("cronlock_job_paused", {"cronlock_job": "tick"}))
 
 asyncio.run(main())

@@ -26,9 +26,11 @@ pytestmark = [pytest.mark.postgres, pytest.mark.slow, pytest.mark.usefixtures("e
 
 WORKERS = 3
 SCRAPES = 30
-FAILED = re.compile(r'^cronlock_runs_total{cronlock_job="fails",outcome="failed"\} (\S+)$', re.M)
-LAST_RUN = re.compile(r'^cronlock_job_last_run_timestamp_seconds{cronlock_job="fails"\} (\S+)$', re.M)
-PAUSED = re.compile(r'^cronlock_job_paused{cronlock_job="fails"\} (\S+)$', re.M)
+FAILED = re.compile(r'^cronlock_runs_total\{cronlock_job="fails",outcome="failed"\} (\S+)$', re.M)
+LAST_RUN = re.compile(
+    r'^cronlock_job_last_run_timestamp_seconds\{cronlock_job="fails"\} (\S+)$', re.M
+)
+PAUSED = re.compile(r'^cronlock_job_paused\{cronlock_job="fails"\} (\S+)$', re.M)
 # A failed run is counted by its worker's event right after the ledger has it, or right
 # before: a scrape between the two may be one run off the ledger's count on either side.
 SLACK = 2
