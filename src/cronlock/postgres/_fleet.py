@@ -11,21 +11,23 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal, get_args
 
-from .._keys import job_lock_key, keyed_lock_key
+from .._keys import job_lock_key, keyed_lock_key, ledger_lock_key
 from .._records import RunRecord
 from ._control import control_sql
-from ._decode import RUN, decode_run, report_odd
+from ._decode import RUN, decode_run, report_odd, slot_in_range
 from ._leasesql import lease_holders_sql
 from ._ledger import LedgerTable
 from ._lockkeys import SECRET_NAME
 
 __all__ = (
     "HOLDERS_SQL",
+    "READ_BATCH",
     "STATUSES",
     "FleetJob",
     "LockHolder",
     "Status",
     "job_status",
+    "last_runs_many_sql",
     "read_holders",
     "read_jobs",
     "read_paused",
@@ -131,6 +133,22 @@ def job_status(job: FleetJob, now: datetime, *, paused: bool) -> Status:
     return "ok" if job.last_run is not None else "new"
 
 
+_KEYS: dict[tuple[str | None, str], tuple[int, int | None]] = {}
+_KEYS_KEPT = 200_000  # names whose keys are kept (a dashboard asks for the same every refresh)
+
+
+def _keys_of(runs: str | None, name: str) -> tuple[int, int | None]:
+    """*name*'s bare lock key and, with the ledger's runs table *runs*, its namespaced one:
+    FNV-1a in Python costs microseconds a key, kept for the next refresh."""
+    found = _KEYS.get((runs, name))
+    if found is None:
+        if len(_KEYS) >= _KEYS_KEPT:
+            _KEYS.clear()
+        namespaced = None if runs is None else ledger_lock_key(runs, name)
+        found = _KEYS[runs, name] = (job_lock_key(name), namespaced)
+    return found
+
+
 async def read_holders(
     conn: Any, names: Sequence[str], table: LedgerTable | None = None
 ) -> dict[str, tuple[LockHolder, ...]]:
@@ -142,14 +160,19 @@ async def read_holders(
     leases (lease mode) are included too: their *pid* is the replica's process id, their
     *application* the lease's holder, their address unknown.
     """
-    by_key = {job_lock_key(name): name for name in names}
-    if table is not None:
-        by_key |= {table.lock_key(name): name for name in names}
-        if await conn.fetchval("SELECT to_regclass($1)", table.secrets):  # lock_keys="keyed"
-            select = f"SELECT value FROM {table.secrets} WHERE name = $1"
-            secret = await conn.fetchval(select, SECRET_NAME)
-            if secret is not None:
-                by_key |= {keyed_lock_key(bytes(secret), name): name for name in names}
+    runs = None if table is None else table.runs  # quoted once: it namespaces the keys
+    by_key: dict[int, str] = {}
+    for name in names:
+        bare, namespaced = _keys_of(runs, name)
+        by_key[bare] = name
+        if namespaced is not None:
+            by_key[namespaced] = name
+    # lock_keys="keyed": once a replica made the ledger's secret.
+    if table is not None and await conn.fetchval("SELECT to_regclass($1)", table.secrets):
+        select = f"SELECT value FROM {table.secrets} WHERE name = $1"
+        secret = await conn.fetchval(select, SECRET_NAME)
+        if secret is not None:
+            by_key |= {keyed_lock_key(bytes(secret), name): name for name in names}
     found: dict[str, list[LockHolder]] = {}
     for row in await conn.fetch(HOLDERS_SQL, list(by_key)):
         holder = LockHolder(row["pid"], row["application_name"] or "", row["addr"])
@@ -161,26 +184,58 @@ async def read_holders(
     return {name: tuple(found.get(name, ())) for name in names}
 
 
+READ_BATCH = 5000
+"""Jobs per statement of the latest-runs read of :func:`read_jobs`."""
+
+
+def last_runs_many_sql(table: LedgerTable) -> str:
+    """Array ``$1`` jobs: for each, rows ``('last', latest finished run)``, ``('ok', latest
+    success)`` and ``('failed', latest failure)``, three index probes a job (what
+    ``LedgerTable.last_runs_sql`` reads of one job, for many in one statement); a row whose
+    slot is out of range is none of them."""
+    runs, sane_slot = table.runs, slot_in_range("x.slot")
+
+    def latest(kind: str, where: str) -> str:
+        return f"""SELECT u.job, '{kind}' AS kind, r.* FROM unnest($1::text[]) AS u(job)
+            CROSS JOIN LATERAL (SELECT {RUN} FROM {runs} x WHERE x.job = u.job AND {where}
+                                AND {sane_slot} ORDER BY x.slot DESC LIMIT 1) r"""
+
+    return " UNION ALL ".join(
+        (
+            latest("last", "x.finished_at IS NOT NULL"),
+            latest("ok", "x.outcome = 'succeeded'"),
+            latest("failed", "x.outcome <> 'succeeded'"),
+        )
+    )
+
+
 async def read_jobs(
     conn: Any, table: LedgerTable, only: Sequence[str] | None = None
 ) -> list[FleetJob]:
     """Every job the ledger knows (a replica noted its schedule or claimed a slot of it),
     in name order; with *only*, those of them that exist, in the order given.
 
-    One query for the jobs, one for the lock holders, one per job for its latest runs
-    (index probes on the primary key).
+    A bounded number of statements, however many jobs: one for the jobs, one or three for
+    the lock holders, one per :data:`READ_BATCH` jobs for their latest runs (three index
+    probes a job on the primary key).
     """
     rows = await conn.fetch(table.jobs_sql)
     if only is not None:
         known = {row["job"]: row for row in rows}
         rows = [known[name] for name in dict.fromkeys(only) if name in known]
-    holders = await read_holders(conn, [row["job"] for row in rows], table)
+    names = [row["job"] for row in rows]
+    holders = await read_holders(conn, names, table)
+    latest: dict[tuple[str, str], RunRecord | None] = {}
+    sql, runs = last_runs_many_sql(table), table.runs
+    for start in range(0, len(names), READ_BATCH):
+        for r in await conn.fetch(sql, names[start : start + READ_BATCH]):
+            latest[r["job"], r["kind"]] = decode_run(r, table=runs, job=r["job"])
     jobs = []
     for row in rows:
         if row["odd"] is not None:  # its odd times read as unknown (._decode)
             report_odd(table.jobs, row["job"], row["odd"], kept=True)
-        found = await conn.fetch(table.last_runs_sql, row["job"])
-        last = {r["kind"]: decode_run(r, table=table.runs, job=row["job"]) for r in found}
+        name = row["job"]
+        last = {kind: latest.get((name, kind)) for kind in ("last", "ok", "failed")}
         jobs.append(
             FleetJob(
                 name=row["job"],

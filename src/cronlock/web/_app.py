@@ -32,13 +32,14 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from .._errors import ConfigError
-from ..postgres._fleet import read_jobs, read_paused, read_runs, server_now
+from ..postgres._fleet import STATUSES, read_jobs, read_paused, read_runs, server_now
 from ..postgres._ledger import DEFAULT_TABLE, LedgerTable
 from ..postgres._secrets import fleet_secret
 from ._actions import ACTIONS, act
 from ._csrf import COOKIE, Csrf
 from ._gates import Authorize, ReadRefused, client, verdict
 from ._headers import SecurityHeaders, crashed
+from ._listing import Filter, Listing, filter_param, listing
 from ._model import chart, job_view, run_json, run_view
 from ._params import MAX_PAGE, before_param, limit_param, read_form
 from ._reads import SafeReads
@@ -123,12 +124,13 @@ class _Dashboard:
 
     # -- reads -------------------------------------------------------------------------
 
-    async def jobs(self) -> tuple[list[Any], datetime]:
+    async def jobs(self, wanted: Filter) -> tuple[Listing, datetime]:
+        """One page of the job list: a bounded number of statements, however many jobs."""
         async with self.connection() as conn:
             fleet = await read_jobs(SafeReads(conn, self.table), self.table)
             paused = await read_paused(conn, self.table)
             now = await server_now(conn)
-        return [job_view(job, now, paused=job.name in paused) for job in fleet], now
+        return listing(fleet, paused, now, wanted), now
 
     async def job(self, name: str, before: datetime | None, limit: int) -> dict[str, Any]:
         async with self.connection() as conn:
@@ -256,8 +258,11 @@ def app(
 
     async def index(request: Request) -> Response:
         await board.readable(request)
-        jobs, now = await board.jobs()
-        return await board.page(request, "jobs.html", jobs=jobs, now=now)
+        wanted = filter_param(request)
+        shown, now = await board.jobs(wanted)
+        return await board.page(
+            request, "jobs.html", jobs=shown.jobs, listed=shown, now=now, statuses=STATUSES
+        )
 
     async def job_page(request: Request) -> Response:
         await board.readable(request)
@@ -270,13 +275,9 @@ def app(
 
     async def api_jobs(request: Request) -> Response:
         await board.readable(request)
-        jobs, now = await board.jobs()
+        shown, now = await board.jobs(filter_param(request))
         return JSONResponse(
-            {
-                "now": now.isoformat(),
-                "read_only": board.authorize is None,
-                "jobs": [job.json() for job in jobs],
-            }
+            {"now": now.isoformat(), "read_only": board.authorize is None, **shown.json()}
         )
 
     async def api_runs(request: Request) -> Response:

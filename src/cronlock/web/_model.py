@@ -162,9 +162,10 @@ class JobView:
         }
 
 
-def job_view(job: FleetJob, now: datetime, *, paused: bool) -> JobView:
-    """How *job* looks at *now* (the database server's time, which overdue is judged by)."""
-    described = describe(job.schedule, job.next_run, now=now)  # never raises
+def job_view(job: FleetJob, now: datetime, *, paused: bool, upcoming: int = 3) -> JobView:
+    """How *job* looks at *now* (the database server's time, which overdue is judged by),
+    with its next *upcoming* slots."""
+    described = describe(job.schedule, job.next_run, upcoming, now=now)  # never raises
     late = job.overdue_since(now)
     status = job_status(job, now, paused=paused)
 

@@ -18,6 +18,7 @@ from functools import lru_cache
 from typing import Any
 
 from ..postgres._fleet import _page_sql as page_sql  # the fleet read of a page of runs
+from ..postgres._fleet import last_runs_many_sql
 from ..postgres._ledger import RUN_COLUMNS, LedgerTable
 
 __all__ = ("ERROR_PREFIX", "SafeReads")
@@ -56,9 +57,11 @@ def rewrites(table: LedgerTable) -> dict[str, str]:
     """Each fleet read of *table* that returns instants or error texts, and what runs
     instead (made once per table). Another statement is run as it is."""
     jobs = ("job", "schedule", "next_run", "updated_at", "grace", "due", "odd")
+    many = last_runs_many_sql(table)
     return {
         table.jobs_sql: _wrapped(table.jobs_sql, jobs, " ORDER BY 1"),
         table.last_runs_sql: _wrapped(table.last_runs_sql, ("kind", *RUN_COLUMNS)),
+        many: _wrapped(many, ("job", "kind", *RUN_COLUMNS)),
         table.history_sql: _wrapped(table.history_sql, RUN_COLUMNS, " ORDER BY q.slot DESC"),
         page_sql(table): _wrapped(page_sql(table), RUN_COLUMNS, " ORDER BY q.slot DESC"),
     }
