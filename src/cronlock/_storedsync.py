@@ -79,16 +79,25 @@ class StoredSync:
                 self._noted.pop(name, None)
                 self._drop(name)
             else:
-                await self._apply(stored)
+                await self._applied_safely(stored)
         for stored in list(self._rejected.values()):  # a task registered since, say
             if stored.task in self._tasks:
                 del self._rejected[stored.name]
-                await self._apply(stored)
+                await self._applied_safely(stored)
         self._revision = max(self._revision, revision)
 
+    async def _applied_safely(self, stored: StoredSchedule) -> None:
+        """Apply one change; whatever goes wrong stays with that schedule (the sync goes on,
+        and the next read starts after this revision)."""
+        try:
+            await self._apply(stored)
+        except Exception as exc:
+            _logger.exception("stored schedule %r: applying it failed", stored.name)
+            await self._reject(stored, f"applying it failed: {exc!r}")
+
     def _drop(self, name: str) -> None:
-        if self.applied.pop(name, None) is not None:
-            self._registry.remove(name)
+        if self.applied.pop(name, None) is not None and name in self._registry._jobs:
+            self._registry.remove(name)  # (unless the application removed it itself)
 
     async def _apply(self, stored: StoredSchedule) -> None:
         old = self.applied.get(stored.name)

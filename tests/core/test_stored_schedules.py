@@ -296,3 +296,19 @@ async def test_no_store_no_sync(clock: FakeClock) -> None:
     async with scheduler:
         await clock.advance(10)
         assert _names(scheduler) == []
+
+
+async def test_a_stored_job_the_application_removed_does_not_stop_the_sync(
+    clock: FakeClock,
+) -> None:
+    store = MemoryStore()
+    store.put("a", "report", every(10), kwargs={"tenant": 1})
+    scheduler, events = await _scheduler(clock, store)
+    async with scheduler:
+        scheduler.remove("a")  # by hand, behind the store's back
+        store.drop("a")
+        store.put("b", "report", every(10), kwargs={"tenant": 2})
+        await clock.advance(2)
+        assert _names(scheduler) == ["b"]  # the sync went on past the removal
+        await clock.advance(10)
+    assert [slot for slot, _ in _started(events, "b")] == [T0 + timedelta(seconds=10)]
