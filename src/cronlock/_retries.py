@@ -142,7 +142,7 @@ class Retries:
         self._spawn(self._retry(job, slot, attempt + 1, when), task_name("retry", job.name))
 
     def _why_not(self, job: Job, slot: datetime, when: datetime) -> str | None:
-        following = job.following(slot)
+        following = job.slot_after(slot)  # (a run_now() slot is none of the schedule's)
         if following is not None and when >= job.fire_time(following):
             return f"the next slot ({following.isoformat()}) falls due first"
         grace = job.misfire_grace
