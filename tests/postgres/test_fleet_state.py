@@ -138,7 +138,7 @@ async def test_leader_gauge_and_run_spans_with_the_real_backend(pg_dsn: str, tab
     assert span.attributes is not None
     assert span.attributes["cronlock.lock"] == "granted"
     assert span.attributes["cronlock.outcome"] == "succeeded"
-    reasons = {"job": "nightly", "reason": "paused"}
+    reasons = {"cronlock_job": "nightly", "reason": "paused"}
     assert registry.get_sample_value("cronlock_skips_total", reasons) == 1
 
 
