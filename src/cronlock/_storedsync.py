@@ -64,7 +64,7 @@ class StoredSync:
         self._revision = 0
         self.applied: dict[str, StoredSchedule] = {}
         """The stored schedules registered here as jobs, by name."""
-        self._rejected: dict[str, StoredSchedule] = {}  # by name: tried again at each sync
+        self._rejected: dict[str, StoredSchedule] = {}  # wanting a task: tried again with it
         self._noted: dict[str, tuple[int, str]] = {}  # the problem said of each, and when
         self._task: asyncio.Task[None] | None = None
         self.syncs = 0
@@ -122,6 +122,7 @@ class StoredSync:
             close = difflib.get_close_matches(stored.task, list(self._tasks), n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
             await self._reject(stored, f"no task {stored.task!r} on this replica{hint}")
+            self._rejected[stored.name] = stored  # tried again once the task is registered
             return
         if stored.name in self._registry._jobs:
             await self._reject(stored, f"a job defined in code is named {stored.name!r}")
@@ -136,7 +137,6 @@ class StoredSync:
         self.applied[stored.name] = stored
 
     async def _reject(self, stored: StoredSchedule, reason: str) -> None:
-        self._rejected[stored.name] = stored
         if self._noted.get(stored.name) == (stored.revision, reason):
             return  # said once for this revision; the sync tries it again quietly
         self._noted[stored.name] = (stored.revision, reason)
