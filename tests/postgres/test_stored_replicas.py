@@ -185,6 +185,4 @@ async def test_a_failing_schedule_is_tried_one_plus_retries_times_per_slot_in_th
     done = sorted(tries)[:-1]  # the last slot may still be retrying
     assert len(done) >= 3
     assert [tries[slot] for slot in done] == [3] * len(done), tries  # 1 + 2, fleet-wide
-    by = {x["replica"] for x in replicas.of("start")}
-    assert len(by) >= 2, by  # the replicas take slots; each slot's retries stay in the fleet
     assert "failed (attempt 3)" in history.stdout, history.stdout
