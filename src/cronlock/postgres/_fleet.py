@@ -6,7 +6,7 @@ here, so the command line and the page never disagree. Read-only: nothing here w
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal, get_args
@@ -14,7 +14,7 @@ from typing import Any, Literal, get_args
 from .._keys import job_lock_key, keyed_lock_key, ledger_lock_key
 from .._records import RunRecord
 from ._control import control_sql
-from ._decode import RUN, decode_run, report_odd, slot_in_range
+from ._decode import RUN, decode_run, odd_list, report_odd, sane, slot_in_range
 from ._leasesql import lease_holders_sql
 from ._ledger import LedgerTable
 from ._lockkeys import SECRET_NAME
@@ -28,22 +28,26 @@ __all__ = (
     "Status",
     "job_status",
     "last_runs_many_sql",
+    "named_jobs_sql",
+    "overdue_slot",
     "read_holders",
     "read_jobs",
     "read_paused",
     "read_runs",
     "server_now",
+    "status_of",
 )
 
 # A bigint advisory key k is stored in pg_locks as classid = k >> 32, objid = k & 0xffffffff
-# (objsubid = 1); advisory locks are per database, hence the database filter.
+# (objsubid = 1); advisory locks are per database, hence the database filter. Every granted
+# one is read (as many as runs in progress, not as jobs) and mapped to names in Python: a
+# filter by key would send two or three keys a job.
 HOLDERS_SQL = """
 SELECT (l.classid::int8 << 32) | l.objid::int8 AS key, a.pid, a.application_name,
        host(a.client_addr) AS addr, a.backend_start
 FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
 WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted
   AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
-  AND ((l.classid::int8 << 32) | l.objid::int8) = ANY($1::int8[])
 """
 
 
@@ -89,6 +93,8 @@ class FleetJob:
     ``None`` when they did not (an older cronlock, or the job is paused)."""
     due: datetime | None = None
     """The slot its replicas said it is due by: its first slot after its latest success."""
+    tags: tuple[str, ...] = ()
+    """Its tags as its replicas noted them, sorted (empty: none, or an older cronlock's note)."""
 
     def overdue_since(self, now: datetime) -> datetime | None:
         """The late slot when the job is overdue at *now* (server time), else ``None``.
@@ -97,10 +103,8 @@ class FleetJob:
         due more than its grace ago, and no run of it or of a later slot succeeded since.
         A job whose replicas never said is not judged.
         """
-        grace, due, ok = self.grace, self.due, self.last_success
-        if grace is None or due is None or (ok is not None and ok.slot >= due):
-            return None
-        return due if (now - due).total_seconds() > grace else None
+        ok = self.last_success
+        return overdue_slot(self.grace, self.due, None if ok is None else ok.slot, now)
 
     @property
     def failing(self) -> bool:
@@ -122,37 +126,77 @@ def job_status(job: FleetJob, now: datetime, *, paused: bool) -> Status:
 
     The one rule for the dashboard's badge and the ``status`` verb's STATE column.
     """
+    last = job.last_run
+    return status_of(
+        paused=paused,
+        overdue=job.overdue_since(now) is not None,
+        last_outcome=None if last is None else last.outcome,
+        held=bool(job.holders),
+    )
+
+
+def overdue_slot(
+    grace: float | None, due: datetime | None, success: datetime | None, now: datetime
+) -> datetime | None:
+    """The rule of :meth:`FleetJob.overdue_since`, over its facts: *due* when the slot the
+    replicas said the job is due by (with *grace* seconds) fell due more than *grace* ago
+    at *now* and the latest success (its slot *success*) is older than *due*, else ``None``.
+    """
+    if grace is None or due is None or (success is not None and success >= due):
+        return None
+    return due if (now - due).total_seconds() > grace else None
+
+
+def status_of(*, paused: bool, overdue: bool, last_outcome: str | None, held: bool) -> Status:
+    """The rule of :func:`job_status`, over a job's facts: *paused* fleet-wide, *overdue*
+    (:func:`overdue_slot`), the outcome of its latest finished run (``None``: none; a run
+    without an outcome is not a success), and whether anyone *held* its lock. The fleet's
+    summary (:mod:`._roster`) judges every job with it, the job's own row with
+    :func:`job_status`: one rule."""
     if paused:
         return "paused"
-    if job.overdue_since(now) is not None:
+    if overdue:
         return "overdue"
-    if job.failing:
+    if last_outcome is not None and last_outcome != "succeeded":
         return "failing"
-    if job.holders:
+    if held:
         return "running"
-    return "ok" if job.last_run is not None else "new"
+    return "ok" if last_outcome is not None else "new"
 
 
-_KEYS: dict[tuple[str | None, str], tuple[int, int | None]] = {}
 _KEYS_KEPT = 200_000  # names whose keys are kept (a dashboard asks for the same every refresh)
+# Per (runs table, keyed secret): the names whose keys are known, and each key's name.
+# FNV-1a or an HMAC in Python costs microseconds a key: computed once per name, not on
+# every refresh of a list of thousands.
+_NAMED: dict[tuple[str | None, bytes | None], tuple[set[str], dict[int, str]]] = {}
 
 
-def _keys_of(runs: str | None, name: str) -> tuple[int, int | None]:
-    """*name*'s bare lock key and, with the ledger's runs table *runs*, its namespaced one:
-    FNV-1a in Python costs microseconds a key, kept for the next refresh."""
-    found = _KEYS.get((runs, name))
-    if found is None:
-        if len(_KEYS) >= _KEYS_KEPT:
-            _KEYS.clear()
-        namespaced = None if runs is None else ledger_lock_key(runs, name)
-        found = _KEYS[runs, name] = (job_lock_key(name), namespaced)
-    return found
+def _names_by_key(runs: str | None, secret: bytes | None, names: Sequence[str]) -> dict[int, str]:
+    """Each lock key of *names* (bare; namespaced by the ledger's *runs* table; keyed by
+    *secret*) and its name, with those of names asked before (the caller keeps its own)."""
+    known, by_key = _NAMED.setdefault((runs, secret), (set(), {}))
+    if len(known) >= _KEYS_KEPT:
+        known.clear()
+        by_key.clear()
+    for name in names:
+        if name in known:
+            continue
+        known.add(name)
+        by_key[job_lock_key(name)] = name
+        if runs is not None:
+            by_key[ledger_lock_key(runs, name)] = name
+        if secret is not None:
+            by_key[keyed_lock_key(secret, name)] = name
+    return by_key
+
+
+_TABLES_SQL = "SELECT to_regclass($1) IS NOT NULL, to_regclass($2) IS NOT NULL"
 
 
 async def read_holders(
     conn: Any, names: Sequence[str], table: LedgerTable | None = None
 ) -> dict[str, tuple[LockHolder, ...]]:
-    """Who holds each job's lock now: one query over ``pg_locks`` for all of *names*.
+    """Who holds each job's lock now: one query over ``pg_locks``, however many *names*.
 
     Every key of a job is looked up: the bare one (``locked_run``, ``bare_keys=True``) and,
     given the ledger *table*, its namespaced one and, once a replica made the ledger's
@@ -161,26 +205,28 @@ async def read_holders(
     *application* the lease's holder, their address unknown.
     """
     runs = None if table is None else table.runs  # quoted once: it namespaces the keys
-    by_key: dict[int, str] = {}
-    for name in names:
-        bare, namespaced = _keys_of(runs, name)
-        by_key[bare] = name
-        if namespaced is not None:
-            by_key[namespaced] = name
+    secret: bytes | None = None
+    secrets = leases = False
+    if table is not None:
+        secrets, leases = await conn.fetchrow(_TABLES_SQL, table.secrets, table.leases)
     # lock_keys="keyed": once a replica made the ledger's secret.
-    if table is not None and await conn.fetchval("SELECT to_regclass($1)", table.secrets):
+    if table is not None and secrets:
         select = f"SELECT value FROM {table.secrets} WHERE name = $1"
-        secret = await conn.fetchval(select, SECRET_NAME)
-        if secret is not None:
-            by_key |= {keyed_lock_key(bytes(secret), name): name for name in names}
+        value = await conn.fetchval(select, SECRET_NAME)
+        secret = None if value is None else bytes(value)
+    by_key = _names_by_key(runs, secret, names)
+    wanted = set(names)
     found: dict[str, list[LockHolder]] = {}
-    for row in await conn.fetch(HOLDERS_SQL, list(by_key)):
-        holder = LockHolder(row["pid"], row["application_name"] or "", row["addr"])
-        found.setdefault(by_key[row["key"]], []).append(holder)
-    if table is not None and await conn.fetchval("SELECT to_regclass($1)", table.leases):
-        for row in await conn.fetch(lease_holders_sql(table), list(names)):
-            holder = LockHolder(row["pid"] or 0, row["holder"], None)
-            found.setdefault(row["job"], []).append(holder)
+    for row in await conn.fetch(HOLDERS_SQL):
+        name = by_key.get(row["key"])
+        if name is not None and name in wanted:
+            holder = LockHolder(row["pid"], row["application_name"] or "", row["addr"])
+            found.setdefault(name, []).append(holder)
+    if table is not None and leases:
+        for row in await conn.fetch(lease_holders_sql(table)):
+            if row["job"] in wanted:
+                holder = LockHolder(row["pid"] or 0, row["holder"], None)
+                found.setdefault(row["job"], []).append(holder)
     return {name: tuple(found.get(name, ())) for name in names}
 
 
@@ -210,21 +256,28 @@ def last_runs_many_sql(table: LedgerTable) -> str:
 
 
 async def read_jobs(
-    conn: Any, table: LedgerTable, only: Sequence[str] | None = None
+    conn: Any,
+    table: LedgerTable,
+    only: Sequence[str] | None = None,
+    *,
+    holders: Mapping[str, tuple[LockHolder, ...]] | None = None,
 ) -> list[FleetJob]:
     """Every job the ledger knows (a replica noted its schedule or claimed a slot of it),
     in name order; with *only*, those of them that exist, in the order given.
 
-    A bounded number of statements, however many jobs: one for the jobs, one or three for
+    A bounded number of statements, however many jobs: one for the jobs, two to five for
     the lock holders, one per :data:`READ_BATCH` jobs for their latest runs (three index
-    probes a job on the primary key).
+    probes a job on the primary key). With *only*, the jobs read are those only; with
+    *holders* (:func:`read_holders` of them, read already), the lock holders are not read.
     """
-    rows = await conn.fetch(table.jobs_sql)
-    if only is not None:
-        known = {row["job"]: row for row in rows}
+    if only is None:
+        rows = await conn.fetch(table.jobs_sql)
+    else:
+        known = {row["job"]: row for row in await conn.fetch(named_jobs_sql(table), list(only))}
         rows = [known[name] for name in dict.fromkeys(only) if name in known]
     names = [row["job"] for row in rows]
-    holders = await read_holders(conn, names, table)
+    if holders is None:
+        holders = await read_holders(conn, names, table)
     latest: dict[tuple[str, str], RunRecord | None] = {}
     sql, runs = last_runs_many_sql(table), table.runs
     for start in range(0, len(names), READ_BATCH):
@@ -245,12 +298,24 @@ async def read_jobs(
                 last_run=last.get("last"),
                 last_success=last.get("ok"),
                 last_failure=last.get("failed"),
-                holders=holders[row["job"]],
+                holders=holders.get(row["job"], ()),
                 grace=row["grace"],
                 due=row["due"],
+                tags=tuple(row["tags"] or ()),
             )
         )
     return jobs
+
+
+def named_jobs_sql(table: LedgerTable) -> str:
+    """``$1`` job names: :attr:`LedgerTable.jobs_sql`'s rows of those of them the ledger
+    knows (a schedule note or a run), in no order: an index probe or two a name."""
+    return f"""
+        SELECT u.job, j.schedule, j.tags, {sane("j.next_run", "next_run")},
+               {sane("j.updated_at", "updated_at")}, j.grace, {sane("j.due", "due")},
+               {odd_list((f"j.{c}", c) for c in ("next_run", "updated_at", "due"))} AS odd
+        FROM unnest($1::text[]) AS u(job) LEFT JOIN {table.jobs} j ON j.job = u.job
+        WHERE j.job IS NOT NULL OR EXISTS (SELECT FROM {table.runs} r WHERE r.job = u.job)"""
 
 
 def _page_sql(table: LedgerTable) -> str:

@@ -228,8 +228,9 @@ def lease_late_finish_sql(table: LedgerTable) -> str:
 
 
 def lease_holders_sql(table: LedgerTable) -> str:
-    """``$1`` jobs: each one's unexpired lease (job, holder, slot, host, pid) right now."""
+    """Every unexpired lease right now (job, holder, slot, host, pid): as many as runs in
+    progress in lease mode, however many jobs."""
     return f"""
         SELECT x.job, x.holder, {sane("x.slot", "slot")}, r.host, r.pid FROM {table.leases} x
         LEFT JOIN {table.runs} r ON r.job = x.job AND r.slot = x.slot
-        WHERE x.job = ANY($1::text[]) AND x.expires_at > clock_timestamp()"""
+        WHERE x.expires_at > clock_timestamp()"""

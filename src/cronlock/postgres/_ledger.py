@@ -40,7 +40,9 @@ DEFAULT_TABLE = "cronlock_runs"
 _MAX_IDENTIFIER = 63
 # The columns of the runs and jobs tables a ledger made by an older cronlock lacks (no name
 # is in both tables); migrate() adds them.
-_ADDED_COLUMNS = ("session", "attempt", "manual", "grace", "due", "grace_until", "first_seen")
+_ADDED_COLUMNS = (
+    *("session", "attempt", "manual", "grace", "due", "grace_until", "first_seen", "tags"),
+)
 
 LedgerState = Literal["missing", "old", "current"]
 """A ledger's tables are missing, lack a table or column this cronlock uses, or are current."""
@@ -195,6 +197,9 @@ class LedgerTable:
                 ADD COLUMN IF NOT EXISTS due timestamptz,
                 ADD COLUMN IF NOT EXISTS grace_until timestamptz""",
             *first_seen_ddl(self.jobs, self.runs),  # when each job was first noted
+            # Each job's tags as its replicas note them (the dashboard's filter); NULL in a
+            # row an older cronlock wrote.
+            f"ALTER TABLE {self.jobs} ADD COLUMN IF NOT EXISTS tags text[]",
             # Fleet control (FleetControl, ._control): pauses and triggers.
             f"""CREATE TABLE IF NOT EXISTS {self.control} (
                 job          text        PRIMARY KEY,
@@ -297,7 +302,8 @@ class LedgerTable:
 
     @property
     def jobs_sql(self) -> str:
-        """Every job with a schedule note or a run: its schedule, next slot, grace and due slot.
+        """Every job with a schedule note or a run: its schedule, tags, next slot, grace and
+        due slot.
 
         Distinct jobs of the runs table come from a recursive skip scan of the primary
         key: one index probe per job, however many runs each has.
@@ -310,7 +316,8 @@ class LedgerTable:
                         ORDER BY r.job LIMIT 1)
                 FROM seen WHERE seen.job IS NOT NULL
             )
-            SELECT coalesce(j.job, s.job) AS job, j.schedule, {sane("j.next_run", "next_run")},
+            SELECT coalesce(j.job, s.job) AS job, j.schedule, j.tags,
+                   {sane("j.next_run", "next_run")},
                    {sane("j.updated_at", "updated_at")}, j.grace, {sane("j.due", "due")},
                    {odd_list((f"j.{c}", c) for c in ("next_run", "updated_at", "due"))} AS odd
             FROM {self.jobs} j

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -34,12 +36,13 @@ from starlette.staticfiles import StaticFiles
 from .._errors import ConfigError
 from ..postgres._fleet import STATUSES, read_jobs, read_paused, read_runs, server_now
 from ..postgres._ledger import DEFAULT_TABLE, LedgerTable
+from ..postgres._roster import read_roster
 from ..postgres._secrets import fleet_secret
 from ._actions import ACTIONS, act
 from ._csrf import COOKIE, Csrf
 from ._gates import Authorize, ReadRefused, client, verdict
 from ._headers import SecurityHeaders, crashed
-from ._listing import Filter, Listing, filter_param, listing
+from ._listing import Filter, Listing, filter_param, listing, select
 from ._model import chart, job_view, run_json, run_view
 from ._params import MAX_PAGE, before_param, limit_param, read_form
 from ._reads import SafeReads
@@ -125,12 +128,32 @@ class _Dashboard:
     # -- reads -------------------------------------------------------------------------
 
     async def jobs(self, wanted: Filter) -> tuple[Listing, datetime]:
-        """One page of the job list: a bounded number of statements, however many jobs."""
-        async with self.connection() as conn:
-            fleet = await read_jobs(SafeReads(conn, self.table), self.table)
+        """One page of the job list: a bounded number of statements, however many jobs.
+
+        Every job is judged from the roster (a few facts each); the page's rows only are
+        read in full. One snapshot for both, so a row's status is the one it was counted
+        and chosen by; JIT off, which would compile the roster's thousands of index
+        probes for longer than they take.
+        """
+        async with self.snapshot() as conn:
+            reads = SafeReads(conn, self.table)
             paused = await read_paused(conn, self.table)
             now = await server_now(conn)
-        return listing(fleet, paused, now, wanted), now
+            roster = await read_roster(reads, self.table, paused, now)
+            chosen = select(roster, wanted)
+            held = {job.name: job.holders for job in roster if job.holders}
+            fleet = await read_jobs(reads, self.table, chosen.names, holders=held)
+        return listing(chosen, fleet, paused, now, wanted), now
+
+    @asynccontextmanager
+    async def snapshot(self) -> AsyncIterator[Any]:
+        """A connection in a read-only transaction of one snapshot, JIT off."""
+        async with (
+            self.connection() as conn,
+            conn.transaction(isolation="repeatable_read", readonly=True),
+        ):
+            await conn.execute("SET LOCAL jit = off")
+            yield conn
 
     async def job(self, name: str, before: datetime | None, limit: int) -> dict[str, Any]:
         async with self.connection() as conn:

@@ -1,9 +1,10 @@
 """The job list of a fleet of thousands: a summary of every job's status, a filter (in the
 URL, so a filtered view can be linked), failing and overdue first, and one page of rows.
 
-Every job's status is judged (cheap: the fleet read has what it needs); only the rows of
-the page shown are described (their schedule in words and next slot), which is what
-costs per job.
+Every job's status is judged from the fleet's roster (:mod:`cronlock.postgres._roster`:
+a few facts a job, one statement); only the rows of the page shown are read in full and
+described (their latest runs, their schedule in words and next slot), which is what costs
+per job.
 """
 
 from __future__ import annotations
@@ -13,39 +14,42 @@ from collections import Counter
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
+from urllib.parse import quote
 
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 
-from ..postgres._fleet import STATUSES, FleetJob, Status, job_status
+from ..postgres._fleet import STATUSES, FleetJob, Status
+from ..postgres._roster import RosterJob
 from ._model import JobView, job_view
 
-__all__ = ("PER_PAGE", "Filter", "Listing", "filter_param", "listing")
+__all__ = ("PER_PAGE", "Filter", "Listing", "Selection", "filter_param", "listing", "select")
 
 PER_PAGE = 100
 """Rows of the job list per page unless ``per_page`` says otherwise."""
 _MAX_PER_PAGE = 500
 _MAX_QUERY = 200
+_MAX_TAGS = 20
 _FIRST: frozenset[Status] = frozenset({"overdue", "failing"})  # shown first by default
 
 
 @dataclass(frozen=True, slots=True)
 class Filter:
     """What the list shows: names containing *text* (any case), of *statuses* (empty:
-    all), page *page* of *per_page* rows."""
+    all), with every one of *tags*, page *page* of *per_page* rows."""
 
     text: str = ""
     statuses: frozenset[Status] = frozenset()
     page: int = 1
     per_page: int = PER_PAGE
+    tags: tuple[str, ...] = ()
 
     def query(self, page: int) -> str:
         """The query string of page *page* of this filter (for links)."""
         parts = [f"page={page}"]
         if self.text:
-            from urllib.parse import quote
-
             parts.append(f"q={quote(self.text, safe='')}")
+        parts.extend(f"tag={quote(tag, safe='')}" for tag in self.tags)
         if self.statuses:
             parts.append("status=" + ",".join(s for s in STATUSES if s in self.statuses))
         if self.per_page != PER_PAGE:
@@ -60,8 +64,9 @@ def _whole(text: str, name: str, low: int, high: int) -> int:
 
 
 def filter_param(request: Request) -> Filter:
-    """The list's filter from the query (``q``, ``status``, ``page``, ``per_page``); a bad
-    value is a 400 that says what is allowed."""
+    """The list's filter from the query (``q``, ``status``, ``tag``, ``page``,
+    ``per_page``); a bad value is a 400 that says what is allowed. ``status`` and ``tag``
+    may be repeated or comma-separated: a job shown has one of the statuses and every tag."""
     params = request.query_params
     text = params.get("q", "").strip()
     if len(text) > _MAX_QUERY:
@@ -72,9 +77,16 @@ def filter_param(request: Request) -> Filter:
             if part not in STATUSES:
                 raise HTTPException(400, f"unknown status {part!r}; valid: {', '.join(STATUSES)}")
             statuses.add(part)
+    tags: dict[str, None] = {}
+    for given in params.getlist("tag"):
+        tags.update(dict.fromkeys(filter(None, (p.strip() for p in given.split(",")))))
+    if len(tags) > _MAX_TAGS or any(len(tag) > _MAX_QUERY for tag in tags):
+        raise HTTPException(
+            400, f"tag: at most {_MAX_TAGS} tags of at most {_MAX_QUERY} characters each"
+        )
     page = _whole(params.get("page", "1"), "page", 1, 1_000_000)
     per_page = _whole(params.get("per_page", str(PER_PAGE)), "per_page", 1, _MAX_PER_PAGE)
-    return Filter(text, frozenset(statuses), page, per_page)
+    return Filter(text, frozenset(statuses), page, per_page, tuple(tags))
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,25 +113,49 @@ class Listing:
         }
 
 
-def listing(
-    fleet: list[FleetJob], paused: frozenset[str], now: datetime, wanted: Filter
-) -> Listing:
-    """The page *wanted* asks of *fleet* at *now* (server time); overdue and failing jobs
+@dataclass(frozen=True, slots=True)
+class Selection:
+    """What the filter chose of the fleet's roster: the page's jobs, and the counts."""
+
+    names: list[str]
+    """The jobs of the page asked, in the order shown."""
+    summary: dict[str, int]
+    """Every status (and ``total``) with how many jobs of the fleet have it."""
+    matched: int
+    pages: int
+
+
+def select(roster: list[RosterJob], wanted: Filter) -> Selection:
+    """The page *wanted* asks of *roster* (every job, judged): overdue and failing jobs
     first, then the rest, each group by name."""
-    judged = [(job, job_status(job, now, paused=job.name in paused)) for job in fleet]
-    counts = Counter(status for _, status in judged)
-    summary: dict[str, int] = {"total": len(judged)}
+    counts = Counter(job.status for job in roster)
+    summary: dict[str, int] = {"total": len(roster)}
     summary.update((status, counts.get(status, 0)) for status in STATUSES)
-    text = wanted.text.casefold()
+    text, statuses, tags = wanted.text.casefold(), wanted.statuses, set(wanted.tags)
     kept = [
-        (job, status)
-        for job, status in judged
+        job
+        for job in roster
         if (not text or text in job.name.casefold())
-        and (not wanted.statuses or status in wanted.statuses)
+        and (not statuses or job.status in statuses)
+        and (not tags or tags.issubset(job.tags))
     ]
-    kept.sort(key=lambda pair: (pair[1] not in _FIRST, pair[0].name))
+    kept.sort(key=lambda job: (job.status not in _FIRST, job.name))
     pages = max(1, math.ceil(len(kept) / wanted.per_page))
     start = (wanted.page - 1) * wanted.per_page
-    shown = kept[start : start + wanted.per_page]
-    views = [job_view(job, now, paused=job.name in paused, upcoming=1) for job, _ in shown]
-    return Listing(views, summary, len(kept), wanted, pages)
+    names = [job.name for job in kept[start : start + wanted.per_page]]
+    return Selection(names, summary, len(kept), pages)
+
+
+def listing(
+    chosen: Selection, fleet: list[FleetJob], paused: frozenset[str], now: datetime, wanted: Filter
+) -> Listing:
+    """The page *chosen* of the list *wanted*, its rows described from *fleet* (the page's
+    jobs read in full) at *now* (server time); a job gone since the roster was read is left
+    out."""
+    found = {job.name: job for job in fleet}
+    views = [
+        job_view(found[name], now, paused=name in paused, upcoming=1)
+        for name in chosen.names
+        if name in found
+    ]
+    return Listing(views, chosen.summary, chosen.matched, wanted, chosen.pages)

@@ -140,6 +140,8 @@ class JobView:
     paused: bool
     holders: tuple[str, ...]
     """Who holds its lock now, one line each (backend pid, application name, address)."""
+    tags: tuple[str, ...] = ()
+    """Its tags, as its replicas noted them."""
 
     def json(self) -> dict[str, Any]:
         """The job for the JSON API."""
@@ -149,6 +151,7 @@ class JobView:
 
         return {
             "name": self.name,
+            "tags": list(self.tags),
             "status": self.status,
             "schedule": self.schedule,
             "zone": self.zone,
@@ -184,6 +187,7 @@ def job_view(job: FleetJob, now: datetime, *, paused: bool, upcoming: int = 3) -
         overdue_since=late,
         paused=paused,
         holders=tuple(h.describe() for h in job.holders),
+        tags=job.tags,
     )
 
 

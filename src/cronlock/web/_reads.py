@@ -18,7 +18,7 @@ from functools import lru_cache
 from typing import Any
 
 from ..postgres._fleet import _page_sql as page_sql  # the fleet read of a page of runs
-from ..postgres._fleet import last_runs_many_sql
+from ..postgres._fleet import last_runs_many_sql, named_jobs_sql
 from ..postgres._ledger import RUN_COLUMNS, LedgerTable
 
 __all__ = ("ERROR_PREFIX", "SafeReads")
@@ -56,10 +56,11 @@ def _wrapped(sql: str, columns: tuple[str, ...], order: str = "") -> str:
 def rewrites(table: LedgerTable) -> dict[str, str]:
     """Each fleet read of *table* that returns instants or error texts, and what runs
     instead (made once per table). Another statement is run as it is."""
-    jobs = ("job", "schedule", "next_run", "updated_at", "grace", "due", "odd")
-    many = last_runs_many_sql(table)
+    jobs = ("job", "schedule", "tags", "next_run", "updated_at", "grace", "due", "odd")
+    many, named = last_runs_many_sql(table), named_jobs_sql(table)
     return {
         table.jobs_sql: _wrapped(table.jobs_sql, jobs, " ORDER BY 1"),
+        named: _wrapped(named, jobs),
         table.last_runs_sql: _wrapped(table.last_runs_sql, ("kind", *RUN_COLUMNS)),
         many: _wrapped(many, ("job", "kind", *RUN_COLUMNS)),
         table.history_sql: _wrapped(table.history_sql, RUN_COLUMNS, " ORDER BY q.slot DESC"),
@@ -77,6 +78,10 @@ class SafeReads:
     async def fetch(self, sql: str, *args: Any) -> Any:
         """``conn.fetch`` of the statement that stands for *sql*."""
         return await self._conn.fetch(self._rewrites.get(sql, sql), *args)
+
+    async def fetchrow(self, sql: str, *args: Any) -> Any:
+        """``conn.fetchrow``, as it is (no fleet read of one row returns an odd value)."""
+        return await self._conn.fetchrow(sql, *args)
 
     async def fetchval(self, sql: str, *args: Any) -> Any:
         """``conn.fetchval``, as it is (no fleet read of one value returns an odd one)."""

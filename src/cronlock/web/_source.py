@@ -92,7 +92,11 @@ class Source:
             else:
                 async with self.source.acquire(timeout=WAIT) as conn:
                     yield conn
-        except (asyncpg.UndefinedTableError, asyncpg.InvalidSchemaNameError) as exc:
+        except (
+            asyncpg.UndefinedTableError,
+            asyncpg.UndefinedColumnError,  # a ledger an older cronlock made, not upgraded
+            asyncpg.InvalidSchemaNameError,
+        ) as exc:
             raise HTTPException(
                 503,
                 f"no current run ledger {self.table.runs} here: start a replica, or run "
