@@ -40,6 +40,11 @@ import pytest
 
 from .postgres.conftest import pg_dsn, pg_server  # noqa: F401  (fixtures for postgres blocks)
 
+# The snippets of a page, and some of one page's with another's, share the session's
+# schema (a job one page notes, another pauses): under xdist they stay on one worker, in
+# their order.
+pytestmark = pytest.mark.xdist_group("docs-snippets")
+
 ROOT = Path(__file__).resolve().parent.parent
 SKIPPED_AT_MOST = 6
 _FENCE = re.compile(r"^(?P<indent> {0,3})(?P<fence>`{3,}|~{3,})\s*(?P<info>[^\n`]*)$")

@@ -218,11 +218,18 @@ async def admin(pg_dsn: str) -> AsyncIterator[Any]:
         await conn.close()
 
 
+# Advisory locks of this database only: pg_locks lists every database's, and under xdist
+# each worker has a database of its own (tests/conftest.py) where job names may repeat.
+ADVISORY_HERE = (
+    "locktype = 'advisory'"
+    " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+)
+
 # A bigint advisory key k appears in pg_locks as classid = k >> 32, objid = k & 0xffffffff,
 # objsubid = 1. Reassembled as int8, that is the signed key itself.
-_LOCKS_SQL = """
+_LOCKS_SQL = f"""
 SELECT count(*) FROM pg_locks
-WHERE locktype = 'advisory' AND objsubid = 1 AND granted
+WHERE {ADVISORY_HERE} AND objsubid = 1 AND granted
   AND ((classid::int8 << 32) | objid::int8) = ANY($1::int8[])
 """
 

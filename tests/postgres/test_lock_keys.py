@@ -33,6 +33,8 @@ from cronlock.postgres import PostgresHold, PostgresLocker
 from cronlock.postgres._fleet import read_holders
 from cronlock.postgres._ledger import LedgerTable, quote_ident
 
+from .conftest import ADVISORY_HERE
+
 SLOT = datetime(2030, 1, 1, 3, 0, tzinfo=UTC)
 UNUSED = "postgresql://unused@127.0.0.1:9/none"
 
@@ -124,7 +126,7 @@ async def test_keyed_keys_exclude_and_the_status_finds_the_holder(
         # The run holds the job's keyed lock: the next slot waits for it on every replica.
         assert await loser.acquire("sync", SLOT + timedelta(minutes=1)) == "locked"
         held = await admin.fetchval(
-            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 1"
+            f"SELECT count(*) FROM pg_locks WHERE {ADVISORY_HERE} AND objsubid = 1"
             " AND ((classid::int8 << 32) | objid::int8) = $1",
             a.lock_key("sync"),
         )

@@ -18,6 +18,8 @@ import pytest
 from cronlock import ConfigError, LockError
 from cronlock.postgres import RunLock, job_lock_key, locked_run, run_locked
 
+from .conftest import ADVISORY_HERE
+
 LocksHeld = Callable[[Iterable[str]], Awaitable[int]]
 
 pytestmark = pytest.mark.postgres
@@ -244,7 +246,7 @@ async def test_lost_connection_is_reported_and_the_lock_is_gone(
     async with locked_run(pool, name) as lock:
         assert lock
         pid = await admin.fetchval(
-            "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 1"
+            f"SELECT pid FROM pg_locks WHERE {ADVISORY_HERE} AND objsubid = 1"
             " AND ((classid::int8 << 32) | objid::int8) = $1",
             job_lock_key(name),
         )

@@ -21,12 +21,14 @@ from cronlock import ConfigError
 from cronlock.postgres import locked_run, run_locked
 from cronlock.postgres._ledger import LedgerTable, quote_ident
 
+from .conftest import ADVISORY_HERE
+
 pytestmark = pytest.mark.postgres
 
 MINUTE = datetime(2030, 1, 1, 3, 0, tzinfo=UTC)
-_LOCKS_SQL = """
+_LOCKS_SQL = f"""
 SELECT count(*) FROM pg_locks
-WHERE locktype = 'advisory' AND objsubid = 1 AND granted
+WHERE {ADVISORY_HERE} AND objsubid = 1 AND granted
   AND ((classid::int8 << 32) | objid::int8) = $1::int8"""
 
 

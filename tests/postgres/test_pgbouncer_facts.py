@@ -24,14 +24,15 @@ from typing import Any
 import asyncpg
 import pytest
 
+from .conftest import ADVISORY_HERE
 from .pgbouncer import PgBouncer
 
 pytestmark = pytest.mark.postgres
 
 # The advisory locks held on one key, by any session: read on a direct connection.
-_HOLDERS_SQL = """
-SELECT coalesce(array_agg(pid ORDER BY pid), '{}') FROM pg_locks
-WHERE locktype = 'advisory' AND objsubid = 1 AND granted
+_HOLDERS_SQL = f"""
+SELECT coalesce(array_agg(pid ORDER BY pid), '{{}}') FROM pg_locks
+WHERE {ADVISORY_HERE} AND objsubid = 1 AND granted
   AND ((classid::int8 << 32) | objid::int8) = $1
 """
 

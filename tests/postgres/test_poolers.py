@@ -35,6 +35,7 @@ from cronlock.postgres import PostgresHold, PostgresLocker, job_lock_key, locked
 from cronlock.postgres._ledger import LedgerTable
 
 from .cluster import Cluster, ClusterUnavailable
+from .conftest import ADVISORY_HERE
 from .events import CutOffFirstRun, Events
 from .proxy import TcpProxy, via
 from .test_exactly_once import Fleet, analyse
@@ -202,7 +203,7 @@ async def test_locked_run_through_pgbouncer_refuses_and_takes_no_lock(
     direct = await asyncpg.connect(pg_server)
     try:
         held = await direct.fetchval(
-            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'"
+            f"SELECT count(*) FROM pg_locks WHERE {ADVISORY_HERE}"
             " AND ((classid::int8 << 32) | objid::int8) = $1",
             job_lock_key(name),
         )
@@ -230,7 +231,7 @@ async def test_locked_run_for_a_slot_through_pgbouncer_refuses_and_claims_nothin
     try:
         made = await direct.fetchval("SELECT to_regclass($1)", ledger.runs)
         held = await direct.fetchval(
-            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'"
+            f"SELECT count(*) FROM pg_locks WHERE {ADVISORY_HERE}"
             " AND ((classid::int8 << 32) | objid::int8) = $1",
             ledger.lock_key(name),
         )

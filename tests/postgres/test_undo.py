@@ -21,6 +21,8 @@ import pytest
 from cronlock.postgres import PostgresHold, PostgresLocker
 from cronlock.postgres._ledger import quote_ident
 
+from .conftest import ADVISORY_HERE
+
 pytestmark = pytest.mark.postgres
 
 SLOT = datetime(2030, 1, 1, 3, 0, tzinfo=UTC)
@@ -114,7 +116,7 @@ async def undo_sleeping(admin: Any, app: str) -> None:
 async def locks_on(admin: Any, key: int) -> int:
     """Advisory locks granted on *key*, by any session."""
     held: int = await admin.fetchval(
-        """SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 1
+        f"""SELECT count(*) FROM pg_locks WHERE {ADVISORY_HERE} AND objsubid = 1
            AND granted AND ((classid::int8 << 32) | objid::int8) = $1::int8""",
         key,
     )

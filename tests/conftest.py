@@ -1,0 +1,120 @@
+"""The suite's one process-wide setting: under pytest-xdist, a database of each worker's own.
+
+``python -m pytest -n 4`` runs the suite in four worker processes. PostgreSQL's advisory
+locks are scoped to a database, not a schema, and several tests count the locks held on a
+key or hold a job's bare (seed-compatible) key: two workers in one database would see each
+other's locks. So each worker that is given ``CRONLOCK_TEST_DSN`` makes a database of its
+own on that server (``cronlock_test_<host>_<pid>_<worker>``), points ``CRONLOCK_TEST_DSN``
+at it for its tests and their subprocesses, and drops it at its end. A database left by a
+worker that was killed is dropped by the next run on this host. The database the user
+named is never written by a worker; without xdist nothing here happens (the tests use
+their throwaway schemas in it, as always). A role that may not create databases falls
+back to the named database, with a warning.
+
+Under xdist the tests marked ``slow`` are also handed out first (see
+:func:`pytest_collection_modifyitems`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import socket
+import warnings
+from urllib.parse import urlsplit, urlunsplit
+
+import pytest
+
+_OWN_DATABASE = pytest.StashKey[tuple[str, str]]()
+
+
+def _prefix() -> str:
+    host = hashlib.blake2b(socket.gethostname().encode(), digest_size=4).hexdigest()
+    return f"cronlock_test_{host}_"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _with_database(dsn: str, name: str) -> str | None:
+    """*dsn* naming database *name* instead (URL DSNs only; None for another form)."""
+    parts = urlsplit(dsn)
+    if parts.scheme not in ("postgres", "postgresql"):
+        return None
+    return urlunsplit(parts._replace(path=f"/{name}"))
+
+
+async def _create(dsn: str, name: str) -> None:
+    import asyncpg
+
+    conn = await asyncpg.connect(dsn)
+    try:
+        prefix = _prefix()
+        for row in await conn.fetch(
+            "SELECT datname FROM pg_database WHERE starts_with(datname, $1)", prefix
+        ):
+            pid = row[0][len(prefix) :].partition("_")[0]
+            if pid.isdigit() and not _alive(int(pid)):
+                await conn.execute(f'DROP DATABASE IF EXISTS "{row[0]}" WITH (FORCE)')
+        await conn.execute(f'CREATE DATABASE "{name}" TEMPLATE template0')
+    finally:
+        await conn.close()
+
+
+async def _drop(dsn: str, name: str) -> None:
+    import asyncpg
+
+    conn = await asyncpg.connect(dsn)
+    try:
+        await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    finally:
+        await conn.close()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    dsn = os.environ.get("CRONLOCK_TEST_DSN")
+    if not worker or not dsn:
+        return
+    name = f"{_prefix()}{os.getpid()}_{worker}"
+    own = _with_database(dsn, name)
+    if own is None:
+        warnings.warn(
+            f"CRONLOCK_TEST_DSN is not a URL: xdist worker {worker} shares its database",
+            stacklevel=1,
+        )
+        return
+    try:
+        asyncio.run(_create(dsn, name))
+    except Exception as exc:  # no CREATEDB right, say: share the named database
+        warnings.warn(
+            f"xdist worker {worker} could not make a database of its own ({exc!r}); it "
+            "shares the one CRONLOCK_TEST_DSN names, where workers may see each other's locks",
+            stacklevel=1,
+        )
+        return
+    config.stash[_OWN_DATABASE] = (dsn, name)
+    os.environ["CRONLOCK_TEST_DSN"] = own
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under xdist, the tests marked ``slow`` are handed out first (their order otherwise
+    kept), so that no worker starts a two-minute test when the others are nearly done."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    made = config.stash.get(_OWN_DATABASE, None)
+    if made is not None:
+        dsn, name = made
+        os.environ["CRONLOCK_TEST_DSN"] = dsn
+        asyncio.run(_drop(dsn, name))
