@@ -18,7 +18,7 @@ processes of one contender (contenders/peer_replica.py), every job a no-op that 
 its start (true time) and its slot as the library reports it:
 
 - ``replicas``: N jobs (default 50) due every second, host clocks equal, *--slots*
-  slots (default 10) measured;
+  slots (default 20) measured;
 - ``skew``: the same with the replicas' host clocks 0, +150 and +300 ms ahead of true time:
   each replica process runs under libfaketime (``LD_PRELOAD``, ``FAKETIME=+0.15``; the
   monotonic clock is left alone), so every library reads a clock that far ahead, whatever
@@ -380,7 +380,7 @@ async def main() -> None:
     parser.add_argument("--only", action="append", choices=("replicas", "skew", "burst"))
     parser.add_argument("--contenders", default=",".join(NAMES), help="comma-separated")
     parser.add_argument("--jobs", type=int, default=50, help="replicas and skew: jobs")
-    parser.add_argument("--slots", type=int, default=10, help="replicas and skew: slots")
+    parser.add_argument("--slots", type=int, default=20, help="replicas and skew: slots")
     parser.add_argument("--burst-jobs", type=int, default=1000)
     parser.add_argument("--lead", type=float, default=8.0, help="launch to first slot, s")
     parser.add_argument("--burst-lead", type=float, default=15.0)
