@@ -23,6 +23,7 @@ def tests(session: nox.Session) -> None:
         "python",
         "-m",
         "pytest",
+        *("-n", "6", "--dist", "loadgroup"),  # as the README's command (tests/conftest.py)
         "--cov=cronlock",
         "--cov-report=term",
         *session.posargs,
