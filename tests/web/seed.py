@@ -30,6 +30,18 @@ def table_name() -> str:
     return f"runs_{uuid.uuid4().hex[:10]}"
 
 
+async def drop_ledger(dsn: str, table: str) -> None:
+    """Drop every table of the ledger *table* (what ``migrate`` made)."""
+    ledger = LedgerTable(table)
+    conn: Any = await asyncpg.connect(dsn)
+    try:
+        for name in (ledger.runs, ledger.jobs, ledger.control, ledger.leases, ledger.members):
+            await conn.execute(f"DROP TABLE IF EXISTS {name}")
+        await conn.execute(f"DROP TABLE IF EXISTS {ledger.secrets}, {ledger.schedules}")
+    finally:
+        await conn.close()
+
+
 async def seed(
     dsn: str,
     table: str,

@@ -26,6 +26,7 @@ __all__ = (
     "FleetJob",
     "LockHolder",
     "Status",
+    "held_locks",
     "job_status",
     "last_runs_many_sql",
     "named_jobs_sql",
@@ -196,7 +197,17 @@ _TABLES_SQL = "SELECT to_regclass($1) IS NOT NULL, to_regclass($2) IS NOT NULL"
 async def read_holders(
     conn: Any, names: Sequence[str], table: LedgerTable | None = None
 ) -> dict[str, tuple[LockHolder, ...]]:
-    """Who holds each job's lock now: one query over ``pg_locks``, however many *names*.
+    """Who holds each job's lock now (:func:`held_locks`), every one of *names* a key."""
+    held = await held_locks(conn, names, table)
+    return {name: held.get(name, ()) for name in names}
+
+
+async def held_locks(
+    conn: Any, names: Sequence[str], table: LedgerTable | None = None
+) -> dict[str, tuple[LockHolder, ...]]:
+    """Who holds the lock of each of *names* held now: one query over ``pg_locks``, however
+    many *names* (two to four more with *table*: which of its secrets and leases tables
+    there are, its secret, its leases).
 
     Every key of a job is looked up: the bare one (``locked_run``, ``bare_keys=True``) and,
     given the ledger *table*, its namespaced one and, once a replica made the ledger's
@@ -227,7 +238,7 @@ async def read_holders(
             if row["job"] in wanted:
                 holder = LockHolder(row["pid"] or 0, row["holder"], None)
                 found.setdefault(row["job"], []).append(holder)
-    return {name: tuple(found.get(name, ())) for name in names}
+    return {name: tuple(holders) for name, holders in found.items()}
 
 
 READ_BATCH = 5000

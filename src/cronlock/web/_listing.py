@@ -139,10 +139,11 @@ def select(roster: list[RosterJob], wanted: Filter) -> Selection:
         and (not statuses or job.status in statuses)
         and (not tags or tags.issubset(job.tags))
     ]
-    kept.sort(key=lambda job: (job.status not in _FIRST, job.name))
+    first = sorted(job.name for job in kept if job.status in _FIRST)
+    rest = sorted(job.name for job in kept if job.status not in _FIRST)
     pages = max(1, math.ceil(len(kept) / wanted.per_page))
     start = (wanted.page - 1) * wanted.per_page
-    names = [job.name for job in kept[start : start + wanted.per_page]]
+    names = [*first, *rest][start : start + wanted.per_page]
     return Selection(names, summary, len(kept), pages)
 
 
