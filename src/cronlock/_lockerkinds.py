@@ -1,12 +1,16 @@
 """Locker capabilities that only a job's registration looks at (:func:`cronlock._locking.wire`
-reads them once per locker class): how long its ledger keeps a slot's row, and whether its
-lock keys are its own rather than FNV-1a of the job's name."""
+reads them once per locker class): how long its ledger keeps a slot's row, whether its
+lock keys are its own rather than FNV-1a of the job's name, and whether it takes a job's
+tags with its schedule note."""
 
 from __future__ import annotations
 
+import inspect
+from collections.abc import Callable
+from datetime import datetime
 from typing import Protocol, runtime_checkable
 
-__all__ = ("KeyedLocker", "PruningLocker")
+__all__ = ("KeyedLocker", "PruningLocker", "tagged_note")
 
 
 @runtime_checkable
@@ -36,3 +40,18 @@ class KeyedLocker(Protocol):
     def keyed_keys(self) -> bool:
         """True when the keys are not FNV-1a of the job's name (no collision to refuse)."""
         ...
+
+
+def tagged_note(
+    note: Callable[..., None],
+) -> Callable[[str, str, datetime | None, frozenset[str]], None]:
+    """*note*, a locker's ``note_schedule``, called with a job's tags only when it takes
+    them (``ScheduleNotingLocker``; one written for an older cronlock does not). Asked
+    once per wiring, which jobs alike share."""
+    try:
+        takes = "tags" in inspect.signature(note).parameters
+    except (TypeError, ValueError):  # no signature to read: called as before
+        takes = False
+    if takes:
+        return lambda job, schedule, next_run, tags: note(job, schedule, next_run, tags=tags)
+    return lambda job, schedule, next_run, tags: note(job, schedule, next_run)

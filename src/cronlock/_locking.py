@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Literal, Protocol, runtime_checkable
 
-from ._lockerkinds import KeyedLocker, PruningLocker
+from ._lockerkinds import KeyedLocker, PruningLocker, tagged_note
 from ._records import RunRecord
 
 __all__ = (
@@ -161,7 +161,12 @@ class BatchLedgerLocker(LedgerLocker, Protocol):
 
 @runtime_checkable
 class ScheduleNotingLocker(Locker, Protocol):
-    """A locker that wants to know each job's schedule and next slot (for status views)."""
+    """A locker that wants to know each job's schedule and next slot (for status views).
+
+    A locker whose ``note_schedule`` also takes a ``tags`` keyword is given each job's
+    tags with it (a ``frozenset`` of strings; the dashboard filters by them); one written
+    for an older cronlock, without it, is called as before.
+    """
 
     def note_schedule(self, job: str, schedule: str, next_run: datetime | None) -> None:
         """Called whenever this replica plans a job's next slot: synchronous, no I/O."""
@@ -343,7 +348,8 @@ class Wiring:
 
     locker: Locker | None = None
     ledger: LedgerLocker | None = None
-    note: Callable[[str, str, datetime | None], None] | None = None
+    note: Callable[[str, str, datetime | None, frozenset[str]], None] | None = None
+    """The locker's ``note_schedule``, given the job's tags when it takes them."""
     crashes: CrashWatchingLocker | None = None
     """The same locker when it reports crashed runs (the scheduler may rerun them)."""
     batch: BatchLedgerLocker | None = None
@@ -374,7 +380,9 @@ def wire(
     return Wiring(
         locker=locker,
         ledger=typing.cast(LedgerLocker, locker) if ledger else None,
-        note=typing.cast(ScheduleNotingLocker, locker).note_schedule if notes else None,
+        note=tagged_note(typing.cast(ScheduleNotingLocker, locker).note_schedule)
+        if notes
+        else None,
         crashes=typing.cast(CrashWatchingLocker, locker) if crashes else None,
         batch=typing.cast(BatchLedgerLocker, locker) if batch else None,
         fleet=typing.cast(FleetWatchingLocker, locker) if fleet else None,

@@ -135,7 +135,7 @@ class Planner:
         job._replan(slot)  # a new generation: stale entries of the job are dropped
         wiring = job._wiring
         if wiring.note is not None:
-            wiring.note(job.name, schedule_text(job._schedule), slot)
+            wiring.note(job.name, schedule_text(job._schedule), slot, job._settings.tags)
         if slot is None:
             return None
         fire = job.fire_time(slot) if job._settings.jitter else slot

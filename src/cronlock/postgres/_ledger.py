@@ -329,8 +329,9 @@ class LedgerTable:
     @property
     def note_sql(self) -> str:
         """Upsert job schedules; arrays ``$1`` jobs, ``$2`` schedules, ``$3`` next slots,
-        ``$5`` overdue graces in seconds, ``$6`` the slots they are due by; ``$4`` who writes,
-        ``$7`` its margin in seconds (below). Rows already up to date are left alone.
+        ``$5`` overdue graces in seconds, ``$6`` the slots they are due by, ``$8`` their tags
+        (:func:`._upkeep.tags_json`); ``$4`` who writes, ``$7`` its margin in seconds (below). Rows
+        already up to date are left alone.
 
         Replicas may give one job different graces (``alert_after``): the published one is
         the largest a replica still stands by. A grace stands until ``grace_until``: the
@@ -351,22 +352,25 @@ class LedgerTable:
                          ELSE EXCLUDED.grace_until END"""
         return f"""
             INSERT INTO {self.jobs} AS j
-                (job, schedule, next_run, updated_at, updated_by, grace, due, grace_until)
+                (job, schedule, next_run, updated_at, updated_by, grace, due, grace_until, tags)
             SELECT u.job, u.schedule, u.next_run, clock_timestamp(), $4::text, u.grace, u.due,
                    greatest(u.next_run, now())
-                   + (u.grace + $7::float8) * interval '1 second'
+                   + (u.grace + $7::float8) * interval '1 second',
+                   ARRAY(SELECT jsonb_array_elements_text(u.tags::jsonb))
             FROM unnest($1::text[], $2::text[], $3::timestamptz[], $5::float8[],
-                        $6::timestamptz[])
-                 AS u(job, schedule, next_run, grace, due)
+                        $6::timestamptz[], $8::text[])
+                 AS u(job, schedule, next_run, grace, due, tags)
             ON CONFLICT (job) DO UPDATE
             SET schedule = EXCLUDED.schedule, next_run = EXCLUDED.next_run,
                 updated_at = EXCLUDED.updated_at, updated_by = EXCLUDED.updated_by,
-                grace = {grace}, grace_until = {until}, due = EXCLUDED.due
+                grace = {grace}, grace_until = {until}, due = EXCLUDED.due,
+                tags = EXCLUDED.tags
             WHERE j.schedule IS DISTINCT FROM EXCLUDED.schedule
                OR j.next_run IS DISTINCT FROM EXCLUDED.next_run
                OR j.grace IS DISTINCT FROM {grace}
                OR j.grace_until IS DISTINCT FROM {until}
-               OR j.due IS DISTINCT FROM EXCLUDED.due"""
+               OR j.due IS DISTINCT FROM EXCLUDED.due
+               OR j.tags IS DISTINCT FROM EXCLUDED.tags"""
 
     @property
     def prune_sql(self) -> str:

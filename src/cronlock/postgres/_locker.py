@@ -1,10 +1,9 @@
 """PostgresLocker: one replica's advisory locks and run-ledger claims on a few sessions.
 
-The locker hands out holds, keeps in-process exclusion and shards jobs over its lock
-sessions by lock key; the pieces it is built from live next to it: a session
-(:mod:`._session`) and how one ends (:mod:`._sessionend`), the statements of a run
-(:mod:`._claims`), the holds (:mod:`._hold`), upkeep (:mod:`._upkeep`) and fleet time
-(:mod:`._servertime`).
+The locker hands out holds, keeps in-process exclusion and shards jobs over its lock sessions
+by lock key; the pieces it is built from live next to it: a session (:mod:`._session`) and
+how one ends (:mod:`._sessionend`), the statements of a run (:mod:`._claims`), the holds
+(:mod:`._hold`), upkeep (:mod:`._upkeep`) and fleet time (:mod:`._servertime`).
 """
 
 from __future__ import annotations
@@ -12,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import secrets
 import socket
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from datetime import datetime, timedelta
 from logging import DEBUG, INFO
 from typing import TYPE_CHECKING, Any
@@ -375,10 +374,11 @@ class PostgresLocker(HeldOpenByBlocks, ReadsLedger):
             if any(s.is_open for s in self._shards):
                 self._fleet.start()
 
-    def note_schedule(self, job: str, schedule: str, next_run: datetime | None) -> None:
-        """Remember *job*'s schedule and next slot for status views; no I/O. Changed values
-        are written in one batched statement every few seconds, and at :meth:`close`."""
-        if self._upkeep.note(job, schedule, next_run) and self._members is not None:
+    def note_schedule(
+        self, job: str, schedule: str, next_run: datetime | None, *, tags: Collection[str] = ()
+    ) -> None:
+        """Remember *job*'s schedule, next slot and *tags*; no I/O (written batched, at close)."""
+        if self._upkeep.note(job, schedule, next_run, tags) and self._members is not None:
             self._members.has(job)  # a new job of ours: our group is the replicas with it
 
     async def prune(self) -> int:

@@ -65,8 +65,7 @@ def roster_sql(table: LedgerTable) -> str:
     finished and readable (*done*), its outcome (``''``: none recorded) and slot. Its own
     finished run is its latest finished one, and its latest success too when it succeeded
     (a replica writes a success's outcome and end at once); when it did not, the latest
-    success matters only
-    to a job that is overdue without one.
+    success matters only to a job that is overdue without one.
     """
     runs, notes = table.runs, table.jobs
     return f"""

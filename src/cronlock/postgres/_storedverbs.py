@@ -31,6 +31,7 @@ from .._storedjson import (
 )
 from ._ledger import LedgerTable
 from ._storedsql import decode_stored, schedules_lock_key, stored_sql
+from ._upkeep import tags_json
 
 __all__ = ("ScheduleVerbs",)
 
@@ -231,6 +232,7 @@ class ScheduleVerbs:
                     [grace(new.job._settings)],
                     [first],
                     0.0,
+                    [tags_json(new.job._settings.tags)],
                 )
                 return new.stored(revision)
 

@@ -10,6 +10,7 @@ session like any other statement would); writes, the check for crashed runs
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import random
 from collections.abc import Callable, Collection, Coroutine, Mapping, Sequence
@@ -30,7 +31,15 @@ if TYPE_CHECKING:
     from .._records import RunRecord
     from ._exclusion import Exclusion
 
-__all__ = ("COMPLAIN_EVERY", "NOTE_EVERY", "NOTE_LATEST", "PRUNE_BATCH", "PRUNE_EVERY", "Upkeep")
+__all__ = (
+    "COMPLAIN_EVERY",
+    "NOTE_EVERY",
+    "NOTE_LATEST",
+    "PRUNE_BATCH",
+    "PRUNE_EVERY",
+    "Upkeep",
+    "tags_json",
+)
 
 _logger = get_logger("cronlock.postgres")
 _T = TypeVar("_T")
@@ -110,7 +119,7 @@ class Upkeep:
         self._application_name = application_name
         self._holding = holding
         self._busy = busy
-        self._notes: dict[str, tuple[str, datetime | None]] = {}
+        self._notes: dict[str, tuple[str, datetime | None, Collection[str]]] = {}
         self._dirty: set[str] = set()
         self._dirty_at: float | None = None  # loop time a tick first saw unwritten notes
         self._late: list[tuple[str, datetime, RunRecord, int]] = []
@@ -132,15 +141,17 @@ class Upkeep:
         """The jobs' overdue graces and due slots, written with their schedules (set by the
         fleet watch)."""
 
-    def note(self, job: str, schedule: str, next_run: datetime | None) -> bool:
-        """Remember *job*'s schedule and next slot; written if changed, batched. True when
-        *job* was never noted before."""
+    def note(
+        self, job: str, schedule: str, next_run: datetime | None, tags: Collection[str] = ()
+    ) -> bool:
+        """Remember *job*'s schedule, next slot and tags; written if changed, batched. True
+        when *job* was never noted before."""
         if self._table is None:
             return False
         known = self._notes.get(job)
-        if known == (schedule, next_run):
+        if known == (schedule, next_run, tags):
             return False
-        self._notes[job] = (schedule, next_run)
+        self._notes[job] = (schedule, next_run, tags)
         self._dirty.add(job)
         return known is None
 
@@ -357,12 +368,13 @@ class Upkeep:
                 lambda c: c.execute(
                     table.note_sql,
                     names,
-                    [schedule for schedule, _ in notes],
-                    [next_run for _, next_run in notes],
+                    [schedule for schedule, _, _ in notes],
+                    [next_run for _, next_run, _ in notes],
                     self._application_name,
                     graces,
                     dues,
                     2 * self.note_delay(),
+                    [tags_json(tags) for _, _, tags in notes],
                 ),
                 what="writing schedules",
                 keep_on_server_error=True,
@@ -387,3 +399,9 @@ class Upkeep:
                 "pruned %d run(s) older than %gs from %s", deleted, self._retention, table.runs
             )
         return int(deleted)
+
+
+def tags_json(tags: Collection[str]) -> str:
+    """*tags* as :attr:`LedgerTable.note_sql` takes them: a JSON array, sorted; a tag the
+    server cannot store (one with a NUL character) is left out."""
+    return json.dumps(sorted(tag for tag in tags if "\x00" not in tag))
