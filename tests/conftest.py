@@ -18,30 +18,15 @@ Under xdist the tests marked ``slow`` are also handed out first (see
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import os
-import socket
 import warnings
 from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
+from .throwaway import left_by_dead_runs, prefix
+
 _OWN_DATABASE = pytest.StashKey[tuple[str, str]]()
-
-
-def _prefix() -> str:
-    host = hashlib.blake2b(socket.gethostname().encode(), digest_size=4).hexdigest()
-    return f"cronlock_test_{host}_"
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _with_database(dsn: str, name: str) -> str | None:
@@ -57,13 +42,11 @@ async def _create(dsn: str, name: str) -> None:
 
     conn = await asyncpg.connect(dsn)
     try:
-        prefix = _prefix()
-        for row in await conn.fetch(
-            "SELECT datname FROM pg_database WHERE starts_with(datname, $1)", prefix
-        ):
-            pid = row[0][len(prefix) :].partition("_")[0]
-            if pid.isdigit() and not _alive(int(pid)):
-                await conn.execute(f'DROP DATABASE IF EXISTS "{row[0]}" WITH (FORCE)')
+        rows = await conn.fetch(
+            "SELECT datname FROM pg_database WHERE starts_with(datname, $1)", prefix()
+        )
+        for name in left_by_dead_runs(row[0] for row in rows):
+            await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         await conn.execute(f'CREATE DATABASE "{name}" TEMPLATE template0')
     finally:
         await conn.close()
@@ -84,7 +67,7 @@ def pytest_configure(config: pytest.Config) -> None:
     dsn = os.environ.get("CRONLOCK_TEST_DSN")
     if not worker or not dsn:
         return
-    name = f"{_prefix()}{os.getpid()}_{worker}"
+    name = f"{prefix()}{os.getpid()}_{worker}"
     own = _with_database(dsn, name)
     if own is None:
         warnings.warn(

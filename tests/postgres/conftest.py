@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
-import hashlib
 import importlib
 import os
 import socket
@@ -30,6 +29,7 @@ import pytest
 from cronlock._keys import job_lock_key
 from cronlock.postgres._ledger import LedgerTable
 
+from ..throwaway import left_by_dead_runs, prefix
 from .cluster import Cluster, ClusterUnavailable
 from .pgbouncer import PgBouncer, PgBouncerUnavailable
 
@@ -95,7 +95,7 @@ def pg_dsn(pg_server: str) -> Iterator[str]:
     Subprocesses given this DSN (replicas, the command line) use the same schema, since
     asyncpg passes unknown DSN parameters on as server settings.
     """
-    schema = f"{_schema_prefix()}{os.getpid()}_{uuid.uuid4().hex[:6]}"
+    schema = f"{prefix()}{os.getpid()}_{uuid.uuid4().hex[:6]}"
     asyncio.run(_create_schema(pg_server, schema))
     separator = "&" if "?" in pg_server else "?"
     try:
@@ -104,33 +104,15 @@ def pg_dsn(pg_server: str) -> Iterator[str]:
         asyncio.run(_drop_schemas(pg_server, [schema]))
 
 
-def _schema_prefix() -> str:
-    """``cronlock_test_<host>_``: this host's test schemas (the pid of their run follows)."""
-    host = hashlib.blake2b(socket.gethostname().encode(), digest_size=4).hexdigest()
-    return f"cronlock_test_{host}_"
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 async def _create_schema(dsn: str, schema: str) -> None:
     conn = await asyncpg.connect(dsn)
     try:
         # Schemas left by runs on this host that died without cleaning up (killed).
-        prefix = _schema_prefix()
-        for row in await conn.fetch(
-            "SELECT nspname FROM pg_namespace WHERE starts_with(nspname, $1)", prefix
-        ):
-            pid = row[0][len(prefix) :].partition("_")[0]
-            if pid.isdigit() and not _alive(int(pid)):
-                await conn.execute(f'DROP SCHEMA IF EXISTS "{row[0]}" CASCADE')
+        rows = await conn.fetch(
+            "SELECT nspname FROM pg_namespace WHERE starts_with(nspname, $1)", prefix()
+        )
+        for name in left_by_dead_runs(row[0] for row in rows):
+            await conn.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
         await conn.execute(f'CREATE SCHEMA "{schema}"')
     finally:
         await conn.close()
@@ -367,7 +349,7 @@ def coordination(
         yield Coordination("session", pg_dsn, (), None)
         return
     bouncer: str = request.getfixturevalue("pgbouncer_dsn")
-    schema = f"{_schema_prefix()}{os.getpid()}_lease_{uuid.uuid4().hex[:6]}"
+    schema = f"{prefix()}{os.getpid()}_lease_{uuid.uuid4().hex[:6]}"
     asyncio.run(_create_schema(pg_server, schema))
     try:
         yield Coordination(
@@ -382,6 +364,6 @@ async def server_schema(pg_server: str) -> AsyncIterator[str]:
     """A schema name of the test's own on ``pg_server``, dropped (with what the test made in
     it) afterwards: for what goes through PgBouncer, which refuses ``pg_dsn``'s
     ``search_path``."""
-    name = f"{_schema_prefix()}{os.getpid()}_own_{uuid.uuid4().hex[:6]}"
+    name = f"{prefix()}{os.getpid()}_own_{uuid.uuid4().hex[:6]}"
     yield name
     await _drop_schemas(pg_server, [name])
