@@ -22,7 +22,9 @@ its start (true time) and its slot as the library reports it:
 - ``skew``: the same with the replicas' host clocks 0, +150 and +300 ms ahead of true time:
   each replica process runs under libfaketime (``LD_PRELOAD``, ``FAKETIME=+0.15``; the
   monotonic clock is left alone), so every library reads a clock that far ahead, whatever
-  it reads it with; the rows say so when libfaketime is not installed;
+  it reads it with; the replica is told its skew (``--offset``) and takes it off the
+  starts it records, which are thus in true time; the rows say so when libfaketime is not
+  installed;
 - ``burst``: B jobs (default 1,000) due at one instant (``every(60)`` / once a minute at
   that second), one slot measured.
 
@@ -154,6 +156,9 @@ async def launch(
     contender: str, args: list[str], offset: float, out: Path, err: Path
 ) -> asyncio.subprocess.Process:
     env = dict(os.environ)
+    # The replica records time.time() minus --offset: under libfaketime that is true time.
+    # (Before, --offset was never passed: each skewed replica's starts read its skew late.)
+    args = [*args, f"--offset={offset}"]
     if offset:
         env.update(
             LD_PRELOAD=str(FAKETIME),

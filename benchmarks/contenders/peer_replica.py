@@ -71,6 +71,10 @@ async def main() -> int:
     if opts.teardown:
         await module.teardown(opts)
         return 0
+    faked = os.environ.get("FAKETIME") if "faketime" in os.environ.get("LD_PRELOAD", "") else None
+    if float(faked or 0.0) != opts.offset:  # a start would be recorded off by the difference
+        print(f"--offset={opts.offset} but FAKETIME={faked!r}", file=sys.stderr)
+        return 2
     record = Recorder(opts.out, opts.offset)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
