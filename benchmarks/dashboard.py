@@ -3,7 +3,8 @@
     CRONLOCK_TEST_DSN=postgresql://... python benchmarks/dashboard.py [--rounds 15]
 
 Seeds two ledgers of its own in a schema of its own (dropped at the end): every minute's
-jobs, every tenth failing, every hundredth overdue. Then it asks each for ``/`` and for
+jobs, every tenth failing, every hundredth overdue, each with a tag (its team, one of 20).
+Then it asks each for ``/`` and for
 ``/api/jobs`` in turn (httpx against the ASGI app, a DSN per request as ``web`` serves),
 *rounds* times, alternating the sizes so that the machine's load falls on both alike, and
 prints the median time and the size of each answer, and the ratio of 5,000 to 500. The
@@ -31,13 +32,14 @@ SIZES = (500, 5000)
 
 
 async def seed(conn: Any, ledger: LedgerTable, jobs: int) -> None:
-    """*jobs* jobs every minute: every tenth failing, every hundredth overdue."""
+    """*jobs* jobs every minute: every tenth failing, every hundredth overdue, each tagged."""
     await migrate(conn, ledger)
     await conn.execute(
-        f"""INSERT INTO {ledger.jobs} (job, schedule, next_run, grace, due)
+        f"""INSERT INTO {ledger.jobs} (job, schedule, next_run, grace, due, tags)
             SELECT 'job-' || lpad(i::text, 5, '0'), 'every 1m',
                    date_trunc('minute', now()) + interval '1 minute', 60,
-                   CASE WHEN i % 100 = 0 THEN now() - interval '1 hour' END
+                   CASE WHEN i % 100 = 0 THEN now() - interval '1 hour' END,
+                   ARRAY['team-' || i % 20]
             FROM generate_series(1, $1::int) AS i""",
         jobs,
     )

@@ -16,7 +16,7 @@ from datetime import datetime
 from functools import lru_cache
 from typing import Any, NamedTuple
 
-from ._decode import sane, slot_in_range
+from ._decode import HIGH, LOW, sane, slot_in_range
 from ._fleet import LockHolder, Status, held_locks, overdue_slot, status_of
 from ._ledger import LedgerTable
 
@@ -28,7 +28,8 @@ class RosterJob(NamedTuple):
 
     name: str
     tags: tuple[str, ...]
-    """Its tags, as its replicas noted them (empty: none, or noted by an older cronlock)."""
+    """Its tags, as its replicas noted them (empty: none, noted by an older cronlock, or not
+    asked for: see :func:`read_roster`)."""
     status: Status
     holders: tuple[LockHolder, ...] = ()
     """Who holds its lock right now (:func:`._fleet.held_locks`)."""
@@ -57,22 +58,32 @@ def _after(runs: str, bound: str, below: str | None = None) -> str:
 
 
 @lru_cache(maxsize=32)
-def roster_sql(table: LedgerTable) -> str:
-    """Every noted job, in no order: its name, tags, overdue grace, due slot, the next
-    noted job (*below*; NULL for the last), and the greatest run from it up to the next
-    noted job (one probe of the runs' primary key): whether that run is its own (*mine*)
-    or a later job's (*gap*: the runs table has jobs without a note there), whether it is
-    finished and readable (*done*), its outcome (``''``: none recorded) and slot. Its own
-    finished run is its latest finished one, and its latest success too when it succeeded
-    (a replica writes a success's outcome and end at once); when it did not, the latest
-    success matters only to a job that is overdue without one.
+def roster_sql(table: LedgerTable, tags: bool = True) -> str:
+    """``$1`` now: every noted job, in no order: its name, tags (NULL unless *tags*),
+    overdue grace, due slot, whether it is the last noted job (*last*), and the greatest run
+    from it up to the next noted job (one probe of the runs' primary key): whether that
+    run is its own (*mine*) or a later job's (*gap*: the runs table has jobs without a note
+    there, up to *below*, the next noted job), whether it is finished and readable (*done*),
+    its outcome (``''``: none recorded) and slot. Its own finished run is its latest
+    finished one, and its latest success too when it succeeded (a replica writes a
+    success's outcome and end at once); when it did not, the latest success matters only
+    to a job that is overdue without one.
+
+    The due slot, and the slot of that run, are read only when the due slot fell due more
+    than the grace before ``$1`` (NULL otherwise): else :func:`._fleet.overdue_slot` is
+    ``None`` whatever they are, and an instant costs the client more than the probe.
     """
     runs, notes = table.runs, table.jobs
+    late = (
+        f"j.due BETWEEN {LOW} AND {HIGH} AND extract(epoch FROM $1::timestamptz - j.due) > j.grace"
+    )
     return f"""
-        SELECT n.job, n.tags, n.grace, n.due, n.below,
-               p.top = n.job AS mine, p.top > n.job AS gap,
-               p.done, p.outcome, p.slot
-        FROM (SELECT j.job, j.tags, j.grace, {sane("j.due", "due")},
+        SELECT n.job, n.tags, n.grace, CASE WHEN n.late THEN n.due END AS due,
+               n.below IS NULL AS last, CASE WHEN p.top > n.job THEN n.below END AS below,
+               p.top = n.job AS mine, p.top > n.job AS gap, p.done, p.outcome,
+               CASE WHEN n.late THEN p.slot END AS slot
+        FROM (SELECT j.job, {"j.tags" if tags else "NULL::text[] AS tags"}, j.grace, j.due,
+                     coalesce({late}, false) AS late,
                      lead(j.job) OVER (ORDER BY j.job) AS below
               FROM {notes} j) n
         LEFT JOIN LATERAL (
@@ -120,24 +131,25 @@ def asked_sql(table: LedgerTable) -> str:
 
 
 async def read_roster(
-    conn: Any, table: LedgerTable, paused: frozenset[str], now: datetime
+    conn: Any, table: LedgerTable, paused: frozenset[str], now: datetime, *, tags: bool = True
 ) -> list[RosterJob]:
     """Every job the ledger knows, in no order, each judged at *now* (server time) with
-    *paused* (the jobs paused fleet-wide): the same statements however many jobs (see the
-    module).
+    *paused* (the jobs paused fleet-wide), with its tags unless *tags* is false (a list not
+    filtered by tag needs none: the page's rows read theirs): the same statements however
+    many jobs (see the module).
 
     Run it in one snapshot (a repeatable-read transaction: its statements must see the
     same notes and runs) with JIT off (``SET LOCAL jit = off``): its plan's estimates are
     those of thousands of index probes, which JIT compiles for longer than they take.
     """
-    # name: [tags, grace, due, outcome of its latest finished run, slot of its latest success]
+    # name: [its tags, grace, due, its latest finished run's outcome, its latest success's slot]
     facts: dict[str, list[Any]] = {}
     asked: list[str] = []
     gaps: list[tuple[str | None, str | None]] = []
-    rows = await conn.fetch(roster_sql(table))
-    for name, tags, grace, due, below, mine, gap, done, outcome, slot in rows:
-        facts[name] = known = [tags, grace, due, None, None]
-        if below is None or gap:  # the last note's runs are not probed; or a gap
+    rows = await conn.fetch(roster_sql(table, tags), now)
+    for name, labels, grace, due, last, below, mine, gap, done, outcome, slot in rows:
+        facts[name] = known = [labels, grace, due, None, None]
+        if last or gap:  # the last note's runs are not probed; or a gap
             gaps.append((name, below))
             asked.append(name)
         elif mine and done:
@@ -160,7 +172,7 @@ async def read_roster(
             facts[name] = [None, None, None, outcome, success]
     held = await held_locks(conn, list(facts), table)
     jobs = []
-    for name, (tags, grace, due, outcome, success) in facts.items():
+    for name, (labels, grace, due, outcome, success) in facts.items():
         holders = held.get(name, ())
         status = status_of(
             paused=name in paused,
@@ -168,5 +180,5 @@ async def read_roster(
             last_outcome=outcome,
             held=bool(holders),
         )
-        jobs.append(RosterJob(name, tuple(tags) if tags else (), status, holders))
+        jobs.append(RosterJob(name, tuple(labels) if labels else (), status, holders))
     return jobs

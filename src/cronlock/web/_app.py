@@ -139,7 +139,7 @@ class _Dashboard:
             reads = SafeReads(conn, self.table)
             paused = await read_paused(conn, self.table)
             now = await server_now(conn)
-            roster = await read_roster(reads, self.table, paused, now)
+            roster = await read_roster(reads, self.table, paused, now, tags=bool(wanted.tags))
             chosen = select(roster, wanted)
             held = {job.name: job.holders for job in roster if job.holders}
             fleet = await read_jobs(reads, self.table, chosen.names, holders=held)
