@@ -6,6 +6,7 @@ import asyncio
 import typing
 from asyncio import current_task
 from collections.abc import Callable
+from contextvars import ContextVar
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -29,11 +30,15 @@ from ._locking import Elector, Hold, LosableHold, RecordingHold, hold_hooks
 from ._logs import at, get_logger
 from ._records import RunRecord, error_summary, timed_out_error
 
-__all__ = ("Executor",)
+__all__ = ("BEGUN", "Executor")
 
 _FOREVER = timedelta.max  # no misfire grace
 
 _logger = get_logger("cronlock")
+
+BEGUN: ContextVar[bool] = ContextVar("cronlock_begun", default=False)
+"""Set in a general-path run's task once the run began (:meth:`Executor._execute`): the run
+loop then knows whether the run it sees end counted towards ``max_runs`` already."""
 _lock_logger = get_logger("cronlock.lock")
 
 
@@ -238,6 +243,7 @@ class Executor:
         clock = self._clock
         bus = self._bus
         number = job._begin()
+        BEGUN.set(True)  # in the run task's context: the run loop reads it at the end
         started = clock.now()
         if bus.wants(JobStarted):
             bus.emit(JobStarted(job.name, slot, started, number))

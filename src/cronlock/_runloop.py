@@ -15,7 +15,7 @@ from ._cancel import RUN_TASK, cancel_and_wait, finish_uncancellably, task_name
 from ._catchup import CatchUp, claim_time, latest_due, misfired
 from ._clock import Clock, wait_tasks
 from ._events import EventBus, JobEvent, JobSkipped
-from ._executor import Executor
+from ._executor import BEGUN, Executor
 from ._fleetclock import FleetClock
 from ._job import Job
 from ._jobconf import schedule_text
@@ -130,7 +130,9 @@ class RunLoop:
             if waiter is not None and not waiter.done():
                 waiter.cancel()
         for job in {entry[2] for entry in self._waiting}:
-            job._leave(sum(1 for entry in self._waiting if entry[2] is job))
+            dropped = sum(1 for entry in self._waiting if entry[2] is job)
+            job._leave(dropped)
+            job._unuse(dropped)
         self._waiting.clear()
         for _, waiter in self._queued.values():
             if waiter is not None and not waiter.done():
@@ -281,10 +283,10 @@ class RunLoop:
             )
             self._bus.emit(JobSkipped(job.name, latest, "misfire"))
             return
-        if job.max_runs is not None and job._run_count + job._active >= job.max_runs:
+        if job.max_runs is not None and job._uses >= job.max_runs:
             return
         self.dispatch(job, latest)
-        if job.max_runs is not None and job._run_count + job._active >= job.max_runs:
+        if job.max_runs is not None and job._uses >= job.max_runs:
             self.unschedule(job)
 
     def _fast_of(self, job: Job) -> Fast | None:
@@ -331,6 +333,7 @@ class RunLoop:
         dropped = len(self._waiting) - len(kept)
         if dropped:
             job._leave(dropped)
+            job._unuse(dropped)
             self._waiting = kept
             heapq.heapify(self._waiting)
 
@@ -391,6 +394,8 @@ class RunLoop:
         finally:
             if job._settings.retries:  # after the release: the ledger has the outcome
                 self._retries.ended(job, slot, event)
+            if not BEGUN.get():  # refused, or cancelled before it began
+                job._unuse()
             self._finished(job, asyncio.current_task())
 
     def _finished(self, job: Job, task: asyncio.Task[Any] | None) -> None:

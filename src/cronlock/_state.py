@@ -42,6 +42,7 @@ def fresh(cls: type[_S]) -> _S:
     state._run_count = 0
     state._paused = False
     state._active = 0
+    state._uses = 0
     state._generation = 0
     state._history_checked = None
     return state
@@ -59,6 +60,7 @@ class RunState:
         "_raw_last_run",
         "_raw_last_success",
         "_run_count",
+        "_uses",
     )
 
     _next_run: datetime | None
@@ -67,6 +69,10 @@ class RunState:
     _run_count: int
     _paused: bool
     _active: int  # runs in flight or waiting for a concurrency slot
+    # Runs accepted here that began or may still begin: what max_runs caps (a run that
+    # began and goes on counts once). The fast path never takes a capped job: its runs are
+    # not counted here.
+    _uses: int
     _generation: int  # heap entries of another generation are stale
     _history_checked: datetime | None
 
@@ -90,10 +96,16 @@ class RunState:
     def _admit(self) -> None:
         """A run was accepted (started or waiting for a concurrency slot)."""
         self._active += 1
+        self._uses += 1
 
     def _leave(self, runs: int = 1) -> None:
         """*runs* accepted runs ended or were dropped before starting."""
         self._active -= runs
+
+    def _unuse(self, runs: int = 1) -> None:
+        """*runs* accepted runs will never begin (refused, dropped, cancelled first): they
+        no longer count towards ``max_runs``."""
+        self._uses -= runs
 
     # -- runs (the executor) ---------------------------------------------------------
 

@@ -483,6 +483,24 @@ async def test_max_runs_start_at_and_stop_at(scheduler: Scheduler, clock: FakeCl
     assert b.last_run.slot == at(50)
 
 
+@pytest.mark.parametrize("timeout", [None, 100.0], ids=["direct-path", "general-path"])
+async def test_max_runs_counts_a_run_in_flight_once(
+    scheduler: Scheduler, clock: FakeClock, recorder: Recorder, timeout: float | None
+) -> None:
+    """Runs that overlap (each 25 s, one every 10 s) still reach max_runs: a run that has
+    begun and is still going counts once, not as begun and as in flight. (On the fake
+    clock a timeout sends the runs down the general path.)"""
+
+    @scheduler.every(10, name="slow", overlap="allow", max_runs=3, timeout=timeout)
+    async def slow() -> None:
+        await clock.sleep(25)
+
+    async with scheduler:
+        await clock.advance(100)
+    assert started_slots(recorder) == [at(10), at(20), at(30)]
+    assert scheduler.get_job("slow").run_count == 3
+
+
 async def test_once_at_start_and_at_instants(
     scheduler: Scheduler, clock: FakeClock, recorder: Recorder
 ) -> None:
