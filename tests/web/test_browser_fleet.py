@@ -21,7 +21,8 @@ from .test_scale import seed_fleet
 
 __all__ = ("browser",)  # the module's browser fixture, shared with test_browser
 
-pytestmark = [pytest.mark.postgres, pytest.mark.slow]
+# One worker runs them all (pytest -n): one seeded ledger, one server, one browser.
+pytestmark = [pytest.mark.postgres, pytest.mark.slow, pytest.mark.xdist_group("browser-fleet")]
 
 JOBS = 3000
 NEEDLE = "job-01234"  # the one job tagged "needle"
