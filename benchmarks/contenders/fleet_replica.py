@@ -25,11 +25,11 @@ import argparse
 import asyncio
 import json
 import logging
-import os
-import signal
 import sys
 import time
 from typing import IO, Any
+
+from lifecycle import stop_when_told
 
 from cronlock import Event, JobSkipped, LockFailed, LockLost, RunContext, Scheduler, every
 from cronlock.postgres import PostgresLocker
@@ -109,19 +109,7 @@ async def main() -> int:
     for i in range(args.jobs):
         scheduler.add_job(work, schedule, name=f"fleet-job-{i}", args=(i,))
 
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, stop.set)
-    parent = os.getppid()
-
-    async def orphaned() -> None:  # the driver died: do not outlive it
-        deadline = time.monotonic() + args.max_seconds
-        while os.getppid() == parent and time.monotonic() < deadline:
-            await asyncio.sleep(1.0)
-        stop.set()
-
-    watch = asyncio.create_task(orphaned())
+    stop, watch = stop_when_told(args.max_seconds, 1.0)
     code = 0
     try:
         async with locker, scheduler:

@@ -23,10 +23,11 @@ import asyncio
 import importlib
 import json
 import os
-import signal
 import sys
 import time
 from typing import IO, Any
+
+from lifecycle import stop_when_told
 
 
 class Recorder:
@@ -76,22 +77,11 @@ async def main() -> int:
         print(f"--offset={opts.offset} but FAKETIME={faked!r}", file=sys.stderr)
         return 2
     record = Recorder(opts.out, opts.offset)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, stop.set)
-    parent = os.getppid()
-
-    async def orphaned() -> None:  # the driver died: do not outlive it
-        deadline = time.monotonic() + opts.max_seconds
-        while os.getppid() == parent and time.monotonic() < deadline:
-            await asyncio.sleep(0.5)
-        stop.set()
+    stop, watch = stop_when_told(opts.max_seconds, 0.5)
 
     def ready() -> None:
         print("ready", flush=True)
 
-    watch = asyncio.create_task(orphaned(), name="orphaned")
     try:
         await module.run(opts, record, ready, stop)
     finally:
