@@ -36,7 +36,7 @@ async def judged(dsn: str, ledger: LedgerTable) -> tuple[dict[str, Status], dict
             full = await read_jobs(conn, ledger)
     finally:
         await conn.close()
-    by_roster = {job.name: job.status for job in roster}
+    by_roster = roster.statuses
     by_row = {job.name: job_status(job, now, paused=job.name in paused) for job in full}
     return by_roster, by_row
 
@@ -59,7 +59,8 @@ async def test_the_roster_judges_every_job_as_its_row_does(pg_dsn: str, ledgers:
     table = table_name()
     ledgers.append(table)
     noted = ["b-ok", "c-failing", "d-running", "e-overdue", "e-overdue-failed", "f-caught-up"]
-    noted += ["g-new", "h-paused", "i-odd", "j-no-outcome", "k-slot-infinity"]
+    noted += ["g-new", "h-paused", "h-paused-ok", "i-odd", "j-no-outcome", "k-slot-infinity"]
+    noted += ["d-running-ok"]  # its latest run succeeded, a replica holds its lock now
     runs = [
         *runs_of("a-before-every-note", "succeeded"),
         *runs_of("b-ok", "failed", "succeeded"),
@@ -70,7 +71,9 @@ async def test_the_roster_judges_every_job_as_its_row_does(pg_dsn: str, ledgers:
         *runs_of("e-overdue", "succeeded", last=NOW - 3 * HOUR),
         *runs_of("e-overdue-failed", "succeeded", "failed", last=NOW - HOUR),
         *runs_of("f-caught-up", "succeeded", "failed", last=NOW),
+        *runs_of("d-running-ok", "failed", "succeeded"),
         *runs_of("h-paused", "failed"),
+        *runs_of("h-paused-ok", "succeeded"),
         *runs_of("k-slot-infinity", "succeeded"),
         *runs_of("zz-after-every-note", "failed", "succeeded"),
     ]
@@ -90,7 +93,8 @@ async def test_the_roster_judges_every_job_as_its_row_does(pg_dsn: str, ledgers:
             },
         )
         await conn.execute(
-            f"INSERT INTO {ledger.control} (job, paused_at) VALUES ('h-paused', now())"
+            f"INSERT INTO {ledger.control} (job, paused_at) VALUES ('h-paused', now()), "
+            "('h-paused-ok', now())"
         )
         # A run whose end Python cannot hold is skipped (the job never ran, as far as
         # anyone can read), and one released without an outcome is not a success.
@@ -101,12 +105,13 @@ async def test_the_roster_judges_every_job_as_its_row_does(pg_dsn: str, ledgers:
                 ('k-slot-infinity', 'infinity', 'h', 1, now(), now(), 'failed'),
                 ('j-no-outcome', now(), 'h', 1, now(), now(), NULL)"""
         )
-        # Someone holds d-running's lock (its namespaced key) right now.
+        # Someone holds d-running's and d-running-ok's locks (namespaced keys) right now.
         holder: Any = await asyncpg.connect(pg_dsn)
         try:
-            assert await holder.fetchval(
-                "SELECT pg_try_advisory_lock($1)", ledger.lock_key("d-running")
-            )
+            for job in ("d-running", "d-running-ok"):
+                assert await holder.fetchval(
+                    "SELECT pg_try_advisory_lock($1)", ledger.lock_key(job)
+                )
             by_roster, by_row = await judged(pg_dsn, ledger)
         finally:
             await holder.close()
@@ -120,11 +125,13 @@ async def test_the_roster_judges_every_job_as_its_row_does(pg_dsn: str, ledgers:
         "b-ok-between-2": "ok",
         "c-failing": "failing",
         "d-running": "running",
+        "d-running-ok": "running",
         "e-overdue": "overdue",
         "e-overdue-failed": "overdue",
         "f-caught-up": "failing",
         "g-new": "new",
         "h-paused": "paused",
+        "h-paused-ok": "paused",
         "i-odd": "new",
         "j-no-outcome": "failing",
         "k-slot-infinity": "ok",  # a slot Python cannot hold is no latest run

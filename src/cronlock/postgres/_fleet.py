@@ -172,16 +172,14 @@ _KEYS_KEPT = 200_000  # names whose keys are kept (a dashboard asks for the same
 _NAMED: dict[tuple[str | None, bytes | None], tuple[set[str], dict[int, str]]] = {}
 
 
-def _names_by_key(runs: str | None, secret: bytes | None, names: Sequence[str]) -> dict[int, str]:
+def _names_by_key(runs: str | None, secret: bytes | None, names: set[str]) -> dict[int, str]:
     """Each lock key of *names* (bare; namespaced by the ledger's *runs* table; keyed by
     *secret*) and its name, with those of names asked before (the caller keeps its own)."""
     known, by_key = _NAMED.setdefault((runs, secret), (set(), {}))
     if len(known) >= _KEYS_KEPT:
         known.clear()
         by_key.clear()
-    for name in names:
-        if name in known:
-            continue
+    for name in names.difference(known):
         known.add(name)
         by_key[job_lock_key(name)] = name
         if runs is not None:
@@ -225,8 +223,8 @@ async def held_locks(
         select = f"SELECT value FROM {table.secrets} WHERE name = $1"
         value = await conn.fetchval(select, SECRET_NAME)
         secret = None if value is None else bytes(value)
-    by_key = _names_by_key(runs, secret, names)
     wanted = set(names)
+    by_key = _names_by_key(runs, secret, wanted)
     found: dict[str, list[LockHolder]] = {}
     for row in await conn.fetch(HOLDERS_SQL):
         name = by_key.get(row["key"])
@@ -320,13 +318,19 @@ async def read_jobs(
 
 def named_jobs_sql(table: LedgerTable) -> str:
     """``$1`` job names: :attr:`LedgerTable.jobs_sql`'s rows of those of them the ledger
-    knows (a schedule note or a run), in no order: an index probe or two a name."""
+    knows (a schedule note or a run), in no order: an index probe or two a name.
+
+    Each is a subquery with a LIMIT, which the planner keeps as a probe of the key: as a
+    join (or an ``EXISTS``), it may hash every note (or every run) for a page of names.
+    """
     return f"""
         SELECT u.job, j.schedule, j.tags, {sane("j.next_run", "next_run")},
                {sane("j.updated_at", "updated_at")}, j.grace, {sane("j.due", "due")},
                {odd_list((f"j.{c}", c) for c in ("next_run", "updated_at", "due"))} AS odd
-        FROM unnest($1::text[]) AS u(job) LEFT JOIN {table.jobs} j ON j.job = u.job
-        WHERE j.job IS NOT NULL OR EXISTS (SELECT FROM {table.runs} r WHERE r.job = u.job)"""
+        FROM unnest($1::text[]) AS u(job)
+        LEFT JOIN LATERAL (SELECT * FROM {table.jobs} n WHERE n.job = u.job LIMIT 1) j ON true
+        WHERE j.job IS NOT NULL
+           OR (SELECT true FROM {table.runs} r WHERE r.job = u.job LIMIT 1)"""
 
 
 def _page_sql(table: LedgerTable) -> str:

@@ -139,10 +139,9 @@ class _Dashboard:
             reads = SafeReads(conn, self.table)
             paused = await read_paused(conn, self.table)
             now = await server_now(conn)
-            roster = await read_roster(reads, self.table, paused, now, tags=bool(wanted.tags))
+            roster = await read_roster(reads, self.table, paused, now, tags=wanted.tags)
             chosen = select(roster, wanted)
-            held = {job.name: job.holders for job in roster if job.holders}
-            fleet = await read_jobs(reads, self.table, chosen.names, holders=held)
+            fleet = await read_jobs(reads, self.table, chosen.names, holders=roster.holders)
         return listing(chosen, fleet, paused, now, wanted), now
 
     @asynccontextmanager

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -20,7 +21,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 
 from ..postgres._fleet import STATUSES, FleetJob, Status
-from ..postgres._roster import RosterJob
+from ..postgres._roster import Roster
 from ._model import JobView, job_view
 
 __all__ = ("PER_PAGE", "Filter", "Listing", "Selection", "filter_param", "listing", "select")
@@ -125,26 +126,28 @@ class Selection:
     pages: int
 
 
-def select(roster: list[RosterJob], wanted: Filter) -> Selection:
+def select(roster: Roster, wanted: Filter) -> Selection:
     """The page *wanted* asks of *roster* (every job, judged): overdue and failing jobs
     first, then the rest, each group by name."""
-    counts = Counter(job.status for job in roster)
-    summary: dict[str, int] = {"total": len(roster)}
+    statuses = roster.statuses
+    counts = Counter(statuses.values())
+    summary: dict[str, int] = {"total": len(statuses)}
     summary.update((status, counts.get(status, 0)) for status in STATUSES)
-    text, statuses, tags = wanted.text.casefold(), wanted.statuses, set(wanted.tags)
-    kept = [
-        job
-        for job in roster
-        if (not text or text in job.name.casefold())
-        and (not statuses or job.status in statuses)
-        and (not tags or tags.issubset(job.tags))
-    ]
-    first = sorted(job.name for job in kept if job.status in _FIRST)
-    rest = sorted(job.name for job in kept if job.status not in _FIRST)
-    pages = max(1, math.ceil(len(kept) / wanted.per_page))
+    text, chosen, tagged = wanted.text.casefold(), wanted.statuses, roster.tagged
+    kept: Iterable[tuple[str, Status]] = statuses.items()
+    if tagged is not None:
+        kept = [(name, status) for name, status in kept if name in tagged]
+    if text:
+        kept = [(name, status) for name, status in kept if text in name.casefold()]
+    if chosen:
+        kept = [(name, status) for name, status in kept if status in chosen]
+    first = sorted(name for name, status in kept if status in _FIRST)
+    rest = sorted(name for name, status in kept if status not in _FIRST)
+    matched = len(first) + len(rest)
+    pages = max(1, math.ceil(matched / wanted.per_page))
     start = (wanted.page - 1) * wanted.per_page
     names = [*first, *rest][start : start + wanted.per_page]
-    return Selection(names, summary, len(kept), pages)
+    return Selection(names, summary, matched, pages)
 
 
 def listing(
