@@ -127,6 +127,7 @@ async def test_the_fair_race_spreads_a_burst_over_the_replicas(
     # One session each, so without lanes one draw per replica would decide the whole burst;
     # a wide spread, so that the draws, not the statements' overlap, decide.
     lockers = [locker(pg_dsn, f"{app_name}-{i}", sessions=1, spread=0.5) for i in range(3)]
+    bursts: list[list[int]] = []
     try:
         for lk in lockers:  # sessions open, as in a running replica (connecting takes longer)
             warm = names(20)  # (another slot: the race's draws are per slot and lane)
@@ -134,21 +135,31 @@ async def test_the_fair_race_spreads_a_burst_over_the_replicas(
                 assert isinstance(lease, PostgresHold)
                 await lease.release()
             assert lk.statistics().sessions_open == 1
-        answers = await asyncio.gather(*(acquire_all(lk, jobs) for lk in lockers))
-        won = [sum(isinstance(a, PostgresHold) for a in mine) for mine in answers]
-        statements = sum(lk.statistics().statements for lk in lockers)
-        for mine in answers:
-            for lease in mine:
-                if isinstance(lease, PostgresHold):
-                    await lease.release()
+        statements = 0
+        # Up to three bursts (three slots), until one is shared: on a loaded machine one
+        # replica's claims can start late enough to lose every lane, now and then; without
+        # lanes one replica wins every burst whole.
+        for attempt in range(3):
+            slot = SLOT + timedelta(minutes=attempt)
+            before = sum(lk.statistics().statements for lk in lockers)
+            answers = await asyncio.gather(*(acquire_all(lk, jobs, slot) for lk in lockers))
+            statements += sum(lk.statistics().statements for lk in lockers) - before
+            won = [sum(isinstance(a, PostgresHold) for a in mine) for mine in answers]
+            for mine in answers:
+                for lease in mine:
+                    if isinstance(lease, PostgresHold):
+                        await lease.release()
+            bursts.append(won)
+            assert sum(won) == len(jobs), won  # each slot once, none missed
+            if sorted(won)[-2] > 0:
+                break
     finally:
         for lk in lockers:
             await lk.close()
-    assert sum(won) == len(jobs), won  # each slot once, none missed
     # Eight lanes, each won by the shortest of three draws: one replica winning them all
-    # has a chance of 3 / 3**8 (about 1 in 2,000); without lanes, it is certain.
-    assert sorted(won)[-2] > 0, won
-    assert statements < len(jobs) / 4  # still batched: a few statements per lane
+    # has a chance of 3 / 3**8 (about 1 in 2,000) a burst; without lanes, it is certain.
+    assert sorted(bursts[-1])[-2] > 0, bursts
+    assert statements < len(bursts) * len(jobs) / 4  # still batched: a few claims a lane
     assert await locks_held(jobs) == 0
 
 
