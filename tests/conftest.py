@@ -24,7 +24,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
-from .throwaway import left_by_dead_runs, prefix
+from .throwaway import drop, make, prefix
 
 _OWN_DATABASE = pytest.StashKey[tuple[str, str]]()
 
@@ -35,31 +35,6 @@ def _with_database(dsn: str, name: str) -> str | None:
     if parts.scheme not in ("postgres", "postgresql"):
         return None
     return urlunsplit(parts._replace(path=f"/{name}"))
-
-
-async def _create(dsn: str, name: str) -> None:
-    import asyncpg
-
-    conn = await asyncpg.connect(dsn)
-    try:
-        rows = await conn.fetch(
-            "SELECT datname FROM pg_database WHERE starts_with(datname, $1)", prefix()
-        )
-        for name in left_by_dead_runs(row[0] for row in rows):
-            await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        await conn.execute(f'CREATE DATABASE "{name}" TEMPLATE template0')
-    finally:
-        await conn.close()
-
-
-async def _drop(dsn: str, name: str) -> None:
-    import asyncpg
-
-    conn = await asyncpg.connect(dsn)
-    try:
-        await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    finally:
-        await conn.close()
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -76,7 +51,7 @@ def pytest_configure(config: pytest.Config) -> None:
         )
         return
     try:
-        asyncio.run(_create(dsn, name))
+        asyncio.run(make(dsn, "database", name))
     except Exception as exc:  # no CREATEDB right, say: share the named database
         warnings.warn(
             f"xdist worker {worker} could not make a database of its own ({exc!r}); it "
@@ -100,4 +75,4 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     if made is not None:
         dsn, name = made
         os.environ["CRONLOCK_TEST_DSN"] = dsn
-        asyncio.run(_drop(dsn, name))
+        asyncio.run(drop(dsn, "database", name))

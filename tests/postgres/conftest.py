@@ -29,7 +29,7 @@ import pytest
 from cronlock._keys import job_lock_key
 from cronlock.postgres._ledger import LedgerTable
 
-from ..throwaway import left_by_dead_runs, prefix
+from ..throwaway import drop, make, prefix
 from .cluster import Cluster, ClusterUnavailable
 from .pgbouncer import PgBouncer, PgBouncerUnavailable
 
@@ -96,35 +96,12 @@ def pg_dsn(pg_server: str) -> Iterator[str]:
     asyncpg passes unknown DSN parameters on as server settings.
     """
     schema = f"{prefix()}{os.getpid()}_{uuid.uuid4().hex[:6]}"
-    asyncio.run(_create_schema(pg_server, schema))
+    asyncio.run(make(pg_server, "schema", schema))
     separator = "&" if "?" in pg_server else "?"
     try:
         yield f"{pg_server}{separator}search_path={schema}"
     finally:
-        asyncio.run(_drop_schemas(pg_server, [schema]))
-
-
-async def _create_schema(dsn: str, schema: str) -> None:
-    conn = await asyncpg.connect(dsn)
-    try:
-        # Schemas left by runs on this host that died without cleaning up (killed).
-        rows = await conn.fetch(
-            "SELECT nspname FROM pg_namespace WHERE starts_with(nspname, $1)", prefix()
-        )
-        for name in left_by_dead_runs(row[0] for row in rows):
-            await conn.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
-        await conn.execute(f'CREATE SCHEMA "{schema}"')
-    finally:
-        await conn.close()
-
-
-async def _drop_schemas(dsn: str, schemas: list[str]) -> None:
-    conn = await asyncpg.connect(dsn)
-    try:
-        for schema in schemas:
-            await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
-    finally:
-        await conn.close()
+        asyncio.run(drop(pg_server, "schema", schema))
 
 
 @pytest.fixture(scope="session")
@@ -350,13 +327,13 @@ def coordination(
         return
     bouncer: str = request.getfixturevalue("pgbouncer_dsn")
     schema = f"{prefix()}{os.getpid()}_lease_{uuid.uuid4().hex[:6]}"
-    asyncio.run(_create_schema(pg_server, schema))
+    asyncio.run(make(pg_server, "schema", schema))
     try:
         yield Coordination(
             "lease", bouncer, ("--mode", "lease", "--lease", "3", "--schema", schema), schema
         )
     finally:
-        asyncio.run(_drop_schemas(pg_server, [schema]))
+        asyncio.run(drop(pg_server, "schema", schema))
 
 
 @pytest.fixture
@@ -366,4 +343,4 @@ async def server_schema(pg_server: str) -> AsyncIterator[str]:
     ``search_path``."""
     name = f"{prefix()}{os.getpid()}_own_{uuid.uuid4().hex[:6]}"
     yield name
-    await _drop_schemas(pg_server, [name])
+    await drop(pg_server, "schema", name)

@@ -26,9 +26,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import asyncpg
 import pytest
 
+from ..throwaway import drop
 from .conftest import Coordination
 from .replica import command as replica_command
 
@@ -344,13 +344,4 @@ def test_two_services_sharing_a_database_with_the_same_job_names_each_run_every_
             assert (seen.duplicates, seen.missed, seen.busy, seen.lock_failed) == (0, 0, 0, 0)
             assert seen.ran_once == slots
     finally:
-        for schema in services.values():
-            asyncio.run(_drop(pg_server, schema))
-
-
-async def _drop(dsn: str, schema: str) -> None:
-    conn = await asyncpg.connect(dsn)
-    try:
-        await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
-    finally:
-        await conn.close()
+        asyncio.run(drop(pg_server, "schema", *services.values()))
