@@ -33,7 +33,7 @@ import asyncpg
 import httpx
 
 import cronlock.web
-from cronlock.postgres._ledger import LedgerTable, migrate, quote_ident
+from cronlock.postgres._sql.tables import LedgerTable, migrate, quote_ident
 
 SIZES = (500, 5000)
 PATHS = ("/", "/api/jobs")

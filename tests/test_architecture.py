@@ -15,7 +15,7 @@ import cronlock
 
 PACKAGE = Path(cronlock.__file__).parent
 MAX_LINES = 450
-# Fields of cronlock._state.RunState (the base of Job): assigned in that module and nowhere
+# Fields of cronlock._core.state.RunState (the base of Job): assigned in that module and nowhere
 # else, not even by Job's own methods.
 RUN_STATE_FIELDS = frozenset(
     {
@@ -128,7 +128,7 @@ def test_no_module_is_too_long_to_read() -> None:
 def test_run_state_is_written_in_one_module() -> None:
     writers: dict[str, list[int]] = {}
     for name, path in _modules():
-        if name == "cronlock._state":
+        if name == "cronlock._core.state":
             continue
         for node in ast.walk(ast.parse(path.read_text())):
             targets: list[ast.expr] = []
@@ -146,7 +146,7 @@ def test_run_state_is_written_in_one_module() -> None:
                         and not (
                             isinstance(sub.value, ast.Name)
                             and sub.value.id == "self"
-                            and name != "cronlock._job"
+                            and name != "cronlock._core.job"
                         )
                     ):
                         writers.setdefault(name, []).append(sub.lineno)
@@ -171,22 +171,27 @@ def test_capabilities_are_not_probed() -> None:
 
 # The pure slot maths (docs/internals.md, "schedules"): no clock, no event loop, no I/O.
 _SLOT_MATHS = frozenset(
-    f"cronlock.{m}"
-    for m in ("_tz", "_durations", "_cron", "_cron_days", "_interval", "_calendar", "_once")
-) | {"cronlock._schedule", "cronlock._fixedzones"}
+    f"cronlock._schedules.{m}"
+    for m in ("tz", "cron", "cron_days", "interval", "calendar", "once", "schedule", "fixedzones")
+) | {"cronlock._durations"}
 # The run machinery ("running"), and the only modules outside it that may import it.
 _RUN_MACHINERY = frozenset(
-    f"cronlock.{m}"
+    f"cronlock._core.{m}"
     for m in (
-        "_state", "_guard", "_admission", "_executor", "_catchup", "_planner", "_runloop",
-        "_recovery", "_fleetstate", "_fleetclock",
+        "state", "guard", "admission", "executor", "catchup", "planner", "runloop",
+        "recovery", "fleetstate", "fleetclock",
     )
 )  # fmt: skip
 _RUN_DOORS = {
-    "cronlock._scheduler": {"_fleetclock", "_fleetstate", "_recovery", "_runloop"},
-    "cronlock._jobcontrol": {"_runloop"},
-    "cronlock._job": {"_state"},  # a job carries its run state; only _state writes it
-    "cronlock": {"_fleetclock"},  # FleetClock is public
+    "cronlock._scheduler": {
+        "_core.fleetclock",
+        "_core.fleetstate",
+        "_core.recovery",
+        "_core.runloop",
+    },
+    "cronlock._jobcontrol": {"_core.runloop"},
+    "cronlock._core.job": {"_core.state"},  # a job carries its run state; only state writes it
+    "cronlock": {"_core.fleetclock"},  # FleetClock is public
 }
 
 

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-import cronlock._filelock
+import cronlock._locking.files
 from cronlock._errors import LockError
-from cronlock._filelock import FileLocker
-from cronlock._locking import Hold, Locker
+from cronlock._locking.files import FileLocker
+from cronlock._locking.protocols import Hold, Locker
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="FileLocker needs fcntl")
 
@@ -32,7 +32,7 @@ PATIENCE = 60
 CHILD = """
 import asyncio, sys
 from datetime import datetime
-from cronlock._filelock import FileLocker
+from cronlock._locking.files import FileLocker
 
 async def main() -> None:
     directory, job, slot, mode = sys.argv[1:]
@@ -59,7 +59,7 @@ class Child:
 
     @classmethod
     async def start(cls, directory: Path, job: str, slot: datetime, mode: str) -> Child:
-        src = str(Path(cronlock._filelock.__file__).parents[1])
+        src = str(Path(cronlock._locking.files.__file__).parents[1])
         proc = await asyncio.create_subprocess_exec(
             sys.executable,
             "-c",

@@ -43,7 +43,15 @@ _EXTRAS = {
         ("import cronlock", {"asyncpg", "croniter", "anyio", "cronlock._scheduler", *_EXTRAS}),
         (
             "from cronlock import Scheduler, every",
-            {"asyncpg", "croniter", "dateutil", "anyio", "calendar", "cronlock._cron", *_EXTRAS},
+            {
+                "asyncpg",
+                "croniter",
+                "dateutil",
+                "anyio",
+                "calendar",
+                "cronlock._schedules.cron",
+                *_EXTRAS,
+            },
         ),
         ("from cronlock import cron; cron('0 3 * * *')", {"asyncpg", "anyio", *_EXTRAS}),
         (
@@ -52,11 +60,11 @@ _EXTRAS = {
         ),
         (
             "import cronlock.postgres",
-            {"asyncpg", "croniter", "cronlock.postgres._locker", *_EXTRAS},
+            {"asyncpg", "croniter", "cronlock.postgres._locker.locker", *_EXTRAS},
         ),
         (
             "from cronlock.postgres import DEFAULT_TABLE",
-            {"croniter", "cronlock.postgres._locker", *_EXTRAS},
+            {"croniter", "cronlock.postgres._locker.locker", *_EXTRAS},
         ),
         # asyncpg is imported by the first connect (or came with the pool handed over).
         (

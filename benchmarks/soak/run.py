@@ -51,7 +51,7 @@ from faultproxy import FaultProxy  # noqa: E402
 from pgbouncer import PgBouncer  # noqa: E402
 from replica import HEARTBEAT, JOBS, KEEPALIVES, LEASE, STATEMENT_TIMEOUT  # noqa: E402
 
-from cronlock.postgres._backoff import RECONNECT_MAX  # noqa: E402
+from cronlock.postgres._conn.backoff import RECONNECT_MAX  # noqa: E402
 
 REPLICAS = 3
 KINDS = ("kill", "pause", "partition", "reset", "restart", "clock")

@@ -11,14 +11,12 @@ from typing import TYPE_CHECKING as _TYPE_CHECKING
 from typing import Any as _Any
 
 if _TYPE_CHECKING:
-    from ._calendar import daily as daily
-    from ._calendar import monthly as monthly
-    from ._calendar import weekly as weekly
     from ._clock import Clock as Clock
     from ._clock import RealTimeClock as RealTimeClock
     from ._clock import SystemClock as SystemClock
-    from ._cron import CronSchedule as CronSchedule
-    from ._cron import cron as cron
+    from ._core.fleetclock import FleetClock as FleetClock
+    from ._core.job import Job as Job
+    from ._core.retries import RetryingLocker as RetryingLocker
     from ._errors import ConfigError as ConfigError
     from ._errors import CronlockError as CronlockError
     from ._errors import JobConflictError as JobConflictError
@@ -50,54 +48,56 @@ if _TYPE_CHECKING:
     from ._events import SchedulerStopped as SchedulerStopped
     from ._events import SkipReason as SkipReason
     from ._events import Subscription as Subscription
-    from ._filelock import FileLocker as FileLocker
-    from ._fleetclock import FleetClock as FleetClock
-    from ._interval import IntervalSchedule as IntervalSchedule
-    from ._interval import every as every
-    from ._job import Job as Job
     from ._keys import job_lock_key as job_lock_key
-    from ._locking import BatchLedgerLocker as BatchLedgerLocker
-    from ._locking import ClaimAheadLocker as ClaimAheadLocker
-    from ._locking import CrashWatchingLocker as CrashWatchingLocker
-    from ._locking import Elector as Elector
-    from ._locking import FencedElector as FencedElector
-    from ._locking import FleetView as FleetView
-    from ._locking import FleetWatchingLocker as FleetWatchingLocker
-    from ._locking import ForeignWatchingLocker as ForeignWatchingLocker
-    from ._locking import Hold as Hold
-    from ._locking import LedgerLocker as LedgerLocker
-    from ._locking import LedgerSummary as LedgerSummary
-    from ._locking import Locker as Locker
-    from ._locking import LosableHold as LosableHold
-    from ._locking import RecordingHold as RecordingHold
-    from ._locking import Refusal as Refusal
-    from ._locking import Resource as Resource
-    from ._locking import ScheduleNotingLocker as ScheduleNotingLocker
-    from ._locking import ServerClockLocker as ServerClockLocker
-    from ._memlock import InMemoryLocker as InMemoryLocker
-    from ._once import OnceSchedule as OnceSchedule
-    from ._once import once as once
+    from ._locking.files import FileLocker as FileLocker
+    from ._locking.memory import InMemoryLocker as InMemoryLocker
+    from ._locking.protocols import BatchLedgerLocker as BatchLedgerLocker
+    from ._locking.protocols import ClaimAheadLocker as ClaimAheadLocker
+    from ._locking.protocols import CrashWatchingLocker as CrashWatchingLocker
+    from ._locking.protocols import Elector as Elector
+    from ._locking.protocols import FencedElector as FencedElector
+    from ._locking.protocols import FleetView as FleetView
+    from ._locking.protocols import FleetWatchingLocker as FleetWatchingLocker
+    from ._locking.protocols import ForeignWatchingLocker as ForeignWatchingLocker
+    from ._locking.protocols import Hold as Hold
+    from ._locking.protocols import LedgerLocker as LedgerLocker
+    from ._locking.protocols import LedgerSummary as LedgerSummary
+    from ._locking.protocols import Locker as Locker
+    from ._locking.protocols import LosableHold as LosableHold
+    from ._locking.protocols import RecordingHold as RecordingHold
+    from ._locking.protocols import Refusal as Refusal
+    from ._locking.protocols import Resource as Resource
+    from ._locking.protocols import ScheduleNotingLocker as ScheduleNotingLocker
+    from ._locking.protocols import ServerClockLocker as ServerClockLocker
     from ._records import Outcome as Outcome
     from ._records import Overlap as Overlap
     from ._records import RunContext as RunContext
     from ._records import RunRecord as RunRecord
-    from ._retries import RetryingLocker as RetryingLocker
-    from ._schedule import Schedule as Schedule
     from ._scheduler import JobOptions as JobOptions
     from ._scheduler import Scheduler as Scheduler
-    from ._stored import ScheduleStore as ScheduleStore
-    from ._stored import StoredSchedule as StoredSchedule
+    from ._schedules.calendar import daily as daily
+    from ._schedules.calendar import monthly as monthly
+    from ._schedules.calendar import weekly as weekly
+    from ._schedules.cron import CronSchedule as CronSchedule
+    from ._schedules.cron import cron as cron
+    from ._schedules.interval import IntervalSchedule as IntervalSchedule
+    from ._schedules.interval import every as every
+    from ._schedules.once import OnceSchedule as OnceSchedule
+    from ._schedules.once import once as once
+    from ._schedules.schedule import Schedule as Schedule
+    from ._stored.schedule import ScheduleStore as ScheduleStore
+    from ._stored.schedule import StoredSchedule as StoredSchedule
 
 # Where each public name lives (its module is imported on first access).
 _WHERE = {
-    "daily": "._calendar",
-    "monthly": "._calendar",
-    "weekly": "._calendar",
+    "daily": "._schedules.calendar",
+    "monthly": "._schedules.calendar",
+    "weekly": "._schedules.calendar",
     "Clock": "._clock",
     "RealTimeClock": "._clock",
     "SystemClock": "._clock",
-    "CronSchedule": "._cron",
-    "cron": "._cron",
+    "CronSchedule": "._schedules.cron",
+    "cron": "._schedules.cron",
     "ConfigError": "._errors",
     "CronlockError": "._errors",
     "JobConflictError": "._errors",
@@ -116,12 +116,12 @@ _WHERE = {
     "JobCrashed": "._events",
     "LockHeldElsewhere": "._events",
     "ScheduleRejected": "._events",
-    "ScheduleStore": "._stored",
-    "StoredSchedule": "._stored",
+    "ScheduleStore": "._stored.schedule",
+    "StoredSchedule": "._stored.schedule",
     "JobEvent": "._events",
     "JobFailed": "._events",
     "JobRetrying": "._events",
-    "RetryingLocker": "._retries",
+    "RetryingLocker": "._core.retries",
     "JobSkipped": "._events",
     "JobStarted": "._events",
     "JobSucceeded": "._events",
@@ -132,38 +132,38 @@ _WHERE = {
     "SchedulerStopped": "._events",
     "SkipReason": "._events",
     "Subscription": "._events",
-    "FileLocker": "._filelock",
-    "FleetClock": "._fleetclock",
-    "IntervalSchedule": "._interval",
-    "every": "._interval",
-    "Job": "._job",
+    "FileLocker": "._locking.files",
+    "FleetClock": "._core.fleetclock",
+    "IntervalSchedule": "._schedules.interval",
+    "every": "._schedules.interval",
+    "Job": "._core.job",
     "job_lock_key": "._keys",
-    "BatchLedgerLocker": "._locking",
-    "ClaimAheadLocker": "._locking",
-    "CrashWatchingLocker": "._locking",
-    "ForeignWatchingLocker": "._locking",
-    "Elector": "._locking",
-    "FencedElector": "._locking",
-    "FleetView": "._locking",
-    "FleetWatchingLocker": "._locking",
-    "Hold": "._locking",
-    "LedgerLocker": "._locking",
-    "LedgerSummary": "._locking",
-    "Locker": "._locking",
-    "LosableHold": "._locking",
-    "RecordingHold": "._locking",
-    "Refusal": "._locking",
-    "Resource": "._locking",
-    "ScheduleNotingLocker": "._locking",
-    "ServerClockLocker": "._locking",
-    "InMemoryLocker": "._memlock",
-    "OnceSchedule": "._once",
-    "once": "._once",
+    "BatchLedgerLocker": "._locking.protocols",
+    "ClaimAheadLocker": "._locking.protocols",
+    "CrashWatchingLocker": "._locking.protocols",
+    "ForeignWatchingLocker": "._locking.protocols",
+    "Elector": "._locking.protocols",
+    "FencedElector": "._locking.protocols",
+    "FleetView": "._locking.protocols",
+    "FleetWatchingLocker": "._locking.protocols",
+    "Hold": "._locking.protocols",
+    "LedgerLocker": "._locking.protocols",
+    "LedgerSummary": "._locking.protocols",
+    "Locker": "._locking.protocols",
+    "LosableHold": "._locking.protocols",
+    "RecordingHold": "._locking.protocols",
+    "Refusal": "._locking.protocols",
+    "Resource": "._locking.protocols",
+    "ScheduleNotingLocker": "._locking.protocols",
+    "ServerClockLocker": "._locking.protocols",
+    "InMemoryLocker": "._locking.memory",
+    "OnceSchedule": "._schedules.once",
+    "once": "._schedules.once",
     "Outcome": "._records",
     "Overlap": "._records",
     "RunContext": "._records",
     "RunRecord": "._records",
-    "Schedule": "._schedule",
+    "Schedule": "._schedules.schedule",
     "JobOptions": "._scheduler",
     "Scheduler": "._scheduler",
 }

@@ -1,5 +1,5 @@
-"""``python -m cronlock``: see :mod:`cronlock._cli`."""
+"""``python -m cronlock``: see :mod:`cronlock._cli.main`."""
 
-from ._cli import main
+from ._cli.main import main
 
 raise SystemExit(main())

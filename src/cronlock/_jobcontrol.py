@@ -8,13 +8,13 @@ import asyncio
 from zoneinfo import ZoneInfo
 
 from ._clock import Clock
+from ._core.job import Job
+from ._core.runloop import RunLoop
 from ._errors import SchedulerStateError
 from ._events import JobEvent
-from ._job import Job
 from ._keys import job_lock_key
 from ._names import job_named
-from ._runloop import RunLoop
-from ._schedule import Schedule, bind_zone, check_interval, check_jitter
+from ._schedules.schedule import Schedule, bind_zone, check_interval, check_jitter
 
 __all__ = ("JobControl",)
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 import difflib
 from collections.abc import Iterable, Mapping
 
+from ._core.job import Job
 from ._errors import JobLookupError
-from ._job import Job
 
 __all__ = ("job_named", "unknown_job")
 

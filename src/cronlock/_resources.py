@@ -13,7 +13,7 @@ from types import TracebackType
 from typing import Self
 
 from ._errors import SchedulerStateError
-from ._locking import Resource
+from ._locking.protocols import Resource
 from ._logs import get_logger
 
 __all__ = ("HeldOpenByBlocks", "Resources")

@@ -8,6 +8,14 @@ from types import TracebackType
 from typing import Any, Literal, Never, TypeVar, Unpack
 
 from ._clock import Clock
+from ._core.fleetclock import on_loop_time, scheduler_clock
+from ._core.fleetstate import FleetState, FleetViews
+from ._core.job import Job, default_name, new_job
+from ._core.options import JobOptions, check_option_names
+from ._core.recovery import Recovery
+from ._core.retries import DEFAULT_DELAY, with_retries
+from ._core.runloop import RunLoop
+from ._core.settings import Recall
 from ._durations import Seconds, optional_seconds, positive_int, to_seconds
 from ._errors import (
     ConfigError,
@@ -23,26 +31,18 @@ from ._events import (
     SchedulerStopped,
     Subscription,
 )
-from ._fleetclock import on_loop_time, scheduler_clock
-from ._fleetstate import FleetState, FleetViews
-from ._interval import IntervalSchedule
-from ._job import Job, default_name, new_job
-from ._jobconf import Recall
 from ._jobcontrol import JobControl
 from ._keys import job_lock_key
-from ._locking import Elector, Locker, Wiring, wire
+from ._locking.protocols import Elector, Locker, Wiring, wire
+from ._locking.retention import check_retention
 from ._logs import get_logger
-from ._options import JobOptions, check_option_names
 from ._records import DEFAULT_MISFIRE_GRACE, Overlap
-from ._recovery import Recovery
 from ._resources import Resources
-from ._retention import check_retention
-from ._retries import DEFAULT_DELAY, with_retries
-from ._runloop import RunLoop
-from ._schedule import MIN_INTERVAL, Schedule, bind_zone, check_interval, check_jitter
-from ._stored import ScheduleStore
-from ._storedsync import StoredSync, StoredTasks
-from ._tz import TimeZone, resolve_tz
+from ._schedules.interval import IntervalSchedule
+from ._schedules.schedule import MIN_INTERVAL, Schedule, bind_zone, check_interval, check_jitter
+from ._schedules.tz import TimeZone, resolve_tz
+from ._stored.schedule import ScheduleStore
+from ._stored.sync import StoredSync, StoredTasks
 
 __all__ = ("JobOptions", "Scheduler")
 
@@ -273,7 +273,7 @@ class Scheduler(JobControl, FleetViews, StoredTasks):
         **options: Unpack[JobOptions],
     ) -> Callable[[_F], _F]:
         """Decorator: run on a cron expression (see :func:`cronlock.cron`)."""
-        from ._cron import cron
+        from ._schedules.cron import cron
 
         return self._decorator(cron(expr, seconds=seconds, tz=tz), options)
 
@@ -289,7 +289,7 @@ class Scheduler(JobControl, FleetViews, StoredTasks):
         **options: Unpack[JobOptions],
     ) -> Callable[[_F], _F]:
         """Decorator: run at ``anchor + k * interval`` (see :func:`cronlock.every`)."""
-        from ._interval import every
+        from ._schedules.interval import every
 
         schedule = every(
             interval, seconds=seconds, minutes=minutes, hours=hours, days=days, anchor=anchor
@@ -305,7 +305,7 @@ class Scheduler(JobControl, FleetViews, StoredTasks):
         **options: Unpack[JobOptions],
     ) -> Callable[[_F], _F]:
         """Decorator: run every *every* days at *at* (see :func:`cronlock.daily`)."""
-        from ._calendar import daily
+        from ._schedules.calendar import daily
 
         return self._decorator(daily(at, every=every, tz=tz), options)
 
@@ -319,7 +319,7 @@ class Scheduler(JobControl, FleetViews, StoredTasks):
         **options: Unpack[JobOptions],
     ) -> Callable[[_F], _F]:
         """Decorator: run on weekday(s) *on* at *at* (see :func:`cronlock.weekly`)."""
-        from ._calendar import weekly
+        from ._schedules.calendar import weekly
 
         return self._decorator(weekly(on, at, every=every, tz=tz), options)
 
@@ -333,7 +333,7 @@ class Scheduler(JobControl, FleetViews, StoredTasks):
         **options: Unpack[JobOptions],
     ) -> Callable[[_F], _F]:
         """Decorator: run on day(s) *on* of the month at *at* (see :func:`cronlock.monthly`)."""
-        from ._calendar import monthly
+        from ._schedules.calendar import monthly
 
         return self._decorator(monthly(on, at, every=every, tz=tz), options)
 
@@ -341,7 +341,7 @@ class Scheduler(JobControl, FleetViews, StoredTasks):
         self, at: datetime | Sequence[datetime] | None = None, **options: Unpack[JobOptions]
     ) -> Callable[[_F], _F]:
         """Decorator: run once at *at* (or at each instant given), or as soon as started."""
-        from ._once import once
+        from ._schedules.once import once
 
         return self._decorator(once(at), options)
 

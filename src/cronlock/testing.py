@@ -18,8 +18,8 @@ from datetime import UTC, datetime, timedelta
 
 from ._clock import Clock, SystemClock, follows_real_time, wait_tasks
 from ._durations import Seconds, to_seconds
+from ._schedules.tz import to_utc
 from ._threads import threads_in_flight
-from ._tz import to_utc
 
 __all__ = ("FakeClock", "OffsetClock")
 

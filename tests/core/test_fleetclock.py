@@ -21,8 +21,8 @@ from cronlock import (
     SystemClock,
     every,
 )
-from cronlock._fleetclock import ClockSample, FleetClock, OffsetEstimator, scheduler_clock
-from cronlock._locking import ServerClockLocker
+from cronlock._core.fleetclock import ClockSample, FleetClock, OffsetEstimator, scheduler_clock
+from cronlock._locking.protocols import ServerClockLocker
 from cronlock.testing import FakeClock, OffsetClock
 
 from .conftest import T0, Recorder

@@ -16,7 +16,7 @@ from cronlock import (
     Scheduler,
     SystemClock,
 )
-from cronlock._guard import Deadlines, RunGuard
+from cronlock._core.guard import Deadlines, RunGuard
 
 from .conftest import Recorder
 

@@ -12,7 +12,7 @@ from datetime import timedelta
 import pytest
 
 from cronlock import JobStarted, ScheduleError, Scheduler, every
-from cronlock._schedule import MIN_INTERVAL
+from cronlock._schedules.schedule import MIN_INTERVAL
 from cronlock.testing import FakeClock
 
 from .conftest import T0, Recorder

@@ -8,7 +8,7 @@ from datetime import datetime, timedelta
 import pytest
 
 from cronlock import JobStarted, ScheduleError, Scheduler, cron, daily, every, once, weekly
-from cronlock._schedule import Schedule
+from cronlock._schedules.schedule import Schedule
 from cronlock.testing import FakeClock
 
 from .conftest import T0, Recorder

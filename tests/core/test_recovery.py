@@ -22,7 +22,7 @@ from cronlock import (
     Scheduler,
     every,
 )
-from cronlock._locking import CrashCallback, Hold, Refusal
+from cronlock._locking.protocols import CrashCallback, Hold, Refusal
 from cronlock.testing import FakeClock
 
 from .conftest import T0, Recorder

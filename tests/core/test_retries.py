@@ -22,7 +22,7 @@ from cronlock import (
     Scheduler,
     every,
 )
-from cronlock._retries import MAX_DELAY, backoff
+from cronlock._core.retries import MAX_DELAY, backoff
 from cronlock.testing import FakeClock
 
 from .conftest import T0, Recorder

@@ -27,8 +27,8 @@ from cronlock import (
     once,
     weekly,
 )
-from cronlock._schedule import upcoming
-from cronlock._storedjson import (
+from cronlock._schedules.schedule import upcoming
+from cronlock._stored.json import (
     kwargs_to_json,
     options_from_json,
     options_to_json,

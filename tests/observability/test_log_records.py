@@ -11,7 +11,8 @@ from datetime import UTC, datetime
 
 import pytest
 
-from cronlock import LockError, Scheduler, SystemClock, _fleetclock
+from cronlock import LockError, Scheduler, SystemClock
+from cronlock._core import fleetclock as _fleetclock
 from cronlock.testing import FakeClock
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)

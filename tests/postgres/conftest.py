@@ -27,7 +27,7 @@ import asyncpg
 import pytest
 
 from cronlock._keys import job_lock_key
-from cronlock.postgres._ledger import LedgerTable
+from cronlock.postgres._sql.tables import LedgerTable
 
 from ..throwaway import drop, make, prefix
 from .cluster import Cluster, ClusterUnavailable

@@ -49,7 +49,7 @@ from cronlock import (
     SystemClock,
     every,
 )
-from cronlock._locking import CrashCallback, ForeignCallback
+from cronlock._locking.protocols import CrashCallback, ForeignCallback
 from cronlock.postgres import PostgresHold, PostgresLocker
 from cronlock.testing import OffsetClock
 

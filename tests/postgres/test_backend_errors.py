@@ -9,7 +9,7 @@ import asyncpg
 import pytest
 
 from cronlock import LockError, ServerError, SessionLost, StatementTimeout
-from cronlock.postgres._backend_errors import SessionGone, backend_errors, kind_of
+from cronlock.postgres._conn.errors import SessionGone, backend_errors, kind_of
 
 pytestmark = pytest.mark.postgres
 

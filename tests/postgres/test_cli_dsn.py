@@ -22,7 +22,7 @@ import pytest
 
 from cronlock import LockError
 from cronlock.postgres import PostgresLocker, locked_run
-from cronlock.postgres._ledger import quote_ident
+from cronlock.postgres._sql.tables import quote_ident
 
 from .test_cli_pg import cli
 

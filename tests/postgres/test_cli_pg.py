@@ -14,7 +14,7 @@ import pytest
 
 from cronlock import RunRecord
 from cronlock.postgres import PostgresHold, PostgresLocker
-from cronlock.postgres._ledger import DEFAULT_TABLE, LedgerTable, quote_ident
+from cronlock.postgres._sql.tables import DEFAULT_TABLE, LedgerTable, quote_ident
 
 pytestmark = pytest.mark.postgres
 

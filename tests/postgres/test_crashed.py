@@ -34,8 +34,8 @@ from cronlock import (
     every,
 )
 from cronlock.postgres import PostgresHold, PostgresLocker
-from cronlock.postgres._crashes import CHECK_EVERY, crashed_sql, recover_sql
-from cronlock.postgres._ledger import LedgerTable
+from cronlock.postgres._locker.crashes import CHECK_EVERY, crashed_sql, recover_sql
+from cronlock.postgres._sql.tables import LedgerTable
 
 from .events import CutOffFirstRun, Events
 from .test_cli_pg import cli

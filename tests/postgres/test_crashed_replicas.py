@@ -21,8 +21,8 @@ from typing import Any
 
 import pytest
 
-from cronlock.postgres._crashes import CHECK_EVERY
-from cronlock.postgres._ledger import LedgerTable
+from cronlock.postgres._locker.crashes import CHECK_EVERY
+from cronlock.postgres._sql.tables import LedgerTable
 
 from .conftest import Coordination
 from .test_replicas import Record, Replica

@@ -10,7 +10,7 @@ import pytest
 
 from cronlock import ConfigError, RunRecord
 from cronlock.postgres import FleetControl, PostgresHold, PostgresLocker
-from cronlock.postgres._ledger import LedgerTable, ledger_state
+from cronlock.postgres._sql.tables import LedgerTable, ledger_state
 
 from .test_cli_pg import cli
 

@@ -20,7 +20,8 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from cronlock import Scheduler, every
-from cronlock.postgres import FleetControl, PostgresLocker, _control
+from cronlock.postgres import FleetControl, PostgresLocker
+from cronlock.postgres._ops import control as _control
 from cronlock.prometheus import instrument
 
 from .conftest import Coordination

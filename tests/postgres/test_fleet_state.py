@@ -22,8 +22,8 @@ from cronlock.postgres import (
     PostgresElector,
     PostgresHold,
     PostgresLocker,
-    _control,
 )
+from cronlock.postgres._ops import control as _control
 from cronlock.prometheus import instrument as instrument_metrics
 
 pytestmark = pytest.mark.postgres

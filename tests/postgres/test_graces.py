@@ -11,9 +11,10 @@ from typing import Any
 import pytest
 
 from cronlock import Scheduler, every
-from cronlock.postgres import PostgresLocker, _upkeep
-from cronlock.postgres._fleet import read_jobs
-from cronlock.postgres._ledger import LedgerTable, ledger_state
+from cronlock.postgres import PostgresLocker
+from cronlock.postgres._locker import upkeep as _upkeep
+from cronlock.postgres._ops.fleet import read_jobs
+from cronlock.postgres._sql.tables import LedgerTable, ledger_state
 
 pytestmark = pytest.mark.postgres
 

@@ -19,8 +19,8 @@ import pytest
 
 from cronlock import Scheduler, daily, every
 from cronlock.postgres import FleetControl, PostgresLocker
-from cronlock.postgres import _control as control_module
-from cronlock.postgres._ledger import LedgerTable
+from cronlock.postgres._ops import control as control_module
+from cronlock.postgres._sql.tables import LedgerTable
 
 from .test_cli_pg import cli
 

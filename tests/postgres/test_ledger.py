@@ -26,7 +26,7 @@ from cronlock import (
     every,
 )
 from cronlock.postgres import LedgerNameError, PostgresHold, PostgresLocker
-from cronlock.postgres._ledger import LedgerTable, quote_ident
+from cronlock.postgres._sql.tables import LedgerTable, quote_ident
 
 from .events import Events
 from .proxy import TcpProxy, via
@@ -377,7 +377,7 @@ async def test_schedules_are_written_once_no_run_holds_a_lease(
 ) -> None:
     """A burst's claims and ends go first: changed schedules wait while leases are held
     (at most NOTE_LATEST), then are written."""
-    from cronlock.postgres import _upkeep
+    from cronlock.postgres._locker import upkeep as _upkeep
 
     monkeypatch.setattr(_upkeep, "NOTE_EVERY", 0.05)
     job = new_job()

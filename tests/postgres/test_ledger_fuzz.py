@@ -25,9 +25,9 @@ import pytest
 
 from cronlock import Scheduler, daily, every
 from cronlock.postgres import FleetControl, PostgresLocker
-from cronlock.postgres import _control as control_module
-from cronlock.postgres._decode import skipped
-from cronlock.postgres._ledger import LedgerTable
+from cronlock.postgres._ops import control as control_module
+from cronlock.postgres._sql.decode import skipped
+from cronlock.postgres._sql.tables import LedgerTable
 
 from ..web.realserver import served
 from .test_cli_pg import cli

@@ -30,8 +30,8 @@ from cronlock import (
 )
 from cronlock._keys import job_lock_key, keyed_lock_key
 from cronlock.postgres import PostgresHold, PostgresLocker
-from cronlock.postgres._fleet import read_holders
-from cronlock.postgres._ledger import LedgerTable, quote_ident
+from cronlock.postgres._ops.fleet import read_holders
+from cronlock.postgres._sql.tables import LedgerTable, quote_ident
 
 from .conftest import ADVISORY_HERE
 

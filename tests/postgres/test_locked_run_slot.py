@@ -19,7 +19,7 @@ import pytest
 
 from cronlock import ConfigError
 from cronlock.postgres import locked_run, run_locked
-from cronlock.postgres._ledger import LedgerTable, quote_ident
+from cronlock.postgres._sql.tables import LedgerTable, quote_ident
 
 from .conftest import ADVISORY_HERE
 

@@ -14,9 +14,9 @@ import asyncpg
 import pytest
 
 from cronlock import ConfigError, LockError
-from cronlock._locking import Hold, Locker, LosableHold
+from cronlock._locking.protocols import Hold, Locker, LosableHold
 from cronlock.postgres import PostgresHold, PostgresLocker, job_lock_key, locked_run
-from cronlock.postgres._ledger import LedgerTable
+from cronlock.postgres._sql.tables import LedgerTable
 
 pytestmark = pytest.mark.postgres
 

@@ -15,8 +15,10 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from cronlock import JobSucceeded, Schedule, Scheduler, daily
-from cronlock.postgres import PostgresLocker, _control, _upkeep
-from cronlock.postgres._ledger import LedgerTable, ledger_state, migrate, quote_ident
+from cronlock.postgres import PostgresLocker
+from cronlock.postgres._locker import upkeep as _upkeep
+from cronlock.postgres._ops import control as _control
+from cronlock.postgres._sql.tables import LedgerTable, ledger_state, migrate, quote_ident
 from cronlock.prometheus import instrument
 
 from .test_fleet_replicas import eventually

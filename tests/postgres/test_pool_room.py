@@ -14,7 +14,7 @@ import asyncpg
 import pytest
 
 from cronlock import ConfigError
-from cronlock._locking import Hold
+from cronlock._locking.protocols import Hold
 from cronlock.postgres import PostgresLocker
 
 SLOT = datetime(2030, 1, 1, tzinfo=UTC)

@@ -32,7 +32,7 @@ from cronlock import (
     every,
 )
 from cronlock.postgres import PostgresHold, PostgresLocker, job_lock_key, locked_run
-from cronlock.postgres._ledger import LedgerTable
+from cronlock.postgres._sql.tables import LedgerTable
 
 from .cluster import Cluster, ClusterUnavailable
 from .conftest import ADVISORY_HERE

@@ -16,8 +16,9 @@ import asyncpg
 import pytest
 
 from cronlock import JobSkipped, JobSucceeded, RunContext, Scheduler, every
-from cronlock.postgres import PostgresLocker, _members
-from cronlock.postgres._ledger import LedgerTable, migrate
+from cronlock.postgres import PostgresLocker
+from cronlock.postgres._locker import members as _members
+from cronlock.postgres._sql.tables import LedgerTable, migrate
 
 from .events import Events
 

@@ -17,8 +17,9 @@ from urllib.parse import urlsplit
 import pytest
 
 from cronlock import LockError, LockUnavailable
-from cronlock.postgres import PostgresHold, PostgresLocker, _backoff
-from cronlock.postgres._backoff import (
+from cronlock.postgres import PostgresHold, PostgresLocker
+from cronlock.postgres._conn import backoff as _backoff
+from cronlock.postgres._conn.backoff import (
     RECONNECT_FIRST,
     RECONNECT_JITTER,
     RECONNECT_MAX,

@@ -43,7 +43,7 @@ from cronlock import (
     every,
 )
 from cronlock.postgres import PostgresElector, PostgresLocker
-from cronlock.postgres._backoff import RECONNECT_JITTER, RECONNECT_MAX, backoff_step
+from cronlock.postgres._conn.backoff import RECONNECT_JITTER, RECONNECT_MAX, backoff_step
 
 from .cluster import Cluster, Mode, postmaster_pid, sweep
 from .events import Events

@@ -17,7 +17,7 @@ import pytest
 
 from cronlock import ConfigError, RunRecord, Scheduler, every
 from cronlock.postgres import PostgresHold, PostgresLocker
-from cronlock.postgres._ledger import LedgerTable, quote_ident
+from cronlock.postgres._sql.tables import LedgerTable, quote_ident
 
 UNUSED = "postgresql://unused@127.0.0.1:9/none"
 

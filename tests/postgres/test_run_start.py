@@ -13,7 +13,7 @@ import pytest
 
 from cronlock import JobStarted, JobSucceeded, JobTimedOut, Scheduler, SystemClock, every
 from cronlock.postgres import PostgresLocker
-from cronlock.postgres._ledger import LedgerTable, quote_ident
+from cronlock.postgres._sql.tables import LedgerTable, quote_ident
 
 from .events import Events
 

@@ -22,7 +22,7 @@ import pytest
 
 from cronlock import every
 from cronlock.postgres import FleetControl
-from cronlock.postgres._servertime import DEFAULT_AHEAD
+from cronlock.postgres._locker.servertime import DEFAULT_AHEAD
 
 from .conftest import Coordination
 from .processes import Processes

@@ -19,7 +19,7 @@ from typing import Any, Literal
 import pytest
 
 from cronlock.postgres import PostgresHold, PostgresLocker
-from cronlock.postgres._ledger import quote_ident
+from cronlock.postgres._sql.tables import quote_ident
 
 from .conftest import ADVISORY_HERE
 

@@ -14,8 +14,9 @@ from typing import Any
 
 import pytest
 
-from cronlock.postgres import PostgresLocker, _upkeep
-from cronlock.postgres._ledger import LedgerTable, quote_ident
+from cronlock.postgres import PostgresLocker
+from cronlock.postgres._locker import upkeep as _upkeep
+from cronlock.postgres._sql.tables import LedgerTable, quote_ident
 
 SLOT = datetime(2030, 1, 1, 3, 0, tzinfo=UTC)
 

@@ -7,9 +7,9 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from cronlock._calendar import CalendarSchedule, daily, monthly, weekly
 from cronlock._errors import ScheduleError
-from cronlock._schedule import Schedule, bind_zone, upcoming
+from cronlock._schedules.calendar import CalendarSchedule, daily, monthly, weekly
+from cronlock._schedules.schedule import Schedule, bind_zone, upcoming
 
 NY = ZoneInfo("America/New_York")
 BERLIN = ZoneInfo("Europe/Berlin")

@@ -9,9 +9,9 @@ from zoneinfo import ZoneInfo
 import croniter as croniter_package
 import pytest
 
-from cronlock._cron import CronSchedule, cron
 from cronlock._errors import CronlockError, ScheduleError
-from cronlock._schedule import Schedule, bind_zone, upcoming
+from cronlock._schedules.cron import CronSchedule, cron
+from cronlock._schedules.schedule import Schedule, bind_zone, upcoming
 
 
 def utc(

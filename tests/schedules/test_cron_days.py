@@ -15,10 +15,10 @@ import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
-import cronlock._cron as cron_module
-from cronlock._cron import cron
+import cronlock._schedules.cron as cron_module
 from cronlock._errors import ScheduleError
-from cronlock._schedule import upcoming
+from cronlock._schedules.cron import cron
+from cronlock._schedules.schedule import upcoming
 
 from .debian_cron import fire_days
 

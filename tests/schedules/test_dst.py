@@ -7,8 +7,8 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from cronlock._cron import cron
-from cronlock._schedule import upcoming
+from cronlock._schedules.cron import cron
+from cronlock._schedules.schedule import upcoming
 
 from .debian_cron import fire_days, parse, simulate, transitions
 

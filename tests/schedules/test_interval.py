@@ -9,8 +9,8 @@ from zoneinfo import ZoneInfo
 import pytest
 
 from cronlock._errors import ScheduleError
-from cronlock._interval import IntervalSchedule, every
-from cronlock._schedule import Schedule, bind_zone, upcoming
+from cronlock._schedules.interval import IntervalSchedule, every
+from cronlock._schedules.schedule import Schedule, bind_zone, upcoming
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 

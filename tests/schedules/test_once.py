@@ -8,8 +8,8 @@ from zoneinfo import ZoneInfo
 import pytest
 
 from cronlock._errors import ScheduleError
-from cronlock._once import OnceSchedule, once
-from cronlock._schedule import Schedule, bind_zone, upcoming
+from cronlock._schedules.once import OnceSchedule, once
+from cronlock._schedules.schedule import Schedule, bind_zone, upcoming
 
 
 def utc(

@@ -8,10 +8,10 @@ from zoneinfo import ZoneInfo
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cronlock._calendar import daily, monthly, weekly
-from cronlock._cron import cron
-from cronlock._interval import every
-from cronlock._schedule import Schedule
+from cronlock._schedules.calendar import daily, monthly, weekly
+from cronlock._schedules.cron import cron
+from cronlock._schedules.interval import every
+from cronlock._schedules.schedule import Schedule
 
 ZONES = [
     ZoneInfo(name)

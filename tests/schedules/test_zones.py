@@ -12,7 +12,7 @@ from zoneinfo import ZoneInfo, available_timezones
 import pytest
 
 from cronlock import CronSchedule, ScheduleError, Scheduler, cron, daily, monthly, weekly
-from cronlock._schedule import upcoming
+from cronlock._schedules.schedule import upcoming
 
 SUMMER = datetime(2024, 7, 1, tzinfo=UTC)
 ETC_OFFSETS = {f"Etc/GMT{sign}{n}" for sign in "+-" for n in range(1, 15)}

@@ -10,7 +10,7 @@ from typing import Any
 
 import asyncpg
 
-from cronlock.postgres._ledger import LedgerTable, migrate
+from cronlock.postgres._sql.tables import LedgerTable, migrate
 
 
 @dataclass(frozen=True)

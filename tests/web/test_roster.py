@@ -12,9 +12,9 @@ from typing import Any
 import asyncpg
 import pytest
 
-from cronlock.postgres._fleet import Status, job_status, read_jobs, read_paused, server_now
-from cronlock.postgres._ledger import LedgerTable
-from cronlock.postgres._roster import read_roster
+from cronlock.postgres._ops.fleet import Status, job_status, read_jobs, read_paused, server_now
+from cronlock.postgres._ops.roster import read_roster
+from cronlock.postgres._sql.tables import LedgerTable
 
 from .seed import Run, drop_ledger, seed, set_graces, table_name
 

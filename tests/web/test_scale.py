@@ -11,7 +11,7 @@ import asyncpg
 import pytest
 
 import cronlock.web
-from cronlock.postgres._ledger import LedgerTable, migrate
+from cronlock.postgres._sql.tables import LedgerTable, migrate
 from cronlock.web import _reads
 
 from .seed import table_name

@@ -25,16 +25,16 @@ if _TYPE_CHECKING:
     from .._errors import LedgerNameError as LedgerNameError
     from .._keys import job_lock_key as job_lock_key
     from .._keys import ledger_lock_key as ledger_lock_key
-    from ._connections import Keepalives as Keepalives
-    from ._control import FleetControl as FleetControl
-    from ._control import Triggered as Triggered
+    from ._conn.source import Keepalives as Keepalives
     from ._elector import PostgresElector as PostgresElector
-    from ._hold import PostgresHold as PostgresHold
-    from ._ledger import DEFAULT_TABLE as DEFAULT_TABLE
     from ._locked_run import RunLock as RunLock
     from ._locked_run import locked_run as locked_run
     from ._locked_run import run_locked as run_locked
-    from ._locker import PostgresLocker as PostgresLocker
+    from ._locker.hold import PostgresHold as PostgresHold
+    from ._locker.locker import PostgresLocker as PostgresLocker
+    from ._ops.control import FleetControl as FleetControl
+    from ._ops.control import Triggered as Triggered
+    from ._sql.tables import DEFAULT_TABLE as DEFAULT_TABLE
     from ._statistics import PostgresElectorStatistics as PostgresElectorStatistics
     from ._statistics import PostgresLockerStatistics as PostgresLockerStatistics
 
@@ -43,16 +43,16 @@ _WHERE = {
     "LedgerNameError": ".._errors",
     "job_lock_key": ".._keys",
     "ledger_lock_key": ".._keys",
-    "Keepalives": "._connections",
-    "FleetControl": "._control",
-    "Triggered": "._control",
+    "Keepalives": "._conn.source",
+    "FleetControl": "._ops.control",
+    "Triggered": "._ops.control",
     "PostgresElector": "._elector",
-    "PostgresHold": "._hold",
-    "DEFAULT_TABLE": "._ledger",
+    "PostgresHold": "._locker.hold",
+    "DEFAULT_TABLE": "._sql.tables",
     "RunLock": "._locked_run",
     "locked_run": "._locked_run",
     "run_locked": "._locked_run",
-    "PostgresLocker": "._locker",
+    "PostgresLocker": "._locker.locker",
     "PostgresElectorStatistics": "._statistics",
     "PostgresLockerStatistics": "._statistics",
 }

@@ -37,18 +37,18 @@ from .._durations import Seconds, optional_seconds, to_seconds
 from .._errors import ConfigError, LockError
 from .._logs import get_logger
 from .._resources import HeldOpenByBlocks
-from ._backend_errors import backend_error_types, backend_errors
-from ._ballots import DEFAULT_LEADERS_TABLE, LeaseBallot, SessionBallot
-from ._connections import (
+from ._conn.dedicated import refuse_pooler
+from ._conn.errors import backend_error_types, backend_errors
+from ._conn.source import (
     Keepalives,
     configure_session,
     default_application_name,
     is_closed,
     terminate,
 )
-from ._exclusion import Mode, source_for
-from ._fencing import ELECTOR_KEEPALIVES, SETTINGS_SQL, check_fencing
-from ._session import refuse_pooler
+from ._modes.ballots import DEFAULT_LEADERS_TABLE, LeaseBallot, SessionBallot
+from ._modes.exclusion import Mode, source_for
+from ._modes.fencing import ELECTOR_KEEPALIVES, SETTINGS_SQL, check_fencing
 from ._statistics import PostgresElectorStatistics
 
 __all__ = ("PostgresElector",)

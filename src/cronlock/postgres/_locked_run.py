@@ -15,13 +15,13 @@ from .._durations import Seconds, to_seconds
 from .._errors import ConfigError, PoolerDetected
 from .._jobname import check_job_name
 from .._keys import job_lock_key
-from .._locking import Refusal
+from .._locking.protocols import Refusal
 from .._logs import at, get_logger
-from ._advisory import TRY_LOCK_ON_SQL, UNLOCK_SQL
-from ._backend_errors import backend_error_types, backend_errors
-from ._connections import ConnectionSource, is_closed, terminate
-from ._ledger import DEFAULT_TABLE, LedgerTable
+from ._conn.errors import backend_error_types, backend_errors
+from ._conn.source import ConnectionSource, is_closed, terminate
 from ._slotclaim import SlotClaim, to_slot
+from ._sql.advisory import TRY_LOCK_ON_SQL, UNLOCK_SQL
+from ._sql.tables import DEFAULT_TABLE, LedgerTable
 
 __all__ = ("RunLock", "locked_run", "run_locked")
 

@@ -15,9 +15,9 @@ from datetime import UTC, datetime
 from typing import Any
 
 from .._errors import ConfigError
-from .._locking import Refusal
-from ._batchsql import claim_many_sql, finish_many_sql
-from ._ledger import LedgerTable, migrate
+from .._locking.protocols import Refusal
+from ._sql.claims import claim_many_sql, finish_many_sql
+from ._sql.tables import LedgerTable, migrate
 
 __all__ = ("SlotClaim", "to_slot")
 

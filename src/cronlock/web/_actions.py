@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..postgres._control import FleetControl
-from ..postgres._ledger import LedgerTable
+from ..postgres._ops.control import FleetControl
+from ..postgres._sql.tables import LedgerTable
 
 __all__ = ("ACTIONS", "act")
 

@@ -34,10 +34,10 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from .._errors import ConfigError
-from ..postgres._fleet import STATUSES, read_jobs, read_paused, read_runs, server_now
-from ..postgres._ledger import DEFAULT_TABLE, LedgerTable
-from ..postgres._roster import read_roster
-from ..postgres._secrets import fleet_secret
+from ..postgres._locker.secrets import fleet_secret
+from ..postgres._ops.fleet import STATUSES, read_jobs, read_paused, read_runs, server_now
+from ..postgres._ops.roster import read_roster
+from ..postgres._sql.tables import DEFAULT_TABLE, LedgerTable
 from ._actions import ACTIONS, act
 from ._csrf import COOKIE, Csrf
 from ._gates import Authorize, ReadRefused, client, verdict

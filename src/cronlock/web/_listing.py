@@ -1,7 +1,7 @@
 """The job list of a fleet of thousands: a summary of every job's status, a filter (in the
 URL, so a filtered view can be linked), failing and overdue first, and one page of rows.
 
-Every job's status is judged from the fleet's roster (:mod:`cronlock.postgres._roster`:
+Every job's status is judged from the fleet's roster (:mod:`cronlock.postgres._ops.roster`:
 a few facts a job, one statement); only the rows of the page shown are read in full and
 described (their latest runs, their schedule in words and next slot), which is what costs
 per job.
@@ -20,8 +20,8 @@ from urllib.parse import quote
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 
-from ..postgres._fleet import STATUSES, FleetJob, Status
-from ..postgres._roster import Roster
+from ..postgres._ops.fleet import STATUSES, FleetJob, Status
+from ..postgres._ops.roster import Roster
 from ._model import JobView, job_view
 
 __all__ = ("PER_PAGE", "Filter", "Listing", "Selection", "filter_param", "listing", "select")

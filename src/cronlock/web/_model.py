@@ -1,6 +1,6 @@
 """What the dashboard shows of a job and of a run, as the pages and the JSON API see it.
 
-Built from :mod:`cronlock.postgres._fleet` reads. Everything here is plain data: the
+Built from :mod:`cronlock.postgres._ops.fleet` reads. Everything here is plain data: the
 templates escape it, the API serialises it. Nothing carries a DSN, a job's arguments or a
 traceback: a run's error is the one-line summary the ledger keeps, cut again here to one
 line in case another writer stored more.
@@ -13,7 +13,7 @@ from datetime import datetime
 from typing import Any
 
 from .._records import RunRecord
-from ..postgres._fleet import FleetJob, Status, job_status
+from ..postgres._ops.fleet import FleetJob, Status, job_status
 from ._words import describe
 
 __all__ = (

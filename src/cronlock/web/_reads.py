@@ -1,4 +1,4 @@
-"""The dashboard's reads of the ledger: the fleet reads of :mod:`cronlock.postgres._fleet`
+"""The dashboard's reads of the ledger: the fleet reads of :mod:`cronlock.postgres._ops.fleet`
 (the same the ``status`` and ``history`` verbs use), through a connection that makes
 every row decodable and bounded.
 
@@ -17,9 +17,9 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Any
 
-from ..postgres._fleet import _page_sql as page_sql  # the fleet read of a page of runs
-from ..postgres._fleet import last_runs_many_sql, named_jobs_sql
-from ..postgres._ledger import RUN_COLUMNS, LedgerTable
+from ..postgres._ops.fleet import _page_sql as page_sql  # the fleet read of a page of runs
+from ..postgres._ops.fleet import last_runs_many_sql, named_jobs_sql
+from ..postgres._sql.tables import RUN_COLUMNS, LedgerTable
 
 __all__ = ("ERROR_PREFIX", "SafeReads")
 

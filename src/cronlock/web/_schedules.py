@@ -10,11 +10,11 @@ from typing import Any
 from starlette.exceptions import HTTPException
 
 from .._errors import CronlockError
-from .._schedule import Schedule
-from .._stored import StoredSchedule
-from ..postgres._control import FleetControl
-from ..postgres._ledger import LedgerTable
-from ..postgres._storedsql import decode_stored, stored_sql
+from .._schedules.schedule import Schedule
+from .._stored.schedule import StoredSchedule
+from ..postgres._ops.control import FleetControl
+from ..postgres._sql.stored import decode_stored, stored_sql
+from ..postgres._sql.tables import LedgerTable
 
 __all__ = ("SCHEDULE_ACTIONS", "change_schedule", "read_schedules")
 
@@ -37,11 +37,11 @@ def _schedule(form: dict[str, str]) -> Schedule | None:
     if expr and seconds:
         raise HTTPException(400, "give a cron expression or an interval, not both")
     if expr:
-        from .._cron import cron
+        from .._schedules.cron import cron
 
         return cron(expr, seconds=len(expr.split()) == 6, tz=form.get("tz", "").strip() or "UTC")
     if seconds:
-        from .._interval import every
+        from .._schedules.interval import every
 
         try:
             return every(float(seconds))

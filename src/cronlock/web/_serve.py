@@ -15,7 +15,7 @@ import uvicorn
 
 from .._dsn import connect_failure
 from .._errors import CronlockError
-from ..postgres._ledger import DEFAULT_TABLE
+from ..postgres._sql.tables import DEFAULT_TABLE
 from ._app import app
 
 __all__ = ("serve",)

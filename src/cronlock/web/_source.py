@@ -21,7 +21,7 @@ import asyncpg
 from starlette.exceptions import HTTPException
 
 from .._dsn import connect_failure
-from ..postgres._ledger import LedgerTable
+from ..postgres._sql.tables import LedgerTable
 
 __all__ = ("APPLICATION_NAME", "WAIT", "Source", "Unavailable")
 

@@ -14,8 +14,8 @@ import re
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from .._cron import cron
 from .._errors import CronlockError
+from .._schedules.cron import cron
 
 __all__ = ("Described", "describe")
 

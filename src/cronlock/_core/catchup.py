@@ -1,0 +1,220 @@
+"""Catch-up at start: slots that passed before this replica started and no replica claimed.
+
+At start the run loop plans each job's first slot after the start instant; every slot from
+that one on is the run loop's. Catch-up looks only at the slots before it: those after the
+latest slot any replica claimed (the ledger says which) are the ones that may have passed
+while no replica ran them. Reading that for every job costs one statement per few thousand
+jobs with a :class:`~cronlock._locking.protocols.BatchLedgerLocker` (one read per job otherwise), so
+it is done within moments of the start, not one job at a time behind the lock claims.
+
+What it logs means what it says. A slot still within its ``misfire_grace`` may be in
+flight on a replica that lags (its claim not yet written): it is not reported, the latest
+such slot is dispatched like any late slot (the ledger lets one replica run it; the others
+find it ``already_ran``). Only slots whose grace had passed by the time of the read, which
+no replica's run loop fires any more, are logged as missed, at WARNING.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING
+
+from .._clock import Clock
+from .._events import EventBus, JobSkipped
+from .._locking.protocols import BatchLedgerLocker
+from .._logs import at, get_logger
+
+if TYPE_CHECKING:
+    from .executor import Executor
+    from .job import Job
+
+__all__ = ("CatchUp", "latest_due", "misfired")
+
+_logger = get_logger("cronlock")
+
+
+def misfired(grace: float | None, fire: datetime, now: datetime) -> float | None:
+    """How late a slot due at *fire* is at *now*, when that is past *grace*; else None.
+
+    The one misfire rule, for a slot found late by the run loop, for one found missed by
+    catch-up after downtime, and for the rerun of a crashed run.
+    """
+    lateness = (now - fire).total_seconds()
+    return lateness if grace is not None and lateness > grace else None
+
+
+def claim_time(job: Job, fire: datetime, gap: timedelta) -> datetime:
+    """When the run loop pops a slot firing at *fire*: a coordinated job whose locker
+    claims ahead (:class:`~cronlock.ClaimAheadLocker`) pops early, by at most a quarter of
+    *gap* (the time between two of its slots), so that its claim is answered by the slot."""
+    ahead = job._wiring.ahead
+    return fire - min(ahead, gap / 4) if ahead else fire
+
+
+def latest_due(job: Job, slot: datetime, now: datetime) -> tuple[datetime, datetime | None]:
+    """The latest slot due by *now* (from *slot* on) and the one after it."""
+    following = job.following(slot)
+    if following is None or job.fire_time(following) > now:
+        return slot, following  # the usual case: one slot due
+    # Behind (a stall, a sleep): gallop back from now to find a recent due slot
+    # instead of walking every missed slot of a fine-grained schedule.
+    latest = following
+    span = timedelta(seconds=1)
+    while now - span > latest:
+        probe = job.slot_after(now - span)
+        if probe is not None and job.fire_time(probe) <= now:
+            latest = probe
+            break
+        span *= 2
+    following = job.slot_after(latest)
+    while following is not None and job.fire_time(following) <= now:
+        latest, following = following, job.slot_after(following)
+    return latest, following
+
+
+class CatchUp:
+    """The run loop's catch-up at start: reads the ledger, then dispatches or reports.
+
+    *dispatch* is the run loop's; the run loop owns the task this runs in.
+    """
+
+    def __init__(
+        self,
+        *,
+        clock: Clock,
+        bus: EventBus,
+        executor: Executor,
+        dispatch: Callable[[Job, datetime], None],
+    ) -> None:
+        self._clock = clock
+        self._bus = bus
+        self._executor = executor
+        self._dispatch = dispatch
+
+    async def all(self, jobs: Mapping[Job, datetime | None], started: datetime) -> None:
+        """Catch up on *jobs*, each with the first slot the run loop planned for it, for the
+        slots due by *started*.
+
+        Jobs whose locker reads in batches are read together, one batch per locker; the
+        rest one at a time.
+        """
+        batched: dict[BatchLedgerLocker, list[Job]] = {}
+        single: list[Job] = []
+        for job in jobs:
+            batch = job._wiring.batch
+            if batch is not None:
+                batched.setdefault(batch, []).append(job)
+            elif job._wiring.ledger is not None:
+                single.append(job)
+        for locker, group in batched.items():
+            try:
+                found = await locker.ledger_summaries([job.name for job in group])
+            except Exception as exc:
+                _logger.error(
+                    "reading the run ledger for catch-up of %d job(s) failed: %r",
+                    len(group),
+                    exc,
+                    extra=at(None),
+                )
+                continue
+            now = self._clock.now()
+            for job in group:
+                summary = found.get(job.name)
+                if summary is None or job._scheduler is None:
+                    continue  # the ledger never saw it (a new job starts fresh), or removed
+                try:
+                    job._checked(now)
+                    job._learn(summary.last_run, summary.last_success)
+                    self.decide(job, summary.last_claimed, started, jobs[job])
+                except Exception:
+                    # One job's odd history (a bug, a row no check foresaw) must not cost
+                    # the catch-up of the others.
+                    _logger.exception("job %r: catch-up failed", job.name, extra=at(job.name))
+        for job in single:
+            if job._scheduler is not None:  # still registered
+                try:
+                    await self.one(job, started, jobs[job])
+                except Exception:
+                    _logger.exception("job %r: catch-up failed", job.name, extra=at(job.name))
+
+    async def one(self, job: Job, started: datetime, planned: datetime | None) -> None:
+        """Catch up on one *job* through its ledger, one read at a time."""
+        ledger = job._wiring.ledger
+        if ledger is None:
+            return
+        await self._executor.refresh_history(job, force=True)
+        try:
+            last = await ledger.last_claimed(job.name)
+        except Exception as exc:
+            _logger.error(
+                "job %r: reading the run ledger for catch-up failed: %r",
+                job.name,
+                exc,
+                extra=at(job.name),
+            )
+            return
+        self.decide(job, last, started, planned)
+
+    def decide(
+        self, job: Job, last: datetime | None, started: datetime, planned: datetime | None
+    ) -> None:
+        """Deal with the slots of *job* after *last* (latest claimed) due by *started* and
+        before *planned* (the first slot the run loop planned).
+
+        The latest of them runs once when still within ``misfire_grace``, else it is
+        reported missed (``JobSkipped(reason="misfire")``). A job the ledger never saw
+        (*last* None) is not caught up: a new deployment starts fresh.
+        """
+        if last is None:
+            return
+        first = job.slot_after(last)
+        if first is None or job.fire_time(first) > started:
+            return  # nothing passed before the start: the run loop has every slot from here
+        if planned is not None and first >= planned:
+            return  # planned by the run loop in the instant before *started*
+        now = self._clock.now()
+        latest, _ = latest_due(job, first, started)
+        if planned is not None and latest >= planned:
+            latest = first  # (only a sub-millisecond schedule gets here)
+        grace = job.misfire_grace
+        lateness = misfired(grace, job.fire_time(latest), now)
+        if lateness is not None:
+            _logger.warning(
+                "job %r: slot(s) %s passed while no replica ran them; %.0fs late is past "
+                "misfire_grace (%ss): reported missed",
+                job.name,
+                _span(first, latest),
+                lateness,
+                grace,
+                extra=at(job.name, latest),
+            )
+            self._bus.emit(JobSkipped(job.name, latest, "misfire"))
+            return
+        # The latest slot is still within its grace: run it. Older ones whose grace has
+        # passed are missed for good (no run loop fires them any more); those still within
+        # it may be in flight on a replica that lags, and are not reported as missed.
+        if grace is not None and misfired(grace, job.fire_time(first), now) is not None:
+            stale, _ = latest_due(job, first, now - timedelta(seconds=grace))
+            _logger.warning(
+                "job %r: slot(s) %s passed while no replica ran them; catching up with one "
+                "run of %s",
+                job.name,
+                _span(first, stale),
+                latest.isoformat(),
+                extra=at(job.name, latest),
+            )
+        else:
+            _logger.info(
+                "job %r: slot(s) %s not claimed when this replica started; catching up "
+                "with one run of %s",
+                job.name,
+                _span(first, latest),
+                latest.isoformat(),
+                extra=at(job.name, latest),
+            )
+        self._dispatch(job, latest)
+
+
+def _span(first: datetime, last: datetime) -> str:
+    return first.isoformat() if first == last else f"{first.isoformat()} .. {last.isoformat()}"

@@ -1,0 +1,250 @@
+"""What the fleet says about this scheduler's jobs: pauses, triggers, latest runs, overdue.
+
+A locker that reads the fleet's shared state (:class:`~cronlock.FleetWatchingLocker`, the
+PostgreSQL locker with its ledger) hands :class:`FleetState` a :class:`~cronlock.FleetView`
+every second or so. FleetState keeps the jobs paused fleet-wide (for status views and
+metrics; the locker itself refuses their claims), starts the runs triggered fleet-wide (each one is
+a slot claimed like any other, so one replica runs it), and copies the fleet's latest run
+and success into each job, so that every replica, even one that never ran the job,
+reports the fleet's last success, and keeps each job's first-seen instant in the ledger.
+The overdue rule and the "without success since" rule are written once here. (The time
+the fleet shares, the database server's clock, is another module's: ``_fleetclock``.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from collections.abc import Callable, Iterator, Mapping
+from datetime import datetime, timedelta
+
+from .._clock import Clock
+from .._events import JobEvent, JobSkipped, LockFailed
+from .._locking.protocols import FleetView, FleetWatchingLocker, Health, Wiring
+from .._logs import at, get_logger
+from .._names import job_named
+from .job import Job
+from .runloop import RunLoop
+from .settings import grace
+
+__all__ = ("FleetState", "FleetViews", "grace")
+
+_logger = get_logger("cronlock")
+_REMEMBER = 256  # triggers already started, per locker (each is started once)
+
+
+class FleetState:
+    """The fleet callback of one scheduler, registered once with each locker that has one.
+
+    *jobs* is the scheduler's registry (a live view), *loop* returns its run loop or
+    ``None`` while it is not running (triggers are then left to other replicas).
+    """
+
+    __slots__ = (
+        "_default_timeout",
+        "_dues",
+        "_first_seen",
+        "_jobs",
+        "_loop",
+        "_paused",
+        "_since",
+        "_started",
+        "_watched",
+    )
+
+    def __init__(
+        self,
+        jobs: Mapping[str, Job],
+        loop: Callable[[], RunLoop | None],
+        default_timeout: float | None,
+    ) -> None:
+        self._jobs = jobs
+        self._loop = loop
+        self._default_timeout = default_timeout
+        self._watched: dict[int, FleetWatchingLocker] = {}
+        self._paused: dict[int, frozenset[str]] = {}
+        self._started: dict[int, dict[tuple[str, datetime], None]] = {}
+        self._since: datetime | None = None
+        # Per job of a locker with a ledger: when a replica first noted it there (so a job
+        # that never succeeded is judged from then, across restarts, not from our start).
+        self._first_seen: dict[str, datetime] = {}
+        # Per job: (the instant its due slot was computed after, that slot). A schedule's
+        # next_after can cost tens of microseconds (cron): computed again only when the
+        # job's latest success moved, not on every scrape of 10,000 jobs.
+        self._dues: dict[str, tuple[datetime, datetime | None]] = {}
+
+    def watch(self, wiring: Wiring) -> None:
+        """Register with the job's locker, if it reads the fleet (once per locker)."""
+        locker = wiring.fleet
+        if locker is None or id(locker) in self._watched:
+            return
+        key = id(locker)
+        self._watched[key] = locker
+        self._started[key] = {}
+        locker.watch_fleet(functools.partial(self._seen, key), functools.partial(self._health, key))
+
+    def started(self, now: datetime) -> None:
+        """The scheduler started at *now*: a job that never succeeded is judged from then."""
+        self._since = now
+
+    def paused(self, job: Job) -> bool:
+        """Whether *job* is paused fleet-wide (as of its locker's last read)."""
+        fleet = job._wiring.fleet
+        return fleet is not None and job.name in self._paused.get(id(fleet), ())
+
+    def _mine(self, key: int) -> list[Job]:
+        return [job for job in self._jobs.values() if id(job._wiring.fleet) == key]
+
+    def _health(self, key: int) -> Mapping[str, Health]:
+        return _HealthView(self, {job.name: job for job in self._mine(key)})
+
+    def due(self, job: Job) -> datetime | None:
+        """The slot *job* is due by: its first slot after its latest success (after the
+        scheduler started if it never succeeded); ``None`` while paused or finished."""
+        if job.paused or self.paused(job) or job._next_run is None:
+            return None
+        success = job.last_success
+        since = success.slot if success is not None else self._since
+        if since is None:
+            return None
+        cached = self._dues.get(job.name)
+        if cached is not None and cached[0] == since:
+            return cached[1]
+        due = job.slot_after(since)
+        self._dues[job.name] = (since, due)
+        return due
+
+    def health(self, job: Job) -> Health:
+        """*job*'s overdue grace and the slot it is due by."""
+        return grace(job._settings, self._default_timeout), self.due(job)
+
+    def _seen(self, key: int, view: FleetView) -> None:
+        self._paused[key] = view.paused
+        if view.runs is not None:
+            for name, (last, success) in view.runs.items():
+                job = self._jobs.get(name)
+                if job is not None and id(job._wiring.fleet) == key:
+                    job._learn(last, success)
+        if view.first_seen is not None:
+            for name, seen in view.first_seen.items():
+                job = self._jobs.get(name)
+                if job is not None and id(job._wiring.fleet) == key:
+                    self._first_seen[name] = seen
+        loop = self._loop()
+        if loop is None or not view.triggers:
+            return
+        started = self._started[key]
+        for name, slot in view.triggers.items():
+            job = self._jobs.get(name)
+            if job is None or id(job._wiring.fleet) != key or job.paused:
+                continue  # not ours, or paused here: another replica takes it
+            if (name, slot) in started:
+                continue
+            started[(name, slot)] = None
+            if len(started) > _REMEMBER:
+                del started[next(iter(started))]
+            _logger.info(
+                "job %r: triggered fleet-wide; claiming slot %s",
+                name,
+                slot.isoformat(),
+                extra=at(name, slot),
+            )
+            waiter: asyncio.Future[JobEvent] = asyncio.get_running_loop().create_future()
+            waiter.add_done_callback(functools.partial(self._tried, started, (name, slot)))
+            loop.dispatch(job, slot, waiter)
+
+    @staticmethod
+    def _tried(
+        started: dict[tuple[str, datetime], None],
+        trigger: tuple[str, datetime],
+        waiter: asyncio.Future[JobEvent],
+    ) -> None:
+        """A triggered slot this replica could not even try (the job was still running
+        here, its lock was busy, the locker failed) is tried again at the next poll, if no
+        replica has claimed it by then."""
+        if waiter.cancelled():
+            return
+        event = waiter.result()
+        if isinstance(event, LockFailed) or (
+            isinstance(event, JobSkipped) and event.reason in ("overlap", "locked")
+        ):
+            started.pop(trigger, None)
+
+    def without_success_since(self, job: Job) -> datetime | None:
+        """See :meth:`FleetViews.without_success_since`."""
+        if self._since is None:
+            return None
+        success = job.last_success
+        if success is not None and success.finished_at is not None:
+            return success.finished_at
+        return self._first_seen.get(job.name, self._since)
+
+    def overdue(self, now: datetime) -> tuple[Job, ...]:
+        """The jobs overdue at *now* (see :meth:`FleetViews.overdue`)."""
+        return tuple(job for job in self._jobs.values() if self.is_overdue(job, now))
+
+    def is_overdue(self, job: Job, now: datetime) -> bool:
+        """Whether *job* is overdue at *now*: its first slot after its latest success
+        (anywhere in the fleet, with a ledger), or after the scheduler started if it never
+        succeeded, fell due more than its grace ago. Paused and finished jobs never are."""
+        due = self.due(job)
+        if due is None:
+            return False
+        limit = timedelta(seconds=grace(job._settings, self._default_timeout))
+        return now - job.fire_time(due) > limit
+
+
+class _HealthView(Mapping[str, Health]):
+    """The health of a locker's jobs, each computed only when asked for (the locker lists
+    the names every poll, and wants the health of the few whose notes it writes)."""
+
+    def __init__(self, fleet: FleetState, jobs: dict[str, Job]) -> None:
+        self._fleet = fleet
+        self._jobs = jobs
+
+    def __getitem__(self, name: str) -> Health:
+        return self._fleet.health(self._jobs[name])
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._jobs)
+
+    def __len__(self) -> int:
+        return len(self._jobs)
+
+
+class FleetViews:
+    """The scheduler's fleet-wide views (a mixin of :class:`~cronlock.Scheduler`)."""
+
+    _fleet: FleetState
+    _clock: Clock
+    _jobs: dict[str, Job]
+
+    def overdue(self) -> tuple[Job, ...]:
+        """The jobs that stopped: a slot fell due more than the job's grace ago and no run
+        of it or of a later slot succeeded (anywhere in the fleet, with a run ledger).
+
+        The grace is the job's ``alert_after``, by default its ``misfire_grace`` plus its
+        timeout. A job that never succeeded is judged from the scheduler's start. Paused
+        jobs (here or fleet-wide) are never overdue.
+        """
+        return self._fleet.overdue(self._clock.now())
+
+    def without_success_since(self, job: Job | str) -> datetime | None:
+        """Since when *job* (a job or its name) has gone without a success: when its latest
+        successful run ended (anywhere in the fleet, with a run ledger), or, if it never
+        succeeded, when it was first seen: with a ledger, when a replica first noted it
+        there (so the instant survives restarts; learned with the fleet's latest runs,
+        read every 15 s: the scheduler's start until then), else when this scheduler
+        started. ``None`` before the scheduler started. Computed from memory, no I/O.
+
+        Unlike :meth:`overdue`, which counts from a slot falling due, this is the rule "no
+        success in N days": ``now - without_success_since(job) > N days``, whatever the
+        schedule. An unknown name raises :class:`~cronlock.JobLookupError`.
+        """
+        return self._fleet.without_success_since(job_named(self._jobs, job))
+
+    def paused_fleet_wide(self, job: Job | str) -> bool:
+        """Whether *job* (a job or its name) is paused on every replica
+        (``cronlock.postgres.FleetControl``), as of its locker's last read, about a second
+        old. An unknown name raises :class:`~cronlock.JobLookupError`."""
+        return self._fleet.paused(job_named(self._jobs, job))

@@ -1,0 +1,97 @@
+"""A scheduler's answer to a crashed run: report it, and run the slot again if the job asks.
+
+A locker that watches for crashes (:class:`~cronlock.CrashWatchingLocker`) calls
+:class:`Recovery` for each run it marked ``"crashed"``: a run whose replica died mid-run.
+The one rule of a rerun is here: the job is registered with this scheduler, opted in
+(``recover=True``), is not paused, the run was not itself a rerun, and the slot is still
+within ``misfire_grace`` (the run loop's one misfire rule). The rerun goes through the run
+loop like any other run: overlap policy, concurrency cap, elector and locker.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from datetime import datetime
+
+from .._clock import Clock
+from .._events import EventBus, JobCrashed, LockHeldElsewhere
+from .._locking.protocols import CrashWatchingLocker, ForeignWatchingLocker, Wiring
+from .._logs import at, get_logger
+from .._records import RunRecord
+from .job import Job
+from .runloop import RunLoop, misfired
+
+__all__ = ("Recovery",)
+
+_logger = get_logger("cronlock")
+
+
+class Recovery:
+    """The crash callback of one scheduler, registered once with each locker that has one.
+
+    *jobs* is the scheduler's registry (a live view) and *loop* returns its run loop, or
+    ``None`` while it is not running (crashes are then left to other replicas).
+    """
+
+    __slots__ = ("_bus", "_clock", "_jobs", "_loop", "_watched")
+
+    def __init__(
+        self,
+        *,
+        jobs: Mapping[str, Job],
+        clock: Clock,
+        bus: EventBus,
+        loop: Callable[[], RunLoop | None],
+    ) -> None:
+        self._jobs = jobs
+        self._clock = clock
+        self._bus = bus
+        self._loop = loop
+        self._watched: dict[int, CrashWatchingLocker] = {}
+
+    def watch(self, wiring: Wiring) -> None:
+        """Register with the job's locker, if it reports crashes (once per locker), and for
+        its reports of locks held outside the fleet, if it makes them."""
+        locker = wiring.crashes
+        if locker is not None and id(locker) not in self._watched:
+            self._watched[id(locker)] = locker
+            locker.on_crashed(self)
+            if isinstance(locker, ForeignWatchingLocker):  # once per locker, like the above
+                locker.on_foreign_holder(self.held_elsewhere)
+
+    def held_elsewhere(self, name: str, slot: datetime, holder: str) -> None:
+        """A locker found *name*'s lock held outside the fleet: say so, as an event."""
+        if name in self._jobs:
+            self._bus.emit(LockHeldElsewhere(name, slot, holder))
+
+    def __call__(self, name: str, record: RunRecord) -> bool:
+        """A locker marked *record* of job *name* crashed; True if this replica reruns it."""
+        loop = self._loop()
+        job = self._jobs.get(name)
+        if loop is None or job is None or job._wiring.crashes is None:
+            return False  # not ours to report (the locker logged it)
+        why_not = self._why_not(job, record) if job.recover else "recover=False"
+        owner = record.owner or "?"
+        self._bus.emit(JobCrashed(name, record.slot, owner, record.started_at, why_not is None))
+        if why_not is not None:
+            if job.recover:
+                _logger.warning(
+                    "job %r slot %s: the crashed run is not run again: %s",
+                    name,
+                    record.slot.isoformat(),
+                    why_not,
+                    extra=at(name, record.slot),
+                )
+            return False
+        loop.dispatch(job, record.slot)
+        return True
+
+    def _why_not(self, job: Job, record: RunRecord) -> str | None:
+        if job.paused:
+            return "the job is paused"
+        if record.attempt > 1:
+            return f"it was already a rerun (attempt {record.attempt})"
+        lateness = misfired(job.misfire_grace, job.fire_time(record.slot), self._clock.now())
+        if lateness is not None:
+            return f"{lateness:.1f}s late is past misfire_grace ({job.misfire_grace}s)"
+        return None

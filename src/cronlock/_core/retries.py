@@ -1,0 +1,173 @@
+"""Retries: a failed or timed-out run of a job with ``retries=N`` is tried again, up to N
+times per slot in the whole fleet.
+
+The replica whose attempt failed waits the backoff, tells its locker the next attempt's
+number (:class:`~cronlock.RetryingLocker`) and dispatches the slot again; a ledger locker
+claims that attempt by taking the failed row over (attempt k+1 only while the row is at
+attempt k and failed), so however many replicas there are a slot is tried ``1 + retries``
+times in the fleet. A cancelled run (shutdown, lock loss, ``replace``) is not retried.
+Retries stop when the job's next slot falls due or ``misfire_grace`` runs out, whichever is
+first: a retry never competes with the slot after it.
+
+The delay before attempt k+1 is ``retry_delay * 2**(k-1)``, capped at :data:`MAX_DELAY`,
+then jittered to between half and all of that (the same on every replica, from the job,
+slot and attempt: "equal jitter", so that many jobs failing together do not retry
+together).
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+from collections.abc import Callable
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+from .._cancel import task_name
+from .._durations import Seconds, to_seconds
+from .._errors import ScheduleError
+from .._events import EventBus, JobEvent, JobFailed, JobRetrying, JobTimedOut
+from .._locking.protocols import Locker
+from .._logs import at, get_logger
+from .._records import error_summary, timed_out_error
+from .job import Job
+
+if TYPE_CHECKING:
+    from .._clock import Clock
+    from .settings import JobSettings
+
+__all__ = ("DEFAULT_DELAY", "MAX_DELAY", "Retries", "RetryingLocker", "backoff", "with_retries")
+
+_logger = get_logger("cronlock")
+
+MAX_DELAY = 300.0
+"""Seconds: the longest wait before a retry, however many attempts came before."""
+_REMEMBER = 1024  # slots whose retry is on its way, at most
+DEFAULT_DELAY = 1.0
+"""``retry_delay``'s default: seconds before the first retry (before jitter)."""
+
+
+@runtime_checkable
+class RetryingLocker(Locker, Protocol):
+    """A locker that keeps count of a slot's attempts fleet-wide (``InMemoryLocker``,
+    ``PostgresLocker``): told that the next :meth:`acquire` of a slot is attempt *attempt*,
+    it grants it only while the slot's previous attempt failed or timed out and nobody
+    took it over, so a slot is tried ``1 + retries`` times however many replicas retry."""
+
+    def will_retry(self, job: str, slot: datetime, attempt: int) -> None:
+        """The next :meth:`acquire` of *slot* of *job* claims attempt *attempt* (2 or more)."""
+        ...
+
+
+def with_retries(
+    settings: JobSettings, name: str, retries: object, retry_delay: Seconds
+) -> JobSettings:
+    """A copy of *settings* with ``retries`` and ``retry_delay`` checked (raises
+    :class:`~cronlock.ScheduleError` naming the job, the option and the value)."""
+    if type(retries) is not int or retries < 0:
+        raise ScheduleError(f"job {name!r}: retries must be a whole number >= 0, got {retries!r}")
+    delay = to_seconds(retry_delay, field="retry_delay", job=name)
+    made = copy.copy(settings)
+    made.retries = retries
+    made.retry_delay = delay
+    return made
+
+
+def backoff(job: str, slot: datetime, attempt: int, base: float) -> float:
+    """Seconds to wait after attempt *attempt* (1: the first run) of *slot* of *job*."""
+    ceiling = min(MAX_DELAY, base * 2.0 ** (attempt - 1))
+    text = f"{job}\x00{slot.isoformat()}\x00{attempt}".encode()
+    fraction = int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "big") / 2**64
+    return ceiling * (0.5 + 0.5 * fraction)
+
+
+class Retries:
+    """The retries of one scheduler's run loop: which attempt each slot is at, and the
+    decision after a failed one."""
+
+    __slots__ = ("_attempts", "_bus", "_clock", "_dispatch", "_spawn")
+
+    def __init__(
+        self,
+        clock: Clock,
+        bus: EventBus,
+        spawn: Callable[..., None],
+        dispatch: Callable[[Job, datetime], None],
+    ) -> None:
+        self._clock = clock
+        self._bus = bus
+        self._spawn = spawn
+        self._dispatch = dispatch
+        self._attempts: dict[tuple[str, datetime], int] = {}  # slots being retried here
+
+    def attempt(self, job: Job, slot: datetime) -> int:
+        """The attempt a run of *slot* of *job* starting now is (1 unless a retry)."""
+        return self._attempts.get((job.name, slot), 1)
+
+    def ended(self, job: Job, slot: datetime, event: JobEvent | None) -> None:
+        """A run of *slot* of *job* ended with *event*: retry it if the job says so."""
+        key = (job.name, slot)
+        attempt = self._attempts.pop(key, 1)
+        if isinstance(event, JobFailed):
+            error = error_summary(event.exception)
+        elif isinstance(event, JobTimedOut):
+            error = timed_out_error(event.timeout)
+        else:
+            return  # it succeeded, was cancelled, or did not run here
+        if attempt > job._settings.retries:
+            return  # its last attempt
+        delay = backoff(job.name, slot, attempt, job._settings.retry_delay)
+        when = self._clock.now() + timedelta(seconds=delay)
+        why_not = self._why_not(job, slot, when)
+        if why_not is not None:
+            _logger.info(
+                "job %r slot %s: attempt %d failed and is not retried: %s",
+                job.name,
+                slot,
+                attempt,
+                why_not,
+                extra=at(job.name, slot),
+            )
+            return
+        _logger.info(
+            "job %r slot %s: attempt %d failed; attempt %d in %.1fs",
+            job.name,
+            slot,
+            attempt,
+            attempt + 1,
+            delay,
+            extra=at(job.name, slot),
+        )
+        self._bus.emit(JobRetrying(job.name, slot, attempt + 1, delay, error))
+        self._spawn(self._retry(job, slot, attempt + 1, when), task_name("retry", job.name))
+
+    def _why_not(self, job: Job, slot: datetime, when: datetime) -> str | None:
+        following = job.slot_after(slot)  # (a run_now() slot is none of the schedule's)
+        if following is not None and when >= job.fire_time(following):
+            return f"the next slot ({following.isoformat()}) falls due first"
+        grace = job.misfire_grace
+        if grace is not None and when > job.fire_time(slot) + timedelta(seconds=grace):
+            return f"misfire_grace ({grace}s) runs out first"
+        return None
+
+    async def _retry(self, job: Job, slot: datetime, attempt: int, when: datetime) -> None:
+        await self._clock.sleep_until(when)
+        if job._scheduler is None or job.paused:
+            return  # removed or paused meanwhile
+        if job._active and job.overlap == "skip":  # the next slot's run (a long one) goes on
+            _logger.info(
+                "job %r slot %s: attempt %d not started: a run of the job is in progress",
+                job.name,
+                slot,
+                attempt,
+                extra=at(job.name, slot),
+            )
+            return
+        attempts = self._attempts
+        attempts[job.name, slot] = attempt
+        if len(attempts) > _REMEMBER:  # a retry queued, then dropped with its job, say
+            del attempts[next(iter(attempts))]
+        locker = job._wiring.locker
+        if isinstance(locker, RetryingLocker):
+            locker.will_retry(job.name, slot, attempt)
+        self._dispatch(job, slot)

@@ -1,0 +1,253 @@
+"""What a job's options and schedule are checked into, once for jobs registered alike.
+
+A service registers the same function, schedule and options many times over. Each is
+checked for the first job given it; jobs given the very same objects then share what the
+check made: one :class:`JobSettings` holding every option as checked (the durations as
+floats), and the schedule's text. One entry is kept of each kind (the schedule texts: a
+bounded few), so nothing piles up. What the task is, and its arguments checked against
+it, is :mod:`cronlock._core.tasks`'s.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterable
+from datetime import datetime
+from types import MappingProxyType
+from typing import Any
+
+from .._durations import Seconds, optional_seconds, positive_int
+from .._errors import ScheduleError
+from .._locking.protocols import Locker
+from .._records import DEFAULT_MISFIRE_GRACE, OVERLAPS, Overlap
+from .._schedules.schedule import Schedule
+from .._schedules.tz import to_utc
+
+__all__ = (
+    "NO_KWARGS",
+    "NO_TAGS",
+    "JobSettings",
+    "Recall",
+    "grace",
+    "normalise_tags",
+    "schedule_text",
+    "settle",
+)
+
+# Shared by every job registered without kwargs (read-only, so one serves them all).
+NO_KWARGS: MappingProxyType[str, Any] = MappingProxyType({})
+# One empty tag set for every job without tags (an empty frozenset is not shared: 216 B).
+NO_TAGS: frozenset[str] = frozenset()
+_UNSET = object()  # nothing checked yet
+
+# Recent schedules' texts, bounded: by id (holding the schedule, so the id stays its own)
+# and by value (equal schedules share one string).
+_texts: dict[int, tuple[Any, str]] = {}
+_texts_by_value: dict[Any, str] = {}
+
+
+class Recall:
+    """What a scheduler's last registration was given and what it was checked into, so
+    that the next job given the very same objects shares it without a check (a service
+    registering 100,000 jobs with one set of options checks them once).
+
+    One per scheduler, never shared: two schedulers registering in two threads cannot
+    pair a job with the other's settings. Each field is one tuple, replaced whole and read
+    once per registration, so a registration in another thread is never half seen.
+    """
+
+    __slots__ = ("settings", "task")
+
+    def __init__(self) -> None:
+        self.settings: tuple[Any, ...] = (_UNSET,) * 12 + (None,)
+        """The 12 options in :func:`settle`'s order (the objects; tags as normalised),
+        then the :class:`JobSettings` they were checked into."""
+        self.task: tuple[Any, ...] = (None, -1, (), None, None)
+        """The task, how many args it was given, the names of its kwargs (``()`` for
+        none), the call shape they were checked into, and what the task is
+        (:func:`cronlock._core.tasks.task_shape`)."""
+
+
+def normalise_tags(tags: str | Iterable[str] | None) -> frozenset[str]:
+    """Accept one tag or an iterable of them."""
+    if tags is None:
+        return NO_TAGS
+    if isinstance(tags, str):
+        return frozenset((tags,))
+    return frozenset(tags)
+
+
+class JobSettings:
+    """A job's options, checked; jobs given the same options share one.
+
+    Immutable by convention (nothing writes a field after ``__init__``): sharing it is
+    what makes a job of 100,000 alike cost twelve fields less (Job reads them through
+    properties). The durations are float seconds.
+    """
+
+    __slots__ = (
+        "alert_after",
+        "distributed",
+        "jitter",
+        "locker",
+        "max_runs",
+        "misfire_grace",
+        "overlap",
+        "recover",
+        "retries",
+        "retry_delay",
+        "start_at",
+        "stop_at",
+        "tags",
+        "timeout",
+        "unbounded",
+    )
+
+    def __init__(
+        self,
+        tags: frozenset[str],
+        timeout: float | None,
+        overlap: Overlap,
+        jitter: float | None,
+        max_runs: int | None,
+        start_at: datetime | None,
+        stop_at: datetime | None,
+        misfire_grace: float | None,
+        distributed: bool,
+        locker: Locker | None,
+        recover: bool,
+        alert_after: float | None,
+    ) -> None:
+        self.tags = tags
+        self.timeout = timeout
+        self.overlap = overlap
+        self.jitter = jitter
+        self.max_runs = max_runs
+        self.start_at = start_at
+        self.stop_at = stop_at
+        self.misfire_grace = misfire_grace
+        self.distributed = distributed
+        self.locker = locker
+        self.recover = recover
+        self.alert_after = alert_after
+        self.unbounded = start_at is None and stop_at is None  # no bound to honour
+        # Set on a copy when a job has retries (._retries.with_retries): most have none.
+        self.retries = 0
+        self.retry_delay = 1.0
+
+    def _key(self) -> tuple[Any, ...]:
+        # By value (the durations are floats by now), distributed with its type (True == 1,
+        # but distributed=1 stays 1), the locker by identity.
+        return (
+            self.tags,
+            self.timeout,
+            self.overlap,
+            self.jitter,
+            self.max_runs,
+            self.start_at,
+            self.stop_at,
+            self.misfire_grace,
+            type(self.distributed),
+            self.distributed,
+            id(self.locker),
+            self.recover,
+            self.alert_after,
+            self.retries,
+            self.retry_delay,
+        )
+
+
+def settle(
+    name: str,
+    tags: frozenset[str],
+    timeout: Seconds | None,
+    overlap: Overlap,
+    jitter: Seconds | None,
+    max_runs: int | None,
+    start_at: datetime | None,
+    stop_at: datetime | None,
+    misfire_grace: Seconds | None,
+    distributed: bool,
+    locker: Locker | None,
+    recover: bool,
+    alert_after: Seconds | None,
+    recall: Recall,
+) -> JobSettings:
+    """Check job *name*'s options into a JobSettings (*recall*'s last one, when it holds
+    the same values) and remember them in *recall* for the next job.
+
+    Raises :class:`~cronlock.ScheduleError` naming the job, the option and the value.
+    """
+    given = (tags, timeout, overlap, jitter, max_runs, start_at, stop_at, misfire_grace)
+    if overlap not in OVERLAPS:
+        raise ScheduleError(
+            f"job {name!r}: overlap must be one of {', '.join(OVERLAPS)}, got {overlap!r}"
+        )
+    checked_timeout = optional_seconds(timeout, field="timeout", job=name)
+    checked_jitter = optional_seconds(jitter, field="jitter", job=name, allow_zero=True)
+    grace = optional_seconds(misfire_grace, field="misfire_grace", job=name, allow_zero=True)
+    alert = optional_seconds(alert_after, field="alert_after", job=name)
+    if recover is not False and recover is not True:
+        raise ScheduleError(f"job {name!r}: recover must be True or False, got {recover!r}")
+    if max_runs is not None:
+        positive_int(max_runs, field="max_runs", owner=f"job {name!r}", error=ScheduleError)
+    if start_at is not None:
+        start_at = to_utc(start_at, field=f"job {name!r}: start_at")
+    if stop_at is not None:
+        stop_at = to_utc(stop_at, field=f"job {name!r}: stop_at")
+        if start_at is not None and stop_at < start_at:
+            raise ScheduleError(
+                f"job {name!r}: stop_at {stop_at.isoformat()} is before "
+                f"start_at {start_at.isoformat()}"
+            )
+    made = JobSettings(
+        tags,
+        checked_timeout,
+        overlap,
+        checked_jitter,
+        max_runs,
+        start_at,
+        stop_at,
+        grace,
+        distributed,
+        locker,
+        recover,
+        alert,
+    )
+    last = recall.settings[12]
+    if last is not None and last._key() == made._key():
+        made = last
+    recall.settings = (*given, distributed, locker, recover, alert_after, made)
+    return made
+
+
+def schedule_text(schedule: Schedule) -> str:
+    """``str(schedule)``, made once for a schedule that many jobs share (lockers that keep
+    a job's schedule are told it at every plan)."""
+    seen = _texts.get(id(schedule))  # by identity: no __hash__ call for a shared schedule
+    if seen is not None and seen[0] is schedule:
+        return seen[1]
+    try:
+        text = _texts_by_value.get(schedule)
+    except TypeError:  # an unhashable schedule of the user's
+        text = None
+    if text is None:
+        text = str(schedule)
+        if len(_texts_by_value) >= 256:
+            _texts_by_value.clear()
+        with contextlib.suppress(TypeError):
+            _texts_by_value[schedule] = text
+    if len(_texts) >= 256:
+        _texts.clear()
+    _texts[id(schedule)] = (schedule, text)
+    return text
+
+
+def grace(settings: JobSettings, default_timeout: float | None = None) -> float:
+    """Seconds after a slot fell due before a job with *settings* counts as overdue:
+    ``alert_after``, or its ``misfire_grace`` (the default when unlimited) plus its timeout."""
+    if settings.alert_after is not None:
+        return settings.alert_after
+    misfire = settings.misfire_grace
+    timeout = settings.timeout if settings.timeout is not None else default_timeout
+    return (DEFAULT_MISFIRE_GRACE if misfire is None else misfire) + (timeout or 0.0)

@@ -1,0 +1,450 @@
+"""The plug-in points for coordination (Locker, Hold, Elector) and how a job is wired to them.
+
+Optional capabilities (a ledger, crash reports, recording or losable holds, a fenced
+elector) are typed Protocols. They are checked once — when a job is registered
+(:func:`wire`) or once per hold class (:func:`hold_hooks`) — never probed again on every
+run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import typing
+from collections.abc import Callable, Mapping, Sequence
+from contextvars import ContextVar
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Literal, Protocol, runtime_checkable
+
+from .._records import RunRecord
+from .kinds import KeyedLocker, PruningLocker, tagged_note
+
+__all__ = (
+    "ASKED",
+    "BatchLedgerLocker",
+    "BoundedRelease",
+    "ClaimAheadLocker",
+    "CrashCallback",
+    "CrashWatchingLocker",
+    "Elector",
+    "FencedElector",
+    "FleetCallback",
+    "FleetView",
+    "FleetWatchingLocker",
+    "ForeignCallback",
+    "ForeignWatchingLocker",
+    "Health",
+    "Hold",
+    "HoldHooks",
+    "LedgerLocker",
+    "LedgerSummary",
+    "Locker",
+    "LosableHold",
+    "RecordingHold",
+    "Refusal",
+    "Resource",
+    "ScheduleNotingLocker",
+    "ServerClockLocker",
+    "Wiring",
+    "hold_hooks",
+    "wire",
+)
+
+
+@runtime_checkable
+class Hold(Protocol):
+    """Proof that this process holds one job's lock for one slot, until :meth:`release`.
+
+    What :meth:`Locker.acquire` grants. A hold has no expiry of its own: in the PostgreSQL
+    locker's lease mode a *lease* (a row valid for a while, renewed) stands behind it, in
+    session mode an advisory lock. Formerly named ``Lease``.
+    """
+
+    async def release(self) -> None:
+        """Give the lock back. Called exactly once by the scheduler, even on cancellation."""
+        ...
+
+
+Refusal = Literal["locked", "already_ran", "paused", "standby"]
+"""Why a locker declined a slot: another holder has the job's lock, the slot already ran, the
+job is paused fleet-wide (:class:`cronlock.postgres.FleetControl`), or other replicas of a
+large fleet claim this job and this one stands by (``PostgresLocker(racers=...)``)."""
+
+
+@runtime_checkable
+class Locker(Protocol):
+    """Claims the right to run one slot of one job across processes or replicas."""
+
+    async def acquire(self, job: str, slot: datetime) -> Hold | Refusal | None:
+        """Return a hold when this caller may run *slot* of *job*, else why not.
+
+        ``None`` or ``"locked"``: another holder has the job's lock, the normal case on every
+        replica but one. ``"already_ran"``: the slot was claimed before (lockers that keep a
+        record of slots). ``"paused"``: the job is paused fleet-wide. A backend failure
+        raises :class:`cronlock.LockError`.
+        """
+        ...
+
+
+@runtime_checkable
+class RecordingHold(Hold, Protocol):
+    """A hold that stores the run's outcome (a run ledger) when it is released."""
+
+    def record(self, record: RunRecord) -> None:
+        """Remember how the run went; the scheduler calls it just before :meth:`release`."""
+        ...
+
+
+@runtime_checkable
+class LosableHold(Hold, Protocol):
+    """A hold that can tell when its lock was lost while the run was going on."""
+
+    def on_lost(self, callback: Callable[[BaseException | None], None]) -> bool:
+        """Call *callback* (once, from the event loop) if the lock is lost before release;
+        return whether it is lost already (the callback is then called soon: a run claimed
+        ahead may lose its lock before its slot, and the scheduler then ends it before its
+        task starts).
+
+        Losing the lock (session killed, network cut, server restart) means mutual exclusion
+        no longer holds; the scheduler cancels the run by default (event ``LockLost``).
+        """
+        ...
+
+
+@runtime_checkable
+class LedgerLocker(Locker, Protocol):
+    """A locker with a durable record of claimed slots, shared by every replica.
+
+    With one, the scheduler catches up after downtime (the first replica up runs a missed
+    slot once, within ``misfire_grace``) and ``Job.last_run`` / ``last_success`` are
+    fleet-wide.
+    """
+
+    async def last_claimed(self, job: str) -> datetime | None:
+        """The latest slot of *job* any replica claimed, or ``None`` if none is recorded."""
+        ...
+
+    async def last_runs(self, job: str) -> tuple[RunRecord | None, RunRecord | None]:
+        """The latest finished run of *job* on any replica, and the latest successful one."""
+        ...
+
+    async def history(self, job: str, limit: int = 20) -> list[RunRecord]:
+        """The latest *limit* runs of *job*, newest first (unfinished ones included)."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerSummary:
+    """What a ledger says of one job: the latest slot claimed, the latest finished run and
+    the latest success (each ``None`` when there is none)."""
+
+    last_claimed: datetime | None
+    last_run: RunRecord | None
+    last_success: RunRecord | None
+
+
+@runtime_checkable
+class BatchLedgerLocker(LedgerLocker, Protocol):
+    """A ledger locker that reads for many jobs at once and tells a losing replica the
+    fleet's history with its refusal, so neither costs a round trip per job."""
+
+    async def ledger_summaries(self, jobs: Sequence[str]) -> Mapping[str, LedgerSummary]:
+        """The ledger's summary of each of *jobs* (start-up catch-up), in one read."""
+        ...
+
+    def refusal_history(self, job: str) -> tuple[RunRecord | None, RunRecord | None] | None:
+        """What the refusal just given to *job* said of the fleet's latest finished run and
+        latest success; ``None`` if it said nothing. Consumed: no I/O, asked once."""
+        ...
+
+
+@runtime_checkable
+class ScheduleNotingLocker(Locker, Protocol):
+    """A locker that wants to know each job's schedule and next slot (for status views).
+
+    A locker whose ``note_schedule`` also takes a ``tags`` keyword is given each job's
+    tags with it (a ``frozenset`` of strings; the dashboard filters by them); one written
+    for an older cronlock, without it, is called as before.
+    """
+
+    def note_schedule(self, job: str, schedule: str, next_run: datetime | None) -> None:
+        """Called whenever this replica plans a job's next slot: synchronous, no I/O."""
+        ...
+
+
+@runtime_checkable
+class ServerClockLocker(Locker, Protocol):
+    """A locker that can read its server's clock, the one clock every replica shares.
+
+    A scheduler with such a locker fires slots by fleet time, its clock plus the measured
+    offset to the server's (``Scheduler(fleet_clock=...)``, :mod:`cronlock._core.fleetclock`).
+    """
+
+    async def read_server_clock(
+        self, read: Callable[[], datetime]
+    ) -> tuple[datetime, datetime, datetime]:
+        """One reading of the server's clock, between two calls of *read*.
+
+        Returns ``(read() just before the request, the server's clock, read() just after
+        the answer)``, *read* called as close to the round trip as possible (not while
+        waiting for a busy session). Raises :class:`cronlock.LockError` when the server
+        cannot be reached.
+        """
+        ...
+
+
+@runtime_checkable
+class ClaimAheadLocker(Locker, Protocol):
+    """A locker whose claims go out a moment before their slot, so runs start on it.
+
+    A scheduler fires a coordinated job's slot :meth:`claims_ahead` seconds early (at
+    most a quarter of the time since the job's previous slot): the claim's round trip, and
+    any wait the locker adds before it, then end before the slot, and a run that won its
+    claim starts at the slot's instant, not a
+    round trip after it. A job with a run of its own still in flight is claimed at its slot.
+    """
+
+    def claims_ahead(self) -> float:
+        """Seconds before a slot that its claim may be sent (0: at the slot)."""
+        ...
+
+
+CrashCallback = Callable[[str, RunRecord], bool]
+"""Told of each crashed run a locker found: ``(job, record)``; returns True when the caller
+runs that slot again (the locker then lets its next acquire of the slot take it over)."""
+
+
+@runtime_checkable
+class CrashWatchingLocker(Locker, Protocol):
+    """A locker that notices runs whose replica died mid-run, and can have them rerun.
+
+    It marks such a run ``"crashed"`` in its ledger and calls each callback with the job
+    and the run's record; if one returns True, its next :meth:`acquire` of that slot may
+    claim it once more (once fleet-wide).
+    """
+
+    def on_crashed(self, callback: CrashCallback) -> None:
+        """Call *callback* (from the event loop) for each crashed run this locker marks."""
+        ...
+
+
+ASKED: ContextVar[bool] = ContextVar("cronlock_asked", default=False)
+"""True inside a run someone asked for (``run_now()``), not one the schedule fired: a
+locker of a large fleet that stands by for scheduled slots still claims such a run."""
+
+ForeignCallback = Callable[[str, datetime, str], None]
+"""Told of a job whose lock key a session outside the fleet holds: ``(job, slot, holder)``."""
+
+
+@runtime_checkable
+class ForeignWatchingLocker(Locker, Protocol):
+    """A locker that notices when a job's lock is held by a session outside its fleet (its
+    claims are then refused ``"locked"``, slot after slot); the scheduler emits
+    :class:`~cronlock.LockHeldElsewhere` for each job it reports."""
+
+    def on_foreign_holder(self, callback: ForeignCallback) -> None:
+        """Call *callback* once per job found held outside the fleet."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class FleetView:
+    """What a locker last read of the fleet's shared state.
+
+    *paused*: the jobs paused fleet-wide. *triggers*: per job, the slot of a run asked for
+    fleet-wide and not claimed yet (claim it like any slot: one replica runs it). *runs*:
+    per job, the latest finished run and the latest success of any replica, or ``None``
+    when this read did not include them (they are read less often). *first_seen*: per
+    job, when a replica first noted it in the ledger (jobs not noted yet are left out),
+    ``None`` when this read did not include it (read with *runs*).
+    """
+
+    paused: frozenset[str] = frozenset()
+    triggers: Mapping[str, datetime] = dataclasses.field(default_factory=dict)
+    runs: Mapping[str, tuple[RunRecord | None, RunRecord | None]] | None = None
+    first_seen: Mapping[str, datetime] | None = None
+
+
+FleetCallback = Callable[[FleetView], None]
+Health = tuple[float, datetime | None]
+"""A job's overdue grace in seconds, and the slot it is due by (its first slot after its
+latest success; ``None``: nothing due)."""
+
+
+@runtime_checkable
+class FleetWatchingLocker(Locker, Protocol):
+    """A locker that reads the fleet's shared state (pauses, triggers, latest runs) and
+    tells the scheduler, every second or so, with no read per job or per scrape."""
+
+    def watch_fleet(
+        self, callback: FleetCallback, jobs: Callable[[], Mapping[str, Health]]
+    ) -> None:
+        """Call *callback* (from the event loop) with each :class:`FleetView` read.
+
+        *jobs* gives the jobs whose latest runs to read, with each one's :data:`Health`
+        (published for ``python -m cronlock status --check``).
+        """
+        ...
+
+
+@runtime_checkable
+class Resource(Protocol):
+    """A locker or elector that holds connections or tasks until it is closed.
+
+    The ownership rule: a :class:`~cronlock.Scheduler` closes the resources it was given
+    (its locker, its elector, the jobs' own lockers) when it shuts down, so nothing it
+    opened or borrowed is left behind — unless the user holds one open with ``async with``,
+    which then closes it at the end of that block (use that to share one locker between
+    schedulers, or to keep it across a restart of the scheduler).
+    """
+
+    @property
+    def closed(self) -> bool:
+        """True once :meth:`close` has begun; a closed resource is never used again."""
+        ...
+
+    @property
+    def held_open(self) -> bool:
+        """True while an ``async with`` block holds it open."""
+        ...
+
+    async def close(self) -> None:
+        """Give back everything held (idempotent)."""
+        ...
+
+
+@runtime_checkable
+class Elector(Protocol):
+    """Tells whether this replica is the leader, the only one that runs coordinated jobs."""
+
+    async def is_leader(self) -> bool:
+        """Return ``True`` when this replica currently leads."""
+        ...
+
+
+@runtime_checkable
+class FencedElector(Elector, Protocol):
+    """An elector that says when this replica stops leading, so its runs can be ended."""
+
+    def on_demoted(self, callback: Callable[[BaseException | None], None]) -> None:
+        """Call *callback* (from the event loop) each time this replica loses leadership."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class Wiring:
+    """How one job is coordinated, decided once when it is registered.
+
+    The words, one meaning each: a *coordinated* job is one registered with
+    ``distributed=True`` (:attr:`cronlock.Job.coordinated`); its runs are *gated* when they
+    have anyone to ask before they start (the elector, the locker, or both), and *elected*
+    when the elector is one of them.
+
+    ``locker`` is None for a job that coordinates through no locker (``distributed=False``,
+    or a scheduler without one); ``ledger`` is the same locker when it keeps a run ledger;
+    ``elected`` says whether runs ask the elector first.
+    """
+
+    locker: Locker | None = None
+    ledger: LedgerLocker | None = None
+    note: Callable[[str, str, datetime | None, frozenset[str]], None] | None = None
+    """The locker's ``note_schedule``, given the job's tags when it takes them."""
+    crashes: CrashWatchingLocker | None = None
+    """The same locker when it reports crashed runs (the scheduler may rerun them)."""
+    batch: BatchLedgerLocker | None = None
+    """The same locker when it reads in batches and answers refusals with history."""
+    fleet: FleetWatchingLocker | None = None
+    """The same locker when it reads the fleet's pauses, triggers and latest runs."""
+    elected: bool = False
+    gated: bool = False
+    """True when a run has anyone to ask before it starts (elector, locker or both)."""
+    ahead: timedelta = timedelta(0)
+    """How long before a slot its claim may go out (see :class:`ClaimAheadLocker`)."""
+    retention: float | None = None
+    """Seconds after its slot the locker prunes a row (see :class:`PruningLocker`)."""
+    fnv_keys: bool = True
+    """Whether its lock keys are FNV-1a of the name, checked for collisions (KeyedLocker)."""
+
+
+def wire(
+    *, distributed: bool, own: Locker | None, default: Locker | None, elector: Elector | None
+) -> Wiring:
+    """The wiring of a job with its *own* locker (or the scheduler's *default*)."""
+    if not distributed:
+        return Wiring()
+    locker = own if own is not None else default
+    if locker is None:
+        return Wiring(elected=elector is not None, gated=elector is not None)
+    ledger, notes, crashes, batch, fleet, ahead, prunes, keyed = _locker_kinds(type(locker))
+    return Wiring(
+        locker=locker,
+        ledger=typing.cast(LedgerLocker, locker) if ledger else None,
+        note=tagged_note(typing.cast(ScheduleNotingLocker, locker).note_schedule)
+        if notes
+        else None,
+        crashes=typing.cast(CrashWatchingLocker, locker) if crashes else None,
+        batch=typing.cast(BatchLedgerLocker, locker) if batch else None,
+        fleet=typing.cast(FleetWatchingLocker, locker) if fleet else None,
+        elected=elector is not None,
+        gated=True,
+        ahead=_ahead(typing.cast(ClaimAheadLocker, locker).claims_ahead()) if ahead else _NOW,
+        retention=typing.cast(PruningLocker, locker).retention() if prunes else None,
+        fnv_keys=not (keyed and typing.cast(KeyedLocker, locker).keyed_keys()),
+    )
+
+
+_NOW = timedelta(0)
+
+
+@functools.lru_cache(maxsize=64)
+def _ahead(seconds: float) -> timedelta:
+    return timedelta(seconds=seconds) if seconds > 0 else _NOW
+
+
+@functools.cache
+def _locker_kinds(kind: type) -> tuple[bool, bool, bool, bool, bool, bool, bool, bool]:
+    # A runtime Protocol check walks every member (~20 us); registering 100,000 jobs on
+    # one locker pays for it once.
+    return (
+        issubclass(kind, LedgerLocker),
+        issubclass(kind, ScheduleNotingLocker),
+        issubclass(kind, CrashWatchingLocker),
+        issubclass(kind, BatchLedgerLocker),
+        issubclass(kind, FleetWatchingLocker),
+        issubclass(kind, ClaimAheadLocker),
+        issubclass(kind, PruningLocker),
+        issubclass(kind, KeyedLocker),
+    )
+
+
+class BoundedRelease:
+    """A base class for holds whose :meth:`~Hold.release` bounds itself in time and runs
+    to its end even when the caller is cancelled (re-raising the cancellation after):
+    the scheduler then awaits it as it is, with no timeout or task of its own around it."""
+
+    __slots__ = ()
+
+
+@dataclass(frozen=True, slots=True)
+class HoldHooks:
+    """Which optional hold capabilities a hold class has."""
+
+    records: bool
+    losable: bool
+    bounded: bool = False
+    """Its release bounds itself and survives cancellation (:class:`BoundedRelease`)."""
+
+
+@functools.cache
+def _hooks_of(kind: type) -> HoldHooks:
+    return HoldHooks(
+        issubclass(kind, RecordingHold),
+        issubclass(kind, LosableHold),
+        issubclass(kind, BoundedRelease),
+    )
+
+
+def hold_hooks(hold: Hold) -> HoldHooks:
+    """The optional capabilities of *hold*, checked once per hold class."""
+    return _hooks_of(type(hold))

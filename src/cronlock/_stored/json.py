@@ -1,0 +1,171 @@
+"""A stored schedule's JSON form: every schedule kind code can use, read back to the
+same slots, and the job options stored with it.
+
+A schedule without a zone is stored in UTC: replicas may run with different default
+zones, and a stored schedule must name the same slots on each. ``once()`` with no instant
+("at scheduler start") is no stored schedule: it would run once per replica start.
+The cron and calendar modules are imported only when such a schedule is converted.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Mapping
+from datetime import UTC, datetime, time, timedelta
+from typing import Any
+
+from .._core.options import OPTION_NAMES
+from .._durations import to_seconds
+from .._errors import ScheduleError
+from .._schedules.interval import IntervalSchedule
+from .._schedules.once import OnceSchedule
+from .._schedules.schedule import Schedule
+
+__all__ = (
+    "STORED_OPTIONS",
+    "kwargs_to_json",
+    "options_from_json",
+    "options_to_json",
+    "schedule_from_json",
+    "schedule_to_json",
+)
+
+STORED_OPTIONS = OPTION_NAMES - {"name", "args", "kwargs", "locker", "distributed", "max_runs"}
+"""The job options a stored schedule may carry. Left out: what names the job or its
+arguments (the schedule's own fields), a locker (an object, not data), ``distributed``
+(a stored schedule exists to run once in the fleet) and ``max_runs`` (counted per replica)."""
+_SECONDS = ("timeout", "jitter", "misfire_grace", "alert_after", "retry_delay")
+_INSTANTS = ("start_at", "stop_at")
+
+
+def _zone(tz: Any) -> str:
+    return "UTC" if tz is None else str(tz.key)
+
+
+def schedule_to_json(schedule: Schedule, *, owner: str) -> dict[str, Any]:
+    """*schedule* as plain data; raises :class:`~cronlock.ScheduleError` naming *owner* for a
+    kind that cannot be stored."""
+    from .._schedules.calendar import CalendarSchedule
+    from .._schedules.cron import CronSchedule
+
+    if isinstance(schedule, CronSchedule):
+        return {
+            "kind": "cron",
+            "expr": schedule.expr,
+            "seconds": schedule.seconds,
+            "tz": _zone(schedule.tz),
+        }
+    if isinstance(schedule, IntervalSchedule):
+        micros = schedule.interval // timedelta(microseconds=1)
+        return {"kind": "every", "micros": micros, "anchor": schedule.anchor.isoformat()}
+    if isinstance(schedule, CalendarSchedule):
+        return {
+            "kind": schedule.kind,
+            "at": [t.isoformat() for t in schedule.at],
+            "on": list(schedule.on),
+            "every": schedule.every,
+            "tz": _zone(schedule.tz),
+        }
+    if isinstance(schedule, OnceSchedule) and not schedule.at_start:
+        return {"kind": "once", "at": [i.isoformat() for i in schedule.instants]}
+    raise ScheduleError(
+        f"schedule {owner!r}: {schedule} cannot be stored (cron, every, daily, weekly, "
+        "monthly and once at given instants can)"
+    )
+
+
+def schedule_from_json(data: Mapping[str, Any]) -> Schedule:
+    """The schedule *data* describes (:func:`schedule_to_json`'s output); raises
+    :class:`~cronlock.ScheduleError` (or ``KeyError``, ``TypeError``, ``ValueError``) for
+    data it never wrote."""
+    kind = data["kind"]
+    if kind == "cron":
+        from .._schedules.cron import cron
+
+        return cron(data["expr"], seconds=bool(data["seconds"]), tz=data["tz"])
+    if kind == "every":
+        micros = data["micros"]
+        if type(micros) is not int:
+            raise ScheduleError(f"stored every: micros must be an integer, got {micros!r}")
+        anchor = datetime.fromisoformat(data["anchor"])
+        return IntervalSchedule(timedelta(microseconds=micros), anchor)
+    if kind in ("daily", "weekly", "monthly"):
+        from .._schedules.calendar import CalendarSchedule
+
+        at = tuple(time.fromisoformat(t) for t in data["at"])
+        on = tuple(int(day) for day in data["on"])
+        every = data["every"]
+        if type(every) is not int or every < 1:
+            raise ScheduleError(f"stored {kind}: every must be a positive integer, got {every!r}")
+        return CalendarSchedule(kind, at, on, every, data["tz"])
+    if kind == "once":
+        return OnceSchedule(tuple(datetime.fromisoformat(i) for i in data["at"]))
+    raise ScheduleError(f"stored schedule: unknown kind {kind!r}")
+
+
+def kwargs_to_json(kwargs: Mapping[str, Any] | None, *, owner: str) -> str:
+    """*kwargs* as JSON text; raises :class:`~cronlock.ScheduleError` naming *owner* and the
+    value when it is not a mapping of names to JSON data that reads back equal."""
+    if kwargs is None:
+        return "{}"
+    if not isinstance(kwargs, Mapping) or not all(isinstance(k, str) for k in kwargs):
+        raise ScheduleError(
+            f"schedule {owner!r}: kwargs must be a mapping of names to values, got {kwargs!r}"
+        )
+    try:
+        text = json.dumps(dict(kwargs), allow_nan=False, sort_keys=True)
+    except (TypeError, ValueError) as exc:
+        raise ScheduleError(f"schedule {owner!r}: kwargs are not JSON ({exc})") from None
+    if json.loads(text) != kwargs:  # a tuple would come back a list, an int key a string
+        raise ScheduleError(
+            f"schedule {owner!r}: kwargs {kwargs!r} would not read back the same from JSON "
+            "(use lists, dicts, strings, numbers, booleans and None)"
+        )
+    return text
+
+
+def options_to_json(options: Mapping[str, Any], *, owner: str) -> dict[str, Any]:
+    """*options* as plain data (durations as float seconds, instants as ISO text, tags as a
+    sorted list); raises :class:`~cronlock.ScheduleError` naming *owner* for an option a
+    stored schedule cannot carry."""
+    unknown = set(options) - STORED_OPTIONS
+    if unknown:
+        raise ScheduleError(
+            f"schedule {owner!r}: option(s) {', '.join(sorted(unknown))} cannot be stored; "
+            f"a stored schedule takes {', '.join(sorted(STORED_OPTIONS))}"
+        )
+    data: dict[str, Any] = {}
+    for key, value in options.items():
+        if value is None:
+            data[key] = None
+        elif key in _SECONDS:
+            data[key] = to_seconds(value, field=key, job=owner, allow_zero=True)
+        elif key in _INSTANTS:
+            if not isinstance(value, datetime) or value.utcoffset() is None:
+                raise ScheduleError(f"schedule {owner!r}: {key} must be aware, got {value!r}")
+            data[key] = value.astimezone(UTC).isoformat()
+        elif key == "tags":
+            data[key] = sorted(_tags(value))
+        else:
+            data[key] = value
+    return data
+
+
+def _tags(value: str | Iterable[str]) -> set[str]:
+    return {value} if isinstance(value, str) else set(value)
+
+
+def options_from_json(data: Mapping[str, Any]) -> dict[str, Any]:
+    """The job options *data* stores (:func:`options_to_json`'s output), for ``add_job``;
+    an option this cronlock does not know is left out (a newer one stored it)."""
+    options: dict[str, Any] = {}
+    for key, value in data.items():
+        if key not in STORED_OPTIONS:
+            continue
+        if value is not None and key in _INSTANTS:
+            value = datetime.fromisoformat(value)
+        elif key in _SECONDS and isinstance(value, float) and not math.isfinite(value):
+            raise ScheduleError(f"stored option {key}: {value!r} is not a duration")
+        options[key] = value
+    return options

@@ -1,0 +1,229 @@
+"""A replica's side of stored schedules: the tasks they may name, and the sync that turns
+the store's changes into jobs.
+
+At start the scheduler reads everything stored (one call), registers a job per schedule
+whose task it has, and then reads the changes since the last revision it saw every
+``sync_every`` seconds (one call, however many schedules). A schedule it cannot register
+(no such task here, kwargs that do not fit the task, a name a code-defined job has) is
+rejected on its own: a WARNING and a :class:`~cronlock.ScheduleRejected` once per
+revision, a problem noted in the store, and the other schedules go on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import difflib
+from collections.abc import Callable, Mapping
+from datetime import timedelta
+from typing import Any, Protocol, TypeVar, overload
+
+from .._cancel import cancel_and_wait, task_name
+from .._clock import Clock
+from .._errors import ConfigError, CronlockError, JobConflictError, LockError
+from .._events import EventBus, ScheduleRejected
+from .._logs import get_logger
+from .._schedules.schedule import Schedule
+from .schedule import ScheduleStore, StoredSchedule
+
+__all__ = ("StoredSync", "StoredTasks")
+
+_logger = get_logger("cronlock")
+_F = TypeVar("_F", bound=Callable[..., object])
+
+
+class Registry(Protocol):
+    """The scheduler's verbs the sync uses."""
+
+    _jobs: Mapping[str, Any]
+
+    def add_job(self, func: Callable[..., object], schedule: Schedule, **options: Any) -> Any: ...
+
+    def update(self, name: str, schedule: Schedule) -> Any: ...
+
+    def remove(self, job: str) -> None: ...
+
+
+class StoredSync:
+    """Keeps a scheduler's jobs of stored schedules in step with *store*."""
+
+    def __init__(
+        self,
+        registry: Registry,
+        tasks: Mapping[str, Callable[..., object]],
+        store: ScheduleStore,
+        clock: Clock,
+        bus: EventBus,
+        every: float,
+    ) -> None:
+        self._registry = registry
+        self._tasks = tasks
+        self._store = store
+        self._clock = clock
+        self._bus = bus
+        self._every = timedelta(seconds=every)
+        self._revision = 0
+        self.applied: dict[str, StoredSchedule] = {}
+        """The stored schedules registered here as jobs, by name."""
+        self._rejected: dict[str, StoredSchedule] = {}  # wanting a task: tried again with it
+        self._noted: dict[str, tuple[int, str]] = {}  # the problem said of each, and when
+        self._task: asyncio.Task[None] | None = None
+        self.syncs = 0
+
+    async def sync(self) -> None:
+        """Read the store's changes since the last sync and apply them."""
+        revision, changes = await self._store.stored_changes(self._revision)
+        self.syncs += 1
+        for name, _, stored in changes:
+            self._rejected.pop(name, None)
+            if stored is None:
+                self._noted.pop(name, None)
+                self._drop(name)
+            else:
+                await self._applied_safely(stored)
+        for stored in list(self._rejected.values()):  # a task registered since, say
+            if stored.task in self._tasks:
+                del self._rejected[stored.name]
+                await self._applied_safely(stored)
+        self._revision = max(self._revision, revision)
+
+    async def _applied_safely(self, stored: StoredSchedule) -> None:
+        """Apply one change; whatever goes wrong stays with that schedule (the sync goes on,
+        and the next read starts after this revision)."""
+        try:
+            await self._apply(stored)
+        except Exception as exc:
+            _logger.exception("stored schedule %r: applying it failed", stored.name)
+            await self._reject(stored, f"applying it failed: {exc!r}")
+
+    def _drop(self, name: str) -> None:
+        if self.applied.pop(name, None) is not None and name in self._registry._jobs:
+            self._registry.remove(name)  # (unless the application removed it itself)
+
+    async def _apply(self, stored: StoredSchedule) -> None:
+        old = self.applied.get(stored.name)
+        if old is not None and (old.task, old.kwargs, old.options) == (
+            stored.task,
+            stored.kwargs,
+            stored.options,
+        ):
+            # Only the schedule changed: the job keeps its history, pause and run in flight.
+            if old.schedule != stored.schedule:
+                try:
+                    self._registry.update(stored.name, stored.schedule)
+                except CronlockError as exc:
+                    self._drop(stored.name)
+                    await self._reject(stored, str(exc))
+                    return
+            self.applied[stored.name] = stored
+            return
+        self._drop(stored.name)
+        task = self._tasks.get(stored.task)
+        if task is None:
+            close = difflib.get_close_matches(stored.task, list(self._tasks), n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            await self._reject(stored, f"no task {stored.task!r} on this replica{hint}")
+            self._rejected[stored.name] = stored  # tried again once the task is registered
+            return
+        if stored.name in self._registry._jobs:
+            await self._reject(stored, f"a job defined in code is named {stored.name!r}")
+            return
+        try:
+            self._registry.add_job(
+                task, stored.schedule, name=stored.name, kwargs=stored.kwargs, **stored.options
+            )
+        except (CronlockError, TypeError, ValueError) as exc:
+            await self._reject(stored, str(exc))
+            return
+        self.applied[stored.name] = stored
+
+    async def _reject(self, stored: StoredSchedule, reason: str) -> None:
+        if self._noted.get(stored.name) == (stored.revision, reason):
+            return  # said once for this revision; the sync tries it again quietly
+        self._noted[stored.name] = (stored.revision, reason)
+        _logger.warning(
+            "stored schedule %r (revision %d) is not run here: %s",
+            stored.name,
+            stored.revision,
+            reason,
+        )
+        self._bus.emit(ScheduleRejected(stored.name, stored.task, stored.revision, reason))
+        try:
+            await self._store.report_problem(stored.name, stored.revision, reason)
+        except LockError as exc:
+            _logger.debug("noting the problem of %r failed: %s", stored.name, exc)
+
+    def start(self) -> None:
+        """Start syncing every ``sync_every`` seconds."""
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(
+                self._run(), name=task_name("stored-schedules")
+            )
+
+    async def stop(self) -> None:
+        """Stop syncing and wait until the task is done."""
+        task, self._task = self._task, None
+        if task is not None:
+            await cancel_and_wait(task)
+
+    async def _run(self) -> None:
+        while True:
+            await self._clock.sleep_until(self._clock.now() + self._every)
+            try:
+                await self.sync()
+            except LockError as exc:  # the locker logs outages itself; the next sync retries
+                _logger.debug("reading stored schedules failed: %s", exc)
+            except Exception:
+                _logger.exception("syncing stored schedules failed unexpectedly")
+
+
+class StoredTasks:
+    """The scheduler's side of stored schedules (a mixin of :class:`~cronlock.Scheduler`)."""
+
+    _tasks: dict[str, Callable[..., object]]
+    _stored: StoredSync | None
+
+    @overload
+    def task(self, name: _F, /) -> _F: ...
+
+    @overload
+    def task(self, name: str | None = None, /) -> Callable[[_F], _F]: ...
+
+    def task(self, name: str | _F | None = None, /) -> _F | Callable[[_F], _F]:
+        """Decorator: make a function a task that stored schedules may name.
+
+        ``@scheduler.task("send-report")`` names it; bare ``@scheduler.task`` uses its
+        ``module.qualname``. The function takes what a job's function takes (a
+        :class:`~cronlock.RunContext` where annotated, then the schedule's kwargs). A
+        stored schedule naming a task no replica has is reported, never silently idle.
+        """
+        if callable(name):
+            return self._add_task(name, None)
+
+        def register(func: _F) -> _F:
+            return self._add_task(func, name)
+
+        return register
+
+    def _add_task(self, func: _F, name: str | None) -> _F:
+        from .._core.job import default_name
+
+        key = default_name(func) if name is None else name
+        if not isinstance(key, str) or not key:
+            raise ConfigError(f"task: name must be a non-empty string, got {key!r}")
+        other = self._tasks.get(key)
+        if other is not None and other is not func:
+            raise JobConflictError(f"a task named {key!r} is already registered ({other!r})")
+        self._tasks[key] = func
+        return func
+
+    @property
+    def tasks(self) -> Mapping[str, Callable[..., object]]:
+        """The tasks stored schedules may name, by name (read-only)."""
+        from types import MappingProxyType
+
+        return MappingProxyType(self._tasks)
+
+    @property
+    def stored_jobs(self) -> tuple[str, ...]:
+        """The names of the jobs registered here from stored schedules, sorted."""
+        return tuple(sorted(self._stored.applied)) if self._stored is not None else ()

@@ -1,0 +1,80 @@
+"""What the server and the network raise, and how the backend tells its callers about it.
+
+Only the :mod:`cronlock.postgres` subpackage may import asyncpg, so that it stays an
+optional extra, and it does so on first use rather than at import: the exception classes
+are looked up the first time :func:`backend_error_types` is called. An ``except`` clause
+evaluates its expression only when an exception reaches it, and no asyncpg exception can
+reach one before a connection was made (which imports asyncpg anyway).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import sys
+from collections.abc import Iterator
+
+from ..._errors import LockError, ServerError, SessionLost, StatementTimeout
+
+__all__ = (
+    "SessionGone",
+    "backend_error_types",
+    "backend_errors",
+    "gone_or_failed_types",
+    "kind_of",
+)
+
+
+class SessionGone(Exception):
+    """The session a statement was meant for has been replaced or closed."""
+
+
+@functools.cache
+def backend_error_types() -> tuple[type[BaseException], ...]:
+    """What asyncpg and the socket layer raise when the server or the network misbehaves.
+
+    TimeoutError is an OSError, so timeouts we impose ourselves are covered too. The first
+    call imports asyncpg; later ones return the same tuple.
+    """
+    import asyncpg
+
+    return (asyncpg.PostgresError, asyncpg.InterfaceError, asyncpg.InternalClientError, OSError)
+
+
+@functools.cache
+def gone_or_failed_types() -> tuple[type[BaseException], ...]:
+    """:class:`SessionGone` and :func:`backend_error_types`: a statement did not go through."""
+    return (SessionGone, *backend_error_types())
+
+
+@contextlib.contextmanager
+def backend_errors(message: str, *, session_lost: str | None = None) -> Iterator[None]:
+    """Translate a backend failure inside the block into a :class:`cronlock.LockError`: the
+    one boundary where the backend's errors become cronlock's.
+
+    Raises ``kind(f"{message}: {exc!r}") from exc`` for :func:`backend_error_types`, where
+    *kind* is :func:`kind_of` the error (the cause stays reachable), and for
+    :class:`SessionGone`, which becomes ``SessionLost(session_lost)`` when that is given.
+    Everything else, cancellation and a ``LockError`` raised inside included, passes.
+    """
+    try:
+        yield
+    except SessionGone as exc:
+        raise SessionLost(session_lost or f"{message}: {exc!r}") from exc
+    except backend_error_types() as exc:
+        raise kind_of(exc)(f"{message}: {exc!r}") from exc
+
+
+def kind_of(exc: BaseException) -> type[LockError]:
+    """Which :class:`cronlock.LockError` a backend error is: a statement that timed out
+    (ours or the server's cancel), an error answer of a sound session, or a lost session."""
+    if isinstance(exc, TimeoutError):
+        return StatementTimeout
+    asyncpg = sys.modules["asyncpg"]  # loaded: the error came from it
+    if isinstance(exc, asyncpg.QueryCanceledError):
+        return StatementTimeout
+    if isinstance(exc, asyncpg.PostgresConnectionError | asyncpg.OperatorInterventionError):
+        return SessionLost  # a protocol error, or the server ended the session
+    if isinstance(exc, asyncpg.PostgresError):
+        return ServerError
+    return SessionLost

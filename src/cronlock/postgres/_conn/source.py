@@ -1,0 +1,213 @@
+"""Where the backend's connections come from, how each session is set up, how it is dropped.
+
+Only the :mod:`cronlock.postgres` subpackage may import asyncpg, so that it stays an
+optional extra; it is imported at the first connect, not when this module is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import socket
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ..._dsn import connect_failure, target_of
+from ..._errors import LockError
+from .errors import backend_error_types, backend_errors, kind_of
+
+__all__ = (
+    "ConnectionSource",
+    "Keepalives",
+    "configure_session",
+    "default_application_name",
+    "is_closed",
+    "terminate",
+)
+
+# PostgreSQL truncates application_name to NAMEDATALEN - 1 bytes.
+_MAX_APPLICATION_NAME = 63
+
+
+def default_application_name() -> str:
+    """``cronlock:<hostname>:<pid>``, so pg_stat_activity and pg_locks show who holds what."""
+    name = f"cronlock:{socket.gethostname()}:{os.getpid()}"
+    if len(name.encode()) <= _MAX_APPLICATION_NAME:
+        return name
+    # Keep the pid, which tells processes on one host apart; shorten the host name.
+    suffix = f":{os.getpid()}"
+    head = name[: _MAX_APPLICATION_NAME - len(suffix)]
+    return head.encode()[: _MAX_APPLICATION_NAME - len(suffix)].decode(errors="ignore") + suffix
+
+
+@dataclass(frozen=True, slots=True)
+class Keepalives:
+    """TCP settings applied server-side to a lock session, so a dead client is noticed.
+
+    After a network cut, the server keeps the session, and with it every advisory lock it
+    holds, until it notices the peer is gone: hours with operating-system defaults. With the
+    defaults here it probes after *idle* seconds of silence, every *interval* seconds, and
+    drops the session after *count* unanswered probes (about a minute), or when data it sent
+    stays unacknowledged for *user_timeout* seconds. They set the server's
+    ``tcp_keepalives_idle``, ``tcp_keepalives_interval``, ``tcp_keepalives_count`` and
+    ``tcp_user_timeout`` for that session only; over a Unix-domain socket they do nothing.
+    A frozen (not dead) client process still answers probes: no keepalive detects that.
+    """
+
+    idle: int = 30
+    interval: int = 10
+    count: int = 3
+    user_timeout: float | None = 60.0
+
+
+async def configure_session(
+    conn: Any, *, application_name: str | None, keepalives: Keepalives | None
+) -> None:
+    """Label the session and set its keepalives, in one round trip."""
+    settings: list[tuple[str, str]] = []
+    if application_name is not None:
+        settings.append(("application_name", application_name))
+    if keepalives is not None:
+        settings += [
+            ("tcp_keepalives_idle", str(int(keepalives.idle))),
+            ("tcp_keepalives_interval", str(int(keepalives.interval))),
+            ("tcp_keepalives_count", str(int(keepalives.count))),
+        ]
+        # tcp_user_timeout exists since PostgreSQL 12.
+        if keepalives.user_timeout is not None and conn.get_server_version().major >= 12:
+            settings.append(("tcp_user_timeout", str(int(keepalives.user_timeout * 1000))))
+    if not settings:
+        return
+    calls = ", ".join(
+        f"set_config(${2 * i + 1}, ${2 * i + 2}, false)" for i in range(len(settings))
+    )
+    await conn.execute(f"SELECT {calls}", *[v for pair in settings for v in pair])
+
+
+def _interface_error() -> type[Exception]:
+    """asyncpg's InterfaceError; asyncpg is loaded already, since *conn* came from it."""
+    import asyncpg
+
+    error: type[Exception] = asyncpg.InterfaceError
+    return error
+
+
+def is_closed(conn: Any) -> bool:
+    """Whether *conn* (a connection or a pool proxy) can no longer run statements."""
+    try:
+        return bool(conn.is_closed())
+    except _interface_error():  # a pool proxy that was already handed back
+        return True
+
+
+def terminate(conn: Any) -> None:
+    """Drop *conn* without a goodbye; the server then releases every lock of that session.
+
+    Synchronous, so it cannot be interrupted by a cancellation half way.
+    """
+    with contextlib.suppress(_interface_error()):  # a proxy already handed back
+        conn.terminate()
+
+
+class ConnectionSource:
+    """Where dedicated connections come from: an asyncpg pool, or a DSN to connect to."""
+
+    __slots__ = ("_connect_kwargs", "_dsn", "_pool")
+
+    def __init__(self, pool_or_dsn: Any, connect_kwargs: Mapping[str, Any] | None = None) -> None:
+        # Whoever made a pool imported asyncpg: no need to import it to recognise one.
+        asyncpg = sys.modules.get("asyncpg")
+        if isinstance(pool_or_dsn, str):
+            self._dsn: str | None = pool_or_dsn
+            self._pool: Any = None
+        elif asyncpg is not None and isinstance(pool_or_dsn, asyncpg.Pool):
+            if connect_kwargs:
+                raise TypeError("connect_kwargs only apply when a DSN is given, not a pool")
+            self._dsn = None
+            self._pool = pool_or_dsn
+        else:
+            raise TypeError(
+                f"expected an asyncpg.Pool or a DSN string, got {type(pool_or_dsn).__name__}"
+            )
+        self._connect_kwargs = dict(connect_kwargs or {})
+
+    @property
+    def pooled(self) -> bool:
+        """True when connections are borrowed from a pool rather than opened directly."""
+        return self._pool is not None
+
+    async def wait_pool_closing(self, interval: float) -> None:
+        """Return once the pool we borrow from starts closing (looked at every *interval*).
+
+        Never returns for a DSN. asyncpg has no hook for it, hence the (cheap) polling.
+        """
+        while self._pool is None or not self._pool.is_closing():  # noqa: ASYNC110 - no event
+            await asyncio.sleep(interval)
+
+    def describe(self) -> str:
+        """A short description for error messages; never includes a password."""
+        if self._pool is not None:
+            return f"asyncpg pool (max_size={self._pool.get_max_size()})"
+        return "PostgreSQL server"
+
+    async def checkout(self, *, timeout: float) -> Any:
+        """Return a connection for this caller alone, within *timeout* seconds.
+
+        Raises :class:`LockError` when none can be had: pool exhausted, server unreachable.
+        """
+        with backend_errors(f"could not get a connection from the {self.describe()}"):
+            try:
+                if self._pool is not None:
+                    return await self._pool.acquire(timeout=timeout)
+                return await self._connect(timeout)
+            except TimeoutError as exc:  # an OSError too, but worth its own message
+                if self._pool is not None:
+                    raise LockError(
+                        f"no connection free in the {self.describe()} after {timeout:g}s "
+                        f"({self._pool.get_size() - self._pool.get_idle_size()} in use): the "
+                        "pool is exhausted; raise max_size or acquire_timeout"
+                    ) from exc
+                raise LockError(
+                    f"could not connect to the PostgreSQL server in {timeout:g}s"
+                ) from exc
+
+    async def _connect(self, timeout: float) -> Any:
+        """A new connection of the DSN; a failure is said without the password (:mod:`._dsn`)."""
+        import asyncpg  # the first connect of a DSN loads it
+
+        try:
+            return await asyncpg.connect(self._dsn, timeout=timeout, **self._connect_kwargs)
+        except TimeoutError:
+            raise  # said by checkout(), without the error's text
+        except Exception as exc:
+            reason = connect_failure(self._dsn, exc)
+            # The cause is kept only for a DSN that parses cleanly: for one that does not,
+            # its message may quote the password (so would its traceback).
+            cause = exc if target_of(self._dsn).clean else None
+            if not isinstance(exc, backend_error_types()):
+                # A LockError like any failed connect, so a scheduler reports LockFailed
+                # for it and retries (the DSN may be fixed in place: a secret mounted late).
+                raise LockError(f"cannot connect to PostgreSQL: {reason}") from cause
+            message = f"could not get a connection from the {self.describe()}: {reason}"
+            raise kind_of(exc)(message) from cause
+
+    async def checkin(self, conn: Any, *, timeout: float) -> None:
+        """Give *conn* back (pool) or close it (DSN); terminate it if that fails or times out.
+
+        Never raises a backend error: the connection is gone from our hands either way.
+        """
+        if is_closed(conn):
+            terminate(conn)  # lets a pool reclaim the holder of a connection that died
+            return
+        try:
+            async with asyncio.timeout(timeout):
+                if self._pool is not None:
+                    # The pool's reset also runs pg_advisory_unlock_all(): a backstop only.
+                    await self._pool.release(conn, timeout=timeout)
+                else:
+                    await conn.close()
+        except backend_error_types():
+            terminate(conn)

@@ -1,0 +1,82 @@
+"""Which advisory-lock key a job gets (``PostgresLocker(lock_keys=...)``).
+
+``"fnv1a"`` (the default): FNV-1a 64 of the ledger's name and the job's
+(:func:`~cronlock.postgres.ledger_lock_key`), or of the job's alone with ``bare_keys=True``,
+as Go computes it. Anyone can compute these keys, and whoever names a job can search for a
+name with another job's key.
+
+``"keyed"``: :func:`cronlock._keys.keyed_lock_key` under a secret of the ledger's, made by
+the first replica in ``<table>_secrets`` (``"lock.keys"``) and read by every other one, so
+every replica of a ledger computes the same keys and nobody without read access to that
+table can aim a name at one. The secret is read before the locker's first claim; until
+then :meth:`KeySource.key` raises :class:`cronlock.LockError`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from typing import Any, Literal
+
+from ..._errors import ConfigError, LockError
+from ..._keys import job_lock_key, keyed_lock_key
+from .._conn.errors import backend_errors
+from .._sql.tables import LedgerTable
+from .secrets import fleet_secret
+
+__all__ = ("SECRET_NAME", "KeySource", "LockKeys")
+
+LockKeys = Literal["fnv1a", "keyed"]
+SECRET_NAME = "lock.keys"
+"""The name of the keyed lock keys' secret in ``<table>_secrets``."""
+
+
+class KeySource:
+    """One locker's key function, and for ``"keyed"`` the secret it reads first."""
+
+    def __init__(self, kind: LockKeys, table: LedgerTable | None, *, bare: bool) -> None:
+        if kind not in ("fnv1a", "keyed"):
+            raise ConfigError(f"PostgresLocker: lock_keys must be 'fnv1a' or 'keyed', got {kind!r}")
+        if kind == "keyed" and (table is None or bare):
+            raise ConfigError(
+                "PostgresLocker: lock_keys='keyed' keeps its secret in the ledger, and its "
+                "keys are nobody else's: it takes neither ledger=False nor bare_keys=True"
+            )
+        self.table, self.kind = table, kind
+        self.fnv: Callable[[str], int] = job_lock_key if bare or table is None else table.lock_key
+        """FNV-1a keys, which need nothing read: what spreads jobs over the sessions too."""
+        self._secret: bytes | None = None
+        self._loading = asyncio.Lock()
+        self.ready = kind == "fnv1a"
+        """Whether :meth:`key` answers without :meth:`load` first."""
+        self.key: Callable[[str], int] = self.fnv if self.ready else self._keyed
+
+    def _keyed(self, job: str) -> int:
+        if self._secret is None:
+            raise LockError(
+                f"job {job!r}: lock_keys='keyed': the key is known once the locker has read "
+                "its ledger's secret, at its first claim"
+            )
+        return keyed_lock_key(self._secret, job)
+
+    async def load(self, sessions: Sequence[Any]) -> None:
+        """Read (or make) the ledger's secret, once; raises :class:`cronlock.LockError`."""
+        async with self._loading:
+            if self.ready:
+                return
+            table = self.table
+            assert table is not None
+            session = sessions[0]
+            conn, generation = await session.ensure()
+            with backend_errors(
+                "reading the ledger's lock-key secret failed",
+                session_lost="the lock session was lost reading the lock-key secret; try again",
+            ):
+                self._secret = await session.run(
+                    conn,
+                    generation,
+                    lambda c: fleet_secret(c, table, SECRET_NAME),
+                    what="reading the lock-key secret",
+                    keep_on_server_error=True,
+                )
+            self.ready = True

@@ -1,0 +1,450 @@
+"""PostgresLocker: one replica's advisory locks and run-ledger claims on a few sessions.
+
+The locker hands out holds, keeps in-process exclusion and shards jobs over its lock sessions
+by lock key; the pieces it is built from live next to it: a session (:mod:`._session`) and
+how one ends (:mod:`._sessionend`), the statements of a run (:mod:`._claims`), the holds
+(:mod:`._hold`), upkeep (:mod:`._upkeep`) and fleet time (:mod:`._servertime`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import socket
+from collections.abc import Callable, Collection, Mapping
+from datetime import datetime, timedelta
+from logging import DEBUG, INFO
+from typing import TYPE_CHECKING, Any
+
+from ..._cancel import cancel_and_wait
+from ..._durations import Seconds
+from ..._errors import LockError
+from ..._locking.claimed import remember_claim
+from ..._locking.protocols import ASKED, Refusal
+from ..._logs import get_logger, say
+from ..._resources import HeldOpenByBlocks
+from .._conn.source import Keepalives, default_application_name
+from .._modes.exclusion import Mode, exclusion_for, make_sessions, source_for
+from .._modes.lease import LeaseKeeper
+from .._modes.sessionend import hand_back_all, mark_dropped, watch_pool
+from .._ops.control import FleetWatch
+from .._sql.tables import DEFAULT_TABLE, LedgerTable
+from .._statistics import LockerCounts, PostgresLockerStatistics
+from .claims import Claims
+from .crashes import CrashWatch
+from .foreign import ForeignCallback, ForeignHolders
+from .hold import PostgresHold
+from .keys import KeySource, LockKeys
+from .members import Membership
+from .reads import LedgerReads, ReadsLedger
+from .servertime import DEFAULT_AHEAD, DEFAULT_SPREAD, LANES, FairRace, read_server_clock
+from .settings import LockerSettings
+from .upkeep import Upkeep
+
+if TYPE_CHECKING:
+    from ..._locking.protocols import CrashCallback, FleetCallback, Health
+    from ..._records import RunRecord
+
+__all__ = ("PostgresHold", "PostgresLocker", "PostgresLockerStatistics")
+
+_CLOSED = (
+    "the PostgresLocker is closed (a Scheduler closes the locker it was given when it "
+    "shuts down; hold it open with 'async with locker:' to use it across schedulers)"
+)
+
+_logger = get_logger("cronlock.postgres")
+
+
+class PostgresLocker(HeldOpenByBlocks, ReadsLedger):
+    """A :class:`cronlock.LedgerLocker` on PostgreSQL: a run ledger, and exclusion in one
+    of two places (*mode*; docs/guides/poolers.md says which to use where).
+
+    **Exactly once.** Each slot is *claimed* in a ledger table keyed by (job, slot), in the
+    statement that takes the job's exclusion; a claimed slot is answered ``"already_ran"``
+    on every replica, for good. Finishing writes the outcome and releases, again in one
+    statement. The ledger gives fleet-wide ``last_run``/``last_success``, :meth:`history`,
+    catch-up, crash recovery and ``python -m cronlock status``. Its tables are created on
+    first use unless *create_table* is false (then run ``python -m cronlock migrate``);
+    *table* and *schema* name them (*schema* ``None``: the ``search_path``'s). Rows older
+    than *retention* are pruned, keeping each job's latest run and success. ``ledger=False``
+    is the lock alone (session mode only); it can run a slot twice (docs/ledger.md).
+
+    **mode="session"** (default): a session advisory lock per running job, on at most
+    *sessions* dedicated connections (default 4, 1 to 64; a job uses session ``key %
+    sessions``, opened on first use; given a pool, borrowed for the locker's lifetime). A
+    dead session is noticed within about *heartbeat* + *statement_timeout* and the leases on
+    it are marked :attr:`~PostgresHold.lost` (the scheduler cancels their runs, event
+    ``LockLost``); sessions carry server-side TCP *keepalives*. It needs a direct
+    connection: a pooler in between is refused (:class:`cronlock.PoolerDetected`).
+
+    **mode="lease"**: no session state. Every statement is one transaction, on one
+    connection of the locker's own (given a DSN; no startup parameter a pooler refuses, no
+    named prepared statement) or on a connection borrowed from the given pool for that
+    statement alone, so it works through PgBouncer in transaction mode and its peers. "A
+    run of job J is in progress" is J's row in the ledger's leases table, valid for *lease*
+    seconds (default 20) of the **server's** clock and renewed for all runs in flight in one
+    statement every ``lease / 4`` s. A replica that cannot renew cancels its runs before
+    their leases could expire; a run whose lease expired without an outcome is crashed.
+
+    **Keys.** Advisory-lock keys are namespaced by the ledger (:meth:`lock_key`), so two
+    services with ledgers of their own never block each other; ``bare_keys=True`` takes
+    ``job_lock_key(job)``, Go's FNV-1a key; ``lock_keys="keyed"`` an HMAC under a secret of
+    the ledger's, at which no job name can be aimed (every replica of a ledger must agree:
+    docs/coordination.md). Exclusion among this replica's own runs is kept here.
+
+    **Racers.** In a fleet of more than *racers* live replicas (default 3; ``None``: all),
+    only *racers* of them claim (chosen by the members table, ``<table>_members``); they
+    race as a small fleet does, and the rest stand by (refusal ``"standby"``, no statement).
+    So the server's cost per run does not grow with the fleet; slots are missed only while
+    every racer is dead and not yet forgotten (45 s).
+
+    **Failure.** A server that cannot be reached, or a statement that does not finish
+    within *statement_timeout*, raises :class:`cronlock.LockError`. Every connection
+    carries ``application_name`` (default ``cronlock:<host>:<pid>``).
+
+    **Fleet time, a fair race.** A Scheduler with this locker fires by the server's clock
+    (:meth:`read_server_clock`). Each claim waits a pseudo-random ``[0, spread)`` s (default
+    10 ms) drawn per slot and lane (eight groups of jobs, by key), so the winner of a slot
+    is drawn. Claims go out *claim_ahead* seconds before the slot (default 0.1; at most a
+    quarter of the time since the previous slot; ``0``: at the slot), so the winner starts
+    on it (:class:`~cronlock.ClaimAheadLocker`).
+    """
+
+    def __init__(
+        self,
+        pool_or_dsn: Any,
+        *,
+        ledger: bool = True,
+        table: str = DEFAULT_TABLE,
+        schema: str | None = None,
+        create_table: bool = True,
+        sessions: int = 4,
+        retention: Seconds = timedelta(days=30),
+        heartbeat: Seconds | None = 5.0,
+        connect_timeout: Seconds = 10.0,
+        statement_timeout: Seconds = 5.0,
+        application_name: str | None = None,
+        keepalives: Keepalives | None = Keepalives(),  # noqa: B008 (frozen, shared safely)
+        remember: int = 1024,
+        connect_kwargs: Mapping[str, Any] | None = None,
+        spread: Seconds = DEFAULT_SPREAD,
+        claim_ahead: Seconds = DEFAULT_AHEAD,
+        mode: Mode = "session",
+        lease: Seconds = 20.0,
+        bare_keys: bool = False,
+        lock_keys: LockKeys = "fnv1a",
+        racers: int | None = 3,
+    ) -> None:
+        checked = LockerSettings.check(
+            mode=mode, ledger=ledger, sessions=sessions, remember=remember, racers=racers,
+            lease=lease, retention=retention, heartbeat=heartbeat,
+            connect_timeout=connect_timeout, statement_timeout=statement_timeout,
+            spread=spread, claim_ahead=claim_ahead, pool=pool_or_dsn,
+        )  # fmt: skip
+        self._mode: Mode = mode
+        self._application_name = application_name or default_application_name()
+        source = source_for(mode, pool_or_dsn, connect_kwargs, self._application_name)
+        self._table = LedgerTable(table, schema) if ledger else None
+        # Lock keys: namespaced by the ledger, bare (Go's) on request, or keyed (._lockkeys).
+        self._keys = KeySource(lock_keys, self._table, bare=bare_keys)
+        self._holder = f"{self._application_name}:{secrets.token_hex(4)}"
+        self._exclusion = exclusion_for(mode, self._table, holder=self._holder, lease=checked.lease)
+        self._remember = checked.remember
+        self._race = FairRace(checked.spread)
+        self._ahead, self._keep = checked.claim_ahead, checked.retention
+        self._closed = False
+        self._entered = 0  # open async-with blocks: the Scheduler then leaves closing to them
+        self._source = source
+        self._pool_watch: asyncio.Task[None] | None = None
+        self._shards = make_sessions(
+            mode,
+            source,
+            self._table,
+            sessions=checked.sessions,
+            create_table=create_table,
+            connect_timeout=checked.connect_timeout,
+            statement_timeout=checked.statement_timeout,
+            application_name=self._application_name,
+            keepalives=keepalives,
+            on_open=self._on_session_opened,
+            on_drop=self._on_session_dropped,
+        )
+        host = socket.gethostname()
+        self._claims = tuple(Claims(session, self._exclusion, host) for session in self._shards)
+        self._held: dict[int, PostgresHold] = {}
+        self._pending: set[int] = set()
+        self._claimed: dict[str, dict[datetime, None]] = {}
+        # What refusals told of each job's history, until the scheduler asks (see
+        # refusal_history); bounded like the claimed slots.
+        self._told: dict[str, tuple[RunRecord | None, RunRecord | None]] = {}
+        self._reads = LedgerReads(
+            self._shards, self._table, lambda: self._closed, key=self._keys.fnv
+        )
+        self._crashes = CrashWatch.of(self._exclusion, host)
+        self._foreign = None if self._table is None else ForeignHolders(self._table, self._shards)
+        self._members = None if self._table is None else Membership(
+            self._table, self._shards, holder=self._holder, racers=checked.racers
+        )  # fmt: skip
+        cadence = (lambda: 1.0) if self._members is None else self._members.spread
+        # Lease mode: the renewal of the leases in flight, and their fence.
+        self._keeper = LeaseKeeper.of(
+            self._exclusion, self._shards[0], holder=self._holder, lost=self._on_fenced
+        )
+        # Upkeep: heartbeat, schedules and late outcomes to write, crashes to mark, pruning.
+        self._upkeep = Upkeep(
+            self._shards,
+            self._table,
+            retention=checked.retention,
+            # Lease mode: the renewals prove the leases; nothing lives in a session to check.
+            heartbeat=checked.heartbeat if mode == "session" else None,
+            application_name=self._application_name,
+            holding=lambda: {key % len(self._shards) for key in self._held},
+            busy=lambda: bool(self._held or self._pending),
+            host=host,
+            crashes=self._crashes,
+            exclusion=self._exclusion,
+            spread=cadence,
+        )
+        self._fleet = (
+            None if self._table is None else FleetWatch(self._table, self._shards, cadence)
+        )
+        self._count = LockerCounts()
+
+    @property
+    def application_name(self) -> str:
+        """The ``application_name`` of the lock sessions, as shown in pg_stat_activity."""
+        return self._application_name
+
+    @property
+    def mode(self) -> Mode:
+        """Where exclusion lives: ``"session"`` (advisory locks) or ``"lease"`` (lease rows)."""
+        return self._mode
+
+    def lock_key(self, job: str) -> int:
+        """*job*'s lock key: :func:`~cronlock.postgres.ledger_lock_key` (``job_lock_key`` with
+        *bare_keys* or no ledger); ``lock_keys="keyed"``: from the first claim (LockError)."""
+        return self._keys.key(job)
+
+    def keyed_keys(self) -> bool:
+        """Whether the keys are ``lock_keys="keyed"`` (``KeyedLocker``: no FNV-1a)."""
+        return self._keys.kind == "keyed"
+
+    @property
+    def ledger(self) -> LedgerTable | None:
+        """Where the run ledger lives, or ``None`` in lock-only mode (``ledger=False``)."""
+        return self._table
+
+    def _shard(self, key: int) -> int:
+        return key % len(self._shards)
+
+    def statistics(self) -> PostgresLockerStatistics:
+        """Return the locker's counters."""
+        return self._count.snapshot(
+            held=len(self._held), shards=self._shards, upkeep=self._upkeep, crashes=self._crashes,
+            foreign=self._foreign, keeper=self._keeper, members=self._members,
+        )  # fmt: skip
+
+    async def acquire(self, job: str, slot: datetime) -> PostgresHold | Refusal:
+        """Claim *slot* of *job*: a hold, or why not.
+
+        ``"locked"``: the job's lock is held, by another replica or by a run in this process.
+        ``"already_ran"``: the slot was claimed before, by any replica (with the ledger) or
+        by this locker. ``"paused"``: the job is paused fleet-wide (:class:`FleetControl`).
+        Raises :class:`cronlock.LockError` when the server cannot be reached or fails. If
+        the calling task is cancelled, nothing stays held or claimed.
+        """
+        if self._closed:
+            raise LockError(f"job {job!r}: {_CLOSED}")
+        if not self._keys.ready:  # lock_keys="keyed": the ledger's secret, read once
+            await self._keys.load(self._shards)
+        key = self._keys.key(job)
+        if key in self._held or key in self._pending:
+            self._count.busy_here += 1
+            say(_logger, DEBUG, job, slot, "already running in this process")
+            return "locked"
+        # A slot whose crashed run this replica said it would rerun, or whose failed attempt
+        # it retries, is claimed by taking that row over (the attempt after it), ours or not.
+        rerun = self._crashes is not None and self._crashes.take(job, slot)
+        claimed = self._claimed.get(job)
+        if claimed and slot in claimed and not rerun:
+            self._count.busy_here += 1
+            say(_logger, DEBUG, job, slot, "already claimed by this process")
+            return "already_ran"
+        # In a fleet of more than `racers`, only `racers` replicas claim (._members).
+        if (
+            self._members is not None
+            and not rerun
+            and self._members.standing_by()
+            and not ASKED.get()  # run_now() claims the slot even here
+        ):
+            self._count.standby += 1
+            return "standby"
+        # Reserve the key in-process first: the session would grant it twice (re-entrant).
+        self._pending.add(key)
+        sent = asyncio.get_running_loop().time()  # lease mode trusts a lease from here on
+        try:
+            # The fair race (._servertime), drawn per lane: eight lanes per locker.
+            await self._race.wait(slot, key % LANES)
+            claims = self._claims[self._shard(key)]
+            answer = await claims.claim(job, key, slot, rerun=rerun)
+        finally:
+            self._pending.discard(key)
+        refusal, generation = answer.refusal, answer.generation
+        if answer.told is not None:
+            self._told[job] = answer.told
+            if len(self._told) > self._remember:
+                del self._told[next(iter(self._told))]
+        if refusal == "locked":
+            self._count.contended += 1
+            if self._foreign is not None:
+                self._foreign.refused(job, key, slot, self._shards[self._shard(key)])
+            say(_logger, DEBUG, job, slot, "another replica holds the lock")
+            return refusal
+        if refusal == "already_ran":
+            self._count.already_ran += 1
+            say(_logger, DEBUG, job, slot, "another replica already ran the slot")
+            return refusal
+        if refusal == "paused":
+            return refusal  # paused fleet-wide (the claim statement read it)
+        self._count.granted += 1
+        if rerun:
+            self._count.reran += 1
+            say(_logger, INFO, job, slot, f"took the slot over for attempt {rerun}")
+        remember_claim(self._claimed.setdefault(job, {}), slot, None, remember=self._remember)
+        claims, attempt = self._claims[self._shard(key)], rerun or 1
+        hold = PostgresHold(
+            job, key, slot, claims=claims, generation=generation, on_released=self._on_released,
+            attempt=attempt,
+        )  # fmt: skip
+        self._held[key] = hold
+        if self._keeper is not None:
+            self._keeper.granted(hold, sent)
+        elif self._shards[self._shard(key)].generation != generation:
+            # The session died between its answer and now: the lock died with it.
+            hold.mark_lost(LockError(f"job {job!r}: the lock session was dropped"))
+            self._count.lost += 1
+        return hold
+
+    def fleet_pace(self) -> float:
+        """How many times less often fleet-wide chores run here (members over *racers*, >= 1)."""
+        return 1.0 if self._members is None else self._members.spread()
+
+    def retention(self) -> float:
+        """Seconds after its slot a run's row may be pruned (infinite without a ledger)."""
+        return self._keep
+
+    def claims_ahead(self) -> float:
+        """Seconds before its slot a claim may go out (``claim_ahead``, ClaimAheadLocker)."""
+        return self._ahead
+
+    async def read_server_clock(
+        self, read: Callable[[], datetime]
+    ) -> tuple[datetime, datetime, datetime]:
+        """``(read(), the server's clock, read())`` over a lock session, for fleet time."""
+        if self._closed:
+            raise LockError(_CLOSED)
+        return await read_server_clock(self._shards, read)
+
+    def on_crashed(self, callback: CrashCallback) -> None:
+        """Call *callback* ``(job, record)`` for each crashed run this locker marks.
+
+        With a ledger, every few seconds the locker marks ``"crashed"`` the runs whose
+        replica died mid-run (unfinished, and its session gone or its lease expired); each
+        row is marked by one replica, which alone calls its callbacks. A callback returns
+        True when it will run that slot again: the next :meth:`acquire` of the slot then
+        takes the row over (attempt 2), at most once fleet-wide. The scheduler registers
+        itself here (job option ``recover``); adding a callback twice calls it once.
+        """
+        if self._crashes is not None:
+            self._crashes.on_crashed(callback)
+
+    def on_foreign_holder(self, callback: ForeignCallback) -> None:
+        """Call *callback* ``(job, slot, holder)`` once per job whose lock key a session
+        outside this fleet holds (its claims are refused; see :mod:`._foreign`)."""
+        if self._foreign is not None:
+            self._foreign.on_found(callback)
+
+    def watch_fleet(
+        self, callback: FleetCallback, jobs: Callable[[], Mapping[str, Health]]
+    ) -> None:
+        """Call *callback* with each read of the fleet's state (see :class:`FleetWatch`)."""
+        if self._fleet is not None:
+            self._fleet.add(callback, jobs)
+            self._upkeep.health = self._fleet.health
+            if any(s.is_open for s in self._shards):
+                self._fleet.start()
+
+    def note_schedule(
+        self, job: str, schedule: str, next_run: datetime | None, *, tags: Collection[str] = ()
+    ) -> None:
+        """Remember *job*'s schedule, next slot and *tags*; no I/O (written batched, at close)."""
+        if self._upkeep.note(job, schedule, next_run, tags) and self._members is not None:
+            self._members.has(job)  # a new job of ours: our group is the replicas with it
+
+    async def prune(self) -> int:
+        """Delete ledger rows older than *retention* now; return how many (it runs by
+        itself every few minutes: this is pruning on demand)."""
+        return await self._upkeep.prune()
+
+    async def close(self) -> None:
+        """Write pending schedules and outcomes, then close the lock sessions.
+
+        Every lock on them is released; holds become lost. Idempotent. Borrowed pool
+        connections are given back to their pool.
+        """
+        self._closed = True
+        if self._members is not None:
+            await self._members.stop()  # leaves the fleet, so its jobs are reassigned at once
+        for session in self._shards:
+            session.closed = True
+        watch, self._pool_watch = self._pool_watch, None
+        if watch is not None and watch is not asyncio.current_task():
+            await cancel_and_wait(watch)
+        if self._keeper is not None:
+            await self._keeper.stop()
+        if self._foreign is not None:
+            await self._foreign.stop()
+        await self._upkeep.stop()
+        for claims in self._claims:
+            await claims.batcher.wait_idle()  # answers in flight reach their callers
+        if self._fleet is not None:
+            await self._fleet.stop()
+        await hand_back_all(self._shards, self._upkeep, self._held)
+
+    @property
+    def closed(self) -> bool:
+        """True once :meth:`close` has begun."""
+        return self._closed
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else f"{sum(s.is_open for s in self._shards)} open"
+        return f"<PostgresLocker {self._application_name!r} sessions: {state}>"
+
+    # -- the sessions and what runs on them ---------------------------------------------------
+
+    def _on_session_opened(self) -> None:
+        self._upkeep.start()
+        if self._members is not None and not self._closed:
+            self._members.start()
+        if self._fleet is not None and not self._closed:
+            self._fleet.start()
+        if self._pool_watch is None and not self._closed:
+            self._pool_watch = watch_pool(self._source, self.close)
+
+    def _on_session_dropped(self, shard: int, reason: str) -> None:
+        """Mark the holds of a dropped session lost (lease mode: they stay held, renewed)."""
+        if self._mode == "session":
+            self._count.lost += mark_dropped(self._held, shard, len(self._shards), reason)
+
+    def _on_fenced(self, hold: PostgresHold) -> None:  # lease mode: renewal failed
+        self._count.lost += 1
+
+    def _on_released(self, hold: PostgresHold, unwritten: RunRecord | None) -> None:
+        """*hold* was released: forget it; keep an outcome its dead session lost."""
+        if self._keeper is not None:
+            self._keeper.released(hold)
+        if unwritten is not None and self._table is not None:
+            self._upkeep.write_late(hold.job, hold.slot, unwritten, hold.attempt)
+        if self._held.get(hold.key) is hold:
+            del self._held[hold.key]
+        self._count.released += 1

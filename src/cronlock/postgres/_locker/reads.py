@@ -1,0 +1,205 @@
+"""A PostgresLocker's reads of the run ledger: one job's history, or many jobs at once.
+
+Reads go to the job's shard, between its lock statements; a read of many jobs (start-up
+catch-up) is one statement per :data:`READ_BATCH` jobs, however many jobs there are.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import socket
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from ..._cancel import task_name, uncancellable
+from ..._errors import LockError
+from ..._keys import job_lock_key
+from ..._locking.protocols import LedgerSummary
+from .._conn.errors import backend_errors
+from .._sql.claims import Prefixed, catch_up_sql
+from .._sql.decode import decode_run, report_odd
+from .._sql.stored import decode_changes, stored_sql
+from .._sql.tables import LedgerTable
+
+if TYPE_CHECKING:
+    from ..._records import RunRecord
+    from ..._stored.schedule import Change
+    from .._conn.dedicated import LockSession
+    from .crashes import CrashWatch
+
+__all__ = ("READ_BATCH", "LedgerReads", "ReadsLedger")
+
+READ_BATCH = 5000
+"""Jobs per statement of a many-job read."""
+_T = TypeVar("_T")
+_STORED_KEY = "cronlock:stored-schedules"  # the shard the stored schedules are read on
+
+
+class LedgerReads:
+    """The ledger reads of a locker whose sessions are *shards*; *closed* says if it is."""
+
+    def __init__(
+        self,
+        shards: Sequence[LockSession],
+        table: LedgerTable | None,
+        closed: Callable[[], bool],
+        *,
+        key: Callable[[str], int] = job_lock_key,
+    ) -> None:
+        self._shards = shards
+        self._key = key
+        self._table = table
+        self._closed = closed
+        self._catch_up_sql = None if table is None else catch_up_sql(table)
+
+    async def last_claimed(self, job: str) -> datetime | None:
+        """The latest slot of *job* any replica claimed; ``None`` without a ledger."""
+        if self._table is None:
+            return None
+        sql = self._table.last_claimed_sql
+        found: datetime | None = await self._read(job, lambda s: s.fetchval(sql, job))
+        return found
+
+    async def last_runs(self, job: str) -> tuple[RunRecord | None, RunRecord | None]:
+        """The latest finished run of *job* on any replica, and the latest successful one."""
+        if self._table is None:
+            return None, None
+        sql = self._table.last_runs_sql
+        rows = await self._read(job, lambda s: s.fetch(sql, job))
+        runs = self._table.runs
+        found = {row["kind"]: decode_run(row, table=runs, job=job) for row in rows}
+        return found.get("last"), found.get("ok")
+
+    async def history(self, job: str, limit: int) -> list[RunRecord]:
+        """The latest *limit* runs of *job*, newest first; empty without a ledger."""
+        if self._table is None:
+            return []
+        sql = self._table.history_sql
+        rows = await self._read(job, lambda s: s.fetch(sql, job, limit))
+        runs = self._table.runs
+        return [r for row in rows if (r := decode_run(row, table=runs, job=job)) is not None]
+
+    async def summaries(self, jobs: Sequence[str]) -> Mapping[str, LedgerSummary]:
+        """Each job's latest claimed slot, latest finished run and latest success.
+
+        One statement per :data:`READ_BATCH` jobs, on the first job's shard. Jobs without
+        a row are left out; empty without a ledger.
+        """
+        sql, table = self._catch_up_sql, self._table
+        if sql is None or table is None or not jobs:
+            return {}
+        found: dict[str, LedgerSummary] = {}
+        names = list(dict.fromkeys(jobs))
+        for start in range(0, len(names), READ_BATCH):
+            chunk = names[start : start + READ_BATCH]
+            rows: list[Any] = await self._read(chunk[0], functools.partial(_fetch, sql, chunk))
+            for row in rows:
+                job = row["job"]
+                if row["odd_slot"] is not None:
+                    report_odd(table.runs, job, row["odd_slot"])
+                if row["claimed"] is None:
+                    continue
+                last, ok = (
+                    None
+                    if row[f"{prefix}slot"] is None
+                    else decode_run(Prefixed(row, prefix), table=table.runs, job=job)
+                    for prefix in ("l_", "s_")
+                )
+                found[job] = LedgerSummary(row["claimed"], last, ok)
+        return found
+
+    async def stored_changes(self, since: int) -> tuple[int, list[Change]]:
+        """The stored schedules' latest revision and changes after *since* (one statement,
+        on the shard of a fixed key); nothing without a ledger."""
+        table = self._table
+        if table is None:
+            return since, []
+        sql = stored_sql(table)["changes"]
+        rows = await self._read(_STORED_KEY, lambda s: s.fetch(sql, since))
+        return decode_changes(rows, since, table=table.schedules)
+
+    async def report_problem(self, name: str, revision: int, problem: str) -> None:
+        """Note *problem* in revision *revision* of stored schedule *name*, as this host."""
+        table = self._table
+        if table is None:
+            return
+        sql, who = stored_sql(table)["problem"], f"{socket.gethostname()}:{os.getpid()}"
+        await self._read(_STORED_KEY, lambda s: s.execute(sql, name, revision, problem, who))
+
+    async def _read(self, job: str, call: Callable[[Any], Awaitable[_T]]) -> _T:
+        if self._closed():
+            raise LockError(f"job {job!r}: the PostgresLocker is closed")
+        session = self._shards[self._key(job) % len(self._shards)]
+        conn, generation = await session.ensure()
+        with backend_errors(
+            f"job {job!r}: reading the run ledger failed",
+            session_lost=f"job {job!r}: the lock session was lost; try again",
+        ):
+            return await uncancellable(
+                session.run(
+                    conn, generation, call, what="a ledger read", keep_on_server_error=True
+                ),
+                name=task_name("pg-read", job),
+            )
+
+
+async def _fetch(sql: str, names: list[str], conn: Any) -> list[Any]:
+    rows: list[Any] = await conn.fetch(sql, names)
+    return rows
+
+
+class ReadsLedger:
+    """The ledger half of :class:`cronlock.LedgerLocker`, a base of ``PostgresLocker``:
+    reads through its :class:`LedgerReads`, and what its refusals told."""
+
+    _reads: LedgerReads
+    _told: dict[str, tuple[RunRecord | None, RunRecord | None]]
+    _crashes: CrashWatch | None
+
+    async def last_claimed(self, job: str) -> datetime | None:
+        """The latest slot of *job* any replica claimed; ``None`` without a ledger."""
+        return await self._reads.last_claimed(job)
+
+    async def last_runs(self, job: str) -> tuple[RunRecord | None, RunRecord | None]:
+        """The latest finished run of *job* on any replica, and the latest successful one."""
+        return await self._reads.last_runs(job)
+
+    async def history(self, job: str, limit: int = 20) -> list[RunRecord]:
+        """The latest *limit* runs of *job* on any replica, newest first.
+
+        Unfinished runs are included with outcome ``"unfinished"`` and no ``finished_at``.
+        Empty without a ledger.
+        """
+        return await self._reads.history(job, limit)
+
+    async def ledger_summaries(self, jobs: Sequence[str]) -> Mapping[str, LedgerSummary]:
+        """The latest claimed slot, finished run and success of each of *jobs*, read in one
+        statement per few thousand jobs (start-up catch-up); jobs without a row are left
+        out. Empty without a ledger."""
+        return await self._reads.summaries(jobs)
+
+    async def stored_changes(self, since: int) -> tuple[int, list[Change]]:
+        """The stored schedules' latest revision and every change after revision *since*
+        (``FleetControl.add_schedule``...), oldest first: one statement per sync."""
+        return await self._reads.stored_changes(since)
+
+    async def report_problem(self, name: str, revision: int, problem: str) -> None:
+        """Note in the ledger that this replica cannot run revision *revision* of stored
+        schedule *name*, and why (``status`` and the dashboard show it)."""
+        await self._reads.report_problem(name, revision, problem)
+
+    def will_retry(self, job: str, slot: datetime, attempt: int) -> None:
+        """The next :meth:`acquire` of *slot* of *job* claims attempt *attempt* by taking its
+        failed row over in the ledger: granted once fleet-wide, and only while the attempt
+        before it is the row's and failed (``retries``). Without a ledger, a plain claim."""
+        if self._crashes is not None:
+            self._crashes.retry(job, slot, attempt)
+
+    def refusal_history(self, job: str) -> tuple[RunRecord | None, RunRecord | None] | None:
+        """What the ledger said with the refusal :meth:`acquire` just gave *job*: the job's
+        latest finished run at or before that slot, and it again as the latest success when
+        it succeeded. ``None`` when nothing was told (no ledger, no refusal, or asked
+        already): a replica that loses a slot learns the fleet's history without a read."""
+        return self._told.pop(job, None)

@@ -1,0 +1,407 @@
+"""Upkeep of a PostgresLocker's sessions: heartbeat, schedule notes, late outcomes, pruning.
+
+One background task per locker, from its first session to its close. It never opens a
+session itself (only acquiring and reading do), and it rides on the lock sessions: the
+heartbeat checks each session that holds leases (so a heartbeat that fails drops that
+session like any other statement would); writes, the check for crashed runs
+(:mod:`._crashes`) and pruning use any open session.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+from collections.abc import Callable, Collection, Coroutine, Mapping, Sequence
+from dataclasses import replace
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from ..._cancel import cancel_and_wait, task_name, uncancellable
+from ..._logs import get_logger
+from .._conn.dedicated import LockSession
+from .._conn.errors import SessionGone, backend_errors, gone_or_failed_types
+from .._conn.source import is_closed
+from .._sql.tables import LedgerTable
+from .crashes import CHECK_EVERY, CrashWatch
+
+if TYPE_CHECKING:
+    from ..._locking.protocols import Health
+    from ..._records import RunRecord
+    from .._modes.exclusion import Exclusion
+
+__all__ = (
+    "COMPLAIN_EVERY",
+    "NOTE_EVERY",
+    "NOTE_LATEST",
+    "PRUNE_BATCH",
+    "PRUNE_EVERY",
+    "Upkeep",
+    "tags_json",
+)
+
+_logger = get_logger("cronlock.postgres")
+_T = TypeVar("_T")
+
+NOTE_EVERY = 5.0
+"""Seconds between writes of changed job schedules (``note_schedule``) per locker."""
+NOTE_LATEST = 30.0
+"""Seconds: while runs hold leases, changed schedules wait, at most this long."""
+PRUNE_EVERY = 300.0
+"""Seconds between two prunes of the ledger by one locker (plus up to 20% jitter)."""
+PRUNE_BATCH = 1000
+"""Rows one prune statement deletes at most; a full batch is followed by another soon."""
+COMPLAIN_EVERY = 600.0
+"""Seconds: an upkeep duty that keeps failing the same way is logged again this often."""
+
+
+class _Complaints:
+    """Which upkeep duties fail, told at WARNING: when a duty starts failing or fails
+    another way, then every ``COMPLAIN_EVERY`` seconds while it goes on; its recovery at
+    INFO. A session that went away is not a duty's failure (its drop is told where it is
+    dropped, and the next session retries): DEBUG."""
+
+    def __init__(self) -> None:
+        self._failing: dict[str, tuple[str, float]] = {}  # duty: (error's type, told at)
+
+    def failed(self, duty: str, exc: BaseException) -> None:
+        if isinstance(exc, SessionGone):
+            _logger.debug("upkeep (%s) skipped: the lock session is gone", duty)
+            return
+        now = asyncio.get_running_loop().time()
+        kind = type(exc).__name__
+        known = self._failing.get(duty)
+        if known is not None and known[0] == kind and now - known[1] < COMPLAIN_EVERY:
+            _logger.debug("upkeep (%s) failed again: %r", duty, exc)
+            return
+        self._failing[duty] = (kind, now)
+        _logger.warning(
+            "PostgresLocker upkeep (%s) failed; the other duties go on, this one is retried: %r",
+            duty,
+            exc,
+        )
+
+    def succeeded(self, duty: str) -> None:
+        if self._failing.pop(duty, None) is not None:
+            _logger.info("PostgresLocker upkeep (%s) works again", duty)
+
+
+class Upkeep:
+    """The upkeep task of one locker, and what it has still to write.
+
+    *sessions* are the locker's shards; *holding* gives the indexes of those holding leases
+    right now: only they are worth a heartbeat; *busy* says whether claims or runs are in
+    flight (changed schedules then wait). *table* ``None`` (lock-only mode) leaves
+    just the heartbeat. *crashes* checks for crashed runs every few seconds; *host* is this
+    replica's, whose own runs' late outcomes are written.
+    """
+
+    def __init__(
+        self,
+        sessions: Sequence[LockSession],
+        table: LedgerTable | None,
+        *,
+        retention: float,
+        heartbeat: float | None,
+        application_name: str,
+        holding: Callable[[], Collection[int]],
+        busy: Callable[[], bool] = lambda: False,
+        host: str,
+        crashes: CrashWatch | None = None,
+        exclusion: Exclusion | None = None,
+        spread: Callable[[], float] = lambda: 1.0,
+    ) -> None:
+        self._sessions = sessions
+        self._table = table
+        self._retention = retention
+        self._heartbeat = heartbeat
+        self._application_name = application_name
+        self._holding = holding
+        self._busy = busy
+        self._notes: dict[str, tuple[str, datetime | None, Collection[str]]] = {}
+        self._dirty: set[str] = set()
+        self._dirty_at: float | None = None  # loop time a tick first saw unwritten notes
+        self._late: list[tuple[str, datetime, RunRecord, int]] = []
+        self._host = host
+        self._crashes = crashes
+        # Fleet-wide chores (crash checks, schedule notes) run N / racers times less often
+        # on each replica of a large fleet (._members).
+        self._spread = spread
+        # The late outcome statement of the locker's mode (lease mode releases the lease too).
+        self._late_sql = None if exclusion is None else exclusion.late_finish_sql
+        self._late_args = () if exclusion is None else exclusion.holder_args
+        self._crash_at = 0.0  # loop time of the next check for crashed runs
+        self._task: asyncio.Task[None] | None = None
+        self._complaints = _Complaints()
+        self._noted_at = float("-inf")
+        self._prune_at = PRUNE_EVERY * random.uniform(0.2, 0.4)  # relative until started
+        self.heartbeats = 0
+        self.health: Callable[[], Mapping[str, Health]] = dict
+        """The jobs' overdue graces and due slots, written with their schedules (set by the
+        fleet watch)."""
+
+    def note(
+        self, job: str, schedule: str, next_run: datetime | None, tags: Collection[str] = ()
+    ) -> bool:
+        """Remember *job*'s schedule, next slot and tags; written if changed, batched. True
+        when *job* was never noted before."""
+        if self._table is None:
+            return False
+        known = self._notes.get(job)
+        if known == (schedule, next_run, tags):
+            return False
+        self._notes[job] = (schedule, next_run, tags)
+        self._dirty.add(job)
+        return known is None
+
+    def note_delay(self) -> float:
+        """The longest this replica takes to write a changed note: a flush waits until
+        ``NOTE_EVERY`` (times the fleet's spread) passed since the last one, and at most
+        ``NOTE_LATEST`` for runs holding leases, then for the next tick. Twice it is the
+        margin a published grace stands by past its next slot (see
+        :attr:`._ledger.LedgerTable.note_sql`)."""
+        return max(NOTE_EVERY * self._spread(), NOTE_LATEST) + NOTE_EVERY
+
+    def write_late(self, job: str, slot: datetime, record: RunRecord, attempt: int = 1) -> None:
+        """Keep the outcome of a lease whose session died, to write once a session is back."""
+        self._late.append((job, slot, record, attempt))
+
+    def start(self) -> None:
+        """Start the upkeep task, unless it runs already."""
+        if self._task is None:
+            loop = asyncio.get_running_loop()
+            self._prune_at += loop.time()
+            self._task = loop.create_task(self._keep(), name=task_name("pg-upkeep"))
+
+    async def stop(self) -> None:
+        """Cancel the upkeep task and wait until it is done."""
+        task, self._task = self._task, None
+        if task is not None:
+            await cancel_and_wait(task)
+
+    async def prune(self) -> int:
+        """Prune batches now, connecting if needed, until one is not full; return the total."""
+        if self._table is None:
+            return 0
+        total = 0
+        while True:
+            found = self._any_open()
+            session = found[0] if found else self._sessions[0]
+            conn, generation = found[1:] if found else await session.ensure()
+            with backend_errors("pruning the run ledger failed"):
+                deleted = await uncancellable(
+                    self._prune_batch(session, conn, generation), name=task_name("pg-prune")
+                )
+            total += deleted
+            if deleted < PRUNE_BATCH:
+                return total
+
+    def _any_open(self) -> tuple[LockSession, Any, int] | None:
+        """The first session with an open connection, that connection and its generation."""
+        for session in self._sessions:
+            conn = session.conn
+            if conn is not None and not is_closed(conn):
+                return session, conn, session.generation
+        return None
+
+    async def _beat(self, session: LockSession) -> None:
+        """Check one session that holds leases; a failure drops it (run() does that)."""
+        conn, generation = session.conn, session.generation
+        if conn is None or is_closed(conn):
+            return  # already dropped, or about to be: its leases are (being) marked lost
+        self.heartbeats += 1
+        try:
+            await session.run(
+                conn, generation, lambda c: c.fetchval("SELECT 1"), what="the heartbeat"
+            )
+        except gone_or_failed_types() as exc:
+            _logger.debug("lock session heartbeat failed: %r", exc)
+
+    async def _beat_all(self, sessions: Sequence[LockSession]) -> None:
+        await asyncio.gather(*(self._beat(session) for session in sessions))
+
+    async def _keep(self) -> None:
+        """Owned by the locker from the first session to its close."""
+        tick = min(self._heartbeat or NOTE_EVERY, NOTE_EVERY)
+        if self._crashes is not None:
+            tick = min(tick, CHECK_EVERY)
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(tick)
+            now = loop.time()
+            beat = self._heartbeat
+            if beat is not None:
+                # Every session holding leases, at once: a cut one is noticed within about
+                # heartbeat + statement_timeout, however many sessions it cut.
+                due = [
+                    self._sessions[i]
+                    for i in self._holding()
+                    if now - self._sessions[i].last_ok >= beat
+                ]
+                if due:
+                    await uncancellable(self._beat_all(due), name=task_name("pg-heartbeat"))
+            found = self._any_open()
+            if self._table is None or found is None:
+                continue  # only acquire reconnects: upkeep alone never opens a session
+            session, conn, generation = found
+            # Each duty on its own: one that fails (a server error on its statement) must
+            # not stop the others, a failing note must not stop pruning or the crash check.
+            if self._late:
+                await self._duty("late outcomes", self._write_late, session, conn, generation)
+            # Notes wait while runs hold leases (a burst's claims and ends come first:
+            # the schedules of thousands of jobs are a long statement), within reason.
+            if self._dirty and self._dirty_at is None:
+                self._dirty_at = now
+            if (
+                self._dirty_at is not None
+                and now - self._noted_at >= NOTE_EVERY * self._spread()
+                and (now - self._dirty_at >= NOTE_LATEST or not self._busy())
+            ):
+                await self._duty("schedule notes", self._write_notes, session, conn, generation)
+            # Other replicas' runs whose session is gone (ours are left to the late
+            # writes above, which replace a "crashed" another replica may have set).
+            if self._crashes is not None and now >= self._crash_at:
+                # Less half a tick: with a tick of CHECK_EVERY, a check on every tick.
+                self._crash_at = now + CHECK_EVERY * self._spread() - tick / 2
+                await self._duty("crash check", self._crashes.check, session, conn, generation)
+            if now >= self._prune_at:
+                deleted = await self._duty("prune", self._prune_batch, session, conn, generation)
+                full = deleted is not None and deleted >= PRUNE_BATCH
+                self._prune_at = now + (tick if full else PRUNE_EVERY * random.uniform(1, 1.2))
+
+    async def _duty(
+        self,
+        duty: str,
+        fn: Callable[[LockSession, Any, int], Coroutine[Any, Any, _T]],
+        session: LockSession,
+        conn: Any,
+        generation: int,
+    ) -> _T | None:
+        """Run one upkeep duty, uncancellably; its failure is told (:class:`_Complaints`)
+        and swallowed, so the next duty runs, and this one is tried again next time."""
+        try:
+            result = await uncancellable(fn(session, conn, generation), name=task_name("pg-upkeep"))
+        except gone_or_failed_types() as exc:
+            # A dead session was dropped (its leases marked lost, which is logged) by run();
+            # a server error on upkeep leaves it sound, and says something is wrong.
+            self._complaints.failed(duty, exc)
+            return None
+        except Exception:
+            # A bug, or a row no decoding foresaw: said loudly, and upkeep goes on (its
+            # heartbeats and crash checks must not stop in silence).
+            _logger.exception("lock session upkeep (%s) failed unexpectedly", duty)
+            return None
+        self._complaints.succeeded(duty)
+        return result
+
+    def _report_lost(self, late: list[tuple[str, datetime, RunRecord, int]]) -> None:
+        """Runs cut off by a lost lock, now written: crashes for recovery (:mod:`._crashes`)."""
+        crashes = self._crashes
+        if crashes is None:
+            return
+        for job, slot, record, attempt in late:
+            if record.outcome == "lock_lost" and attempt == 1:
+                crashes.lost(job, replace(record, slot=slot, owner=f"{self._host}:{os.getpid()}"))
+
+    async def flush(self, session: LockSession, conn: Any, generation: int) -> None:
+        """Write changed job schedules and outcomes of lost leases, on *session*; each is
+        tried even if the other fails (the first failure is raised after both)."""
+        failure: BaseException | None = None
+        for write in (self._write_late, self._write_notes):
+            try:
+                await write(session, conn, generation)
+            except gone_or_failed_types() as exc:
+                failure = failure or exc
+        if failure is not None:
+            raise failure
+
+    async def _write_late(self, session: LockSession, conn: Any, generation: int) -> None:
+        """Write the outcomes of lost leases (kept for the next try if that fails)."""
+        table = self._table
+        if table is None or not self._late:
+            return
+        late, self._late = self._late, []
+        jobs, slots, records, attempts = zip(*late, strict=True)
+        args = (
+            list(jobs),
+            list(slots),
+            [r.outcome for r in records],
+            [r.error for r in records],
+            [r.finished_at for r in records],
+            list(attempts),
+            self._host,
+            os.getpid(),
+            [r.started_at for r in records],
+            *self._late_args,
+        )
+        late_sql = self._late_sql or table.late_finish_sql
+        try:
+            await session.run(
+                conn,
+                generation,
+                lambda c: c.execute(late_sql, *args),
+                what="writing late outcomes",
+                keep_on_server_error=True,
+            )
+        except BaseException:
+            self._late[:0] = late
+            raise
+        self._report_lost(late)
+
+    async def _write_notes(self, session: LockSession, conn: Any, generation: int) -> None:
+        """Write changed job schedules (kept for the next try if that fails)."""
+        table = self._table
+        if table is None or not self._dirty:
+            return
+        dirty, self._dirty, self._dirty_at = self._dirty, set(), None
+        names = sorted(dirty)
+        notes = [self._notes[name] for name in names]
+        known = self.health()  # read once: each job's health is computed when looked up
+        health = [known.get(name) for name in names]
+        graces = [None if h is None else h[0] for h in health]
+        dues = [None if h is None else h[1] for h in health]
+        try:
+            await session.run(
+                conn,
+                generation,
+                lambda c: c.execute(
+                    table.note_sql,
+                    names,
+                    [schedule for schedule, _, _ in notes],
+                    [next_run for _, next_run, _ in notes],
+                    self._application_name,
+                    graces,
+                    dues,
+                    2 * self.note_delay(),
+                    [tags_json(tags) for _, _, tags in notes],
+                ),
+                what="writing schedules",
+                keep_on_server_error=True,
+            )
+        except BaseException:
+            self._dirty |= dirty
+            raise
+        self._noted_at = asyncio.get_running_loop().time()
+
+    async def _prune_batch(self, session: LockSession, conn: Any, generation: int) -> int:
+        table = self._table
+        assert table is not None
+        deleted = await session.run(
+            conn,
+            generation,
+            lambda c: c.fetchval(table.prune_sql, self._retention, PRUNE_BATCH),
+            what="pruning the ledger",
+            keep_on_server_error=True,
+        )
+        if deleted:
+            _logger.debug(
+                "pruned %d run(s) older than %gs from %s", deleted, self._retention, table.runs
+            )
+        return int(deleted)
+
+
+def tags_json(tags: Collection[str]) -> str:
+    """*tags* as :attr:`LedgerTable.note_sql` takes them: a JSON array, sorted; a tag the
+    server cannot store (one with a NUL character) is left out."""
+    return json.dumps(sorted(tag for tag in tags if "\x00" not in tag))

@@ -1,0 +1,270 @@
+"""``python -m cronlock migrate|status|history|pause|resume|trigger``: the run ledger and
+fleet control from the command line (``schedules``: :mod:`._cli_schedules`).
+
+The arguments are declared in :mod:`cronlock._cli.ledger`, which needs no asyncpg.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import difflib
+import sys
+from collections.abc import Iterable, Sequence
+from dataclasses import replace
+from datetime import UTC, datetime
+from typing import Any, TextIO
+
+from ..._dsn import connect_failure
+from ..._errors import CronlockError, JobLookupError
+from ..._names import unknown_job
+from ..._records import RunRecord
+from ..._terminal import printable
+from .._sql.tables import DEFAULT_TABLE, LedgerTable, ledger_state, migrate
+from .control import control_sql, refuse_unknown
+from .fleet import (
+    STATUSES,
+    FleetJob,
+    Status,
+    job_status,
+    read_jobs,
+    read_paused,
+    read_runs,
+    server_now,
+)
+
+__all__ = ("run_verb",)
+
+
+def run_verb(args: argparse.Namespace) -> int:
+    """Run one of the ledger verbs; errors are raised as :class:`CronlockError`."""
+    table = LedgerTable(args.table or DEFAULT_TABLE, args.schema)
+    if args.verb == "history" and args.n < 1:
+        raise CronlockError(f"-n must be at least 1, got {args.n}")
+    if args.verb == "status":
+        args.states = _states(args.state or [])
+    if args.verb == "schedules":
+        from .cli_schedules import run_schedules
+
+        return asyncio.run(run_schedules(args, table))
+    return asyncio.run(_run(args, table))
+
+
+def _states(given: Sequence[str]) -> frozenset[Status]:
+    """The states ``--state`` names (comma-separated, repeatable); empty: every state."""
+    wanted: set[Status] = set()
+    for name in (part.strip() for text in given for part in text.split(",")):
+        if name not in STATUSES:
+            close = difflib.get_close_matches(name, STATUSES, n=1)
+            hint = f" (did you mean {close[0]}?)" if close else ""
+            raise CronlockError(
+                f"unknown state for --state: {name!r}{hint}; valid: {', '.join(STATUSES)}"
+            )
+        wanted.add(name)
+    return frozenset(wanted)
+
+
+async def _run(args: argparse.Namespace, table: LedgerTable) -> int:
+    conn = await _connect(args.dsn, args.dsn_source)
+    try:
+        if args.verb == "migrate":
+            return await _migrate(conn, table)
+        state = await ledger_state(conn, table)
+        if state == "missing":
+            raise CronlockError(
+                f"no run ledger {table.runs} in this database; create it with "
+                f"'python -m cronlock migrate --dsn ...' or start a PostgresLocker"
+            )
+        if state == "old":
+            raise CronlockError(
+                f"the run ledger {table.runs} was made by an older cronlock; upgrade it with "
+                f"'python -m cronlock migrate --dsn ...' or start a PostgresLocker"
+            )
+        if args.verb == "status":
+            return await _status(conn, table, args.jobs, args.states, check=args.check)
+        if args.verb in ("pause", "resume", "trigger"):
+            return await _control(conn, table, args.verb, args.job, force=args.force)
+        return await _history(conn, table, args.job, args.n)
+    finally:
+        await conn.close()
+
+
+async def _connect(dsn: str | None, source: str) -> Any:
+    import asyncpg  # at the first connect, as everywhere in cronlock.postgres
+
+    try:
+        # No named prepared statements: the command line works through a transaction pooler.
+        # No DSN: asyncpg reads libpq's environment (PGHOST, PGUSER, PGPASSWORD, ...).
+        return await asyncpg.connect(dsn, timeout=10, statement_cache_size=0)
+    except Exception as exc:  # bad syntax, refused, auth, unknown database: one clear line
+        reason = connect_failure(dsn, exc)  # never the password a parse error may quote
+        raise CronlockError(f"cannot connect to PostgreSQL with {source}: {reason}") from None
+
+
+async def _migrate(conn: Any, table: LedgerTable) -> int:
+    try:
+        done = await migrate(conn, table)
+    except Exception as exc:
+        raise CronlockError(f"could not create the run ledger {table.runs}: {exc}") from None
+    _print(f"run ledger {table.runs} and {table.jobs}: {done or 'already there'}")
+    return 0
+
+
+def _when(value: datetime | None) -> str:
+    if value is None:
+        return "-"
+    if value.tzinfo is None:  # how asyncpg reads a timestamptz of +-infinity: naive
+        return "infinity" if value.year == 9999 else "-infinity"
+    try:
+        return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S")
+    except (ValueError, OverflowError):  # an aware instant UTC cannot hold (year 0)
+        return value.isoformat()
+
+
+def _took(started: datetime, finished: datetime | None) -> str:
+    if finished is None:
+        return "-"
+    try:
+        return f"{(finished - started).total_seconds():.3f}s"
+    except (TypeError, OverflowError):  # +-infinity at one end (see _when)
+        return "?"
+
+
+def _judge(job: FleetJob, now: datetime, *, paused: bool) -> Status:
+    """:func:`job_status`, for any row: a due slot that cannot be compared with *now*
+    (``infinity``, read as a naive datetime) is not judged, like a job whose replicas
+    never said (the health probe must not fail on one odd row)."""
+    try:
+        return job_status(job, now, paused=paused)
+    except (TypeError, ValueError, OverflowError):
+        return job_status(replace(job, grace=None, due=None), now, paused=paused)
+
+
+def _outcome(record: RunRecord) -> str:
+    """A run's outcome, with the attempt when the run was the rerun of a crashed one, and
+    ``manual`` when a fleet-wide trigger asked for it."""
+    notes = [f"attempt {record.attempt}"] if record.attempt > 1 else []
+    notes += ["manual"] if record.manual else []
+    return f"{record.outcome} ({', '.join(notes)})" if notes else record.outcome
+
+
+def _print(*values: object, file: TextIO | None = None) -> None:
+    """print(), with whatever a terminal would act on escaped (:mod:`cronlock._terminal`):
+    every line shows ledger text (job names, errors, hosts, application names)."""
+    print(printable(" ".join(str(value) for value in values)), file=file)
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
+    rows = [[printable(cell) for cell in row] for row in rows]  # escaped, then measured
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
+    for line in (header, *rows):
+        _print("  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip())
+
+
+async def _control(conn: Any, table: LedgerTable, verb: str, job: str, *, force: bool) -> int:
+    if not force:
+        try:
+            await refuse_unknown(conn, table, job)  # FleetControl's rule and message
+        except JobLookupError as exc:
+            _print(exc, file=sys.stderr)
+            _print(f"(nothing done; pass --force to {verb} it anyway)", file=sys.stderr)
+            return 1
+    sql = control_sql(table)[verb]
+    who = "cli:" + (await conn.fetchval("SELECT current_user"))
+    if verb == "resume":
+        await conn.execute(sql, job)
+    else:
+        await conn.execute(sql, job, who)
+    done = {
+        "pause": "paused on every replica (until 'resume')",
+        "resume": "resumed on every replica, from its next slot",
+        "trigger": "triggered: one replica runs it within about a second",
+    }[verb]
+    _print(f"{job}: {done}")
+    return 0
+
+
+async def _status(
+    conn: Any, table: LedgerTable, only: Sequence[str], states: frozenset[Status], *, check: bool
+) -> int:
+    # A job is known once a replica noted its schedule or claimed a slot of it.
+    jobs = await read_jobs(conn, table, list(only) if only else None)
+    unknown: list[str] = []
+    known: list[str] = [job.name for job in jobs]
+    if only:
+        known = [row["job"] for row in await conn.fetch(table.jobs_sql)]
+        unknown = [name for name in dict.fromkeys(only) if name not in known]
+    paused = await read_paused(conn, table) if jobs else set()
+    now = await server_now(conn)
+    # The dashboard's rule (job_status), so the page and the command line never disagree.
+    judged = [(job, _judge(job, now, paused=job.name in paused)) for job in jobs]
+    # --check judges every job asked for, whatever --state shows: its meaning stays one rule.
+    overdue = [job.name for job, state in judged if state == "overdue"]
+    shown = [(job, state) for job, state in judged if not states or state in states]
+    filtered = ""
+    if states:
+        wanted = ", ".join(state for state in STATUSES if state in states)
+        filtered = f", {len(shown)} {wanted}"
+    _print(f"run ledger {table.runs}: {len(jobs)} job(s){filtered}; times in UTC")
+    lines = []
+    for job, state in shown:
+        ok, failed = job.last_success, job.last_failure
+        failure = "-" if failed is None else f"{_when(failed.slot)} {_outcome(failed)}"
+        lines.append(
+            [
+                job.name,
+                state,
+                job.schedule or "-",
+                "-" if ok is None else _when(ok.slot),
+                failure,
+                _when(job.next_run),
+                ", ".join(h.describe() for h in job.holders) or "-",
+            ]
+        )
+    if lines:
+        header = ["JOB", "STATE", "SCHEDULE", "LAST SUCCESS", "LAST FAILURE", "NEXT SLOT"]
+        _table([*header, "LOCK HELD BY"], lines)
+    await _stored_problems(conn, table, only)
+    status = _unknown(unknown, known)
+    if check and overdue:
+        _print(f"overdue: {', '.join(overdue)}")
+        return 1
+    return status
+
+
+async def _stored_problems(conn: Any, table: LedgerTable, only: Sequence[str]) -> None:
+    """Say which stored schedules a replica could not register (``schedules list`` has
+    the rest of them)."""
+    from .._sql.stored import decode_stored, stored_sql
+
+    rows = await conn.fetch(stored_sql(table)["list"])
+    found = [s for row in rows if (s := decode_stored(row, table=table.schedules)) is not None]
+    for stored in found:
+        if stored.problem is not None and (not only or stored.name in only):
+            _print(f"stored schedule {stored.name} (revision {stored.revision}): {stored.problem}")
+
+
+def _unknown(names: Sequence[str], known: Iterable[str]) -> int:
+    """Say on stderr which of *names* the ledger does not know; 1 if any, else 0."""
+    for name in names:
+        _print(unknown_job(name, known), file=sys.stderr)
+    return 1 if names else 0
+
+
+async def _history(conn: Any, table: LedgerTable, job: str, limit: int) -> int:
+    records = await read_runs(conn, table, job, limit)
+    if not records:
+        known = {row["job"] for row in await conn.fetch(table.jobs_sql)}
+        if job not in known:
+            return _unknown([job], known)
+        _print(f"no runs of {job!r} in {table.runs} yet")  # its schedule is noted
+        return 0
+    _print(f"last {len(records)} run(s) of {job!r}, newest first; times in UTC")
+    lines = []
+    for r in records:
+        took = _took(r.started_at, r.finished_at)
+        lines.append(
+            [_when(r.slot), _outcome(r), _when(r.started_at), took, r.owner or "-", r.error or ""]
+        )
+    _table(["SLOT", "OUTCOME", "STARTED", "TOOK", "OWNER", "ERROR"], lines)
+    return 0

@@ -1,0 +1,132 @@
+"""``python -m cronlock schedules list|add|update|remove``: the stored schedules from the
+command line, through :class:`~cronlock.postgres.FleetControl`'s verbs (the same checks,
+the same messages)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from datetime import datetime
+from typing import Any
+
+from ..._errors import CronlockError
+from ..._schedules.schedule import Schedule
+from ..._stored.json import options_from_json
+from ..._stored.schedule import StoredSchedule
+from ..._terminal import printable
+from .._sql.tables import LedgerTable
+from .control import FleetControl
+
+__all__ = ("run_schedules",)
+
+
+def _schedule(args: argparse.Namespace) -> Schedule | None:
+    if args.cron is not None:
+        from ..._schedules.cron import cron
+
+        return cron(args.cron, seconds=args.seconds, tz=args.tz or "UTC")
+    if args.every is not None:
+        from ..._schedules.interval import every
+
+        anchor = None if args.anchor is None else _instant(args.anchor, "--anchor")
+        return every(args.every, anchor=anchor)
+    if args.at is not None:
+        from ..._schedules.once import once
+
+        return once([_instant(text, "--at") for text in args.at])
+    return None
+
+
+def _instant(text: str, flag: str) -> datetime:
+    try:
+        value = datetime.fromisoformat(text)
+    except ValueError:
+        raise CronlockError(f"{flag}: not an ISO 8601 instant: {text!r}") from None
+    if value.utcoffset() is None:
+        raise CronlockError(f"{flag}: {text!r} names no zone (add +00:00 or Z)")
+    return value
+
+
+def _options(given: list[str]) -> dict[str, Any]:
+    data: dict[str, Any] = {}
+    for item in given:
+        name, sep, text = item.partition("=")
+        if not sep or not name:
+            raise CronlockError(f"--option: expected NAME=VALUE, got {item!r}")
+        try:
+            data[name] = json.loads(text)
+        except ValueError:
+            data[name] = text  # plain text: overlap=queue
+    unknown = {name: value for name, value in data.items() if name not in options_from_json(data)}
+    return {**unknown, **options_from_json(data)}  # the unknown ones for add's message
+
+
+def _kwargs(text: str | None) -> dict[str, Any] | None:
+    if text is None:
+        return None
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise CronlockError(f"--kwargs: not JSON ({exc})") from None
+    if not isinstance(value, dict):
+        raise CronlockError(f"--kwargs: expected a JSON object, got {text!r}")
+    return value
+
+
+def _line(stored: StoredSchedule) -> list[str]:
+    options = ", ".join(f"{k}={v}" for k, v in sorted(stored.options.items()))
+    problem = stored.problem or "-"
+    return [
+        stored.name,
+        stored.task,
+        str(stored.schedule),
+        json.dumps(dict(stored.kwargs), sort_keys=True),
+        options or "-",
+        "paused" if stored.paused else "-",
+        str(stored.revision),
+        problem,
+    ]
+
+
+def _show(header: list[str], rows: list[list[str]]) -> None:
+    rows = [[printable(cell) for cell in row] for row in rows]
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
+    for line in (header, *rows):
+        print("  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip())
+
+
+async def run_schedules(args: argparse.Namespace, table: LedgerTable) -> int:
+    """Run ``schedules ACTION``; a refused change exits 1 with the verb's message."""
+    async with FleetControl(args.dsn, table=table.table, schema=table.schema) as control:
+        if args.action == "list":
+            stored = await control.schedules()
+            print(f"{len(stored)} stored schedule(s) in {table.schedules}")
+            if stored:
+                header = ["NAME", "TASK", "SCHEDULE", "KWARGS", "OPTIONS", "PAUSED", "REV"]
+                _show([*header, "PROBLEM"], [_line(s) for s in stored])
+            return 0
+        try:
+            if args.action == "remove":
+                if not await control.remove_schedule(args.name):
+                    print(f"unknown schedule: {args.name}", file=sys.stderr)
+                    return 1
+                print(printable(f"{args.name}: removed; replicas drop it at their next sync"))
+                return 0
+            schedule, kwargs, options = _schedule(args), _kwargs(args.kwargs), _options(args.option)
+            if args.action == "add":
+                if schedule is None:  # (argparse requires one)
+                    raise CronlockError("add: give --cron, --every or --at")
+                done = await control.add_schedule(
+                    args.name, args.task, schedule, kwargs=kwargs, **options
+                )
+            else:
+                done = await control.update_schedule(
+                    args.name, task=args.task, schedule=schedule, kwargs=kwargs, **options
+                )
+        except (CronlockError, KeyError) as exc:
+            text = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
+            print(printable(str(text)), file=sys.stderr)
+            return 1
+        print(printable(f"{done.name}: stored as revision {done.revision} ({done.schedule})"))
+        return 0

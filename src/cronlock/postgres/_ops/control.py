@@ -1,0 +1,440 @@
+"""Fleet-wide control: pause, resume and trigger a job on every replica at once.
+
+The state lives in the ledger's control table (``<table>_control``, created by ``migrate``
+like the ledger's other tables). Replicas never read it on their own schedule to obey a
+pause: the claim statement itself refuses a paused job (the batched
+:func:`._batchsql.claim_many_sql`, and :func:`._crashes.recover_sql` for a rerun), so a
+pause takes effect at the next slot on every replica with no extra round trip. A trigger
+is a slot of its own (the server's time when it was asked for): replicas that run the job
+pick it up from :class:`FleetWatch`'s poll and claim it like any slot, so it runs once
+fleet-wide.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+from collections import ChainMap
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from datetime import datetime
+from types import TracebackType
+from typing import Any, Self
+
+from ..._cancel import cancel_and_wait, task_name, uncancellable
+from ..._durations import Seconds, optional_seconds
+from ..._errors import ConfigError, JobLookupError, LockError
+from ..._keys import job_lock_key
+from ..._locking.protocols import FleetCallback, FleetView, Health
+from ..._logs import get_logger
+from ..._names import unknown_job
+from ..._records import RunRecord
+from .._conn.dedicated import LockSession
+from .._conn.errors import backend_errors
+from .._conn.source import ConnectionSource
+from .._sql.decode import LOW, RUN, decode_run, report_odd, sane, slot_in_range
+from .._sql.firstseen import first_seen_sql
+from .._sql.tables import DEFAULT_TABLE, LedgerTable, migrate
+from .stored import ScheduleVerbs
+
+__all__ = (
+    "POLL_EVERY",
+    "RUNS_EVERY",
+    "TRIGGER_EXPIRES",
+    "WAIT_EVERY",
+    "FleetControl",
+    "FleetWatch",
+    "Triggered",
+    "control_sql",
+    "refuse_unknown",
+)
+
+_logger = get_logger("cronlock.postgres")
+
+TRIGGER_EXPIRES = 3600
+"""Seconds after which a trigger no replica claimed is dropped (nobody runs that job)."""
+_TIMEOUT = 10.0
+
+
+def control_sql(table: LedgerTable) -> dict[str, str]:
+    """The statements of the control verbs on *table*'s control table."""
+    control = table.control
+    return {
+        # $1 job, $2 who. Pausing a paused job keeps the first pause's time.
+        "pause": f"""
+            INSERT INTO {control} AS c (job, paused_at, paused_by)
+            VALUES ($1::text, clock_timestamp(), $2::text)
+            ON CONFLICT (job) DO UPDATE
+            SET paused_at = coalesce(c.paused_at, EXCLUDED.paused_at),
+                paused_by = coalesce(c.paused_by, EXCLUDED.paused_by),
+                updated_at = clock_timestamp()""",
+        "resume": f"""
+            UPDATE {control} SET paused_at = NULL, paused_by = NULL,
+                                 updated_at = clock_timestamp()
+            WHERE job = $1::text AND paused_at IS NOT NULL""",
+        # $1 job, $2 who. A trigger still pending is replaced: two requests, one run. The
+        # slot is truncated to milliseconds so that it reads back the same everywhere.
+        "trigger": f"""
+            INSERT INTO {control} AS c (job, trigger_slot, triggered_by)
+            VALUES ($1::text, date_trunc('milliseconds', clock_timestamp()), $2::text)
+            ON CONFLICT (job) DO UPDATE
+            SET trigger_slot = EXCLUDED.trigger_slot, triggered_by = EXCLUDED.triggered_by,
+                updated_at = clock_timestamp()
+            RETURNING trigger_slot""",
+        "paused": f"SELECT job FROM {control} WHERE paused_at IS NOT NULL ORDER BY job",
+        # What a replica polls: paused jobs, and triggers no replica has claimed yet (a
+        # claimed trigger has its row in the ledger) and that are not too old. A trigger
+        # slot is the server's time when it was asked for: one later than now (plus a
+        # margin) or before the year 1 was not written by FleetControl, and is reported
+        # (odd), never run (._decode).
+        "poll": f"""
+            SELECT c.job, c.paused_at IS NOT NULL AS paused,
+                   CASE WHEN c.trigger_slot > clock_timestamp() - $1::float8 * interval '1 s'
+                         AND c.trigger_slot <= {_LATEST_TRIGGER}
+                         AND NOT EXISTS (SELECT 1 FROM {table.runs} r
+                                         WHERE r.job = c.job AND r.slot = c.trigger_slot)
+                        THEN c.trigger_slot END AS trigger_slot,
+                   CASE WHEN c.trigger_slot > {_LATEST_TRIGGER} OR c.trigger_slot < {LOW}
+                        THEN c.trigger_slot::text END AS odd
+            FROM {control} c
+            WHERE c.paused_at IS NOT NULL OR c.trigger_slot IS NOT NULL""",
+        # $1 jobs: each one's latest finished run and latest success (two index probes),
+        # rows of a slot out of range left out (._decode).
+        "fleet_runs": f"""
+            SELECT u.job, 'last' AS kind, r.* FROM unnest($1::text[]) AS u(job)
+            CROSS JOIN LATERAL (
+                SELECT {RUN}
+                FROM {table.runs} x WHERE x.job = u.job AND x.finished_at IS NOT NULL
+                  AND {slot_in_range("x.slot")} ORDER BY x.slot DESC LIMIT 1) r
+            UNION ALL
+            SELECT u.job, 'ok' AS kind, r.* FROM unnest($1::text[]) AS u(job)
+            CROSS JOIN LATERAL (
+                SELECT {RUN}
+                FROM {table.runs} x WHERE x.job = u.job AND x.outcome = 'succeeded'
+                  AND {slot_in_range("x.slot")} ORDER BY x.slot DESC LIMIT 1) r""",
+    }
+
+
+def _job_name(job: object, verb: str) -> str:
+    if not isinstance(job, str) or not job:
+        raise ConfigError(f"FleetControl.{verb}: job must be a non-empty string, got {job!r}")
+    return job
+
+
+async def refuse_unknown(conn: Any, table: LedgerTable, job: str) -> None:
+    """Raise :class:`~cronlock.JobLookupError` (``unknown job: NAME (did you mean
+    OTHER?)``) unless the ledger knows *job*: a replica noted its schedule or claimed a slot
+    of it. The rule of :class:`FleetControl` and of the command line's verbs alike."""
+    if await conn.fetchval(_KNOWN_SQL.format(jobs=table.jobs, runs=table.runs), job):
+        return
+    known = [row["job"] for row in await conn.fetch(table.jobs_sql)]
+    raise JobLookupError(unknown_job(job, known))
+
+
+_LATEST_TRIGGER = "clock_timestamp() + interval '5 minutes'"
+_KNOWN_SQL = """SELECT EXISTS (SELECT 1 FROM {jobs} WHERE job = $1::text)
+                    OR EXISTS (SELECT 1 FROM {runs} WHERE job = $1::text)"""
+# $1 job, $2 slot: the trigger's run, if claimed, and the trigger pending now (a later one
+# replaces an unclaimed earlier one: two requests, one run).
+_TRIGGERED_SQL = f"""SELECT {sane("c.trigger_slot", "pending")}, r.*
+    FROM (SELECT 1) one
+    LEFT JOIN {{control}} c ON c.job = $1::text
+    LEFT JOIN LATERAL (SELECT {{run}} FROM {{runs}} WHERE job = $1::text AND slot = $2) r ON true"""
+WAIT_EVERY = 0.5
+"""Seconds between two reads of the ledger by :meth:`Triggered.wait`."""
+
+
+class Triggered:
+    """A run asked for by :meth:`FleetControl.trigger`: its job and trigger slot, and
+    :meth:`wait` for its outcome."""
+
+    __slots__ = ("_control", "_sql", "job", "slot")
+
+    def __init__(self, control: FleetControl, job: str, slot: datetime) -> None:
+        self._control = control
+        self._sql = _TRIGGERED_SQL.format(
+            control=control.ledger.control, run=RUN, runs=control.ledger.runs
+        )
+        self.job = job
+        """The job triggered."""
+        self.slot = slot
+        """The trigger's slot (server time): the run's slot in the ledger."""
+
+    def __repr__(self) -> str:
+        return f"Triggered(job={self.job!r}, slot={self.slot.isoformat()!r})"
+
+    async def _read(self, slot: datetime) -> Any:
+        return await self._control._call(lambda c: c.fetchrow(self._sql, self.job, slot))
+
+    async def wait(self, timeout: Seconds | None = None) -> RunRecord:
+        """Wait until a replica has run the trigger and return its :class:`RunRecord`
+        (``manual`` true; any outcome: ``succeeded``, ``failed``, ``crashed``...).
+
+        Reads the ledger every :data:`WAIT_EVERY` seconds through the :class:`FleetControl`
+        (so call it inside its ``async with``). A later trigger of the job that replaced
+        this one before any replica claimed it is followed: that run serves both. Raises
+        :class:`TimeoutError` after *timeout* seconds (``None``: no limit), for instance
+        when no replica running the job is up (a trigger is dropped after
+        :data:`TRIGGER_EXPIRES` seconds).
+        """
+        limit = optional_seconds(timeout, field="timeout", allow_zero=True)
+        slot = self.slot
+        try:
+            async with asyncio.timeout(limit):
+                while True:
+                    row = await self._read(slot)
+                    if row["slot"] is not None:
+                        runs = self._control.ledger.runs
+                        record = decode_run(row, table=runs, job=self.job)
+                        if record is not None and record.finished_at is not None:
+                            return record
+                    elif row["pending"] is not None and row["pending"] > slot:
+                        slot = row["pending"]
+                        continue
+                    await asyncio.sleep(WAIT_EVERY)
+        except TimeoutError:
+            raise TimeoutError(
+                f"job {self.job!r}: the run triggered for {self.slot.isoformat()} did not "
+                f"finish within {limit} s"
+            ) from None
+
+
+class FleetControl(ScheduleVerbs):
+    """Pause, resume and trigger jobs on every replica that shares a run ledger.
+
+    ``async with FleetControl(pool_or_dsn) as control: await control.pause("nightly")``.
+    *table* and *schema* name the ledger as the replicas' :class:`PostgresLocker` does; its
+    tables are created (or upgraded) on entry if needed. Given a DSN it opens one connection
+    for the block; given an ``asyncpg.Pool`` it borrows one per call.
+
+    A pause is honoured by every replica at its next claim of the job (the claim statement
+    reads it: no polling), and lasts until :meth:`resume`, across restarts and deploys.
+    A trigger runs the job once, now, on exactly one replica (one that has the job
+    registered and running), even while it is paused. Schedules the application keeps in
+    the ledger are added, changed and removed here too (:meth:`add_schedule`).
+    """
+
+    def __init__(
+        self, pool_or_dsn: Any, *, table: str = DEFAULT_TABLE, schema: str | None = None
+    ) -> None:
+        # Given a DSN, no named prepared statements: it works through a transaction pooler.
+        kwargs = {"statement_cache_size": 0} if isinstance(pool_or_dsn, str) else None
+        self._source = ConnectionSource(pool_or_dsn, kwargs)
+        self._table = LedgerTable(table, schema)
+        self._sql = control_sql(self._table)
+        self._conn: Any = None
+        self._who = f"{socket.gethostname()}:{os.getpid()}"
+        self._ready = False
+
+    @property
+    def ledger(self) -> LedgerTable:
+        """Where the ledger (and its control table) lives."""
+        return self._table
+
+    async def __aenter__(self) -> Self:
+        if not self._source.pooled:
+            self._conn = await self._source.checkout(timeout=_TIMEOUT)
+        try:
+            await self._call(lambda c: self._prepare(c))
+        except BaseException:
+            await self.__aexit__(None, None, None)
+            raise
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            await self._source.checkin(conn, timeout=_TIMEOUT)
+
+    async def _prepare(self, conn: Any) -> None:
+        if not self._ready:
+            await migrate(conn, self._table, timeout=_TIMEOUT)
+            self._ready = True
+
+    async def _call(self, fn: Any) -> Any:
+        with backend_errors("fleet control: the statement failed"):
+            if self._conn is not None:
+                return await fn(self._conn)
+            if self._source.pooled:
+                conn = await self._source.checkout(timeout=_TIMEOUT)
+                try:
+                    await self._prepare(conn)
+                    return await fn(conn)
+                finally:
+                    await self._source.checkin(conn, timeout=_TIMEOUT)
+        raise LockError("FleetControl is not open: use it as 'async with FleetControl(...)'")
+
+    async def _known(self, job: object, verb: str, force: bool) -> str:
+        name = _job_name(job, verb)
+        if not force:
+            await self._call(lambda c: refuse_unknown(c, self._table, name))
+        return name
+
+    async def pause(self, job: str, *, force: bool = False) -> None:
+        """Stop *job* on every replica from its next slot on (a run in flight goes on).
+
+        A job the ledger does not know (no replica noted or ran it) is refused with
+        :class:`~cronlock.JobLookupError`, as by the command line, unless *force* (as
+        ``--force``); so are :meth:`resume` and :meth:`trigger`."""
+        name = await self._known(job, "pause", force)
+        await self._call(lambda c: c.execute(self._sql["pause"], name, self._who))
+
+    async def resume(self, job: str, *, force: bool = False) -> None:
+        """Let *job* run again on every replica, from its next slot (missed slots stay
+        missed)."""
+        name = await self._known(job, "resume", force)
+        await self._call(lambda c: c.execute(self._sql["resume"], name))
+
+    async def trigger(self, job: str, *, force: bool = False) -> Triggered:
+        """Run *job* once, now, on exactly one replica (within about a second); return the
+        :class:`Triggered` run, whose :meth:`~Triggered.wait` gives its outcome. The run's
+        ledger row is marked ``manual``."""
+        name = await self._known(job, "trigger", force)
+        slot = await self._call(lambda c: c.fetchval(self._sql["trigger"], name, self._who))
+        return Triggered(self, name, slot)
+
+    async def paused(self) -> frozenset[str]:
+        """The jobs paused fleet-wide."""
+        rows = await self._call(lambda c: c.fetch(self._sql["paused"]))
+        return frozenset(row["job"] for row in rows)
+
+
+POLL_EVERY = 1.0
+"""Seconds between two reads of the control table by one locker (triggers start within it)."""
+RUNS_EVERY = 15.0
+"""Seconds between two reads of the fleet's latest runs of this locker's jobs."""
+
+
+class FleetWatch:
+    """A locker's reads of the fleet's shared state, one task from its first session on.
+
+    Every :data:`POLL_EVERY` seconds it reads the control table (pauses, pending triggers:
+    one small statement), and every :data:`RUNS_EVERY` seconds the latest run and success of
+    every watched job (one statement for all of them, two index probes a job; and, while
+    some have none known yet, their first-seen instants, one more); it hands
+    each read to the callbacks as a :class:`~cronlock.FleetView`. It reads on the locker's
+    lock *sessions*.
+    """
+
+    def __init__(
+        self,
+        table: LedgerTable,
+        sessions: Sequence[LockSession],
+        spread: Callable[[], float] = lambda: 1.0,
+    ) -> None:
+        # In a large fleet each replica reads N / racers times less often (._members): the
+        # fleet as a whole reads at the rate of a small one.
+        self._spread = spread
+        self._sql = control_sql(table)
+        self._first_seen_sql = first_seen_sql(table.jobs)
+        # Each job's first-seen instant never changes once noted: read once a job.
+        self._first_seen: dict[str, datetime] = {}
+        self._runs, self._control = table.runs, table.control
+        self._sessions = sessions
+        self._watchers: list[tuple[FleetCallback, Callable[[], Mapping[str, Health]]]] = []
+        self._task: asyncio.Task[None] | None = None
+        self._runs_at = float("-inf")
+        self.reads = 0
+
+    @property
+    def watched(self) -> bool:
+        """Whether anyone watches (the task is started only then)."""
+        return bool(self._watchers)
+
+    def add(self, callback: FleetCallback, jobs: Callable[[], Mapping[str, Health]]) -> None:
+        """Call *callback* with each read; *jobs* gives the jobs to read runs of."""
+        self._watchers.append((callback, jobs))
+
+    def names(self) -> list[str]:
+        """Every watched job, sorted."""
+        return sorted({name for _, jobs in self._watchers for name in jobs()})
+
+    def health(self) -> Mapping[str, Health]:
+        """Each watched job's overdue grace and the slot it is due by, computed when read."""
+        maps = [jobs() for _, jobs in self._watchers]
+        if len(maps) == 1:  # one scheduler on this locker (the usual case): no ChainMap
+            return maps[0]
+        return ChainMap(*maps)  # type: ignore[arg-type]
+
+    def start(self) -> None:
+        """Start the task (once)."""
+        if self._task is None and self._watchers:
+            self._task = asyncio.get_running_loop().create_task(
+                self._watch(), name=task_name("pg-fleet")
+            )
+
+    async def stop(self) -> None:
+        """Cancel the task and wait until it is done."""
+        task, self._task = self._task, None
+        if task is not None:
+            await cancel_and_wait(task)
+
+    async def _watch(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                view = await self.read_once(loop.time())
+            except LockError as exc:
+                # The lock sessions log outages themselves; the next read tries again.
+                _logger.debug("reading the fleet's state failed: %s", exc)
+            except Exception:
+                # Anything else is a bug or a row no decoding foresaw: said loudly, and the
+                # watch goes on (pauses, triggers and the fleet's runs must keep coming).
+                _logger.exception("reading the fleet's state failed unexpectedly")
+            else:
+                for callback, _ in tuple(self._watchers):
+                    try:
+                        callback(view)
+                    except Exception:
+                        _logger.exception("fleet callback %r failed", callback)
+            await asyncio.sleep(POLL_EVERY * self._spread())
+
+    async def _read(self, call: Callable[[Any], Awaitable[Any]]) -> Any:
+        """Run *call* on an open lock session; with none open, on the shard of a watched job
+        (which that job's runs open anyway): the watch alone opens no extra session."""
+        sessions = self._sessions
+        session = next((s for s in sessions if s.is_open), None)
+        if session is None:
+            first = min(self.names(), default="")
+            session = sessions[job_lock_key(first) % len(sessions)]
+        conn, generation = await session.ensure()
+        with backend_errors("reading the fleet's state failed"):
+            return await uncancellable(
+                session.run(conn, generation, call, what="a fleet read", keep_on_server_error=True),
+                name=task_name("pg-fleet-read"),
+            )
+
+    async def read_once(self, now: float) -> FleetView:
+        """Read the control table, and the latest runs when they are due at *now*."""
+        rows = await self._read(lambda c: c.fetch(self._sql["poll"], float(TRIGGER_EXPIRES)))
+        self.reads += 1
+        paused = frozenset(row["job"] for row in rows if row["paused"])
+        triggers = {row["job"]: row["trigger_slot"] for row in rows if row["trigger_slot"]}
+        for row in rows:
+            if row["odd"] is not None:
+                report_odd(self._control, row["job"], f"trigger_slot={row['odd']}")
+        runs: dict[str, tuple[RunRecord | None, RunRecord | None]] | None = None
+        first_seen: dict[str, datetime] | None = None
+        # Not spread out: every replica's gauges (overdue, last success) must stay right,
+        # standing by or not, and this read is one statement every RUNS_EVERY seconds.
+        if now - self._runs_at >= RUNS_EVERY:
+            names = self.names()
+            found = await self._read(lambda c: c.fetch(self._sql["fleet_runs"], names))
+            self._runs_at = now
+            told: dict[tuple[str, str], RunRecord | None] = {
+                (row["kind"], row["job"]): decode_run(row, table=self._runs, job=row["job"])
+                for row in found
+            }
+            runs = {name: (told.get(("last", name)), told.get(("ok", name))) for name in names}
+            seen = self._first_seen
+            unknown = [name for name in names if name not in seen]
+            if unknown:
+                noted = await self._read(lambda c: c.fetch(self._first_seen_sql, unknown))
+                seen.update((row["job"], row["first_seen"]) for row in noted)
+            first_seen = {name: seen[name] for name in names if name in seen}
+        return FleetView(paused=paused, triggers=triggers, runs=runs, first_seen=first_seen)

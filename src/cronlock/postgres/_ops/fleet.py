@@ -1,0 +1,365 @@
+"""Reading the fleet from the run ledger: every job's last runs, lock holders, run pages.
+
+What the ``status`` and ``history`` verbs print and what the web dashboard shows come from
+here, so the command line and the page never disagree. Read-only: nothing here writes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Literal, get_args
+
+from ..._keys import job_lock_key, keyed_lock_key, ledger_lock_key
+from ..._records import RunRecord
+from .._locker.keys import SECRET_NAME
+from .._sql.decode import RUN, decode_run, odd_list, report_odd, sane, slot_in_range
+from .._sql.leases import lease_holders_sql
+from .._sql.tables import LedgerTable
+from .control import control_sql
+
+__all__ = (
+    "HOLDERS_SQL",
+    "READ_BATCH",
+    "STATUSES",
+    "FleetJob",
+    "LockHolder",
+    "Status",
+    "held_locks",
+    "job_status",
+    "last_runs_many_sql",
+    "named_jobs_sql",
+    "overdue_slot",
+    "read_holders",
+    "read_jobs",
+    "read_paused",
+    "read_runs",
+    "server_now",
+    "status_of",
+)
+
+# A bigint advisory key k is stored in pg_locks as classid = k >> 32, objid = k & 0xffffffff
+# (objsubid = 1); advisory locks are per database, hence the database filter. Every granted
+# one is read (as many as runs in progress, not as jobs) and mapped to names in Python: a
+# filter by key would send two or three keys a job.
+HOLDERS_SQL = """
+SELECT (l.classid::int8 << 32) | l.objid::int8 AS key, a.pid, a.application_name,
+       host(a.client_addr) AS addr, a.backend_start
+FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted
+  AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class LockHolder:
+    """A server session holding a job's advisory lock right now, or (lease mode) the
+    replica holding its unexpired lease."""
+
+    pid: int
+    """The holder's backend pid."""
+    application: str
+    """Its ``application_name`` (cronlock sets one naming the replica), or ``""``."""
+    address: str | None
+    """Its client address, ``None`` over a Unix socket."""
+
+    def describe(self) -> str:
+        """``pid 123 app 10.0.0.5``: one line for a table cell."""
+        where = f" {self.address}" if self.address else ""
+        return f"pid {self.pid} {self.application or '?'}{where}"
+
+
+@dataclass(frozen=True, slots=True)
+class FleetJob:
+    """One job as the ledger knows it: its schedule note and its latest runs fleet-wide."""
+
+    name: str
+    schedule: str | None
+    """The schedule as a replica noted it (``str(schedule)``), ``None`` if none did."""
+    next_run: datetime | None
+    """The next slot a replica noted, ``None`` if unknown or none is left."""
+    noted_at: datetime | None
+    """When a replica last wrote the note."""
+    last_run: RunRecord | None
+    """The latest finished run, whatever its outcome."""
+    last_success: RunRecord | None
+    last_failure: RunRecord | None
+    """The latest run that did not succeed (unfinished ones included)."""
+    holders: tuple[LockHolder, ...]
+    """Who holds the job's lock right now (empty when nobody runs it)."""
+    grace: float | None = None
+    """Seconds a slot may stay without a success before the job is overdue, as its replicas
+    noted it (the largest, when they give different ones: see ``LedgerTable.note_sql``);
+    ``None`` when they did not (an older cronlock, or the job is paused)."""
+    due: datetime | None = None
+    """The slot its replicas said it is due by: its first slot after its latest success."""
+    tags: tuple[str, ...] = ()
+    """Its tags as its replicas noted them, sorted (empty: none, or an older cronlock's note)."""
+
+    def overdue_since(self, now: datetime) -> datetime | None:
+        """The late slot when the job is overdue at *now* (server time), else ``None``.
+
+        The rule of ``status --check``: the slot the replicas said the job is due by fell
+        due more than its grace ago, and no run of it or of a later slot succeeded since.
+        A job whose replicas never said is not judged.
+        """
+        ok = self.last_success
+        return overdue_slot(self.grace, self.due, None if ok is None else ok.slot, now)
+
+    @property
+    def failing(self) -> bool:
+        """Its latest finished run did not succeed."""
+        return self.last_run is not None and self.last_run.outcome != "succeeded"
+
+
+Status = Literal["paused", "overdue", "failing", "running", "ok", "new"]
+"""A job at a glance, in this order of precedence: paused fleet-wide; overdue (a slot fell due
+past its grace and nothing at or after it succeeded); its latest run failed; a replica
+holds its lock now; its latest run succeeded; it never ran."""
+
+STATUSES: tuple[Status, ...] = get_args(Status)
+"""Every :data:`Status`, in order of precedence (what ``status --state`` accepts)."""
+
+
+def job_status(job: FleetJob, now: datetime, *, paused: bool) -> Status:
+    """*job*'s :data:`Status` at *now* (server time), *paused* fleet-wide or not.
+
+    The one rule for the dashboard's badge and the ``status`` verb's STATE column.
+    """
+    last = job.last_run
+    return status_of(
+        paused=paused,
+        overdue=job.overdue_since(now) is not None,
+        last_outcome=None if last is None else last.outcome,
+        held=bool(job.holders),
+    )
+
+
+def overdue_slot(
+    grace: float | None, due: datetime | None, success: datetime | None, now: datetime
+) -> datetime | None:
+    """The rule of :meth:`FleetJob.overdue_since`, over its facts: *due* when the slot the
+    replicas said the job is due by (with *grace* seconds) fell due more than *grace* ago
+    at *now* and the latest success (its slot *success*) is older than *due*, else ``None``.
+    """
+    if grace is None or due is None or (success is not None and success >= due):
+        return None
+    return due if (now - due).total_seconds() > grace else None
+
+
+def status_of(*, paused: bool, overdue: bool, last_outcome: str | None, held: bool) -> Status:
+    """The rule of :func:`job_status`, over a job's facts: *paused* fleet-wide, *overdue*
+    (:func:`overdue_slot`), the outcome of its latest finished run (``None``: none; a run
+    without an outcome is not a success), and whether anyone *held* its lock. The fleet's
+    summary (:mod:`._roster`) judges every job with it, the job's own row with
+    :func:`job_status`: one rule."""
+    if paused:
+        return "paused"
+    if overdue:
+        return "overdue"
+    if last_outcome is not None and last_outcome != "succeeded":
+        return "failing"
+    if held:
+        return "running"
+    return "ok" if last_outcome is not None else "new"
+
+
+_KEYS_KEPT = 200_000  # names whose keys are kept (a dashboard asks for the same every refresh)
+# Per (runs table, keyed secret): the names whose keys are known, and each key's name.
+# FNV-1a or an HMAC in Python costs microseconds a key: computed once per name, not on
+# every refresh of a list of thousands.
+_NAMED: dict[tuple[str | None, bytes | None], tuple[set[str], dict[int, str]]] = {}
+
+
+def _names_by_key(runs: str | None, secret: bytes | None, names: set[str]) -> dict[int, str]:
+    """Each lock key of *names* (bare; namespaced by the ledger's *runs* table; keyed by
+    *secret*) and its name, with those of names asked before (the caller keeps its own)."""
+    known, by_key = _NAMED.setdefault((runs, secret), (set(), {}))
+    if len(known) >= _KEYS_KEPT:
+        known.clear()
+        by_key.clear()
+    for name in names.difference(known):
+        known.add(name)
+        by_key[job_lock_key(name)] = name
+        if runs is not None:
+            by_key[ledger_lock_key(runs, name)] = name
+        if secret is not None:
+            by_key[keyed_lock_key(secret, name)] = name
+    return by_key
+
+
+_TABLES_SQL = "SELECT to_regclass($1) IS NOT NULL, to_regclass($2) IS NOT NULL"
+
+
+async def read_holders(
+    conn: Any, names: Sequence[str], table: LedgerTable | None = None
+) -> dict[str, tuple[LockHolder, ...]]:
+    """Who holds each job's lock now (:func:`held_locks`), every one of *names* a key."""
+    held = await held_locks(conn, names, table)
+    return {name: held.get(name, ()) for name in names}
+
+
+async def held_locks(
+    conn: Any, names: Sequence[str], table: LedgerTable | None = None
+) -> dict[str, tuple[LockHolder, ...]]:
+    """Who holds the lock of each of *names* held now: one query over ``pg_locks``, however
+    many *names* (two to four more with *table*: which of its secrets and leases tables
+    there are, its secret, its leases).
+
+    Every key of a job is looked up: the bare one (``locked_run``, ``bare_keys=True``) and,
+    given the ledger *table*, its namespaced one and, once a replica made the ledger's
+    secret, its keyed one (``lock_keys="keyed"``). With *table*, the holders of unexpired
+    leases (lease mode) are included too: their *pid* is the replica's process id, their
+    *application* the lease's holder, their address unknown.
+    """
+    runs = None if table is None else table.runs  # quoted once: it namespaces the keys
+    secret: bytes | None = None
+    secrets = leases = False
+    if table is not None:
+        secrets, leases = await conn.fetchrow(_TABLES_SQL, table.secrets, table.leases)
+    # lock_keys="keyed": once a replica made the ledger's secret.
+    if table is not None and secrets:
+        select = f"SELECT value FROM {table.secrets} WHERE name = $1"
+        value = await conn.fetchval(select, SECRET_NAME)
+        secret = None if value is None else bytes(value)
+    wanted = set(names)
+    by_key = _names_by_key(runs, secret, wanted)
+    found: dict[str, list[LockHolder]] = {}
+    for row in await conn.fetch(HOLDERS_SQL):
+        name = by_key.get(row["key"])
+        if name is not None and name in wanted:
+            holder = LockHolder(row["pid"], row["application_name"] or "", row["addr"])
+            found.setdefault(name, []).append(holder)
+    if table is not None and leases:
+        for row in await conn.fetch(lease_holders_sql(table)):
+            if row["job"] in wanted:
+                holder = LockHolder(row["pid"] or 0, row["holder"], None)
+                found.setdefault(row["job"], []).append(holder)
+    return {name: tuple(holders) for name, holders in found.items()}
+
+
+READ_BATCH = 5000
+"""Jobs per statement of the latest-runs read of :func:`read_jobs`."""
+
+
+def last_runs_many_sql(table: LedgerTable) -> str:
+    """Array ``$1`` jobs: for each, rows ``('last', latest finished run)``, ``('ok', latest
+    success)`` and ``('failed', latest failure)``, three index probes a job (what
+    ``LedgerTable.last_runs_sql`` reads of one job, for many in one statement); a row whose
+    slot is out of range is none of them."""
+    runs, sane_slot = table.runs, slot_in_range("x.slot")
+
+    def latest(kind: str, where: str) -> str:
+        return f"""SELECT u.job, '{kind}' AS kind, r.* FROM unnest($1::text[]) AS u(job)
+            CROSS JOIN LATERAL (SELECT {RUN} FROM {runs} x WHERE x.job = u.job AND {where}
+                                AND {sane_slot} ORDER BY x.slot DESC LIMIT 1) r"""
+
+    return " UNION ALL ".join(
+        (
+            latest("last", "x.finished_at IS NOT NULL"),
+            latest("ok", "x.outcome = 'succeeded'"),
+            latest("failed", "x.outcome <> 'succeeded'"),
+        )
+    )
+
+
+async def read_jobs(
+    conn: Any,
+    table: LedgerTable,
+    only: Sequence[str] | None = None,
+    *,
+    holders: Mapping[str, tuple[LockHolder, ...]] | None = None,
+) -> list[FleetJob]:
+    """Every job the ledger knows (a replica noted its schedule or claimed a slot of it),
+    in name order; with *only*, those of them that exist, in the order given.
+
+    A bounded number of statements, however many jobs: one for the jobs, two to five for
+    the lock holders, one per :data:`READ_BATCH` jobs for their latest runs (three index
+    probes a job on the primary key). With *only*, the jobs read are those only; with
+    *holders* (:func:`read_holders` of them, read already), the lock holders are not read.
+    """
+    if only is None:
+        rows = await conn.fetch(table.jobs_sql)
+    else:
+        known = {row["job"]: row for row in await conn.fetch(named_jobs_sql(table), list(only))}
+        rows = [known[name] for name in dict.fromkeys(only) if name in known]
+    names = [row["job"] for row in rows]
+    if holders is None:
+        holders = await read_holders(conn, names, table)
+    latest: dict[tuple[str, str], RunRecord | None] = {}
+    sql, runs = last_runs_many_sql(table), table.runs
+    for start in range(0, len(names), READ_BATCH):
+        for r in await conn.fetch(sql, names[start : start + READ_BATCH]):
+            latest[r["job"], r["kind"]] = decode_run(r, table=runs, job=r["job"])
+    jobs = []
+    for row in rows:
+        if row["odd"] is not None:  # its odd times read as unknown (._decode)
+            report_odd(table.jobs, row["job"], row["odd"], kept=True)
+        name = row["job"]
+        last = {kind: latest.get((name, kind)) for kind in ("last", "ok", "failed")}
+        jobs.append(
+            FleetJob(
+                name=row["job"],
+                schedule=row["schedule"],
+                next_run=row["next_run"],
+                noted_at=row["updated_at"],
+                last_run=last.get("last"),
+                last_success=last.get("ok"),
+                last_failure=last.get("failed"),
+                holders=holders.get(row["job"], ()),
+                grace=row["grace"],
+                due=row["due"],
+                tags=tuple(row["tags"] or ()),
+            )
+        )
+    return jobs
+
+
+def named_jobs_sql(table: LedgerTable) -> str:
+    """``$1`` job names: :attr:`LedgerTable.jobs_sql`'s rows of those of them the ledger
+    knows (a schedule note or a run), in no order: an index probe or two a name.
+
+    Each is a subquery with a LIMIT, which the planner keeps as a probe of the key: as a
+    join (or an ``EXISTS``), it may hash every note (or every run) for a page of names.
+    """
+    return f"""
+        SELECT u.job, j.schedule, j.tags, {sane("j.next_run", "next_run")},
+               {sane("j.updated_at", "updated_at")}, j.grace, {sane("j.due", "due")},
+               {odd_list((f"j.{c}", c) for c in ("next_run", "updated_at", "due"))} AS odd
+        FROM unnest($1::text[]) AS u(job)
+        LEFT JOIN LATERAL (SELECT * FROM {table.jobs} n WHERE n.job = u.job LIMIT 1) j ON true
+        WHERE j.job IS NOT NULL
+           OR (SELECT true FROM {table.runs} r WHERE r.job = u.job LIMIT 1)"""
+
+
+def _page_sql(table: LedgerTable) -> str:
+    return f"""
+        SELECT {RUN}
+        FROM {table.runs} r
+        WHERE job = $1 AND ($3::timestamptz IS NULL OR r.slot < $3::timestamptz)
+        ORDER BY r.slot DESC LIMIT $2"""
+
+
+async def read_runs(
+    conn: Any, table: LedgerTable, job: str, limit: int, before: datetime | None = None
+) -> list[RunRecord]:
+    """The latest *limit* runs of *job*, newest first; with *before*, those of earlier
+    slots only (the next page: pass the oldest slot of the previous one)."""
+    if before is None:
+        rows = await conn.fetch(table.history_sql, job, limit)
+    else:
+        rows = await conn.fetch(_page_sql(table), job, limit, before)
+    decoded = (decode_run(row, table=table.runs, job=job) for row in rows)
+    return [record for record in decoded if record is not None]
+
+
+async def server_now(conn: Any) -> datetime:
+    """The database server's clock: the fleet's shared time, which overdue is judged by."""
+    now: datetime = await conn.fetchval("SELECT clock_timestamp()")
+    return now
+
+
+async def read_paused(conn: Any, table: LedgerTable) -> frozenset[str]:
+    """The jobs paused fleet-wide (:class:`~cronlock.postgres.FleetControl`)."""
+    return frozenset(row["job"] for row in await conn.fetch(control_sql(table)["paused"]))

@@ -1,0 +1,240 @@
+"""Stored schedules' verbs of :class:`~cronlock.postgres.FleetControl`: add, update,
+remove and list the schedules the application keeps in the ledger.
+
+Each change is one transaction: the schedules' advisory lock (so revisions commit in
+order), the schedule's row, the next revision, the new row, and the job's schedule note
+(so that a schedule no replica runs, for want of its task, shows as overdue). Everything a
+replica would refuse that can be known here is refused here, with the schedule's name:
+a schedule that cannot be stored or never fires, kwargs that are not JSON, an option that
+is unknown, wrong or not storable, and a name a job defined in code has.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+from collections.abc import Callable, Mapping
+from datetime import datetime
+from typing import Any
+
+from ..._core.settings import grace
+from ..._errors import ConfigError, JobConflictError, JobLookupError, ScheduleError
+from ..._jobname import check_job_name
+from ..._schedules.schedule import Schedule
+from ..._stored.json import (
+    kwargs_to_json,
+    options_from_json,
+    options_to_json,
+    schedule_from_json,
+    schedule_to_json,
+)
+from ..._stored.schedule import StoredSchedule
+from .._locker.upkeep import tags_json
+from .._sql.stored import decode_stored, schedules_lock_key, stored_sql
+from .._sql.tables import LedgerTable
+
+__all__ = ("ScheduleVerbs",)
+
+
+async def _probe(**kwargs: Any) -> None:
+    """Stands for the task in the check of a schedule's options (its kwargs are the
+    replica's to check: only it has the task)."""
+
+
+class _Checked:
+    """A schedule and its options as they will be stored, checked."""
+
+    def __init__(
+        self,
+        name: str,
+        task: str,
+        schedule: Schedule,
+        kwargs: Mapping[str, Any] | None,
+        options: Mapping[str, Any],
+    ) -> None:
+        from ..._scheduler import Scheduler
+
+        self.name = check_job_name(name, field="schedule name")
+        if not isinstance(task, str) or not task:
+            raise ConfigError(f"schedule {name!r}: task must be a non-empty string, got {task!r}")
+        self.task = task
+        self.schedule_json = schedule_to_json(schedule, owner=name)
+        self.kwargs_json = kwargs_to_json(kwargs, owner=name)
+        self.options_json = options_to_json(options, owner=name)
+        # What a replica will make of it, checked the way add_job checks it there.
+        self.schedule = schedule_from_json(self.schedule_json)
+        self.kwargs: dict[str, Any] = json.loads(self.kwargs_json)
+        self.options = options_from_json(self.options_json)
+        self.job = Scheduler().add_job(_probe, self.schedule, name=name, **self.options)
+
+    def first_slot(self, now: datetime) -> datetime:
+        """The first slot after *now* (the server's time); raises if it never fires."""
+        first = self.job.slot_after(now)
+        if first is None:
+            stop_at = self.job.stop_at
+            raise ScheduleError(
+                f"schedule {self.name!r}: {self.schedule} never fires after {now.isoformat()}"
+                + ("" if stop_at is None else f" and before stop_at {stop_at.isoformat()}")
+            )
+        return first
+
+    def stored(self, revision: int) -> StoredSchedule:
+        return StoredSchedule(
+            self.name, self.task, self.schedule, self.kwargs, self.options, revision
+        )
+
+
+class ScheduleVerbs:
+    """The stored schedules' verbs (a base of ``FleetControl``)."""
+
+    _table: LedgerTable
+    _who: str
+
+    async def _call(self, fn: Any) -> Any:
+        raise NotImplementedError  # FleetControl's
+
+    async def add_schedule(
+        self,
+        name: str,
+        task: str,
+        schedule: Schedule,
+        *,
+        kwargs: Mapping[str, Any] | None = None,
+        **options: Any,
+    ) -> StoredSchedule:
+        """Store a schedule: job *name* runs task *task* (``@scheduler.task``) on *schedule*
+        with *kwargs*, on every replica that has the task, each slot once in the fleet.
+
+        *options* are job options: ``timeout``, ``overlap``, ``jitter``, ``misfire_grace``,
+        ``start_at``, ``stop_at``, ``tags``, ``recover``, ``alert_after``. A schedule
+        without a zone runs in UTC. Replicas pick it up at their next sync (``sync_every``,
+        2 s by default). Raises :class:`~cronlock.ScheduleError` for what no replica could
+        run (naming the schedule and the value) and :class:`~cronlock.JobConflictError`
+        when *name* is stored already or is a job defined in code.
+        """
+        checked = _Checked(name, task, schedule, kwargs, options)  # before any statement
+        return await self._change(name, lambda _: checked, adding=True)
+
+    async def update_schedule(
+        self,
+        name: str,
+        *,
+        task: str | None = None,
+        schedule: Schedule | None = None,
+        kwargs: Mapping[str, Any] | None = None,
+        **options: Any,
+    ) -> StoredSchedule:
+        """Change stored schedule *name*: what is given replaces what is stored (each of
+        *options* on its own; ``None`` clears one), the rest stays. A change of the schedule
+        alone keeps the job on each replica (a run in flight goes on, its next slot is the
+        new schedule's); any other change replaces the job. Raises
+        :class:`~cronlock.JobLookupError` for a name not stored."""
+
+        def merged(old: StoredSchedule | None) -> _Checked:
+            if old is None:  # (_change refuses that first)
+                raise JobLookupError(f"unknown schedule: {name}")
+            return _Checked(
+                name,
+                old.task if task is None else task,
+                old.schedule if schedule is None else schedule,
+                old.kwargs if kwargs is None else kwargs,
+                {**old.options, **options},
+            )
+
+        return await self._change(name, merged, adding=False)
+
+    async def remove_schedule(self, name: str) -> bool:
+        """Remove stored schedule *name*: replicas drop its job at their next sync (a run in
+        flight goes on). Its runs stay in the ledger. False if it was not stored."""
+        sql, table = self._stored_sql, self._table
+
+        async def remove(conn: Any) -> bool:
+            async with conn.transaction():
+                await conn.execute(sql["lock"], schedules_lock_key(table.runs))
+                revision = await conn.fetchval(sql["next"])
+                done = await conn.execute(sql["remove"], name, revision, self._who)
+                if done == "UPDATE 0":
+                    return False
+                await conn.execute(f"DELETE FROM {table.jobs} WHERE job = $1::text", name)
+                return True
+
+        removed: bool = await self._call(remove)
+        return removed
+
+    async def schedules(self) -> list[StoredSchedule]:
+        """Every stored schedule, by name: its task, schedule, kwargs, options, revision,
+        fleet-wide pause and the problem a replica reported with it, if any."""
+        rows = await self._call(lambda c: c.fetch(self._stored_sql["list"]))
+        table = self._table.schedules
+        return [s for row in rows if (s := decode_stored(row, table=table)) is not None]
+
+    @property
+    def _stored_sql(self) -> dict[str, str]:
+        return stored_sql(self._table)
+
+    async def _unknown(self, conn: Any, name: str) -> str:
+        names = [row["name"] for row in await conn.fetch(self._stored_sql["list"])]
+        close = difflib.get_close_matches(name, names, n=1)
+        return f"unknown schedule: {name}" + (f" (did you mean {close[0]}?)" if close else "")
+
+    async def _change(
+        self,
+        name: str,
+        make: Callable[[StoredSchedule | None], _Checked],
+        *,
+        adding: bool,
+    ) -> StoredSchedule:
+        """Add schedule *name* (*adding*), or update it to what *make* makes of the stored
+        one, in one transaction."""
+        sql, table = self._stored_sql, self._table
+
+        async def change(conn: Any) -> StoredSchedule:
+            async with conn.transaction():
+                await conn.execute(sql["lock"], schedules_lock_key(table.runs))
+                row = await conn.fetchrow(sql["get"], name)
+                old = None if row is None or row["removed"] else row
+                if adding:
+                    if old is not None:
+                        raise JobConflictError(
+                            f"schedule {name!r} is stored already; update_schedule changes it"
+                        )
+                    if await conn.fetchval(sql["in_code"], name):
+                        raise JobConflictError(
+                            f"schedule {name!r}: a job defined in code has this name (it has "
+                            "runs in the ledger); choose another name"
+                        )
+                    new = make(None)
+                else:
+                    was = None if old is None else decode_stored(old, table=table.schedules)
+                    if was is None:
+                        raise JobLookupError(await self._unknown(conn, name))
+                    new = make(was)
+                first = new.first_slot(await conn.fetchval("SELECT clock_timestamp()"))
+                revision = await conn.fetchval(sql["next"])
+                await conn.execute(
+                    sql["put"],
+                    name,
+                    revision,
+                    new.task,
+                    json.dumps(new.schedule_json),
+                    new.kwargs_json,
+                    json.dumps(new.options_json),
+                    self._who,
+                )
+                # The job's schedule note, as a replica running it writes it: overdue by
+                # its grace after the first slot unless some replica runs it.
+                await conn.execute(
+                    table.note_sql,
+                    [name],
+                    [str(new.schedule)],
+                    [first],
+                    self._who,
+                    [grace(new.job._settings)],
+                    [first],
+                    0.0,
+                    [tags_json(new.job._settings.tags)],
+                )
+                return new.stored(revision)
+
+        result: StoredSchedule = await self._call(change)
+        return result

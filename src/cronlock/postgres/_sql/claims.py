@@ -1,0 +1,257 @@
+"""The batched statements: many runs' claims, or many runs' ends, in one round trip.
+
+A lock session sends the claims of every job due at the same instant in one statement, and
+the outcomes and unlocks of every run that ended meanwhile in another (:mod:`._batch`).
+Each takes arrays (``unnest ... WITH ORDINALITY``) and answers one row per element, tagged
+with its 1-based position *i*, so that each caller gets its own answer. Every per-row side
+effect (a try-lock, an unlock) sits in a ``MATERIALIZED`` CTE or in the final projection,
+where PostgreSQL evaluates it exactly once per row.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .decode import HIGH, LOW, RUN, RUN_COLUMNS, odd_list, slot_in_range
+from .starts import CLAIMED_START, real_start
+from .tables import LedgerTable
+
+__all__ = (
+    "TRY_LOCK_MANY_SQL",
+    "UNLOCK_MANY_SQL",
+    "Prefixed",
+    "catch_up_sql",
+    "claim_inputs",
+    "claim_many_sql",
+    "end_ctes",
+    "finish_many_sql",
+    "told_columns",
+)
+
+TRY_LOCK_MANY_SQL = """
+    SELECT u.i, pg_try_advisory_lock(u.key) AS got
+    FROM unnest($1::bigint[]) WITH ORDINALITY AS u(key, i)"""
+"""Lock-only mode: ``$1`` keys; answers (i, got)."""
+
+UNLOCK_MANY_SQL = """
+    SELECT u.i, pg_advisory_unlock(u.key) AS released
+    FROM unnest($1::bigint[]) WITH ORDINALITY AS u(key, i)"""
+"""Lock-only mode: ``$1`` keys; answers (i, released)."""
+
+
+def claim_many_sql(table: LedgerTable) -> str:
+    """Lock and claim many (job, slot) pairs in one statement (session mode).
+
+    Row by row: the slot already in the ledger (*ran*) or the job paused skips the lock; a
+    lock granted for a slot another replica claimed meanwhile is given back in the same
+    statement (the ``ON CONFLICT`` is what makes the claim unique; the pre-check only saves
+    the lock churn, and a row another transaction is deleting does not count, see
+    :func:`claim_inputs`). The claim records this session's backend pid (``session``): that is
+    how a crashed run is told from one in progress (:mod:`._crashes`).
+
+    Arrays ``$1`` keys, ``$2`` jobs, ``$3`` slots; ``$4`` host, ``$5`` pid. Answers
+    (i, ran, paused, got, started_at, undone) per element (*paused*: the job is paused
+    fleet-wide and the slot is not its triggered one, see :mod:`._control`; no lock is
+    tried then), plus, for a refused one, the job's
+    latest *finished* run at or before that slot (``p_*`` columns, NULL when there is
+    none): the fleet's history a losing replica learns without reading it again. That
+    look-up is one backward step on the primary key, and runs only for refused rows (its
+    gate refers to the outer row alone, so the planner skips the scan for granted ones).
+    Every look-up is a ``LATERAL ... LIMIT 1``: a probe of the primary key per row, never
+    the hashed sequential scan of the whole ledger the planner may pick for an ``EXISTS``
+    over a few hundred rows.
+    """
+    runs = table.runs
+    return f"""
+        WITH u AS MATERIALIZED ({claim_inputs(table)}
+        ), l AS MATERIALIZED (
+            SELECT u.i, u.key, u.job, u.slot, u.ran, u.paused, u.manual,
+                   CASE WHEN u.ran OR u.paused THEN false
+                        ELSE pg_try_advisory_lock(u.key) END AS got
+            FROM u
+        ), ins AS (
+            INSERT INTO {runs} (job, slot, host, pid, session, started_at, manual)
+            SELECT l.job, l.slot, $4::text, $5::integer, pg_backend_pid(), {CLAIMED_START},
+                   l.manual
+            FROM l WHERE l.got
+            ON CONFLICT (job, slot) DO NOTHING
+            RETURNING job, slot, started_at
+        ), c AS MATERIALIZED (
+            SELECT l.i, l.key, l.job, l.slot, l.ran, l.paused, l.got, ins.started_at
+            FROM l LEFT JOIN ins ON ins.job = l.job AND ins.slot = l.slot
+        )
+        SELECT c.i, c.ran, c.paused, c.got, c.started_at,
+               CASE WHEN c.got AND c.started_at IS NULL
+                    THEN pg_advisory_unlock(c.key) END AS undone,
+               {told_columns(runs)}"""
+
+
+def told_columns(runs: str) -> str:
+    """The end of a claim statement, the same in both modes: the ``p_*`` columns, and the
+    ``FROM c`` they come with: for a refused row, the job's latest finished run at or
+    before that slot (one backward step on the primary key, skipped for granted rows).
+    Its timestamps are guarded (:mod:`._decode`): a row no replica can read must not fail
+    every claim of the batch."""
+    told = ", ".join(f"p.{column} AS p_{column}" for column in RUN_COLUMNS)
+    return f"""{told}
+        FROM c
+        LEFT JOIN LATERAL (
+            SELECT {RUN} FROM {runs} r
+            WHERE c.started_at IS NULL AND r.job = c.job AND r.slot <= c.slot
+              AND r.finished_at IS NOT NULL AND {slot_in_range("r.slot")}
+            ORDER BY r.slot DESC LIMIT 1
+        ) p ON true"""
+
+
+def claim_inputs(table: LedgerTable) -> str:
+    """The body of the claims' first CTE, ``u``, the same in both modes: the arrays ``$1``
+    keys, ``$2`` jobs, ``$3`` slots, each row with whether its slot is in the ledger
+    already (*ran*), whether its job is paused fleet-wide (the triggered slot exempt), and
+    whether the slot is the job's trigger slot (*manual*: the claim marks its row so), each
+    a primary-key probe (``LATERAL ... LIMIT 1``).
+
+    A row that another transaction is changing (``xmax`` set: the undo of a cancelled claim
+    deleting it, or a finish still in flight) is not taken as *ran*: this statement's
+    snapshot still shows the row even when its delete is about to commit, and answering
+    ``"already_ran"`` from it would lose a slot nobody ran. Such a row takes the full path
+    instead (the exclusion, then the ``ON CONFLICT`` insert, which waits for that
+    transaction and sees its outcome). Rows not being changed, the ordinary case, still
+    skip the exclusion."""
+    runs = table.runs
+    return f"""
+            SELECT u.i, u.key, u.job, u.slot, seen.job IS NOT NULL AS ran,
+                   coalesce(pz.paused, false) AS paused, coalesce(pz.manual, false) AS manual
+            FROM unnest($1::bigint[], $2::text[], $3::timestamptz[]) WITH ORDINALITY
+                 AS u(key, job, slot, i)
+            LEFT JOIN LATERAL (
+                SELECT r.job FROM {runs} r
+                WHERE r.job = u.job AND r.slot = u.slot AND r.xmax = '0'::xid LIMIT 1
+            ) seen ON true
+            LEFT JOIN LATERAL (
+                SELECT pc.paused_at IS NOT NULL AND pc.trigger_slot IS DISTINCT FROM u.slot
+                       AS paused,
+                       pc.trigger_slot IS NOT DISTINCT FROM u.slot AS manual
+                FROM {table.control} pc WHERE pc.job = u.job LIMIT 1
+            ) pz ON true"""
+
+
+def finish_many_sql(table: LedgerTable) -> str:
+    """Record outcomes (or undo claims) and unlock, for many runs in one statement.
+
+    Arrays ``$1`` jobs, ``$2`` slots, ``$3`` outcomes (NULL: none recorded), ``$4``
+    errors, ``$5`` keys, ``$6`` undo flags, ``$9`` the instants the runs' bodies began
+    (:func:`real_start`); ``$7`` host, ``$8`` pid. A row to *undo* is
+    a claim whose caller was cancelled before its run began: deleted, so that another
+    replica may still run the slot, or, for the rerun of a crashed run (attempt 2),
+    recorded ``"cancelled"``: the row also stands for the first attempt, and no replica may
+    take the slot over again. Answers (i, released).
+
+    The rows are changed before any lock is given back (the final projection reads
+    ``written``, so the ``DELETE`` and ``UPDATE`` run first), and the claim's pre-check does
+    not trust a row being changed (:func:`claim_inputs`): the unlocks take effect at once
+    and the changes at commit, a moment later, and a claim in between that takes the lock
+    has its insert wait for this commit, then runs the slot an undo gave back (or finds the
+    slot claimed, for an outcome). No claim can take a deleted-but-uncommitted claim for a
+    slot that ran. The commit does not wait for its WAL flush
+    (``synchronous_commit`` off for this transaction only): a server crash can lose an
+    outcome written just before it, leaving the run "unfinished", but never a claim.
+    Rows are found by a primary-key probe each (``LATERAL ... LIMIT 1``), then
+    changed by their ``ctid``: a join on (job, slot) let the planner scan every unfinished
+    row once per row of the batch, seconds for a burst of thousands.
+    """
+    runs = table.runs
+    return f"""
+        WITH u AS MATERIALIZED (
+            SELECT * FROM unnest($1::text[], $2::timestamptz[], $3::text[], $4::text[],
+                                 $5::bigint[], $6::boolean[], $9::timestamptz[]) WITH ORDINALITY
+                 AS u(job, slot, outcome, error, key, undo, started, i)
+        ), {end_ctes(runs)}
+        ), relaxed AS MATERIALIZED (
+            SELECT set_config('synchronous_commit', 'off', true)
+        ), written AS MATERIALIZED (
+            SELECT (SELECT count(*) FROM del) + (SELECT count(*) FROM upd) AS n
+        )
+        SELECT u.i, pg_advisory_unlock(u.key) AS released
+        FROM u, relaxed, written"""
+
+
+def end_ctes(runs: str) -> str:
+    """The CTEs of an end of many runs that touch the runs table (``t``, ``del``, ``upd``),
+    the same in both modes: each run's row found by a primary-key probe, deleted for an
+    undo of a first attempt, else given its outcome. They read the CTE ``u`` (the arrays of
+    :func:`finish_many_sql`) and ``$7`` host, ``$8`` pid; ``del`` and ``upd`` return the job
+    of each row they changed. An outcome also records when the run's body really began."""
+    return f"""t AS MATERIALIZED (
+            SELECT u.outcome, u.error, u.undo, u.started, r.rid, r.host, r.pid, r.attempt
+            FROM u JOIN LATERAL (
+                SELECT r.ctid AS rid, r.host, r.pid, r.attempt FROM {runs} r
+                WHERE r.job = u.job AND r.slot = u.slot AND r.finished_at IS NULL LIMIT 1
+            ) r ON true
+        ), del AS (
+            DELETE FROM {runs} r USING t
+            WHERE r.ctid = t.rid AND t.undo AND t.host = $7::text AND t.pid = $8::integer
+              AND t.attempt = 1
+            RETURNING r.job
+        ), upd AS (
+            UPDATE {runs} r
+            SET finished_at = clock_timestamp(),
+                started_at = {real_start("r.started_at", "t.started", "clock_timestamp()")},
+                outcome = CASE WHEN t.undo THEN 'cancelled' ELSE t.outcome END,
+                error = CASE WHEN t.undo THEN 'cancelled before the rerun began'
+                             ELSE t.error END
+            FROM t
+            WHERE r.ctid = t.rid
+              AND (NOT t.undo OR (t.host = $7::text AND t.pid = $8::integer
+                                  AND t.attempt > 1))
+            RETURNING r.job"""
+
+
+def catch_up_sql(table: LedgerTable) -> str:
+    """What start-up catch-up needs of many jobs, in one statement.
+
+    Array ``$1`` jobs. Per job: ``claimed``, the latest slot any replica claimed; its
+    latest finished run and its latest success (``l_*`` and ``s_*`` columns, NULL when
+    none). Three look-ups on the primary key per job. Rows whose slot Python cannot hold
+    are none of these (:mod:`._decode`); ``odd_slot`` names the job's latest such row
+    (two more probes), for the caller to report.
+    """
+    runs = table.runs
+    cols = RUN_COLUMNS
+    last = ", ".join(f"l.{c} AS l_{c}" for c in cols)
+    ok = ", ".join(f"s.{c} AS s_{c}" for c in cols)
+    sane_slot = slot_in_range("r.slot")
+    return f"""
+        SELECT u.job, m.slot AS claimed, {last}, {ok}, {odd_list([("o.slot", "slot")])} AS odd_slot
+        FROM unnest($1::text[]) AS u(job)
+        LEFT JOIN LATERAL (
+            SELECT r.slot FROM {runs} r WHERE r.job = u.job AND {sane_slot}
+            ORDER BY r.slot DESC LIMIT 1
+        ) m ON true
+        LEFT JOIN LATERAL (
+            SELECT {RUN} FROM {runs} r WHERE r.job = u.job AND r.finished_at IS NOT NULL
+              AND {sane_slot} ORDER BY r.slot DESC LIMIT 1
+        ) l ON true
+        LEFT JOIN LATERAL (
+            SELECT {RUN} FROM {runs} r WHERE r.job = u.job AND r.outcome = 'succeeded'
+              AND {sane_slot} ORDER BY r.slot DESC LIMIT 1
+        ) s ON true
+        LEFT JOIN LATERAL (
+            (SELECT r.slot FROM {runs} r WHERE r.job = u.job AND r.slot > {HIGH} LIMIT 1)
+            UNION ALL
+            (SELECT r.slot FROM {runs} r WHERE r.job = u.job AND r.slot < {LOW} LIMIT 1)
+            LIMIT 1
+        ) o ON true"""
+
+
+class Prefixed:
+    """The columns of an answer's *row* named *prefix* + name, read as a ledger row (for
+    :func:`._decode.decode_run`)."""
+
+    __slots__ = ("_prefix", "_row")
+
+    def __init__(self, row: Any, prefix: str) -> None:
+        self._row = row
+        self._prefix = prefix
+
+    def __getitem__(self, name: str) -> Any:
+        return self._row[self._prefix + name]

@@ -1,0 +1,236 @@
+"""Lease mode's statements: exclusion as rows of the ledger's leases table, not sessions.
+
+In lease mode no statement relies on the session it runs on: each is one transaction, so it
+works through a transaction pooler. "Someone runs job J" is J's row in the leases table
+whose ``expires_at`` (the **server's** time) is in the future; the holder renews it while
+the run goes on (:mod:`._renewal`) and releases it, with the run's outcome, in the finish
+statement. A run whose lease expired without an outcome crashed.
+
+Why a row per job rather than a column of each run: a claim must see the *latest* lease of
+the job, and in READ COMMITTED a statement's snapshot does not see a row that another
+transaction inserted after the statement began. An ``ON CONFLICT (job) DO UPDATE ... WHERE``
+on one row per job is evaluated against the latest committed version of that row (the
+conflicting row is locked first), so two replicas can never both take a job's lease, even
+for different slots. A ``pg_try_advisory_xact_lock`` (released at commit, so it works through
+any pooler) makes a racing claimant give up at once instead of waiting for the other's
+commit; it also makes a claim wait for no session lock of the same key.
+
+Row locks on leases are always taken in job order (the claims' ``ORDER BY``, the ``FOR
+UPDATE`` before renewing or releasing), so statements of different replicas cannot deadlock.
+"""
+
+from __future__ import annotations
+
+from .._locker.crashes import TAKEN_OVER
+from .claims import claim_inputs, end_ctes, told_columns
+from .decode import R_RUN, sane
+from .starts import CLAIMED_START
+from .tables import LedgerTable
+
+__all__ = (
+    "lease_claim_many_sql",
+    "lease_crashed_sql",
+    "lease_finish_many_sql",
+    "lease_holders_sql",
+    "lease_late_finish_sql",
+    "lease_recover_sql",
+    "renew_sql",
+)
+
+_EXPIRES = "clock_timestamp() + $7::float8 * interval '1 second'"
+
+
+def lease_claim_many_sql(table: LedgerTable) -> str:
+    """Take the lease and claim many (job, slot) pairs in one statement.
+
+    Arrays ``$1`` keys, ``$2`` jobs, ``$3`` slots; ``$4`` host, ``$5`` pid, ``$6`` holder,
+    ``$7`` lease seconds. Answers what :func:`._batchsql.claim_many_sql` answers (*got*: the
+    lease was taken), plus *stray*: the lease was taken but the slot had been claimed
+    meanwhile (seen only in the latest data, not in this statement's snapshot), so the caller
+    gives that lease back. A job's lease is taken only while no unexpired lease of the job
+    exists and the latest one was not for this very slot (then the slot ran already; the
+    lease of an undone claim is released for no slot, see :func:`lease_finish_many_sql`).
+    """
+    runs, leases = table.runs, table.leases
+    return f"""
+        WITH u AS MATERIALIZED ({claim_inputs(table)}
+        ), l AS MATERIALIZED (
+            SELECT u.i, u.job, u.slot, u.ran, u.paused, u.manual,
+                   CASE WHEN u.ran OR u.paused THEN false
+                        ELSE pg_try_advisory_xact_lock(u.key) END AS free
+            FROM u
+        ), lease AS (
+            INSERT INTO {leases} AS x (job, slot, holder, expires_at, attempt)
+            SELECT l.job, l.slot, $6::text, {_EXPIRES}, 1
+            FROM l WHERE l.free ORDER BY l.job
+            ON CONFLICT (job) DO UPDATE
+            SET slot = EXCLUDED.slot, holder = EXCLUDED.holder,
+                expires_at = EXCLUDED.expires_at, attempt = 1
+            WHERE x.expires_at <= clock_timestamp() AND x.slot <> EXCLUDED.slot
+            RETURNING x.job
+        ), ins AS (
+            INSERT INTO {runs} (job, slot, host, pid, session, started_at, manual)
+            SELECT l.job, l.slot, $4::text, $5::integer, NULL, {CLAIMED_START},
+                   l.manual
+            FROM l JOIN lease ON lease.job = l.job
+            ORDER BY l.job
+            ON CONFLICT (job, slot) DO NOTHING
+            RETURNING job, slot, started_at
+        ), c AS MATERIALIZED (
+            SELECT l.i, l.job, l.slot, l.ran, l.paused, lease.job IS NOT NULL AS got,
+                   ins.started_at
+            FROM l LEFT JOIN lease ON lease.job = l.job
+            LEFT JOIN ins ON ins.job = l.job AND ins.slot = l.slot
+        )
+        SELECT c.i, c.ran, c.paused, c.got, c.started_at,
+               c.got AND c.started_at IS NULL AS stray,
+               {told_columns(runs)}"""
+
+
+def lease_finish_many_sql(table: LedgerTable) -> str:
+    """Record outcomes (or undo claims) and release the leases, for many runs at once.
+
+    The parameters of :func:`._batchsql.finish_many_sql` (``$5`` keys are unused here) plus
+    ``$10`` holder. Answers (i, released): *released* false when the lease was no longer
+    this holder's (it expired and another replica took it over). The leases are locked in
+    job order first. Like the session form, the commit does not wait for its WAL flush.
+
+    The lease of a claim undone (its row deleted) is released for no slot (``-infinity``),
+    not for the slot it was taken for: a claim only takes a lease whose latest slot is not
+    its own (that slot ran), and the undo gives the slot back. A claim that comes while the
+    undo commits waits for the lease row's lock, then takes the lease, and its insert of
+    the run finds the undone row gone: it runs the slot.
+    """
+    runs, leases = table.runs, table.leases
+    return f"""
+        WITH u AS MATERIALIZED (
+            SELECT * FROM unnest($1::text[], $2::timestamptz[], $3::text[], $4::text[],
+                                 $5::bigint[], $6::boolean[], $9::timestamptz[]) WITH ORDINALITY
+                 AS u(job, slot, outcome, error, key, undo, started, i)
+        ), lk AS MATERIALIZED (
+            SELECT x.job, x.slot FROM {leases} x JOIN u ON x.job = u.job AND x.slot = u.slot
+            WHERE x.holder = $10::text
+            ORDER BY x.job FOR UPDATE OF x
+        ), {end_ctes(runs)}
+        ), rel AS (
+            UPDATE {leases} x SET expires_at = '-infinity',
+                slot = CASE WHEN x.job IN (SELECT job FROM del) THEN '-infinity' ELSE x.slot END
+            FROM lk WHERE x.job = lk.job AND x.holder = $10::text
+            RETURNING x.job
+        ), relaxed AS MATERIALIZED (
+            SELECT set_config('synchronous_commit', 'off', true)
+        )
+        SELECT u.i, EXISTS (SELECT 1 FROM lk WHERE lk.job = u.job) AS released
+        FROM u, relaxed"""
+
+
+def renew_sql(table: LedgerTable) -> str:
+    """Renew this holder's unexpired leases: arrays ``$1`` jobs, ``$2`` slots; ``$3`` holder,
+    ``$4`` lease seconds. Answers the jobs renewed; a lease left out has expired (another
+    replica may have taken it over, or marked its run crashed), so its run must end."""
+    leases = table.leases
+    return f"""
+        WITH lk AS MATERIALIZED (
+            SELECT x.job FROM {leases} x
+            JOIN unnest($1::text[], $2::timestamptz[]) AS u(job, slot)
+              ON x.job = u.job AND x.slot = u.slot
+            WHERE x.holder = $3::text AND x.expires_at > clock_timestamp()
+            ORDER BY x.job FOR UPDATE OF x
+        )
+        UPDATE {leases} x
+        SET expires_at = clock_timestamp() + $4::float8 * interval '1 second'
+        FROM lk WHERE x.job = lk.job AND x.holder = $3::text
+        RETURNING x.job"""
+
+
+def lease_recover_sql(table: LedgerTable) -> str:
+    """Take the lease and take over a crashed run's slot: the claim of its rerun.
+
+    ``$1`` key, ``$2`` job, ``$3`` slot, ``$4`` host, ``$5`` pid, ``$6`` holder, ``$7``
+    lease seconds, ``$8`` the attempt to claim. Answers as :func:`._crashes.recover_sql`
+    does, plus *stray* (see :func:`lease_claim_many_sql`). The row is taken over on the
+    same terms (:data:`._crashes.TAKEN_OVER`): a crashed run is rerun at most once
+    fleet-wide, each attempt of a retried slot is claimed once.
+    """
+    runs, leases = table.runs, table.leases
+    return f"""
+        WITH p AS MATERIALIZED (
+            SELECT EXISTS (SELECT 1 FROM {table.control}
+                           WHERE job = $2 AND paused_at IS NOT NULL) AS paused
+        ), l AS MATERIALIZED (
+            SELECT p.paused,
+                   CASE WHEN p.paused THEN false
+                        ELSE pg_try_advisory_xact_lock($1::bigint) END AS free
+            FROM p
+        ), lease AS (
+            INSERT INTO {leases} AS x (job, slot, holder, expires_at, attempt)
+            SELECT $2::text, $3::timestamptz, $6::text, {_EXPIRES}, $8::smallint
+            FROM l WHERE l.free
+            ON CONFLICT (job) DO UPDATE
+            SET slot = EXCLUDED.slot, holder = EXCLUDED.holder,
+                expires_at = EXCLUDED.expires_at, attempt = EXCLUDED.attempt
+            WHERE x.expires_at <= clock_timestamp()
+            RETURNING x.job
+        ), up AS (
+            UPDATE {runs} r
+            SET host = $4::text, pid = $5::integer, session = NULL,
+                started_at = clock_timestamp(), finished_at = NULL, outcome = NULL,
+                error = NULL, attempt = $8::smallint
+            WHERE r.job = $2 AND r.slot = $3 AND {TAKEN_OVER.format(attempt="$8::smallint")}
+              AND EXISTS (SELECT 1 FROM lease)
+            RETURNING r.started_at
+        ), c AS MATERIALIZED (
+            SELECT l.paused, EXISTS (SELECT 1 FROM lease) AS got,
+                   (SELECT started_at FROM up) AS started_at
+            FROM l
+        )
+        SELECT false AS ran, c.paused, c.got, c.started_at,
+               c.got AND c.started_at IS NULL AS stray
+        FROM c"""
+
+
+def lease_crashed_sql(table: LedgerTable) -> str:
+    """Mark ``crashed`` the unfinished lease-mode runs whose lease is gone; return them.
+
+    ``$3`` holder: a run whose lease is still this holder's is left to it (it writes the
+    real outcome itself). A lease-mode run has no session (``session`` NULL, which the
+    session form leaves alone). The time is the statement's start (``now()``), the instant
+    of its snapshot, so a renewal committed after the snapshot cannot be missed.
+    ``$1``, ``$2`` (host, pid) are accepted for the same call as the session form.
+    """
+    runs, leases = table.runs, table.leases
+    return f"""
+        UPDATE {runs} AS r
+        SET outcome = 'crashed', finished_at = clock_timestamp(),
+            error = 'its replica (' || r.host || ':' || r.pid
+                    || ') died mid-run: its lease expired'
+        WHERE r.finished_at IS NULL AND r.session IS NULL
+          AND $1::text IS NOT NULL AND $2::integer IS NOT NULL
+          AND NOT EXISTS (SELECT 1 FROM {leases} x
+                          WHERE x.job = r.job AND x.slot = r.slot
+                            AND (x.expires_at > now() OR x.holder = $3::text))
+        RETURNING r.job, {R_RUN}"""
+
+
+def lease_late_finish_sql(table: LedgerTable) -> str:
+    """:attr:`LedgerTable.late_finish_sql` (same ``$1``-``$8``), and the release of those
+    runs' leases while still this holder's (``$10``)."""
+    return f"""
+        WITH done AS (
+            {table.late_finish_sql.strip()}
+            RETURNING r.job
+        ), rel AS (
+            UPDATE {table.leases} x SET expires_at = '-infinity'
+            FROM unnest($1::text[], $2::timestamptz[]) AS u(job, slot)
+            WHERE x.job = u.job AND x.slot = u.slot AND x.holder = $10::text
+        )
+        SELECT count(*) FROM done"""
+
+
+def lease_holders_sql(table: LedgerTable) -> str:
+    """Every unexpired lease right now (job, holder, slot, host, pid): as many as runs in
+    progress in lease mode, however many jobs."""
+    return f"""
+        SELECT x.job, x.holder, {sane("x.slot", "slot")}, r.host, r.pid FROM {table.leases} x
+        LEFT JOIN {table.runs} r ON r.job = x.job AND r.slot = x.slot
+        WHERE x.expires_at > clock_timestamp()"""

@@ -1,0 +1,133 @@
+"""Stored schedules in the ledger: their table, statements and decoding.
+
+One row per schedule in ``<table>_schedules``, keyed by name. Every change (an add, an
+update, a removal, which leaves a tombstone) takes the next *revision*, under a
+transaction advisory lock held to its commit: revisions commit in order, so a replica that
+read everything up to revision N never later finds a change numbered N or below. A sync
+is one statement, ``revision > N``, on the revision index, however many schedules there
+are. A replica's problem with a revision (no such task there, kwargs that do not fit) is
+noted in the row and shown while the row is at that revision.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from datetime import datetime
+from typing import Any
+
+from ..._keys import job_lock_key
+from ..._schedules.schedule import Schedule
+from ..._stored.json import options_from_json, schedule_from_json
+from ..._stored.schedule import Change, StoredSchedule
+from .decode import report_odd, sane
+from .tables import LedgerTable
+
+__all__ = ("decode_changes", "decode_stored", "schedules_lock_key", "stored_sql")
+
+# Reads return the JSON columns as text (no codec to register on anyone's connection).
+_COLUMNS = f"""s.name, s.revision, s.removed, s.task, s.schedule::text AS schedule,
+    s.kwargs::text AS kwargs, s.options::text AS options, {sane("s.updated_at", "updated_at")},
+    CASE WHEN s.problem_revision = s.revision THEN s.problems::text END AS problems"""
+
+
+@functools.cache
+def stored_sql(table: LedgerTable) -> dict[str, str]:
+    """The statements on *table*'s stored schedules."""
+    schedules, control, runs = table.schedules, table.control, table.runs
+    return {
+        "lock": "SELECT pg_advisory_xact_lock($1::bigint)",
+        "next": f"SELECT coalesce(max(revision), 0) + 1 FROM {schedules}",
+        # $1 name: the row, locked for the change (inside the transaction).
+        "get": f"""SELECT {_COLUMNS}, false AS paused FROM {schedules} s
+                   WHERE s.name = $1::text FOR UPDATE""",
+        # $1 name, $2 revision, $3 task, $4 schedule, $5 kwargs, $6 options, $7 who.
+        "put": f"""
+            INSERT INTO {schedules} AS s
+                (name, revision, task, schedule, kwargs, options, updated_by)
+            VALUES ($1::text, $2::bigint, $3::text, $4::jsonb, $5::jsonb, $6::jsonb, $7::text)
+            ON CONFLICT (name) DO UPDATE
+            SET revision = EXCLUDED.revision, removed = false, task = EXCLUDED.task,
+                schedule = EXCLUDED.schedule, kwargs = EXCLUDED.kwargs,
+                options = EXCLUDED.options, updated_at = clock_timestamp(),
+                updated_by = EXCLUDED.updated_by, problems = NULL, problem_revision = NULL""",
+        # $1 name, $2 revision, $3 who: a tombstone, so that running replicas see it go.
+        "remove": f"""
+            UPDATE {schedules} SET revision = $2::bigint, removed = true,
+                updated_at = clock_timestamp(), updated_by = $3::text, problems = NULL,
+                problem_revision = NULL
+            WHERE name = $1::text AND NOT removed""",
+        # What FleetControl.schedules() lists, with each one's fleet-wide pause.
+        "list": f"""
+            SELECT {_COLUMNS}, c.paused_at IS NOT NULL AS paused
+            FROM {schedules} s LEFT JOIN {control} c ON c.job = s.name
+            WHERE NOT s.removed ORDER BY s.name""",
+        # $1 since: the changes after it, oldest first (the first read, from 0, leaves the
+        # tombstones out), with each one's pause.
+        "changes": f"""
+            SELECT {_COLUMNS}, c.paused_at IS NOT NULL AS paused
+            FROM {schedules} s LEFT JOIN {control} c ON c.job = s.name
+            WHERE s.revision > $1::bigint AND (NOT s.removed OR $1::bigint > 0)
+            ORDER BY s.revision""",
+        # $1 name, $2 revision, $3 problem, $4 who: each replica's, shown while the schedule
+        # is at that revision.
+        "problem": f"""
+            UPDATE {schedules}
+            SET problems = CASE WHEN problem_revision = $2::bigint
+                                THEN coalesce(problems, '{{}}') ELSE '{{}}' END
+                           || jsonb_build_object($4::text, $3::text),
+                problem_revision = $2::bigint
+            WHERE name = $1::text AND revision = $2::bigint""",
+        # $1 name: a job of that name with a ledger row but no stored schedule of it.
+        "in_code": f"""
+            SELECT EXISTS (SELECT 1 FROM {runs} WHERE job = $1::text)
+               AND NOT EXISTS (SELECT 1 FROM {schedules} WHERE name = $1::text)""",
+    }
+
+
+def schedules_lock_key(runs: str) -> int:
+    """The transaction advisory lock key that orders the changes of *runs*' schedules."""
+    return job_lock_key(f"cronlock:schedules:{runs}")
+
+
+def decode_stored(row: Any, *, table: str) -> StoredSchedule | None:
+    """The stored schedule *row* holds; ``None`` (reported once, as an unreadable row of
+    *table*) when it holds what no cronlock wrote."""
+    try:
+        schedule: Schedule = schedule_from_json(json.loads(row["schedule"]))
+        kwargs = json.loads(row["kwargs"])
+        options = options_from_json(json.loads(row["options"]))
+        problems = json.loads(row["problems"] or "{}")
+        if not isinstance(kwargs, dict) or not isinstance(problems, dict):
+            raise TypeError("kwargs and problems must be objects")
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:  # ScheduleError too
+        report_odd(table, row["name"], f"schedule: {exc}")
+        return None
+    updated: datetime | None = row["updated_at"]
+    return StoredSchedule(
+        name=row["name"],
+        task=row["task"],
+        schedule=schedule,
+        kwargs=kwargs,
+        options=options,
+        revision=row["revision"],
+        paused=bool(row["paused"]),
+        updated_at=updated,
+        problems={str(by): str(text) for by, text in problems.items()},
+    )
+
+
+def decode_changes(rows: list[Any], since: int, *, table: str) -> tuple[int, list[Change]]:
+    """The revision read up to and the changes in *rows* (a ``changes`` read after *since*);
+    an unreadable row is left out (the job keeps what it was)."""
+    changes: list[Change] = []
+    top = since
+    for row in rows:
+        top = max(top, row["revision"])
+        if row["removed"]:
+            changes.append((row["name"], row["revision"], None))
+            continue
+        stored = decode_stored(row, table=table)
+        if stored is not None:
+            changes.append((stored.name, stored.revision, stored))
+    return top, changes
