@@ -14,7 +14,7 @@ from pathlib import Path
 import cronlock
 
 PACKAGE = Path(cronlock.__file__).parent
-MAX_LINES = 450
+MAX_LINES = 800
 # Fields of cronlock._core.state.RunState (the base of Job): assigned in that module and nowhere
 # else, not even by Job's own methods.
 RUN_STATE_FIELDS = frozenset(

@@ -34,7 +34,8 @@ from cronlock import (
     every,
 )
 from cronlock.postgres import PostgresHold, PostgresLocker
-from cronlock.postgres._locker.crashes import CHECK_EVERY, crashed_sql, recover_sql
+from cronlock.postgres._locker.crashes import CHECK_EVERY
+from cronlock.postgres._sql.crashes import crashed_sql, recover_sql
 from cronlock.postgres._sql.tables import LedgerTable
 
 from .events import CutOffFirstRun, Events

@@ -37,7 +37,6 @@ from .._durations import Seconds, optional_seconds, to_seconds
 from .._errors import ConfigError, LockError
 from .._logs import get_logger
 from .._resources import HeldOpenByBlocks
-from ._conn.dedicated import refuse_pooler
 from ._conn.errors import backend_error_types, backend_errors
 from ._conn.source import (
     Keepalives,
@@ -46,9 +45,11 @@ from ._conn.source import (
     is_closed,
     terminate,
 )
+from ._modes import source_for
 from ._modes.ballots import DEFAULT_LEADERS_TABLE, LeaseBallot, SessionBallot
-from ._modes.exclusion import Mode, source_for
+from ._modes.base import Mode
 from ._modes.fencing import ELECTOR_KEEPALIVES, SETTINGS_SQL, check_fencing
+from ._modes.session import refuse_pooler
 from ._statistics import PostgresElectorStatistics
 
 __all__ = ("PostgresElector",)

@@ -102,7 +102,7 @@ class LockerCounts:
 
     def snapshot(
         self, *, held: int, shards: Sequence[Any], upkeep: Any, crashes: Any, foreign: Any,
-        keeper: Any, members: Any,
+        renewals: tuple[int, int], members: Any,
     ) -> PostgresLockerStatistics:  # fmt: skip
         """The statistics now, from these counts and the locker's parts (``None``: absent)."""
         return PostgresLockerStatistics(
@@ -121,8 +121,8 @@ class LockerCounts:
             sessions_open=sum(s.is_open for s in shards),
             crashed=0 if crashes is None else crashes.marked,
             foreign_holders=0 if foreign is None else foreign.found,
-            fenced=0 if keeper is None else keeper.fenced,
-            renewals=0 if keeper is None else keeper.renewals,
+            fenced=renewals[1],
+            renewals=renewals[0],
             standby=self.standby,
             members=0 if members is None else members.size,
             reran=self.reran,

@@ -23,15 +23,9 @@ from ..._logs import get_logger
 from .._sql.tables import LedgerTable, ledger_state, migrate
 from .backoff import Backoff
 from .errors import SessionGone, backend_error_types, backend_errors
-from .source import (
-    ConnectionSource,
-    Keepalives,
-    configure_session,
-    is_closed,
-    terminate,
-)
+from .source import ConnectionSource, is_closed, terminate
 
-__all__ = ("LockSession", "refuse_pooler")
+__all__ = ("LockSession",)
 
 _logger = get_logger("cronlock.postgres")
 _T = TypeVar("_T")
@@ -54,23 +48,19 @@ class LockSession:
         create_table: bool,
         connect_timeout: float,
         statement_timeout: float,
-        application_name: str,
-        keepalives: Keepalives | None,
         on_open: Callable[[], None],
         on_drop: Callable[[str], None],
-        session_locks: bool = True,
+        configure: Callable[[Any], Awaitable[None]] | None = None,
     ) -> None:
         self._source = source
-        # Session locks need a session of their own: its settings are set, and a pooler is
-        # refused. Lease mode sets nothing on the session (a pooler would pass it on to
-        # other clients); its application_name is a startup parameter instead.
-        self._session_locks = session_locks
+        # The mode's set-up of a new connection, before the ledger is prepared: session
+        # locks need a session of their own (settings set, a pooler refused); lease mode
+        # sets nothing (a pooler would pass it on to other clients).
+        self._configure = configure
         self._table = table
         self._create_table = create_table
         self._connect_timeout = connect_timeout
         self._statement_timeout = statement_timeout
-        self._application_name = application_name
-        self._keepalives = keepalives
         self._on_open = on_open
         self._on_drop = on_drop
         self.conn: Any = None
@@ -168,31 +158,11 @@ class LockSession:
         return conn, None
 
     async def _set_up(self, conn: Any) -> None:
-        import asyncpg  # loaded already: the connection came from it
-
-        try:
-            with backend_errors("could not set up the lock session"):
-                async with asyncio.timeout(self._connect_timeout):
-                    if self._session_locks:
-                        await configure_session(
-                            conn,
-                            application_name=self._application_name,
-                            keepalives=self._keepalives,
-                        )
-                        await refuse_pooler(conn, self._source.describe())
-                    await self._prepare_ledger(conn)
-        except LockError as exc:
-            # asyncpg's named prepared statements meet another client's on a pooled backend
-            # (or miss their own): only a transaction pooler does that. Say so.
-            pooled = (asyncpg.DuplicatePreparedStatementError, asyncpg.InvalidSQLStatementNameError)
-            if self._session_locks and isinstance(exc.__cause__, pooled):
-                raise PoolerDetected(
-                    f"the {self._source.describe()} is reached through a transaction pooler "
-                    f"(prepared statements clash: {exc.__cause__!r}); session advisory locks "
-                    "cannot work through it. Use PostgresLocker(..., mode='lease'), or a "
-                    "direct connection"
-                ) from exc.__cause__
-            raise
+        with backend_errors("could not set up the lock session"):
+            async with asyncio.timeout(self._connect_timeout):
+                if self._configure is not None:
+                    await self._configure(conn)
+                await self._prepare_ledger(conn)
 
     async def _prepare_ledger(self, conn: Any) -> None:
         table = self._table
@@ -274,39 +244,6 @@ class LockSession:
                 raise
             self.last_ok = asyncio.get_running_loop().time()
             return result
-
-
-_pooler_told = False  # whether refuse_pooler has logged its ERROR in this process
-
-
-async def refuse_pooler(conn: Any, where: str) -> None:
-    """Raise :class:`PoolerDetected` unless *conn* is a server backend of its own.
-
-    The pid a server announces at connect (asyncpg's ``get_server_pid()``) is that backend's
-    own; a pooler or proxy announces one of its making instead, which no backend has. Two
-    reads of ``pg_backend_pid()`` in two transactions must also agree.
-    """
-    announced = conn.get_server_pid()
-    first = await conn.fetchval("SELECT pg_backend_pid()")
-    second = await conn.fetchval("SELECT pg_backend_pid()")
-    if first == announced == second:
-        return
-    seen = f"announced pid {announced}, then backends {first} and {second}"
-    global _pooler_told
-    log = _logger.debug if _pooler_told else _logger.error  # said once; retries are quiet
-    _pooler_told = True
-    log(
-        "a connection pooler or proxy sits between this replica and PostgreSQL (%s); session "
-        "advisory locks cannot work through it. Use PostgresLocker(..., mode='lease') "
-        "(docs/guides/poolers.md), or connect to the server directly",
-        seen,
-    )
-    raise PoolerDetected(
-        f"the {where} is reached through a connection pooler or proxy ({seen}): a session "
-        "advisory lock taken through PgBouncer in transaction mode, Supavisor, Neon's or "
-        "Heroku's pooler or RDS Proxy is not held by a session of ours. Use "
-        "PostgresLocker(..., mode='lease'), which needs no session, or a direct connection"
-    )
 
 
 def _cause(exc: BaseException) -> BaseException:

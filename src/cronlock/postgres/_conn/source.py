@@ -11,21 +11,28 @@ import contextlib
 import os
 import socket
 import sys
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ..._cancel import task_name
 from ..._dsn import connect_failure, target_of
 from ..._errors import LockError
+from ..._logs import get_logger
+from .._sql.sessions import set_config_sql
 from .errors import backend_error_types, backend_errors, kind_of
 
+_logger = get_logger("cronlock.postgres")
+
 __all__ = (
+    "POOL_WATCH_INTERVAL",
     "ConnectionSource",
     "Keepalives",
     "configure_session",
     "default_application_name",
     "is_closed",
     "terminate",
+    "watch_pool",
 )
 
 # PostgreSQL truncates application_name to NAMEDATALEN - 1 bytes.
@@ -81,10 +88,7 @@ async def configure_session(
             settings.append(("tcp_user_timeout", str(int(keepalives.user_timeout * 1000))))
     if not settings:
         return
-    calls = ", ".join(
-        f"set_config(${2 * i + 1}, ${2 * i + 2}, false)" for i in range(len(settings))
-    )
-    await conn.execute(f"SELECT {calls}", *[v for pair in settings for v in pair])
+    await conn.execute(set_config_sql(len(settings)), *[v for pair in settings for v in pair])
 
 
 def _interface_error() -> type[Exception]:
@@ -211,3 +215,30 @@ class ConnectionSource:
                     await conn.close()
         except backend_error_types():
             terminate(conn)
+
+
+POOL_WATCH_INTERVAL = 0.5
+"""Seconds between two looks at whether a borrowed-from pool is closing."""
+
+
+def watch_pool(
+    source: ConnectionSource, close: Callable[[], Awaitable[None]]
+) -> asyncio.Task[None] | None:
+    """A task that calls *close* once the pool *source* borrows from starts closing.
+
+    ``Pool.close()`` waits for every borrowed connection: closing the pool while a locker
+    holds some would hang. The watch hands them back (and says what to fix). ``None`` for
+    a DSN."""
+    if not source.pooled:
+        return None
+
+    async def on_closing() -> None:
+        await source.wait_pool_closing(POOL_WATCH_INTERVAL)
+        _logger.warning(
+            "the asyncpg pool is closing while a PostgresLocker still borrows its "
+            "connections; handing them back now (their locks are lost). Shut the "
+            "Scheduler down (or close the locker) before closing the pool."
+        )
+        await close()
+
+    return asyncio.create_task(on_closing(), name=task_name("pool-watch"))

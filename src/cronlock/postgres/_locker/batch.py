@@ -32,14 +32,13 @@ from ..._errors import LockError
 from ..._locking.protocols import Refusal
 from ..._logs import at, get_logger
 from .._conn.errors import SessionGone, backend_error_types, backend_errors
-from .._sql.advisory import UNLOCK_SQL
-from .._sql.claims import TRY_LOCK_MANY_SQL, UNLOCK_MANY_SQL, Prefixed
+from .._sql.claims import Prefixed
 from .._sql.decode import decode_run
 
 if TYPE_CHECKING:
     from ..._records import RunRecord
     from .._conn.dedicated import LockSession
-    from .._modes.exclusion import Exclusion
+    from .._modes.base import Exclusion
 
 __all__ = ("MAX_BATCH", "Batcher", "ClaimAnswer", "Told")
 
@@ -106,25 +105,19 @@ class _End:
 class Batcher:
     """The claims and ends of runs waiting to go to one lock *session*, and their flush.
 
-    *exclusion* gives the statements of the locker's mode (:mod:`._exclusion`); ``None`` is
-    lock-only mode (bare try-locks and unlocks). *host* is written to the ledger with each
-    claim. :attr:`batches` and :attr:`batched` count the claim and end statements sent and
-    the requests they carried.
+    *exclusion* gives the statements and rules of the locker's mode
+    (:class:`.._modes.base.Exclusion`). *host* is written to the ledger with each claim.
+    :attr:`batches` and :attr:`batched` count the claim and end statements sent and the
+    requests they carried.
     """
 
-    def __init__(self, session: LockSession, exclusion: Exclusion | None, host: str) -> None:
+    def __init__(self, session: LockSession, exclusion: Exclusion, host: str) -> None:
         self._session = session
         self._exclusion = exclusion
         self._host = host
         self._pid = os.getpid()
-        self._claim_sql = None if exclusion is None else exclusion.claim_sql
-        self._finish_sql = None if exclusion is None else exclusion.finish_sql
-        self._extra = () if exclusion is None else exclusion.extra
-        self._holder = () if exclusion is None else exclusion.holder_args
-        # Session mode: a lease lives and dies with the session it was granted on.
-        self._bound = exclusion is None or exclusion.session_bound
-        ledger = None if exclusion is None else exclusion.table
-        self._runs = "" if ledger is None else ledger.runs
+        ledger = exclusion.ledger
+        self._runs = "" if ledger is None else ledger.runs  # named in what decoding logs
         self._claims: list[_Claim] = []
         self._ends: list[_End] = []
         self._flush: asyncio.Task[None] | None = None
@@ -161,7 +154,7 @@ class Batcher:
         future of the answer (False: the statement failed, and the session was terminated,
         which releases the lock server-side), or ``None`` when the session of *generation*
         is gone, the lock with it (a release awaits it with no task of its own)."""
-        if self._bound and (generation != self._session.generation or self._session.conn is None):
+        if not self._exclusion.may_end(generation, self._session):
             return None
         future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         self._ends.append(_End(job, key, slot, generation, record, undo, future))
@@ -254,23 +247,14 @@ class Batcher:
         self.batched += len(claims)
         keys = [claim.key for claim in claims]
         run = self._session.run
+        jobs = [claim.job for claim in claims]
+        slots = [claim.slot for claim in claims]
+        statement = self._exclusion.claim(keys, jobs, slots, self._host, self._pid)
         with backend_errors("the claim statement failed", session_lost="the lock session was lost"):
-            if self._claim_sql is None:
-                rows = await run(
-                    conn, generation, lambda c: c.fetch(TRY_LOCK_MANY_SQL, keys), what="try-lock"
-                )
-                answers = [ClaimAnswer(None, generation)] * len(claims)
-                for row in rows:
-                    if not row["got"]:
-                        answers[row["i"] - 1] = ClaimAnswer("locked", generation)
-                return answers
-            jobs = [claim.job for claim in claims]
-            slots = [claim.slot for claim in claims]
-            sql, host, pid, extra = self._claim_sql, self._host, self._pid, self._extra
             rows = await run(
                 conn,
                 generation,
-                lambda c: c.fetch(sql, keys, jobs, slots, host, pid, *extra),
+                lambda c: c.fetch(statement.sql, *statement.args),
                 what="claim",
             )
         answers = [ClaimAnswer(None, generation)] * len(claims)
@@ -278,8 +262,8 @@ class Batcher:
             if row["started_at"] is not None:
                 continue
             claim = claims[row["i"] - 1]
-            if not self._bound and row["stray"]:
-                # Lease mode: a lease taken for a slot claimed meanwhile goes straight back.
+            if self._exclusion.stray(row):
+                # A lease taken for a slot claimed meanwhile goes straight back.
                 self.end(generation, claim.job, claim.key, claim.slot, None, undo=True)
             refusal: Refusal
             if row["paused"]:
@@ -295,55 +279,26 @@ class Batcher:
         return answers
 
     async def _send_ends(self, ends: list[_End]) -> None:
-        session = self._session
-        if not self._bound:
-            # Lease mode: the leases live in the ledger, not in a session. An end goes out
-            # on whatever connection is open now (opened if need be).
-            try:
-                conn, generation = await session.ensure()
-            except LockError:
-                conn, generation = None, session.generation
-            current = [] if conn is None else ends
-            for end in ends if conn is None else ():
-                _settle(end.future, False)  # written later, with the lease's release
-        else:
-            conn, generation = session.conn, session.generation
-            current = [end for end in ends if end.generation == generation and conn is not None]
-            for end in ends:
-                if end.generation != generation or conn is None:
-                    _settle(end.future, False)  # that session died: the server unlocked
-        if not current:
+        session, exclusion = self._session, self._exclusion
+        where = await exclusion.end_on(session)
+        current = (
+            [] if where is None else [e for e in ends if exclusion.may_end(e.generation, session)]
+        )
+        for end in ends:
+            if where is None or not exclusion.may_end(end.generation, session):
+                # Its session died (and the server unlocked), or none can be had now (the
+                # outcome is written later, with the lease's release).
+                _settle(end.future, False)
+        if where is None or not current:
             return
+        conn, generation = where
         self.batches += 1
         self.batched += len(current)
-        keys = [end.key for end in current]
-        run = session.run
+        statement = exclusion.finish(current, self._host, self._pid)
         try:
-            if self._finish_sql is None:
-                if len(current) == 1:  # the plain statement: the same cost, less to parse
-                    released = await run(
-                        conn, generation, lambda c: c.fetchval(UNLOCK_SQL, keys[0]), what="unlock"
-                    )
-                    rows = [{"i": 1, "released": released}]
-                else:
-                    rows = await run(
-                        conn, generation, lambda c: c.fetch(UNLOCK_MANY_SQL, keys), what="unlock"
-                    )
-            else:
-                sql = self._finish_sql
-                args = (
-                    [end.job for end in current],
-                    [end.slot for end in current],
-                    [end.outcome for end in current],
-                    [end.error for end in current],
-                    keys,
-                    [end.undo for end in current],
-                    self._host,
-                    self._pid,
-                    [end.started for end in current],
-                    *self._holder,
-                )
-                rows = await run(conn, generation, lambda c: c.fetch(sql, *args), what="finish")
+            rows = await session.run(
+                conn, generation, lambda c: c.fetch(statement.sql, *statement.args), what="finish"
+            )
         except SessionGone:
             for end in current:
                 _settle(end.future, False)  # the session died: the server released them
@@ -361,14 +316,8 @@ class Batcher:
             return
         for row in rows:
             end = current[row["i"] - 1]
-            if not row["released"] and (self._bound or not end.undo):
-                _logger.warning(
-                    "job %r: its %s was no longer held at %s",
-                    end.job,
-                    "lock" if self._bound else "lease",
-                    "unlock" if self._bound else "release (it expired first)",
-                    extra=at(end.job, end.slot),
-                )
+            if not row["released"] and (why := exclusion.unreleased(end)) is not None:
+                _logger.warning("job %r: %s", end.job, why, extra=at(end.job, end.slot))
             _settle(end.future, True)
 
 

@@ -20,7 +20,7 @@ from ..._errors import LockError
 from ..._logs import at, get_logger
 from .._conn.dedicated import LockSession
 from .._conn.errors import backend_errors
-from .._modes.exclusion import Exclusion
+from .._modes.base import Exclusion, Statement
 from .batch import Batcher, ClaimAnswer
 
 __all__ = ("Claims",)
@@ -31,15 +31,14 @@ _logger = get_logger("cronlock.postgres")
 class Claims:
     """Lock-and-claim and record-and-unlock statements on one lock *session* (a shard).
 
-    *exclusion* gives the statements of the locker's mode; ``None`` is lock-only mode.
-    *host* is written to the ledger with each claim.
+    *exclusion* gives the statements and rules of the locker's mode. *host* is written to
+    the ledger with each claim.
     """
 
-    def __init__(self, session: LockSession, exclusion: Exclusion | None, host: str) -> None:
+    def __init__(self, session: LockSession, exclusion: Exclusion, host: str) -> None:
         self._session = session
         self._exclusion = exclusion
         self._host = host
-        self._recover_sql = None if exclusion is None else exclusion.recover_sql
         self.batcher = Batcher(session, exclusion, host)
 
     async def claim(self, job: str, key: int, slot: datetime, *, rerun: int = 0) -> ClaimAnswer:
@@ -52,8 +51,11 @@ class Claims:
         of its own, not batched.
         """
         attempt: Coroutine[Any, Any, ClaimAnswer] | asyncio.Future[ClaimAnswer]
-        if rerun and self._recover_sql is not None:
-            attempt = self._rerun_reconnecting(job, key, slot, self._recover_sql, rerun)
+        takeover = rerun and self._exclusion.takeover(
+            key, job, slot, self._host, os.getpid(), rerun
+        )
+        if takeover:
+            attempt = self._rerun_reconnecting(job, key, slot, takeover)
         else:
             attempt = self.batcher.claim(job, key, slot)
 
@@ -80,17 +82,17 @@ class Claims:
     # -- a takeover (a crashed run's rerun, a retry): one statement of its own -------------
 
     async def _rerun_reconnecting(
-        self, job: str, key: int, slot: datetime, sql: str, taken: int
+        self, job: str, key: int, slot: datetime, takeover: Statement
     ) -> ClaimAnswer:
         conn, generation = await self._session.ensure()
         try:
-            return await self._rerun(conn, generation, job, key, slot, sql, taken)
+            return await self._rerun(conn, generation, job, key, slot, takeover)
         except LockError as exc:
             if isinstance(exc.__cause__, TimeoutError):
                 raise  # a slow server: retrying would only double the wait
         _logger.info("job %r: lock session lost; reconnecting", job, extra=at(job))
         conn, generation = await self._session.ensure()
-        return await self._rerun(conn, generation, job, key, slot, sql, taken)
+        return await self._rerun(conn, generation, job, key, slot, takeover)
 
     async def _rerun(
         self,
@@ -99,11 +101,8 @@ class Claims:
         job: str,
         key: int,
         slot: datetime,
-        sql: str,
-        taken: int,
+        takeover: Statement,
     ) -> ClaimAnswer:
-        host, pid = self._host, os.getpid()
-        extra = () if self._exclusion is None else self._exclusion.extra
         with backend_errors(
             f"job {job!r}: the claim statement failed",
             session_lost=f"job {job!r}: the lock session was lost; try again",
@@ -111,11 +110,11 @@ class Claims:
             row = await self._session.run(
                 conn,
                 generation,
-                lambda c: c.fetchrow(sql, key, job, slot, host, pid, *extra, taken),
+                lambda c: c.fetchrow(takeover.sql, *takeover.args),
                 what="claim",
             )
-        if extra and row["stray"]:
-            # Lease mode: a lease taken for a row that could not be taken over goes back.
+        if self._exclusion.stray(row):
+            # A lease taken for a row that could not be taken over goes back.
             self.batcher.end(generation, job, key, slot, None, undo=True)
         if row["started_at"] is not None:
             return ClaimAnswer(None, generation)

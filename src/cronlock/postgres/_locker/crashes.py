@@ -24,20 +24,19 @@ first attempt as it treats ``crashed``.
 
 from __future__ import annotations
 
-import os
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from ..._logs import at, get_logger
-from .._sql.decode import R_RUN, decode_run
-from .._sql.tables import LedgerTable
+from .._sql.decode import decode_run
 
 if TYPE_CHECKING:
     from ..._locking.protocols import CrashCallback
     from ..._records import RunRecord
     from .._conn.dedicated import LockSession
+    from .._modes.base import Statement
 
-__all__ = ("CHECK_EVERY", "TAKEN_OVER", "CrashWatch", "crashed_sql", "recover_sql")
+__all__ = ("CHECK_EVERY", "CrashWatch")
 
 _logger = get_logger("cronlock.postgres")
 
@@ -46,97 +45,23 @@ CHECK_EVERY = 3.0
 _REMEMBER = 1024  # slots awaiting their rerun, per locker; older ones are forgotten
 
 
-def crashed_sql(table: LedgerTable) -> str:
-    """Mark unfinished runs whose claiming session is gone ``crashed``; return them.
-
-    ``$1`` host, ``$2`` pid: this process's own runs are left alone, since it writes their
-    real outcome itself once a session is back (a run whose session died under a live
-    replica ends ``lock_lost``). Concurrent checks by several replicas mark each row once:
-    the second one finds it finished.
-    """
-    return f"""
-        UPDATE {table.runs} AS r
-        SET outcome = 'crashed', finished_at = clock_timestamp(),
-            error = 'its replica (' || r.host || ':' || r.pid
-                    || ') died mid-run: lock session gone'
-        WHERE r.finished_at IS NULL AND r.session IS NOT NULL
-          AND NOT (r.host = $1::text AND r.pid = $2::integer)
-          AND NOT EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.pid = r.session)
-        RETURNING r.job, {R_RUN}"""
-
-
-TAKEN_OVER = """r.attempt = {attempt} - 1
-              AND (r.outcome IN ('failed', 'timed_out')
-                   OR (r.outcome IN ('crashed', 'lock_lost') AND r.attempt = 1))"""
-"""Which row a takeover claiming attempt *attempt* may take: the attempt before it, failed
-or timed out (a retry), or crashed or cut off on its first attempt (a crashed run's rerun)."""
-
-
-def recover_sql(table: LedgerTable) -> str:
-    """Lock and take over a slot's row, in one statement: the claim of a crashed run's rerun
-    or of a failed run's retry.
-
-    The same parameters and answers as :func:`._batchsql.claim_many_sql` (*ran* is always
-    false: the row is expected; a job paused fleet-wide is refused as by the claim), and
-    ``$6`` the attempt to claim. Only the row at the attempt before it is taken over, and
-    only while it failed or timed out, or was marked ``crashed`` (or ``lock_lost``) on its
-    first attempt (:data:`TAKEN_OVER`; this replica as owner, started now): a crashed run is
-    rerun at most once fleet-wide, and every attempt of a retried slot is claimed once. A
-    lock granted for a row that cannot be taken over is given back in the same statement.
-    """
-    return f"""
-        WITH p AS MATERIALIZED (
-            SELECT EXISTS (SELECT 1 FROM {table.control}
-                           WHERE job = $2 AND paused_at IS NOT NULL) AS paused
-        ), l AS MATERIALIZED (
-            SELECT p.paused,
-                   CASE WHEN p.paused THEN false ELSE pg_try_advisory_lock($1::bigint) END AS got
-            FROM p
-        ), up AS (
-            INSERT INTO {table.runs} AS r (job, slot, host, pid, session, attempt)
-            SELECT $2::text, $3::timestamptz, $4::text, $5::integer, pg_backend_pid(),
-                   $6::smallint
-            FROM l WHERE l.got
-            ON CONFLICT (job, slot) DO UPDATE
-            SET host = EXCLUDED.host, pid = EXCLUDED.pid, session = EXCLUDED.session,
-                started_at = clock_timestamp(), finished_at = NULL, outcome = NULL,
-                error = NULL, attempt = $6::smallint
-            WHERE {TAKEN_OVER.format(attempt="$6::smallint")}
-            RETURNING r.started_at
-        ), c AS MATERIALIZED (
-            SELECT l.paused, l.got, (SELECT started_at FROM up) AS started_at FROM l
-        )
-        SELECT false AS ran, c.paused, c.got, c.started_at,
-               CASE WHEN c.got AND c.started_at IS NULL
-                    THEN pg_advisory_unlock($1::bigint) END AS undone
-        FROM c"""
-
-
 class CrashWatch:
     """One locker's part in crash detection: the check, who to tell, what to rerun."""
 
     __slots__ = (
-        "_args",
         "_callbacks",
-        "_host",
-        "_pid",
+        "_check",
         "_recoverable",
         "_runs",
-        "_sql",
         "marked",
         "rerun",
     )
 
-    def __init__(
-        self, sql: str, host: str, args: tuple[object, ...] = (), *, runs: str = ""
-    ) -> None:
-        # The mode's check (session gone, or lease expired: Exclusion.crashed_sql) and the
-        # arguments it takes after host and pid; *runs* names the table in what it logs.
-        self._sql = sql
+    def __init__(self, check: Statement | None, *, runs: str = "") -> None:
+        # The mode's check (session gone, or lease expired: Exclusion.crashed), None when
+        # there is nothing to check (no ledger); *runs* names the table in what it logs.
+        self._check = check
         self._runs = runs
-        self._args = args
-        self._host = host
-        self._pid = os.getpid()
         self._callbacks: list[CrashCallback] = []
         self._recoverable: dict[tuple[str, datetime], int] = {}  # the attempt to claim
         self.marked = 0
@@ -144,15 +69,10 @@ class CrashWatch:
         self.rerun = 0
         """Of those, how many a callback said it would run again."""
 
-    @classmethod
-    def of(cls, exclusion: Any, host: str) -> CrashWatch | None:
-        """The watch of a locker whose exclusion (:class:`._exclusion.Exclusion`) is
-        *exclusion*: its mode's check; ``None`` without a ledger (nothing to check)."""
-        if exclusion is None:
-            return None
-        table = exclusion.table
-        runs = "" if table is None else table.runs
-        return cls(exclusion.crashed_sql, host, exclusion.holder_args, runs=runs)
+    @property
+    def checks(self) -> bool:
+        """Whether there is anything to check (a ledger)."""
+        return self._check is not None
 
     def on_crashed(self, callback: CrashCallback) -> None:
         """Tell *callback* of each row marked from now on (once, however often added)."""
@@ -177,10 +97,13 @@ class CrashWatch:
 
     async def check(self, session: LockSession, conn: Any, generation: int) -> int:
         """Mark crashed runs on *session* and report each; return how many were marked."""
+        check = self._check
+        if check is None:
+            return 0
         rows = await session.run(
             conn,
             generation,
-            lambda c: c.fetch(self._sql, self._host, self._pid, *self._args),
+            lambda c: c.fetch(check.sql, *check.args),
             what="checking for crashed runs",
             keep_on_server_error=True,
         )

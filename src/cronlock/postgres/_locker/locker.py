@@ -1,14 +1,18 @@
-"""PostgresLocker: one replica's advisory locks and run-ledger claims on a few sessions.
+"""PostgresLocker: one replica's exclusion and run-ledger claims on a few connections.
 
-The locker hands out holds, keeps in-process exclusion and shards jobs over its lock sessions
-by lock key; the pieces it is built from live next to it: a session (:mod:`._session`) and
-how one ends (:mod:`._sessionend`), the statements of a run (:mod:`._claims`), the holds
-(:mod:`._hold`), upkeep (:mod:`._upkeep`) and fleet time (:mod:`._servertime`).
+The locker hands out holds, keeps in-process exclusion and shards jobs over its channels by
+lock key. What its mode decides (the statements, what a dropped connection loses, which
+services run) it asks of its :class:`.._modes.base.Exclusion`, never testing the mode
+itself; the pieces it is built from live next to it: the statements of a run
+(:mod:`.claims`), the holds (:mod:`.hold`), upkeep (:mod:`.upkeep`) and fleet time
+(:mod:`.servertime`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 import secrets
 import socket
 from collections.abc import Callable, Collection, Mapping
@@ -16,17 +20,17 @@ from datetime import datetime, timedelta
 from logging import DEBUG, INFO
 from typing import TYPE_CHECKING, Any
 
-from ..._cancel import cancel_and_wait
+from ..._cancel import cancel_and_wait, task_name, uncancellable
 from ..._durations import Seconds
 from ..._errors import LockError
 from ..._locking.claimed import remember_claim
 from ..._locking.protocols import ASKED, Refusal
 from ..._logs import get_logger, say
 from ..._resources import HeldOpenByBlocks
-from .._conn.source import Keepalives, default_application_name
-from .._modes.exclusion import Mode, exclusion_for, make_sessions, source_for
-from .._modes.lease import LeaseKeeper
-from .._modes.sessionend import hand_back_all, mark_dropped, watch_pool
+from .._conn.errors import gone_or_failed_types
+from .._conn.source import Keepalives, default_application_name, watch_pool
+from .._modes import exclusion_for, source_for
+from .._modes.base import Channels, Mode
 from .._ops.control import FleetWatch
 from .._sql.tables import DEFAULT_TABLE, LedgerTable
 from .._statistics import LockerCounts, PostgresLockerStatistics
@@ -141,7 +145,6 @@ class PostgresLocker(HeldOpenByBlocks, ReadsLedger):
             connect_timeout=connect_timeout, statement_timeout=statement_timeout,
             spread=spread, claim_ahead=claim_ahead, pool=pool_or_dsn,
         )  # fmt: skip
-        self._mode: Mode = mode
         self._application_name = application_name or default_application_name()
         source = source_for(mode, pool_or_dsn, connect_kwargs, self._application_name)
         self._table = LedgerTable(table, schema) if ledger else None
@@ -156,18 +159,20 @@ class PostgresLocker(HeldOpenByBlocks, ReadsLedger):
         self._entered = 0  # open async-with blocks: the Scheduler then leaves closing to them
         self._source = source
         self._pool_watch: asyncio.Task[None] | None = None
-        self._shards = make_sessions(
-            mode,
-            source,
-            self._table,
-            sessions=checked.sessions,
-            create_table=create_table,
-            connect_timeout=checked.connect_timeout,
-            statement_timeout=checked.statement_timeout,
-            application_name=self._application_name,
-            keepalives=keepalives,
-            on_open=self._on_session_opened,
-            on_drop=self._on_session_dropped,
+        self._shards = self._exclusion.channels(
+            Channels(
+                source,
+                sessions=checked.sessions,
+                create_table=create_table,
+                connect_timeout=checked.connect_timeout,
+                statement_timeout=checked.statement_timeout,
+                application_name=self._application_name,
+                keepalives=keepalives,
+                on_open=self._on_session_opened,
+                on_drop=self._on_session_dropped,
+                on_fenced=self._on_fenced,
+                holder=self._holder,
+            )
         )
         host = socket.gethostname()
         self._claims = tuple(Claims(session, self._exclusion, host) for session in self._shards)
@@ -180,23 +185,22 @@ class PostgresLocker(HeldOpenByBlocks, ReadsLedger):
         self._reads = LedgerReads(
             self._shards, self._table, lambda: self._closed, key=self._keys.fnv
         )
-        self._crashes = CrashWatch.of(self._exclusion, host)
+        self._crashes = CrashWatch(
+            self._exclusion.crashed(host, os.getpid()),
+            runs="" if self._table is None else self._table.runs,
+        )
         self._foreign = None if self._table is None else ForeignHolders(self._table, self._shards)
         self._members = None if self._table is None else Membership(
             self._table, self._shards, holder=self._holder, racers=checked.racers
         )  # fmt: skip
         cadence = (lambda: 1.0) if self._members is None else self._members.spread
-        # Lease mode: the renewal of the leases in flight, and their fence.
-        self._keeper = LeaseKeeper.of(
-            self._exclusion, self._shards[0], holder=self._holder, lost=self._on_fenced
-        )
         # Upkeep: heartbeat, schedules and late outcomes to write, crashes to mark, pruning.
         self._upkeep = Upkeep(
             self._shards,
             self._table,
             retention=checked.retention,
-            # Lease mode: the renewals prove the leases; nothing lives in a session to check.
-            heartbeat=checked.heartbeat if mode == "session" else None,
+            # Only where a session's death loses its holds is it worth checking.
+            heartbeat=checked.heartbeat if self._exclusion.heartbeat else None,
             application_name=self._application_name,
             holding=lambda: {key % len(self._shards) for key in self._held},
             busy=lambda: bool(self._held or self._pending),
@@ -218,7 +222,7 @@ class PostgresLocker(HeldOpenByBlocks, ReadsLedger):
     @property
     def mode(self) -> Mode:
         """Where exclusion lives: ``"session"`` (advisory locks) or ``"lease"`` (lease rows)."""
-        return self._mode
+        return self._exclusion.mode
 
     def lock_key(self, job: str) -> int:
         """*job*'s lock key: :func:`~cronlock.postgres.ledger_lock_key` (``job_lock_key`` with
@@ -241,7 +245,7 @@ class PostgresLocker(HeldOpenByBlocks, ReadsLedger):
         """Return the locker's counters."""
         return self._count.snapshot(
             held=len(self._held), shards=self._shards, upkeep=self._upkeep, crashes=self._crashes,
-            foreign=self._foreign, keeper=self._keeper, members=self._members,
+            foreign=self._foreign, renewals=self._exclusion.renewals(), members=self._members,
         )  # fmt: skip
 
     async def acquire(self, job: str, slot: datetime) -> PostgresHold | Refusal:
@@ -264,7 +268,7 @@ class PostgresLocker(HeldOpenByBlocks, ReadsLedger):
             return "locked"
         # A slot whose crashed run this replica said it would rerun, or whose failed attempt
         # it retries, is claimed by taking that row over (the attempt after it), ours or not.
-        rerun = self._crashes is not None and self._crashes.take(job, slot)
+        rerun = self._crashes.take(job, slot)
         claimed = self._claimed.get(job)
         if claimed and slot in claimed and not rerun:
             self._count.busy_here += 1
@@ -317,9 +321,7 @@ class PostgresLocker(HeldOpenByBlocks, ReadsLedger):
             attempt=attempt,
         )  # fmt: skip
         self._held[key] = hold
-        if self._keeper is not None:
-            self._keeper.granted(hold, sent)
-        elif self._shards[self._shard(key)].generation != generation:
+        if not self._exclusion.granted(hold, sent, generation, self._shards[self._shard(key)]):
             # The session died between its answer and now: the lock died with it.
             hold.mark_lost(LockError(f"job {job!r}: the lock session was dropped"))
             self._count.lost += 1
@@ -355,8 +357,7 @@ class PostgresLocker(HeldOpenByBlocks, ReadsLedger):
         takes the row over (attempt 2), at most once fleet-wide. The scheduler registers
         itself here (job option ``recover``); adding a callback twice calls it once.
         """
-        if self._crashes is not None:
-            self._crashes.on_crashed(callback)
+        self._crashes.on_crashed(callback)
 
     def on_foreign_holder(self, callback: ForeignCallback) -> None:
         """Call *callback* ``(job, slot, holder)`` once per job whose lock key a session
@@ -400,8 +401,8 @@ class PostgresLocker(HeldOpenByBlocks, ReadsLedger):
         watch, self._pool_watch = self._pool_watch, None
         if watch is not None and watch is not asyncio.current_task():
             await cancel_and_wait(watch)
-        if self._keeper is not None:
-            await self._keeper.stop()
+        for service in reversed(self._exclusion.services()):
+            await service.stop()
         if self._foreign is not None:
             await self._foreign.stop()
         await self._upkeep.stop()
@@ -409,7 +410,7 @@ class PostgresLocker(HeldOpenByBlocks, ReadsLedger):
             await claims.batcher.wait_idle()  # answers in flight reach their callers
         if self._fleet is not None:
             await self._fleet.stop()
-        await hand_back_all(self._shards, self._upkeep, self._held)
+        await self._hand_back_all()
 
     @property
     def closed(self) -> bool:
@@ -431,18 +432,40 @@ class PostgresLocker(HeldOpenByBlocks, ReadsLedger):
         if self._pool_watch is None and not self._closed:
             self._pool_watch = watch_pool(self._source, self.close)
 
-    def _on_session_dropped(self, shard: int, reason: str) -> None:
-        """Mark the holds of a dropped session lost (lease mode: they stay held, renewed)."""
-        if self._mode == "session":
-            self._count.lost += mark_dropped(self._held, shard, len(self._shards), reason)
+    async def _hand_back_all(self) -> None:
+        """Write upkeep's pending rows on the first open session (not while holds are
+        still held: then close at once), and hand every session's connection back."""
+        held = self._held
+        if held and any(s.conn is not None for s in self._shards):
+            _logger.warning(
+                "PostgresLocker closed while holding the locks of %s",
+                sorted(hold.job for hold in held.values()),
+            )
+        flushed = bool(held)
+        for session in self._shards:
+            async with session.connect_lock:
+                conn = session.conn
+                if conn is None:
+                    continue
+                if not flushed:
+                    flushed = True
+                    with contextlib.suppress(*gone_or_failed_types()):
+                        await uncancellable(
+                            self._upkeep.flush(session, conn, session.generation),
+                            name=task_name("pg-flush"),
+                        )
+                await session.hand_back(conn)
 
-    def _on_fenced(self, hold: PostgresHold) -> None:  # lease mode: renewal failed
+    def _on_session_dropped(self, shard: int, reason: str) -> None:
+        """A shard's connection was dropped: its mode says what that loses."""
+        self._count.lost += self._exclusion.dropped(self._held, shard, len(self._shards), reason)
+
+    def _on_fenced(self) -> None:  # a hold could not be renewed in time
         self._count.lost += 1
 
     def _on_released(self, hold: PostgresHold, unwritten: RunRecord | None) -> None:
         """*hold* was released: forget it; keep an outcome its dead session lost."""
-        if self._keeper is not None:
-            self._keeper.released(hold)
+        self._exclusion.released(hold)
         if unwritten is not None and self._table is not None:
             self._upkeep.write_late(hold.job, hold.slot, unwritten, hold.attempt)
         if self._held.get(hold.key) is hold:

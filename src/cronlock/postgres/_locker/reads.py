@@ -156,7 +156,7 @@ class ReadsLedger:
 
     _reads: LedgerReads
     _told: dict[str, tuple[RunRecord | None, RunRecord | None]]
-    _crashes: CrashWatch | None
+    _crashes: CrashWatch
 
     async def last_claimed(self, job: str) -> datetime | None:
         """The latest slot of *job* any replica claimed; ``None`` without a ledger."""
@@ -194,8 +194,7 @@ class ReadsLedger:
         """The next :meth:`acquire` of *slot* of *job* claims attempt *attempt* by taking its
         failed row over in the ledger: granted once fleet-wide, and only while the attempt
         before it is the row's and failed (``retries``). Without a ledger, a plain claim."""
-        if self._crashes is not None:
-            self._crashes.retry(job, slot, attempt)
+        self._crashes.retry(job, slot, attempt)
 
     def refusal_history(self, job: str) -> tuple[RunRecord | None, RunRecord | None] | None:
         """What the ledger said with the refusal :meth:`acquire` just gave *job*: the job's

@@ -12,7 +12,8 @@ from ..._durations import Seconds, optional_seconds, positive_int, to_seconds
 from ..._errors import ConfigError
 from ..._locking.retention import RETENTION_MARGIN
 from ..._logs import get_logger
-from .._modes.exclusion import Mode, checked_mode
+from .._modes import checked_mode
+from .._modes.base import Mode
 
 __all__ = ("MAX_RETENTION", "MIN_RETENTION", "LockerSettings", "check_pool_room")
 

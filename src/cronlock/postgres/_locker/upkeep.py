@@ -29,7 +29,7 @@ from .crashes import CHECK_EVERY, CrashWatch
 if TYPE_CHECKING:
     from ..._locking.protocols import Health
     from ..._records import RunRecord
-    from .._modes.exclusion import Exclusion
+    from .._modes.base import Exclusion
 
 __all__ = (
     "COMPLAIN_EVERY",
@@ -109,7 +109,7 @@ class Upkeep:
         busy: Callable[[], bool] = lambda: False,
         host: str,
         crashes: CrashWatch | None = None,
-        exclusion: Exclusion | None = None,
+        exclusion: Exclusion,
         spread: Callable[[], float] = lambda: 1.0,
     ) -> None:
         self._sessions = sessions
@@ -128,9 +128,8 @@ class Upkeep:
         # Fleet-wide chores (crash checks, schedule notes) run N / racers times less often
         # on each replica of a large fleet (._members).
         self._spread = spread
-        # The late outcome statement of the locker's mode (lease mode releases the lease too).
-        self._late_sql = None if exclusion is None else exclusion.late_finish_sql
-        self._late_args = () if exclusion is None else exclusion.holder_args
+        # Writes the late outcomes in the locker's mode (lease mode releases the lease too).
+        self._exclusion = exclusion
         self._crash_at = 0.0  # loop time of the next check for crashed runs
         self._task: asyncio.Task[None] | None = None
         self._complaints = _Complaints()
@@ -322,25 +321,14 @@ class Upkeep:
         if table is None or not self._late:
             return
         late, self._late = self._late, []
-        jobs, slots, records, attempts = zip(*late, strict=True)
-        args = (
-            list(jobs),
-            list(slots),
-            [r.outcome for r in records],
-            [r.error for r in records],
-            [r.finished_at for r in records],
-            list(attempts),
-            self._host,
-            os.getpid(),
-            [r.started_at for r in records],
-            *self._late_args,
-        )
-        late_sql = self._late_sql or table.late_finish_sql
+        statement = self._exclusion.late_finish(late, self._host, os.getpid())
+        if statement is None:
+            return
         try:
             await session.run(
                 conn,
                 generation,
-                lambda c: c.execute(late_sql, *args),
+                lambda c: c.execute(statement.sql, *statement.args),
                 what="writing late outcomes",
                 keep_on_server_error=True,
             )

@@ -1,4 +1,10 @@
-"""Lease mode: the renewal of a replica's leases, and the fence that ends a run in time.
+"""Lease mode (``mode="lease"``): a lease row says who runs a job; its renewal, and the fence
+that ends a run in time.
+
+A row of the ledger's leases table whose expiry, in the server's time, is in the future says
+who runs a job (:mod:`.._sql.leases`). No statement depends on its session, so a dropped
+connection loses nothing, an end goes out on whatever connection is open, and the mode works
+through a transaction pooler; a crashed run is an unfinished row whose lease expired.
 
 A lease expires in the server's time, *lease* seconds after it was last taken or renewed.
 One task per locker renews every lease it holds in **one** statement every ``lease / 4``
@@ -22,28 +28,39 @@ can stop is code that never yields to the event loop (a blocking call in a job).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+import functools
+from collections.abc import Callable, Mapping, Sequence
+from datetime import datetime
 from logging import WARNING
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..._cancel import cancel_and_wait, task_name
 from ..._errors import LockError
 from ..._logs import get_logger, say
+from .._conn.borrowed import PooledStatements
 from .._conn.dedicated import LockSession
 from .._conn.errors import backend_errors
-from .._locker.hold import PostgresHold
-from .._sql.leases import renew_sql
+from .._sql.leases import (
+    lease_claim_many_sql,
+    lease_crashed_sql,
+    lease_finish_many_sql,
+    lease_late_finish_sql,
+    lease_recover_sql,
+    renew_sql,
+)
 from .._sql.tables import LedgerTable
+from .base import Channels, End, Exclusion, Kept, Service, Statement
+from .session import _end_args, _late_args
 
 if TYPE_CHECKING:
-    from .exclusion import Exclusion
+    from ..._records import RunRecord
 
-__all__ = ("LeaseKeeper",)
+__all__ = ("LeaseKeeper", "LeaseRows")
 
 _logger = get_logger("cronlock.postgres")
 
 
-class LeaseKeeper:
+class LeaseKeeper(Service):
     """Renews one locker's leases on its *session* and fences them (see the module).
 
     The locker tells it of each lease :meth:`granted` and :meth:`released`; *lost* is
@@ -57,7 +74,7 @@ class LeaseKeeper:
         *,
         holder: str,
         lease: float,
-        lost: Callable[[PostgresHold], None],
+        lost: Callable[[], None],
     ) -> None:
         self._session = session
         self._sql = renew_sql(table)
@@ -66,7 +83,7 @@ class LeaseKeeper:
         self._every = lease / 4
         self._margin = lease / 4
         self._lost = lost
-        self._trusted: dict[PostgresHold, float] = {}
+        self._trusted: dict[Kept, float] = {}
         self._task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
         self.renewals = 0
@@ -74,21 +91,7 @@ class LeaseKeeper:
         self.fenced = 0
         """Leases marked lost because they could not be renewed in time."""
 
-    @classmethod
-    def of(
-        cls,
-        exclusion: Exclusion | None,
-        session: LockSession,
-        *,
-        holder: str,
-        lost: Callable[[PostgresHold], None],
-    ) -> LeaseKeeper | None:
-        """The keeper of a locker whose exclusion is *exclusion*: ``None`` but in lease mode."""
-        if exclusion is None or exclusion.mode != "lease" or exclusion.table is None:
-            return None
-        return cls(session, exclusion.table, holder=holder, lease=exclusion.lease, lost=lost)
-
-    def granted(self, lease: PostgresHold, sent: float) -> None:
+    def granted(self, lease: Kept, sent: float) -> None:
         """*lease* was granted by a claim sent at loop time *sent*: trust it until the fence."""
         self._trusted[lease] = sent + self._lease - self._margin
         if self._task is None:
@@ -97,7 +100,7 @@ class LeaseKeeper:
             )
         self._wake.set()
 
-    def released(self, lease: PostgresHold) -> None:
+    def released(self, lease: Kept) -> None:
         """*lease* is being released: no more renewals, no fence."""
         self._trusted.pop(lease, None)
 
@@ -112,14 +115,14 @@ class LeaseKeeper:
             if until <= now:
                 self._lose(lease, "it could not be renewed in time (fenced before it expires)")
 
-    def _lose(self, lease: PostgresHold, why: str) -> None:
+    def _lose(self, lease: Kept, why: str) -> None:
         self._trusted.pop(lease, None)
         if lease.lost:
             return
         self.fenced += 1
         say(_logger, WARNING, lease.job, lease.slot, f"the lease is lost: {why}")
         lease.mark_lost(LockError(f"job {lease.job!r}: its lease is lost: {why}"))
-        self._lost(lease)
+        self._lost()
 
     async def _keep(self) -> None:
         """Owned by the locker: from its first lease to its close.
@@ -183,3 +186,121 @@ class LeaseKeeper:
                 self._trusted[lease] = sent + self._lease - self._margin
             else:
                 self._lose(lease, "it had expired, or another replica holds it now")
+
+
+class LeaseRows(Exclusion):
+    """Lease rows over the ledger *table*, held as *holder* for *lease* seconds."""
+
+    mode = "lease"
+    heartbeat = False  # the renewals prove the leases; nothing lives in a session
+
+    def __init__(self, table: LedgerTable, *, holder: str, lease: float) -> None:
+        self.ledger = self._table = table
+        self._holder = holder
+        self._lease = lease
+        self._claim_sql = lease_claim_many_sql(table)
+        self._finish_sql = lease_finish_many_sql(table)
+        self._recover_sql = lease_recover_sql(table)
+        self._crashed_sql = lease_crashed_sql(table)
+        self._late_sql = lease_late_finish_sql(table)
+        self._keeper: LeaseKeeper | None = None
+
+    def channels(self, given: Channels) -> tuple[LockSession, ...]:
+        """One channel: a connection of ours given a DSN (kept, so a statement costs one
+        round trip), or none given a pool (each statement borrows one for itself)."""
+        shard: LockSession
+        if given.source.pooled:
+            shard = PooledStatements(
+                given.source,
+                table=self._table,
+                create_table=given.create_table,
+                connect_timeout=given.connect_timeout,
+                statement_timeout=given.statement_timeout,
+                on_open=given.on_open,
+            )
+        else:
+            shard = LockSession(
+                given.source,
+                table=self.ledger,
+                create_table=given.create_table,
+                connect_timeout=given.connect_timeout,
+                statement_timeout=given.statement_timeout,
+                on_open=given.on_open,
+                on_drop=functools.partial(given.on_drop, 0),
+            )
+        self._keeper = LeaseKeeper(
+            shard, self._table, holder=self._holder, lease=self._lease, lost=given.on_fenced
+        )
+        return (shard,)
+
+    def claim(
+        self, keys: list[int], jobs: list[str], slots: list[datetime], host: str, pid: int
+    ) -> Statement:
+        """Take leases and claim (:func:`.._sql.leases.lease_claim_many_sql`)."""
+        return Statement(self._claim_sql, (keys, jobs, slots, host, pid, self._holder, self._lease))
+
+    def finish(self, ends: Sequence[End], host: str, pid: int) -> Statement:
+        """Record and release the leases (:func:`.._sql.leases.lease_finish_many_sql`)."""
+        return Statement(self._finish_sql, (*_end_args(ends, host, pid), self._holder))
+
+    def takeover(
+        self, key: int, job: str, slot: datetime, host: str, pid: int, attempt: int
+    ) -> Statement | None:
+        """Take the lease and the row over (:func:`.._sql.leases.lease_recover_sql`)."""
+        return Statement(
+            self._recover_sql, (key, job, slot, host, pid, self._holder, self._lease, attempt)
+        )
+
+    def crashed(self, host: str, pid: int) -> Statement | None:
+        """Unfinished rows whose lease expired."""
+        return Statement(self._crashed_sql, (host, pid, self._holder))
+
+    def late_finish(
+        self, late: Sequence[tuple[str, datetime, RunRecord, int]], host: str, pid: int
+    ) -> Statement | None:
+        """Late outcomes, and the release of their leases."""
+        return Statement(self._late_sql, (*_late_args(late, host, pid), self._holder))
+
+    def may_end(self, generation: int, session: LockSession) -> bool:
+        """Always: a lease lives in the ledger, not in a session."""
+        return True
+
+    async def end_on(self, session: LockSession) -> tuple[Any, int] | None:
+        """Whatever connection is open now, opened if need be; ``None`` when it cannot be
+        (the outcome is then written later, with the lease's release)."""
+        try:
+            return await session.ensure()
+        except LockError:
+            return None
+
+    def stray(self, row: Mapping[str, Any]) -> bool:
+        """A lease taken for a slot claimed meanwhile goes straight back."""
+        return bool(row["stray"])
+
+    def unreleased(self, end: End) -> str | None:
+        """A lease that expired before its release is worth a warning (an undo's is not)."""
+        return None if end.undo else "its lease was no longer held at release (it expired first)"
+
+    def granted(self, hold: Kept, sent: float, generation: int, session: LockSession) -> bool:
+        """Trusted from *sent* on, renewed until released (the keeper's fence)."""
+        assert self._keeper is not None  # channels() made it
+        self._keeper.granted(hold, sent)
+        return True
+
+    def released(self, hold: Kept) -> None:
+        """No more renewals, no fence."""
+        if self._keeper is not None:
+            self._keeper.released(hold)
+
+    def dropped(self, held: Mapping[int, Kept], shard: int, shards: int, reason: str) -> int:
+        """Nothing is lost: the leases stay held, and renewed."""
+        return 0
+
+    def services(self) -> Sequence[Service]:
+        """The lease keeper."""
+        return () if self._keeper is None else (self._keeper,)
+
+    def renewals(self) -> tuple[int, int]:
+        """The keeper's renewal statements, and the holds it fenced."""
+        keeper = self._keeper
+        return (0, 0) if keeper is None else (keeper.renewals, keeper.fenced)

@@ -21,8 +21,8 @@ UPDATE`` before renewing or releasing), so statements of different replicas cann
 
 from __future__ import annotations
 
-from .._locker.crashes import TAKEN_OVER
 from .claims import claim_inputs, end_ctes, told_columns
+from .crashes import TAKEN_OVER
 from .decode import R_RUN, sane
 from .starts import CLAIMED_START
 from .tables import LedgerTable

@@ -1,0 +1,187 @@
+"""The seam between the coordination modes: what a mode decides, as behaviour.
+
+A :class:`PostgresLocker <cronlock.postgres.PostgresLocker>` is built from parts that do not
+know which mode they serve (the batcher, the claims, upkeep, the crash watch, the locker
+itself); each asks its :class:`Exclusion` whenever the modes would differ. There are three:
+
+- :class:`~._modes.session.SessionLocks` (``mode="session"``): a session advisory lock on a
+  dedicated connection says who runs a job; a dropped session loses its holds.
+- :class:`~._modes.lease.LeaseRows` (``mode="lease"``): a lease row, valid in the server's
+  time, says it; nothing lives in a session, and a holder that cannot renew is fenced.
+- :class:`~._modes.bare.BareLocks` (``ledger=False``): the seed's recipe, session advisory
+  locks and no ledger at all.
+
+:func:`cronlock.postgres._modes.exclusion_for` is the one place a mode is chosen.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, Literal, Protocol
+
+if TYPE_CHECKING:
+    from ..._records import Outcome, RunRecord
+    from .._conn.dedicated import LockSession
+    from .._conn.source import ConnectionSource, Keepalives
+    from .._sql.tables import LedgerTable
+
+__all__ = ("Channels", "End", "Exclusion", "Kept", "Mode", "Service", "Statement")
+
+Mode = Literal["session", "lease"]
+"""``PostgresLocker(mode=...)``: where exclusion lives."""
+
+
+@dataclass(frozen=True, slots=True)
+class Statement:
+    """A statement's text and its arguments, built together (no ``$n`` to count)."""
+
+    sql: str
+    args: tuple[object, ...]
+
+
+class End(Protocol):
+    """What a mode reads of one run's end (the batcher's requests are ends)."""
+
+    job: str
+    key: int
+    slot: datetime
+    generation: int
+    outcome: Outcome | None
+    error: str | None
+    started: datetime | None
+    undo: bool
+
+
+class Kept(Protocol):
+    """What a mode reads and does of a hold it keeps (a PostgresHold)."""
+
+    job: str
+    slot: datetime
+
+    @property
+    def lost(self) -> bool:
+        """Whether the hold is lost."""
+        ...
+
+    def mark_lost(self, because: BaseException) -> None:
+        """Mark the hold lost *because* (the scheduler then ends its run)."""
+        ...
+
+
+class Service(abc.ABC):
+    """A background task of a mode's: started on first use, stopped at the locker's close."""
+
+    @abc.abstractmethod
+    async def stop(self) -> None:
+        """Cancel the task and wait until it is done."""
+
+
+@dataclass(frozen=True, slots=True)
+class Channels:
+    """What a mode needs to make a locker's connections (see :meth:`Exclusion.channels`)."""
+
+    source: ConnectionSource
+    sessions: int
+    create_table: bool
+    connect_timeout: float
+    statement_timeout: float
+    application_name: str
+    keepalives: Keepalives | None
+    on_open: Callable[[], None]
+    on_drop: Callable[[int, str], None]
+    on_fenced: Callable[[], None]
+    holder: str
+
+
+class Exclusion(abc.ABC):
+    """Where a locker's exclusion lives, and every rule that follows from it.
+
+    Implementations hold the statements of their mode over one ledger (or none), and the
+    locker's state of that mode (lease mode's renewals).
+    """
+
+    mode: Mode
+    """What ``PostgresLocker.mode`` reports."""
+    ledger: LedgerTable | None
+    """The run ledger, or ``None`` (``ledger=False``)."""
+    heartbeat: bool
+    """Whether upkeep checks the sessions that hold locks (their death loses them)."""
+
+    # -- connections -------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def channels(self, given: Channels) -> tuple[LockSession, ...]:
+        """The locker's shards: a job's statements go on ``shards[key % len(shards)]``."""
+
+    # -- statements ----------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def claim(
+        self, keys: list[int], jobs: list[str], slots: list[datetime], host: str, pid: int
+    ) -> Statement:
+        """Claim many slots; answers one row per slot: ``i``, ``started_at`` (granted when
+        not null), ``ran``, ``got``, ``paused``, ``stray``, and the ``p_*`` run told."""
+
+    @abc.abstractmethod
+    def finish(self, ends: Sequence[End], host: str, pid: int) -> Statement:
+        """Record many outcomes (or undo claims) and release; answers ``i``, ``released``."""
+
+    @abc.abstractmethod
+    def takeover(
+        self, key: int, job: str, slot: datetime, host: str, pid: int, attempt: int
+    ) -> Statement | None:
+        """Claim *slot* by taking its row over as *attempt*; ``None``: a plain claim."""
+
+    @abc.abstractmethod
+    def crashed(self, host: str, pid: int) -> Statement | None:
+        """Mark crashed runs of other replicas; ``None``: there is nothing to check."""
+
+    @abc.abstractmethod
+    def late_finish(self, late: Sequence[tuple[str, datetime, RunRecord, int]],
+                    host: str, pid: int) -> Statement | None:  # fmt: skip
+        """Write outcomes kept since their release failed; ``None``: nothing to write."""
+
+    # -- holds -----------------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def may_end(self, generation: int, session: LockSession) -> bool:
+        """Whether an end of a hold granted on *generation* can still go out on *session*."""
+
+    @abc.abstractmethod
+    async def end_on(self, session: LockSession) -> tuple[Any, int] | None:
+        """The connection and generation ends go out on now, or ``None`` (they wait)."""
+
+    @abc.abstractmethod
+    def stray(self, row: Mapping[str, Any]) -> bool:
+        """Whether a refused claim's *row* took something to give back at once."""
+
+    @abc.abstractmethod
+    def unreleased(self, end: End) -> str | None:
+        """What to say of an end whose release found nothing held, or ``None`` (expected)."""
+
+    @abc.abstractmethod
+    def granted(self, hold: Kept, sent: float, generation: int,
+                session: LockSession) -> bool:  # fmt: skip
+        """*hold* was granted by a claim sent at loop time *sent*: start keeping it; return
+        False when it is lost already (its session died since)."""
+
+    @abc.abstractmethod
+    def released(self, hold: Kept) -> None:
+        """*hold* is being released: stop keeping it."""
+
+    @abc.abstractmethod
+    def dropped(self, held: Mapping[int, Kept], shard: int, shards: int,
+                reason: str) -> int:  # fmt: skip
+        """Shard *shard* of *shards* lost its connection: mark what that loses; how many."""
+
+    @abc.abstractmethod
+    def services(self) -> Sequence[Service]:
+        """The mode's background services, in the order they start (stopped in reverse)."""
+
+    def renewals(self) -> tuple[int, int]:
+        """Lease renewal statements sent, and holds fenced (lost unrenewed): 0 but in lease
+        mode."""
+        return 0, 0

@@ -1,0 +1,234 @@
+"""Session mode (``mode="session"``, the seed's recipe): a session advisory lock on a
+dedicated connection says who runs a job.
+
+The server releases a session's locks the moment the session ends, so a dropped session
+loses the holds granted on it (:meth:`SessionLocks.dropped` marks them lost, and the
+scheduler ends their runs), and an end of a hold may only go out on the session that
+granted it. A crashed run is an unfinished ledger row whose claiming backend is gone from
+``pg_stat_activity``. Upkeep checks the sessions that hold locks (the heartbeat). It needs
+a direct connection: a pooler in between is refused (:func:`refuse_pooler`).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from ..._errors import LockError, PoolerDetected
+from ..._logs import get_logger
+from .._conn.dedicated import LockSession
+from .._conn.source import Keepalives, configure_session
+from .._sql.claims import claim_many_sql, finish_many_sql
+from .._sql.crashes import crashed_sql, recover_sql
+from .._sql.sessions import BACKEND_PID_SQL
+from .._sql.tables import LedgerTable
+from .base import Channels, End, Exclusion, Kept, Service, Statement
+
+if TYPE_CHECKING:
+    from ..._records import RunRecord
+
+__all__ = ("SessionLocks", "mark_dropped", "refuse_pooler", "set_up_session")
+
+_logger = get_logger("cronlock.postgres")
+
+
+class SessionLocks(Exclusion):
+    """Session advisory locks over the ledger *table* (see the module)."""
+
+    mode = "session"
+    heartbeat = True
+
+    def __init__(self, table: LedgerTable | None) -> None:
+        self.ledger = table
+        if table is not None:
+            self._claim_sql = claim_many_sql(table)
+            self._finish_sql = finish_many_sql(table)
+            self._recover_sql = recover_sql(table)
+            self._crashed_sql = crashed_sql(table)
+            self._late_sql = table.late_finish_sql
+
+    def channels(self, given: Channels) -> tuple[LockSession, ...]:
+        """*sessions* dedicated sessions, set up as lock sessions; a job's lock on
+        ``key % sessions``."""
+        configure = functools.partial(
+            set_up_session,
+            where=given.source.describe(),
+            application_name=given.application_name,
+            keepalives=given.keepalives,
+        )
+        return tuple(
+            LockSession(
+                given.source,
+                table=self.ledger,
+                create_table=given.create_table,
+                connect_timeout=given.connect_timeout,
+                statement_timeout=given.statement_timeout,
+                on_open=given.on_open,
+                on_drop=functools.partial(given.on_drop, shard),
+                configure=configure,
+            )
+            for shard in range(given.sessions)
+        )
+
+    def claim(
+        self, keys: list[int], jobs: list[str], slots: list[datetime], host: str, pid: int
+    ) -> Statement:
+        """Lock and claim (:func:`._sql.claims.claim_many_sql`)."""
+        return Statement(self._claim_sql, (keys, jobs, slots, host, pid))
+
+    def finish(self, ends: Sequence[End], host: str, pid: int) -> Statement:
+        """Record and unlock (:func:`._sql.claims.finish_many_sql`)."""
+        return Statement(self._finish_sql, _end_args(ends, host, pid))
+
+    def takeover(
+        self, key: int, job: str, slot: datetime, host: str, pid: int, attempt: int
+    ) -> Statement | None:
+        """Lock and take the row over (:func:`._sql.crashes.recover_sql`)."""
+        return Statement(self._recover_sql, (key, job, slot, host, pid, attempt))
+
+    def crashed(self, host: str, pid: int) -> Statement | None:
+        """Unfinished rows whose claiming session is gone."""
+        return Statement(self._crashed_sql, (host, pid))
+
+    def late_finish(
+        self, late: Sequence[tuple[str, datetime, RunRecord, int]], host: str, pid: int
+    ) -> Statement | None:
+        """The outcomes of runs whose session died (:attr:`LedgerTable.late_finish_sql`)."""
+        return Statement(self._late_sql, _late_args(late, host, pid))
+
+    def may_end(self, generation: int, session: LockSession) -> bool:
+        """Only on the session that granted the lock: a later one holds none of it."""
+        return generation == session.generation and session.conn is not None
+
+    async def end_on(self, session: LockSession) -> tuple[Any, int] | None:
+        """The session as it is: never reconnect for an end (a new session holds nothing)."""
+        conn = session.conn
+        return None if conn is None else (conn, session.generation)
+
+    def stray(self, row: Mapping[str, Any]) -> bool:
+        """Never: a lock taken for a slot claimed meanwhile is given back in the statement."""
+        return False
+
+    def unreleased(self, end: End) -> str | None:
+        """A lock that was not held at unlock is worth a warning."""
+        return "its lock was no longer held at unlock"
+
+    def granted(self, hold: Kept, sent: float, generation: int, session: LockSession) -> bool:
+        """Lost already if its session died between the answer and now."""
+        return session.generation == generation
+
+    def released(self, hold: Kept) -> None:
+        """Nothing is kept."""
+
+    def dropped(self, held: Mapping[int, Kept], shard: int, shards: int, reason: str) -> int:
+        """The locks on the dropped session are gone: mark their holds lost."""
+        return mark_dropped(held, shard, shards, reason)
+
+    def services(self) -> Sequence[Service]:
+        """None: upkeep's heartbeat is what checks the sessions."""
+        return ()
+
+
+def _end_args(ends: Sequence[End], host: str, pid: int) -> tuple[object, ...]:
+    """The arguments ``$1``-``$9`` of the finish statements shared by both ledger modes."""
+    return (
+        [end.job for end in ends],
+        [end.slot for end in ends],
+        [end.outcome for end in ends],
+        [end.error for end in ends],
+        [end.key for end in ends],
+        [end.undo for end in ends],
+        host,
+        pid,
+        [end.started for end in ends],
+    )
+
+
+def _late_args(
+    late: Sequence[tuple[str, datetime, RunRecord, int]], host: str, pid: int
+) -> tuple[object, ...]:
+    """The arguments ``$1``-``$9`` of the late outcome statements of both ledger modes."""
+    return (
+        [job for job, _, _, _ in late],
+        [slot for _, slot, _, _ in late],
+        [record.outcome for _, _, record, _ in late],
+        [record.error for _, _, record, _ in late],
+        [record.finished_at for _, _, record, _ in late],
+        [attempt for _, _, _, attempt in late],
+        host,
+        pid,
+        [record.started_at for _, _, record, _ in late],
+    )
+
+
+def mark_dropped(held: Mapping[int, Kept], shard: int, shards: int, reason: str) -> int:
+    """Mark lost the holds in *held* (by lock key) on *shard* of *shards*; return how many."""
+    lost = [hold for key, hold in held.items() if not hold.lost and key % shards == shard]
+    for hold in lost:
+        hold.mark_lost(LockError(f"job {hold.job!r}: the lock session was dropped: {reason}"))
+    if lost:
+        _logger.error(
+            "lock session %d dropped (%s): the locks of %s are lost and may be taken "
+            "by another replica",
+            shard,
+            reason,
+            sorted(hold.job for hold in lost),
+        )
+    return len(lost)
+
+
+async def set_up_session(
+    conn: Any, *, where: str, application_name: str, keepalives: Keepalives | None
+) -> None:
+    """Set a new session up to hold session locks: its settings, and no pooler between.
+
+    A clash of asyncpg's named prepared statements with another client's (or one missing
+    its own) on a pooled backend is what only a transaction pooler does: it is said so.
+    """
+    import asyncpg  # loaded already: the connection came from it
+
+    pooled = (asyncpg.DuplicatePreparedStatementError, asyncpg.InvalidSQLStatementNameError)
+    try:
+        await configure_session(conn, application_name=application_name, keepalives=keepalives)
+        await refuse_pooler(conn, where)
+    except pooled as exc:
+        raise PoolerDetected(
+            f"the {where} is reached through a transaction pooler (prepared statements "
+            f"clash: {exc!r}); session advisory locks cannot work through it. Use "
+            "PostgresLocker(..., mode='lease'), or a direct connection"
+        ) from exc
+
+
+_pooler_told = False  # whether refuse_pooler has logged its ERROR in this process
+
+
+async def refuse_pooler(conn: Any, where: str) -> None:
+    """Raise :class:`PoolerDetected` unless *conn* is a server backend of its own.
+
+    The pid a server announces at connect (asyncpg's ``get_server_pid()``) is that backend's
+    own; a pooler or proxy announces one of its making instead, which no backend has. Two
+    reads of ``pg_backend_pid()`` in two transactions must also agree.
+    """
+    announced = conn.get_server_pid()
+    first = await conn.fetchval(BACKEND_PID_SQL)
+    second = await conn.fetchval(BACKEND_PID_SQL)
+    if first == announced == second:
+        return
+    seen = f"announced pid {announced}, then backends {first} and {second}"
+    global _pooler_told
+    log = _logger.debug if _pooler_told else _logger.error  # said once; retries are quiet
+    _pooler_told = True
+    log(
+        "a connection pooler or proxy sits between this replica and PostgreSQL (%s); session "
+        "advisory locks cannot work through it. Use PostgresLocker(..., mode='lease') "
+        "(docs/guides/poolers.md), or connect to the server directly",
+        seen,
+    )
+    raise PoolerDetected(
+        f"the {where} is reached through a connection pooler or proxy ({seen}): a session "
+        "advisory lock taken through PgBouncer in transaction mode, Supavisor, Neon's or "
+        "Heroku's pooler or RDS Proxy is not held by a session of ours. Use "
+        "PostgresLocker(..., mode='lease'), which needs no session, or a direct connection"
+    )

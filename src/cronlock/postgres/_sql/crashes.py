@@ -1,0 +1,78 @@
+"""The statements of crashed runs in session mode: find and mark them, take their rows over.
+
+See :mod:`cronlock.postgres._locker.crashes` for what a crash is and who reruns it; lease
+mode's forms are in :mod:`.leases`.
+"""
+
+from __future__ import annotations
+
+from .decode import R_RUN
+from .tables import LedgerTable
+
+__all__ = ("TAKEN_OVER", "crashed_sql", "recover_sql")
+
+
+def crashed_sql(table: LedgerTable) -> str:
+    """Mark unfinished runs whose claiming session is gone ``crashed``; return them.
+
+    ``$1`` host, ``$2`` pid: this process's own runs are left alone, since it writes their
+    real outcome itself once a session is back (a run whose session died under a live
+    replica ends ``lock_lost``). Concurrent checks by several replicas mark each row once:
+    the second one finds it finished.
+    """
+    return f"""
+        UPDATE {table.runs} AS r
+        SET outcome = 'crashed', finished_at = clock_timestamp(),
+            error = 'its replica (' || r.host || ':' || r.pid
+                    || ') died mid-run: lock session gone'
+        WHERE r.finished_at IS NULL AND r.session IS NOT NULL
+          AND NOT (r.host = $1::text AND r.pid = $2::integer)
+          AND NOT EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.pid = r.session)
+        RETURNING r.job, {R_RUN}"""
+
+
+TAKEN_OVER = """r.attempt = {attempt} - 1
+              AND (r.outcome IN ('failed', 'timed_out')
+                   OR (r.outcome IN ('crashed', 'lock_lost') AND r.attempt = 1))"""
+"""Which row a takeover claiming attempt *attempt* may take: the attempt before it, failed
+or timed out (a retry), or crashed or cut off on its first attempt (a crashed run's rerun)."""
+
+
+def recover_sql(table: LedgerTable) -> str:
+    """Lock and take over a slot's row, in one statement: the claim of a crashed run's rerun
+    or of a failed run's retry.
+
+    The same parameters and answers as :func:`._batchsql.claim_many_sql` (*ran* is always
+    false: the row is expected; a job paused fleet-wide is refused as by the claim), and
+    ``$6`` the attempt to claim. Only the row at the attempt before it is taken over, and
+    only while it failed or timed out, or was marked ``crashed`` (or ``lock_lost``) on its
+    first attempt (:data:`TAKEN_OVER`; this replica as owner, started now): a crashed run is
+    rerun at most once fleet-wide, and every attempt of a retried slot is claimed once. A
+    lock granted for a row that cannot be taken over is given back in the same statement.
+    """
+    return f"""
+        WITH p AS MATERIALIZED (
+            SELECT EXISTS (SELECT 1 FROM {table.control}
+                           WHERE job = $2 AND paused_at IS NOT NULL) AS paused
+        ), l AS MATERIALIZED (
+            SELECT p.paused,
+                   CASE WHEN p.paused THEN false ELSE pg_try_advisory_lock($1::bigint) END AS got
+            FROM p
+        ), up AS (
+            INSERT INTO {table.runs} AS r (job, slot, host, pid, session, attempt)
+            SELECT $2::text, $3::timestamptz, $4::text, $5::integer, pg_backend_pid(),
+                   $6::smallint
+            FROM l WHERE l.got
+            ON CONFLICT (job, slot) DO UPDATE
+            SET host = EXCLUDED.host, pid = EXCLUDED.pid, session = EXCLUDED.session,
+                started_at = clock_timestamp(), finished_at = NULL, outcome = NULL,
+                error = NULL, attempt = $6::smallint
+            WHERE {TAKEN_OVER.format(attempt="$6::smallint")}
+            RETURNING r.started_at
+        ), c AS MATERIALIZED (
+            SELECT l.paused, l.got, (SELECT started_at FROM up) AS started_at FROM l
+        )
+        SELECT false AS ran, c.paused, c.got, c.started_at,
+               CASE WHEN c.got AND c.started_at IS NULL
+                    THEN pg_advisory_unlock($1::bigint) END AS undone
+        FROM c"""
