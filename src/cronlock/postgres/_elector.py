@@ -40,16 +40,15 @@ from .._resources import HeldOpenByBlocks
 from ._conn.errors import backend_error_types, backend_errors
 from ._conn.source import (
     Keepalives,
-    configure_session,
     default_application_name,
     is_closed,
     terminate,
 )
-from ._modes import source_for
-from ._modes.ballots import DEFAULT_LEADERS_TABLE, LeaseBallot, SessionBallot
+from ._modes import ballot_for, source_for
 from ._modes.base import Mode
-from ._modes.fencing import ELECTOR_KEEPALIVES, SETTINGS_SQL, check_fencing
-from ._modes.session import refuse_pooler
+from ._modes.lease import DEFAULT_LEADERS_TABLE
+from ._modes.session import ELECTOR_KEEPALIVES
+from ._sql.elector import SETTINGS_SQL
 from ._statistics import PostgresElectorStatistics
 
 __all__ = ("PostgresElector",)
@@ -125,8 +124,6 @@ class PostgresElector(HeldOpenByBlocks):
         table: str = DEFAULT_LEADERS_TABLE,
         schema: str | None = None,
     ) -> None:
-        if mode not in ("session", "lease"):
-            raise ConfigError(f"PostgresElector: mode must be 'session' or 'lease', not {mode!r}")
         self._application_name = application_name or default_application_name()
         self._source = source_for(mode, pool_or_dsn, connect_kwargs, self._application_name)
         self._name = name
@@ -136,9 +133,6 @@ class PostgresElector(HeldOpenByBlocks):
         delay = optional_seconds(
             takeover_delay, field="takeover_delay", allow_zero=True, error=ConfigError
         )
-        # Lease mode: the server's expiry outlasts the holder's own lease (._ballots), so a
-        # new leader may lead as soon as it holds the row.
-        self._takeover = (0.0 if mode == "lease" else self._lease) if delay is None else delay
         self._idle_timeout = to_seconds(
             idle_session_timeout, field="idle_session_timeout", error=ConfigError
         )
@@ -149,29 +143,21 @@ class PostgresElector(HeldOpenByBlocks):
         self._statement_timeout = to_seconds(
             statement_timeout, field="statement_timeout", error=ConfigError
         )
-        self._ballot: SessionBallot | LeaseBallot
-        if mode == "lease":
-            self._ballot = LeaseBallot(
-                name,
-                table=table,
-                schema=schema,
-                holder=self._application_name,
-                lease=self._lease,
-            )
-            if self._beat >= self._lease:
-                raise ConfigError(
-                    f"heartbeat_interval ({self._beat:g}s) must be shorter than lease "
-                    f"({self._lease:g}s), or every lease lapses before it can be renewed"
-                )
-        else:
-            self._ballot = SessionBallot(name, self._idle_timeout)
-            check_fencing(
-                beat=self._beat,
-                lease=self._lease,
-                takeover=self._takeover,
-                idle_session_timeout=self._idle_timeout,
-                keepalives=keepalives,
-            )
+        # The mode's ballot: what taking, proving and giving up the leadership are, and
+        # the settings its fencing needs (checked here).
+        self._ballot = ballot_for(
+            mode,
+            name,
+            beat=self._beat,
+            lease=self._lease,
+            takeover=delay,
+            idle_session_timeout=self._idle_timeout,
+            keepalives=keepalives,
+            application_name=self._application_name,
+            table=table,
+            schema=schema,
+        )
+        self._takeover = self._ballot.takeover_delay
         self._callbacks: list[Callable[[BaseException | None], None]] = []
         self._task: asyncio.Task[None] | None = None
         self._closed = False
@@ -359,9 +345,9 @@ class PostgresElector(HeldOpenByBlocks):
             self._end_term(f"unexpected error: {exc!r}")
             raise
         finally:
-            if not self._ballot.session_bound and not is_closed(conn):
-                # Lease mode: demoted already (above); give the row up so that another
-                # replica need not wait for its expiry. Best effort: it expires anyway.
+            if not is_closed(conn):
+                # Demoted already (above): give the leadership up, so that another replica
+                # need not wait (lease mode's row; session mode drops the session below).
                 release = self._ballot.release(conn, timeout=self._statement_timeout)
                 await uncancellable(release, name=task_name("election-release"))
             # Synchronous from here on, so no cancellation can come between demoting
@@ -376,14 +362,7 @@ class PostgresElector(HeldOpenByBlocks):
         try:
             with backend_errors("could not set up the election session"):
                 async with asyncio.timeout(self._connect_timeout):
-                    if self._ballot.session_bound:
-                        await configure_session(
-                            conn,
-                            application_name=self._application_name,
-                            keepalives=self._keepalives,
-                        )
-                        await refuse_pooler(conn, "election session")
-                    await self._ballot.prepare(conn)
+                    await self._ballot.set_up(conn)
         except BaseException:
             terminate(conn)  # synchronous: a second cancel cannot skip it
             raise

@@ -16,10 +16,11 @@ from ..._errors import ConfigError
 from .._conn.source import ConnectionSource
 
 if TYPE_CHECKING:
+    from .._conn.source import Keepalives
     from .._sql.tables import LedgerTable
-    from .base import Exclusion, Mode
+    from .base import Ballot, Exclusion, Mode
 
-__all__ = ("checked_mode", "exclusion_for", "source_for")
+__all__ = ("ballot_for", "checked_mode", "exclusion_for", "source_for")
 
 
 def exclusion_for(mode: Mode, table: LedgerTable | None, *, holder: str, lease: float) -> Exclusion:
@@ -35,6 +36,47 @@ def exclusion_for(mode: Mode, table: LedgerTable | None, *, holder: str, lease: 
     from .session import SessionLocks
 
     return SessionLocks(table)
+
+
+def ballot_for(
+    mode: Mode,
+    name: str,
+    *,
+    beat: float,
+    lease: float,
+    takeover: float | None,
+    idle_session_timeout: float,
+    keepalives: Keepalives,
+    application_name: str,
+    table: str,
+    schema: str | None,
+) -> Ballot:
+    """The ballot of a PostgresElector of *mode* for election *name* (settings checked)."""
+    if mode not in ("session", "lease"):
+        raise ConfigError(f"PostgresElector: mode must be 'session' or 'lease', not {mode!r}")
+    if mode == "lease":
+        from .lease import LeaseBallot
+
+        return LeaseBallot(
+            name,
+            table=table,
+            schema=schema,
+            holder=application_name,
+            beat=beat,
+            lease=lease,
+            takeover=takeover,
+        )
+    from .session import SessionBallot
+
+    return SessionBallot(
+        name,
+        idle_session_timeout=idle_session_timeout,
+        application_name=application_name,
+        keepalives=keepalives,
+        beat=beat,
+        lease=lease,
+        takeover=takeover,
+    )
 
 
 def checked_mode(mode: object, *, ledger: bool, lease: Seconds) -> float:

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from .._conn.source import ConnectionSource, Keepalives
     from .._sql.tables import LedgerTable
 
-__all__ = ("Channels", "End", "Exclusion", "Kept", "Mode", "Service", "Statement")
+__all__ = ("Ballot", "Channels", "End", "Exclusion", "Kept", "Mode", "Service", "Statement")
 
 Mode = Literal["session", "lease"]
 """``PostgresLocker(mode=...)``: where exclusion lives."""
@@ -185,3 +185,29 @@ class Exclusion(abc.ABC):
         """Lease renewal statements sent, and holds fenced (lost unrenewed): 0 but in lease
         mode."""
         return 0, 0
+
+
+class Ballot(abc.ABC):
+    """What a PostgresElector asks the server in its mode: take the leadership, prove it,
+    give it up. The elector's fencing argument is in :mod:`cronlock.postgres._elector`."""
+
+    takeover_delay: float
+    """Seconds a new leader waits after the grant before it leads (the default when the
+    user gives none)."""
+
+    @abc.abstractmethod
+    async def set_up(self, conn: Any) -> None:
+        """Set a new election session up (its settings, the leaders table)."""
+
+    @abc.abstractmethod
+    async def acquire(self, conn: Any) -> bool:
+        """Take the leadership if it is free; whether it was granted."""
+
+    @abc.abstractmethod
+    async def renew(self, conn: Any) -> bool:
+        """Prove (or extend) the leadership; False once it is no longer ours."""
+
+    @abc.abstractmethod
+    async def release(self, conn: Any, *, timeout: float) -> None:
+        """Give the leadership up before the session is dropped; never raises a backend
+        error (best effort)."""

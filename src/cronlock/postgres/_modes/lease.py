@@ -28,18 +28,29 @@ can stop is code that never yields to the event loop (a blocking call in a job).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
+import secrets
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from logging import WARNING
 from typing import TYPE_CHECKING, Any
 
 from ..._cancel import cancel_and_wait, task_name
-from ..._errors import LockError
+from ..._errors import ConfigError, LockError
+from ..._keys import job_lock_key
 from ..._logs import get_logger, say
 from .._conn.borrowed import PooledStatements
 from .._conn.dedicated import LockSession
-from .._conn.errors import backend_errors
+from .._conn.errors import backend_error_types, backend_errors
+from .._sql.elector import (
+    LEADERS_EXIST_SQL,
+    XACT_LOCK_SQL,
+    leaders_acquire_sql,
+    leaders_ddl,
+    leaders_release_sql,
+    leaders_renew_sql,
+)
 from .._sql.leases import (
     lease_claim_many_sql,
     lease_crashed_sql,
@@ -48,14 +59,14 @@ from .._sql.leases import (
     lease_recover_sql,
     renew_sql,
 )
-from .._sql.tables import LedgerTable
-from .base import Channels, End, Exclusion, Kept, Service, Statement
+from .._sql.tables import LedgerTable, quote_ident
+from .base import Ballot, Channels, End, Exclusion, Kept, Service, Statement
 from .session import _end_args, _late_args
 
 if TYPE_CHECKING:
     from ..._records import RunRecord
 
-__all__ = ("LeaseKeeper", "LeaseRows")
+__all__ = ("DEFAULT_LEADERS_TABLE", "SERVER_MARGIN", "LeaseBallot", "LeaseKeeper", "LeaseRows")
 
 _logger = get_logger("cronlock.postgres")
 
@@ -304,3 +315,81 @@ class LeaseRows(Exclusion):
         """The keeper's renewal statements, and the holds it fenced."""
         keeper = self._keeper
         return (0, 0) if keeper is None else (keeper.renewals, keeper.fenced)
+
+
+DEFAULT_LEADERS_TABLE = "cronlock_leaders"
+"""The lease-mode elector's table when none is given."""
+SERVER_MARGIN = 1.0
+"""Seconds the server's expiry of a lease-mode leadership outlasts the holder's own lease."""
+
+
+class LeaseBallot(Ballot):
+    """Leadership of election *name* as a row of *table* (in *schema*), held as *holder*
+    for *lease* seconds of the server's clock (plus :data:`SERVER_MARGIN`).
+
+    Taking it succeeds only when it expired (or is ours); proving it renews it; giving it up
+    expires it. No statement depends on its session, so it works through a transaction
+    pooler. The holder's own lease (``lease`` after it *sent* the statement, on its
+    monotonic clock) always lapses first, so a new leader may lead as soon as it holds the
+    row (no takeover delay by default).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        table: str,
+        schema: str | None,
+        holder: str,
+        beat: float,
+        lease: float,
+        takeover: float | None,
+    ) -> None:
+        if beat >= lease:
+            raise ConfigError(
+                f"heartbeat_interval ({beat:g}s) must be shorter than lease "
+                f"({lease:g}s), or every lease lapses before it can be renewed"
+            )
+        quoted = quote_ident(table, field="leaders table")
+        self._table = (
+            quoted if schema is None else f"{quote_ident(schema, field='schema')}.{quoted}"
+        )
+        self._name = name
+        self._holder = f"{holder}:{secrets.token_hex(4)}"
+        self._seconds = lease + SERVER_MARGIN
+        self._key = job_lock_key(f"cronlock:leaders:{self._table}")
+        self._acquire_sql = leaders_acquire_sql(self._table)
+        self._renew_sql = leaders_renew_sql(self._table)
+        self._release_sql = leaders_release_sql(self._table)
+        self.takeover_delay = 0.0 if takeover is None else takeover
+
+    @property
+    def holder(self) -> str:
+        """Who this elector is, in the leaders table."""
+        return self._holder
+
+    async def set_up(self, conn: Any) -> None:
+        """Create the leaders table if missing (concurrent callers serialised)."""
+        if await conn.fetchval(LEADERS_EXIST_SQL, self._table):
+            return
+        async with conn.transaction():
+            await conn.execute(XACT_LOCK_SQL, self._key)
+            for statement in leaders_ddl(self._table):
+                await conn.execute(statement)
+
+    async def acquire(self, conn: Any) -> bool:
+        """Take the leadership if it is free (expired) or already ours."""
+        row = await conn.fetchval(self._acquire_sql, self._name, self._holder, self._seconds)
+        return bool(row)
+
+    async def renew(self, conn: Any) -> bool:
+        """Extend our unexpired leadership; False once it expired or passed to another."""
+        row = await conn.fetchval(self._renew_sql, self._name, self._holder, self._seconds)
+        return bool(row)
+
+    async def release(self, conn: Any, *, timeout: float) -> None:
+        """Give the leadership up now, so another replica need not wait for its expiry;
+        bounded by *timeout*, best effort (it expires anyway): never raises a backend error."""
+        with contextlib.suppress(*backend_error_types()):
+            async with asyncio.timeout(timeout):
+                await conn.execute(self._release_sql, self._name, self._holder)

@@ -16,20 +16,31 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from ..._errors import LockError, PoolerDetected
+from ..._errors import ConfigError, LockError, PoolerDetected
+from ..._keys import job_lock_key
 from ..._logs import get_logger
 from .._conn.dedicated import LockSession
 from .._conn.source import Keepalives, configure_session
 from .._sql.claims import claim_many_sql, finish_many_sql
 from .._sql.crashes import crashed_sql, recover_sql
+from .._sql.elector import ACQUIRE_SQL, TRY_LOCK_SQL
+from .._sql.elector import HEARTBEAT_SQL as LEADER_HELD_SQL
 from .._sql.sessions import BACKEND_PID_SQL
 from .._sql.tables import LedgerTable
-from .base import Channels, End, Exclusion, Kept, Service, Statement
+from .base import Ballot, Channels, End, Exclusion, Kept, Service, Statement
 
 if TYPE_CHECKING:
     from ..._records import RunRecord
 
-__all__ = ("SessionLocks", "mark_dropped", "refuse_pooler", "set_up_session")
+__all__ = (
+    "ELECTOR_KEEPALIVES",
+    "SessionBallot",
+    "SessionLocks",
+    "check_fencing",
+    "mark_dropped",
+    "refuse_pooler",
+    "set_up_session",
+)
 
 _logger = get_logger("cronlock.postgres")
 
@@ -232,3 +243,112 @@ async def refuse_pooler(conn: Any, where: str) -> None:
         "Heroku's pooler or RDS Proxy is not held by a session of ours. Use "
         "PostgresLocker(..., mode='lease'), which needs no session, or a direct connection"
     )
+
+
+class SessionBallot(Ballot):
+    """Leadership as a session advisory lock on ``job_lock_key(name)``.
+
+    Taking it also makes the session die after ``idle_session_timeout`` of silence;
+    proving it is reading ``pg_locks`` for our own backend; giving it up is dropping the
+    session, which the elector does anyway. The settings must obey the fencing rule
+    (:func:`check_fencing`): the server may not free the lock before the lease lapsed.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        idle_session_timeout: float,
+        application_name: str,
+        keepalives: Keepalives,
+        beat: float,
+        lease: float,
+        takeover: float | None,
+    ) -> None:
+        self._key = job_lock_key(name)
+        self._idle = str(int(idle_session_timeout * 1000))
+        self._application_name = application_name
+        self._keepalives = keepalives
+        # After a reset, the old leader's lease must have lapsed before the new one leads.
+        self.takeover_delay = lease if takeover is None else takeover
+        check_fencing(
+            beat=beat,
+            lease=lease,
+            takeover=self.takeover_delay,
+            idle_session_timeout=idle_session_timeout,
+            keepalives=keepalives,
+        )
+
+    async def set_up(self, conn: Any) -> None:
+        """Label the session, set its keepalives, and refuse a pooler in between."""
+        await configure_session(
+            conn, application_name=self._application_name, keepalives=self._keepalives
+        )
+        await refuse_pooler(conn, "election session")
+
+    async def acquire(self, conn: Any) -> bool:
+        """Try the lock; if granted, bound the session's silence (PostgreSQL >= 14)."""
+        if conn.get_server_version().major >= 14:
+            return bool(await conn.fetchval(ACQUIRE_SQL, self._key, self._idle))
+        # No idle_session_timeout: a frozen leader then blocks failover until it wakes.
+        return bool(await conn.fetchval(TRY_LOCK_SQL, self._key))
+
+    async def renew(self, conn: Any) -> bool:
+        """Whether our own backend still holds the lock (asking it again would prove
+        nothing: the lock is re-entrant)."""
+        return bool(await conn.fetchval(LEADER_HELD_SQL, self._key))
+
+    async def release(self, conn: Any, *, timeout: float) -> None:
+        """Nothing to do: the elector drops the session, which frees the lock."""
+
+
+# Short enough that a silent cut releases the lock in a few seconds; long enough, relative
+# to the 0.75 s default lease, that the server cannot release it before the lease lapses.
+ELECTOR_KEEPALIVES = Keepalives(idle=2, interval=1, count=2, user_timeout=3.0)
+
+# Server-side slack, beyond the lease, that the fencing rule insists on.
+MIN_MARGIN = 1.0
+
+
+def check_fencing(
+    *,
+    beat: float,
+    lease: float,
+    takeover: float,
+    idle_session_timeout: float,
+    keepalives: Keepalives,
+) -> None:
+    """Refuse settings under which the server could free the lock before the lease ends."""
+    if beat >= lease:
+        raise ConfigError(
+            f"heartbeat_interval ({beat:g}s) must be shorter than lease "
+            f"({lease:g}s), or every lease lapses before it can be renewed"
+        )
+    if takeover < lease:
+        raise ConfigError(
+            f"takeover_delay ({takeover:g}s) must be at least lease "
+            f"({lease:g}s): after a connection reset the old leader's lease must "
+            "have lapsed before the new leader starts"
+        )
+    ka = keepalives
+    if ka.user_timeout is None:
+        raise ConfigError(
+            "keepalives.user_timeout must be set for an elector: without it, how soon "
+            "the server drops a silent client depends on the host's TCP settings"
+        )
+    # The earliest the server may notice a silent client, measured from the last packet
+    # it received: no keepalive probe before `idle`, no user-timeout abort before
+    # `user_timeout`, no idle-session abort before `idle_session_timeout`. Whole seconds
+    # and milliseconds, as configure_session and PostgreSQL round them.
+    floors = {
+        "idle_session_timeout": int(idle_session_timeout * 1000) / 1000,
+        "keepalives.idle": float(int(ka.idle)),
+        "keepalives.user_timeout": int(ka.user_timeout * 1000) / 1000,
+    }
+    field, floor = min(floors.items(), key=lambda item: item[1])
+    if floor < 2 * lease or floor - lease < MIN_MARGIN:
+        raise ConfigError(
+            f"{field} ({floor:g}s) is too short for lease ({lease:g}s): it must be "
+            f"at least twice the lease and {MIN_MARGIN:g}s longer, so the server cannot "
+            "release the lock before the old leader's lease has lapsed"
+        )

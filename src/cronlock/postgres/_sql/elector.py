@@ -6,14 +6,14 @@ from __future__ import annotations
 __all__ = (
     "ACQUIRE_SQL",
     "HEARTBEAT_SQL",
+    "LEADERS_EXIST_SQL",
     "SETTINGS_SQL",
     "TRY_LOCK_SQL",
+    "XACT_LOCK_SQL",
     "leaders_acquire_sql",
     "leaders_ddl",
     "leaders_release_sql",
     "leaders_renew_sql",
-    "LEADERS_EXIST_SQL",
-    "XACT_LOCK_SQL",
 )
 
 TRY_LOCK_SQL = "SELECT pg_try_advisory_lock($1::bigint)"
