@@ -358,14 +358,12 @@ class PostgresElector(HeldOpenByBlocks):
             terminate(conn)
 
     async def _open(self) -> Any:
-        conn = await self._source.checkout(timeout=self._connect_timeout)
-        try:
-            with backend_errors("could not set up the election session"):
-                async with asyncio.timeout(self._connect_timeout):
-                    await self._ballot.set_up(conn)
-        except BaseException:
+        conn, interrupted = await self._source.open(
+            self._ballot.set_up, timeout=self._connect_timeout
+        )
+        if interrupted is not None:
             terminate(conn)  # synchronous: a second cancel cannot skip it
-            raise
+            raise interrupted
         self._sessions_opened += 1
         if self._failing:
             _logger.info("election %r: connected again", self._name)

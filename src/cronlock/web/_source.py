@@ -17,10 +17,11 @@ from contextlib import asynccontextmanager
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-import asyncpg
 from starlette.exceptions import HTTPException
 
-from .._dsn import connect_failure
+from .._errors import LockError
+from ..postgres._conn.errors import backend_errors, ledger_missing
+from ..postgres._conn.source import ConnectionSource
 from ..postgres._sql.tables import LedgerTable
 
 __all__ = ("APPLICATION_NAME", "WAIT", "Source", "Unavailable")
@@ -47,6 +48,13 @@ class Source:
         self._settings: dict[str, str] = {}
         if isinstance(source, str) and "application_name" not in parse_qs(urlsplit(source).query):
             self._settings["application_name"] = APPLICATION_NAME
+        # No named prepared statements from a DSN: it works through a transaction pooler.
+        self._lender = ConnectionSource(
+            source,
+            {"statement_cache_size": 0, "server_settings": self._settings or None}
+            if isinstance(source, str)
+            else None,
+        )
 
     @asynccontextmanager
     async def slot(self) -> AsyncIterator[None]:
@@ -64,45 +72,22 @@ class Source:
         finally:
             self._slots.release()
 
-    async def _connect(self, dsn: str) -> Any:
-        """A connection of *dsn*; a failure is logged without the DSN's password, which a
-        parse error of a malformed DSN may quote (:mod:`cronlock._dsn`)."""
-        try:
-            # No named prepared statements: it works through a transaction pooler.
-            return await asyncpg.connect(
-                dsn, timeout=WAIT, statement_cache_size=0, server_settings=self._settings or None
-            )
-        except Exception as exc:
-            _logger.warning(
-                "dashboard: cannot connect to PostgreSQL: %s", connect_failure(dsn, exc)
-            )
-            raise Unavailable from None
-
     @asynccontextmanager
     async def connection(self) -> AsyncIterator[Any]:
         """A connection for one request's reads; database errors become a 503."""
         try:
-            if isinstance(self.source, str):
-                async with self.slot():
-                    conn = await self._connect(self.source)
-                    try:
+            async with self.slot():
+                with backend_errors("dashboard: the database could not be read"):
+                    async with self._lender.lend(timeout=WAIT, keep_on_server_error=True) as conn:
                         yield conn
-                    finally:
-                        await conn.close()
-            else:
-                async with self.source.acquire(timeout=WAIT) as conn:
-                    yield conn
-        except (
-            asyncpg.UndefinedTableError,
-            asyncpg.UndefinedColumnError,  # a ledger an older cronlock made, not upgraded
-            asyncpg.InvalidSchemaNameError,
-        ) as exc:
-            raise HTTPException(
-                503,
-                f"no current run ledger {self.table.runs} here: start a replica, or run "
-                "'python -m cronlock migrate --dsn ...' to create or upgrade it",
-            ) from exc
-        except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
-            # Logged for the operator; the page never shows it (it may name hosts or users).
-            _logger.warning("dashboard: the database could not be read: %r", exc)
+        except LockError as exc:
+            if ledger_missing(exc):
+                raise HTTPException(
+                    503,
+                    f"no current run ledger {self.table.runs} here: start a replica, or run "
+                    "'python -m cronlock migrate --dsn ...' to create or upgrade it",
+                ) from exc
+            # Logged for the operator (never with a DSN's password); the page never shows
+            # it (it may name hosts or users).
+            _logger.warning("%s", exc)
             raise Unavailable from exc

@@ -1,7 +1,8 @@
 """Lease mode on a user's pool: every statement on a connection borrowed for it alone.
 
-:class:`PooledStatements` stands where a :class:`._session.LockSession` stands (the batcher,
-upkeep, the fleet watch and the reads call it the same way), but holds no connection: each
+:class:`BorrowedConnections` is a :class:`~cronlock.postgres._conn.Channel` as a
+:class:`.dedicated.DedicatedConnection` is (the batcher, upkeep, the fleet watch and the
+reads call it the same way), but holds no connection: each
 statement borrows one from the pool, runs in its own transaction, and gives it back. So a
 lease-mode locker given a pool costs the server no connection between statements, and a
 transaction pooler in front of the pool is no problem: nothing lives in a session.
@@ -22,35 +23,34 @@ from ..._errors import LockError
 from ..._logs import get_logger
 from .._sql.tables import LedgerTable, ledger_state, migrate
 from .backoff import Backoff
-from .dedicated import LockSession
-from .errors import SessionGone, backend_error_types, backend_errors
-from .source import ConnectionSource, terminate
+from .errors import SessionGone, backend_error_types
+from .source import ConnectionSource
 
-__all__ = ("PooledStatements",)
+__all__ = ("BorrowedConnections",)
 
 _logger = get_logger("cronlock.postgres")
 _T = TypeVar("_T")
 
 
 class _Borrowing:
-    """What :attr:`PooledStatements.conn` is while open: no connection, a promise of one."""
+    """What :attr:`BorrowedConnections.conn` is while open: no connection, a promise of one."""
 
     __slots__ = ("statements",)
 
-    def __init__(self, statements: PooledStatements) -> None:
+    def __init__(self, statements: BorrowedConnections) -> None:
         self.statements = statements
 
     def is_closed(self) -> bool:
         return self.statements.closed
 
 
-class PooledStatements(LockSession):
+class BorrowedConnections:
     """A lease-mode locker's statements on its user's *source* (a pool): one borrowed
     connection per statement, bounded by *statement_timeout*; the ledger is prepared on the
     first one; *on_open* is called once, when that first one succeeded.
 
-    A :class:`LockSession` in interface only (whoever sends statements on a session sends
-    them here alike); none of its connection handling is used.
+    A :class:`~cronlock.postgres._conn.Channel`, as a dedicated connection is (whoever sends
+    statements on a channel sends them here alike), with no connection to keep.
     """
 
     def __init__(
@@ -62,7 +62,7 @@ class PooledStatements(LockSession):
         connect_timeout: float,
         statement_timeout: float,
         on_open: Callable[[], None],
-    ) -> None:  # no super().__init__(): there is no connection to manage
+    ) -> None:
         self._source = source
         self._ledger = table
         self._create_table = create_table
@@ -96,8 +96,11 @@ class PooledStatements(LockSession):
         return self.conn, self.generation
 
     async def _prepare(self) -> None:
-        conn = await self._source.checkout(timeout=self._connect_timeout)
-        try:
+        from .errors import backend_errors
+
+        async with self._source.lend(
+            timeout=self._connect_timeout, checkin_timeout=self._statement_timeout
+        ) as conn:
             with backend_errors("could not prepare the run ledger"):
                 async with asyncio.timeout(self._connect_timeout):
                     state = await ledger_state(conn, self._ledger)
@@ -110,11 +113,6 @@ class PooledStatements(LockSession):
                         done = await migrate(conn, self._ledger, timeout=self._connect_timeout)
                         if done:
                             _logger.info("%s the run ledger %s", done, self._ledger.runs)
-        except BaseException:
-            terminate(conn)
-            await self._source.checkin(conn, timeout=self._statement_timeout)
-            raise
-        await self._source.checkin(conn, timeout=self._statement_timeout)
         self._ready = True
         self.opened += 1
         self.backoff.succeeded(monotonic(), again=False)
@@ -143,21 +141,16 @@ class PooledStatements(LockSession):
         if self.closed:
             raise SessionGone
         self.statements += 1
-        borrowed = await self._source.checkout(timeout=self._connect_timeout)
         try:
-            async with asyncio.timeout(self._statement_timeout):
-                result = await call(borrowed)
-        except BaseException as exc:
-            import asyncpg  # loaded already: the pool came from it
-
-            if not (keep_on_server_error and isinstance(exc, asyncpg.PostgresError)):
-                # Cut mid-statement or failed: the connection's state is unknown, and only
-                # this connection is lost by terminating it.
-                terminate(borrowed)
-            if isinstance(exc, backend_error_types()):
-                _logger.debug("%s failed on a borrowed connection: %r", what, exc)
+            async with self._source.lend(
+                timeout=self._connect_timeout,
+                checkin_timeout=self._statement_timeout,
+                keep_on_server_error=keep_on_server_error,
+            ) as borrowed:
+                async with asyncio.timeout(self._statement_timeout):
+                    result = await call(borrowed)
+        except backend_error_types() as exc:
+            _logger.debug("%s failed on a borrowed connection: %r", what, exc)
             raise
-        finally:
-            await self._source.checkin(borrowed, timeout=self._statement_timeout)
         self.last_ok = asyncio.get_running_loop().time()
         return result

@@ -6,7 +6,7 @@ is told (the shard's leases are then lost). Statements on it are
 serialised and bounded; each new connection bumps the *generation*, and a statement meant
 for an older generation is refused rather than sent to a session that holds none of its
 locks. A session that cannot connect backs off (:mod:`._backoff`): until its next attempt
-is due, :meth:`LockSession.ensure` fails at once with :class:`cronlock.LockUnavailable`.
+is due, :meth:`DedicatedConnection.ensure` fails at once with :class:`cronlock.LockUnavailable`.
 """
 
 from __future__ import annotations
@@ -16,22 +16,22 @@ import contextlib
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-from ..._cancel import finish_uncancellably, task_name, uncancellable
+from ..._cancel import task_name, uncancellable
 from ..._clock import monotonic
 from ..._errors import LockError, LockUnavailable, PoolerDetected
 from ..._logs import get_logger
 from .._sql.tables import LedgerTable, ledger_state, migrate
 from .backoff import Backoff
-from .errors import SessionGone, backend_error_types, backend_errors
+from .errors import SessionGone, backend_error_types
 from .source import ConnectionSource, is_closed, terminate
 
-__all__ = ("LockSession",)
+__all__ = ("DedicatedConnection",)
 
 _logger = get_logger("cronlock.postgres")
 _T = TypeVar("_T")
 
 
-class LockSession:
+class DedicatedConnection:
     """One of a locker's dedicated sessions: connect, set up, run statements, drop.
 
     *on_open* is called after each new connection is set up; *on_drop* with the reason
@@ -136,33 +136,16 @@ class LockSession:
         ) from (None if last is None else _cause(last))
 
     async def _connect(self) -> tuple[Any, BaseException | None]:
-        """A connection set up as a lock session, and the cancellation that came meanwhile.
-
-        The setup runs to its end even if we are cancelled meanwhile (it is bounded by
-        connect_timeout), and a session set up is kept: cut off mid-statement, it would have
-        to be terminated, costing a pool its connection (a scheduler shut down just after it
-        started cancels its catch-up read here). The caller keeps the session, then delivers
-        the cancellation.
-        """
-        conn = await self._source.checkout(timeout=self._connect_timeout)
-        setup = asyncio.create_task(self._set_up(conn), name=task_name("pg-setup"))
-        try:
-            await finish_uncancellably(setup)
-        except BaseException as exc:
-            if not setup.done() or setup.cancelled() or setup.exception() is not None:
-                # An unconfigured session we do not keep must not linger.
-                # terminate() is synchronous, so a second cancel cannot skip it.
-                terminate(conn)
-                raise
-            return conn, exc  # set up: keep it, then deliver the cancellation
-        return conn, None
+        """A connection set up as this channel's session, and the cancellation that came
+        meanwhile (see :meth:`.source.ConnectionSource.open`): a session set up is kept
+        (a scheduler shut down just after it started cancels its catch-up read here), and
+        the caller delivers the cancellation after."""
+        return await self._source.open(self._set_up, timeout=self._connect_timeout)
 
     async def _set_up(self, conn: Any) -> None:
-        with backend_errors("could not set up the lock session"):
-            async with asyncio.timeout(self._connect_timeout):
-                if self._configure is not None:
-                    await self._configure(conn)
-                await self._prepare_ledger(conn)
+        if self._configure is not None:
+            await self._configure(conn)
+        await self._prepare_ledger(conn)
 
     async def _prepare_ledger(self, conn: Any) -> None:
         table = self._table

@@ -9,6 +9,7 @@ reach one before a connection was made (which imports asyncpg anyway).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
 import sys
@@ -20,8 +21,11 @@ __all__ = (
     "SessionGone",
     "backend_error_types",
     "backend_errors",
+    "cut_off",
     "gone_or_failed_types",
     "kind_of",
+    "ledger_missing",
+    "server_answered",
 )
 
 
@@ -78,3 +82,39 @@ def kind_of(exc: BaseException) -> type[LockError]:
     if isinstance(exc, asyncpg.PostgresError):
         return ServerError
     return SessionLost
+
+
+def server_answered(exc: BaseException) -> bool:
+    """Whether *exc* is (or was caused by) an error answer of the server: the statement
+    failed, and the session is as sound as before it."""
+    asyncpg = sys.modules.get("asyncpg")
+    if asyncpg is None:
+        return False
+    return isinstance(exc, asyncpg.PostgresError) or isinstance(
+        exc.__cause__, asyncpg.PostgresError
+    )
+
+
+def ledger_missing(exc: BaseException) -> bool:
+    """Whether *exc* says the ledger's tables are missing or older than this cronlock (a
+    table, a column or the schema not found)."""
+    asyncpg = sys.modules.get("asyncpg")
+    if asyncpg is None:
+        return False
+    missing = (
+        asyncpg.UndefinedTableError,
+        asyncpg.UndefinedColumnError,  # a ledger an older cronlock made, not upgraded
+        asyncpg.InvalidSchemaNameError,
+    )
+    return isinstance(exc, missing) or isinstance(exc.__cause__, missing)
+
+
+def cut_off(exc: BaseException) -> bool:
+    """Whether a block that raised *exc* may have left its connection in a state unknown:
+    a cancellation, a timeout, or a backend error (raised, or translated into a LockError)."""
+    if isinstance(exc, asyncio.CancelledError | TimeoutError):
+        return True
+    if isinstance(exc, SessionGone):
+        return False
+    types = backend_error_types()
+    return isinstance(exc, types) or isinstance(exc.__cause__, types)

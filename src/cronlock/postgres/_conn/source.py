@@ -11,16 +11,16 @@ import contextlib
 import os
 import socket
 import sys
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..._cancel import task_name
+from ..._cancel import finish_uncancellably, task_name
 from ..._dsn import connect_failure, target_of
 from ..._errors import LockError
 from ..._logs import get_logger
 from .._sql.sessions import set_config_sql
-from .errors import backend_error_types, backend_errors, kind_of
+from .errors import backend_error_types, backend_errors, cut_off, kind_of, server_answered
 
 _logger = get_logger("cronlock.postgres")
 
@@ -215,6 +215,63 @@ class ConnectionSource:
                     await conn.close()
         except backend_error_types():
             terminate(conn)
+
+    @contextlib.asynccontextmanager
+    async def lend(
+        self,
+        *,
+        timeout: float,
+        checkin_timeout: float | None = None,
+        keep_on_server_error: bool = False,
+    ) -> AsyncIterator[Any]:
+        """A connection for the block alone, within *timeout*; given back after it.
+
+        A block that failed on the connection (cut off mid-statement by a cancellation or a
+        timeout, a backend error) terminates it first: its state is unknown, and only this
+        connection is lost by ending it; any other exception leaves it as it was.
+        *keep_on_server_error*: an error answer of the server leaves the connection sound.
+        The one way a connection is borrowed and handed back.
+        """
+        conn = await self.checkout(timeout=timeout)
+        try:
+            yield conn
+        except BaseException as exc:
+            if cut_off(exc) and not (keep_on_server_error and server_answered(exc)):
+                terminate(conn)
+            raise
+        finally:
+            await self.checkin(
+                conn, timeout=timeout if checkin_timeout is None else checkin_timeout
+            )
+
+    async def open(
+        self, set_up: Callable[[Any], Awaitable[None]], *, timeout: float
+    ) -> tuple[Any, BaseException | None]:
+        """A connection of our own, *set_up*, and the cancellation that came meanwhile.
+
+        The set-up runs to its end even if the caller is cancelled meanwhile (bounded by
+        *timeout*): cut off mid-statement, the connection would have to be terminated,
+        costing a pool its connection. A connection set up is returned with the
+        cancellation, for the caller to keep or drop before delivering it; one whose set-up
+        failed is terminated (synchronously: a second cancel cannot skip it). The one way a
+        session of our own is opened.
+        """
+        conn = await self.checkout(timeout=timeout)
+
+        async def setting_up() -> None:
+            with backend_errors("could not set up the session"):
+                async with asyncio.timeout(timeout):
+                    await set_up(conn)
+
+        task = asyncio.create_task(setting_up(), name=task_name("pg-setup"))
+        try:
+            await finish_uncancellably(task)
+        except BaseException as exc:
+            if not task.done() or task.cancelled() or task.exception() is not None:
+                terminate(conn)
+                raise
+            return conn, exc
+        return conn, None
 
 
 POOL_WATCH_INTERVAL = 0.5

@@ -37,7 +37,7 @@ from .._sql.decode import decode_run
 
 if TYPE_CHECKING:
     from ..._records import RunRecord
-    from .._conn.dedicated import LockSession
+    from .._conn import Channel
     from .._modes.base import Exclusion
 
 __all__ = ("MAX_BATCH", "Batcher", "ClaimAnswer", "Told")
@@ -111,7 +111,7 @@ class Batcher:
     requests they carried.
     """
 
-    def __init__(self, session: LockSession, exclusion: Exclusion, host: str) -> None:
+    def __init__(self, session: Channel, exclusion: Exclusion, host: str) -> None:
         self._session = session
         self._exclusion = exclusion
         self._host = host

@@ -18,7 +18,7 @@ from typing import Any
 from ..._cancel import claim_or_undo, task_name
 from ..._errors import LockError
 from ..._logs import at, get_logger
-from .._conn.dedicated import LockSession
+from .._conn import Channel
 from .._conn.errors import backend_errors
 from .._modes.base import Exclusion, Statement
 from .batch import Batcher, ClaimAnswer
@@ -35,7 +35,7 @@ class Claims:
     the ledger with each claim.
     """
 
-    def __init__(self, session: LockSession, exclusion: Exclusion, host: str) -> None:
+    def __init__(self, session: Channel, exclusion: Exclusion, host: str) -> None:
         self._session = session
         self._exclusion = exclusion
         self._host = host

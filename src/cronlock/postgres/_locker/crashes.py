@@ -33,7 +33,7 @@ from .._sql.decode import decode_run
 if TYPE_CHECKING:
     from ..._locking.protocols import CrashCallback
     from ..._records import RunRecord
-    from .._conn.dedicated import LockSession
+    from .._conn import Channel
     from .._modes.base import Statement
 
 __all__ = ("CHECK_EVERY", "CrashWatch")
@@ -95,7 +95,7 @@ class CrashWatch:
         if len(self._recoverable) > _REMEMBER:
             del self._recoverable[next(iter(self._recoverable))]
 
-    async def check(self, session: LockSession, conn: Any, generation: int) -> int:
+    async def check(self, session: Channel, conn: Any, generation: int) -> int:
         """Mark crashed runs on *session* and report each; return how many were marked."""
         check = self._check
         if check is None:

@@ -22,7 +22,7 @@ from typing import Any
 from ..._cancel import task_name
 from ..._locking.protocols import ForeignCallback
 from ..._logs import at, get_logger
-from .._conn.dedicated import LockSession
+from .._conn import Channel
 from .._conn.errors import gone_or_failed_types
 from .._sql.tables import LedgerTable
 
@@ -57,7 +57,7 @@ def holders_sql(table: LedgerTable) -> str:
 class ForeignHolders:
     """One locker's looks at who holds the keys of jobs it was refused (see the module)."""
 
-    def __init__(self, table: LedgerTable, sessions: tuple[LockSession, ...]) -> None:
+    def __init__(self, table: LedgerTable, sessions: tuple[Channel, ...]) -> None:
         self._sql = holders_sql(table)
         self._sessions = sessions
         self._looked: dict[str, float] = {}
@@ -73,7 +73,7 @@ class ForeignHolders:
         if callback not in self._callbacks:
             self._callbacks.append(callback)
 
-    def refused(self, job: str, key: int, slot: datetime, session: LockSession) -> None:
+    def refused(self, job: str, key: int, slot: datetime, session: Channel) -> None:
         """*job*'s claim of *slot* was answered "locked": look at its holder, unless that
         was done lately or reported already. No I/O here: the look is a task of its own."""
         if job in self._reported or self._tasks:
@@ -97,7 +97,7 @@ class ForeignHolders:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
-    async def _holders(self, session: LockSession, job: str, key: int) -> dict[int, str]:
+    async def _holders(self, session: Channel, job: str, key: int) -> dict[int, str]:
         conn, generation = await session.ensure()
         rows = await session.run(
             conn,
@@ -108,7 +108,7 @@ class ForeignHolders:
         )
         return {row["pid"]: _describe(row) for row in rows}
 
-    async def _look(self, job: str, key: int, slot: datetime, session: LockSession) -> None:
+    async def _look(self, job: str, key: int, slot: datetime, session: Channel) -> None:
         try:
             first = await self._holders(session, job, key)
             if not first:

@@ -43,7 +43,7 @@ from collections.abc import Sequence
 from ..._cancel import cancel_and_wait, task_name
 from ..._clock import monotonic
 from ..._logs import get_logger
-from .._conn.dedicated import LockSession
+from .._conn import Channel
 from .._conn.errors import gone_or_failed_types
 from .._sql.tables import LedgerTable
 
@@ -91,7 +91,7 @@ class Membership:
     def __init__(
         self,
         table: LedgerTable,
-        sessions: Sequence[LockSession],
+        sessions: Sequence[Channel],
         *,
         holder: str,
         racers: int | None,
@@ -180,7 +180,7 @@ class Membership:
         except gone_or_failed_types() as exc:  # it expires by itself
             _logger.debug("leaving the members table failed: %r", exc)
 
-    def _open(self) -> LockSession | None:
+    def _open(self) -> Channel | None:
         """The first open session: the heartbeat never opens one itself."""
         return next((s for s in self._sessions if s.is_open and not s.closed), None)
 

@@ -26,7 +26,7 @@ from .._sql.tables import LedgerTable
 if TYPE_CHECKING:
     from ..._records import RunRecord
     from ..._stored.schedule import Change
-    from .._conn.dedicated import LockSession
+    from .._conn import Channel
     from .crashes import CrashWatch
 
 __all__ = ("READ_BATCH", "LedgerReads", "ReadsLedger")
@@ -42,7 +42,7 @@ class LedgerReads:
 
     def __init__(
         self,
-        shards: Sequence[LockSession],
+        shards: Sequence[Channel],
         table: LedgerTable | None,
         closed: Callable[[], bool],
         *,

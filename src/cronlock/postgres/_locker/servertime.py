@@ -32,7 +32,7 @@ from datetime import datetime
 from typing import Any
 
 from ..._cancel import task_name, uncancellable
-from .._conn.dedicated import LockSession
+from .._conn import Channel
 from .._conn.errors import backend_errors
 
 __all__ = ("DEFAULT_AHEAD", "DEFAULT_SPREAD", "LANES", "FairRace", "read_server_clock")
@@ -50,7 +50,7 @@ _SQL = "SELECT clock_timestamp()"
 
 
 async def read_server_clock(
-    sessions: Sequence[LockSession], read: Callable[[], datetime]
+    sessions: Sequence[Channel], read: Callable[[], datetime]
 ) -> tuple[datetime, datetime, datetime]:
     """``(read(), the server's clock, read())`` over the first open session of *sessions*,
     else one being opened, else the first (opened for it)."""

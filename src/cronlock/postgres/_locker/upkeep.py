@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..._cancel import cancel_and_wait, task_name, uncancellable
 from ..._logs import get_logger
-from .._conn.dedicated import LockSession
+from .._conn import Channel
 from .._conn.errors import SessionGone, backend_errors, gone_or_failed_types
 from .._conn.source import is_closed
 from .._sql.tables import LedgerTable
@@ -99,7 +99,7 @@ class Upkeep:
 
     def __init__(
         self,
-        sessions: Sequence[LockSession],
+        sessions: Sequence[Channel],
         table: LedgerTable | None,
         *,
         retention: float,
@@ -196,7 +196,7 @@ class Upkeep:
             if deleted < PRUNE_BATCH:
                 return total
 
-    def _any_open(self) -> tuple[LockSession, Any, int] | None:
+    def _any_open(self) -> tuple[Channel, Any, int] | None:
         """The first session with an open connection, that connection and its generation."""
         for session in self._sessions:
             conn = session.conn
@@ -204,7 +204,7 @@ class Upkeep:
                 return session, conn, session.generation
         return None
 
-    async def _beat(self, session: LockSession) -> None:
+    async def _beat(self, session: Channel) -> None:
         """Check one session that holds leases; a failure drops it (run() does that)."""
         conn, generation = session.conn, session.generation
         if conn is None or is_closed(conn):
@@ -217,7 +217,7 @@ class Upkeep:
         except gone_or_failed_types() as exc:
             _logger.debug("lock session heartbeat failed: %r", exc)
 
-    async def _beat_all(self, sessions: Sequence[LockSession]) -> None:
+    async def _beat_all(self, sessions: Sequence[Channel]) -> None:
         await asyncio.gather(*(self._beat(session) for session in sessions))
 
     async def _keep(self) -> None:
@@ -272,8 +272,8 @@ class Upkeep:
     async def _duty(
         self,
         duty: str,
-        fn: Callable[[LockSession, Any, int], Coroutine[Any, Any, _T]],
-        session: LockSession,
+        fn: Callable[[Channel, Any, int], Coroutine[Any, Any, _T]],
+        session: Channel,
         conn: Any,
         generation: int,
     ) -> _T | None:
@@ -303,7 +303,7 @@ class Upkeep:
             if record.outcome == "lock_lost" and attempt == 1:
                 crashes.lost(job, replace(record, slot=slot, owner=f"{self._host}:{os.getpid()}"))
 
-    async def flush(self, session: LockSession, conn: Any, generation: int) -> None:
+    async def flush(self, session: Channel, conn: Any, generation: int) -> None:
         """Write changed job schedules and outcomes of lost leases, on *session*; each is
         tried even if the other fails (the first failure is raised after both)."""
         failure: BaseException | None = None
@@ -315,7 +315,7 @@ class Upkeep:
         if failure is not None:
             raise failure
 
-    async def _write_late(self, session: LockSession, conn: Any, generation: int) -> None:
+    async def _write_late(self, session: Channel, conn: Any, generation: int) -> None:
         """Write the outcomes of lost leases (kept for the next try if that fails)."""
         table = self._table
         if table is None or not self._late:
@@ -337,7 +337,7 @@ class Upkeep:
             raise
         self._report_lost(late)
 
-    async def _write_notes(self, session: LockSession, conn: Any, generation: int) -> None:
+    async def _write_notes(self, session: Channel, conn: Any, generation: int) -> None:
         """Write changed job schedules (kept for the next try if that fails)."""
         table = self._table
         if table is None or not self._dirty:
@@ -372,7 +372,7 @@ class Upkeep:
             raise
         self._noted_at = asyncio.get_running_loop().time()
 
-    async def _prune_batch(self, session: LockSession, conn: Any, generation: int) -> int:
+    async def _prune_batch(self, session: Channel, conn: Any, generation: int) -> int:
         table = self._table
         assert table is not None
         deleted = await session.run(

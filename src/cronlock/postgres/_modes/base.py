@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 if TYPE_CHECKING:
     from ..._records import Outcome, RunRecord
-    from .._conn.dedicated import LockSession
+    from .._conn import Channel
     from .._conn.source import ConnectionSource, Keepalives
     from .._sql.tables import LedgerTable
 
@@ -113,7 +113,7 @@ class Exclusion(abc.ABC):
     # -- connections -------------------------------------------------------------------
 
     @abc.abstractmethod
-    def channels(self, given: Channels) -> tuple[LockSession, ...]:
+    def channels(self, given: Channels) -> tuple[Channel, ...]:
         """The locker's shards: a job's statements go on ``shards[key % len(shards)]``."""
 
     # -- statements ----------------------------------------------------------------------
@@ -147,11 +147,11 @@ class Exclusion(abc.ABC):
     # -- holds -----------------------------------------------------------------------------
 
     @abc.abstractmethod
-    def may_end(self, generation: int, session: LockSession) -> bool:
+    def may_end(self, generation: int, session: Channel) -> bool:
         """Whether an end of a hold granted on *generation* can still go out on *session*."""
 
     @abc.abstractmethod
-    async def end_on(self, session: LockSession) -> tuple[Any, int] | None:
+    async def end_on(self, session: Channel) -> tuple[Any, int] | None:
         """The connection and generation ends go out on now, or ``None`` (they wait)."""
 
     @abc.abstractmethod
@@ -164,7 +164,7 @@ class Exclusion(abc.ABC):
 
     @abc.abstractmethod
     def granted(self, hold: Kept, sent: float, generation: int,
-                session: LockSession) -> bool:  # fmt: skip
+                session: Channel) -> bool:  # fmt: skip
         """*hold* was granted by a claim sent at loop time *sent*: start keeping it; return
         False when it is lost already (its session died since)."""
 

@@ -40,8 +40,9 @@ from ..._cancel import cancel_and_wait, task_name
 from ..._errors import ConfigError, LockError
 from ..._keys import job_lock_key
 from ..._logs import get_logger, say
-from .._conn.borrowed import PooledStatements
-from .._conn.dedicated import LockSession
+from .._conn import Channel
+from .._conn.borrowed import BorrowedConnections
+from .._conn.dedicated import DedicatedConnection
 from .._conn.errors import backend_error_types, backend_errors
 from .._sql.elector import (
     LEADERS_EXIST_SQL,
@@ -80,7 +81,7 @@ class LeaseKeeper(Service):
 
     def __init__(
         self,
-        session: LockSession,
+        session: Channel,
         table: LedgerTable,
         *,
         holder: str,
@@ -216,12 +217,12 @@ class LeaseRows(Exclusion):
         self._late_sql = lease_late_finish_sql(table)
         self._keeper: LeaseKeeper | None = None
 
-    def channels(self, given: Channels) -> tuple[LockSession, ...]:
+    def channels(self, given: Channels) -> tuple[Channel, ...]:
         """One channel: a connection of ours given a DSN (kept, so a statement costs one
         round trip), or none given a pool (each statement borrows one for itself)."""
-        shard: LockSession
+        shard: Channel
         if given.source.pooled:
-            shard = PooledStatements(
+            shard = BorrowedConnections(
                 given.source,
                 table=self._table,
                 create_table=given.create_table,
@@ -230,7 +231,7 @@ class LeaseRows(Exclusion):
                 on_open=given.on_open,
             )
         else:
-            shard = LockSession(
+            shard = DedicatedConnection(
                 given.source,
                 table=self.ledger,
                 create_table=given.create_table,
@@ -272,11 +273,11 @@ class LeaseRows(Exclusion):
         """Late outcomes, and the release of their leases."""
         return Statement(self._late_sql, (*_late_args(late, host, pid), self._holder))
 
-    def may_end(self, generation: int, session: LockSession) -> bool:
+    def may_end(self, generation: int, session: Channel) -> bool:
         """Always: a lease lives in the ledger, not in a session."""
         return True
 
-    async def end_on(self, session: LockSession) -> tuple[Any, int] | None:
+    async def end_on(self, session: Channel) -> tuple[Any, int] | None:
         """Whatever connection is open now, opened if need be; ``None`` when it cannot be
         (the outcome is then written later, with the lease's release)."""
         try:
@@ -292,7 +293,7 @@ class LeaseRows(Exclusion):
         """A lease that expired before its release is worth a warning (an undo's is not)."""
         return None if end.undo else "its lease was no longer held at release (it expired first)"
 
-    def granted(self, hold: Kept, sent: float, generation: int, session: LockSession) -> bool:
+    def granted(self, hold: Kept, sent: float, generation: int, session: Channel) -> bool:
         """Trusted from *sent* on, renewed until released (the keeper's fence)."""
         assert self._keeper is not None  # channels() made it
         self._keeper.granted(hold, sent)

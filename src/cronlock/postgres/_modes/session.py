@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING, Any
 from ..._errors import ConfigError, LockError, PoolerDetected
 from ..._keys import job_lock_key
 from ..._logs import get_logger
-from .._conn.dedicated import LockSession
+from .._conn import Channel
+from .._conn.dedicated import DedicatedConnection
 from .._conn.source import Keepalives, configure_session
 from .._sql.claims import claim_many_sql, finish_many_sql
 from .._sql.crashes import crashed_sql, recover_sql
@@ -60,7 +61,7 @@ class SessionLocks(Exclusion):
             self._crashed_sql = crashed_sql(table)
             self._late_sql = table.late_finish_sql
 
-    def channels(self, given: Channels) -> tuple[LockSession, ...]:
+    def channels(self, given: Channels) -> tuple[Channel, ...]:
         """*sessions* dedicated sessions, set up as lock sessions; a job's lock on
         ``key % sessions``."""
         configure = functools.partial(
@@ -70,7 +71,7 @@ class SessionLocks(Exclusion):
             keepalives=given.keepalives,
         )
         return tuple(
-            LockSession(
+            DedicatedConnection(
                 given.source,
                 table=self.ledger,
                 create_table=given.create_table,
@@ -109,11 +110,11 @@ class SessionLocks(Exclusion):
         """The outcomes of runs whose session died (:attr:`LedgerTable.late_finish_sql`)."""
         return Statement(self._late_sql, _late_args(late, host, pid))
 
-    def may_end(self, generation: int, session: LockSession) -> bool:
+    def may_end(self, generation: int, session: Channel) -> bool:
         """Only on the session that granted the lock: a later one holds none of it."""
         return generation == session.generation and session.conn is not None
 
-    async def end_on(self, session: LockSession) -> tuple[Any, int] | None:
+    async def end_on(self, session: Channel) -> tuple[Any, int] | None:
         """The session as it is: never reconnect for an end (a new session holds nothing)."""
         conn = session.conn
         return None if conn is None else (conn, session.generation)
@@ -126,7 +127,7 @@ class SessionLocks(Exclusion):
         """A lock that was not held at unlock is worth a warning."""
         return "its lock was no longer held at unlock"
 
-    def granted(self, hold: Kept, sent: float, generation: int, session: LockSession) -> bool:
+    def granted(self, hold: Kept, sent: float, generation: int, session: Channel) -> bool:
         """Lost already if its session died between the answer and now."""
         return session.generation == generation
 

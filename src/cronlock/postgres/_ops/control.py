@@ -29,7 +29,7 @@ from ..._locking.protocols import FleetCallback, FleetView, Health
 from ..._logs import get_logger
 from ..._names import unknown_job
 from ..._records import RunRecord
-from .._conn.dedicated import LockSession
+from .._conn import Channel
 from .._conn.errors import backend_errors
 from .._conn.source import ConnectionSource
 from .._sql.decode import LOW, RUN, decode_run, report_odd, sane, slot_in_range
@@ -324,7 +324,7 @@ class FleetWatch:
     def __init__(
         self,
         table: LedgerTable,
-        sessions: Sequence[LockSession],
+        sessions: Sequence[Channel],
         spread: Callable[[], float] = lambda: 1.0,
     ) -> None:
         # In a large fleet each replica reads N / racers times less often (._members): the
