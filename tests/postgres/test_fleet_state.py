@@ -24,6 +24,7 @@ from cronlock.postgres import (
     PostgresLocker,
 )
 from cronlock.postgres._ops import control as _control
+from cronlock.postgres._ops.control import FleetWatch
 from cronlock.prometheus import instrument as instrument_metrics
 
 pytestmark = pytest.mark.postgres
@@ -62,7 +63,7 @@ async def test_a_trigger_runs_once_on_one_of_two_replicas(pg_dsn: str, table: st
         locker = schedulers[0].get_job("report")._wiring.fleet
         assert isinstance(locker, PostgresLocker)
         watch = locker._fleet
-        assert watch is not None
+        assert isinstance(watch, FleetWatch)
         reads = watch.reads
         await eventually(lambda: watch.reads >= reads + 3, "three more polls")
         assert len(runs) == 1

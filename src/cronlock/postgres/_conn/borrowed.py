@@ -21,9 +21,8 @@ from typing import Any, TypeVar
 from ..._clock import monotonic
 from ..._errors import LockError
 from ..._logs import get_logger
-from .._sql.tables import LedgerTable, ledger_state, migrate
 from .backoff import Backoff
-from .errors import SessionGone, backend_error_types
+from .errors import SessionGone, backend_error_types, backend_errors
 from .source import ConnectionSource
 
 __all__ = ("BorrowedConnections",)
@@ -46,8 +45,8 @@ class _Borrowing:
 
 class BorrowedConnections:
     """A lease-mode locker's statements on its user's *source* (a pool): one borrowed
-    connection per statement, bounded by *statement_timeout*; the ledger is prepared on the
-    first one; *on_open* is called once, when that first one succeeded.
+    connection per statement, bounded by *statement_timeout*; *set_up* (the ledger made
+    current) runs on the first one; *on_open* is called once, when that first one succeeded.
 
     A :class:`~cronlock.postgres._conn.Channel`, as a dedicated connection is (whoever sends
     statements on a channel sends them here alike), with no connection to keep.
@@ -57,15 +56,13 @@ class BorrowedConnections:
         self,
         source: ConnectionSource,
         *,
-        table: LedgerTable,
-        create_table: bool,
+        set_up: Callable[[Any], Awaitable[None]],
         connect_timeout: float,
         statement_timeout: float,
         on_open: Callable[[], None],
     ) -> None:
         self._source = source
-        self._ledger = table
-        self._create_table = create_table
+        self._set_up = set_up  # the ledger made current, on the first statement's connection
         self._connect_timeout = connect_timeout
         self._statement_timeout = statement_timeout
         self._on_open = on_open
@@ -96,23 +93,12 @@ class BorrowedConnections:
         return self.conn, self.generation
 
     async def _prepare(self) -> None:
-        from .errors import backend_errors
-
         async with self._source.lend(
             timeout=self._connect_timeout, checkin_timeout=self._statement_timeout
         ) as conn:
             with backend_errors("could not prepare the run ledger"):
                 async with asyncio.timeout(self._connect_timeout):
-                    state = await ledger_state(conn, self._ledger)
-                    if state != "current":
-                        if not self._create_table:
-                            raise LockError(
-                                f"the run ledger table {self._ledger.runs} is missing or "
-                                "predates this cronlock; run 'python -m cronlock migrate'"
-                            )
-                        done = await migrate(conn, self._ledger, timeout=self._connect_timeout)
-                        if done:
-                            _logger.info("%s the run ledger %s", done, self._ledger.runs)
+                    await self._set_up(conn)
         self._ready = True
         self.opened += 1
         self.backoff.succeeded(monotonic(), again=False)

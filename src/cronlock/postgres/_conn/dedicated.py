@@ -20,7 +20,6 @@ from ..._cancel import task_name, uncancellable
 from ..._clock import monotonic
 from ..._errors import LockError, LockUnavailable, PoolerDetected
 from ..._logs import get_logger
-from .._sql.tables import LedgerTable, ledger_state, migrate
 from .backoff import Backoff
 from .errors import SessionGone, backend_error_types
 from .source import ConnectionSource, is_closed, terminate
@@ -44,21 +43,17 @@ class DedicatedConnection:
         self,
         source: ConnectionSource,
         *,
-        table: LedgerTable | None,
-        create_table: bool,
         connect_timeout: float,
         statement_timeout: float,
         on_open: Callable[[], None],
         on_drop: Callable[[str], None],
-        configure: Callable[[Any], Awaitable[None]] | None = None,
+        set_up: Callable[[Any], Awaitable[None]] | None = None,
     ) -> None:
         self._source = source
-        # The mode's set-up of a new connection, before the ledger is prepared: session
-        # locks need a session of their own (settings set, a pooler refused); lease mode
-        # sets nothing (a pooler would pass it on to other clients).
-        self._configure = configure
-        self._table = table
-        self._create_table = create_table
+        # The mode's set-up of each new connection: session locks need a session of their
+        # own (settings set, a pooler refused), lease mode sets nothing (a pooler would pass
+        # it on to other clients); with a ledger, the ledger is made current.
+        self._set_up = set_up
         self._connect_timeout = connect_timeout
         self._statement_timeout = statement_timeout
         self._on_open = on_open
@@ -140,32 +135,7 @@ class DedicatedConnection:
         meanwhile (see :meth:`.source.ConnectionSource.open`): a session set up is kept
         (a scheduler shut down just after it started cancels its catch-up read here), and
         the caller delivers the cancellation after."""
-        return await self._source.open(self._set_up, timeout=self._connect_timeout)
-
-    async def _set_up(self, conn: Any) -> None:
-        if self._configure is not None:
-            await self._configure(conn)
-        await self._prepare_ledger(conn)
-
-    async def _prepare_ledger(self, conn: Any) -> None:
-        table = self._table
-        if table is None:
-            return
-        # Once per session: a ledger made by an older cronlock is upgraded here too.
-        state = await ledger_state(conn, table)
-        if state == "current":
-            return
-        if not self._create_table:
-            problem = "does not exist" if state == "missing" else "predates this cronlock"
-            raise LockError(
-                f"the run ledger table {table.runs} {problem}; "
-                f"{'create' if state == 'missing' else 'upgrade'} it with "
-                "'python -m cronlock migrate --dsn DSN' (with --schema/--table as configured), "
-                "or pass create_table=True"
-            )
-        done = await migrate(conn, table, timeout=self._connect_timeout)
-        if done:
-            _logger.info("%s the run ledger %s", done, table.runs)
+        return await self._source.open(self._set_up or _nothing, timeout=self._connect_timeout)
 
     def _on_terminated(self, conn: object) -> None:
         # asyncpg calls this soon after the connection closes, whatever closed it.
@@ -232,3 +202,7 @@ class DedicatedConnection:
 def _cause(exc: BaseException) -> BaseException:
     """The asyncpg or OS exception behind *exc*: the ``__cause__`` of every LockError."""
     return exc.__cause__ or exc
+
+
+async def _nothing(conn: Any) -> None:
+    """No set-up."""

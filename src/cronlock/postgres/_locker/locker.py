@@ -39,6 +39,7 @@ from .crashes import CrashWatch
 from .foreign import ForeignCallback, ForeignHolders
 from .hold import PostgresHold
 from .keys import KeySource, LockKeys
+from .ledgerless import NoFleetWatch, NoForeignHolders, NoMembership
 from .members import Membership
 from .reads import LedgerReads, ReadsLedger
 from .servertime import DEFAULT_AHEAD, DEFAULT_SPREAD, LANES, FairRace, read_server_clock
@@ -185,15 +186,19 @@ class PostgresLocker(HeldOpenByBlocks, ReadsLedger):
         self._reads = LedgerReads(
             self._shards, self._table, lambda: self._closed, key=self._keys.fnv
         )
+        # The parts that exist only with a ledger, or their stand-ins without one.
+        ledger_or = self._exclusion.ledger_or
         self._crashes = CrashWatch(
-            self._exclusion.crashed(host, os.getpid()),
-            runs="" if self._table is None else self._table.runs,
+            self._exclusion.crashed(host, os.getpid()), runs=ledger_or(str, lambda t: t.runs)
         )
-        self._foreign = None if self._table is None else ForeignHolders(self._table, self._shards)
-        self._members = None if self._table is None else Membership(
-            self._table, self._shards, holder=self._holder, racers=checked.racers
-        )  # fmt: skip
-        cadence = (lambda: 1.0) if self._members is None else self._members.spread
+        self._foreign: ForeignHolders | NoForeignHolders = ledger_or(
+            NoForeignHolders, lambda t: ForeignHolders(t, self._shards)
+        )
+        self._members: Membership | NoMembership = ledger_or(
+            NoMembership,
+            lambda t: Membership(t, self._shards, holder=self._holder, racers=checked.racers),
+        )
+        cadence = self._members.spread
         # Upkeep: heartbeat, schedules and late outcomes to write, crashes to mark, pruning.
         self._upkeep = Upkeep(
             self._shards,
@@ -209,8 +214,8 @@ class PostgresLocker(HeldOpenByBlocks, ReadsLedger):
             exclusion=self._exclusion,
             spread=cadence,
         )
-        self._fleet = (
-            None if self._table is None else FleetWatch(self._table, self._shards, cadence)
+        self._fleet: FleetWatch | NoFleetWatch = ledger_or(
+            NoFleetWatch, lambda t: FleetWatch(t, self._shards, cadence)
         )
         self._count = LockerCounts()
 
@@ -276,8 +281,7 @@ class PostgresLocker(HeldOpenByBlocks, ReadsLedger):
             return "already_ran"
         # In a fleet of more than `racers`, only `racers` replicas claim (._members).
         if (
-            self._members is not None
-            and not rerun
+            not rerun
             and self._members.standing_by()
             and not ASKED.get()  # run_now() claims the slot even here
         ):
@@ -300,8 +304,7 @@ class PostgresLocker(HeldOpenByBlocks, ReadsLedger):
                 del self._told[next(iter(self._told))]
         if refusal == "locked":
             self._count.contended += 1
-            if self._foreign is not None:
-                self._foreign.refused(job, key, slot, self._shards[self._shard(key)])
+            self._foreign.refused(job, key, slot, self._shards[self._shard(key)])
             say(_logger, DEBUG, job, slot, "another replica holds the lock")
             return refusal
         if refusal == "already_ran":
@@ -329,7 +332,7 @@ class PostgresLocker(HeldOpenByBlocks, ReadsLedger):
 
     def fleet_pace(self) -> float:
         """How many times less often fleet-wide chores run here (members over *racers*, >= 1)."""
-        return 1.0 if self._members is None else self._members.spread()
+        return self._members.spread()
 
     def retention(self) -> float:
         """Seconds after its slot a run's row may be pruned (infinite without a ledger)."""
@@ -362,24 +365,22 @@ class PostgresLocker(HeldOpenByBlocks, ReadsLedger):
     def on_foreign_holder(self, callback: ForeignCallback) -> None:
         """Call *callback* ``(job, slot, holder)`` once per job whose lock key a session
         outside this fleet holds (its claims are refused; see :mod:`._foreign`)."""
-        if self._foreign is not None:
-            self._foreign.on_found(callback)
+        self._foreign.on_found(callback)
 
     def watch_fleet(
         self, callback: FleetCallback, jobs: Callable[[], Mapping[str, Health]]
     ) -> None:
         """Call *callback* with each read of the fleet's state (see :class:`FleetWatch`)."""
-        if self._fleet is not None:
-            self._fleet.add(callback, jobs)
-            self._upkeep.health = self._fleet.health
-            if any(s.is_open for s in self._shards):
-                self._fleet.start()
+        self._fleet.add(callback, jobs)
+        self._upkeep.health = self._fleet.health
+        if any(s.is_open for s in self._shards):
+            self._fleet.start()
 
     def note_schedule(
         self, job: str, schedule: str, next_run: datetime | None, *, tags: Collection[str] = ()
     ) -> None:
         """Remember *job*'s schedule, next slot and *tags*; no I/O (written batched, at close)."""
-        if self._upkeep.note(job, schedule, next_run, tags) and self._members is not None:
+        if self._upkeep.note(job, schedule, next_run, tags):
             self._members.has(job)  # a new job of ours: our group is the replicas with it
 
     async def prune(self) -> int:
@@ -394,8 +395,7 @@ class PostgresLocker(HeldOpenByBlocks, ReadsLedger):
         connections are given back to their pool.
         """
         self._closed = True
-        if self._members is not None:
-            await self._members.stop()  # leaves the fleet, so its jobs are reassigned at once
+        await self._members.stop()  # leaves the fleet, so its jobs are reassigned at once
         for session in self._shards:
             session.closed = True
         watch, self._pool_watch = self._pool_watch, None
@@ -403,13 +403,11 @@ class PostgresLocker(HeldOpenByBlocks, ReadsLedger):
             await cancel_and_wait(watch)
         for service in reversed(self._exclusion.services()):
             await service.stop()
-        if self._foreign is not None:
-            await self._foreign.stop()
+        await self._foreign.stop()
         await self._upkeep.stop()
         for claims in self._claims:
             await claims.batcher.wait_idle()  # answers in flight reach their callers
-        if self._fleet is not None:
-            await self._fleet.stop()
+        await self._fleet.stop()
         await self._hand_back_all()
 
     @property
@@ -425,9 +423,8 @@ class PostgresLocker(HeldOpenByBlocks, ReadsLedger):
 
     def _on_session_opened(self) -> None:
         self._upkeep.start()
-        if self._members is not None and not self._closed:
+        if not self._closed:
             self._members.start()
-        if self._fleet is not None and not self._closed:
             self._fleet.start()
         if self._pool_watch is None and not self._closed:
             self._pool_watch = watch_pool(self._source, self.close)

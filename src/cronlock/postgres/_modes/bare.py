@@ -8,25 +8,32 @@ run to find and no outcome to write late. It can run a slot twice (docs/ledger.m
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from .._sql.bare import TRY_LOCK_MANY_SQL, UNLOCK_MANY_SQL
+from .._sql.tables import LedgerTable
 from .base import End, Statement
-from .session import SessionLocks
+from .session import SessionRules
 
 if TYPE_CHECKING:
     from ..._records import RunRecord
 
 __all__ = ("BareLocks",)
 
+_A = TypeVar("_A")
+_B = TypeVar("_B")
 
-class BareLocks(SessionLocks):
+
+class BareLocks(SessionRules):
     """Session advisory locks without a ledger."""
 
-    def __init__(self) -> None:
-        super().__init__(None)
+    ledger = None
+
+    def ledger_or(self, without: Callable[[], _A], kept: Callable[[LedgerTable], _B]) -> _A | _B:
+        """*without*: there is no ledger."""
+        return without()
 
     def claim(
         self, keys: list[int], jobs: list[str], slots: list[datetime], host: str, pid: int

@@ -20,7 +20,11 @@ import abc
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
+
+from ..._errors import LockError
+from ..._logs import get_logger
+from .._sql.tables import ledger_state, migrate
 
 if TYPE_CHECKING:
     from ..._records import Outcome, RunRecord
@@ -28,7 +32,21 @@ if TYPE_CHECKING:
     from .._conn.source import ConnectionSource, Keepalives
     from .._sql.tables import LedgerTable
 
-__all__ = ("Ballot", "Channels", "End", "Exclusion", "Kept", "Mode", "Service", "Statement")
+__all__ = (
+    "Ballot",
+    "Channels",
+    "End",
+    "Exclusion",
+    "Kept",
+    "Mode",
+    "Service",
+    "Statement",
+    "prepare_ledger",
+)
+
+_logger = get_logger("cronlock.postgres")
+_A = TypeVar("_A")
+_B = TypeVar("_B")
 
 Mode = Literal["session", "lease"]
 """``PostgresLocker(mode=...)``: where exclusion lives."""
@@ -109,6 +127,11 @@ class Exclusion(abc.ABC):
     """The run ledger, or ``None`` (``ledger=False``)."""
     heartbeat: bool
     """Whether upkeep checks the sessions that hold locks (their death loses them)."""
+
+    @abc.abstractmethod
+    def ledger_or(self, without: Callable[[], _A], kept: Callable[[LedgerTable], _B]) -> _A | _B:
+        """*kept* of the run ledger, or *without* one (``ledger=False``): how the locker
+        makes the parts that exist only with a ledger, never asking whether it has one."""
 
     # -- connections -------------------------------------------------------------------
 
@@ -211,3 +234,23 @@ class Ballot(abc.ABC):
     async def release(self, conn: Any, *, timeout: float) -> None:
         """Give the leadership up before the session is dropped; never raises a backend
         error (best effort)."""
+
+
+async def prepare_ledger(conn: Any, *, table: LedgerTable, create: bool, timeout: float) -> None:
+    """Make sure the run ledger *table* is current on *conn*: created (or upgraded from an
+    older cronlock's) when *create*, else refused with the command that does it. Once per
+    new session (or, borrowing, once per locker)."""
+    state = await ledger_state(conn, table)
+    if state == "current":
+        return
+    if not create:
+        problem = "does not exist" if state == "missing" else "predates this cronlock"
+        raise LockError(
+            f"the run ledger table {table.runs} {problem}; "
+            f"{'create' if state == 'missing' else 'upgrade'} it with "
+            "'python -m cronlock migrate --dsn DSN' (with --schema/--table as configured), "
+            "or pass create_table=True"
+        )
+    done = await migrate(conn, table, timeout=timeout)
+    if done:
+        _logger.info("%s the run ledger %s", done, table.runs)

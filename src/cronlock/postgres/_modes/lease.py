@@ -34,7 +34,7 @@ import secrets
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from logging import WARNING
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..._cancel import cancel_and_wait, task_name
 from ..._errors import ConfigError, LockError
@@ -61,7 +61,16 @@ from .._sql.leases import (
     renew_sql,
 )
 from .._sql.tables import LedgerTable, quote_ident
-from .base import Ballot, Channels, End, Exclusion, Kept, Service, Statement
+from .base import (
+    Ballot,
+    Channels,
+    End,
+    Exclusion,
+    Kept,
+    Service,
+    Statement,
+    prepare_ledger,
+)
 from .session import _end_args, _late_args
 
 if TYPE_CHECKING:
@@ -70,6 +79,8 @@ if TYPE_CHECKING:
 __all__ = ("DEFAULT_LEADERS_TABLE", "SERVER_MARGIN", "LeaseBallot", "LeaseKeeper", "LeaseRows")
 
 _logger = get_logger("cronlock.postgres")
+_A = TypeVar("_A")
+_B = TypeVar("_B")
 
 
 class LeaseKeeper(Service):
@@ -217,15 +228,23 @@ class LeaseRows(Exclusion):
         self._late_sql = lease_late_finish_sql(table)
         self._keeper: LeaseKeeper | None = None
 
+    def ledger_or(self, without: Callable[[], _A], kept: Callable[[LedgerTable], _B]) -> _A | _B:
+        """*kept* of the ledger."""
+        return kept(self._table)
+
     def channels(self, given: Channels) -> tuple[Channel, ...]:
         """One channel: a connection of ours given a DSN (kept, so a statement costs one
-        round trip), or none given a pool (each statement borrows one for itself)."""
+        round trip), or none given a pool (each statement borrows one for itself). Nothing
+        is set on a session (a pooler would pass it on to other clients)."""
+        set_up = functools.partial(
+            prepare_ledger, table=self._table, create=given.create_table,
+            timeout=given.connect_timeout,
+        )  # fmt: skip
         shard: Channel
         if given.source.pooled:
             shard = BorrowedConnections(
                 given.source,
-                table=self._table,
-                create_table=given.create_table,
+                set_up=set_up,
                 connect_timeout=given.connect_timeout,
                 statement_timeout=given.statement_timeout,
                 on_open=given.on_open,
@@ -233,12 +252,11 @@ class LeaseRows(Exclusion):
         else:
             shard = DedicatedConnection(
                 given.source,
-                table=self.ledger,
-                create_table=given.create_table,
                 connect_timeout=given.connect_timeout,
                 statement_timeout=given.statement_timeout,
                 on_open=given.on_open,
                 on_drop=functools.partial(given.on_drop, 0),
+                set_up=set_up,
             )
         self._keeper = LeaseKeeper(
             shard, self._table, holder=self._holder, lease=self._lease, lost=given.on_fenced

@@ -12,9 +12,9 @@ a direct connection: a pooler in between is refused (:func:`refuse_pooler`).
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..._errors import ConfigError, LockError, PoolerDetected
 from ..._keys import job_lock_key
@@ -28,7 +28,16 @@ from .._sql.elector import ACQUIRE_SQL, TRY_LOCK_SQL
 from .._sql.elector import HEARTBEAT_SQL as LEADER_HELD_SQL
 from .._sql.sessions import BACKEND_PID_SQL
 from .._sql.tables import LedgerTable
-from .base import Ballot, Channels, End, Exclusion, Kept, Service, Statement
+from .base import (
+    Ballot,
+    Channels,
+    End,
+    Exclusion,
+    Kept,
+    Service,
+    Statement,
+    prepare_ledger,
+)
 
 if TYPE_CHECKING:
     from ..._records import RunRecord
@@ -37,6 +46,7 @@ __all__ = (
     "ELECTOR_KEEPALIVES",
     "SessionBallot",
     "SessionLocks",
+    "SessionRules",
     "check_fencing",
     "mark_dropped",
     "refuse_pooler",
@@ -44,71 +54,54 @@ __all__ = (
 )
 
 _logger = get_logger("cronlock.postgres")
+_A = TypeVar("_A")
+_B = TypeVar("_B")
 
 
-class SessionLocks(Exclusion):
-    """Session advisory locks over the ledger *table* (see the module)."""
+class SessionRules(Exclusion):
+    """What holds of session advisory locks, with a ledger or without (see the module)."""
 
     mode = "session"
     heartbeat = True
 
-    def __init__(self, table: LedgerTable | None) -> None:
-        self.ledger = table
-        if table is not None:
-            self._claim_sql = claim_many_sql(table)
-            self._finish_sql = finish_many_sql(table)
-            self._recover_sql = recover_sql(table)
-            self._crashed_sql = crashed_sql(table)
-            self._late_sql = table.late_finish_sql
-
     def channels(self, given: Channels) -> tuple[Channel, ...]:
         """*sessions* dedicated sessions, set up as lock sessions; a job's lock on
         ``key % sessions``."""
-        configure = functools.partial(
-            set_up_session,
+        set_up = functools.partial(
+            self._set_up,
             where=given.source.describe(),
             application_name=given.application_name,
             keepalives=given.keepalives,
+            create=given.create_table,
+            timeout=given.connect_timeout,
         )
         return tuple(
             DedicatedConnection(
                 given.source,
-                table=self.ledger,
-                create_table=given.create_table,
                 connect_timeout=given.connect_timeout,
                 statement_timeout=given.statement_timeout,
                 on_open=given.on_open,
                 on_drop=functools.partial(given.on_drop, shard),
-                configure=configure,
+                set_up=set_up,
             )
             for shard in range(given.sessions)
         )
 
-    def claim(
-        self, keys: list[int], jobs: list[str], slots: list[datetime], host: str, pid: int
-    ) -> Statement:
-        """Lock and claim (:func:`._sql.claims.claim_many_sql`)."""
-        return Statement(self._claim_sql, (keys, jobs, slots, host, pid))
-
-    def finish(self, ends: Sequence[End], host: str, pid: int) -> Statement:
-        """Record and unlock (:func:`._sql.claims.finish_many_sql`)."""
-        return Statement(self._finish_sql, _end_args(ends, host, pid))
-
-    def takeover(
-        self, key: int, job: str, slot: datetime, host: str, pid: int, attempt: int
-    ) -> Statement | None:
-        """Lock and take the row over (:func:`._sql.crashes.recover_sql`)."""
-        return Statement(self._recover_sql, (key, job, slot, host, pid, attempt))
-
-    def crashed(self, host: str, pid: int) -> Statement | None:
-        """Unfinished rows whose claiming session is gone."""
-        return Statement(self._crashed_sql, (host, pid))
-
-    def late_finish(
-        self, late: Sequence[tuple[str, datetime, RunRecord, int]], host: str, pid: int
-    ) -> Statement | None:
-        """The outcomes of runs whose session died (:attr:`LedgerTable.late_finish_sql`)."""
-        return Statement(self._late_sql, _late_args(late, host, pid))
+    async def _set_up(
+        self,
+        conn: Any,
+        *,
+        where: str,
+        application_name: str,
+        keepalives: Keepalives | None,
+        create: bool,
+        timeout: float,
+    ) -> None:
+        """A new session: set up to hold session locks (and, with a ledger, the ledger
+        made current)."""
+        await set_up_session(
+            conn, where=where, application_name=application_name, keepalives=keepalives
+        )
 
     def may_end(self, generation: int, session: Channel) -> bool:
         """Only on the session that granted the lock: a later one holds none of it."""
@@ -141,6 +134,68 @@ class SessionLocks(Exclusion):
     def services(self) -> Sequence[Service]:
         """None: upkeep's heartbeat is what checks the sessions."""
         return ()
+
+
+class SessionLocks(SessionRules):
+    """Session advisory locks over the ledger *table* (``mode="session"``)."""
+
+    def __init__(self, table: LedgerTable) -> None:
+        self.ledger = self._table = table
+        self._claim_sql = claim_many_sql(table)
+        self._finish_sql = finish_many_sql(table)
+        self._recover_sql = recover_sql(table)
+        self._crashed_sql = crashed_sql(table)
+        self._late_sql = table.late_finish_sql
+
+    def ledger_or(self, without: Callable[[], _A], kept: Callable[[LedgerTable], _B]) -> _A | _B:
+        """*kept* of the ledger."""
+        return kept(self._table)
+
+    async def _set_up(
+        self,
+        conn: Any,
+        *,
+        where: str,
+        application_name: str,
+        keepalives: Keepalives | None,
+        create: bool,
+        timeout: float,
+    ) -> None:
+        await super()._set_up(
+            conn,
+            where=where,
+            application_name=application_name,
+            keepalives=keepalives,
+            create=create,
+            timeout=timeout,
+        )
+        await prepare_ledger(conn, table=self._table, create=create, timeout=timeout)
+
+    def claim(
+        self, keys: list[int], jobs: list[str], slots: list[datetime], host: str, pid: int
+    ) -> Statement:
+        """Lock and claim (:func:`.._sql.claims.claim_many_sql`)."""
+        return Statement(self._claim_sql, (keys, jobs, slots, host, pid))
+
+    def finish(self, ends: Sequence[End], host: str, pid: int) -> Statement:
+        """Record and unlock (:func:`.._sql.claims.finish_many_sql`)."""
+        return Statement(self._finish_sql, _end_args(ends, host, pid))
+
+    def takeover(
+        self, key: int, job: str, slot: datetime, host: str, pid: int, attempt: int
+    ) -> Statement | None:
+        """Lock and take the row over (:func:`.._sql.crashes.recover_sql`)."""
+        return Statement(self._recover_sql, (key, job, slot, host, pid, attempt))
+
+    def crashed(self, host: str, pid: int) -> Statement | None:
+        """Unfinished rows whose claiming session is gone."""
+        return Statement(self._crashed_sql, (host, pid))
+
+    def late_finish(
+        self, late: Sequence[tuple[str, datetime, RunRecord, int]], host: str, pid: int
+    ) -> Statement | None:
+        """The outcomes of runs whose session died (:attr:`LedgerTable.late_finish_sql`)."""
+        return Statement(self._late_sql, _late_args(late, host, pid))
 
 
 def _end_args(ends: Sequence[End], host: str, pid: int) -> tuple[object, ...]:

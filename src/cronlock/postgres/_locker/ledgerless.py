@@ -1,0 +1,75 @@
+"""The parts of a locker that exist only with a run ledger, as they are without one.
+
+``PostgresLocker(ledger=False)`` is the lock alone: no members table to race by, no foreign
+holders to name, no fleet to watch. Its mode (:class:`.._modes.bare.BareLocks`) makes the
+locker build these instead (``Exclusion.ledger_or``), so the locker's code never asks
+whether it has a ledger.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from datetime import datetime
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..._locking.protocols import FleetCallback, Health
+    from .._conn import Channel
+    from .foreign import ForeignCallback
+
+__all__ = ("NoFleetWatch", "NoForeignHolders", "NoMembership")
+
+
+class NoMembership:
+    """Every replica claims: there is no members table to choose racers by."""
+
+    size = 0
+
+    def has(self, job: str) -> None:
+        """Nothing to note."""
+
+    def standing_by(self) -> bool:
+        """Never: every replica races."""
+        return False
+
+    def spread(self) -> float:
+        """Fleet-wide chores run at the pace of one replica."""
+        return 1.0
+
+    def start(self) -> None:
+        """Nothing to start."""
+
+    async def stop(self) -> None:
+        """Nothing to stop."""
+
+
+class NoForeignHolders:
+    """No fleet to tell a stranger's session from: nobody is named."""
+
+    found = 0
+
+    def on_found(self, callback: ForeignCallback) -> None:
+        """Never called."""
+
+    def refused(self, job: str, key: int, slot: datetime, session: Channel) -> None:
+        """Nothing to look up."""
+
+    async def stop(self) -> None:
+        """Nothing to stop."""
+
+
+class NoFleetWatch:
+    """No ledger to read the fleet's latest runs from."""
+
+    def add(self, callback: FleetCallback, jobs: Callable[[], Mapping[str, Health]]) -> None:
+        """Never called back."""
+
+    def health(self) -> Mapping[str, Health]:
+        """Nothing is noted."""
+        return {}
+
+    def start(self) -> None:
+        """Nothing to start."""
+
+    async def stop(self) -> None:
+        """Nothing to stop."""
