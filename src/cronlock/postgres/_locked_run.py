@@ -3,25 +3,27 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import os
+import socket
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
-from datetime import datetime
+from dataclasses import dataclass
+from datetime import UTC, datetime
 from types import TracebackType
 from typing import Any, TypeVar, TypeVarTuple, Unpack
 
 from .._cancel import claim_or_undo, task_name, uncancellable
 from .._durations import Seconds, to_seconds
-from .._errors import ConfigError, PoolerDetected
+from .._errors import ConfigError, LockError, PoolerDetected
 from .._jobname import check_job_name
 from .._keys import job_lock_key
 from .._locking.protocols import Refusal
 from .._logs import at, get_logger
-from ._conn.errors import backend_error_types, backend_errors
+from ._conn.errors import backend_errors, ignoring_backend_errors
 from ._conn.source import ConnectionSource, is_closed, terminate
-from ._slotclaim import SlotClaim, to_slot
+from ._modes.session import SessionLocks
 from ._sql.advisory import TRY_LOCK_ON_SQL, UNLOCK_SQL
-from ._sql.tables import DEFAULT_TABLE, LedgerTable
+from ._sql.tables import DEFAULT_TABLE, LedgerTable, migrate
 
 __all__ = ("RunLock", "locked_run", "run_locked")
 
@@ -100,6 +102,8 @@ class _LockedRun(AbstractAsyncContextManager[RunLock]):
         self._acquire_timeout = acquire_timeout
         self._unlock_timeout = unlock_timeout
         self._conn: Any = None
+        # The connection of the block: lent by the source, handed back at the end.
+        self._lent = source.lend(timeout=acquire_timeout, checkin_timeout=unlock_timeout)
         self._result = RunLock(name, self._key, acquired=True, slot=self._slot)
         self._entered = False
 
@@ -107,7 +111,7 @@ class _LockedRun(AbstractAsyncContextManager[RunLock]):
         if self._entered:
             raise RuntimeError("a locked_run() context manager can be entered only once")
         self._entered = True
-        conn = await self._source.checkout(timeout=self._acquire_timeout)
+        conn = await self._lent.__aenter__()
         # From here on we own conn, and every path must hand it back.
         # The try-lock runs in its own task that a cancellation does not interrupt: a
         # statement cancelled mid-flight may still have been granted by the server, and we
@@ -124,9 +128,13 @@ class _LockedRun(AbstractAsyncContextManager[RunLock]):
                 name=task_name("locked-run-release", self._name),
             )
 
-        refused = await claim_or_undo(
-            self._try_lock(conn), undo, name=task_name("locked-run-try-lock", self._name)
-        )
+        try:
+            refused = await claim_or_undo(
+                self._try_lock(conn), undo, name=task_name("locked-run-try-lock", self._name)
+            )
+        except Exception as exc:  # the try-lock failed: conn is terminated, hand it back
+            await self._lent.__aexit__(type(exc), exc, exc.__traceback__)
+            raise
         if refused is not None:
             _logger.debug("job %r: not running (%s)", self._name, refused, extra=at(self._name))
             await self._give_back_uncancellably(conn, locked=False)
@@ -145,7 +153,7 @@ class _LockedRun(AbstractAsyncContextManager[RunLock]):
         if conn is None:  # not acquired: nothing held, the connection is already back
             return
         # A pool proxy whose connection died has been reclaimed by its pool already.
-        with contextlib.suppress(*backend_error_types()):
+        with ignoring_backend_errors():
             conn.remove_termination_listener(self._on_connection_lost)
         # Runs whatever ended the body: return, exception, cancellation (once or repeatedly)
         # or an asyncio.timeout() deadline. A cancellation that arrives meanwhile is
@@ -217,28 +225,27 @@ class _LockedRun(AbstractAsyncContextManager[RunLock]):
         When that cannot complete, terminate the connection: the server then releases
         every lock of the session. Never raises a backend error.
         """
-        if is_closed(conn):
-            terminate(conn)
-            return
         try:
-            async with asyncio.timeout(self._unlock_timeout):
-                if locked and not await self._unlock(conn, outcome, error, undo=undo):
-                    _logger.warning(
-                        "job %r: its lock was no longer held by this session at unlock",
-                        self._name,
-                        extra=at(self._name),
-                    )
-                await self._source.checkin(conn, timeout=self._unlock_timeout)
-        except backend_error_types() as exc:
+            if not is_closed(conn):
+                with backend_errors(f"job {self._name!r}: the unlock failed"):
+                    async with asyncio.timeout(self._unlock_timeout):
+                        if locked and not await self._unlock(conn, outcome, error, undo=undo):
+                            _logger.warning(
+                                "job %r: its lock was no longer held by this session at unlock",
+                                self._name,
+                                extra=at(self._name),
+                            )
+        except LockError as exc:
             _logger.warning(
                 "job %r: could not unlock within %gs (%r); terminating the connection, "
                 "which releases the lock server-side",
                 self._name,
                 self._unlock_timeout,
-                exc,
+                exc.__cause__,
                 extra=at(self._name),
             )
             terminate(conn)
+        await self._lent.__aexit__(None, None, None)  # given back (a dead one: dropped)
 
     async def _unlock(
         self, conn: Any, outcome: str | None, error: str | None, *, undo: bool
@@ -246,6 +253,72 @@ class _LockedRun(AbstractAsyncContextManager[RunLock]):
         if self._claim is None:
             return bool(await conn.fetchval(UNLOCK_SQL, self._key))
         return await self._claim.end(conn, outcome=outcome, error=error, undo=undo)
+
+
+def to_slot(slot: object, name: str) -> datetime:
+    """*slot* as an aware UTC datetime; a naive one or a non-datetime is refused."""
+    if not isinstance(slot, datetime) or slot.utcoffset() is None:
+        raise ConfigError(
+            f"job {name!r}: slot must be an aware datetime (the instant the run stands for, "
+            f"e.g. datetime.now(UTC).replace(second=0, microsecond=0)), got {slot!r}"
+        )
+    return slot.astimezone(UTC)
+
+
+@dataclass(frozen=True, slots=True)
+class SlotClaim:
+    """Job *name*'s claim of *slot* in *table*, taken and ended on one connection."""
+
+    table: LedgerTable
+    name: str
+    slot: datetime
+    create_table: bool
+
+    @property
+    def key(self) -> int:
+        """The job's lock key in the ledger's namespace: the one a PostgresLocker takes."""
+        return self.table.lock_key(self.name)
+
+    async def claim(self, conn: Any) -> Refusal | None:
+        """Lock and claim the slot; ``None`` when claimed (the lock is then held), else why
+        not: ``"already_ran"`` (claimed before, by anyone, finished or not), ``"paused"``
+        (paused fleet-wide) or ``"locked"`` (another session holds the job's lock)."""
+        if self.create_table:
+            await migrate(conn, self.table)
+        claim = SessionLocks(self.table).claim(
+            [self.key], [self.name], [self.slot], socket.gethostname(), os.getpid()
+        )
+        row = await conn.fetchrow(claim.sql, *claim.args)
+        if row["started_at"] is not None:
+            return None
+        if row["paused"]:
+            return "paused"
+        if row["ran"] or row["got"]:  # got, but the insert conflicted: unlocked already
+            return "already_ran"
+        return "locked"
+
+    async def end(self, conn: Any, *, outcome: str | None, error: str | None, undo: bool) -> bool:
+        """Record *outcome* (or, with *undo*, delete the claim) and unlock, in one
+        statement; whether the lock was still held."""
+        # The body began as the claim was taken: the claim's start stands (started None).
+        end = _End(self.name, self.key, self.slot, outcome, error, undo)
+        finish = SessionLocks(self.table).finish([end], socket.gethostname(), os.getpid())
+        row = await conn.fetchrow(finish.sql, *finish.args)
+        return bool(row["released"])
+
+
+@dataclass(frozen=True, slots=True)
+class _End:
+    """A standalone run's end, as the session mode's finish statement reads one."""
+
+    job: str
+    key: int
+    slot: datetime
+    outcome: str | None
+    error: str | None
+    undo: bool
+    generation: int = 0
+    started: datetime | None = None
 
 
 def _outcome(exc: BaseException | None) -> tuple[str, str | None]:

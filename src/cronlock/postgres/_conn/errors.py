@@ -23,6 +23,7 @@ __all__ = (
     "backend_errors",
     "cut_off",
     "gone_or_failed_types",
+    "ignoring_backend_errors",
     "kind_of",
     "ledger_missing",
     "server_answered",
@@ -118,3 +119,8 @@ def cut_off(exc: BaseException) -> bool:
         return False
     types = backend_error_types()
     return isinstance(exc, types) or isinstance(exc.__cause__, types)
+
+
+def ignoring_backend_errors() -> contextlib.suppress:
+    """A block whose backend errors are of no consequence (a best-effort goodbye)."""
+    return contextlib.suppress(*backend_error_types())

@@ -27,7 +27,7 @@ from ..._logs import get_logger
 from .._sql.tables import ledger_state, migrate
 
 if TYPE_CHECKING:
-    from ..._records import Outcome, RunRecord
+    from ..._records import RunRecord
     from .._conn import Channel
     from .._conn.source import ConnectionSource, Keepalives
     from .._sql.tables import LedgerTable
@@ -63,14 +63,45 @@ class Statement:
 class End(Protocol):
     """What a mode reads of one run's end (the batcher's requests are ends)."""
 
-    job: str
-    key: int
-    slot: datetime
-    generation: int
-    outcome: Outcome | None
-    error: str | None
-    started: datetime | None
-    undo: bool
+    @property
+    def job(self) -> str:
+        """The job's name."""
+        ...
+
+    @property
+    def key(self) -> int:
+        """Its lock key."""
+        ...
+
+    @property
+    def slot(self) -> datetime:
+        """The slot its run stood for."""
+        ...
+
+    @property
+    def generation(self) -> int:
+        """The channel generation its hold was granted on."""
+        ...
+
+    @property
+    def outcome(self) -> str | None:
+        """How the run ended (``None``: an undo)."""
+        ...
+
+    @property
+    def error(self) -> str | None:
+        """What failed, if anything."""
+        ...
+
+    @property
+    def started(self) -> datetime | None:
+        """When the run began (``None``: the claim's start stands)."""
+        ...
+
+    @property
+    def undo(self) -> bool:
+        """Whether the claim is given back rather than recorded."""
+        ...
 
 
 class Kept(Protocol):
