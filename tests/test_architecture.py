@@ -108,8 +108,23 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return out
 
 
+# Imports kept only so that a name moved into postgres/_sql/ is still found at its old place
+# by the modules being restructured now (issue 34, step 4; each is marked "# moved:").
+# tables.py names what schema.py takes, so these close a cycle until those modules import
+# the new places: then delete the shim and its entry here.
+_SHIMS = frozenset({("cronlock.postgres._sql.tables", "cronlock.postgres._sql.schema")})
+
+
 def test_no_import_cycles() -> None:
-    assert _cycles(_graph()) == []
+    graph = _graph()
+    for importer, target in _SHIMS:
+        graph[importer].discard(target)
+    assert _cycles(graph) == []
+
+
+def test_every_shim_is_still_there() -> None:
+    graph = _graph()
+    assert sorted(edge for edge in _SHIMS if edge[1] not in graph[edge[0]]) == []
 
 
 def test_the_cycle_check_finds_a_cycle() -> None:

@@ -150,7 +150,8 @@ async def _postgres_backend(dsn: str, source: str, *, lock_only: bool) -> _Backe
             "asyncpg is not installed: pip install 'cronlock[postgres]' "
             "(from a clone, until cronlock is on PyPI: pip install -e '.[postgres]')"
         ) from None
-    from ..postgres._sql.tables import DEFAULT_TABLE, LedgerTable, migrate
+    from ..postgres._sql.schema import migrate
+    from ..postgres._sql.tables import DEFAULT_TABLE, LedgerTable
 
     try:
         conn = await asyncpg.connect(

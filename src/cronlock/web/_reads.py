@@ -19,7 +19,8 @@ from typing import Any
 
 from ..postgres._ops.fleet import _page_sql as page_sql  # the fleet read of a page of runs
 from ..postgres._ops.fleet import last_runs_many_sql, named_jobs_sql
-from ..postgres._sql.tables import RUN_COLUMNS, LedgerTable
+from ..postgres._sql.runs import RUN_COLUMNS
+from ..postgres._sql.tables import LedgerTable
 
 __all__ = ("ERROR_PREFIX", "SafeReads")
 

@@ -19,7 +19,7 @@ from ..._keys import job_lock_key
 from ..._locking.protocols import LedgerSummary
 from .._conn.errors import backend_errors
 from .._sql.claims import Prefixed, catch_up_sql
-from .._sql.decode import decode_run, report_odd
+from .._sql.runs import decode_run, report_odd
 from .._sql.stored import decode_changes, stored_sql
 from .._sql.tables import LedgerTable
 

@@ -20,7 +20,8 @@ from ..._errors import CronlockError, JobLookupError
 from ..._names import unknown_job
 from ..._records import RunRecord
 from ..._terminal import printable
-from .._sql.tables import DEFAULT_TABLE, LedgerTable, ledger_state, migrate
+from .._sql.schema import ledger_state, migrate
+from .._sql.tables import DEFAULT_TABLE, LedgerTable
 from .control import control_sql, refuse_unknown
 from .fleet import (
     STATUSES,

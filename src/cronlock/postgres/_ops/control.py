@@ -32,9 +32,9 @@ from ..._records import RunRecord
 from .._conn.dedicated import LockSession
 from .._conn.errors import backend_errors
 from .._conn.source import ConnectionSource
-from .._sql.decode import LOW, RUN, decode_run, report_odd, sane, slot_in_range
-from .._sql.firstseen import first_seen_sql
-from .._sql.tables import DEFAULT_TABLE, LedgerTable, migrate
+from .._sql.runs import LOW, RUN, decode_run, report_odd, sane, slot_in_range
+from .._sql.schema import first_seen_sql, migrate
+from .._sql.tables import DEFAULT_TABLE, LedgerTable
 from .stored import ScheduleVerbs
 
 __all__ = (
@@ -331,7 +331,7 @@ class FleetWatch:
         # fleet as a whole reads at the rate of a small one.
         self._spread = spread
         self._sql = control_sql(table)
-        self._first_seen_sql = first_seen_sql(table.jobs)
+        self._first_seen_sql = first_seen_sql(table)
         # Each job's first-seen instant never changes once noted: read once a job.
         self._first_seen: dict[str, datetime] = {}
         self._runs, self._control = table.runs, table.control

@@ -14,8 +14,8 @@ from typing import Any, Literal, get_args
 from ..._keys import job_lock_key, keyed_lock_key, ledger_lock_key
 from ..._records import RunRecord
 from .._locker.keys import SECRET_NAME
-from .._sql.decode import RUN, decode_run, odd_list, report_odd, sane, slot_in_range
 from .._sql.leases import lease_holders_sql
+from .._sql.runs import RUN, decode_run, odd_list, report_odd, sane, slot_in_range
 from .._sql.tables import LedgerTable
 from .control import control_sql
 

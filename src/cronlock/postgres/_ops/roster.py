@@ -19,7 +19,7 @@ from datetime import datetime
 from functools import lru_cache
 from typing import Any
 
-from .._sql.decode import HIGH, LOW, slot_in_range
+from .._sql.runs import HIGH, LOW, slot_in_range
 from .._sql.tables import LedgerTable
 from .fleet import LockHolder, Status, held_locks, overdue_slot, status_of
 

@@ -1,7 +1,7 @@
 """The batched statements: many runs' claims, or many runs' ends, in one round trip.
 
 A lock session sends the claims of every job due at the same instant in one statement, and
-the outcomes and unlocks of every run that ended meanwhile in another (:mod:`._batch`).
+the outcomes and unlocks of every run that ended meanwhile in another (``_locker/batch.py``).
 Each takes arrays (``unnest ... WITH ORDINALITY``) and answers one row per element, tagged
 with its 1-based position *i*, so that each caller gets its own answer. Every per-row side
 effect (a try-lock, an unlock) sits in a ``MATERIALIZED`` CTE or in the final projection,
@@ -12,13 +12,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from .decode import HIGH, LOW, RUN, RUN_COLUMNS, odd_list, slot_in_range
-from .starts import CLAIMED_START, real_start
+from .runs import CLAIMED_START, HIGH, LOW, RUN, RUN_COLUMNS, odd_list, real_start, slot_in_range
 from .tables import LedgerTable
 
 __all__ = (
     "TRY_LOCK_MANY_SQL",
+    "TRY_LOCK_ON_SQL",
+    "TRY_LOCK_SQL",
     "UNLOCK_MANY_SQL",
+    "UNLOCK_SQL",
     "Prefixed",
     "catch_up_sql",
     "claim_inputs",
@@ -27,6 +29,20 @@ __all__ = (
     "finish_many_sql",
     "told_columns",
 )
+
+# The two session advisory lock statements, in the form every part of the backend uses:
+# pg_try_advisory_lock, never the blocking form (losers skip at once, they do not queue).
+# The run ledger combines them with its claims (below); the lock-only locker, standalone
+# runs and the election send them as they are.
+TRY_LOCK_SQL = "SELECT pg_try_advisory_lock($1::bigint)"
+"""``$1`` key: take the session advisory lock if free; answers whether it was taken."""
+TRY_LOCK_ON_SQL = """
+    SELECT CASE WHEN pg_backend_pid() = $2::integer THEN pg_try_advisory_lock($1::bigint) END"""
+"""The try-lock, taken only on the backend the connection announced (``$2``): NULL, and no
+lock taken, when a pooler or proxy handed the statement to another one (:class:`cronlock.
+PoolerDetected`). It costs no round trip of its own. ``$1`` key."""
+UNLOCK_SQL = "SELECT pg_advisory_unlock($1::bigint)"
+"""``$1`` key: give the session advisory lock back; answers whether it was held."""
 
 TRY_LOCK_MANY_SQL = """
     SELECT u.i, pg_try_advisory_lock(u.key) AS got

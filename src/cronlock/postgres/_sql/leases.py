@@ -23,8 +23,7 @@ from __future__ import annotations
 
 from .._locker.crashes import TAKEN_OVER
 from .claims import claim_inputs, end_ctes, told_columns
-from .decode import R_RUN, sane
-from .starts import CLAIMED_START
+from .runs import CLAIMED_START, R_RUN, sane
 from .tables import LedgerTable
 
 __all__ = (

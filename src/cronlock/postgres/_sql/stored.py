@@ -20,7 +20,7 @@ from ..._keys import job_lock_key
 from ..._schedules.schedule import Schedule
 from ..._stored.json import options_from_json, schedule_from_json
 from ..._stored.schedule import Change, StoredSchedule
-from .decode import report_odd, sane
+from .runs import report_odd, sane
 from .tables import LedgerTable
 
 __all__ = ("decode_changes", "decode_stored", "schedules_lock_key", "stored_sql")

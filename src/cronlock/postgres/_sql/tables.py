@@ -1,51 +1,34 @@
-"""The run ledger's SQL: table names, quoting, schema migration, statements.
+"""Where a ledger lives: its tables' names, quoted and qualified, and its lock keys; and,
+until they move to the other modules of this folder, the statements of its reads and upkeep.
 
-A ledger is one table of runs keyed by (job, slot) plus a small table of job schedules.
-Every statement here is parameterized; the only text spliced into SQL is identifiers,
-always through :func:`quote_ident`. The locker and the ledger verbs of the command line
-run them. A run's columns and their decoding live in :mod:`._decode` (re-exported here).
+A ledger is one table of runs keyed by (job, slot) plus tables derived from its name (job
+notes, control, leases, members, secrets, stored schedules). Every statement of the
+package is parameterized; the only text spliced into SQL is identifiers, always through
+:func:`quote_ident`. The schema and its migration are in :mod:`.schema`, a run's columns
+and their decoding in :mod:`.runs`.
 """
 
 from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from typing import Any, Literal
 
 from ..._errors import LedgerNameError
 from ..._keys import job_lock_key, ledger_lock_key
-from .decode import R_RUN, RUN, RUN_COLUMNS, odd_list, sane, slot_in_range, to_record
-from .firstseen import first_seen_ddl
-from .starts import real_start
-from .storedddl import schedules_ddl
+from .runs import RUN, odd_list, real_start, sane, slot_in_range
 
-__all__ = (
-    "DEFAULT_TABLE",
-    "RUN",
-    "RUN_COLUMNS",
-    "R_RUN",
-    "LedgerState",
-    "LedgerTable",
-    "ledger_state",
-    "migrate",
-    "quote_ident",
-    "tables_exist",
-    "to_record",
-)
+# Kept for modules being restructured now, which still import them from here (issue 34,
+# step 4); schema.py imports this module for typing only, so there is no cycle.
+from .schema import ledger_state as ledger_state  # moved: postgres/_sql/schema.py
+from .schema import migrate as migrate  # moved: postgres/_sql/schema.py
+
+__all__ = ("DEFAULT_TABLE", "LedgerTable", "quote_ident")
 
 DEFAULT_TABLE = "cronlock_runs"
 """The run ledger's table name when none is given (its other tables derive from it)."""
 # PostgreSQL truncates identifiers to NAMEDATALEN - 1 bytes; a longer name would silently
 # become another name, so it is refused instead.
 _MAX_IDENTIFIER = 63
-# The columns of the runs and jobs tables a ledger made by an older cronlock lacks (no name
-# is in both tables); migrate() adds them.
-_ADDED_COLUMNS = (
-    *("session", "attempt", "manual", "grace", "due", "grace_until", "first_seen", "tags"),
-)
-
-LedgerState = Literal["missing", "old", "current"]
-"""A ledger's tables are missing, lack a table or column this cronlock uses, or are current."""
 
 
 def quote_ident(name: str, *, field: str = "identifier") -> str:
@@ -149,105 +132,15 @@ class LedgerTable:
         """The transaction advisory lock key that serialises concurrent migrations."""
         return job_lock_key(f"cronlock:migrate:{self.runs}")
 
-    # -- schema ------------------------------------------------------------------------
-
-    def ddl(self) -> list[str]:
-        """The statements that create the ledger, each idempotent."""
-        slot_index = quote_ident(_derived(self.table, "_slot_idx"))
-        unfinished_index = quote_ident(_derived(self.table, "_unfinished_idx"))
-        statements = []
-        if self.schema is not None:
-            statements.append(f"CREATE SCHEMA IF NOT EXISTS {quote_ident(self.schema)}")
-        statements += [
-            f"""CREATE TABLE IF NOT EXISTS {self.runs} (
-                job         text        NOT NULL,
-                slot        timestamptz NOT NULL,
-                host        text        NOT NULL,
-                pid         integer     NOT NULL,
-                started_at  timestamptz NOT NULL DEFAULT clock_timestamp(),
-                finished_at timestamptz,
-                outcome     text,
-                error       text,
-                session     integer,
-                attempt     smallint    NOT NULL DEFAULT 1,
-                manual      boolean     NOT NULL DEFAULT false,
-                PRIMARY KEY (job, slot)
-            )""",
-            # A ledger made by an older cronlock: add what it lacks (no table rewrite: the
-            # default is a constant; an older replica's claims leave manual false).
-            f"""ALTER TABLE {self.runs}
-                ADD COLUMN IF NOT EXISTS session integer,
-                ADD COLUMN IF NOT EXISTS attempt smallint NOT NULL DEFAULT 1,
-                ADD COLUMN IF NOT EXISTS manual boolean NOT NULL DEFAULT false""",
-            # For pruning by age across jobs; (job, slot) lookups use the primary key.
-            f"CREATE INDEX IF NOT EXISTS {slot_index} ON {self.runs} (slot)",
-            # The crash check reads only the unfinished runs, a handful however many runs.
-            f"""CREATE INDEX IF NOT EXISTS {unfinished_index} ON {self.runs} (session)
-                WHERE finished_at IS NULL""",
-            f"""CREATE TABLE IF NOT EXISTS {self.jobs} (
-                job        text        PRIMARY KEY,
-                schedule   text        NOT NULL,
-                next_run   timestamptz,
-                updated_at timestamptz NOT NULL DEFAULT clock_timestamp(),
-                updated_by text
-            )""",
-            # Each job's overdue grace and due slot, for 'status --check' (added later), and
-            # until when that grace stands against a lower one (note_sql).
-            f"""ALTER TABLE {self.jobs} ADD COLUMN IF NOT EXISTS grace float8,
-                ADD COLUMN IF NOT EXISTS due timestamptz,
-                ADD COLUMN IF NOT EXISTS grace_until timestamptz""",
-            *first_seen_ddl(self.jobs, self.runs),  # when each job was first noted
-            # Each job's tags as its replicas note them (the dashboard's filter); NULL in a
-            # row an older cronlock wrote.
-            f"ALTER TABLE {self.jobs} ADD COLUMN IF NOT EXISTS tags text[]",
-            # Fleet control (FleetControl, ._control): pauses and triggers.
-            f"""CREATE TABLE IF NOT EXISTS {self.control} (
-                job          text        PRIMARY KEY,
-                paused_at    timestamptz,
-                paused_by    text,
-                trigger_slot timestamptz,
-                triggered_by text,
-                updated_at   timestamptz NOT NULL DEFAULT clock_timestamp()
-            )""",
-            # Lease mode (._leasesql): one row a job, naming the run that holds it and until
-            # when, in the server's time. A lease released is one that expired at -infinity.
-            f"""CREATE TABLE IF NOT EXISTS {self.leases} (
-                job        text        PRIMARY KEY,
-                slot       timestamptz NOT NULL,
-                holder     text        NOT NULL,
-                expires_at timestamptz NOT NULL,
-                attempt    smallint    NOT NULL DEFAULT 1
-            )""",
-            # The fleet's live replicas (._members), one row each, expiring in server time.
-            f"""CREATE TABLE IF NOT EXISTS {self.members} (
-                holder     text        PRIMARY KEY,
-                fleet      text        NOT NULL,
-                expires_at timestamptz NOT NULL,
-                since      timestamptz NOT NULL DEFAULT clock_timestamp()
-            )""",
-            # Keys every process of the fleet shares (._secrets), made once by the first.
-            f"""CREATE TABLE IF NOT EXISTS {self.secrets} (name text PRIMARY KEY,
-                value bytea NOT NULL, created_at timestamptz NOT NULL DEFAULT clock_timestamp())""",
-            # Schedules the application adds at runtime (FleetControl.add_schedule).
-            *schedules_ddl(self.schedules, quote_ident(_derived(self.table, "_schedules_idx"))),
-        ]
-        return statements
-
     @property
-    def state_sql(self) -> str:
-        """``$1, $2``: the quoted names of the runs and jobs tables, ``$3`` the columns a
-        current ledger has in them that an old one lacks, ``$4`` the tables an older ledger
-        lacks (control, leases, members, secrets, schedules). NULL when a table is missing, else
-        whether it is current.
-        """
-        return """
-            SELECT CASE WHEN to_regclass($1) IS NULL OR to_regclass($2) IS NULL THEN NULL
-                   ELSE (SELECT count(*) = cardinality($3::text[]) FROM pg_attribute
-                         WHERE attrelid IN (to_regclass($1), to_regclass($2))
-                           AND attname = ANY($3::text[])
-                           AND NOT attisdropped)
-                        AND NOT EXISTS (SELECT FROM unnest($4::text[]) AS t(name)
-                                        WHERE to_regclass(t.name) IS NULL) END"""
+    def quoted_schema(self) -> str | None:
+        """The schema, quoted (``None``: the names are resolved through ``search_path``)."""
+        return None if self.schema is None else quote_ident(self.schema)
+
+    def index(self, suffix: str) -> str:
+        """The quoted name of the ledger's index ``<table><suffix>`` (an index lives in its
+        table's schema, so it is not qualified)."""
+        return quote_ident(_derived(self.table, suffix))
 
     # -- writes that are not the hot path's (whose statements are in ._exclusion) --------
 
@@ -398,47 +291,3 @@ class LedgerTable:
                 RETURNING 1
             )
             SELECT count(*) FROM gone"""
-
-
-async def migrate(
-    conn: Any, table: LedgerTable, *, timeout: float = 30.0
-) -> Literal["created", "upgraded"] | None:
-    """Create the ledger's tables if missing, or add what a ledger made by an older
-    cronlock lacks, in one transaction; return what it did (``None``: nothing to do).
-
-    Concurrent callers (replicas starting together) are serialised with a transaction
-    advisory lock, since concurrent ``CREATE TABLE IF NOT EXISTS`` of one name can fail;
-    the state is checked again under it. A current ledger is detected first, so a role
-    without CREATE rights on the schema can use a ledger someone else made. Every
-    statement is idempotent, and an upgraded ledger still works for older replicas (the
-    new columns have defaults), so replicas can be upgraded one at a time.
-    """
-    if await ledger_state(conn, table) == "current":
-        return None
-    async with conn.transaction():
-        await conn.execute(f"SET LOCAL lock_timeout = {int(timeout * 1000)}")
-        await conn.execute("SELECT pg_advisory_xact_lock($1::bigint)", table.migrate_key)
-        state = await ledger_state(conn, table)
-        if state == "current":
-            return None  # another replica did it while we waited
-        for statement in table.ddl():
-            await conn.execute(statement)
-    return "created" if state == "missing" else "upgraded"
-
-
-async def ledger_state(conn: Any, table: LedgerTable) -> LedgerState:
-    """Whether the ledger's tables are missing, of an older shape, or current, as this
-    session resolves their names: one catalog query."""
-    current = await conn.fetchval(
-        table.state_sql,
-        table.runs,
-        table.jobs,
-        list(_ADDED_COLUMNS),
-        [table.control, table.leases, table.members, table.secrets, table.schedules],
-    )
-    return "missing" if current is None else "current" if current else "old"
-
-
-async def tables_exist(conn: Any, table: LedgerTable) -> bool:
-    """Whether the ledger's runs and jobs tables exist (as this session resolves their names)."""
-    return await ledger_state(conn, table) != "missing"
