@@ -30,8 +30,16 @@ from ..._stored.json import (
 )
 from ..._stored.schedule import StoredSchedule
 from .._locker.upkeep import tags_json
-from .._sql.stored import decode_stored, schedules_lock_key, stored_sql
+from .._sql.fleet import SERVER_CLOCK_SQL
+from .._sql.stored import (
+    NONE_REMOVED,
+    decode_stored,
+    forget_job_sql,
+    schedules_lock_key,
+    stored_sql,
+)
 from .._sql.tables import LedgerTable
+from .._sql.upkeep import note_sql
 
 __all__ = ("ScheduleVerbs",)
 
@@ -153,9 +161,9 @@ class ScheduleVerbs:
                 await conn.execute(sql["lock"], schedules_lock_key(table.runs))
                 revision = await conn.fetchval(sql["next"])
                 done = await conn.execute(sql["remove"], name, revision, self._who)
-                if done == "UPDATE 0":
+                if done == NONE_REMOVED:
                     return False
-                await conn.execute(f"DELETE FROM {table.jobs} WHERE job = $1::text", name)
+                await conn.execute(forget_job_sql(table), name)
                 return True
 
         removed: bool = await self._call(remove)
@@ -209,7 +217,7 @@ class ScheduleVerbs:
                     if was is None:
                         raise JobLookupError(await self._unknown(conn, name))
                     new = make(was)
-                first = new.first_slot(await conn.fetchval("SELECT clock_timestamp()"))
+                first = new.first_slot(await conn.fetchval(SERVER_CLOCK_SQL))
                 revision = await conn.fetchval(sql["next"])
                 await conn.execute(
                     sql["put"],
@@ -224,7 +232,7 @@ class ScheduleVerbs:
                 # The job's schedule note, as a replica running it writes it: overdue by
                 # its grace after the first slot unless some replica runs it.
                 await conn.execute(
-                    table.note_sql,
+                    note_sql(table),
                     [name],
                     [str(new.schedule)],
                     [first],

@@ -10,9 +10,8 @@ where PostgreSQL evaluates it exactly once per row.
 
 from __future__ import annotations
 
-from typing import Any
-
-from .runs import CLAIMED_START, HIGH, LOW, RUN, RUN_COLUMNS, odd_list, real_start, slot_in_range
+from .runs import CLAIMED_START, real_start, told_columns
+from .runs import Prefixed as Prefixed  # moved: postgres/_sql/runs.py
 from .tables import LedgerTable
 
 __all__ = (
@@ -21,13 +20,10 @@ __all__ = (
     "TRY_LOCK_SQL",
     "UNLOCK_MANY_SQL",
     "UNLOCK_SQL",
-    "Prefixed",
-    "catch_up_sql",
     "claim_inputs",
     "claim_many_sql",
     "end_ctes",
     "finish_many_sql",
-    "told_columns",
 )
 
 # The two session advisory lock statements, in the form every part of the backend uses:
@@ -100,23 +96,6 @@ def claim_many_sql(table: LedgerTable) -> str:
                CASE WHEN c.got AND c.started_at IS NULL
                     THEN pg_advisory_unlock(c.key) END AS undone,
                {told_columns(runs)}"""
-
-
-def told_columns(runs: str) -> str:
-    """The end of a claim statement, the same in both modes: the ``p_*`` columns, and the
-    ``FROM c`` they come with: for a refused row, the job's latest finished run at or
-    before that slot (one backward step on the primary key, skipped for granted rows).
-    Its timestamps are guarded (:mod:`._decode`): a row no replica can read must not fail
-    every claim of the batch."""
-    told = ", ".join(f"p.{column} AS p_{column}" for column in RUN_COLUMNS)
-    return f"""{told}
-        FROM c
-        LEFT JOIN LATERAL (
-            SELECT {RUN} FROM {runs} r
-            WHERE c.started_at IS NULL AND r.job = c.job AND r.slot <= c.slot
-              AND r.finished_at IS NOT NULL AND {slot_in_range("r.slot")}
-            ORDER BY r.slot DESC LIMIT 1
-        ) p ON true"""
 
 
 def claim_inputs(table: LedgerTable) -> str:
@@ -220,54 +199,3 @@ def end_ctes(runs: str) -> str:
               AND (NOT t.undo OR (t.host = $7::text AND t.pid = $8::integer
                                   AND t.attempt > 1))
             RETURNING r.job"""
-
-
-def catch_up_sql(table: LedgerTable) -> str:
-    """What start-up catch-up needs of many jobs, in one statement.
-
-    Array ``$1`` jobs. Per job: ``claimed``, the latest slot any replica claimed; its
-    latest finished run and its latest success (``l_*`` and ``s_*`` columns, NULL when
-    none). Three look-ups on the primary key per job. Rows whose slot Python cannot hold
-    are none of these (:mod:`._decode`); ``odd_slot`` names the job's latest such row
-    (two more probes), for the caller to report.
-    """
-    runs = table.runs
-    cols = RUN_COLUMNS
-    last = ", ".join(f"l.{c} AS l_{c}" for c in cols)
-    ok = ", ".join(f"s.{c} AS s_{c}" for c in cols)
-    sane_slot = slot_in_range("r.slot")
-    return f"""
-        SELECT u.job, m.slot AS claimed, {last}, {ok}, {odd_list([("o.slot", "slot")])} AS odd_slot
-        FROM unnest($1::text[]) AS u(job)
-        LEFT JOIN LATERAL (
-            SELECT r.slot FROM {runs} r WHERE r.job = u.job AND {sane_slot}
-            ORDER BY r.slot DESC LIMIT 1
-        ) m ON true
-        LEFT JOIN LATERAL (
-            SELECT {RUN} FROM {runs} r WHERE r.job = u.job AND r.finished_at IS NOT NULL
-              AND {sane_slot} ORDER BY r.slot DESC LIMIT 1
-        ) l ON true
-        LEFT JOIN LATERAL (
-            SELECT {RUN} FROM {runs} r WHERE r.job = u.job AND r.outcome = 'succeeded'
-              AND {sane_slot} ORDER BY r.slot DESC LIMIT 1
-        ) s ON true
-        LEFT JOIN LATERAL (
-            (SELECT r.slot FROM {runs} r WHERE r.job = u.job AND r.slot > {HIGH} LIMIT 1)
-            UNION ALL
-            (SELECT r.slot FROM {runs} r WHERE r.job = u.job AND r.slot < {LOW} LIMIT 1)
-            LIMIT 1
-        ) o ON true"""
-
-
-class Prefixed:
-    """The columns of an answer's *row* named *prefix* + name, read as a ledger row (for
-    :func:`._decode.decode_run`)."""
-
-    __slots__ = ("_prefix", "_row")
-
-    def __init__(self, row: Any, prefix: str) -> None:
-        self._row = row
-        self._prefix = prefix
-
-    def __getitem__(self, name: str) -> Any:
-        return self._row[self._prefix + name]

@@ -22,8 +22,8 @@ UPDATE`` before renewing or releasing), so statements of different replicas cann
 from __future__ import annotations
 
 from .._locker.crashes import TAKEN_OVER
-from .claims import claim_inputs, end_ctes, told_columns
-from .runs import CLAIMED_START, R_RUN, sane
+from .claims import claim_inputs, end_ctes
+from .runs import CLAIMED_START, R_RUN, late_finish_sql, sane, told_columns
 from .tables import LedgerTable
 
 __all__ = (
@@ -212,11 +212,11 @@ def lease_crashed_sql(table: LedgerTable) -> str:
 
 
 def lease_late_finish_sql(table: LedgerTable) -> str:
-    """:attr:`LedgerTable.late_finish_sql` (same ``$1``-``$8``), and the release of those
+    """:func:`.runs.late_finish_sql` (same ``$1``-``$9``), and the release of those
     runs' leases while still this holder's (``$10``)."""
     return f"""
         WITH done AS (
-            {table.late_finish_sql.strip()}
+            {late_finish_sql(table).strip()}
             RETURNING r.job
         ), rel AS (
             UPDATE {table.leases} x SET expires_at = '-infinity'

@@ -1,4 +1,5 @@
-"""A run in the ledger: its columns, their timestamp guards and decoding, and its start.
+"""A run in the ledger: its columns, their timestamp guards and decoding, its start, and
+the reads of runs (the latest-run builder every such read uses).
 
 Reading the shared ledger defensively: a row no replica can use is skipped and reported.
 
@@ -28,10 +29,13 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..._logs import get_logger
 from ..._records import RunRecord
+
+if TYPE_CHECKING:
+    from .tables import LedgerTable
 
 __all__ = (
     "CLAIMED_START",
@@ -40,15 +44,24 @@ __all__ = (
     "RUN",
     "RUN_COLUMNS",
     "R_RUN",
+    "Prefixed",
+    "catch_up_sql",
     "decode_run",
+    "history_sql",
+    "last_claimed_sql",
+    "last_runs_many_sql",
+    "last_runs_sql",
+    "late_finish_sql",
     "odd_list",
     "real_start",
     "report_odd",
     "run_list",
+    "runs_page_sql",
     "sane",
     "skipped",
     "slot_in_range",
     "to_record",
+    "told_columns",
 )
 
 _logger = get_logger("cronlock.postgres")
@@ -167,3 +180,155 @@ def real_start(claimed: str, reported: str, finished: str) -> str:
     test's fake clock say, cannot make a run begin before its claim or after its end); the
     claimed start when none is reported (an undo)."""
     return f"least({finished}, greatest({claimed}, coalesce({reported}, {claimed})))"
+
+
+# -- reads of runs ----------------------------------------------------------------------------
+
+
+def last_runs_sql(table: LedgerTable) -> str:
+    """``$1`` job: rows ('last', latest finished run) and ('ok', latest success), and
+    ('failed', latest failure); a row whose slot is out of range is none of them."""
+    cols, sane_slot = RUN, slot_in_range("r.slot")
+    return f"""
+        (SELECT 'last' AS kind, {cols} FROM {table.runs} r WHERE job = $1
+         AND finished_at IS NOT NULL AND {sane_slot} ORDER BY r.slot DESC LIMIT 1)
+        UNION ALL
+        (SELECT 'ok' AS kind, {cols} FROM {table.runs} r WHERE job = $1
+         AND outcome = 'succeeded' AND {sane_slot} ORDER BY r.slot DESC LIMIT 1)
+        UNION ALL
+        (SELECT 'failed' AS kind, {cols} FROM {table.runs} r WHERE job = $1
+         AND outcome <> 'succeeded' AND {sane_slot} ORDER BY r.slot DESC LIMIT 1)"""
+
+
+def last_runs_many_sql(table: LedgerTable) -> str:
+    """Array ``$1`` jobs: for each, rows ``('last', latest finished run)``, ``('ok', latest
+    success)`` and ``('failed', latest failure)``, three index probes a job (what
+    :func:`last_runs_sql` reads of one job, for many in one statement); a row whose
+    slot is out of range is none of them."""
+    runs, sane_slot = table.runs, slot_in_range("x.slot")
+
+    def latest(kind: str, where: str) -> str:
+        return f"""SELECT u.job, '{kind}' AS kind, r.* FROM unnest($1::text[]) AS u(job)
+            CROSS JOIN LATERAL (SELECT {RUN} FROM {runs} x WHERE x.job = u.job AND {where}
+                                AND {sane_slot} ORDER BY x.slot DESC LIMIT 1) r"""
+
+    return " UNION ALL ".join(
+        (
+            latest("last", "x.finished_at IS NOT NULL"),
+            latest("ok", "x.outcome = 'succeeded'"),
+            latest("failed", "x.outcome <> 'succeeded'"),
+        )
+    )
+
+
+def told_columns(runs: str) -> str:
+    """The end of a claim statement, the same in both modes: the ``p_*`` columns, and the
+    ``FROM c`` they come with: for a refused row, the job's latest finished run at or
+    before that slot (one backward step on the primary key, skipped for granted rows).
+    Its timestamps are guarded: a row no replica can read must not fail
+    every claim of the batch."""
+    told = ", ".join(f"p.{column} AS p_{column}" for column in RUN_COLUMNS)
+    return f"""{told}
+        FROM c
+        LEFT JOIN LATERAL (
+            SELECT {RUN} FROM {runs} r
+            WHERE c.started_at IS NULL AND r.job = c.job AND r.slot <= c.slot
+              AND r.finished_at IS NOT NULL AND {slot_in_range("r.slot")}
+            ORDER BY r.slot DESC LIMIT 1
+        ) p ON true"""
+
+
+def catch_up_sql(table: LedgerTable) -> str:
+    """What start-up catch-up needs of many jobs, in one statement.
+
+    Array ``$1`` jobs. Per job: ``claimed``, the latest slot any replica claimed; its
+    latest finished run and its latest success (``l_*`` and ``s_*`` columns, NULL when
+    none). Three look-ups on the primary key per job. Rows whose slot Python cannot hold
+    are none of these; ``odd_slot`` names the job's latest such row (two more probes), for
+    the caller to report.
+    """
+    runs = table.runs
+    cols = RUN_COLUMNS
+    last = ", ".join(f"l.{c} AS l_{c}" for c in cols)
+    ok = ", ".join(f"s.{c} AS s_{c}" for c in cols)
+    sane_slot = slot_in_range("r.slot")
+    return f"""
+        SELECT u.job, m.slot AS claimed, {last}, {ok}, {odd_list([("o.slot", "slot")])} AS odd_slot
+        FROM unnest($1::text[]) AS u(job)
+        LEFT JOIN LATERAL (
+            SELECT r.slot FROM {runs} r WHERE r.job = u.job AND {sane_slot}
+            ORDER BY r.slot DESC LIMIT 1
+        ) m ON true
+        LEFT JOIN LATERAL (
+            SELECT {RUN} FROM {runs} r WHERE r.job = u.job AND r.finished_at IS NOT NULL
+              AND {sane_slot} ORDER BY r.slot DESC LIMIT 1
+        ) l ON true
+        LEFT JOIN LATERAL (
+            SELECT {RUN} FROM {runs} r WHERE r.job = u.job AND r.outcome = 'succeeded'
+              AND {sane_slot} ORDER BY r.slot DESC LIMIT 1
+        ) s ON true
+        LEFT JOIN LATERAL (
+            (SELECT r.slot FROM {runs} r WHERE r.job = u.job AND r.slot > {HIGH} LIMIT 1)
+            UNION ALL
+            (SELECT r.slot FROM {runs} r WHERE r.job = u.job AND r.slot < {LOW} LIMIT 1)
+            LIMIT 1
+        ) o ON true"""
+
+
+class Prefixed:
+    """The columns of an answer's *row* named *prefix* + name, read as a ledger row (for
+    :func:`decode_run`)."""
+
+    __slots__ = ("_prefix", "_row")
+
+    def __init__(self, row: Any, prefix: str) -> None:
+        self._row = row
+        self._prefix = prefix
+
+    def __getitem__(self, name: str) -> Any:
+        return self._row[self._prefix + name]
+
+
+# -- other reads and writes of runs ----------------------------------------------------------
+
+
+def last_claimed_sql(table: LedgerTable) -> str:
+    """``$1`` job: the latest slot any replica claimed."""
+    return f"SELECT max(slot) FROM {table.runs} WHERE job = $1 AND {slot_in_range('slot')}"
+
+
+def history_sql(table: LedgerTable) -> str:
+    """``$1`` job, ``$2`` limit: the latest runs, newest first."""
+    return f"""
+            SELECT {RUN} FROM {table.runs} r WHERE job = $1 ORDER BY r.slot DESC LIMIT $2"""
+
+
+def runs_page_sql(table: LedgerTable) -> str:
+    """``$1`` job, ``$2`` limit, ``$3`` a slot (NULL: none): the latest runs of slots before
+    ``$3``, newest first (the next page of :func:`history_sql`)."""
+    return f"""
+        SELECT {RUN}
+        FROM {table.runs} r
+        WHERE job = $1 AND ($3::timestamptz IS NULL OR r.slot < $3::timestamptz)
+        ORDER BY r.slot DESC LIMIT $2"""
+
+
+def late_finish_sql(table: LedgerTable) -> str:
+    """Record outcomes of runs whose session died (no lock to release any more).
+
+    Arrays: ``$1`` jobs, ``$2`` slots, ``$3`` outcomes, ``$4`` errors, ``$5`` times,
+    ``$6`` attempts, ``$9`` when the runs began; ``$7`` host, ``$8`` pid: only this
+    process's own claims are written. Another replica may have marked such a run
+    ``"crashed"`` meanwhile (its session was gone): the real outcome replaces that,
+    unless a rerun took the slot over (the row is then another attempt's).
+    """
+    return f"""
+            UPDATE {table.runs} AS r
+            SET finished_at = u.finished_at, outcome = u.outcome, error = u.error,
+                started_at = {real_start("r.started_at", "u.started", "u.finished_at")}
+            FROM unnest($1::text[], $2::timestamptz[], $3::text[], $4::text[],
+                        $5::timestamptz[], $6::smallint[], $9::timestamptz[])
+                 AS u(job, slot, outcome, error, finished_at, attempt, started)
+            WHERE r.job = u.job AND r.slot = u.slot AND r.attempt = u.attempt
+              AND r.host = $7::text AND r.pid = $8::integer
+              AND (r.finished_at IS NULL OR r.outcome = 'crashed')"""

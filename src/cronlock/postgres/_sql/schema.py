@@ -17,9 +17,15 @@ if TYPE_CHECKING:  # tables.py re-exports migrate and ledger_state from here, fo
     from .tables import LedgerTable
 
 __all__ = (
+    "CURRENT_USER_SQL",
+    "DESCRIBE_SERVER_SQL",
+    "DROP_LOCK_TIMEOUT_SQL",
     "LEDGER_STATE_SQL",
     "MIGRATE_LOCK_SQL",
+    "TABLES_EXIST_SQL",
+    "TABLE_EXISTS_SQL",
     "LedgerState",
+    "drop_schema_sql",
     "first_seen_ddl",
     "first_seen_sql",
     "ledger_ddl",
@@ -38,6 +44,11 @@ _ADDED_COLUMNS = (
 LedgerState = Literal["missing", "old", "current"]
 """A ledger's tables are missing, lack a table or column this cronlock uses, or are current."""
 
+TABLE_EXISTS_SQL = "SELECT to_regclass($1) IS NOT NULL"
+"""``$1`` a quoted, maybe qualified table name: whether this session resolves it to a table."""
+TABLES_EXIST_SQL = "SELECT to_regclass($1) IS NOT NULL, to_regclass($2) IS NOT NULL"
+"""``$1``, ``$2`` quoted, maybe qualified table names: whether each is a table here."""
+
 LEDGER_STATE_SQL = """
             SELECT CASE WHEN to_regclass($1) IS NULL OR to_regclass($2) IS NULL THEN NULL
                    ELSE (SELECT count(*) = cardinality($3::text[]) FROM pg_attribute
@@ -51,6 +62,21 @@ current ledger has in them that an old one lacks, ``$4`` the tables an older led
 (control, leases, members, secrets, schedules). NULL when a table is missing, else whether
 it is current."""
 
+CURRENT_USER_SQL = "SELECT current_user"
+"""No parameters: the role this session runs as (who an operator's change is recorded by)."""
+
+DESCRIBE_SERVER_SQL = (
+    "SELECT current_setting('server_version') AS version, current_database() AS db,"
+    " coalesce(host(inet_server_addr()), 'local socket') AS host,"
+    " inet_server_port() AS port"
+)
+"""No parameters: the server's version, database, host and port, as the server sees them
+(so a password in the DSN is never printed)."""
+
+DROP_LOCK_TIMEOUT_SQL = "SET lock_timeout = '10s'"
+"""No parameters: the session waits at most 10 s for a lock (before dropping a schema
+that a process may still use)."""
+
 MIGRATE_LOCK_SQL = "SELECT pg_advisory_xact_lock($1::bigint)"
 """``$1`` :attr:`.tables.LedgerTable.migrate_key`: the transaction lock that serialises
 concurrent migrations of one ledger."""
@@ -60,6 +86,14 @@ def lock_timeout_sql(timeout: float) -> str:
     """The ``SET LOCAL lock_timeout`` of a migration that waits at most *timeout* seconds
     for a lock (no parameters: ``SET`` takes none)."""
     return f"SET LOCAL lock_timeout = {int(timeout * 1000)}"
+
+
+def drop_schema_sql(table: LedgerTable) -> str:
+    """No parameters: drop *table*'s schema (it must name one) and everything in it, the
+    ledger included (the demo's throwaway ledger)."""
+    if table.quoted_schema is None:
+        raise ValueError("drop_schema_sql: the ledger names no schema")
+    return f"DROP SCHEMA IF EXISTS {table.quoted_schema} CASCADE"
 
 
 def ledger_ddl(table: LedgerTable) -> list[str]:
@@ -102,7 +136,7 @@ def ledger_ddl(table: LedgerTable) -> list[str]:
                 updated_by text
             )""",
         # Each job's overdue grace and due slot, for 'status --check' (added later), and
-        # until when that grace stands against a lower one (note_sql).
+        # until when that grace stands against a lower one (_sql/upkeep.note_sql).
         f"""ALTER TABLE {jobs} ADD COLUMN IF NOT EXISTS grace float8,
                 ADD COLUMN IF NOT EXISTS due timestamptz,
                 ADD COLUMN IF NOT EXISTS grace_until timestamptz""",
@@ -110,7 +144,7 @@ def ledger_ddl(table: LedgerTable) -> list[str]:
         # Each job's tags as its replicas note them (the dashboard's filter); NULL in a
         # row an older cronlock wrote.
         f"ALTER TABLE {jobs} ADD COLUMN IF NOT EXISTS tags text[]",
-        # Fleet control (FleetControl): pauses and triggers.
+        # Fleet control (FleetControl, _sql/control.py): pauses and triggers.
         f"""CREATE TABLE IF NOT EXISTS {table.control} (
                 job          text        PRIMARY KEY,
                 paused_at    timestamptz,

@@ -23,7 +23,17 @@ from ..._stored.schedule import Change, StoredSchedule
 from .runs import report_odd, sane
 from .tables import LedgerTable
 
-__all__ = ("decode_changes", "decode_stored", "schedules_lock_key", "stored_sql")
+__all__ = (
+    "NONE_REMOVED",
+    "decode_changes",
+    "decode_stored",
+    "forget_job_sql",
+    "schedules_lock_key",
+    "stored_sql",
+)
+
+NONE_REMOVED = "UPDATE 0"
+"""The status ``stored_sql(table)["remove"]`` answers when no such schedule was stored."""
 
 # Reads return the JSON columns as text (no codec to register on anyone's connection).
 _COLUMNS = f"""s.name, s.revision, s.removed, s.task, s.schedule::text AS schedule,
@@ -83,6 +93,11 @@ def stored_sql(table: LedgerTable) -> dict[str, str]:
             SELECT EXISTS (SELECT 1 FROM {runs} WHERE job = $1::text)
                AND NOT EXISTS (SELECT 1 FROM {schedules} WHERE name = $1::text)""",
     }
+
+
+def forget_job_sql(table: LedgerTable) -> str:
+    """``$1`` job: delete its schedule note (a stored schedule removed: no replica runs it)."""
+    return f"DELETE FROM {table.jobs} WHERE job = $1::text"
 
 
 def schedules_lock_key(runs: str) -> int:
