@@ -27,7 +27,7 @@ import pytest
 
 import cronlock.postgres._sql as sql_package
 from cronlock.postgres._sql.fleet import bounded_sql
-from cronlock.postgres._sql.runs import RUN_COLUMNS, last_runs_sql
+from cronlock.postgres._sql.runs import RUN_COLUMNS, last_runs_sql, latest_run
 from cronlock.postgres._sql.schema import (
     drop_schema_sql,
     ledger_ddl,
@@ -54,15 +54,17 @@ _NOT_STATEMENTS = frozenset(
         "DEFAULT_TABLE",
         "LedgerTable",
         "quote_ident",
-        # runs.py: guards, decoding, fragments; the claims' told columns
+        # runs.py: guards, decoding, fragments; latest_run and the claims' told columns
         "CLAIMED_START",
         "HIGH",
         "LOW",
+        "Latest",
         "Prefixed",
         "RUN",
         "RUN_COLUMNS",
         "R_RUN",
         "decode_run",
+        "latest_run",
         "odd_list",
         "real_start",
         "report_odd",
@@ -137,6 +139,8 @@ def _statements(table: LedgerTable) -> dict[str, str]:
             else:
                 found[where] = f"unknown: {value!r}"
     # The builders that take more than a ledger, as their callers use them.
+    for kind in ("last", "ok", "failed"):
+        found[f"runs.latest_run({kind!r})"] = latest_run(table.runs, "$1::text", kind)
     found["fleet.bounded_sql(last_runs_sql)"] = bounded_sql(
         last_runs_sql(table),
         ("kind", *RUN_COLUMNS),

@@ -33,7 +33,6 @@ from .._conn.dedicated import LockSession
 from .._conn.errors import backend_errors
 from .._conn.source import ConnectionSource
 from .._sql.control import (
-    fleet_runs_sql,
     known_job_sql,
     pause_sql,
     paused_sql,
@@ -43,7 +42,7 @@ from .._sql.control import (
     triggered_sql,
 )
 from .._sql.fleet import jobs_sql
-from .._sql.runs import decode_run, report_odd
+from .._sql.runs import decode_run, last_runs_many_sql, report_odd
 from .._sql.schema import first_seen_sql, migrate
 from .._sql.tables import DEFAULT_TABLE, LedgerTable
 from .stored import ScheduleVerbs
@@ -270,7 +269,7 @@ class FleetWatch:
         # fleet as a whole reads at the rate of a small one.
         self._spread = spread
         self._poll_sql = poll_sql(table)
-        self._runs_sql = fleet_runs_sql(table)
+        self._runs_sql = last_runs_many_sql(table, ("last", "ok"))
         self._first_seen_sql = first_seen_sql(table)
         # Each job's first-seen instant never changes once noted: read once a job.
         self._first_seen: dict[str, datetime] = {}

@@ -7,11 +7,10 @@ The state lives in the ledger's control table (``<table>_control``, made by
 
 from __future__ import annotations
 
-from .runs import LOW, RUN, sane, slot_in_range
+from .runs import LOW, RUN, sane
 from .tables import LedgerTable
 
 __all__ = (
-    "fleet_runs_sql",
     "known_job_sql",
     "pause_sql",
     "paused_sql",
@@ -100,21 +99,3 @@ def triggered_sql(table: LedgerTable) -> str:
     FROM (SELECT 1) one
     LEFT JOIN {control} c ON c.job = $1::text
     LEFT JOIN LATERAL (SELECT {RUN} FROM {runs} WHERE job = $1::text AND slot = $2) r ON true"""
-
-
-def fleet_runs_sql(table: LedgerTable) -> str:
-    """``$1`` jobs: each one's latest finished run and latest success (two index probes), as
-    rows (job, kind, run): ``'last'`` and ``'ok'``; rows of a slot out of range left out."""
-    runs = table.runs
-    return f"""
-            SELECT u.job, 'last' AS kind, r.* FROM unnest($1::text[]) AS u(job)
-            CROSS JOIN LATERAL (
-                SELECT {RUN}
-                FROM {runs} x WHERE x.job = u.job AND x.finished_at IS NOT NULL
-                  AND {slot_in_range("x.slot")} ORDER BY x.slot DESC LIMIT 1) r
-            UNION ALL
-            SELECT u.job, 'ok' AS kind, r.* FROM unnest($1::text[]) AS u(job)
-            CROSS JOIN LATERAL (
-                SELECT {RUN}
-                FROM {runs} x WHERE x.job = u.job AND x.outcome = 'succeeded'
-                  AND {slot_in_range("x.slot")} ORDER BY x.slot DESC LIMIT 1) r"""

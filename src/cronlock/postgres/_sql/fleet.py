@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from functools import lru_cache
 
-from .runs import HIGH, LOW, odd_list, sane, slot_in_range
+from .runs import HIGH, LOW, Latest, latest_run, odd_list, sane, slot_in_range
 from .tables import LedgerTable
 
 __all__ = (
@@ -98,12 +98,11 @@ def _readable(alias: str) -> str:
     )
 
 
-def _probe(runs: str, where: str, value: str) -> str:
-    """The latest run of job ``k.job`` with *where* and a slot in range, as *value* (NULL
-    when it is unreadable): what :func:`.runs.last_runs_sql` reads, one probe."""
-    return f"""(SELECT CASE WHEN {_readable("x")} THEN {value} END FROM {runs} x
-                WHERE x.job = k.job AND {where} AND {slot_in_range("x.slot")}
-                ORDER BY x.slot DESC LIMIT 1)"""
+def _probe(runs: str, kind: Latest, value: str) -> str:
+    """The latest run of *kind* of job ``k.job``, as *value* (NULL when it is unreadable):
+    what :func:`.runs.last_runs_sql` reads, one probe (:func:`.runs.latest_run`)."""
+    readable = f"CASE WHEN {_readable('x')} THEN {value} END"
+    return f"({latest_run(runs, 'k.job', kind, columns=readable, alias='x')})"
 
 
 def _after(runs: str, bound: str, below: str | None = None) -> str:
@@ -193,8 +192,8 @@ def asked_sql(table: LedgerTable) -> str:
                      THEN (SELECT r.job FROM {runs} r WHERE r.job < g.below ORDER BY r.job LIMIT 1)
                      WHEN g.below IS NULL THEN {_after(runs, "g.after")}
                      ELSE {_after(runs, "g.after", "g.below")} END"""
-    last = _probe(runs, "x.finished_at IS NOT NULL", "coalesce(x.outcome, '')")
-    success = _probe(runs, "x.outcome = 'succeeded'", "x.slot")
+    last = _probe(runs, "last", "coalesce(x.outcome, '')")
+    success = _probe(runs, "ok", "x.slot")
     return f"""
         WITH RECURSIVE found(job, below) AS (
             SELECT {first}, g.below FROM unnest($2::text[], $3::text[]) AS g(after, below)

@@ -28,8 +28,8 @@ the replica's clock read it (:func:`real_start`).
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Literal
 
 from ..._logs import get_logger
 from ..._records import RunRecord
@@ -44,6 +44,7 @@ __all__ = (
     "RUN",
     "RUN_COLUMNS",
     "R_RUN",
+    "Latest",
     "Prefixed",
     "catch_up_sql",
     "decode_run",
@@ -52,6 +53,7 @@ __all__ = (
     "last_runs_many_sql",
     "last_runs_sql",
     "late_finish_sql",
+    "latest_run",
     "odd_list",
     "real_start",
     "report_odd",
@@ -182,60 +184,84 @@ def real_start(claimed: str, reported: str, finished: str) -> str:
     return f"least({finished}, greatest({claimed}, coalesce({reported}, {claimed})))"
 
 
-# -- reads of runs ----------------------------------------------------------------------------
+# -- the latest run: one builder for every read of a job's latest finished run, success or
+# failure (the claims' told columns, catch-up, the fleet watch, the status verbs, the
+# dashboard's roster) ----------------------------------------------------------------------
+
+Latest = Literal["last", "ok", "failed"]
+"""Which latest run: ``"last"`` finished, ``"ok"`` succeeded, ``"failed"`` did not succeed
+(the labels the reads answer with, in their ``kind`` column)."""
+
+_LATEST: dict[str, str] = {
+    "last": "{a}.finished_at IS NOT NULL",
+    "ok": "{a}.outcome = 'succeeded'",
+    "failed": "{a}.outcome <> 'succeeded'",
+}
+
+
+def latest_run(
+    runs: str,
+    job: str,
+    kind: Latest,
+    *,
+    columns: str = RUN,
+    alias: str = "r",
+    also: str | None = None,
+) -> str:
+    """The subquery that reads job *job*'s latest run of *kind* (``"last"`` finished, ``"ok"``
+    succeeded, ``"failed"`` not succeeded) from the quoted runs table *runs*, as *columns*
+    (:data:`RUN` unless given), the table aliased *alias*: one backward probe of the primary
+    key. *job* is an SQL expression (``$1``, ``u.job``); *also* a further condition (the
+    claims' "at or before this slot"). A row whose slot Python cannot hold is none of them
+    (:func:`slot_in_range`): one odd row must not hide the job's real latest run. Every
+    read of a latest run is built here, so they cannot disagree on what "latest" means."""
+    a = alias
+    where = [f"{a}.job = {job}", _LATEST[kind].format(a=a)]
+    if also is not None:
+        where.append(also)
+    where.append(slot_in_range(f"{a}.slot"))
+    return (
+        f"SELECT {columns} FROM {runs} {a} WHERE {' AND '.join(where)} "
+        f"ORDER BY {a}.slot DESC LIMIT 1"
+    )
 
 
 def last_runs_sql(table: LedgerTable) -> str:
     """``$1`` job: rows ('last', latest finished run) and ('ok', latest success), and
     ('failed', latest failure); a row whose slot is out of range is none of them."""
-    cols, sane_slot = RUN, slot_in_range("r.slot")
-    return f"""
-        (SELECT 'last' AS kind, {cols} FROM {table.runs} r WHERE job = $1
-         AND finished_at IS NOT NULL AND {sane_slot} ORDER BY r.slot DESC LIMIT 1)
-        UNION ALL
-        (SELECT 'ok' AS kind, {cols} FROM {table.runs} r WHERE job = $1
-         AND outcome = 'succeeded' AND {sane_slot} ORDER BY r.slot DESC LIMIT 1)
-        UNION ALL
-        (SELECT 'failed' AS kind, {cols} FROM {table.runs} r WHERE job = $1
-         AND outcome <> 'succeeded' AND {sane_slot} ORDER BY r.slot DESC LIMIT 1)"""
+    kinds: tuple[Latest, ...] = ("last", "ok", "failed")
+    return "\n            UNION ALL\n            ".join(
+        f"({latest_run(table.runs, '$1', kind, columns=f'{kind!r} AS kind, {RUN}')})"
+        for kind in kinds
+    )
 
 
-def last_runs_many_sql(table: LedgerTable) -> str:
-    """Array ``$1`` jobs: for each, rows ``('last', latest finished run)``, ``('ok', latest
-    success)`` and ``('failed', latest failure)``, three index probes a job (what
-    :func:`last_runs_sql` reads of one job, for many in one statement); a row whose
-    slot is out of range is none of them."""
-    runs, sane_slot = table.runs, slot_in_range("x.slot")
-
-    def latest(kind: str, where: str) -> str:
-        return f"""SELECT u.job, '{kind}' AS kind, r.* FROM unnest($1::text[]) AS u(job)
-            CROSS JOIN LATERAL (SELECT {RUN} FROM {runs} x WHERE x.job = u.job AND {where}
-                                AND {sane_slot} ORDER BY x.slot DESC LIMIT 1) r"""
-
+def last_runs_many_sql(
+    table: LedgerTable, kinds: Sequence[Latest] = ("last", "ok", "failed")
+) -> str:
+    """Array ``$1`` jobs: for each, a row ``(job, kind, run)`` per kind of *kinds* that it
+    has: ``'last'`` its latest finished run, ``'ok'`` its latest success, ``'failed'`` its
+    latest failure; an index probe per job and kind (what :func:`last_runs_sql` reads of one
+    job, for many in one statement)."""
+    runs = table.runs
     return " UNION ALL ".join(
-        (
-            latest("last", "x.finished_at IS NOT NULL"),
-            latest("ok", "x.outcome = 'succeeded'"),
-            latest("failed", "x.outcome <> 'succeeded'"),
-        )
+        f"""SELECT u.job, '{kind}' AS kind, r.* FROM unnest($1::text[]) AS u(job)
+            CROSS JOIN LATERAL ({latest_run(runs, "u.job", kind, alias="x")}) r"""
+        for kind in kinds
     )
 
 
 def told_columns(runs: str) -> str:
     """The end of a claim statement, the same in both modes: the ``p_*`` columns, and the
     ``FROM c`` they come with: for a refused row, the job's latest finished run at or
-    before that slot (one backward step on the primary key, skipped for granted rows).
-    Its timestamps are guarded: a row no replica can read must not fail
-    every claim of the batch."""
+    before that slot (one backward step on the primary key, skipped for granted rows: its
+    gate refers to the outer row alone). Its timestamps are guarded: a row no replica can
+    read must not fail every claim of the batch."""
     told = ", ".join(f"p.{column} AS p_{column}" for column in RUN_COLUMNS)
+    latest = latest_run(runs, "c.job", "last", also="c.started_at IS NULL AND r.slot <= c.slot")
     return f"""{told}
         FROM c
-        LEFT JOIN LATERAL (
-            SELECT {RUN} FROM {runs} r
-            WHERE c.started_at IS NULL AND r.job = c.job AND r.slot <= c.slot
-              AND r.finished_at IS NOT NULL AND {slot_in_range("r.slot")}
-            ORDER BY r.slot DESC LIMIT 1
-        ) p ON true"""
+        LEFT JOIN LATERAL ({latest}) p ON true"""
 
 
 def catch_up_sql(table: LedgerTable) -> str:
@@ -259,14 +285,8 @@ def catch_up_sql(table: LedgerTable) -> str:
             SELECT r.slot FROM {runs} r WHERE r.job = u.job AND {sane_slot}
             ORDER BY r.slot DESC LIMIT 1
         ) m ON true
-        LEFT JOIN LATERAL (
-            SELECT {RUN} FROM {runs} r WHERE r.job = u.job AND r.finished_at IS NOT NULL
-              AND {sane_slot} ORDER BY r.slot DESC LIMIT 1
-        ) l ON true
-        LEFT JOIN LATERAL (
-            SELECT {RUN} FROM {runs} r WHERE r.job = u.job AND r.outcome = 'succeeded'
-              AND {sane_slot} ORDER BY r.slot DESC LIMIT 1
-        ) s ON true
+        LEFT JOIN LATERAL ({latest_run(runs, "u.job", "last")}) l ON true
+        LEFT JOIN LATERAL ({latest_run(runs, "u.job", "ok")}) s ON true
         LEFT JOIN LATERAL (
             (SELECT r.slot FROM {runs} r WHERE r.job = u.job AND r.slot > {HIGH} LIMIT 1)
             UNION ALL
