@@ -27,7 +27,7 @@ from .._sql.runs import (
     last_runs_sql,
     report_odd,
 )
-from .._sql.stored import decode_changes, stored_sql
+from .._sql.stored import decode_changes, schedule_changes_sql, schedule_problem_sql
 from .._sql.tables import LedgerTable
 
 if TYPE_CHECKING:
@@ -123,7 +123,7 @@ class LedgerReads:
         table = self._table
         if table is None:
             return since, []
-        sql = stored_sql(table)["changes"]
+        sql = schedule_changes_sql(table)
         rows = await self._read(_STORED_KEY, lambda s: s.fetch(sql, since))
         return decode_changes(rows, since, table=table.schedules)
 
@@ -132,7 +132,7 @@ class LedgerReads:
         table = self._table
         if table is None:
             return
-        sql, who = stored_sql(table)["problem"], f"{socket.gethostname()}:{os.getpid()}"
+        sql, who = schedule_problem_sql(table), f"{socket.gethostname()}:{os.getpid()}"
         await self._read(_STORED_KEY, lambda s: s.execute(sql, name, revision, problem, who))
 
     async def _read(self, job: str, call: Callable[[Any], Awaitable[_T]]) -> _T:

@@ -238,9 +238,9 @@ async def _status(
 async def _stored_problems(conn: Any, table: LedgerTable, only: Sequence[str]) -> None:
     """Say which stored schedules a replica could not register (``schedules list`` has
     the rest of them)."""
-    from .._sql.stored import decode_stored, stored_sql
+    from .._sql.stored import decode_stored, list_schedules_sql
 
-    rows = await conn.fetch(stored_sql(table)["list"])
+    rows = await conn.fetch(list_schedules_sql(table))
     found = [s for row in rows if (s := decode_stored(row, table=table.schedules)) is not None]
     for stored in found:
         if stored.problem is not None and (not only or stored.name in only):

@@ -59,11 +59,11 @@ def claim_many_sql(table: LedgerTable) -> str:
     statement (the ``ON CONFLICT`` is what makes the claim unique; the pre-check only saves
     the lock churn, and a row another transaction is deleting does not count, see
     :func:`claim_inputs`). The claim records this session's backend pid (``session``): that is
-    how a crashed run is told from one in progress (:mod:`._crashes`).
+    how a crashed run is told from one in progress (``_locker/crashes.py``).
 
     Arrays ``$1`` keys, ``$2`` jobs, ``$3`` slots; ``$4`` host, ``$5`` pid. Answers
     (i, ran, paused, got, started_at, undone) per element (*paused*: the job is paused
-    fleet-wide and the slot is not its triggered one, see :mod:`._control`; no lock is
+    fleet-wide and the slot is not its triggered one, see :mod:`.control`; no lock is
     tried then), plus, for a refused one, the job's
     latest *finished* run at or before that slot (``p_*`` columns, NULL when there is
     none): the fleet's history a losing replica learns without reading it again. That

@@ -74,7 +74,7 @@ def jobs_sql(table: LedgerTable) -> str:
 
 
 def named_jobs_sql(table: LedgerTable) -> str:
-    """``$1`` job names: :attr:`LedgerTable.jobs_sql`'s rows of those of them the ledger
+    """``$1`` job names: :func:`jobs_sql`'s rows of those of them the ledger
     knows (a schedule note or a run), in no order: an index probe or two a name.
 
     Each is a subquery with a LIMIT, which the planner keeps as a probe of the key: as a

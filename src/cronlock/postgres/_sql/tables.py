@@ -107,7 +107,7 @@ class LedgerTable:
     @property
     def members(self) -> str:
         """The members table (``<table>_members``: the live replicas of the fleet, for the
-        assignment of claims, :mod:`._members`), quoted and qualified."""
+        assignment of claims, ``_locker/members.py``), quoted and qualified."""
         return self._qualified(_derived(self.table, "_members"))
 
     @property
