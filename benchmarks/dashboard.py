@@ -33,7 +33,8 @@ import asyncpg
 import httpx
 
 import cronlock.web
-from cronlock.postgres._sql.tables import LedgerTable, migrate, quote_ident
+from cronlock.postgres._sql.schema import migrate
+from cronlock.postgres._sql.tables import LedgerTable, quote_ident
 
 SIZES = (500, 5000)
 PATHS = ("/", "/api/jobs")

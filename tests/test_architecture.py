@@ -1,13 +1,15 @@
 """The house rules of the package's structure, checked on its source (docs/internals.md).
 
 No import cycle (``TYPE_CHECKING`` and function-level imports count), no module too long
-to read in one sitting, a job's run state changed by one module only, and optional
-capabilities declared as Protocols rather than probed with ``getattr``/``hasattr``.
+to read in one sitting, a job's run state changed by one module only, optional
+capabilities declared as Protocols rather than probed with ``getattr``/``hasattr``, and no
+SQL statement outside ``cronlock/postgres/_sql/``.
 """
 
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -224,3 +226,57 @@ def test_the_run_machinery_has_few_doors() -> None:
         if m not in _RUN_MACHINERY and targets & _RUN_MACHINERY
     }
     assert doors == _RUN_DOORS
+
+
+# -- SQL has one home ----------------------------------------------------------------------
+
+_SQL_HOME = "cronlock.postgres._sql"
+# A statement's first word, upper case, then a space or a newline.
+_STATEMENT = re.compile(r"\s*(?:SELECT|INSERT|UPDATE|DELETE|WITH|CREATE|ALTER)[ \n]")
+
+
+def _statements(source: str) -> list[int]:
+    """The lines of the string literals and f-strings of *source* that start like a SQL
+    statement (an f-string by its first literal part)."""
+    tree = ast.parse(source)
+    parts = {
+        id(v) for node in ast.walk(tree) if isinstance(node, ast.JoinedStr) for v in node.values
+    }
+    lines = []
+    for node in ast.walk(tree):
+        if id(node) in parts:
+            continue  # read with its f-string
+        if isinstance(node, ast.JoinedStr):
+            first = node.values[0] if node.values else None
+            text = first.value if isinstance(first, ast.Constant) else None
+        elif isinstance(node, ast.Constant):
+            text = node.value
+        else:
+            continue
+        if isinstance(text, str) and _STATEMENT.match(text):
+            lines.append(node.lineno)
+    return sorted(lines)
+
+
+def test_the_sql_scan_finds_statements() -> None:
+    source = '''
+a = "SELECT 1"
+b = f"""
+    UPDATE {t} SET x = 1"""
+c = ("WITH x AS (SELECT 1) "
+     "SELECT * FROM x")
+d = f"{cte} SELECT 1"  # starts with a value: not seen
+e = "Selected", "UPDATED", "INSERT", "update t"
+'''
+    assert _statements(source) == [2, 3, 5]
+
+
+def test_sql_lives_in_postgres_sql() -> None:
+    found = {
+        name: lines
+        for name, path in _modules()
+        if name != _SQL_HOME
+        and not name.startswith(_SQL_HOME + ".")
+        and (lines := _statements(path.read_text()))
+    }
+    assert found == {}

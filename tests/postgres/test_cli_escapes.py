@@ -99,7 +99,7 @@ async def test_status_and_history_escape_the_ledgers_text(pg_dsn: str, admin: An
 
         forever = await cli("history", "forever", "--dsn", pg_dsn, "--table", table)
         assert forever.returncode == 0, forever.stderr
-        # Its one run has no readable instant: left out, and said (cronlock.postgres._sql.decode).
+        # Its one run has no readable instant: left out, and said (cronlock.postgres._sql.runs).
         assert forever.stdout.startswith("no runs of 'forever'")
         assert "(slot=infinity, started_at=-infinity, finished_at=infinity)" in forever.stderr
         rows = {line.split()[0]: line.split()[1] for line in status.stdout.splitlines()[2:]}

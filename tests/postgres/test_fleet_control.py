@@ -10,7 +10,8 @@ import pytest
 
 from cronlock import ConfigError, RunRecord
 from cronlock.postgres import FleetControl, PostgresHold, PostgresLocker
-from cronlock.postgres._sql.tables import LedgerTable, ledger_state
+from cronlock.postgres._sql.schema import ledger_state
+from cronlock.postgres._sql.tables import LedgerTable
 
 from .test_cli_pg import cli
 

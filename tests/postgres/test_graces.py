@@ -14,7 +14,8 @@ from cronlock import Scheduler, every
 from cronlock.postgres import PostgresLocker
 from cronlock.postgres._locker import upkeep as _upkeep
 from cronlock.postgres._ops.fleet import read_jobs
-from cronlock.postgres._sql.tables import LedgerTable, ledger_state
+from cronlock.postgres._sql.schema import ledger_state
+from cronlock.postgres._sql.tables import LedgerTable
 
 pytestmark = pytest.mark.postgres
 

@@ -26,7 +26,7 @@ import pytest
 from cronlock import Scheduler, daily, every
 from cronlock.postgres import FleetControl, PostgresLocker
 from cronlock.postgres._ops import control as control_module
-from cronlock.postgres._sql.decode import skipped
+from cronlock.postgres._sql.runs import skipped
 from cronlock.postgres._sql.tables import LedgerTable
 
 from ..web.realserver import served

@@ -18,7 +18,8 @@ import pytest
 from cronlock import JobSkipped, JobSucceeded, RunContext, Scheduler, every
 from cronlock.postgres import PostgresLocker
 from cronlock.postgres._locker import members as _members
-from cronlock.postgres._sql.tables import LedgerTable, migrate
+from cronlock.postgres._sql.schema import migrate
+from cronlock.postgres._sql.tables import LedgerTable
 
 from .events import Events
 

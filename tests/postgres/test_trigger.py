@@ -15,7 +15,8 @@ import pytest
 import cronlock.web
 from cronlock import JobLookupError, RunRecord, Schedule, Scheduler, daily
 from cronlock.postgres import FleetControl, PostgresHold, PostgresLocker, Triggered
-from cronlock.postgres._sql.tables import LedgerTable, ledger_state, migrate
+from cronlock.postgres._sql.schema import ledger_state, migrate
+from cronlock.postgres._sql.tables import LedgerTable
 from cronlock.web._model import run_json, run_view
 
 from .test_cli_pg import cli

@@ -10,7 +10,8 @@ from typing import Any
 
 import asyncpg
 
-from cronlock.postgres._sql.tables import LedgerTable, migrate
+from cronlock.postgres._sql.schema import migrate
+from cronlock.postgres._sql.tables import LedgerTable
 
 
 @dataclass(frozen=True)

@@ -72,7 +72,7 @@ async def test_every_page_renders_odd_rows(server: Served) -> None:
         jobs = {job["name"]: job for job in api.json()["jobs"]}
         assert set(jobs) == {"healthy", *ODD}
         # A run whose slot no one can read is left out (and reported in the log), as the
-        # replicas and the command line leave it out (cronlock.postgres._sql.decode).
+        # replicas and the command line leave it out (cronlock.postgres._sql.runs).
         assert jobs["run-bc"]["last_run"] is None
         assert jobs["next-bc"]["next_slots"] == []
         for job in ["healthy", *ODD]:

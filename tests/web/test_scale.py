@@ -11,7 +11,8 @@ import asyncpg
 import pytest
 
 import cronlock.web
-from cronlock.postgres._sql.tables import LedgerTable, migrate
+from cronlock.postgres._sql.schema import migrate
+from cronlock.postgres._sql.tables import LedgerTable
 from cronlock.web import _reads
 
 from .seed import table_name

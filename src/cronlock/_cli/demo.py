@@ -150,7 +150,8 @@ async def _postgres_backend(dsn: str, source: str, *, lock_only: bool) -> _Backe
             "asyncpg is not installed: pip install 'cronlock[postgres]' "
             "(from a clone, until cronlock is on PyPI: pip install -e '.[postgres]')"
         ) from None
-    from ..postgres._sql.tables import DEFAULT_TABLE, LedgerTable, migrate
+    from ..postgres._sql.schema import DESCRIBE_SERVER_SQL, migrate
+    from ..postgres._sql.tables import DEFAULT_TABLE, LedgerTable
 
     try:
         conn = await asyncpg.connect(
@@ -162,11 +163,7 @@ async def _postgres_backend(dsn: str, source: str, *, lock_only: bool) -> _Backe
         raise CronlockError(f"cannot connect to PostgreSQL with {source}: {reason}") from None
     try:
         # Described from the server's side, so a password in the DSN is never printed.
-        where = await conn.fetchrow(
-            "SELECT current_setting('server_version') AS version, current_database() AS db,"
-            " coalesce(host(inet_server_addr()), 'local socket') AS host,"
-            " inet_server_port() AS port"
-        )
+        where = await conn.fetchrow(DESCRIBE_SERVER_SQL)
         server = f"PostgreSQL {where['version'].split()[0]}, database {where['db']} on " + (
             f"{where['host']}:{where['port']}" if where["port"] else where["host"]
         )
@@ -196,13 +193,14 @@ async def _postgres_backend(dsn: str, source: str, *, lock_only: bool) -> _Backe
 async def _drop_schema(dsn: str, schema: str) -> None:
     import asyncpg
 
-    from ..postgres._sql.tables import quote_ident
+    from ..postgres._sql.schema import DROP_LOCK_TIMEOUT_SQL, drop_schema_sql
+    from ..postgres._sql.tables import DEFAULT_TABLE, LedgerTable, quote_ident
 
     try:
         conn = await asyncpg.connect(dsn, timeout=10)
         try:
-            await conn.execute("SET lock_timeout = '10s'")
-            await conn.execute(f"DROP SCHEMA IF EXISTS {quote_ident(schema)} CASCADE")
+            await conn.execute(DROP_LOCK_TIMEOUT_SQL)
+            await conn.execute(drop_schema_sql(LedgerTable(DEFAULT_TABLE, schema)))
         finally:
             await conn.close()
     except Exception as exc:

@@ -22,14 +22,15 @@ from .._logs import at, get_logger
 from ._conn.errors import backend_errors, ignoring_backend_errors
 from ._conn.source import ConnectionSource, is_closed, terminate
 from ._modes.session import SessionLocks
-from ._sql.advisory import TRY_LOCK_ON_SQL, UNLOCK_SQL
-from ._sql.tables import DEFAULT_TABLE, LedgerTable, migrate
+from ._sql.claims import TRY_LOCK_ON_SQL, UNLOCK_SQL
+from ._sql.schema import migrate
+from ._sql.sessions import SAME_BACKEND_SQL
+from ._sql.tables import DEFAULT_TABLE, LedgerTable
 
 __all__ = ("RunLock", "locked_run", "run_locked")
 
 _logger = get_logger("cronlock.postgres")
 _T = TypeVar("_T")
-_SAME_BACKEND_SQL = "SELECT CASE WHEN pg_backend_pid() = $1::integer THEN true END"
 _Ts = TypeVarTuple("_Ts")
 
 
@@ -186,7 +187,7 @@ class _LockedRun(AbstractAsyncContextManager[RunLock]):
                     else:
                         # The same backend check, before the ledger is touched; the claim
                         # statement then takes the lock itself.
-                        got = await conn.fetchval(_SAME_BACKEND_SQL, conn.get_server_pid())
+                        got = await conn.fetchval(SAME_BACKEND_SQL, conn.get_server_pid())
                         if got is not None:
                             return await claim.claim(conn)
             if got is None:

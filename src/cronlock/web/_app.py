@@ -37,6 +37,7 @@ from .._errors import ConfigError
 from ..postgres._locker.secrets import fleet_secret
 from ..postgres._ops.fleet import STATUSES, read_jobs, read_paused, read_runs, server_now
 from ..postgres._ops.roster import read_roster
+from ..postgres._sql.fleet import JIT_OFF_SQL
 from ..postgres._sql.tables import DEFAULT_TABLE, LedgerTable
 from ._actions import ACTIONS, act
 from ._csrf import COOKIE, Csrf
@@ -151,7 +152,7 @@ class _Dashboard:
             self.connection() as conn,
             conn.transaction(isolation="repeatable_read", readonly=True),
         ):
-            await conn.execute("SET LOCAL jit = off")
+            await conn.execute(JIT_OFF_SQL)
             yield conn
 
     async def job(self, name: str, before: datetime | None, limit: int) -> dict[str, Any]:

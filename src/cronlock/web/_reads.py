@@ -17,9 +17,15 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Any
 
-from ..postgres._ops.fleet import _page_sql as page_sql  # the fleet read of a page of runs
-from ..postgres._ops.fleet import last_runs_many_sql, named_jobs_sql
-from ..postgres._sql.tables import RUN_COLUMNS, LedgerTable
+from ..postgres._sql.fleet import bounded_sql, jobs_sql, named_jobs_sql
+from ..postgres._sql.runs import (
+    RUN_COLUMNS,
+    history_sql,
+    last_runs_many_sql,
+    last_runs_sql,
+    runs_page_sql,
+)
+from ..postgres._sql.tables import LedgerTable
 
 __all__ = ("ERROR_PREFIX", "SafeReads")
 
@@ -33,23 +39,16 @@ _LATEST = "9999-12-29 00:00:00+00"
 _INSTANTS = frozenset({"slot", "started_at", "finished_at", "next_run", "updated_at", "due"})
 
 
-def _column(name: str) -> str:
-    source = f"q.{name}"
-    if name in _INSTANTS:
-        return (
-            f"CASE WHEN isfinite({source}) AND {source} BETWEEN '{_EARLIEST}'::timestamptz "
-            f"AND '{_LATEST}'::timestamptz THEN {source} END AS {name}"
-        )
-    if name == "error":
-        return f"substr({source}, 1, {ERROR_PREFIX}) AS {name}"
-    if name == "schedule":
-        return f"substr({source}, 1, {_NOTE_PREFIX}) AS {name}"
-    return source
-
-
 def _wrapped(sql: str, columns: tuple[str, ...], order: str = "") -> str:
-    select = ", ".join(_column(name) for name in columns)
-    return f"SELECT {select} FROM ({sql}) AS q{order}"
+    return bounded_sql(
+        sql,
+        columns,
+        order,
+        instants=_INSTANTS,
+        earliest=_EARLIEST,
+        latest=_LATEST,
+        prefixes={"error": ERROR_PREFIX, "schedule": _NOTE_PREFIX},
+    )
 
 
 @lru_cache(maxsize=32)
@@ -57,14 +56,16 @@ def rewrites(table: LedgerTable) -> dict[str, str]:
     """Each fleet read of *table* that returns instants or error texts, and what runs
     instead (made once per table). Another statement is run as it is."""
     jobs = ("job", "schedule", "tags", "next_run", "updated_at", "grace", "due", "odd")
-    many, named = last_runs_many_sql(table), named_jobs_sql(table)
+    every, named = jobs_sql(table), named_jobs_sql(table)
+    last, many = last_runs_sql(table), last_runs_many_sql(table)
+    history, page = history_sql(table), runs_page_sql(table)
     return {
-        table.jobs_sql: _wrapped(table.jobs_sql, jobs, " ORDER BY 1"),
+        every: _wrapped(every, jobs, " ORDER BY 1"),
         named: _wrapped(named, jobs),
-        table.last_runs_sql: _wrapped(table.last_runs_sql, ("kind", *RUN_COLUMNS)),
+        last: _wrapped(last, ("kind", *RUN_COLUMNS)),
         many: _wrapped(many, ("job", "kind", *RUN_COLUMNS)),
-        table.history_sql: _wrapped(table.history_sql, RUN_COLUMNS, " ORDER BY q.slot DESC"),
-        page_sql(table): _wrapped(page_sql(table), RUN_COLUMNS, " ORDER BY q.slot DESC"),
+        history: _wrapped(history, RUN_COLUMNS, " ORDER BY q.slot DESC"),
+        page: _wrapped(page, RUN_COLUMNS, " ORDER BY q.slot DESC"),
     }
 
 

@@ -13,7 +13,8 @@ from .._errors import CronlockError
 from .._schedules.schedule import Schedule
 from .._stored.schedule import StoredSchedule
 from ..postgres._ops.control import FleetControl
-from ..postgres._sql.stored import decode_stored, stored_sql
+from ..postgres._sql.schema import TABLE_EXISTS_SQL
+from ..postgres._sql.stored import decode_stored, list_schedules_sql
 from ..postgres._sql.tables import LedgerTable
 
 __all__ = ("SCHEDULE_ACTIONS", "change_schedule", "read_schedules")
@@ -24,9 +25,9 @@ SCHEDULE_ACTIONS = frozenset({"update-schedule", "remove-schedule"})
 async def read_schedules(conn: Any, table: LedgerTable) -> list[StoredSchedule]:
     """Every stored schedule of *table*'s ledger (none in a ledger that has no table for
     them yet); rows no replica could read are left out (and reported, :mod:`._decode`)."""
-    if not await conn.fetchval("SELECT to_regclass($1) IS NOT NULL", table.schedules):
+    if not await conn.fetchval(TABLE_EXISTS_SQL, table.schedules):
         return []
-    rows = await conn.fetch(stored_sql(table)["list"])
+    rows = await conn.fetch(list_schedules_sql(table))
     return [s for row in rows if (s := decode_stored(row, table=table.schedules)) is not None]
 
 

@@ -32,8 +32,7 @@ from ..._errors import LockError
 from ..._locking.protocols import Refusal
 from ..._logs import at, get_logger
 from .._conn.errors import SessionGone, backend_error_types, backend_errors
-from .._sql.claims import Prefixed
-from .._sql.decode import decode_run
+from .._sql.runs import Prefixed, decode_run
 
 if TYPE_CHECKING:
     from ..._records import RunRecord

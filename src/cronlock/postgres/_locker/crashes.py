@@ -28,7 +28,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from ..._logs import at, get_logger
-from .._sql.decode import decode_run
+from .._sql.runs import decode_run
 
 if TYPE_CHECKING:
     from ..._locking.protocols import CrashCallback

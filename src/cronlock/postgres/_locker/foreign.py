@@ -25,6 +25,7 @@ from ..._logs import at, get_logger
 from .._conn import Channel
 from .._conn.errors import gone_or_failed_types
 from .._sql.tables import LedgerTable
+from .._sql.upkeep import holders_sql
 
 __all__ = ("CONFIRM_AFTER", "LOOK_EVERY", "LOOK_SPACING", "ForeignCallback", "ForeignHolders")
 
@@ -37,21 +38,6 @@ LOOK_SPACING = 5.0
 refusals cost one look, and claims never queue behind looks."""
 CONFIRM_AFTER = 0.2
 """Seconds between the two sightings of a holder outside the fleet before it is reported."""
-
-
-def holders_sql(table: LedgerTable) -> str:
-    """``$1`` key, ``$2`` job: sessions holding the key that run none of the job's slots here."""
-    return f"""
-        SELECT a.pid, coalesce(a.application_name, '') AS app, host(a.client_addr) AS addr
-        FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
-        WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted
-          AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
-          AND ((l.classid::int8 << 32) | l.objid::int8) = $1::int8
-          AND a.pid <> pg_backend_pid()
-          AND NOT EXISTS (SELECT 1 FROM {table.runs} r
-                          WHERE r.job = $2 AND r.session = l.pid AND r.finished_at IS NULL)
-          AND NOT EXISTS (SELECT 1 FROM {table.leases} x
-                          WHERE x.job = $2 AND x.expires_at > clock_timestamp())"""
 
 
 class ForeignHolders:

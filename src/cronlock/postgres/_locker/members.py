@@ -46,6 +46,7 @@ from ..._logs import get_logger
 from .._conn import Channel
 from .._conn.errors import gone_or_failed_types
 from .._sql.tables import LedgerTable
+from .._sql.upkeep import heartbeat_sql, leave_sql
 
 __all__ = ("MEMBERS_EVERY", "MEMBER_TTL", "Membership")
 
@@ -61,29 +62,6 @@ def _point(text: str) -> int:
     return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big")
 
 
-def heartbeat_sql(table: LedgerTable) -> str:
-    """``$1`` holder, ``$2`` group digest, ``$3`` seconds to live: upsert this member and
-    return the other live members of its group (rows expired long ago are deleted).
-
-    Its commit does not wait for the disk (``synchronous_commit`` off for this transaction):
-    a member row is soft state, rewritten every period, and a flush here would hold the
-    lock session, and the claims queued on it, for as long as the disk takes."""
-    members = table.members
-    return f"""
-        WITH me AS (
-            INSERT INTO {members} AS m (holder, fleet, expires_at)
-            VALUES ($1, $2, clock_timestamp() + $3::float8 * interval '1 second')
-            ON CONFLICT (holder) DO UPDATE
-            SET fleet = EXCLUDED.fleet, expires_at = EXCLUDED.expires_at
-        ), gone AS (
-            DELETE FROM {members} WHERE expires_at < clock_timestamp() - interval '1 hour'
-        ), relaxed AS MATERIALIZED (
-            SELECT set_config('synchronous_commit', 'off', true)
-        )
-        SELECT holder FROM {members}, relaxed
-        WHERE fleet = $2 AND expires_at > clock_timestamp() AND holder <> $1"""
-
-
 class Membership:
     """One locker's place in its fleet (see the module): the heartbeat task, the live
     members seen last, and whether this replica is one of the racers."""
@@ -97,7 +75,7 @@ class Membership:
         racers: int | None,
     ) -> None:
         self._sql = heartbeat_sql(table)
-        self._leave_sql = f"DELETE FROM {table.members} WHERE holder = $1"
+        self._leave_sql = leave_sql(table)
         self._sessions = sessions
         self._holder = holder
         self._racers = racers

@@ -18,9 +18,16 @@ from ..._errors import LockError
 from ..._keys import job_lock_key
 from ..._locking.protocols import LedgerSummary
 from .._conn.errors import backend_errors
-from .._sql.claims import Prefixed, catch_up_sql
-from .._sql.decode import decode_run, report_odd
-from .._sql.stored import decode_changes, stored_sql
+from .._sql.runs import (
+    Prefixed,
+    catch_up_sql,
+    decode_run,
+    history_sql,
+    last_claimed_sql,
+    last_runs_sql,
+    report_odd,
+)
+from .._sql.stored import decode_changes, schedule_changes_sql, schedule_problem_sql
 from .._sql.tables import LedgerTable
 
 if TYPE_CHECKING:
@@ -58,7 +65,7 @@ class LedgerReads:
         """The latest slot of *job* any replica claimed; ``None`` without a ledger."""
         if self._table is None:
             return None
-        sql = self._table.last_claimed_sql
+        sql = last_claimed_sql(self._table)
         found: datetime | None = await self._read(job, lambda s: s.fetchval(sql, job))
         return found
 
@@ -66,7 +73,7 @@ class LedgerReads:
         """The latest finished run of *job* on any replica, and the latest successful one."""
         if self._table is None:
             return None, None
-        sql = self._table.last_runs_sql
+        sql = last_runs_sql(self._table)
         rows = await self._read(job, lambda s: s.fetch(sql, job))
         runs = self._table.runs
         found = {row["kind"]: decode_run(row, table=runs, job=job) for row in rows}
@@ -76,7 +83,7 @@ class LedgerReads:
         """The latest *limit* runs of *job*, newest first; empty without a ledger."""
         if self._table is None:
             return []
-        sql = self._table.history_sql
+        sql = history_sql(self._table)
         rows = await self._read(job, lambda s: s.fetch(sql, job, limit))
         runs = self._table.runs
         return [r for row in rows if (r := decode_run(row, table=runs, job=job)) is not None]
@@ -116,7 +123,7 @@ class LedgerReads:
         table = self._table
         if table is None:
             return since, []
-        sql = stored_sql(table)["changes"]
+        sql = schedule_changes_sql(table)
         rows = await self._read(_STORED_KEY, lambda s: s.fetch(sql, since))
         return decode_changes(rows, since, table=table.schedules)
 
@@ -125,7 +132,7 @@ class LedgerReads:
         table = self._table
         if table is None:
             return
-        sql, who = stored_sql(table)["problem"], f"{socket.gethostname()}:{os.getpid()}"
+        sql, who = schedule_problem_sql(table), f"{socket.gethostname()}:{os.getpid()}"
         await self._read(_STORED_KEY, lambda s: s.execute(sql, name, revision, problem, who))
 
     async def _read(self, job: str, call: Callable[[Any], Awaitable[_T]]) -> _T:

@@ -12,6 +12,7 @@ import secrets
 from typing import Any
 
 from .._sql.tables import LedgerTable
+from .._sql.upkeep import make_secret_sql, read_secret_sql
 
 __all__ = ("KEY_BYTES", "fleet_secret")
 
@@ -20,16 +21,11 @@ KEY_BYTES = 32
 
 async def fleet_secret(conn: Any, table: LedgerTable, name: str) -> bytes:
     """The fleet's key *name*, made by the first caller (one read when it exists)."""
-    select = f"SELECT value FROM {table.secrets} WHERE name = $1"
+    select = read_secret_sql(table)
     value = await conn.fetchval(select, name)
     if value is None:
         # Two statements, not one: a statement's snapshot would not see the row a racing
         # process committed meanwhile, which is the one its ON CONFLICT kept.
-        await conn.execute(
-            f"INSERT INTO {table.secrets} (name, value) VALUES ($1, $2) "
-            "ON CONFLICT (name) DO NOTHING",
-            name,
-            secrets.token_bytes(KEY_BYTES),
-        )
+        await conn.execute(make_secret_sql(table), name, secrets.token_bytes(KEY_BYTES))
         value = await conn.fetchval(select, name)
     return bytes(value)

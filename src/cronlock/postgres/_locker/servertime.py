@@ -34,6 +34,7 @@ from typing import Any
 from ..._cancel import task_name, uncancellable
 from .._conn import Channel
 from .._conn.errors import backend_errors
+from .._sql.fleet import SERVER_CLOCK_SQL
 
 __all__ = ("DEFAULT_AHEAD", "DEFAULT_SPREAD", "LANES", "FairRace", "read_server_clock")
 
@@ -45,8 +46,6 @@ DEFAULT_SPREAD = 0.010
 
 DEFAULT_AHEAD = 0.100
 """Seconds: how long before its slot a claim may go out (``PostgresLocker(claim_ahead=...)``)."""
-
-_SQL = "SELECT clock_timestamp()"
 
 
 async def read_server_clock(
@@ -61,7 +60,7 @@ async def read_server_clock(
 
     async def sample(c: Any) -> tuple[datetime, datetime, datetime]:
         sent = read()
-        server: datetime = await c.fetchval(_SQL)
+        server: datetime = await c.fetchval(SERVER_CLOCK_SQL)
         return sent, server, read()
 
     with backend_errors("reading the server's clock failed"):

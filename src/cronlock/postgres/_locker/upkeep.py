@@ -24,6 +24,7 @@ from .._conn import Channel
 from .._conn.errors import SessionGone, backend_errors, gone_or_failed_types
 from .._conn.source import is_closed
 from .._sql.tables import LedgerTable
+from .._sql.upkeep import HEARTBEAT_SQL, note_sql, prune_sql
 from .crashes import CHECK_EVERY, CrashWatch
 
 if TYPE_CHECKING:
@@ -159,7 +160,7 @@ class Upkeep:
         ``NOTE_EVERY`` (times the fleet's spread) passed since the last one, and at most
         ``NOTE_LATEST`` for runs holding leases, then for the next tick. Twice it is the
         margin a published grace stands by past its next slot (see
-        :attr:`._ledger.LedgerTable.note_sql`)."""
+        :func:`.._sql.upkeep.note_sql`)."""
         return max(NOTE_EVERY * self._spread(), NOTE_LATEST) + NOTE_EVERY
 
     def write_late(self, job: str, slot: datetime, record: RunRecord, attempt: int = 1) -> None:
@@ -212,7 +213,7 @@ class Upkeep:
         self.heartbeats += 1
         try:
             await session.run(
-                conn, generation, lambda c: c.fetchval("SELECT 1"), what="the heartbeat"
+                conn, generation, lambda c: c.fetchval(HEARTBEAT_SQL), what="the heartbeat"
             )
         except gone_or_failed_types() as exc:
             _logger.debug("lock session heartbeat failed: %r", exc)
@@ -354,7 +355,7 @@ class Upkeep:
                 conn,
                 generation,
                 lambda c: c.execute(
-                    table.note_sql,
+                    note_sql(table),
                     names,
                     [schedule for schedule, _, _ in notes],
                     [next_run for _, next_run, _ in notes],
@@ -378,7 +379,7 @@ class Upkeep:
         deleted = await session.run(
             conn,
             generation,
-            lambda c: c.fetchval(table.prune_sql, self._retention, PRUNE_BATCH),
+            lambda c: c.fetchval(prune_sql(table), self._retention, PRUNE_BATCH),
             what="pruning the ledger",
             keep_on_server_error=True,
         )
@@ -390,6 +391,6 @@ class Upkeep:
 
 
 def tags_json(tags: Collection[str]) -> str:
-    """*tags* as :attr:`LedgerTable.note_sql` takes them: a JSON array, sorted; a tag the
+    """*tags* as :func:`.._sql.upkeep.note_sql` takes them: a JSON array, sorted; a tag the
     server cannot store (one with a NUL character) is left out."""
     return json.dumps(sorted(tag for tag in tags if "\x00" not in tag))

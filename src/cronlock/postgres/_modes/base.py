@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
 
 from ..._errors import LockError
 from ..._logs import get_logger
-from .._sql.tables import ledger_state, migrate
+from .._sql.schema import ledger_state, migrate
 
 if TYPE_CHECKING:
     from ..._records import RunRecord

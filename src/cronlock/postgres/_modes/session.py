@@ -22,10 +22,11 @@ from ..._logs import get_logger
 from .._conn import Channel
 from .._conn.dedicated import DedicatedConnection
 from .._conn.source import Keepalives, configure_session
-from .._sql.claims import claim_many_sql, finish_many_sql
+from .._sql.claims import TRY_LOCK_SQL, claim_many_sql, finish_many_sql
 from .._sql.crashes import crashed_sql, recover_sql
-from .._sql.elector import ACQUIRE_SQL, TRY_LOCK_SQL
+from .._sql.elector import ACQUIRE_SQL
 from .._sql.elector import HEARTBEAT_SQL as LEADER_HELD_SQL
+from .._sql.runs import late_finish_sql
 from .._sql.sessions import BACKEND_PID_SQL
 from .._sql.tables import LedgerTable
 from .base import (
@@ -145,7 +146,7 @@ class SessionLocks(SessionRules):
         self._finish_sql = finish_many_sql(table)
         self._recover_sql = recover_sql(table)
         self._crashed_sql = crashed_sql(table)
-        self._late_sql = table.late_finish_sql
+        self._late_sql = late_finish_sql(table)
 
     def ledger_or(self, without: Callable[[], _A], kept: Callable[[LedgerTable], _B]) -> _A | _B:
         """*kept* of the ledger."""
@@ -194,7 +195,7 @@ class SessionLocks(SessionRules):
     def late_finish(
         self, late: Sequence[tuple[str, datetime, RunRecord, int]], host: str, pid: int
     ) -> Statement | None:
-        """The outcomes of runs whose session died (:attr:`LedgerTable.late_finish_sql`)."""
+        """The outcomes of runs whose session died (:func:`.._sql.runs.late_finish_sql`)."""
         return Statement(self._late_sql, _late_args(late, host, pid))
 
 

@@ -20,8 +20,11 @@ from ..._errors import CronlockError, JobLookupError
 from ..._names import unknown_job
 from ..._records import RunRecord
 from ..._terminal import printable
-from .._sql.tables import DEFAULT_TABLE, LedgerTable, ledger_state, migrate
-from .control import control_sql, refuse_unknown
+from .._sql.control import pause_sql, resume_sql, trigger_sql
+from .._sql.fleet import jobs_sql
+from .._sql.schema import CURRENT_USER_SQL, ledger_state, migrate
+from .._sql.tables import DEFAULT_TABLE, LedgerTable
+from .control import refuse_unknown
 from .fleet import (
     STATUSES,
     FleetJob,
@@ -169,8 +172,8 @@ async def _control(conn: Any, table: LedgerTable, verb: str, job: str, *, force:
             _print(exc, file=sys.stderr)
             _print(f"(nothing done; pass --force to {verb} it anyway)", file=sys.stderr)
             return 1
-    sql = control_sql(table)[verb]
-    who = "cli:" + (await conn.fetchval("SELECT current_user"))
+    sql = {"pause": pause_sql, "resume": resume_sql, "trigger": trigger_sql}[verb](table)
+    who = "cli:" + (await conn.fetchval(CURRENT_USER_SQL))
     if verb == "resume":
         await conn.execute(sql, job)
     else:
@@ -192,7 +195,7 @@ async def _status(
     unknown: list[str] = []
     known: list[str] = [job.name for job in jobs]
     if only:
-        known = [row["job"] for row in await conn.fetch(table.jobs_sql)]
+        known = [row["job"] for row in await conn.fetch(jobs_sql(table))]
         unknown = [name for name in dict.fromkeys(only) if name not in known]
     paused = await read_paused(conn, table) if jobs else set()
     now = await server_now(conn)
@@ -235,9 +238,9 @@ async def _status(
 async def _stored_problems(conn: Any, table: LedgerTable, only: Sequence[str]) -> None:
     """Say which stored schedules a replica could not register (``schedules list`` has
     the rest of them)."""
-    from .._sql.stored import decode_stored, stored_sql
+    from .._sql.stored import decode_stored, list_schedules_sql
 
-    rows = await conn.fetch(stored_sql(table)["list"])
+    rows = await conn.fetch(list_schedules_sql(table))
     found = [s for row in rows if (s := decode_stored(row, table=table.schedules)) is not None]
     for stored in found:
         if stored.problem is not None and (not only or stored.name in only):
@@ -254,7 +257,7 @@ def _unknown(names: Sequence[str], known: Iterable[str]) -> int:
 async def _history(conn: Any, table: LedgerTable, job: str, limit: int) -> int:
     records = await read_runs(conn, table, job, limit)
     if not records:
-        known = {row["job"] for row in await conn.fetch(table.jobs_sql)}
+        known = {row["job"] for row in await conn.fetch(jobs_sql(table))}
         if job not in known:
             return _unknown([job], known)
         _print(f"no runs of {job!r} in {table.runs} yet")  # its schedule is noted

@@ -3,7 +3,7 @@
 The state lives in the ledger's control table (``<table>_control``, created by ``migrate``
 like the ledger's other tables). Replicas never read it on their own schedule to obey a
 pause: the claim statement itself refuses a paused job (the batched
-:func:`._batchsql.claim_many_sql`, and :func:`._crashes.recover_sql` for a rerun), so a
+``_sql/claims.claim_many_sql``, and ``_sql/leases`` or ``_locker/crashes`` for a rerun), so a
 pause takes effect at the next slot on every replica with no extra round trip. A trigger
 is a slot of its own (the server's time when it was asked for): replicas that run the job
 pick it up from :class:`FleetWatch`'s poll and claim it like any slot, so it runs once
@@ -32,9 +32,19 @@ from ..._records import RunRecord
 from .._conn import Channel
 from .._conn.errors import backend_errors
 from .._conn.source import ConnectionSource
-from .._sql.decode import LOW, RUN, decode_run, report_odd, sane, slot_in_range
-from .._sql.firstseen import first_seen_sql
-from .._sql.tables import DEFAULT_TABLE, LedgerTable, migrate
+from .._sql.control import (
+    known_job_sql,
+    pause_sql,
+    paused_sql,
+    poll_sql,
+    resume_sql,
+    trigger_sql,
+    triggered_sql,
+)
+from .._sql.fleet import jobs_sql
+from .._sql.runs import decode_run, last_runs_many_sql, report_odd
+from .._sql.schema import first_seen_sql, migrate
+from .._sql.tables import DEFAULT_TABLE, LedgerTable
 from .stored import ScheduleVerbs
 
 __all__ = (
@@ -45,7 +55,6 @@ __all__ = (
     "FleetControl",
     "FleetWatch",
     "Triggered",
-    "control_sql",
     "refuse_unknown",
 )
 
@@ -54,65 +63,6 @@ _logger = get_logger("cronlock.postgres")
 TRIGGER_EXPIRES = 3600
 """Seconds after which a trigger no replica claimed is dropped (nobody runs that job)."""
 _TIMEOUT = 10.0
-
-
-def control_sql(table: LedgerTable) -> dict[str, str]:
-    """The statements of the control verbs on *table*'s control table."""
-    control = table.control
-    return {
-        # $1 job, $2 who. Pausing a paused job keeps the first pause's time.
-        "pause": f"""
-            INSERT INTO {control} AS c (job, paused_at, paused_by)
-            VALUES ($1::text, clock_timestamp(), $2::text)
-            ON CONFLICT (job) DO UPDATE
-            SET paused_at = coalesce(c.paused_at, EXCLUDED.paused_at),
-                paused_by = coalesce(c.paused_by, EXCLUDED.paused_by),
-                updated_at = clock_timestamp()""",
-        "resume": f"""
-            UPDATE {control} SET paused_at = NULL, paused_by = NULL,
-                                 updated_at = clock_timestamp()
-            WHERE job = $1::text AND paused_at IS NOT NULL""",
-        # $1 job, $2 who. A trigger still pending is replaced: two requests, one run. The
-        # slot is truncated to milliseconds so that it reads back the same everywhere.
-        "trigger": f"""
-            INSERT INTO {control} AS c (job, trigger_slot, triggered_by)
-            VALUES ($1::text, date_trunc('milliseconds', clock_timestamp()), $2::text)
-            ON CONFLICT (job) DO UPDATE
-            SET trigger_slot = EXCLUDED.trigger_slot, triggered_by = EXCLUDED.triggered_by,
-                updated_at = clock_timestamp()
-            RETURNING trigger_slot""",
-        "paused": f"SELECT job FROM {control} WHERE paused_at IS NOT NULL ORDER BY job",
-        # What a replica polls: paused jobs, and triggers no replica has claimed yet (a
-        # claimed trigger has its row in the ledger) and that are not too old. A trigger
-        # slot is the server's time when it was asked for: one later than now (plus a
-        # margin) or before the year 1 was not written by FleetControl, and is reported
-        # (odd), never run (._decode).
-        "poll": f"""
-            SELECT c.job, c.paused_at IS NOT NULL AS paused,
-                   CASE WHEN c.trigger_slot > clock_timestamp() - $1::float8 * interval '1 s'
-                         AND c.trigger_slot <= {_LATEST_TRIGGER}
-                         AND NOT EXISTS (SELECT 1 FROM {table.runs} r
-                                         WHERE r.job = c.job AND r.slot = c.trigger_slot)
-                        THEN c.trigger_slot END AS trigger_slot,
-                   CASE WHEN c.trigger_slot > {_LATEST_TRIGGER} OR c.trigger_slot < {LOW}
-                        THEN c.trigger_slot::text END AS odd
-            FROM {control} c
-            WHERE c.paused_at IS NOT NULL OR c.trigger_slot IS NOT NULL""",
-        # $1 jobs: each one's latest finished run and latest success (two index probes),
-        # rows of a slot out of range left out (._decode).
-        "fleet_runs": f"""
-            SELECT u.job, 'last' AS kind, r.* FROM unnest($1::text[]) AS u(job)
-            CROSS JOIN LATERAL (
-                SELECT {RUN}
-                FROM {table.runs} x WHERE x.job = u.job AND x.finished_at IS NOT NULL
-                  AND {slot_in_range("x.slot")} ORDER BY x.slot DESC LIMIT 1) r
-            UNION ALL
-            SELECT u.job, 'ok' AS kind, r.* FROM unnest($1::text[]) AS u(job)
-            CROSS JOIN LATERAL (
-                SELECT {RUN}
-                FROM {table.runs} x WHERE x.job = u.job AND x.outcome = 'succeeded'
-                  AND {slot_in_range("x.slot")} ORDER BY x.slot DESC LIMIT 1) r""",
-    }
 
 
 def _job_name(job: object, verb: str) -> str:
@@ -125,21 +75,12 @@ async def refuse_unknown(conn: Any, table: LedgerTable, job: str) -> None:
     """Raise :class:`~cronlock.JobLookupError` (``unknown job: NAME (did you mean
     OTHER?)``) unless the ledger knows *job*: a replica noted its schedule or claimed a slot
     of it. The rule of :class:`FleetControl` and of the command line's verbs alike."""
-    if await conn.fetchval(_KNOWN_SQL.format(jobs=table.jobs, runs=table.runs), job):
+    if await conn.fetchval(known_job_sql(table), job):
         return
-    known = [row["job"] for row in await conn.fetch(table.jobs_sql)]
+    known = [row["job"] for row in await conn.fetch(jobs_sql(table))]
     raise JobLookupError(unknown_job(job, known))
 
 
-_LATEST_TRIGGER = "clock_timestamp() + interval '5 minutes'"
-_KNOWN_SQL = """SELECT EXISTS (SELECT 1 FROM {jobs} WHERE job = $1::text)
-                    OR EXISTS (SELECT 1 FROM {runs} WHERE job = $1::text)"""
-# $1 job, $2 slot: the trigger's run, if claimed, and the trigger pending now (a later one
-# replaces an unclaimed earlier one: two requests, one run).
-_TRIGGERED_SQL = f"""SELECT {sane("c.trigger_slot", "pending")}, r.*
-    FROM (SELECT 1) one
-    LEFT JOIN {{control}} c ON c.job = $1::text
-    LEFT JOIN LATERAL (SELECT {{run}} FROM {{runs}} WHERE job = $1::text AND slot = $2) r ON true"""
 WAIT_EVERY = 0.5
 """Seconds between two reads of the ledger by :meth:`Triggered.wait`."""
 
@@ -152,9 +93,7 @@ class Triggered:
 
     def __init__(self, control: FleetControl, job: str, slot: datetime) -> None:
         self._control = control
-        self._sql = _TRIGGERED_SQL.format(
-            control=control.ledger.control, run=RUN, runs=control.ledger.runs
-        )
+        self._sql = triggered_sql(control.ledger)
         self.job = job
         """The job triggered."""
         self.slot = slot
@@ -221,7 +160,6 @@ class FleetControl(ScheduleVerbs):
         kwargs = {"statement_cache_size": 0} if isinstance(pool_or_dsn, str) else None
         self._source = ConnectionSource(pool_or_dsn, kwargs)
         self._table = LedgerTable(table, schema)
-        self._sql = control_sql(self._table)
         self._conn: Any = None
         self._who = f"{socket.gethostname()}:{os.getpid()}"
         self._ready = False
@@ -282,25 +220,25 @@ class FleetControl(ScheduleVerbs):
         :class:`~cronlock.JobLookupError`, as by the command line, unless *force* (as
         ``--force``); so are :meth:`resume` and :meth:`trigger`."""
         name = await self._known(job, "pause", force)
-        await self._call(lambda c: c.execute(self._sql["pause"], name, self._who))
+        await self._call(lambda c: c.execute(pause_sql(self._table), name, self._who))
 
     async def resume(self, job: str, *, force: bool = False) -> None:
         """Let *job* run again on every replica, from its next slot (missed slots stay
         missed)."""
         name = await self._known(job, "resume", force)
-        await self._call(lambda c: c.execute(self._sql["resume"], name))
+        await self._call(lambda c: c.execute(resume_sql(self._table), name))
 
     async def trigger(self, job: str, *, force: bool = False) -> Triggered:
         """Run *job* once, now, on exactly one replica (within about a second); return the
         :class:`Triggered` run, whose :meth:`~Triggered.wait` gives its outcome. The run's
         ledger row is marked ``manual``."""
         name = await self._known(job, "trigger", force)
-        slot = await self._call(lambda c: c.fetchval(self._sql["trigger"], name, self._who))
+        slot = await self._call(lambda c: c.fetchval(trigger_sql(self._table), name, self._who))
         return Triggered(self, name, slot)
 
     async def paused(self) -> frozenset[str]:
         """The jobs paused fleet-wide."""
-        rows = await self._call(lambda c: c.fetch(self._sql["paused"]))
+        rows = await self._call(lambda c: c.fetch(paused_sql(self._table)))
         return frozenset(row["job"] for row in rows)
 
 
@@ -330,8 +268,9 @@ class FleetWatch:
         # In a large fleet each replica reads N / racers times less often (._members): the
         # fleet as a whole reads at the rate of a small one.
         self._spread = spread
-        self._sql = control_sql(table)
-        self._first_seen_sql = first_seen_sql(table.jobs)
+        self._poll_sql = poll_sql(table)
+        self._runs_sql = last_runs_many_sql(table, ("last", "ok"))
+        self._first_seen_sql = first_seen_sql(table)
         # Each job's first-seen instant never changes once noted: read once a job.
         self._first_seen: dict[str, datetime] = {}
         self._runs, self._control = table.runs, table.control
@@ -411,7 +350,7 @@ class FleetWatch:
 
     async def read_once(self, now: float) -> FleetView:
         """Read the control table, and the latest runs when they are due at *now*."""
-        rows = await self._read(lambda c: c.fetch(self._sql["poll"], float(TRIGGER_EXPIRES)))
+        rows = await self._read(lambda c: c.fetch(self._poll_sql, float(TRIGGER_EXPIRES)))
         self.reads += 1
         paused = frozenset(row["job"] for row in rows if row["paused"])
         triggers = {row["job"]: row["trigger_slot"] for row in rows if row["trigger_slot"]}
@@ -424,7 +363,7 @@ class FleetWatch:
         # standing by or not, and this read is one statement every RUNS_EVERY seconds.
         if now - self._runs_at >= RUNS_EVERY:
             names = self.names()
-            found = await self._read(lambda c: c.fetch(self._sql["fleet_runs"], names))
+            found = await self._read(lambda c: c.fetch(self._runs_sql, names))
             self._runs_at = now
             told: dict[tuple[str, str], RunRecord | None] = {
                 (row["kind"], row["job"]): decode_run(row, table=self._runs, job=row["job"])

@@ -14,13 +14,15 @@ from typing import Any, Literal, get_args
 from ..._keys import job_lock_key, keyed_lock_key, ledger_lock_key
 from ..._records import RunRecord
 from .._locker.keys import SECRET_NAME
-from .._sql.decode import RUN, decode_run, odd_list, report_odd, sane, slot_in_range
+from .._sql.control import paused_sql
+from .._sql.fleet import HOLDERS_SQL, SERVER_CLOCK_SQL, jobs_sql, named_jobs_sql
 from .._sql.leases import lease_holders_sql
+from .._sql.runs import decode_run, history_sql, last_runs_many_sql, report_odd, runs_page_sql
+from .._sql.schema import TABLES_EXIST_SQL
 from .._sql.tables import LedgerTable
-from .control import control_sql
+from .._sql.upkeep import read_secret_sql
 
 __all__ = (
-    "HOLDERS_SQL",
     "READ_BATCH",
     "STATUSES",
     "FleetJob",
@@ -28,8 +30,6 @@ __all__ = (
     "Status",
     "held_locks",
     "job_status",
-    "last_runs_many_sql",
-    "named_jobs_sql",
     "overdue_slot",
     "read_holders",
     "read_jobs",
@@ -38,18 +38,6 @@ __all__ = (
     "server_now",
     "status_of",
 )
-
-# A bigint advisory key k is stored in pg_locks as classid = k >> 32, objid = k & 0xffffffff
-# (objsubid = 1); advisory locks are per database, hence the database filter. Every granted
-# one is read (as many as runs in progress, not as jobs) and mapped to names in Python: a
-# filter by key would send two or three keys a job.
-HOLDERS_SQL = """
-SELECT (l.classid::int8 << 32) | l.objid::int8 AS key, a.pid, a.application_name,
-       host(a.client_addr) AS addr, a.backend_start
-FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
-WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted
-  AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
-"""
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,7 +78,7 @@ class FleetJob:
     """Who holds the job's lock right now (empty when nobody runs it)."""
     grace: float | None = None
     """Seconds a slot may stay without a success before the job is overdue, as its replicas
-    noted it (the largest, when they give different ones: see ``LedgerTable.note_sql``);
+    noted it (the largest, when they give different ones: see ``_sql/upkeep.note_sql``);
     ``None`` when they did not (an older cronlock, or the job is paused)."""
     due: datetime | None = None
     """The slot its replicas said it is due by: its first slot after its latest success."""
@@ -189,9 +177,6 @@ def _names_by_key(runs: str | None, secret: bytes | None, names: set[str]) -> di
     return by_key
 
 
-_TABLES_SQL = "SELECT to_regclass($1) IS NOT NULL, to_regclass($2) IS NOT NULL"
-
-
 async def read_holders(
     conn: Any, names: Sequence[str], table: LedgerTable | None = None
 ) -> dict[str, tuple[LockHolder, ...]]:
@@ -217,11 +202,10 @@ async def held_locks(
     secret: bytes | None = None
     secrets = leases = False
     if table is not None:
-        secrets, leases = await conn.fetchrow(_TABLES_SQL, table.secrets, table.leases)
+        secrets, leases = await conn.fetchrow(TABLES_EXIST_SQL, table.secrets, table.leases)
     # lock_keys="keyed": once a replica made the ledger's secret.
     if table is not None and secrets:
-        select = f"SELECT value FROM {table.secrets} WHERE name = $1"
-        value = await conn.fetchval(select, SECRET_NAME)
+        value = await conn.fetchval(read_secret_sql(table), SECRET_NAME)
         secret = None if value is None else bytes(value)
     wanted = set(names)
     by_key = _names_by_key(runs, secret, wanted)
@@ -243,27 +227,6 @@ READ_BATCH = 5000
 """Jobs per statement of the latest-runs read of :func:`read_jobs`."""
 
 
-def last_runs_many_sql(table: LedgerTable) -> str:
-    """Array ``$1`` jobs: for each, rows ``('last', latest finished run)``, ``('ok', latest
-    success)`` and ``('failed', latest failure)``, three index probes a job (what
-    ``LedgerTable.last_runs_sql`` reads of one job, for many in one statement); a row whose
-    slot is out of range is none of them."""
-    runs, sane_slot = table.runs, slot_in_range("x.slot")
-
-    def latest(kind: str, where: str) -> str:
-        return f"""SELECT u.job, '{kind}' AS kind, r.* FROM unnest($1::text[]) AS u(job)
-            CROSS JOIN LATERAL (SELECT {RUN} FROM {runs} x WHERE x.job = u.job AND {where}
-                                AND {sane_slot} ORDER BY x.slot DESC LIMIT 1) r"""
-
-    return " UNION ALL ".join(
-        (
-            latest("last", "x.finished_at IS NOT NULL"),
-            latest("ok", "x.outcome = 'succeeded'"),
-            latest("failed", "x.outcome <> 'succeeded'"),
-        )
-    )
-
-
 async def read_jobs(
     conn: Any,
     table: LedgerTable,
@@ -280,7 +243,7 @@ async def read_jobs(
     *holders* (:func:`read_holders` of them, read already), the lock holders are not read.
     """
     if only is None:
-        rows = await conn.fetch(table.jobs_sql)
+        rows = await conn.fetch(jobs_sql(table))
     else:
         known = {row["job"]: row for row in await conn.fetch(named_jobs_sql(table), list(only))}
         rows = [known[name] for name in dict.fromkeys(only) if name in known]
@@ -316,50 +279,25 @@ async def read_jobs(
     return jobs
 
 
-def named_jobs_sql(table: LedgerTable) -> str:
-    """``$1`` job names: :attr:`LedgerTable.jobs_sql`'s rows of those of them the ledger
-    knows (a schedule note or a run), in no order: an index probe or two a name.
-
-    Each is a subquery with a LIMIT, which the planner keeps as a probe of the key: as a
-    join (or an ``EXISTS``), it may hash every note (or every run) for a page of names.
-    """
-    return f"""
-        SELECT u.job, j.schedule, j.tags, {sane("j.next_run", "next_run")},
-               {sane("j.updated_at", "updated_at")}, j.grace, {sane("j.due", "due")},
-               {odd_list((f"j.{c}", c) for c in ("next_run", "updated_at", "due"))} AS odd
-        FROM unnest($1::text[]) AS u(job)
-        LEFT JOIN LATERAL (SELECT * FROM {table.jobs} n WHERE n.job = u.job LIMIT 1) j ON true
-        WHERE j.job IS NOT NULL
-           OR (SELECT true FROM {table.runs} r WHERE r.job = u.job LIMIT 1)"""
-
-
-def _page_sql(table: LedgerTable) -> str:
-    return f"""
-        SELECT {RUN}
-        FROM {table.runs} r
-        WHERE job = $1 AND ($3::timestamptz IS NULL OR r.slot < $3::timestamptz)
-        ORDER BY r.slot DESC LIMIT $2"""
-
-
 async def read_runs(
     conn: Any, table: LedgerTable, job: str, limit: int, before: datetime | None = None
 ) -> list[RunRecord]:
     """The latest *limit* runs of *job*, newest first; with *before*, those of earlier
     slots only (the next page: pass the oldest slot of the previous one)."""
     if before is None:
-        rows = await conn.fetch(table.history_sql, job, limit)
+        rows = await conn.fetch(history_sql(table), job, limit)
     else:
-        rows = await conn.fetch(_page_sql(table), job, limit, before)
+        rows = await conn.fetch(runs_page_sql(table), job, limit, before)
     decoded = (decode_run(row, table=table.runs, job=job) for row in rows)
     return [record for record in decoded if record is not None]
 
 
 async def server_now(conn: Any) -> datetime:
     """The database server's clock: the fleet's shared time, which overdue is judged by."""
-    now: datetime = await conn.fetchval("SELECT clock_timestamp()")
+    now: datetime = await conn.fetchval(SERVER_CLOCK_SQL)
     return now
 
 
 async def read_paused(conn: Any, table: LedgerTable) -> frozenset[str]:
     """The jobs paused fleet-wide (:class:`~cronlock.postgres.FleetControl`)."""
-    return frozenset(row["job"] for row in await conn.fetch(control_sql(table)["paused"]))
+    return frozenset(row["job"] for row in await conn.fetch(paused_sql(table)))

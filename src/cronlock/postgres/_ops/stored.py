@@ -30,8 +30,22 @@ from ..._stored.json import (
 )
 from ..._stored.schedule import StoredSchedule
 from .._locker.upkeep import tags_json
-from .._sql.stored import decode_stored, schedules_lock_key, stored_sql
+from .._sql.fleet import SERVER_CLOCK_SQL
+from .._sql.stored import (
+    NONE_REMOVED,
+    SCHEDULES_LOCK_SQL,
+    decode_stored,
+    forget_job_sql,
+    job_in_code_sql,
+    list_schedules_sql,
+    next_revision_sql,
+    put_schedule_sql,
+    remove_schedule_sql,
+    schedule_for_update_sql,
+    schedules_lock_key,
+)
 from .._sql.tables import LedgerTable
+from .._sql.upkeep import note_sql
 
 __all__ = ("ScheduleVerbs",)
 
@@ -146,16 +160,16 @@ class ScheduleVerbs:
     async def remove_schedule(self, name: str) -> bool:
         """Remove stored schedule *name*: replicas drop its job at their next sync (a run in
         flight goes on). Its runs stay in the ledger. False if it was not stored."""
-        sql, table = self._stored_sql, self._table
+        table = self._table
 
         async def remove(conn: Any) -> bool:
             async with conn.transaction():
-                await conn.execute(sql["lock"], schedules_lock_key(table.runs))
-                revision = await conn.fetchval(sql["next"])
-                done = await conn.execute(sql["remove"], name, revision, self._who)
-                if done == "UPDATE 0":
+                await conn.execute(SCHEDULES_LOCK_SQL, schedules_lock_key(table.runs))
+                revision = await conn.fetchval(next_revision_sql(table))
+                done = await conn.execute(remove_schedule_sql(table), name, revision, self._who)
+                if done == NONE_REMOVED:
                     return False
-                await conn.execute(f"DELETE FROM {table.jobs} WHERE job = $1::text", name)
+                await conn.execute(forget_job_sql(table), name)
                 return True
 
         removed: bool = await self._call(remove)
@@ -164,16 +178,12 @@ class ScheduleVerbs:
     async def schedules(self) -> list[StoredSchedule]:
         """Every stored schedule, by name: its task, schedule, kwargs, options, revision,
         fleet-wide pause and the problem a replica reported with it, if any."""
-        rows = await self._call(lambda c: c.fetch(self._stored_sql["list"]))
+        rows = await self._call(lambda c: c.fetch(list_schedules_sql(self._table)))
         table = self._table.schedules
         return [s for row in rows if (s := decode_stored(row, table=table)) is not None]
 
-    @property
-    def _stored_sql(self) -> dict[str, str]:
-        return stored_sql(self._table)
-
     async def _unknown(self, conn: Any, name: str) -> str:
-        names = [row["name"] for row in await conn.fetch(self._stored_sql["list"])]
+        names = [row["name"] for row in await conn.fetch(list_schedules_sql(self._table))]
         close = difflib.get_close_matches(name, names, n=1)
         return f"unknown schedule: {name}" + (f" (did you mean {close[0]}?)" if close else "")
 
@@ -186,19 +196,19 @@ class ScheduleVerbs:
     ) -> StoredSchedule:
         """Add schedule *name* (*adding*), or update it to what *make* makes of the stored
         one, in one transaction."""
-        sql, table = self._stored_sql, self._table
+        table = self._table
 
         async def change(conn: Any) -> StoredSchedule:
             async with conn.transaction():
-                await conn.execute(sql["lock"], schedules_lock_key(table.runs))
-                row = await conn.fetchrow(sql["get"], name)
+                await conn.execute(SCHEDULES_LOCK_SQL, schedules_lock_key(table.runs))
+                row = await conn.fetchrow(schedule_for_update_sql(table), name)
                 old = None if row is None or row["removed"] else row
                 if adding:
                     if old is not None:
                         raise JobConflictError(
                             f"schedule {name!r} is stored already; update_schedule changes it"
                         )
-                    if await conn.fetchval(sql["in_code"], name):
+                    if await conn.fetchval(job_in_code_sql(table), name):
                         raise JobConflictError(
                             f"schedule {name!r}: a job defined in code has this name (it has "
                             "runs in the ledger); choose another name"
@@ -209,10 +219,10 @@ class ScheduleVerbs:
                     if was is None:
                         raise JobLookupError(await self._unknown(conn, name))
                     new = make(was)
-                first = new.first_slot(await conn.fetchval("SELECT clock_timestamp()"))
-                revision = await conn.fetchval(sql["next"])
+                first = new.first_slot(await conn.fetchval(SERVER_CLOCK_SQL))
+                revision = await conn.fetchval(next_revision_sql(table))
                 await conn.execute(
-                    sql["put"],
+                    put_schedule_sql(table),
                     name,
                     revision,
                     new.task,
@@ -224,7 +234,7 @@ class ScheduleVerbs:
                 # The job's schedule note, as a replica running it writes it: overdue by
                 # its grace after the first slot unless some replica runs it.
                 await conn.execute(
-                    table.note_sql,
+                    note_sql(table),
                     [name],
                     [str(new.schedule)],
                     [first],

@@ -1,7 +1,7 @@
 """The batched statements: many runs' claims, or many runs' ends, in one round trip.
 
 A lock session sends the claims of every job due at the same instant in one statement, and
-the outcomes and unlocks of every run that ended meanwhile in another (:mod:`._batch`).
+the outcomes and unlocks of every run that ended meanwhile in another (``_locker/batch.py``).
 Each takes arrays (``unnest ... WITH ORDINALITY``) and answers one row per element, tagged
 with its 1-based position *i*, so that each caller gets its own answer. Every per-row side
 effect (a try-lock, an unlock) sits in a ``MATERIALIZED`` CTE or in the final projection,
@@ -10,23 +10,34 @@ where PostgreSQL evaluates it exactly once per row.
 
 from __future__ import annotations
 
-from typing import Any
-
-from .decode import HIGH, LOW, RUN, RUN_COLUMNS, odd_list, slot_in_range
-from .starts import CLAIMED_START, real_start
+from .runs import CLAIMED_START, real_start, told_columns
 from .tables import LedgerTable
 
 __all__ = (
     "TRY_LOCK_MANY_SQL",
+    "TRY_LOCK_ON_SQL",
+    "TRY_LOCK_SQL",
     "UNLOCK_MANY_SQL",
-    "Prefixed",
-    "catch_up_sql",
+    "UNLOCK_SQL",
     "claim_inputs",
     "claim_many_sql",
     "end_ctes",
     "finish_many_sql",
-    "told_columns",
 )
+
+# The two session advisory lock statements, in the form every part of the backend uses:
+# pg_try_advisory_lock, never the blocking form (losers skip at once, they do not queue).
+# The run ledger combines them with its claims (below); the lock-only locker, standalone
+# runs and the election send them as they are.
+TRY_LOCK_SQL = "SELECT pg_try_advisory_lock($1::bigint)"
+"""``$1`` key: take the session advisory lock if free; answers whether it was taken."""
+TRY_LOCK_ON_SQL = """
+    SELECT CASE WHEN pg_backend_pid() = $2::integer THEN pg_try_advisory_lock($1::bigint) END"""
+"""The try-lock, taken only on the backend the connection announced (``$2``): NULL, and no
+lock taken, when a pooler or proxy handed the statement to another one (:class:`cronlock.
+PoolerDetected`). It costs no round trip of its own. ``$1`` key."""
+UNLOCK_SQL = "SELECT pg_advisory_unlock($1::bigint)"
+"""``$1`` key: give the session advisory lock back; answers whether it was held."""
 
 TRY_LOCK_MANY_SQL = """
     SELECT u.i, pg_try_advisory_lock(u.key) AS got
@@ -47,11 +58,11 @@ def claim_many_sql(table: LedgerTable) -> str:
     statement (the ``ON CONFLICT`` is what makes the claim unique; the pre-check only saves
     the lock churn, and a row another transaction is deleting does not count, see
     :func:`claim_inputs`). The claim records this session's backend pid (``session``): that is
-    how a crashed run is told from one in progress (:mod:`._crashes`).
+    how a crashed run is told from one in progress (``_locker/crashes.py``).
 
     Arrays ``$1`` keys, ``$2`` jobs, ``$3`` slots; ``$4`` host, ``$5`` pid. Answers
     (i, ran, paused, got, started_at, undone) per element (*paused*: the job is paused
-    fleet-wide and the slot is not its triggered one, see :mod:`._control`; no lock is
+    fleet-wide and the slot is not its triggered one, see :mod:`.control`; no lock is
     tried then), plus, for a refused one, the job's
     latest *finished* run at or before that slot (``p_*`` columns, NULL when there is
     none): the fleet's history a losing replica learns without reading it again. That
@@ -84,23 +95,6 @@ def claim_many_sql(table: LedgerTable) -> str:
                CASE WHEN c.got AND c.started_at IS NULL
                     THEN pg_advisory_unlock(c.key) END AS undone,
                {told_columns(runs)}"""
-
-
-def told_columns(runs: str) -> str:
-    """The end of a claim statement, the same in both modes: the ``p_*`` columns, and the
-    ``FROM c`` they come with: for a refused row, the job's latest finished run at or
-    before that slot (one backward step on the primary key, skipped for granted rows).
-    Its timestamps are guarded (:mod:`._decode`): a row no replica can read must not fail
-    every claim of the batch."""
-    told = ", ".join(f"p.{column} AS p_{column}" for column in RUN_COLUMNS)
-    return f"""{told}
-        FROM c
-        LEFT JOIN LATERAL (
-            SELECT {RUN} FROM {runs} r
-            WHERE c.started_at IS NULL AND r.job = c.job AND r.slot <= c.slot
-              AND r.finished_at IS NOT NULL AND {slot_in_range("r.slot")}
-            ORDER BY r.slot DESC LIMIT 1
-        ) p ON true"""
 
 
 def claim_inputs(table: LedgerTable) -> str:
@@ -204,54 +198,3 @@ def end_ctes(runs: str) -> str:
               AND (NOT t.undo OR (t.host = $7::text AND t.pid = $8::integer
                                   AND t.attempt > 1))
             RETURNING r.job"""
-
-
-def catch_up_sql(table: LedgerTable) -> str:
-    """What start-up catch-up needs of many jobs, in one statement.
-
-    Array ``$1`` jobs. Per job: ``claimed``, the latest slot any replica claimed; its
-    latest finished run and its latest success (``l_*`` and ``s_*`` columns, NULL when
-    none). Three look-ups on the primary key per job. Rows whose slot Python cannot hold
-    are none of these (:mod:`._decode`); ``odd_slot`` names the job's latest such row
-    (two more probes), for the caller to report.
-    """
-    runs = table.runs
-    cols = RUN_COLUMNS
-    last = ", ".join(f"l.{c} AS l_{c}" for c in cols)
-    ok = ", ".join(f"s.{c} AS s_{c}" for c in cols)
-    sane_slot = slot_in_range("r.slot")
-    return f"""
-        SELECT u.job, m.slot AS claimed, {last}, {ok}, {odd_list([("o.slot", "slot")])} AS odd_slot
-        FROM unnest($1::text[]) AS u(job)
-        LEFT JOIN LATERAL (
-            SELECT r.slot FROM {runs} r WHERE r.job = u.job AND {sane_slot}
-            ORDER BY r.slot DESC LIMIT 1
-        ) m ON true
-        LEFT JOIN LATERAL (
-            SELECT {RUN} FROM {runs} r WHERE r.job = u.job AND r.finished_at IS NOT NULL
-              AND {sane_slot} ORDER BY r.slot DESC LIMIT 1
-        ) l ON true
-        LEFT JOIN LATERAL (
-            SELECT {RUN} FROM {runs} r WHERE r.job = u.job AND r.outcome = 'succeeded'
-              AND {sane_slot} ORDER BY r.slot DESC LIMIT 1
-        ) s ON true
-        LEFT JOIN LATERAL (
-            (SELECT r.slot FROM {runs} r WHERE r.job = u.job AND r.slot > {HIGH} LIMIT 1)
-            UNION ALL
-            (SELECT r.slot FROM {runs} r WHERE r.job = u.job AND r.slot < {LOW} LIMIT 1)
-            LIMIT 1
-        ) o ON true"""
-
-
-class Prefixed:
-    """The columns of an answer's *row* named *prefix* + name, read as a ledger row (for
-    :func:`._decode.decode_run`)."""
-
-    __slots__ = ("_prefix", "_row")
-
-    def __init__(self, row: Any, prefix: str) -> None:
-        self._row = row
-        self._prefix = prefix
-
-    def __getitem__(self, name: str) -> Any:
-        return self._row[self._prefix + name]

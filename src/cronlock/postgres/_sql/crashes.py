@@ -6,7 +6,7 @@ mode's forms are in :mod:`.leases`.
 
 from __future__ import annotations
 
-from .decode import R_RUN
+from .runs import R_RUN
 from .tables import LedgerTable
 
 __all__ = ("TAKEN_OVER", "crashed_sql", "recover_sql")

@@ -8,16 +8,12 @@ __all__ = (
     "HEARTBEAT_SQL",
     "LEADERS_EXIST_SQL",
     "SETTINGS_SQL",
-    "TRY_LOCK_SQL",
     "XACT_LOCK_SQL",
     "leaders_acquire_sql",
     "leaders_ddl",
     "leaders_release_sql",
     "leaders_renew_sql",
 )
-
-TRY_LOCK_SQL = "SELECT pg_try_advisory_lock($1::bigint)"
-"""``$1`` key: the try-lock alone (servers older than PostgreSQL 14)."""
 
 # Acquire, and only if granted, make the session die after idle_session_timeout of silence
 # (PostgreSQL >= 14). That catches a *frozen* client, which keepalives never notice, and

@@ -3,7 +3,7 @@
 In lease mode no statement relies on the session it runs on: each is one transaction, so it
 works through a transaction pooler. "Someone runs job J" is J's row in the leases table
 whose ``expires_at`` (the **server's** time) is in the future; the holder renews it while
-the run goes on (:mod:`._renewal`) and releases it, with the run's outcome, in the finish
+the run goes on (``_modes/lease.py``) and releases it, with the run's outcome, in the finish
 statement. A run whose lease expired without an outcome crashed.
 
 Why a row per job rather than a column of each run: a claim must see the *latest* lease of
@@ -21,10 +21,9 @@ UPDATE`` before renewing or releasing), so statements of different replicas cann
 
 from __future__ import annotations
 
-from .claims import claim_inputs, end_ctes, told_columns
+from .claims import claim_inputs, end_ctes
 from .crashes import TAKEN_OVER
-from .decode import R_RUN, sane
-from .starts import CLAIMED_START
+from .runs import CLAIMED_START, R_RUN, late_finish_sql, sane, told_columns
 from .tables import LedgerTable
 
 __all__ = (
@@ -44,7 +43,7 @@ def lease_claim_many_sql(table: LedgerTable) -> str:
     """Take the lease and claim many (job, slot) pairs in one statement.
 
     Arrays ``$1`` keys, ``$2`` jobs, ``$3`` slots; ``$4`` host, ``$5`` pid, ``$6`` holder,
-    ``$7`` lease seconds. Answers what :func:`._batchsql.claim_many_sql` answers (*got*: the
+    ``$7`` lease seconds. Answers what :func:`.claims.claim_many_sql` answers (*got*: the
     lease was taken), plus *stray*: the lease was taken but the slot had been claimed
     meanwhile (seen only in the latest data, not in this statement's snapshot), so the caller
     gives that lease back. A job's lease is taken only while no unexpired lease of the job
@@ -90,7 +89,7 @@ def lease_claim_many_sql(table: LedgerTable) -> str:
 def lease_finish_many_sql(table: LedgerTable) -> str:
     """Record outcomes (or undo claims) and release the leases, for many runs at once.
 
-    The parameters of :func:`._batchsql.finish_many_sql` (``$5`` keys are unused here) plus
+    The parameters of :func:`.claims.finish_many_sql` (``$5`` keys are unused here) plus
     ``$10`` holder. Answers (i, released): *released* false when the lease was no longer
     this holder's (it expired and another replica took it over). The leases are locked in
     job order first. Like the session form, the commit does not wait for its WAL flush.
@@ -147,9 +146,9 @@ def lease_recover_sql(table: LedgerTable) -> str:
     """Take the lease and take over a crashed run's slot: the claim of its rerun.
 
     ``$1`` key, ``$2`` job, ``$3`` slot, ``$4`` host, ``$5`` pid, ``$6`` holder, ``$7``
-    lease seconds, ``$8`` the attempt to claim. Answers as :func:`._crashes.recover_sql`
+    lease seconds, ``$8`` the attempt to claim. Answers as ``_locker/crashes.recover_sql``
     does, plus *stray* (see :func:`lease_claim_many_sql`). The row is taken over on the
-    same terms (:data:`._crashes.TAKEN_OVER`): a crashed run is rerun at most once
+    same terms (``_locker/crashes.TAKEN_OVER``): a crashed run is rerun at most once
     fleet-wide, each attempt of a retried slot is claimed once.
     """
     runs, leases = table.runs, table.leases
@@ -213,11 +212,11 @@ def lease_crashed_sql(table: LedgerTable) -> str:
 
 
 def lease_late_finish_sql(table: LedgerTable) -> str:
-    """:attr:`LedgerTable.late_finish_sql` (same ``$1``-``$8``), and the release of those
+    """:func:`.runs.late_finish_sql` (same ``$1``-``$9``), and the release of those
     runs' leases while still this holder's (``$10``)."""
     return f"""
         WITH done AS (
-            {table.late_finish_sql.strip()}
+            {late_finish_sql(table).strip()}
             RETURNING r.job
         ), rel AS (
             UPDATE {table.leases} x SET expires_at = '-infinity'

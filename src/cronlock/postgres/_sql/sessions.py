@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-__all__ = ("BACKEND_PID_SQL", "HEARTBEAT_SQL", "set_config_sql")
+__all__ = ("BACKEND_PID_SQL", "SAME_BACKEND_SQL", "set_config_sql")
 
 BACKEND_PID_SQL = "SELECT pg_backend_pid()"
 """The pid of the backend serving this statement (a pooler's changes between statements)."""
 
-HEARTBEAT_SQL = "SELECT 1"
-"""A round trip that proves a session alive."""
+SAME_BACKEND_SQL = "SELECT CASE WHEN pg_backend_pid() = $1::integer THEN true END"
+"""``$1`` the pid the connection announced: true on that backend, NULL on another (a pooler
+handed the statement on)."""
 
 
 def set_config_sql(settings: int) -> str:

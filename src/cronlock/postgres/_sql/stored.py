@@ -20,10 +20,28 @@ from ..._keys import job_lock_key
 from ..._schedules.schedule import Schedule
 from ..._stored.json import options_from_json, schedule_from_json
 from ..._stored.schedule import Change, StoredSchedule
-from .decode import report_odd, sane
+from .runs import report_odd, sane
 from .tables import LedgerTable
 
-__all__ = ("decode_changes", "decode_stored", "schedules_lock_key", "stored_sql")
+__all__ = (
+    "NONE_REMOVED",
+    "SCHEDULES_LOCK_SQL",
+    "decode_changes",
+    "decode_stored",
+    "forget_job_sql",
+    "job_in_code_sql",
+    "list_schedules_sql",
+    "next_revision_sql",
+    "put_schedule_sql",
+    "remove_schedule_sql",
+    "schedule_changes_sql",
+    "schedule_for_update_sql",
+    "schedule_problem_sql",
+    "schedules_lock_key",
+)
+
+NONE_REMOVED = "UPDATE 0"
+"""The status :func:`remove_schedule_sql` answers when no such schedule was stored."""
 
 # Reads return the JSON columns as text (no codec to register on anyone's connection).
 _COLUMNS = f"""s.name, s.revision, s.removed, s.task, s.schedule::text AS schedule,
@@ -31,58 +49,96 @@ _COLUMNS = f"""s.name, s.revision, s.removed, s.task, s.schedule::text AS schedu
     CASE WHEN s.problem_revision = s.revision THEN s.problems::text END AS problems"""
 
 
+SCHEDULES_LOCK_SQL = "SELECT pg_advisory_xact_lock($1::bigint)"
+"""``$1`` :func:`schedules_lock_key`: the transaction lock every change of the stored
+schedules takes first, held to its commit, so that revisions commit in order."""
+
+
 @functools.cache
-def stored_sql(table: LedgerTable) -> dict[str, str]:
-    """The statements on *table*'s stored schedules."""
-    schedules, control, runs = table.schedules, table.control, table.runs
-    return {
-        "lock": "SELECT pg_advisory_xact_lock($1::bigint)",
-        "next": f"SELECT coalesce(max(revision), 0) + 1 FROM {schedules}",
-        # $1 name: the row, locked for the change (inside the transaction).
-        "get": f"""SELECT {_COLUMNS}, false AS paused FROM {schedules} s
-                   WHERE s.name = $1::text FOR UPDATE""",
-        # $1 name, $2 revision, $3 task, $4 schedule, $5 kwargs, $6 options, $7 who.
-        "put": f"""
-            INSERT INTO {schedules} AS s
+def next_revision_sql(table: LedgerTable) -> str:
+    """No parameters: the revision the next change takes (under :data:`SCHEDULES_LOCK_SQL`)."""
+    return f"SELECT coalesce(max(revision), 0) + 1 FROM {table.schedules}"
+
+
+@functools.cache
+def schedule_for_update_sql(table: LedgerTable) -> str:
+    """``$1`` name: the schedule's row, locked for the change (inside the transaction)."""
+    return f"""SELECT {_COLUMNS}, false AS paused FROM {table.schedules} s
+                   WHERE s.name = $1::text FOR UPDATE"""
+
+
+@functools.cache
+def put_schedule_sql(table: LedgerTable) -> str:
+    """``$1`` name, ``$2`` revision, ``$3`` task, ``$4`` schedule, ``$5`` kwargs, ``$6``
+    options (JSON texts), ``$7`` who: add the schedule, or replace it (its problems go)."""
+    return f"""
+            INSERT INTO {table.schedules} AS s
                 (name, revision, task, schedule, kwargs, options, updated_by)
             VALUES ($1::text, $2::bigint, $3::text, $4::jsonb, $5::jsonb, $6::jsonb, $7::text)
             ON CONFLICT (name) DO UPDATE
             SET revision = EXCLUDED.revision, removed = false, task = EXCLUDED.task,
                 schedule = EXCLUDED.schedule, kwargs = EXCLUDED.kwargs,
                 options = EXCLUDED.options, updated_at = clock_timestamp(),
-                updated_by = EXCLUDED.updated_by, problems = NULL, problem_revision = NULL""",
-        # $1 name, $2 revision, $3 who: a tombstone, so that running replicas see it go.
-        "remove": f"""
-            UPDATE {schedules} SET revision = $2::bigint, removed = true,
+                updated_by = EXCLUDED.updated_by, problems = NULL, problem_revision = NULL"""
+
+
+@functools.cache
+def remove_schedule_sql(table: LedgerTable) -> str:
+    """``$1`` name, ``$2`` revision, ``$3`` who: a tombstone, so that running replicas see
+    the schedule go (:data:`NONE_REMOVED` when it was not stored)."""
+    return f"""
+            UPDATE {table.schedules} SET revision = $2::bigint, removed = true,
                 updated_at = clock_timestamp(), updated_by = $3::text, problems = NULL,
                 problem_revision = NULL
-            WHERE name = $1::text AND NOT removed""",
-        # What FleetControl.schedules() lists, with each one's fleet-wide pause.
-        "list": f"""
+            WHERE name = $1::text AND NOT removed"""
+
+
+@functools.cache
+def list_schedules_sql(table: LedgerTable) -> str:
+    """No parameters: every stored schedule, by name, with its fleet-wide pause (what
+    ``FleetControl.schedules()`` lists)."""
+    return f"""
             SELECT {_COLUMNS}, c.paused_at IS NOT NULL AS paused
-            FROM {schedules} s LEFT JOIN {control} c ON c.job = s.name
-            WHERE NOT s.removed ORDER BY s.name""",
-        # $1 since: the changes after it, oldest first (the first read, from 0, leaves the
-        # tombstones out), with each one's pause.
-        "changes": f"""
+            FROM {table.schedules} s LEFT JOIN {table.control} c ON c.job = s.name
+            WHERE NOT s.removed ORDER BY s.name"""
+
+
+@functools.cache
+def schedule_changes_sql(table: LedgerTable) -> str:
+    """``$1`` since: the changes after that revision, oldest first (the first read, from 0,
+    leaves the tombstones out), each with its fleet-wide pause."""
+    return f"""
             SELECT {_COLUMNS}, c.paused_at IS NOT NULL AS paused
-            FROM {schedules} s LEFT JOIN {control} c ON c.job = s.name
+            FROM {table.schedules} s LEFT JOIN {table.control} c ON c.job = s.name
             WHERE s.revision > $1::bigint AND (NOT s.removed OR $1::bigint > 0)
-            ORDER BY s.revision""",
-        # $1 name, $2 revision, $3 problem, $4 who: each replica's, shown while the schedule
-        # is at that revision.
-        "problem": f"""
-            UPDATE {schedules}
+            ORDER BY s.revision"""
+
+
+@functools.cache
+def schedule_problem_sql(table: LedgerTable) -> str:
+    """``$1`` name, ``$2`` revision, ``$3`` problem, ``$4`` who: a replica's problem with
+    that revision of the schedule, shown while the schedule is at it."""
+    return f"""
+            UPDATE {table.schedules}
             SET problems = CASE WHEN problem_revision = $2::bigint
                                 THEN coalesce(problems, '{{}}') ELSE '{{}}' END
                            || jsonb_build_object($4::text, $3::text),
                 problem_revision = $2::bigint
-            WHERE name = $1::text AND revision = $2::bigint""",
-        # $1 name: a job of that name with a ledger row but no stored schedule of it.
-        "in_code": f"""
-            SELECT EXISTS (SELECT 1 FROM {runs} WHERE job = $1::text)
-               AND NOT EXISTS (SELECT 1 FROM {schedules} WHERE name = $1::text)""",
-    }
+            WHERE name = $1::text AND revision = $2::bigint"""
+
+
+@functools.cache
+def job_in_code_sql(table: LedgerTable) -> str:
+    """``$1`` name: whether a job of that name has a ledger row but no stored schedule (a
+    job defined in code)."""
+    return f"""
+            SELECT EXISTS (SELECT 1 FROM {table.runs} WHERE job = $1::text)
+               AND NOT EXISTS (SELECT 1 FROM {table.schedules} WHERE name = $1::text)"""
+
+
+def forget_job_sql(table: LedgerTable) -> str:
+    """``$1`` job: delete its schedule note (a stored schedule removed: no replica runs it)."""
+    return f"DELETE FROM {table.jobs} WHERE job = $1::text"
 
 
 def schedules_lock_key(runs: str) -> int:
@@ -118,8 +174,8 @@ def decode_stored(row: Any, *, table: str) -> StoredSchedule | None:
 
 
 def decode_changes(rows: list[Any], since: int, *, table: str) -> tuple[int, list[Change]]:
-    """The revision read up to and the changes in *rows* (a ``changes`` read after *since*);
-    an unreadable row is left out (the job keeps what it was)."""
+    """The revision read up to and the changes in *rows* (:func:`schedule_changes_sql` read
+    after *since*); an unreadable row is left out (the job keeps what it was)."""
     changes: list[Change] = []
     top = since
     for row in rows:

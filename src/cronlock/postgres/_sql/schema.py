@@ -1,0 +1,267 @@
+"""The ledger's schema: every table's DDL, the migration that applies it, and the catalog
+read that tells a current ledger from a missing or older one.
+
+A ledger is one table of runs keyed by (job, slot) plus the tables derived from its name
+(:class:`.tables.LedgerTable`): job notes, fleet control, leases, members, secrets and
+stored schedules. Every statement here is idempotent, and an upgraded ledger still works
+for older replicas (new columns have defaults), so replicas can be upgraded one at a time.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Literal
+
+from .runs import slot_in_range
+
+if TYPE_CHECKING:  # tables.py re-exports migrate and ledger_state from here, for now
+    from .tables import LedgerTable
+
+__all__ = (
+    "CURRENT_USER_SQL",
+    "DESCRIBE_SERVER_SQL",
+    "DROP_LOCK_TIMEOUT_SQL",
+    "LEDGER_STATE_SQL",
+    "MIGRATE_LOCK_SQL",
+    "TABLES_EXIST_SQL",
+    "TABLE_EXISTS_SQL",
+    "LedgerState",
+    "drop_schema_sql",
+    "first_seen_ddl",
+    "first_seen_sql",
+    "ledger_ddl",
+    "ledger_state",
+    "lock_timeout_sql",
+    "migrate",
+    "schedules_ddl",
+)
+
+# The columns of the runs and jobs tables a ledger made by an older cronlock lacks (no name
+# is in both tables); migrate() adds them.
+_ADDED_COLUMNS = (
+    *("session", "attempt", "manual", "grace", "due", "grace_until", "first_seen", "tags"),
+)
+
+LedgerState = Literal["missing", "old", "current"]
+"""A ledger's tables are missing, lack a table or column this cronlock uses, or are current."""
+
+TABLE_EXISTS_SQL = "SELECT to_regclass($1) IS NOT NULL"
+"""``$1`` a quoted, maybe qualified table name: whether this session resolves it to a table."""
+TABLES_EXIST_SQL = "SELECT to_regclass($1) IS NOT NULL, to_regclass($2) IS NOT NULL"
+"""``$1``, ``$2`` quoted, maybe qualified table names: whether each is a table here."""
+
+LEDGER_STATE_SQL = """
+            SELECT CASE WHEN to_regclass($1) IS NULL OR to_regclass($2) IS NULL THEN NULL
+                   ELSE (SELECT count(*) = cardinality($3::text[]) FROM pg_attribute
+                         WHERE attrelid IN (to_regclass($1), to_regclass($2))
+                           AND attname = ANY($3::text[])
+                           AND NOT attisdropped)
+                        AND NOT EXISTS (SELECT FROM unnest($4::text[]) AS t(name)
+                                        WHERE to_regclass(t.name) IS NULL) END"""
+"""``$1``, ``$2``: the quoted names of the runs and jobs tables, ``$3`` the columns a
+current ledger has in them that an old one lacks, ``$4`` the tables an older ledger lacks
+(control, leases, members, secrets, schedules). NULL when a table is missing, else whether
+it is current."""
+
+CURRENT_USER_SQL = "SELECT current_user"
+"""No parameters: the role this session runs as (who an operator's change is recorded by)."""
+
+DESCRIBE_SERVER_SQL = (
+    "SELECT current_setting('server_version') AS version, current_database() AS db,"
+    " coalesce(host(inet_server_addr()), 'local socket') AS host,"
+    " inet_server_port() AS port"
+)
+"""No parameters: the server's version, database, host and port, as the server sees them
+(so a password in the DSN is never printed)."""
+
+DROP_LOCK_TIMEOUT_SQL = "SET lock_timeout = '10s'"
+"""No parameters: the session waits at most 10 s for a lock (before dropping a schema
+that a process may still use)."""
+
+MIGRATE_LOCK_SQL = "SELECT pg_advisory_xact_lock($1::bigint)"
+"""``$1`` :attr:`.tables.LedgerTable.migrate_key`: the transaction lock that serialises
+concurrent migrations of one ledger."""
+
+
+def lock_timeout_sql(timeout: float) -> str:
+    """The ``SET LOCAL lock_timeout`` of a migration that waits at most *timeout* seconds
+    for a lock (no parameters: ``SET`` takes none)."""
+    return f"SET LOCAL lock_timeout = {int(timeout * 1000)}"
+
+
+def drop_schema_sql(table: LedgerTable) -> str:
+    """No parameters: drop *table*'s schema (it must name one) and everything in it, the
+    ledger included (the demo's throwaway ledger)."""
+    if table.quoted_schema is None:
+        raise ValueError("drop_schema_sql: the ledger names no schema")
+    return f"DROP SCHEMA IF EXISTS {table.quoted_schema} CASCADE"
+
+
+def ledger_ddl(table: LedgerTable) -> list[str]:
+    """The statements that create *table*'s ledger, each idempotent (no parameters)."""
+    runs, jobs = table.runs, table.jobs
+    statements = []
+    if table.schema is not None:
+        statements.append(f"CREATE SCHEMA IF NOT EXISTS {table.quoted_schema}")
+    statements += [
+        f"""CREATE TABLE IF NOT EXISTS {runs} (
+                job         text        NOT NULL,
+                slot        timestamptz NOT NULL,
+                host        text        NOT NULL,
+                pid         integer     NOT NULL,
+                started_at  timestamptz NOT NULL DEFAULT clock_timestamp(),
+                finished_at timestamptz,
+                outcome     text,
+                error       text,
+                session     integer,
+                attempt     smallint    NOT NULL DEFAULT 1,
+                manual      boolean     NOT NULL DEFAULT false,
+                PRIMARY KEY (job, slot)
+            )""",
+        # A ledger made by an older cronlock: add what it lacks (no table rewrite: the
+        # default is a constant; an older replica's claims leave manual false).
+        f"""ALTER TABLE {runs}
+                ADD COLUMN IF NOT EXISTS session integer,
+                ADD COLUMN IF NOT EXISTS attempt smallint NOT NULL DEFAULT 1,
+                ADD COLUMN IF NOT EXISTS manual boolean NOT NULL DEFAULT false""",
+        # For pruning by age across jobs; (job, slot) lookups use the primary key.
+        f"CREATE INDEX IF NOT EXISTS {table.index('_slot_idx')} ON {runs} (slot)",
+        # The crash check reads only the unfinished runs, a handful however many runs.
+        f"""CREATE INDEX IF NOT EXISTS {table.index("_unfinished_idx")} ON {runs} (session)
+                WHERE finished_at IS NULL""",
+        f"""CREATE TABLE IF NOT EXISTS {jobs} (
+                job        text        PRIMARY KEY,
+                schedule   text        NOT NULL,
+                next_run   timestamptz,
+                updated_at timestamptz NOT NULL DEFAULT clock_timestamp(),
+                updated_by text
+            )""",
+        # Each job's overdue grace and due slot, for 'status --check' (added later), and
+        # until when that grace stands against a lower one (_sql/upkeep.note_sql).
+        f"""ALTER TABLE {jobs} ADD COLUMN IF NOT EXISTS grace float8,
+                ADD COLUMN IF NOT EXISTS due timestamptz,
+                ADD COLUMN IF NOT EXISTS grace_until timestamptz""",
+        *first_seen_ddl(table),  # when each job was first noted
+        # Each job's tags as its replicas note them (the dashboard's filter); NULL in a
+        # row an older cronlock wrote.
+        f"ALTER TABLE {jobs} ADD COLUMN IF NOT EXISTS tags text[]",
+        # Fleet control (FleetControl, _sql/control.py): pauses and triggers.
+        f"""CREATE TABLE IF NOT EXISTS {table.control} (
+                job          text        PRIMARY KEY,
+                paused_at    timestamptz,
+                paused_by    text,
+                trigger_slot timestamptz,
+                triggered_by text,
+                updated_at   timestamptz NOT NULL DEFAULT clock_timestamp()
+            )""",
+        # Lease mode (_sql/leases.py): one row a job, naming the run that holds it and until
+        # when, in the server's time. A lease released is one that expired at -infinity.
+        f"""CREATE TABLE IF NOT EXISTS {table.leases} (
+                job        text        PRIMARY KEY,
+                slot       timestamptz NOT NULL,
+                holder     text        NOT NULL,
+                expires_at timestamptz NOT NULL,
+                attempt    smallint    NOT NULL DEFAULT 1
+            )""",
+        # The fleet's live replicas (_locker/members.py), one row each, expiring in server time.
+        f"""CREATE TABLE IF NOT EXISTS {table.members} (
+                holder     text        PRIMARY KEY,
+                fleet      text        NOT NULL,
+                expires_at timestamptz NOT NULL,
+                since      timestamptz NOT NULL DEFAULT clock_timestamp()
+            )""",
+        # Keys every process of the fleet shares (_locker/secrets.py), made once by the first.
+        f"""CREATE TABLE IF NOT EXISTS {table.secrets} (name text PRIMARY KEY,
+                value bytea NOT NULL, created_at timestamptz NOT NULL DEFAULT clock_timestamp())""",
+        # Schedules the application adds at runtime (FleetControl.add_schedule).
+        *schedules_ddl(table),
+    ]
+    return statements
+
+
+def first_seen_ddl(table: LedgerTable) -> list[str]:
+    """The idempotent statements that add ``first_seen`` to *table*'s jobs table: each
+    job's first-seen instant, when a replica first noted it.
+
+    A job that never succeeded has gone without success since then
+    (``without_success_since``), however often its replicas restarted. The column's default
+    sets it when a row is inserted (by any cronlock, older ones included) and nothing
+    updates it afterwards. Rows that predate the column are filled once, with the earlier
+    of their job's oldest run still in the runs table (its start) and the row's last note:
+    the job existed then.
+    """
+    jobs, runs = table.jobs, table.runs
+    oldest = f"SELECT r.started_at FROM {runs} r WHERE r.job = j.job ORDER BY r.slot LIMIT 1"
+    return [
+        f"ALTER TABLE {jobs} ADD COLUMN IF NOT EXISTS first_seen timestamptz",
+        f"""UPDATE {jobs} AS j SET first_seen = least(({oldest}), j.updated_at)
+            WHERE j.first_seen IS NULL""",
+        f"ALTER TABLE {jobs} ALTER COLUMN first_seen SET DEFAULT clock_timestamp()",
+    ]
+
+
+def first_seen_sql(table: LedgerTable) -> str:
+    """``$1`` job names: the first-seen instant of those of them *table*'s jobs table has
+    (one Python cannot hold, a hostile row's, is left out: the replica counts from its start)."""
+    return f"""SELECT job, first_seen FROM {table.jobs}
+               WHERE job = ANY($1::text[]) AND {slot_in_range("first_seen")}"""
+
+
+def schedules_ddl(table: LedgerTable) -> list[str]:
+    """The statements that create *table*'s stored schedules' table (``<table>_schedules``,
+    :mod:`.stored`) and its revision index, each idempotent."""
+    schedules = table.schedules
+    return [
+        f"""CREATE TABLE IF NOT EXISTS {schedules} (
+            name             text        PRIMARY KEY,
+            revision         bigint      NOT NULL,
+            removed          boolean     NOT NULL DEFAULT false,
+            task             text        NOT NULL,
+            schedule         jsonb       NOT NULL,
+            kwargs           jsonb       NOT NULL DEFAULT '{{}}',
+            options          jsonb       NOT NULL DEFAULT '{{}}',
+            updated_at       timestamptz NOT NULL DEFAULT clock_timestamp(),
+            updated_by       text,
+            problems         jsonb,
+            problem_revision bigint
+        )""",
+        f"CREATE INDEX IF NOT EXISTS {table.index('_schedules_idx')} ON {schedules} (revision)",
+    ]
+
+
+async def migrate(
+    conn: Any, table: LedgerTable, *, timeout: float = 30.0
+) -> Literal["created", "upgraded"] | None:
+    """Create the ledger's tables if missing, or add what a ledger made by an older
+    cronlock lacks, in one transaction; return what it did (``None``: nothing to do).
+
+    Concurrent callers (replicas starting together) are serialised with a transaction
+    advisory lock, since concurrent ``CREATE TABLE IF NOT EXISTS`` of one name can fail;
+    the state is checked again under it. A current ledger is detected first, so a role
+    without CREATE rights on the schema can use a ledger someone else made. Every
+    statement is idempotent, and an upgraded ledger still works for older replicas (the
+    new columns have defaults), so replicas can be upgraded one at a time.
+    """
+    if await ledger_state(conn, table) == "current":
+        return None
+    async with conn.transaction():
+        await conn.execute(lock_timeout_sql(timeout))
+        await conn.execute(MIGRATE_LOCK_SQL, table.migrate_key)
+        state = await ledger_state(conn, table)
+        if state == "current":
+            return None  # another replica did it while we waited
+        for statement in ledger_ddl(table):
+            await conn.execute(statement)
+    return "created" if state == "missing" else "upgraded"
+
+
+async def ledger_state(conn: Any, table: LedgerTable) -> LedgerState:
+    """Whether the ledger's tables are missing, of an older shape, or current, as this
+    session resolves their names: one catalog query."""
+    current = await conn.fetchval(
+        LEDGER_STATE_SQL,
+        table.runs,
+        table.jobs,
+        list(_ADDED_COLUMNS),
+        [table.control, table.leases, table.members, table.secrets, table.schedules],
+    )
+    return "missing" if current is None else "current" if current else "old"
