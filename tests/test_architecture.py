@@ -280,3 +280,184 @@ def test_sql_lives_in_postgres_sql() -> None:
         and (lines := _statements(path.read_text()))
     }
     assert found == {}
+
+
+# -- the folder rules (docs/internals.md): a module is covered by the folder it is put in ----
+
+_LEAVES = frozenset(
+    f"cronlock.{m}"
+    for m in (
+        "_errors", "_records", "_events", "_clock", "_cancel", "_logs", "_durations", "_keys",
+        "_threads", "_dsn", "_terminal", "_names", "_resources",
+    )
+)  # fmt: skip
+
+
+def _in(module: str, folder: str) -> bool:
+    return module == folder or module.startswith(f"{folder}.")
+
+
+def _crossing(importer: str, imported: str) -> set[tuple[str, str]]:
+    """Every import of a module in *imported* by a module in *importer* (folders)."""
+    return {
+        (m, t)
+        for m, targets in _graph().items()
+        if _in(m, importer)
+        for t in targets
+        if _in(t, imported) and not _in(m, imported)
+    }
+
+
+def test_the_slot_maths_imports_only_itself_and_two_leaves() -> None:
+    allowed = {"cronlock._schedules", "cronlock._errors", "cronlock._durations"}
+    leaks = {
+        (m, t)
+        for m, targets in _graph().items()
+        if _in(m, "cronlock._schedules")
+        for t in targets
+        if not any(_in(t, a) for a in allowed)
+    }
+    assert leaks == set()
+
+
+def test_the_run_engine_has_few_importers() -> None:
+    doors = {"cronlock", "cronlock._scheduler", "cronlock._stored", "cronlock._core"}
+    importers = {
+        m
+        for m, targets in _graph().items()
+        if any(_in(t, "cronlock._core") for t in targets)
+        and not any(_in(m, d) for d in doors if d != "cronlock")
+        and m != "cronlock"
+    }
+    assert importers == set()
+
+
+def test_the_replica_side_never_imports_the_operators_side() -> None:
+    assert _crossing("cronlock.postgres._locker", "cronlock.postgres._ops") == set()
+
+
+def test_the_replica_side_knows_the_modes_only_by_their_seam() -> None:
+    seam = {"cronlock.postgres._modes", "cronlock.postgres._modes.base"}
+    assert {
+        (m, t) for m, t in _crossing("cronlock.postgres._locker", "cronlock.postgres._modes")
+        if t not in seam
+    } == set()  # fmt: skip
+
+
+def test_the_modes_never_import_the_replica_side() -> None:
+    assert _crossing("cronlock.postgres._modes", "cronlock.postgres._locker") == set()
+
+
+def test_the_sql_home_imports_nothing_of_the_backend() -> None:
+    backend = {
+        t
+        for m, targets in _graph().items()
+        if _in(m, "cronlock.postgres._sql")
+        for t in targets
+        if _in(t, "cronlock.postgres") and not _in(t, "cronlock.postgres._sql")
+    }
+    assert backend == set()
+
+
+def _names_in(path: Path) -> Iterator[tuple[int, str]]:
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Name):
+            yield node.lineno, node.id
+        elif isinstance(node, ast.Attribute):
+            yield node.lineno, node.attr
+        elif isinstance(node, ast.alias):
+            yield getattr(node, "lineno", 0), node.name
+
+
+# What names the backend's error types: asyncpg's classes, and the connection layer's sets.
+_BACKEND_ERRORS = re.compile(
+    r"^(backend_error_types|gone_or_failed_types|PostgresError|InterfaceError|"
+    r"InternalClientError|\w+Error)$"
+)
+
+
+def test_only_the_connection_layer_names_backend_error_types() -> None:
+    found = []
+    for name, path in _modules():
+        if _in(name, "cronlock.postgres._conn"):
+            continue
+        source = path.read_text()
+        for node in ast.walk(ast.parse(source)):
+            named = None
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+                if node.value.id == "asyncpg" and node.attr.endswith("Error"):
+                    named = f"asyncpg.{node.attr}"
+            elif isinstance(node, ast.Name | ast.alias):
+                ident = node.id if isinstance(node, ast.Name) else node.name
+                if ident in ("backend_error_types", "gone_or_failed_types"):
+                    named = ident
+            if named is not None:
+                found.append(f"{name}:{getattr(node, 'lineno', 0)}: {named}")
+    assert found == []
+
+
+_MODES = {"session", "lease"}
+
+
+def test_only_the_mode_seam_reads_the_mode() -> None:
+    """No comparison with a mode's name, and no flag standing for one, outside _modes."""
+    found = []
+    for name, path in _modules():
+        if _in(name, "cronlock.postgres._modes"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Compare):
+                for operand in (node.left, *node.comparators):
+                    values: list[object] = []
+                    if isinstance(operand, ast.Constant):
+                        values = [operand.value]
+                    elif isinstance(operand, ast.Tuple | ast.Set | ast.List):
+                        values = [e.value for e in operand.elts if isinstance(e, ast.Constant)]
+                    if _MODES & {v for v in values if isinstance(v, str)}:
+                        found.append(f"{name}:{node.lineno}")
+            elif isinstance(node, ast.Attribute) and node.attr in (
+                "session_bound", "_session_locks", "_bound", "_keeper"
+            ):  # fmt: skip
+                found.append(f"{name}:{node.lineno}: {node.attr}")
+    assert found == []
+
+
+_LEDGER_NAMES = {"table", "_table", "ledger", "_ledger", "exclusion", "_exclusion"}
+_REPLICA_SIDE = ("_locker", "_conn", "_elector")
+
+
+def test_no_ledger_is_none_branches_outside_the_mode_seam() -> None:
+    """ledger=False is the bare mode's: the backend's parts never ask whether there is one."""
+    found = []
+    for name, path in _modules():
+        # The replica side: the operators' side and locked_run always have a ledger, or
+        # are told whether to use one by their caller's arguments.
+        if not any(_in(name, f"cronlock.postgres.{part}") for part in _REPLICA_SIDE):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (
+                isinstance(node, ast.Compare)
+                and any(isinstance(op, ast.Is | ast.IsNot) for op in node.ops)
+                and any(isinstance(c, ast.Constant) and c.value is None for c in node.comparators)
+            ):
+                subject = node.left
+                ident = (
+                    subject.id if isinstance(subject, ast.Name)
+                    else subject.attr if isinstance(subject, ast.Attribute) else None
+                )  # fmt: skip
+                if ident in _LEDGER_NAMES:
+                    found.append(f"{name}:{node.lineno}: {ident}")
+    assert found == []
+
+
+def test_private_folders_re_export_nothing() -> None:
+    """A private folder's __init__ defines what it holds and imports none of its modules
+    at import time (each would load with any of them: import cost, and cycles)."""
+    found = []
+    for name, path in _modules():
+        if path.name != "__init__.py" or not name.rpartition(".")[2].startswith("_"):
+            continue
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.ImportFrom) and node.level == 1:
+                found.append(f"{name}:{node.lineno}")
+    assert found == []

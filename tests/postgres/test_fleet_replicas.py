@@ -21,7 +21,7 @@ from prometheus_client import CollectorRegistry
 
 from cronlock import Scheduler, every
 from cronlock.postgres import FleetControl, PostgresLocker
-from cronlock.postgres._ops import control as _control
+from cronlock.postgres._locker import fleetwatch as _control
 from cronlock.prometheus import instrument
 
 from .conftest import Coordination

@@ -23,8 +23,8 @@ from cronlock.postgres import (
     PostgresHold,
     PostgresLocker,
 )
-from cronlock.postgres._ops import control as _control
-from cronlock.postgres._ops.control import FleetWatch
+from cronlock.postgres._locker import fleetwatch as _control
+from cronlock.postgres._locker.fleetwatch import FleetWatch
 from cronlock.prometheus import instrument as instrument_metrics
 
 pytestmark = pytest.mark.postgres

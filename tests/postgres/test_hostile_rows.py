@@ -19,7 +19,7 @@ import pytest
 
 from cronlock import Scheduler, daily, every
 from cronlock.postgres import FleetControl, PostgresLocker
-from cronlock.postgres._ops import control as control_module
+from cronlock.postgres._locker import fleetwatch as control_module
 from cronlock.postgres._sql.tables import LedgerTable
 
 from .test_cli_pg import cli

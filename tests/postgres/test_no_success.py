@@ -16,8 +16,8 @@ from prometheus_client import CollectorRegistry
 
 from cronlock import JobSucceeded, Schedule, Scheduler, daily
 from cronlock.postgres import PostgresLocker
+from cronlock.postgres._locker import fleetwatch as _control
 from cronlock.postgres._locker import upkeep as _upkeep
-from cronlock.postgres._ops import control as _control
 from cronlock.postgres._sql.schema import ledger_state, migrate
 from cronlock.postgres._sql.tables import LedgerTable, quote_ident
 from cronlock.prometheus import instrument

@@ -37,7 +37,7 @@ from .._durations import Seconds, optional_seconds, to_seconds
 from .._errors import ConfigError, LockError
 from .._logs import get_logger
 from .._resources import HeldOpenByBlocks
-from ._conn.errors import backend_error_types, backend_errors
+from ._conn.errors import backend_errors, ignoring_backend_errors
 from ._conn.source import (
     Keepalives,
     default_application_name,
@@ -353,7 +353,7 @@ class PostgresElector(HeldOpenByBlocks):
             # Synchronous from here on, so no cancellation can come between demoting
             # (above) and dropping the session, which is what frees the lock.
             self._conn = None
-            with contextlib.suppress(*backend_error_types()):
+            with ignoring_backend_errors():
                 conn.remove_termination_listener(lost)
             terminate(conn)
 
@@ -408,12 +408,16 @@ class PostgresElector(HeldOpenByBlocks):
             if left <= 0:
                 raise _Demoted("the lease lapsed before the next heartbeat; loop blocked?")
             try:
-                async with asyncio.timeout(left), self._statement_lock:
-                    held = await self._ballot.renew(conn)
-            except TimeoutError as exc:
-                raise _Demoted(f"no heartbeat answer within the lease ({self._lease:g}s)") from exc
-            except backend_error_types() as exc:
-                raise _Demoted(f"the heartbeat failed: {exc!r}") from exc
+                with backend_errors("the heartbeat"):
+                    async with asyncio.timeout(left), self._statement_lock:
+                        held = await self._ballot.renew(conn)
+            except LockError as exc:
+                cause = exc.__cause__
+                if isinstance(cause, TimeoutError):
+                    raise _Demoted(
+                        f"no heartbeat answer within the lease ({self._lease:g}s)"
+                    ) from cause
+                raise _Demoted(f"the heartbeat failed: {cause!r}") from cause
             if not held:
                 raise _Demoted("the server no longer shows this replica holding the leadership")
             if monotonic() >= term.lease_until:

@@ -64,7 +64,9 @@ class Channel(Protocol):
         what: str,
         keep_on_server_error: bool = False,
     ) -> _T:
-        """Run one statement on *conn* of *generation*, bounded by the statement timeout."""
+        """Run one statement on *conn* of *generation*, bounded by the statement timeout:
+        the error boundary, where a failure becomes a :class:`cronlock.LockError` naming
+        *what*."""
         ...
 
     def drop(self, conn: Any, *, reason: str, kill: bool = True) -> None:

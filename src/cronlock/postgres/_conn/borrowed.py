@@ -22,7 +22,7 @@ from ..._clock import monotonic
 from ..._errors import LockError
 from ..._logs import get_logger
 from .backoff import Backoff
-from .errors import SessionGone, backend_error_types, backend_errors
+from .errors import backend_error_types, backend_errors, session_gone, translated
 from .source import ConnectionSource
 
 __all__ = ("BorrowedConnections",)
@@ -122,10 +122,11 @@ class BorrowedConnections:
     ) -> _T:
         """Run one statement on a connection borrowed for it alone, bounded.
 
-        Raises :class:`SessionGone` once closed; the backend's errors as they come.
+        Raises :class:`cronlock.LockError` as a dedicated connection's :meth:`run` does
+        (:func:`.errors.session_gone` once closed).
         """
         if self.closed:
-            raise SessionGone
+            raise session_gone(what)
         self.statements += 1
         try:
             async with self._source.lend(
@@ -137,6 +138,6 @@ class BorrowedConnections:
                     result = await call(borrowed)
         except backend_error_types() as exc:
             _logger.debug("%s failed on a borrowed connection: %r", what, exc)
-            raise
+            raise translated(exc, what) from exc
         self.last_ok = asyncio.get_running_loop().time()
         return result

@@ -21,7 +21,7 @@ from ..._clock import monotonic
 from ..._errors import LockError, LockUnavailable, PoolerDetected
 from ..._logs import get_logger
 from .backoff import Backoff
-from .errors import SessionGone, backend_error_types
+from .errors import backend_error_types, session_gone, translated
 from .source import ConnectionSource, is_closed, terminate
 
 __all__ = ("DedicatedConnection",)
@@ -175,13 +175,16 @@ class DedicatedConnection:
     ) -> _T:
         """Run one statement on *conn*, bounded; on failure drop the session.
 
-        Raises :class:`SessionGone` if *conn* of *generation* is no longer the session.
-        *keep_on_server_error*: a statement that takes and releases no lock (a read, an
-        upkeep write) and got an error answer from the server leaves the session sound.
+        The one place a statement's failure becomes a :class:`cronlock.LockError`: of the
+        kind :func:`.errors.kind_of` says, naming *what*, the backend's error its cause;
+        :func:`.errors.session_gone` if *conn* of *generation* is no longer the session
+        (nothing was sent). *keep_on_server_error*: a statement that takes and releases no
+        lock (a read, an upkeep write) and got an error answer from the server leaves the
+        session sound.
         """
         async with self.statement_lock:
             if conn is None or generation != self.generation or is_closed(conn):
-                raise SessionGone
+                raise session_gone(what)
             self.statements += 1
             try:
                 async with asyncio.timeout(self._statement_timeout):
@@ -194,7 +197,7 @@ class DedicatedConnection:
                     # did: terminating the session is the one way to be sure nothing stays
                     # held (session advisory locks survive a rolled-back statement).
                     self.drop(conn, reason=f"{what} failed: {exc!r}")
-                raise
+                raise translated(exc, what) from exc
             self.last_ok = asyncio.get_running_loop().time()
             return result
 

@@ -22,11 +22,15 @@ __all__ = (
     "backend_error_types",
     "backend_errors",
     "cut_off",
+    "gone",
     "gone_or_failed_types",
     "ignoring_backend_errors",
     "kind_of",
     "ledger_missing",
+    "prepared_statements_clash",
     "server_answered",
+    "session_gone",
+    "translated",
 )
 
 
@@ -124,3 +128,34 @@ def cut_off(exc: BaseException) -> bool:
 def ignoring_backend_errors() -> contextlib.suppress:
     """A block whose backend errors are of no consequence (a best-effort goodbye)."""
     return contextlib.suppress(*backend_error_types())
+
+
+def session_gone(what: str) -> SessionLost:
+    """The error of a statement (*what*) whose session was replaced or closed before it
+    went out: nothing was sent (:func:`gone` tells it from a session lost mid-statement)."""
+    error = SessionLost(f"{what}: the session was lost; try again")
+    error.__cause__ = SessionGone()
+    return error
+
+
+def gone(exc: BaseException) -> bool:
+    """Whether *exc* says its statement never went out: its session was gone already."""
+    return isinstance(exc.__cause__, SessionGone)
+
+
+def translated(exc: BaseException, what: str) -> LockError:
+    """The :class:`cronlock.LockError` a backend error *exc* of statement *what* is (see
+    :func:`kind_of`), its cause *exc*."""
+    error = kind_of(exc)(f"{what} failed: {exc!r}")
+    error.__cause__ = exc
+    return error
+
+
+def prepared_statements_clash(exc: BaseException) -> bool:
+    """Whether *exc* is asyncpg's named prepared statements meeting another client's (or
+    missing their own) on a pooled backend: what only a transaction pooler does."""
+    asyncpg = sys.modules.get("asyncpg")
+    if asyncpg is None:
+        return False
+    clash = (asyncpg.DuplicatePreparedStatementError, asyncpg.InvalidSQLStatementNameError)
+    return isinstance(exc, clash)

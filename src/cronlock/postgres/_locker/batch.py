@@ -31,7 +31,7 @@ from ..._cancel import finish_uncancellably, task_name
 from ..._errors import LockError
 from ..._locking.protocols import Refusal
 from ..._logs import at, get_logger
-from .._conn.errors import SessionGone, backend_error_types, backend_errors
+from .._conn.errors import gone
 from .._sql.runs import Prefixed, decode_run
 
 if TYPE_CHECKING:
@@ -115,8 +115,7 @@ class Batcher:
         self._exclusion = exclusion
         self._host = host
         self._pid = os.getpid()
-        ledger = exclusion.ledger
-        self._runs = "" if ledger is None else ledger.runs  # named in what decoding logs
+        self._runs = exclusion.ledger_or(str, lambda t: t.runs)  # named in what decoding logs
         self._claims: list[_Claim] = []
         self._ends: list[_End] = []
         self._flush: asyncio.Task[None] | None = None
@@ -249,13 +248,12 @@ class Batcher:
         jobs = [claim.job for claim in claims]
         slots = [claim.slot for claim in claims]
         statement = self._exclusion.claim(keys, jobs, slots, self._host, self._pid)
-        with backend_errors("the claim statement failed", session_lost="the lock session was lost"):
-            rows = await run(
-                conn,
-                generation,
-                lambda c: c.fetch(statement.sql, *statement.args),
-                what="claim",
-            )
+        rows = await run(
+            conn,
+            generation,
+            lambda c: c.fetch(statement.sql, *statement.args),
+            what="the claim statement",
+        )
         answers = [ClaimAnswer(None, generation)] * len(claims)
         for row in rows:
             if row["started_at"] is not None:
@@ -298,11 +296,11 @@ class Batcher:
             rows = await session.run(
                 conn, generation, lambda c: c.fetch(statement.sql, *statement.args), what="finish"
             )
-        except SessionGone:
-            for end in current:
-                _settle(end.future, False)  # the session died: the server released them
-            return
-        except backend_error_types() as exc:
+        except LockError as exc:
+            if gone(exc):
+                for end in current:
+                    _settle(end.future, False)  # the session died: the server released them
+                return
             _logger.warning(
                 "unlock of %s failed (%r); the lock session was terminated, which releases "
                 "the locks server-side",

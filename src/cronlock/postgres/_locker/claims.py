@@ -19,7 +19,6 @@ from ..._cancel import claim_or_undo, task_name
 from ..._errors import LockError
 from ..._logs import at, get_logger
 from .._conn import Channel
-from .._conn.errors import backend_errors
 from .._modes.base import Exclusion, Statement
 from .batch import Batcher, ClaimAnswer
 
@@ -103,16 +102,12 @@ class Claims:
         slot: datetime,
         takeover: Statement,
     ) -> ClaimAnswer:
-        with backend_errors(
-            f"job {job!r}: the claim statement failed",
-            session_lost=f"job {job!r}: the lock session was lost; try again",
-        ):
-            row = await self._session.run(
-                conn,
-                generation,
-                lambda c: c.fetchrow(takeover.sql, *takeover.args),
-                what="claim",
-            )
+        row = await self._session.run(
+            conn,
+            generation,
+            lambda c: c.fetchrow(takeover.sql, *takeover.args),
+            what=f"job {job!r}: the claim statement",
+        )
         if self._exclusion.stray(row):
             # A lease taken for a row that could not be taken over goes back.
             self.batcher.end(generation, job, key, slot, None, undo=True)

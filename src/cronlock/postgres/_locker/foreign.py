@@ -23,7 +23,6 @@ from ..._cancel import task_name
 from ..._locking.protocols import ForeignCallback
 from ..._logs import at, get_logger
 from .._conn import Channel
-from .._conn.errors import gone_or_failed_types
 from .._sql.tables import LedgerTable
 from .._sql.upkeep import holders_sql
 
@@ -101,10 +100,7 @@ class ForeignHolders:
                 return  # released before we looked: the next look is LOOK_EVERY away
             await asyncio.sleep(CONFIRM_AFTER)
             second = await self._holders(session, job, key)
-        except gone_or_failed_types() as exc:  # a later refusal looks again
-            _logger.debug("job %r: looking at its lock's holder failed: %r", job, exc)
-            return
-        except Exception as exc:  # LockError: the server is unreachable
+        except Exception as exc:  # LockError: a later refusal looks again
             _logger.debug("job %r: looking at its lock's holder failed: %r", job, exc)
             return
         still = [second[pid] for pid in first if pid in second]

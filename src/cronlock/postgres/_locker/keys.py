@@ -20,7 +20,6 @@ from typing import Any, Literal
 
 from ..._errors import ConfigError, LockError
 from ..._keys import job_lock_key, keyed_lock_key
-from .._conn.errors import backend_errors
 from .._sql.tables import LedgerTable
 from .secrets import fleet_secret
 
@@ -34,16 +33,18 @@ SECRET_NAME = "lock.keys"
 class KeySource:
     """One locker's key function, and for ``"keyed"`` the secret it reads first."""
 
-    def __init__(self, kind: LockKeys, table: LedgerTable | None, *, bare: bool) -> None:
+    def __init__(self, kind: LockKeys, namespace: LedgerTable | None) -> None:
+        """*namespace*: the ledger whose keys these are, or ``None`` for bare keys (Go's
+        ``job_lock_key``: ``bare_keys=True``, or no ledger)."""
         if kind not in ("fnv1a", "keyed"):
             raise ConfigError(f"PostgresLocker: lock_keys must be 'fnv1a' or 'keyed', got {kind!r}")
-        if kind == "keyed" and (table is None or bare):
+        if kind == "keyed" and namespace is None:
             raise ConfigError(
                 "PostgresLocker: lock_keys='keyed' keeps its secret in the ledger, and its "
                 "keys are nobody else's: it takes neither ledger=False nor bare_keys=True"
             )
-        self.table, self.kind = table, kind
-        self.fnv: Callable[[str], int] = job_lock_key if bare or table is None else table.lock_key
+        self.namespace, self.kind = namespace, kind
+        self.fnv: Callable[[str], int] = job_lock_key if namespace is None else namespace.lock_key
         """FNV-1a keys, which need nothing read: what spreads jobs over the sessions too."""
         self._secret: bytes | None = None
         self._loading = asyncio.Lock()
@@ -64,19 +65,15 @@ class KeySource:
         async with self._loading:
             if self.ready:
                 return
-            table = self.table
-            assert table is not None
+            namespace = self.namespace
+            assert namespace is not None  # keyed keys have one (checked at construction)
             session = sessions[0]
             conn, generation = await session.ensure()
-            with backend_errors(
-                "reading the ledger's lock-key secret failed",
-                session_lost="the lock session was lost reading the lock-key secret; try again",
-            ):
-                self._secret = await session.run(
-                    conn,
-                    generation,
-                    lambda c: fleet_secret(c, table, SECRET_NAME),
-                    what="reading the lock-key secret",
-                    keep_on_server_error=True,
-                )
+            self._secret = await session.run(
+                conn,
+                generation,
+                lambda c: fleet_secret(c, namespace, SECRET_NAME),
+                what="reading the ledger's lock-key secret",
+                keep_on_server_error=True,
+            )
             self.ready = True

@@ -8,16 +8,18 @@ whether it has a ledger.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from ..._locking.protocols import FleetCallback, Health
+    from ..._locking.protocols import FleetCallback, Health, LedgerSummary
+    from ..._records import RunRecord
+    from ..._stored.schedule import Change
     from .._conn import Channel
     from .foreign import ForeignCallback
 
-__all__ = ("NoFleetWatch", "NoForeignHolders", "NoMembership")
+__all__ = ("NoFleetWatch", "NoForeignHolders", "NoLedgerReads", "NoMembership")
 
 
 class NoMembership:
@@ -73,3 +75,30 @@ class NoFleetWatch:
 
     async def stop(self) -> None:
         """Nothing to stop."""
+
+
+class NoLedgerReads:
+    """Nothing recorded, nothing to read: every answer is empty."""
+
+    async def last_claimed(self, job: str) -> datetime | None:
+        """No slot was recorded."""
+        return None
+
+    async def last_runs(self, job: str) -> tuple[RunRecord | None, RunRecord | None]:
+        """No run was recorded."""
+        return None, None
+
+    async def history(self, job: str, limit: int) -> list[RunRecord]:
+        """No run was recorded."""
+        return []
+
+    async def summaries(self, jobs: Sequence[str]) -> Mapping[str, LedgerSummary]:
+        """No job has a row."""
+        return {}
+
+    async def stored_changes(self, since: int) -> tuple[int, list[Change]]:
+        """No schedule is stored."""
+        return since, []
+
+    async def report_problem(self, name: str, revision: int, problem: str) -> None:
+        """Nowhere to note it."""

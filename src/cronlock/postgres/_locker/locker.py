@@ -27,24 +27,23 @@ from ..._locking.claimed import remember_claim
 from ..._locking.protocols import ASKED, Refusal
 from ..._logs import get_logger, say
 from ..._resources import HeldOpenByBlocks
-from .._conn.errors import gone_or_failed_types
 from .._conn.source import Keepalives, default_application_name, watch_pool
 from .._modes import exclusion_for, source_for
 from .._modes.base import Channels, Mode
-from .._ops.control import FleetWatch
 from .._sql.tables import DEFAULT_TABLE, LedgerTable
 from .._statistics import LockerCounts, PostgresLockerStatistics
 from .claims import Claims
 from .crashes import CrashWatch
+from .fleetwatch import FleetWatch
 from .foreign import ForeignCallback, ForeignHolders
 from .hold import PostgresHold
 from .keys import KeySource, LockKeys
-from .ledgerless import NoFleetWatch, NoForeignHolders, NoMembership
+from .ledgerless import NoFleetWatch, NoForeignHolders, NoLedgerReads, NoMembership
 from .members import Membership
 from .reads import LedgerReads, ReadsLedger
 from .servertime import DEFAULT_AHEAD, DEFAULT_SPREAD, LANES, FairRace, read_server_clock
 from .settings import LockerSettings
-from .upkeep import Upkeep
+from .upkeep import LedgerUpkeep, Upkeep
 
 if TYPE_CHECKING:
     from ..._locking.protocols import CrashCallback, FleetCallback, Health
@@ -148,11 +147,14 @@ class PostgresLocker(HeldOpenByBlocks, ReadsLedger):
         )  # fmt: skip
         self._application_name = application_name or default_application_name()
         source = source_for(mode, pool_or_dsn, connect_kwargs, self._application_name)
-        self._table = LedgerTable(table, schema) if ledger else None
-        # Lock keys: namespaced by the ledger, bare (Go's) on request, or keyed (._lockkeys).
-        self._keys = KeySource(lock_keys, self._table, bare=bare_keys)
         self._holder = f"{self._application_name}:{secrets.token_hex(4)}"
-        self._exclusion = exclusion_for(mode, self._table, holder=self._holder, lease=checked.lease)
+        self._exclusion = exclusion_for(
+            mode, LedgerTable(table, schema), ledger=ledger, holder=self._holder,
+            lease=checked.lease,
+        )  # fmt: skip
+        # Lock keys: namespaced by the ledger, bare (Go's) on request or without a ledger,
+        # or keyed (.keys).
+        self._keys = KeySource(lock_keys, None if bare_keys else self._exclusion.ledger)
         self._remember = checked.remember
         self._race = FairRace(checked.spread)
         self._ahead, self._keep = checked.claim_ahead, checked.retention
@@ -183,11 +185,12 @@ class PostgresLocker(HeldOpenByBlocks, ReadsLedger):
         # What refusals told of each job's history, until the scheduler asks (see
         # refusal_history); bounded like the claimed slots.
         self._told: dict[str, tuple[RunRecord | None, RunRecord | None]] = {}
-        self._reads = LedgerReads(
-            self._shards, self._table, lambda: self._closed, key=self._keys.fnv
-        )
         # The parts that exist only with a ledger, or their stand-ins without one.
         ledger_or = self._exclusion.ledger_or
+        self._reads = ledger_or(
+            NoLedgerReads,
+            lambda t: LedgerReads(self._shards, t, lambda: self._closed, key=self._keys.fnv),
+        )
         self._crashes = CrashWatch(
             self._exclusion.crashed(host, os.getpid()), runs=ledger_or(str, lambda t: t.runs)
         )
@@ -200,19 +203,24 @@ class PostgresLocker(HeldOpenByBlocks, ReadsLedger):
         )
         cadence = self._members.spread
         # Upkeep: heartbeat, schedules and late outcomes to write, crashes to mark, pruning.
-        self._upkeep = Upkeep(
-            self._shards,
-            self._table,
-            retention=checked.retention,
-            # Only where a session's death loses its holds is it worth checking.
-            heartbeat=checked.heartbeat if self._exclusion.heartbeat else None,
-            application_name=self._application_name,
-            holding=lambda: {key % len(self._shards) for key in self._held},
-            busy=lambda: bool(self._held or self._pending),
-            host=host,
-            crashes=self._crashes,
-            exclusion=self._exclusion,
-            spread=cadence,
+        # Only where a session's death loses its holds is the session worth checking.
+        heartbeat = checked.heartbeat if self._exclusion.heartbeat else None
+        holding = lambda: {key % len(self._shards) for key in self._held}  # noqa: E731
+        self._upkeep: Upkeep = ledger_or(
+            lambda: Upkeep(self._shards, heartbeat=heartbeat, holding=holding),
+            lambda t: LedgerUpkeep(
+                self._shards,
+                t,
+                retention=checked.retention,
+                heartbeat=heartbeat,
+                application_name=self._application_name,
+                holding=holding,
+                busy=lambda: bool(self._held or self._pending),
+                host=host,
+                crashes=self._crashes,
+                exclusion=self._exclusion,
+                spread=cadence,
+            ),
         )
         self._fleet: FleetWatch | NoFleetWatch = ledger_or(
             NoFleetWatch, lambda t: FleetWatch(t, self._shards, cadence)
@@ -241,7 +249,7 @@ class PostgresLocker(HeldOpenByBlocks, ReadsLedger):
     @property
     def ledger(self) -> LedgerTable | None:
         """Where the run ledger lives, or ``None`` in lock-only mode (``ledger=False``)."""
-        return self._table
+        return self._exclusion.ledger
 
     def _shard(self, key: int) -> int:
         return key % len(self._shards)
@@ -446,7 +454,7 @@ class PostgresLocker(HeldOpenByBlocks, ReadsLedger):
                     continue
                 if not flushed:
                     flushed = True
-                    with contextlib.suppress(*gone_or_failed_types()):
+                    with contextlib.suppress(LockError):
                         await uncancellable(
                             self._upkeep.flush(session, conn, session.generation),
                             name=task_name("pg-flush"),
@@ -463,7 +471,7 @@ class PostgresLocker(HeldOpenByBlocks, ReadsLedger):
     def _on_released(self, hold: PostgresHold, unwritten: RunRecord | None) -> None:
         """*hold* was released: forget it; keep an outcome its dead session lost."""
         self._exclusion.released(hold)
-        if unwritten is not None and self._table is not None:
+        if unwritten is not None:
             self._upkeep.write_late(hold.job, hold.slot, unwritten, hold.attempt)
         if self._held.get(hold.key) is hold:
             del self._held[hold.key]

@@ -42,9 +42,9 @@ from collections.abc import Sequence
 
 from ..._cancel import cancel_and_wait, task_name
 from ..._clock import monotonic
+from ..._errors import LockError
 from ..._logs import get_logger
 from .._conn import Channel
-from .._conn.errors import gone_or_failed_types
 from .._sql.tables import LedgerTable
 from .._sql.upkeep import heartbeat_sql, leave_sql
 
@@ -155,7 +155,7 @@ class Membership:
                 what="leaving the members table",
                 keep_on_server_error=True,
             )
-        except gone_or_failed_types() as exc:  # it expires by itself
+        except LockError as exc:  # it expires by itself
             _logger.debug("leaving the members table failed: %r", exc)
 
     def _open(self) -> Channel | None:

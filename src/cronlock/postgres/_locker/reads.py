@@ -17,7 +17,6 @@ from ..._cancel import task_name, uncancellable
 from ..._errors import LockError
 from ..._keys import job_lock_key
 from ..._locking.protocols import LedgerSummary
-from .._conn.errors import backend_errors
 from .._sql.runs import (
     Prefixed,
     catch_up_sql,
@@ -35,6 +34,7 @@ if TYPE_CHECKING:
     from ..._stored.schedule import Change
     from .._conn import Channel
     from .crashes import CrashWatch
+    from .ledgerless import NoLedgerReads
 
 __all__ = ("READ_BATCH", "LedgerReads", "ReadsLedger")
 
@@ -50,7 +50,7 @@ class LedgerReads:
     def __init__(
         self,
         shards: Sequence[Channel],
-        table: LedgerTable | None,
+        table: LedgerTable,
         closed: Callable[[], bool],
         *,
         key: Callable[[str], int] = job_lock_key,
@@ -59,20 +59,16 @@ class LedgerReads:
         self._key = key
         self._table = table
         self._closed = closed
-        self._catch_up_sql = None if table is None else catch_up_sql(table)
+        self._catch_up_sql = catch_up_sql(table)
 
     async def last_claimed(self, job: str) -> datetime | None:
-        """The latest slot of *job* any replica claimed; ``None`` without a ledger."""
-        if self._table is None:
-            return None
+        """The latest slot of *job* any replica claimed."""
         sql = last_claimed_sql(self._table)
         found: datetime | None = await self._read(job, lambda s: s.fetchval(sql, job))
         return found
 
     async def last_runs(self, job: str) -> tuple[RunRecord | None, RunRecord | None]:
         """The latest finished run of *job* on any replica, and the latest successful one."""
-        if self._table is None:
-            return None, None
         sql = last_runs_sql(self._table)
         rows = await self._read(job, lambda s: s.fetch(sql, job))
         runs = self._table.runs
@@ -80,9 +76,7 @@ class LedgerReads:
         return found.get("last"), found.get("ok")
 
     async def history(self, job: str, limit: int) -> list[RunRecord]:
-        """The latest *limit* runs of *job*, newest first; empty without a ledger."""
-        if self._table is None:
-            return []
+        """The latest *limit* runs of *job*, newest first."""
         sql = history_sql(self._table)
         rows = await self._read(job, lambda s: s.fetch(sql, job, limit))
         runs = self._table.runs
@@ -92,10 +86,10 @@ class LedgerReads:
         """Each job's latest claimed slot, latest finished run and latest success.
 
         One statement per :data:`READ_BATCH` jobs, on the first job's shard. Jobs without
-        a row are left out; empty without a ledger.
+        a row are left out.
         """
         sql, table = self._catch_up_sql, self._table
-        if sql is None or table is None or not jobs:
+        if not jobs:
             return {}
         found: dict[str, LedgerSummary] = {}
         names = list(dict.fromkeys(jobs))
@@ -119,10 +113,8 @@ class LedgerReads:
 
     async def stored_changes(self, since: int) -> tuple[int, list[Change]]:
         """The stored schedules' latest revision and changes after *since* (one statement,
-        on the shard of a fixed key); nothing without a ledger."""
+        on the shard of a fixed key)."""
         table = self._table
-        if table is None:
-            return since, []
         sql = schedule_changes_sql(table)
         rows = await self._read(_STORED_KEY, lambda s: s.fetch(sql, since))
         return decode_changes(rows, since, table=table.schedules)
@@ -130,8 +122,6 @@ class LedgerReads:
     async def report_problem(self, name: str, revision: int, problem: str) -> None:
         """Note *problem* in revision *revision* of stored schedule *name*, as this host."""
         table = self._table
-        if table is None:
-            return
         sql, who = schedule_problem_sql(table), f"{socket.gethostname()}:{os.getpid()}"
         await self._read(_STORED_KEY, lambda s: s.execute(sql, name, revision, problem, who))
 
@@ -140,16 +130,16 @@ class LedgerReads:
             raise LockError(f"job {job!r}: the PostgresLocker is closed")
         session = self._shards[self._key(job) % len(self._shards)]
         conn, generation = await session.ensure()
-        with backend_errors(
-            f"job {job!r}: reading the run ledger failed",
-            session_lost=f"job {job!r}: the lock session was lost; try again",
-        ):
-            return await uncancellable(
-                session.run(
-                    conn, generation, call, what="a ledger read", keep_on_server_error=True
-                ),
-                name=task_name("pg-read", job),
-            )
+        return await uncancellable(
+            session.run(
+                conn,
+                generation,
+                call,
+                what=f"job {job!r}: reading the run ledger",
+                keep_on_server_error=True,
+            ),
+            name=task_name("pg-read", job),
+        )
 
 
 async def _fetch(sql: str, names: list[str], conn: Any) -> list[Any]:
@@ -161,7 +151,7 @@ class ReadsLedger:
     """The ledger half of :class:`cronlock.LedgerLocker`, a base of ``PostgresLocker``:
     reads through its :class:`LedgerReads`, and what its refusals told."""
 
-    _reads: LedgerReads
+    _reads: LedgerReads | NoLedgerReads
     _told: dict[str, tuple[RunRecord | None, RunRecord | None]]
     _crashes: CrashWatch
 

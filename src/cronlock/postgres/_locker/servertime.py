@@ -33,7 +33,6 @@ from typing import Any
 
 from ..._cancel import task_name, uncancellable
 from .._conn import Channel
-from .._conn.errors import backend_errors
 from .._sql.fleet import SERVER_CLOCK_SQL
 
 __all__ = ("DEFAULT_AHEAD", "DEFAULT_SPREAD", "LANES", "FairRace", "read_server_clock")
@@ -63,13 +62,12 @@ async def read_server_clock(
         server: datetime = await c.fetchval(SERVER_CLOCK_SQL)
         return sent, server, read()
 
-    with backend_errors("reading the server's clock failed"):
-        return await uncancellable(
-            session.run(
-                conn, generation, sample, what="reading the clock", keep_on_server_error=True
-            ),
-            name=task_name("pg-clock"),
-        )
+    return await uncancellable(
+        session.run(
+            conn, generation, sample, what="reading the server's clock", keep_on_server_error=True
+        ),
+        name=task_name("pg-clock"),
+    )
 
 
 class FairRace:

@@ -4,18 +4,16 @@ field and the value), in the units its parts use: seconds as floats, counts as i
 from __future__ import annotations
 
 import math
-import sys
 from dataclasses import dataclass
-from typing import Any
 
 from ..._durations import Seconds, optional_seconds, positive_int, to_seconds
 from ..._errors import ConfigError
 from ..._locking.retention import RETENTION_MARGIN
 from ..._logs import get_logger
-from .._modes import checked_mode
+from .._modes import check_pool_room, checked_mode
 from .._modes.base import Mode
 
-__all__ = ("MAX_RETENTION", "MIN_RETENTION", "LockerSettings", "check_pool_room")
+__all__ = ("MAX_RETENTION", "MIN_RETENTION", "LockerSettings")
 
 MIN_RETENTION = RETENTION_MARGIN
 """The shortest retention, one hour: a row is what refuses a late claim of its slot, and
@@ -106,40 +104,3 @@ def _retention(value: float) -> float:
             "one (default: 30 days)"
         )
     return value
-
-
-def check_pool_room(pool: Any, *, mode: Mode, sessions: int) -> None:
-    """Refuse, or warn about, an asyncpg *pool* too small for the locker and its owner.
-
-    The pool is the application's too. In session mode the locker borrows up to
-    *sessions* of its connections, for its lifetime: a pool of ``max_size <= sessions``
-    could be left with none for the application (whose ``acquire()`` then waits forever,
-    or until its timeout), so it raises :class:`cronlock.ConfigError`. In lease mode it
-    borrows one per statement (a claim, a renewal every ``lease / 4``, upkeep), and gives it
-    back: a pool of one connection is shared by turns, and a statement that waits for it
-    longer than ``connect_timeout`` fails (a renewal that fails cancels the runs in
-    flight), so it logs a WARNING. Anything but an asyncpg pool is not looked at.
-    """
-    asyncpg = sys.modules.get("asyncpg")  # whoever made a pool imported it
-    if asyncpg is None or not isinstance(pool, asyncpg.Pool):
-        return
-    size: int = pool.get_max_size()
-    if mode == "session" and sessions >= size:
-        fewer = f", pass sessions={size - 1} or fewer" if size > 1 else ""
-        raise ConfigError(
-            f"PostgresLocker: the asyncpg pool has max_size={size}, and mode='session' "
-            f"borrows up to sessions={sessions} of its connections for the locker's "
-            f"lifetime, which could leave none for the application; create the pool with "
-            f"max_size={sessions + 1} or more{fewer}, or pass a DSN so that the locker "
-            "opens connections of its own"
-        )
-    if mode == "lease" and size < 2:
-        _logger.warning(
-            "PostgresLocker: the asyncpg pool has max_size=%d, and mode='lease' borrows a "
-            "connection of it for each statement (claims, renewals, upkeep), so the locker "
-            "and the application take turns on it; a statement that waits longer than "
-            "connect_timeout for it fails, and a failed renewal cancels the runs in flight. "
-            "Create the pool with max_size=2 or more, or pass a DSN so that the locker "
-            "keeps a connection of its own",
-            size,
-        )

@@ -19,9 +19,10 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..._cancel import cancel_and_wait, task_name, uncancellable
+from ..._errors import LockError
 from ..._logs import get_logger
 from .._conn import Channel
-from .._conn.errors import SessionGone, backend_errors, gone_or_failed_types
+from .._conn.errors import gone
 from .._conn.source import is_closed
 from .._sql.tables import LedgerTable
 from .._sql.upkeep import HEARTBEAT_SQL, note_sql, prune_sql
@@ -38,6 +39,7 @@ __all__ = (
     "NOTE_LATEST",
     "PRUNE_BATCH",
     "PRUNE_EVERY",
+    "LedgerUpkeep",
     "Upkeep",
     "tags_json",
 )
@@ -67,7 +69,7 @@ class _Complaints:
         self._failing: dict[str, tuple[str, float]] = {}  # duty: (error's type, told at)
 
     def failed(self, duty: str, exc: BaseException) -> None:
-        if isinstance(exc, SessionGone):
+        if gone(exc):
             _logger.debug("upkeep (%s) skipped: the lock session is gone", duty)
             return
         now = asyncio.get_running_loop().time()
@@ -89,53 +91,25 @@ class _Complaints:
 
 
 class Upkeep:
-    """The upkeep task of one locker, and what it has still to write.
+    """The upkeep every locker has: the heartbeat of the sessions that hold locks.
 
-    *sessions* are the locker's shards; *holding* gives the indexes of those holding leases
-    right now: only they are worth a heartbeat; *busy* says whether claims or runs are in
-    flight (changed schedules then wait). *table* ``None`` (lock-only mode) leaves
-    just the heartbeat. *crashes* checks for crashed runs every few seconds; *host* is this
-    replica's, whose own runs' late outcomes are written.
+    *sessions* are the locker's shards; *holding* gives the indexes of those holding locks
+    right now: only they are worth a heartbeat, every *heartbeat* seconds (``None``: none,
+    as in lease mode, whose renewals prove its leases). Without a ledger this is all there
+    is; :class:`LedgerUpkeep` adds the ledger's duties.
     """
 
     def __init__(
         self,
         sessions: Sequence[Channel],
-        table: LedgerTable | None,
         *,
-        retention: float,
         heartbeat: float | None,
-        application_name: str,
         holding: Callable[[], Collection[int]],
-        busy: Callable[[], bool] = lambda: False,
-        host: str,
-        crashes: CrashWatch | None = None,
-        exclusion: Exclusion,
-        spread: Callable[[], float] = lambda: 1.0,
     ) -> None:
         self._sessions = sessions
-        self._table = table
-        self._retention = retention
         self._heartbeat = heartbeat
-        self._application_name = application_name
         self._holding = holding
-        self._busy = busy
-        self._notes: dict[str, tuple[str, datetime | None, Collection[str]]] = {}
-        self._dirty: set[str] = set()
-        self._dirty_at: float | None = None  # loop time a tick first saw unwritten notes
-        self._late: list[tuple[str, datetime, RunRecord, int]] = []
-        self._host = host
-        self._crashes = crashes
-        # Fleet-wide chores (crash checks, schedule notes) run N / racers times less often
-        # on each replica of a large fleet (._members).
-        self._spread = spread
-        # Writes the late outcomes in the locker's mode (lease mode releases the lease too).
-        self._exclusion = exclusion
-        self._crash_at = 0.0  # loop time of the next check for crashed runs
         self._task: asyncio.Task[None] | None = None
-        self._complaints = _Complaints()
-        self._noted_at = float("-inf")
-        self._prune_at = PRUNE_EVERY * random.uniform(0.2, 0.4)  # relative until started
         self.heartbeats = 0
         self.health: Callable[[], Mapping[str, Health]] = dict
         """The jobs' overdue graces and due slots, written with their schedules (set by the
@@ -145,33 +119,26 @@ class Upkeep:
         self, job: str, schedule: str, next_run: datetime | None, tags: Collection[str] = ()
     ) -> bool:
         """Remember *job*'s schedule, next slot and tags; written if changed, batched. True
-        when *job* was never noted before."""
-        if self._table is None:
-            return False
-        known = self._notes.get(job)
-        if known == (schedule, next_run, tags):
-            return False
-        self._notes[job] = (schedule, next_run, tags)
-        self._dirty.add(job)
-        return known is None
-
-    def note_delay(self) -> float:
-        """The longest this replica takes to write a changed note: a flush waits until
-        ``NOTE_EVERY`` (times the fleet's spread) passed since the last one, and at most
-        ``NOTE_LATEST`` for runs holding leases, then for the next tick. Twice it is the
-        margin a published grace stands by past its next slot (see
-        :func:`.._sql.upkeep.note_sql`)."""
-        return max(NOTE_EVERY * self._spread(), NOTE_LATEST) + NOTE_EVERY
+        when *job* was never noted before. Without a ledger: nowhere to write, False."""
+        return False
 
     def write_late(self, job: str, slot: datetime, record: RunRecord, attempt: int = 1) -> None:
-        """Keep the outcome of a lease whose session died, to write once a session is back."""
-        self._late.append((job, slot, record, attempt))
+        """Keep the outcome of a hold whose session died, to write once a session is back
+        (without a ledger: nowhere to write it)."""
+
+    async def prune(self) -> int:
+        """Prune the ledger now; return how many rows went (without a ledger: none)."""
+        return 0
+
+    async def flush(self, session: Channel, conn: Any, generation: int) -> None:
+        """Write what waits to be written, on *session* (at close; without a ledger:
+        nothing)."""
 
     def start(self) -> None:
         """Start the upkeep task, unless it runs already."""
         if self._task is None:
             loop = asyncio.get_running_loop()
-            self._prune_at += loop.time()
+            self._started(loop.time())
             self._task = loop.create_task(self._keep(), name=task_name("pg-upkeep"))
 
     async def stop(self) -> None:
@@ -180,22 +147,16 @@ class Upkeep:
         if task is not None:
             await cancel_and_wait(task)
 
-    async def prune(self) -> int:
-        """Prune batches now, connecting if needed, until one is not full; return the total."""
-        if self._table is None:
-            return 0
-        total = 0
-        while True:
-            found = self._any_open()
-            session = found[0] if found else self._sessions[0]
-            conn, generation = found[1:] if found else await session.ensure()
-            with backend_errors("pruning the run ledger failed"):
-                deleted = await uncancellable(
-                    self._prune_batch(session, conn, generation), name=task_name("pg-prune")
-                )
-            total += deleted
-            if deleted < PRUNE_BATCH:
-                return total
+    def _started(self, now: float) -> None:
+        """The task starts at loop time *now*."""
+
+    def _tick(self) -> float:
+        """Seconds between two turns of the task."""
+        return min(self._heartbeat or NOTE_EVERY, NOTE_EVERY)
+
+    async def _duties(self, now: float, tick: float, session: Channel, conn: Any,
+                      generation: int) -> None:  # fmt: skip
+        """What a turn does on an open session besides the heartbeat."""
 
     def _any_open(self) -> tuple[Channel, Any, int] | None:
         """The first session with an open connection, that connection and its generation."""
@@ -215,7 +176,7 @@ class Upkeep:
             await session.run(
                 conn, generation, lambda c: c.fetchval(HEARTBEAT_SQL), what="the heartbeat"
             )
-        except gone_or_failed_types() as exc:
+        except LockError as exc:
             _logger.debug("lock session heartbeat failed: %r", exc)
 
     async def _beat_all(self, sessions: Sequence[Channel]) -> None:
@@ -223,9 +184,7 @@ class Upkeep:
 
     async def _keep(self) -> None:
         """Owned by the locker from the first session to its close."""
-        tick = min(self._heartbeat or NOTE_EVERY, NOTE_EVERY)
-        if self._crashes is not None:
-            tick = min(tick, CHECK_EVERY)
+        tick = self._tick()
         loop = asyncio.get_running_loop()
         while True:
             await asyncio.sleep(tick)
@@ -242,33 +201,125 @@ class Upkeep:
                 if due:
                     await uncancellable(self._beat_all(due), name=task_name("pg-heartbeat"))
             found = self._any_open()
-            if self._table is None or found is None:
-                continue  # only acquire reconnects: upkeep alone never opens a session
-            session, conn, generation = found
-            # Each duty on its own: one that fails (a server error on its statement) must
-            # not stop the others, a failing note must not stop pruning or the crash check.
-            if self._late:
-                await self._duty("late outcomes", self._write_late, session, conn, generation)
-            # Notes wait while runs hold leases (a burst's claims and ends come first:
-            # the schedules of thousands of jobs are a long statement), within reason.
-            if self._dirty and self._dirty_at is None:
-                self._dirty_at = now
-            if (
-                self._dirty_at is not None
-                and now - self._noted_at >= NOTE_EVERY * self._spread()
-                and (now - self._dirty_at >= NOTE_LATEST or not self._busy())
-            ):
-                await self._duty("schedule notes", self._write_notes, session, conn, generation)
-            # Other replicas' runs whose session is gone (ours are left to the late
-            # writes above, which replace a "crashed" another replica may have set).
-            if self._crashes is not None and now >= self._crash_at:
-                # Less half a tick: with a tick of CHECK_EVERY, a check on every tick.
-                self._crash_at = now + CHECK_EVERY * self._spread() - tick / 2
-                await self._duty("crash check", self._crashes.check, session, conn, generation)
-            if now >= self._prune_at:
-                deleted = await self._duty("prune", self._prune_batch, session, conn, generation)
-                full = deleted is not None and deleted >= PRUNE_BATCH
-                self._prune_at = now + (tick if full else PRUNE_EVERY * random.uniform(1, 1.2))
+            if found is not None:  # only acquire reconnects: upkeep never opens a session
+                await self._duties(now, tick, *found)
+
+
+class LedgerUpkeep(Upkeep):
+    """Upkeep with a run ledger *table*: the heartbeat, and the ledger's duties on any open
+    session (schedule notes, late outcomes, the crash check, pruning; see the module).
+
+    *busy* says whether claims or runs are in flight (changed schedules then wait).
+    *crashes* checks for crashed runs every few seconds; *host* is this replica's, whose own
+    runs' late outcomes are written, in the statement of the locker's *exclusion*.
+    """
+
+    def __init__(
+        self,
+        sessions: Sequence[Channel],
+        table: LedgerTable,
+        *,
+        retention: float,
+        heartbeat: float | None,
+        application_name: str,
+        holding: Callable[[], Collection[int]],
+        busy: Callable[[], bool] = lambda: False,
+        host: str,
+        crashes: CrashWatch,
+        exclusion: Exclusion,
+        spread: Callable[[], float] = lambda: 1.0,
+    ) -> None:
+        super().__init__(sessions, heartbeat=heartbeat, holding=holding)
+        self._table = table
+        self._retention = retention
+        self._application_name = application_name
+        self._busy = busy
+        self._notes: dict[str, tuple[str, datetime | None, Collection[str]]] = {}
+        self._dirty: set[str] = set()
+        self._dirty_at: float | None = None  # loop time a tick first saw unwritten notes
+        self._late: list[tuple[str, datetime, RunRecord, int]] = []
+        self._host = host
+        self._crashes = crashes
+        # Fleet-wide chores (crash checks, schedule notes) run N / racers times less often
+        # on each replica of a large fleet (._members).
+        self._spread = spread
+        # Writes the late outcomes in the locker's mode (lease mode releases the lease too).
+        self._exclusion = exclusion
+        self._crash_at = 0.0  # loop time of the next check for crashed runs
+        self._complaints = _Complaints()
+        self._noted_at = float("-inf")
+        self._prune_at = PRUNE_EVERY * random.uniform(0.2, 0.4)  # relative until started
+
+    def note(
+        self, job: str, schedule: str, next_run: datetime | None, tags: Collection[str] = ()
+    ) -> bool:
+        """Remember *job*'s schedule, next slot and tags; written if changed, batched. True
+        when *job* was never noted before."""
+        known = self._notes.get(job)
+        if known == (schedule, next_run, tags):
+            return False
+        self._notes[job] = (schedule, next_run, tags)
+        self._dirty.add(job)
+        return known is None
+
+    def note_delay(self) -> float:
+        """The longest this replica takes to write a changed note: a flush waits until
+        ``NOTE_EVERY`` (times the fleet's spread) passed since the last one, and at most
+        ``NOTE_LATEST`` for runs holding leases, then for the next tick. Twice it is the
+        margin a published grace stands by past its next slot (see
+        :func:`.._sql.upkeep.note_sql`)."""
+        return max(NOTE_EVERY * self._spread(), NOTE_LATEST) + NOTE_EVERY
+
+    def write_late(self, job: str, slot: datetime, record: RunRecord, attempt: int = 1) -> None:
+        """Keep the outcome of a hold whose session died, to write once a session is back."""
+        self._late.append((job, slot, record, attempt))
+
+    async def prune(self) -> int:
+        """Prune batches now, connecting if needed, until one is not full; return the total."""
+        total = 0
+        while True:
+            found = self._any_open()
+            session = found[0] if found else self._sessions[0]
+            conn, generation = found[1:] if found else await session.ensure()
+            deleted = await uncancellable(
+                self._prune_batch(session, conn, generation), name=task_name("pg-prune")
+            )
+            total += deleted
+            if deleted < PRUNE_BATCH:
+                return total
+
+    def _started(self, now: float) -> None:
+        self._prune_at += now
+
+    def _tick(self) -> float:
+        return min(super()._tick(), CHECK_EVERY)
+
+    async def _duties(self, now: float, tick: float, session: Channel, conn: Any,
+                      generation: int) -> None:  # fmt: skip
+        # Each duty on its own: one that fails (a server error on its statement) must
+        # not stop the others, a failing note must not stop pruning or the crash check.
+        if self._late:
+            await self._duty("late outcomes", self._write_late, session, conn, generation)
+        # Notes wait while runs hold leases (a burst's claims and ends come first:
+        # the schedules of thousands of jobs are a long statement), within reason.
+        if self._dirty and self._dirty_at is None:
+            self._dirty_at = now
+        if (
+            self._dirty_at is not None
+            and now - self._noted_at >= NOTE_EVERY * self._spread()
+            and (now - self._dirty_at >= NOTE_LATEST or not self._busy())
+        ):
+            await self._duty("schedule notes", self._write_notes, session, conn, generation)
+        # Other replicas' runs whose session is gone (ours are left to the late
+        # writes above, which replace a "crashed" another replica may have set).
+        if now >= self._crash_at:
+            # Less half a tick: with a tick of CHECK_EVERY, a check on every tick.
+            self._crash_at = now + CHECK_EVERY * self._spread() - tick / 2
+            await self._duty("crash check", self._crashes.check, session, conn, generation)
+        if now >= self._prune_at:
+            deleted = await self._duty("prune", self._prune_batch, session, conn, generation)
+            full = deleted is not None and deleted >= PRUNE_BATCH
+            self._prune_at = now + (tick if full else PRUNE_EVERY * random.uniform(1, 1.2))
 
     async def _duty(
         self,
@@ -282,7 +333,7 @@ class Upkeep:
         and swallowed, so the next duty runs, and this one is tried again next time."""
         try:
             result = await uncancellable(fn(session, conn, generation), name=task_name("pg-upkeep"))
-        except gone_or_failed_types() as exc:
+        except LockError as exc:
             # A dead session was dropped (its leases marked lost, which is logged) by run();
             # a server error on upkeep leaves it sound, and says something is wrong.
             self._complaints.failed(duty, exc)
@@ -298,8 +349,6 @@ class Upkeep:
     def _report_lost(self, late: list[tuple[str, datetime, RunRecord, int]]) -> None:
         """Runs cut off by a lost lock, now written: crashes for recovery (:mod:`._crashes`)."""
         crashes = self._crashes
-        if crashes is None:
-            return
         for job, slot, record, attempt in late:
             if record.outcome == "lock_lost" and attempt == 1:
                 crashes.lost(job, replace(record, slot=slot, owner=f"{self._host}:{os.getpid()}"))
@@ -311,15 +360,14 @@ class Upkeep:
         for write in (self._write_late, self._write_notes):
             try:
                 await write(session, conn, generation)
-            except gone_or_failed_types() as exc:
+            except LockError as exc:
                 failure = failure or exc
         if failure is not None:
             raise failure
 
     async def _write_late(self, session: Channel, conn: Any, generation: int) -> None:
         """Write the outcomes of lost leases (kept for the next try if that fails)."""
-        table = self._table
-        if table is None or not self._late:
+        if not self._late:
             return
         late, self._late = self._late, []
         statement = self._exclusion.late_finish(late, self._host, os.getpid())
@@ -341,7 +389,7 @@ class Upkeep:
     async def _write_notes(self, session: Channel, conn: Any, generation: int) -> None:
         """Write changed job schedules (kept for the next try if that fails)."""
         table = self._table
-        if table is None or not self._dirty:
+        if not self._dirty:
             return
         dirty, self._dirty, self._dirty_at = self._dirty, set(), None
         names = sorted(dirty)
@@ -375,7 +423,6 @@ class Upkeep:
 
     async def _prune_batch(self, session: Channel, conn: Any, generation: int) -> int:
         table = self._table
-        assert table is not None
         deleted = await session.run(
             conn,
             generation,

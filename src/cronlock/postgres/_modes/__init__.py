@@ -8,11 +8,13 @@ says where the connections come from. Nothing else asks which mode it is in.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from ..._durations import Seconds, to_seconds
 from ..._errors import ConfigError
+from ..._logs import get_logger
 from .._conn.source import ConnectionSource
 
 if TYPE_CHECKING:
@@ -20,12 +22,17 @@ if TYPE_CHECKING:
     from .._sql.tables import LedgerTable
     from .base import Ballot, Exclusion, Mode
 
-__all__ = ("ballot_for", "checked_mode", "exclusion_for", "source_for")
+_logger = get_logger("cronlock.postgres")
+
+__all__ = ("ballot_for", "check_pool_room", "checked_mode", "exclusion_for", "source_for")
 
 
-def exclusion_for(mode: Mode, table: LedgerTable | None, *, holder: str, lease: float) -> Exclusion:
-    """The exclusion of a locker of *mode* over *table* (``None``: ``ledger=False``)."""
-    if table is None:
+def exclusion_for(
+    mode: Mode, table: LedgerTable, *, ledger: bool, holder: str, lease: float
+) -> Exclusion:
+    """The exclusion of a locker of *mode* over *table*; without a *ledger*, the lock alone
+    (the table then only names nothing: no statement touches it)."""
+    if not ledger:
         from .bare import BareLocks
 
         return BareLocks()
@@ -116,3 +123,40 @@ def source_for(
             "server_settings": settings,
         }
     return ConnectionSource(pool_or_dsn, connect_kwargs)
+
+
+def check_pool_room(pool: Any, *, mode: Mode, sessions: int) -> None:
+    """Refuse, or warn about, an asyncpg *pool* too small for the locker and its owner.
+
+    The pool is the application's too. In session mode the locker borrows up to
+    *sessions* of its connections, for its lifetime: a pool of ``max_size <= sessions``
+    could be left with none for the application (whose ``acquire()`` then waits forever,
+    or until its timeout), so it raises :class:`cronlock.ConfigError`. In lease mode it
+    borrows one per statement (a claim, a renewal every ``lease / 4``, upkeep), and gives it
+    back: a pool of one connection is shared by turns, and a statement that waits for it
+    longer than ``connect_timeout`` fails (a renewal that fails cancels the runs in
+    flight), so it logs a WARNING. Anything but an asyncpg pool is not looked at.
+    """
+    asyncpg = sys.modules.get("asyncpg")  # whoever made a pool imported it
+    if asyncpg is None or not isinstance(pool, asyncpg.Pool):
+        return
+    size: int = pool.get_max_size()
+    if mode == "session" and sessions >= size:
+        fewer = f", pass sessions={size - 1} or fewer" if size > 1 else ""
+        raise ConfigError(
+            f"PostgresLocker: the asyncpg pool has max_size={size}, and mode='session' "
+            f"borrows up to sessions={sessions} of its connections for the locker's "
+            f"lifetime, which could leave none for the application; create the pool with "
+            f"max_size={sessions + 1} or more{fewer}, or pass a DSN so that the locker "
+            "opens connections of its own"
+        )
+    if mode == "lease" and size < 2:
+        _logger.warning(
+            "PostgresLocker: the asyncpg pool has max_size=%d, and mode='lease' borrows a "
+            "connection of it for each statement (claims, renewals, upkeep), so the locker "
+            "and the application take turns on it; a statement that waits longer than "
+            "connect_timeout for it fails, and a failed renewal cancels the runs in flight. "
+            "Create the pool with max_size=2 or more, or pass a DSN so that the locker "
+            "keeps a connection of its own",
+            size,
+        )

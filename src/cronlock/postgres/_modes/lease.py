@@ -28,7 +28,6 @@ can stop is code that never yields to the event loop (a blocking call in a job).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import secrets
 from collections.abc import Callable, Mapping, Sequence
@@ -43,7 +42,7 @@ from ..._logs import get_logger, say
 from .._conn import Channel
 from .._conn.borrowed import BorrowedConnections
 from .._conn.dedicated import DedicatedConnection
-from .._conn.errors import backend_error_types, backend_errors
+from .._conn.errors import ignoring_backend_errors
 from .._sql.elector import (
     LEADERS_EXIST_SQL,
     XACT_LOCK_SQL,
@@ -190,14 +189,13 @@ class LeaseKeeper(Service):
         self.renewals += 1
         try:
             conn, generation = await session.ensure()
-            with backend_errors("renewing the leases failed"):
-                rows = await session.run(
-                    conn,
-                    generation,
-                    lambda c: c.fetch(sql, jobs, slots, self._holder, self._lease),
-                    what="renewing leases",
-                    keep_on_server_error=True,
-                )
+            rows = await session.run(
+                conn,
+                generation,
+                lambda c: c.fetch(sql, jobs, slots, self._holder, self._lease),
+                what="renewing the leases",
+                keep_on_server_error=True,
+            )
         except LockError as exc:
             _logger.info("renewing %d lease(s) failed: %s; trying again", len(leases), exc)
             return
@@ -409,6 +407,6 @@ class LeaseBallot(Ballot):
     async def release(self, conn: Any, *, timeout: float) -> None:
         """Give the leadership up now, so another replica need not wait for its expiry;
         bounded by *timeout*, best effort (it expires anyway): never raises a backend error."""
-        with contextlib.suppress(*backend_error_types()):
+        with ignoring_backend_errors():
             async with asyncio.timeout(timeout):
                 await conn.execute(self._release_sql, self._name, self._holder)

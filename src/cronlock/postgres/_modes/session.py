@@ -21,6 +21,7 @@ from ..._keys import job_lock_key
 from ..._logs import get_logger
 from .._conn import Channel
 from .._conn.dedicated import DedicatedConnection
+from .._conn.errors import prepared_statements_clash
 from .._conn.source import Keepalives, configure_session
 from .._sql.claims import TRY_LOCK_SQL, claim_many_sql, finish_many_sql
 from .._sql.crashes import crashed_sql, recover_sql
@@ -255,13 +256,12 @@ async def set_up_session(
     A clash of asyncpg's named prepared statements with another client's (or one missing
     its own) on a pooled backend is what only a transaction pooler does: it is said so.
     """
-    import asyncpg  # loaded already: the connection came from it
-
-    pooled = (asyncpg.DuplicatePreparedStatementError, asyncpg.InvalidSQLStatementNameError)
     try:
         await configure_session(conn, application_name=application_name, keepalives=keepalives)
         await refuse_pooler(conn, where)
-    except pooled as exc:
+    except Exception as exc:
+        if not prepared_statements_clash(exc):
+            raise
         raise PoolerDetected(
             f"the {where} is reached through a transaction pooler (prepared statements "
             f"clash: {exc!r}); session advisory locks cannot work through it. Use "

@@ -15,53 +15,40 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
-from collections import ChainMap
-from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import datetime
 from types import TracebackType
 from typing import Any, Self
 
-from ..._cancel import cancel_and_wait, task_name, uncancellable
 from ..._durations import Seconds, optional_seconds
 from ..._errors import ConfigError, JobLookupError, LockError
-from ..._keys import job_lock_key
-from ..._locking.protocols import FleetCallback, FleetView, Health
 from ..._logs import get_logger
 from ..._names import unknown_job
 from ..._records import RunRecord
-from .._conn import Channel
 from .._conn.errors import backend_errors
 from .._conn.source import ConnectionSource
 from .._sql.control import (
     known_job_sql,
     pause_sql,
     paused_sql,
-    poll_sql,
     resume_sql,
     trigger_sql,
     triggered_sql,
 )
 from .._sql.fleet import jobs_sql
-from .._sql.runs import decode_run, last_runs_many_sql, report_odd
-from .._sql.schema import first_seen_sql, migrate
+from .._sql.runs import decode_run
+from .._sql.schema import migrate
 from .._sql.tables import DEFAULT_TABLE, LedgerTable
 from .stored import ScheduleVerbs
 
 __all__ = (
-    "POLL_EVERY",
-    "RUNS_EVERY",
-    "TRIGGER_EXPIRES",
     "WAIT_EVERY",
     "FleetControl",
-    "FleetWatch",
     "Triggered",
     "refuse_unknown",
 )
 
 _logger = get_logger("cronlock.postgres")
 
-TRIGGER_EXPIRES = 3600
-"""Seconds after which a trigger no replica claimed is dropped (nobody runs that job)."""
 _TIMEOUT = 10.0
 
 
@@ -114,7 +101,7 @@ class Triggered:
         this one before any replica claimed it is followed: that run serves both. Raises
         :class:`TimeoutError` after *timeout* seconds (``None``: no limit), for instance
         when no replica running the job is up (a trigger is dropped after
-        :data:`TRIGGER_EXPIRES` seconds).
+        :data:`.._locker.fleetwatch.TRIGGER_EXPIRES` seconds).
         """
         limit = optional_seconds(timeout, field="timeout", allow_zero=True)
         slot = self.slot
@@ -199,12 +186,9 @@ class FleetControl(ScheduleVerbs):
             if self._conn is not None:
                 return await fn(self._conn)
             if self._source.pooled:
-                conn = await self._source.checkout(timeout=_TIMEOUT)
-                try:
+                async with self._source.lend(timeout=_TIMEOUT, keep_on_server_error=True) as conn:
                     await self._prepare(conn)
                     return await fn(conn)
-                finally:
-                    await self._source.checkin(conn, timeout=_TIMEOUT)
         raise LockError("FleetControl is not open: use it as 'async with FleetControl(...)'")
 
     async def _known(self, job: object, verb: str, force: bool) -> str:
@@ -240,140 +224,3 @@ class FleetControl(ScheduleVerbs):
         """The jobs paused fleet-wide."""
         rows = await self._call(lambda c: c.fetch(paused_sql(self._table)))
         return frozenset(row["job"] for row in rows)
-
-
-POLL_EVERY = 1.0
-"""Seconds between two reads of the control table by one locker (triggers start within it)."""
-RUNS_EVERY = 15.0
-"""Seconds between two reads of the fleet's latest runs of this locker's jobs."""
-
-
-class FleetWatch:
-    """A locker's reads of the fleet's shared state, one task from its first session on.
-
-    Every :data:`POLL_EVERY` seconds it reads the control table (pauses, pending triggers:
-    one small statement), and every :data:`RUNS_EVERY` seconds the latest run and success of
-    every watched job (one statement for all of them, two index probes a job; and, while
-    some have none known yet, their first-seen instants, one more); it hands
-    each read to the callbacks as a :class:`~cronlock.FleetView`. It reads on the locker's
-    lock *sessions*.
-    """
-
-    def __init__(
-        self,
-        table: LedgerTable,
-        sessions: Sequence[Channel],
-        spread: Callable[[], float] = lambda: 1.0,
-    ) -> None:
-        # In a large fleet each replica reads N / racers times less often (._members): the
-        # fleet as a whole reads at the rate of a small one.
-        self._spread = spread
-        self._poll_sql = poll_sql(table)
-        self._runs_sql = last_runs_many_sql(table, ("last", "ok"))
-        self._first_seen_sql = first_seen_sql(table)
-        # Each job's first-seen instant never changes once noted: read once a job.
-        self._first_seen: dict[str, datetime] = {}
-        self._runs, self._control = table.runs, table.control
-        self._sessions = sessions
-        self._watchers: list[tuple[FleetCallback, Callable[[], Mapping[str, Health]]]] = []
-        self._task: asyncio.Task[None] | None = None
-        self._runs_at = float("-inf")
-        self.reads = 0
-
-    @property
-    def watched(self) -> bool:
-        """Whether anyone watches (the task is started only then)."""
-        return bool(self._watchers)
-
-    def add(self, callback: FleetCallback, jobs: Callable[[], Mapping[str, Health]]) -> None:
-        """Call *callback* with each read; *jobs* gives the jobs to read runs of."""
-        self._watchers.append((callback, jobs))
-
-    def names(self) -> list[str]:
-        """Every watched job, sorted."""
-        return sorted({name for _, jobs in self._watchers for name in jobs()})
-
-    def health(self) -> Mapping[str, Health]:
-        """Each watched job's overdue grace and the slot it is due by, computed when read."""
-        maps = [jobs() for _, jobs in self._watchers]
-        if len(maps) == 1:  # one scheduler on this locker (the usual case): no ChainMap
-            return maps[0]
-        return ChainMap(*maps)  # type: ignore[arg-type]
-
-    def start(self) -> None:
-        """Start the task (once)."""
-        if self._task is None and self._watchers:
-            self._task = asyncio.get_running_loop().create_task(
-                self._watch(), name=task_name("pg-fleet")
-            )
-
-    async def stop(self) -> None:
-        """Cancel the task and wait until it is done."""
-        task, self._task = self._task, None
-        if task is not None:
-            await cancel_and_wait(task)
-
-    async def _watch(self) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            try:
-                view = await self.read_once(loop.time())
-            except LockError as exc:
-                # The lock sessions log outages themselves; the next read tries again.
-                _logger.debug("reading the fleet's state failed: %s", exc)
-            except Exception:
-                # Anything else is a bug or a row no decoding foresaw: said loudly, and the
-                # watch goes on (pauses, triggers and the fleet's runs must keep coming).
-                _logger.exception("reading the fleet's state failed unexpectedly")
-            else:
-                for callback, _ in tuple(self._watchers):
-                    try:
-                        callback(view)
-                    except Exception:
-                        _logger.exception("fleet callback %r failed", callback)
-            await asyncio.sleep(POLL_EVERY * self._spread())
-
-    async def _read(self, call: Callable[[Any], Awaitable[Any]]) -> Any:
-        """Run *call* on an open lock session; with none open, on the shard of a watched job
-        (which that job's runs open anyway): the watch alone opens no extra session."""
-        sessions = self._sessions
-        session = next((s for s in sessions if s.is_open), None)
-        if session is None:
-            first = min(self.names(), default="")
-            session = sessions[job_lock_key(first) % len(sessions)]
-        conn, generation = await session.ensure()
-        with backend_errors("reading the fleet's state failed"):
-            return await uncancellable(
-                session.run(conn, generation, call, what="a fleet read", keep_on_server_error=True),
-                name=task_name("pg-fleet-read"),
-            )
-
-    async def read_once(self, now: float) -> FleetView:
-        """Read the control table, and the latest runs when they are due at *now*."""
-        rows = await self._read(lambda c: c.fetch(self._poll_sql, float(TRIGGER_EXPIRES)))
-        self.reads += 1
-        paused = frozenset(row["job"] for row in rows if row["paused"])
-        triggers = {row["job"]: row["trigger_slot"] for row in rows if row["trigger_slot"]}
-        for row in rows:
-            if row["odd"] is not None:
-                report_odd(self._control, row["job"], f"trigger_slot={row['odd']}")
-        runs: dict[str, tuple[RunRecord | None, RunRecord | None]] | None = None
-        first_seen: dict[str, datetime] | None = None
-        # Not spread out: every replica's gauges (overdue, last success) must stay right,
-        # standing by or not, and this read is one statement every RUNS_EVERY seconds.
-        if now - self._runs_at >= RUNS_EVERY:
-            names = self.names()
-            found = await self._read(lambda c: c.fetch(self._runs_sql, names))
-            self._runs_at = now
-            told: dict[tuple[str, str], RunRecord | None] = {
-                (row["kind"], row["job"]): decode_run(row, table=self._runs, job=row["job"])
-                for row in found
-            }
-            runs = {name: (told.get(("last", name)), told.get(("ok", name))) for name in names}
-            seen = self._first_seen
-            unknown = [name for name in names if name not in seen]
-            if unknown:
-                noted = await self._read(lambda c: c.fetch(self._first_seen_sql, unknown))
-                seen.update((row["job"], row["first_seen"]) for row in noted)
-            first_seen = {name: seen[name] for name in names if name in seen}
-        return FleetView(paused=paused, triggers=triggers, runs=runs, first_seen=first_seen)

@@ -1,0 +1,172 @@
+"""The fleet watch: one replica's reads of what the fleet says of its jobs.
+
+Every :data:`POLL_EVERY` seconds one statement reads the pauses and the triggered runs of
+the jobs this locker's schedulers run (a trigger is taken by exactly one replica, in that
+statement), and every :data:`RUNS_EVERY` seconds (times the fleet's spread) the fleet's
+latest runs of them; each read goes to the schedulers as a :class:`cronlock.FleetView`.
+The operators' side writes what is read here (:mod:`.._ops.control`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import ChainMap
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+from ..._cancel import cancel_and_wait, task_name, uncancellable
+from ..._errors import LockError
+from ..._keys import job_lock_key
+from ..._locking.protocols import FleetCallback, FleetView, Health
+from ..._logs import get_logger
+from ..._records import RunRecord
+from .._conn import Channel
+from .._sql.control import poll_sql
+from .._sql.runs import decode_run, last_runs_many_sql, report_odd
+from .._sql.schema import first_seen_sql
+from .._sql.tables import LedgerTable
+
+__all__ = ("POLL_EVERY", "RUNS_EVERY", "TRIGGER_EXPIRES", "FleetWatch")
+
+_logger = get_logger("cronlock.postgres")
+
+TRIGGER_EXPIRES = 3600
+"""Seconds after which a trigger no replica claimed is dropped (nobody runs that job)."""
+
+POLL_EVERY = 1.0
+"""Seconds between two reads of the control table by one locker (triggers start within it)."""
+RUNS_EVERY = 15.0
+"""Seconds between two reads of the fleet's latest runs of this locker's jobs."""
+
+
+class FleetWatch:
+    """A locker's reads of the fleet's shared state, one task from its first session on.
+
+    Every :data:`POLL_EVERY` seconds it reads the control table (pauses, pending triggers:
+    one small statement), and every :data:`RUNS_EVERY` seconds the latest run and success of
+    every watched job (one statement for all of them, two index probes a job; and, while
+    some have none known yet, their first-seen instants, one more); it hands
+    each read to the callbacks as a :class:`~cronlock.FleetView`. It reads on the locker's
+    lock *sessions*.
+    """
+
+    def __init__(
+        self,
+        table: LedgerTable,
+        sessions: Sequence[Channel],
+        spread: Callable[[], float] = lambda: 1.0,
+    ) -> None:
+        # In a large fleet each replica reads N / racers times less often (._members): the
+        # fleet as a whole reads at the rate of a small one.
+        self._spread = spread
+        self._poll_sql = poll_sql(table)
+        self._runs_sql = last_runs_many_sql(table, ("last", "ok"))
+        self._first_seen_sql = first_seen_sql(table)
+        # Each job's first-seen instant never changes once noted: read once a job.
+        self._first_seen: dict[str, datetime] = {}
+        self._runs, self._control = table.runs, table.control
+        self._sessions = sessions
+        self._watchers: list[tuple[FleetCallback, Callable[[], Mapping[str, Health]]]] = []
+        self._task: asyncio.Task[None] | None = None
+        self._runs_at = float("-inf")
+        self.reads = 0
+
+    @property
+    def watched(self) -> bool:
+        """Whether anyone watches (the task is started only then)."""
+        return bool(self._watchers)
+
+    def add(self, callback: FleetCallback, jobs: Callable[[], Mapping[str, Health]]) -> None:
+        """Call *callback* with each read; *jobs* gives the jobs to read runs of."""
+        self._watchers.append((callback, jobs))
+
+    def names(self) -> list[str]:
+        """Every watched job, sorted."""
+        return sorted({name for _, jobs in self._watchers for name in jobs()})
+
+    def health(self) -> Mapping[str, Health]:
+        """Each watched job's overdue grace and the slot it is due by, computed when read."""
+        maps = [jobs() for _, jobs in self._watchers]
+        if len(maps) == 1:  # one scheduler on this locker (the usual case): no ChainMap
+            return maps[0]
+        return ChainMap(*maps)  # type: ignore[arg-type]
+
+    def start(self) -> None:
+        """Start the task (once)."""
+        if self._task is None and self._watchers:
+            self._task = asyncio.get_running_loop().create_task(
+                self._watch(), name=task_name("pg-fleet")
+            )
+
+    async def stop(self) -> None:
+        """Cancel the task and wait until it is done."""
+        task, self._task = self._task, None
+        if task is not None:
+            await cancel_and_wait(task)
+
+    async def _watch(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                view = await self.read_once(loop.time())
+            except LockError as exc:
+                # The lock sessions log outages themselves; the next read tries again.
+                _logger.debug("reading the fleet's state failed: %s", exc)
+            except Exception:
+                # Anything else is a bug or a row no decoding foresaw: said loudly, and the
+                # watch goes on (pauses, triggers and the fleet's runs must keep coming).
+                _logger.exception("reading the fleet's state failed unexpectedly")
+            else:
+                for callback, _ in tuple(self._watchers):
+                    try:
+                        callback(view)
+                    except Exception:
+                        _logger.exception("fleet callback %r failed", callback)
+            await asyncio.sleep(POLL_EVERY * self._spread())
+
+    async def _read(self, call: Callable[[Any], Awaitable[Any]]) -> Any:
+        """Run *call* on an open lock session; with none open, on the shard of a watched job
+        (which that job's runs open anyway): the watch alone opens no extra session."""
+        sessions = self._sessions
+        session = next((s for s in sessions if s.is_open), None)
+        if session is None:
+            first = min(self.names(), default="")
+            session = sessions[job_lock_key(first) % len(sessions)]
+        conn, generation = await session.ensure()
+        return await uncancellable(
+            session.run(
+                conn, generation, call, what="reading the fleet's state", keep_on_server_error=True
+            ),
+            name=task_name("pg-fleet-read"),
+        )
+
+    async def read_once(self, now: float) -> FleetView:
+        """Read the control table, and the latest runs when they are due at *now*."""
+        rows = await self._read(lambda c: c.fetch(self._poll_sql, float(TRIGGER_EXPIRES)))
+        self.reads += 1
+        paused = frozenset(row["job"] for row in rows if row["paused"])
+        triggers = {row["job"]: row["trigger_slot"] for row in rows if row["trigger_slot"]}
+        for row in rows:
+            if row["odd"] is not None:
+                report_odd(self._control, row["job"], f"trigger_slot={row['odd']}")
+        runs: dict[str, tuple[RunRecord | None, RunRecord | None]] | None = None
+        first_seen: dict[str, datetime] | None = None
+        # Not spread out: every replica's gauges (overdue, last success) must stay right,
+        # standing by or not, and this read is one statement every RUNS_EVERY seconds.
+        if now - self._runs_at >= RUNS_EVERY:
+            names = self.names()
+            found = await self._read(lambda c: c.fetch(self._runs_sql, names))
+            self._runs_at = now
+            told: dict[tuple[str, str], RunRecord | None] = {
+                (row["kind"], row["job"]): decode_run(row, table=self._runs, job=row["job"])
+                for row in found
+            }
+            runs = {name: (told.get(("last", name)), told.get(("ok", name))) for name in names}
+            seen = self._first_seen
+            unknown = [name for name in names if name not in seen]
+            if unknown:
+                noted = await self._read(lambda c: c.fetch(self._first_seen_sql, unknown))
+                seen.update((row["job"], row["first_seen"]) for row in noted)
+            first_seen = {name: seen[name] for name in names if name in seen}
+        return FleetView(paused=paused, triggers=triggers, runs=runs, first_seen=first_seen)
