@@ -192,7 +192,6 @@ _RUN_DOORS = {
         "_core.recovery",
         "_core.runloop",
     },
-    "cronlock._jobcontrol": {"_core.runloop"},
     "cronlock._core.job": {"_core.state"},  # a job carries its run state; only state writes it
     "cronlock": {"_core.fleetclock"},  # FleetClock is public
 }

@@ -17,8 +17,8 @@ from .._clock import Clock
 from .._durations import Seconds
 from .._errors import ScheduleError, SchedulerStateError
 from .._events import JobEvent
-from .._jobname import check_job_name
 from .._locking.protocols import Locker, Wiring
+from .._names import check_job_name
 from .._records import Overlap, RunRecord, run_context
 from .._schedules.interval import IntervalSchedule
 from .._schedules.schedule import Schedule
