@@ -175,7 +175,7 @@ def test_capabilities_are_not_probed() -> None:
 # The pure slot maths (docs/internals.md, "schedules"): no clock, no event loop, no I/O.
 _SLOT_MATHS = frozenset(
     f"cronlock._schedules.{m}"
-    for m in ("tz", "cron", "cron_days", "interval", "calendar", "once", "schedule", "fixedzones")
+    for m in ("tz", "cron", "cron_days", "interval", "calendar", "once", "schedule")
 ) | {"cronlock._durations"}
 # The run machinery ("running"), and the only modules outside it that may import it.
 _RUN_MACHINERY = frozenset(

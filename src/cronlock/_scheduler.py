@@ -13,11 +13,11 @@ from ._clock import Clock
 from ._core.fleetclock import on_loop_time, scheduler_clock
 from ._core.fleetstate import FleetState
 from ._core.job import Job, default_name, new_job
-from ._core.options import JobOptions, check_option_names
 from ._core.recovery import Recovery
 from ._core.retries import DEFAULT_DELAY, with_retries
 from ._core.runloop import RunLoop
-from ._core.settings import Recall
+from ._core.settings import JobOptions, Recall, check_option_names
+from ._core.wiring import Wiring, wire
 from ._durations import Seconds, optional_seconds, positive_int, to_seconds
 from ._errors import (
     ConfigError,
@@ -36,7 +36,7 @@ from ._events import (
     Subscription,
 )
 from ._keys import job_lock_key
-from ._locking.protocols import Elector, Locker, Wiring, wire
+from ._locking.protocols import Elector, Locker
 from ._locking.retention import check_retention
 from ._logs import get_logger
 from ._names import unknown_job

@@ -19,11 +19,12 @@ from collections.abc import Callable, Iterator, Mapping
 from datetime import datetime, timedelta
 
 from .._events import JobEvent, JobSkipped, LockFailed
-from .._locking.protocols import FleetView, FleetWatchingLocker, Health, Wiring
+from .._locking.protocols import FleetView, FleetWatchingLocker, Health
 from .._logs import at, get_logger
 from .job import Job
 from .runloop import RunLoop
 from .settings import grace
+from .wiring import Wiring
 
 __all__ = ("FleetState", "grace")
 

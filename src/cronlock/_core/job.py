@@ -17,7 +17,7 @@ from .._clock import Clock
 from .._durations import Seconds
 from .._errors import ScheduleError, SchedulerStateError
 from .._events import JobEvent
-from .._locking.protocols import Locker, Wiring
+from .._locking.protocols import Locker
 from .._names import check_job_name
 from .._records import Overlap, RunRecord, run_context
 from .._schedules.interval import IntervalSchedule
@@ -26,6 +26,7 @@ from .._threads import in_thread
 from .settings import NO_KWARGS, NO_TAGS, JobSettings, Recall, normalise_tags, settle
 from .state import RunState, fresh
 from .tasks import Shape, task_shape
+from .wiring import Wiring
 
 
 class Controller(Protocol):

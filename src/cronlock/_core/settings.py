@@ -1,4 +1,5 @@
-"""What a job's options and schedule are checked into, once for jobs registered alike.
+"""The options a job is registered with (:class:`JobOptions`), and what they and its
+schedule are checked into, once for jobs registered alike.
 
 A service registers the same function, schedule and options many times over. Each is
 checked for the first job given it; jobs given the very same objects then share what the
@@ -11,10 +12,10 @@ it, is :mod:`cronlock._core.tasks`'s.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from types import MappingProxyType
-from typing import Any
+from typing import Any, TypedDict
 
 from .._durations import Seconds, optional_seconds, positive_int
 from .._errors import ScheduleError
@@ -26,8 +27,11 @@ from .._schedules.tz import to_utc
 __all__ = (
     "NO_KWARGS",
     "NO_TAGS",
+    "OPTION_NAMES",
+    "JobOptions",
     "JobSettings",
     "Recall",
+    "check_option_names",
     "grace",
     "normalise_tags",
     "schedule_text",
@@ -44,6 +48,41 @@ _UNSET = object()  # nothing checked yet
 # and by value (equal schedules share one string).
 _texts: dict[int, tuple[Any, str]] = {}
 _texts_by_value: dict[Any, str] = {}
+
+
+class JobOptions(TypedDict, total=False):
+    """Options accepted by :meth:`Scheduler.add_job` and every decorator."""
+
+    name: str | None
+    args: Sequence[Any]
+    kwargs: Mapping[str, Any] | None
+    tags: str | Iterable[str] | None
+    timeout: Seconds | None
+    overlap: Overlap
+    jitter: Seconds | None
+    max_runs: int | None
+    start_at: datetime | None
+    stop_at: datetime | None
+    misfire_grace: Seconds | None
+    distributed: bool
+    locker: Locker | None
+    recover: bool
+    alert_after: Seconds | None
+    retries: int
+    retry_delay: Seconds
+
+
+OPTION_NAMES = frozenset(JobOptions.__annotations__)
+
+
+def check_option_names(job: str, options: Iterable[str]) -> None:
+    """Raise :class:`~cronlock.ScheduleError` naming *job* and any unknown option given."""
+    unknown = set(options) - OPTION_NAMES
+    if unknown:
+        raise ScheduleError(
+            f"job {job!r}: unknown option(s) {', '.join(sorted(unknown))}; "
+            f"known: {', '.join(sorted(OPTION_NAMES))}"
+        )
 
 
 class Recall:

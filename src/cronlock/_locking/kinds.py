@@ -6,12 +6,9 @@ tags with its schedule note."""
 
 from __future__ import annotations
 
-import inspect
-from collections.abc import Callable
-from datetime import datetime
 from typing import Protocol, runtime_checkable
 
-__all__ = ("KeyedLocker", "PruningLocker", "tagged_note")
+__all__ = ("KeyedLocker", "PruningLocker")
 
 
 @runtime_checkable
@@ -41,18 +38,3 @@ class KeyedLocker(Protocol):
     def keyed_keys(self) -> bool:
         """True when the keys are not FNV-1a of the job's name (no collision to refuse)."""
         ...
-
-
-def tagged_note(
-    note: Callable[..., None],
-) -> Callable[[str, str, datetime | None, frozenset[str]], None]:
-    """*note*, a locker's ``note_schedule``, called with a job's tags only when it takes
-    them (``ScheduleNotingLocker``; one written for an older cronlock does not). Asked
-    once per wiring, which jobs alike share."""
-    try:
-        takes = "tags" in inspect.signature(note).parameters
-    except (TypeError, ValueError):  # no signature to read: called as before
-        takes = False
-    if takes:
-        return lambda job, schedule, next_run, tags: note(job, schedule, next_run, tags=tags)
-    return lambda job, schedule, next_run, tags: note(job, schedule, next_run)

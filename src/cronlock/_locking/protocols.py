@@ -1,24 +1,22 @@
-"""The plug-in points for coordination (Locker, Hold, Elector) and how a job is wired to them.
+"""The plug-in points for coordination (Locker, Hold, Elector) and their capabilities.
 
 Optional capabilities (a ledger, crash reports, recording or losable holds, a fenced
 elector) are typed Protocols. They are checked once — when a job is registered
-(:func:`wire`) or once per hold class (:func:`hold_hooks`) — never probed again on every
-run.
+(:func:`cronlock._core.wiring.wire`) or once per hold class (:func:`hold_hooks`) — never
+probed again on every run.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-import typing
 from collections.abc import Callable, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Literal, Protocol, runtime_checkable
 
 from .._records import RunRecord
-from .kinds import KeyedLocker, PruningLocker, tagged_note
 
 __all__ = (
     "ASKED",
@@ -46,9 +44,7 @@ __all__ = (
     "Resource",
     "ScheduleNotingLocker",
     "ServerClockLocker",
-    "Wiring",
     "hold_hooks",
-    "wire",
 )
 
 
@@ -330,92 +326,6 @@ class FencedElector(Elector, Protocol):
     def on_demoted(self, callback: Callable[[BaseException | None], None]) -> None:
         """Call *callback* (from the event loop) each time this replica loses leadership."""
         ...
-
-
-@dataclass(frozen=True, slots=True)
-class Wiring:
-    """How one job is coordinated, decided once when it is registered.
-
-    The words, one meaning each: a *coordinated* job is one registered with
-    ``distributed=True`` (:attr:`cronlock.Job.coordinated`); its runs are *gated* when they
-    have anyone to ask before they start (the elector, the locker, or both), and *elected*
-    when the elector is one of them.
-
-    ``locker`` is None for a job that coordinates through no locker (``distributed=False``,
-    or a scheduler without one); ``ledger`` is the same locker when it keeps a run ledger;
-    ``elected`` says whether runs ask the elector first.
-    """
-
-    locker: Locker | None = None
-    ledger: LedgerLocker | None = None
-    note: Callable[[str, str, datetime | None, frozenset[str]], None] | None = None
-    """The locker's ``note_schedule``, given the job's tags when it takes them."""
-    crashes: CrashWatchingLocker | None = None
-    """The same locker when it reports crashed runs (the scheduler may rerun them)."""
-    batch: BatchLedgerLocker | None = None
-    """The same locker when it reads in batches and answers refusals with history."""
-    fleet: FleetWatchingLocker | None = None
-    """The same locker when it reads the fleet's pauses, triggers and latest runs."""
-    elected: bool = False
-    gated: bool = False
-    """True when a run has anyone to ask before it starts (elector, locker or both)."""
-    ahead: timedelta = timedelta(0)
-    """How long before a slot its claim may go out (see :class:`ClaimAheadLocker`)."""
-    retention: float | None = None
-    """Seconds after its slot the locker prunes a row (see :class:`PruningLocker`)."""
-    fnv_keys: bool = True
-    """Whether its lock keys are FNV-1a of the name, checked for collisions (KeyedLocker)."""
-
-
-def wire(
-    *, distributed: bool, own: Locker | None, default: Locker | None, elector: Elector | None
-) -> Wiring:
-    """The wiring of a job with its *own* locker (or the scheduler's *default*)."""
-    if not distributed:
-        return Wiring()
-    locker = own if own is not None else default
-    if locker is None:
-        return Wiring(elected=elector is not None, gated=elector is not None)
-    ledger, notes, crashes, batch, fleet, ahead, prunes, keyed = _locker_kinds(type(locker))
-    return Wiring(
-        locker=locker,
-        ledger=typing.cast(LedgerLocker, locker) if ledger else None,
-        note=tagged_note(typing.cast(ScheduleNotingLocker, locker).note_schedule)
-        if notes
-        else None,
-        crashes=typing.cast(CrashWatchingLocker, locker) if crashes else None,
-        batch=typing.cast(BatchLedgerLocker, locker) if batch else None,
-        fleet=typing.cast(FleetWatchingLocker, locker) if fleet else None,
-        elected=elector is not None,
-        gated=True,
-        ahead=_ahead(typing.cast(ClaimAheadLocker, locker).claims_ahead()) if ahead else _NOW,
-        retention=typing.cast(PruningLocker, locker).retention() if prunes else None,
-        fnv_keys=not (keyed and typing.cast(KeyedLocker, locker).keyed_keys()),
-    )
-
-
-_NOW = timedelta(0)
-
-
-@functools.lru_cache(maxsize=64)
-def _ahead(seconds: float) -> timedelta:
-    return timedelta(seconds=seconds) if seconds > 0 else _NOW
-
-
-@functools.cache
-def _locker_kinds(kind: type) -> tuple[bool, bool, bool, bool, bool, bool, bool, bool]:
-    # A runtime Protocol check walks every member (~20 us); registering 100,000 jobs on
-    # one locker pays for it once.
-    return (
-        issubclass(kind, LedgerLocker),
-        issubclass(kind, ScheduleNotingLocker),
-        issubclass(kind, CrashWatchingLocker),
-        issubclass(kind, BatchLedgerLocker),
-        issubclass(kind, FleetWatchingLocker),
-        issubclass(kind, ClaimAheadLocker),
-        issubclass(kind, PruningLocker),
-        issubclass(kind, KeyedLocker),
-    )
 
 
 class BoundedRelease:

@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime, time, timedelta
 from typing import Any
 
-from .._core.options import OPTION_NAMES
+from .._core.settings import OPTION_NAMES
 from .._durations import to_seconds
 from .._errors import ScheduleError
 from .._schedules.interval import IntervalSchedule
