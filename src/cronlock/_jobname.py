@@ -1,3 +1,3 @@
 """Moved to :mod:`cronlock._names` (kept while ``postgres/_locked_run.py`` imports it)."""
 
-from ._names import check_job_name as check_job_name  # moved: src/cronlock/_names.py
+from ._names import check_job_name as check_job_name  # moved: _names.py

@@ -36,8 +36,7 @@ from ._events import (
     Subscription,
 )
 from ._keys import job_lock_key
-from ._locking.protocols import Elector, Locker
-from ._locking.retention import check_retention
+from ._locking.protocols import Elector, Locker, check_retention
 from ._logs import get_logger
 from ._names import unknown_job
 from ._records import DEFAULT_MISFIRE_GRACE, Overlap

@@ -14,15 +14,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from .._locking.kinds import KeyedLocker, PruningLocker
 from .._locking.protocols import (
     BatchLedgerLocker,
     ClaimAheadLocker,
     CrashWatchingLocker,
     Elector,
     FleetWatchingLocker,
+    KeyedLocker,
     LedgerLocker,
     Locker,
+    PruningLocker,
     ScheduleNotingLocker,
 )
 
