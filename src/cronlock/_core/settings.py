@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from types import MappingProxyType
 from typing import Any, TypedDict
@@ -28,6 +29,8 @@ __all__ = (
     "NO_KWARGS",
     "NO_TAGS",
     "OPTION_NAMES",
+    "GivenOptions",
+    "GivenTask",
     "JobOptions",
     "JobSettings",
     "Recall",
@@ -85,26 +88,60 @@ def check_option_names(job: str, options: Iterable[str]) -> None:
         )
 
 
+# Not frozen=True, though never changed once made (Recall replaces it whole): a frozen
+# dataclass's __init__ goes through object.__setattr__ per field, and a registration with
+# options of its own makes one (benchmarks/counts.py). JobSettings is kept alike.
+@dataclass(slots=True)
+class GivenOptions:
+    """The 12 options a registration was given, the very objects (tags as normalised), and
+    the :class:`JobSettings` they were checked into (``None``: nothing checked yet).
+    Never changed once made."""
+
+    tags: Any = _UNSET
+    timeout: Any = _UNSET
+    overlap: Any = _UNSET
+    jitter: Any = _UNSET
+    max_runs: Any = _UNSET
+    start_at: Any = _UNSET
+    stop_at: Any = _UNSET
+    misfire_grace: Any = _UNSET
+    distributed: Any = _UNSET
+    locker: Any = _UNSET
+    recover: Any = _UNSET
+    alert_after: Any = _UNSET
+    settings: JobSettings | None = None
+
+
+@dataclass(slots=True)
+class GivenTask:
+    """The task a registration was given, how many args, the names of its kwargs (``()``
+    for none), the call shape they were checked into and what the task is
+    (:func:`cronlock._core.tasks.task_shape`; typed ``Any`` here: tasks imports this
+    module). Never changed once made, as :class:`GivenOptions`."""
+
+    func: Any = None
+    arg_count: int = -1
+    kwarg_names: tuple[str, ...] = ()
+    shape: Any = None
+    info: Any = None
+
+
 class Recall:
     """What a scheduler's last registration was given and what it was checked into, so
     that the next job given the very same objects shares it without a check (a service
     registering 100,000 jobs with one set of options checks them once).
 
     One per scheduler, never shared: two schedulers registering in two threads cannot
-    pair a job with the other's settings. Each field is one tuple, replaced whole and read
-    once per registration, so a registration in another thread is never half seen.
+    pair a job with the other's settings. Each field is one record, replaced whole (never
+    changed) and read once per registration, so a registration in another thread is never
+    half seen.
     """
 
     __slots__ = ("settings", "task")
 
     def __init__(self) -> None:
-        self.settings: tuple[Any, ...] = (_UNSET,) * 12 + (None,)
-        """The 12 options in :func:`settle`'s order (the objects; tags as normalised),
-        then the :class:`JobSettings` they were checked into."""
-        self.task: tuple[Any, ...] = (None, -1, (), None, None)
-        """The task, how many args it was given, the names of its kwargs (``()`` for
-        none), the call shape they were checked into, and what the task is
-        (:func:`cronlock._core.tasks.task_shape`)."""
+        self.settings = GivenOptions()
+        self.task = GivenTask()
 
 
 def normalise_tags(tags: str | Iterable[str] | None) -> frozenset[str]:
@@ -217,7 +254,6 @@ def settle(
 
     Raises :class:`~cronlock.ScheduleError` naming the job, the option and the value.
     """
-    given = (tags, timeout, overlap, jitter, max_runs, start_at, stop_at, misfire_grace)
     if overlap not in OVERLAPS:
         raise ScheduleError(
             f"job {name!r}: overlap must be one of {', '.join(OVERLAPS)}, got {overlap!r}"
@@ -230,14 +266,14 @@ def settle(
         raise ScheduleError(f"job {name!r}: recover must be True or False, got {recover!r}")
     if max_runs is not None:
         positive_int(max_runs, field="max_runs", owner=f"job {name!r}", error=ScheduleError)
+    start = stop = None
     if start_at is not None:
-        start_at = to_utc(start_at, field=f"job {name!r}: start_at")
+        start = to_utc(start_at, field=f"job {name!r}: start_at")
     if stop_at is not None:
-        stop_at = to_utc(stop_at, field=f"job {name!r}: stop_at")
-        if start_at is not None and stop_at < start_at:
+        stop = to_utc(stop_at, field=f"job {name!r}: stop_at")
+        if start is not None and stop < start:
             raise ScheduleError(
-                f"job {name!r}: stop_at {stop_at.isoformat()} is before "
-                f"start_at {start_at.isoformat()}"
+                f"job {name!r}: stop_at {stop.isoformat()} is before start_at {start.isoformat()}"
             )
     made = JobSettings(
         tags,
@@ -245,18 +281,33 @@ def settle(
         overlap,
         checked_jitter,
         max_runs,
-        start_at,
-        stop_at,
+        start,
+        stop,
         grace,
         distributed,
         locker,
         recover,
         alert,
     )
-    last = recall.settings[12]
+    last = recall.settings.settings
     if last is not None and last._key() == made._key():
         made = last
-    recall.settings = (*given, distributed, locker, recover, alert_after, made)
+    # What was given (the very objects, start_at and stop_at as given), for the next job.
+    recall.settings = GivenOptions(
+        tags,
+        timeout,
+        overlap,
+        jitter,
+        max_runs,
+        start_at,
+        stop_at,
+        misfire_grace,
+        distributed,
+        locker,
+        recover,
+        alert_after,
+        made,
+    )
     return made
 
 
