@@ -14,9 +14,8 @@ from ._core.fleetclock import on_loop_time, scheduler_clock
 from ._core.fleetstate import FleetState
 from ._core.job import Job, default_name, new_job
 from ._core.recovery import Recovery
-from ._core.retries import DEFAULT_DELAY, with_retries
 from ._core.runloop import RunLoop
-from ._core.settings import JobOptions, Recall, check_option_names
+from ._core.settings import DEFAULT_DELAY, JobOptions, Recall, check_option_names, with_retries
 from ._core.wiring import Wiring, wire
 from ._durations import Seconds, optional_seconds, positive_int, to_seconds
 from ._errors import (

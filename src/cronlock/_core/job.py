@@ -23,7 +23,7 @@ from .._records import Overlap, RunRecord, run_context
 from .._schedules.interval import IntervalSchedule
 from .._schedules.schedule import Schedule
 from .._threads import in_thread
-from .settings import NO_KWARGS, NO_TAGS, JobSettings, Recall, normalise_tags, settle
+from .settings import NO_KWARGS, NO_TAGS, JobSettings, Recall, normalise_tags, settle, slot_after
 from .state import RunState, fresh
 from .tasks import Shape, task_shape
 from .wiring import Wiring
@@ -255,13 +255,7 @@ class Job(RunState):
 
     def slot_after(self, after: datetime) -> datetime | None:
         """The job's first slot strictly after *after*, honouring start_at and stop_at."""
-        settings = self._settings
-        if settings.start_at is not None and after < settings.start_at:
-            after = settings.start_at - timedelta(microseconds=1)
-        slot: datetime | None = self._schedule.next_after(after)
-        if slot is None or (settings.stop_at is not None and slot > settings.stop_at):
-            return None
-        return slot
+        return slot_after(self._schedule, self._settings, after)
 
     def fire_time(self, slot: datetime) -> datetime:
         """When *slot* fires: the slot itself, delayed by the deterministic jitter."""

@@ -12,20 +12,29 @@ it, is :mod:`cronlock._core.tasks`'s.
 from __future__ import annotations
 
 import contextlib
+import copy
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from types import MappingProxyType
 from typing import Any, TypedDict
 
-from .._durations import Seconds, optional_seconds, positive_int
+from .._durations import Seconds, optional_seconds, positive_int, to_seconds
 from .._errors import ScheduleError
 from .._locking.protocols import Locker
 from .._records import DEFAULT_MISFIRE_GRACE, OVERLAPS, Overlap
-from .._schedules.schedule import Schedule
-from .._schedules.tz import to_utc
+from .._schedules.interval import IntervalSchedule
+from .._schedules.schedule import (
+    MIN_INTERVAL,
+    Schedule,
+    bind_zone,
+    check_interval,
+    check_jitter,
+)
+from .._schedules.tz import resolve_tz, to_utc
 
 __all__ = (
+    "DEFAULT_DELAY",
     "NO_KWARGS",
     "NO_TAGS",
     "OPTION_NAMES",
@@ -35,10 +44,13 @@ __all__ = (
     "JobSettings",
     "Recall",
     "check_option_names",
+    "check_options",
     "grace",
     "normalise_tags",
     "schedule_text",
     "settle",
+    "slot_after",
+    "with_retries",
 )
 
 # Shared by every job registered without kwargs (read-only, so one serves them all).
@@ -46,6 +58,10 @@ NO_KWARGS: MappingProxyType[str, Any] = MappingProxyType({})
 # One empty tag set for every job without tags (an empty frozenset is not shared: 216 B).
 NO_TAGS: frozenset[str] = frozenset()
 _UNSET = object()  # nothing checked yet
+_UTC = resolve_tz("UTC")  # what Scheduler() defaults to
+_ONE_MICROSECOND = timedelta(microseconds=1)
+DEFAULT_DELAY = 1.0
+"""``retry_delay``'s default: seconds before the first retry (before jitter)."""
 
 # Recent schedules' texts, bounded: by id (holding the schedule, so the id stays its own)
 # and by value (equal schedules share one string).
@@ -207,7 +223,7 @@ class JobSettings:
         self.recover = recover
         self.alert_after = alert_after
         self.unbounded = start_at is None and stop_at is None  # no bound to honour
-        # Set on a copy when a job has retries (._retries.with_retries): most have none.
+        # Set on a copy when a job has retries (with_retries): most have none.
         self.retries = 0
         self.retry_delay = 1.0
 
@@ -309,6 +325,74 @@ def settle(
         made,
     )
     return made
+
+
+def with_retries(
+    settings: JobSettings, name: str, retries: object, retry_delay: Seconds
+) -> JobSettings:
+    """A copy of *settings* with ``retries`` and ``retry_delay`` checked (raises
+    :class:`~cronlock.ScheduleError` naming the job, the option and the value)."""
+    if type(retries) is not int or retries < 0:
+        raise ScheduleError(f"job {name!r}: retries must be a whole number >= 0, got {retries!r}")
+    delay = to_seconds(retry_delay, field="retry_delay", job=name)
+    made = copy.copy(settings)
+    made.retries = retries
+    made.retry_delay = delay
+    return made
+
+
+def check_options(
+    name: str, schedule: Schedule, options: Mapping[str, Any]
+) -> tuple[Schedule, JobSettings]:
+    """Job *name*'s *options* on *schedule*, checked as ``Scheduler.add_job`` checks them in
+    a scheduler of default settings (zone UTC, no locker), without registering a job: the
+    same helpers, so the same errors (:class:`~cronlock.ScheduleError` naming the job, the
+    option and the value). Returns the schedule as the job would have it (its zone bound)
+    and the settings its options make.
+
+    What a stored schedule is checked with before it is stored (a replica's ``add_job``
+    then makes the same of it). The name itself is the caller's to check.
+    """
+    check_option_names(name, options)
+    if type(schedule) is not IntervalSchedule:
+        schedule = bind_zone(schedule, _UTC)
+    elif schedule.interval < MIN_INTERVAL:
+        check_interval(name, schedule)  # raises
+    get = options.get
+    tags = get("tags")
+    settings = settle(
+        name,
+        NO_TAGS if tags is None else normalise_tags(tags),
+        get("timeout"),
+        get("overlap", "skip"),
+        get("jitter"),
+        get("max_runs"),
+        get("start_at"),
+        get("stop_at"),
+        get("misfire_grace", DEFAULT_MISFIRE_GRACE),
+        get("distributed", True),
+        get("locker"),
+        get("recover", False),
+        get("alert_after"),
+        Recall(),
+    )
+    retries, retry_delay = get("retries", 0), get("retry_delay", DEFAULT_DELAY)
+    if retries or retry_delay is not DEFAULT_DELAY:
+        settings = with_retries(settings, name, retries, retry_delay)
+    if settings.jitter:
+        check_jitter(name, schedule, settings.jitter)
+    return schedule, settings
+
+
+def slot_after(schedule: Schedule, settings: JobSettings, after: datetime) -> datetime | None:
+    """The first slot of *schedule* strictly after *after* within *settings*' ``start_at``
+    and ``stop_at`` (``Job.slot_after``'s rule)."""
+    if settings.start_at is not None and after < settings.start_at:
+        after = settings.start_at - _ONE_MICROSECOND
+    slot: datetime | None = schedule.next_after(after)
+    if slot is None or (settings.stop_at is not None and slot > settings.stop_at):
+        return None
+    return slot
 
 
 def schedule_text(schedule: Schedule) -> str:

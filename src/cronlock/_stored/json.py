@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime, time, timedelta
 from typing import Any
 
-from .._core.settings import OPTION_NAMES
+from .._core.settings import OPTION_NAMES, JobSettings, check_options
 from .._durations import to_seconds
 from .._errors import ScheduleError
 from .._schedules.interval import IntervalSchedule
@@ -24,6 +24,7 @@ from .._schedules.schedule import Schedule
 
 __all__ = (
     "STORED_OPTIONS",
+    "check_stored",
     "kwargs_to_json",
     "options_from_json",
     "options_to_json",
@@ -169,3 +170,13 @@ def options_from_json(data: Mapping[str, Any]) -> dict[str, Any]:
             raise ScheduleError(f"stored option {key}: {value!r} is not a duration")
         options[key] = value
     return options
+
+
+def check_stored(
+    name: str, schedule: Schedule, options: Mapping[str, Any]
+) -> tuple[Schedule, JobSettings]:
+    """Stored schedule *name*'s *options* (:func:`options_from_json`'s) on *schedule*,
+    checked as a replica's ``add_job`` will check them (:func:`cronlock._core.settings.
+    check_options`): the schedule as its job will have it, and its settings. Raises
+    :class:`~cronlock.ScheduleError` naming the schedule, the option and the value."""
+    return check_options(name, schedule, options)
