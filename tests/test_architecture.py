@@ -177,12 +177,13 @@ _SLOT_MATHS = frozenset(
     f"cronlock._schedules.{m}"
     for m in ("tz", "cron", "cron_days", "interval", "calendar", "once", "schedule")
 ) | {"cronlock._durations"}
-# The run machinery ("running"), and the only modules outside it that may import it.
+# The run machinery ("running", with how a job is wired to the lockers), and the only
+# modules outside it that may import it.
 _RUN_MACHINERY = frozenset(
     f"cronlock._core.{m}"
     for m in (
         "state", "guard", "admission", "executor", "catchup", "planner", "runloop",
-        "recovery", "fleetstate", "fleetclock",
+        "recovery", "fleetstate", "fleetclock", "wiring",
     )
 )  # fmt: skip
 _RUN_DOORS = {
@@ -191,8 +192,10 @@ _RUN_DOORS = {
         "_core.fleetstate",
         "_core.recovery",
         "_core.runloop",
+        "_core.wiring",
     },
-    "cronlock._core.job": {"_core.state"},  # a job carries its run state; only state writes it
+    # A job carries its run state (only state writes it) and its wiring (wire() makes it).
+    "cronlock._core.job": {"_core.state", "_core.wiring"},
     "cronlock": {"_core.fleetclock"},  # FleetClock is public
 }
 
