@@ -19,6 +19,9 @@ from .control import FleetControl
 
 __all__ = ("run_schedules",)
 
+# The parser's fields as this command's user types them, for its messages.
+_FLAGS = {"every": "--every", "anchor": "--anchor", "at": "--at"}
+
 
 def _schedule(args: argparse.Namespace) -> Schedule | None:
     return schedule_from_text(
@@ -30,9 +33,6 @@ def _schedule(args: argparse.Namespace) -> Schedule | None:
         at=args.at,
         labels=_FLAGS,
     )
-
-
-_FLAGS = {"every": "--every", "anchor": "--anchor", "at": "--at"}  # named as typed
 
 
 def _options(given: list[str]) -> dict[str, Any]:
