@@ -1,57 +1,78 @@
-"""The public Scheduler: job registration, decorators, lifecycle, introspection."""
+"""The public Scheduler: job registration, decorators, the verbs on one job, the fleet-wide
+views, the tasks stored schedules may name, lifecycle, introspection."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime, time, tzinfo
-from types import TracebackType
-from typing import Any, Literal, Never, TypeVar, Unpack
+from types import MappingProxyType, TracebackType
+from typing import Any, Literal, Never, TypeVar, Unpack, overload
 
 from ._clock import Clock
 from ._core.fleetclock import on_loop_time, scheduler_clock
-from ._core.fleetstate import FleetState, FleetViews
+from ._core.fleetstate import FleetState
 from ._core.job import Job, default_name, new_job
-from ._core.options import JobOptions, check_option_names
 from ._core.recovery import Recovery
-from ._core.retries import DEFAULT_DELAY, with_retries
 from ._core.runloop import RunLoop
-from ._core.settings import Recall
+from ._core.settings import DEFAULT_DELAY, JobOptions, Recall, check_option_names, with_retries
+from ._core.wiring import Wiring, wire
 from ._durations import Seconds, optional_seconds, positive_int, to_seconds
 from ._errors import (
     ConfigError,
     CronlockError,
     JobConflictError,
+    JobLookupError,
     SchedulerStateError,
 )
 from ._events import (
     Event,
     EventBus,
+    JobEvent,
     Listener,
     SchedulerStarted,
     SchedulerStopped,
     Subscription,
 )
-from ._jobcontrol import JobControl
 from ._keys import job_lock_key
-from ._locking.protocols import Elector, Locker, Wiring, wire
-from ._locking.retention import check_retention
+from ._locking.protocols import Elector, Locker, check_retention
 from ._logs import get_logger
+from ._names import unknown_job
 from ._records import DEFAULT_MISFIRE_GRACE, Overlap
 from ._resources import Resources
 from ._schedules.interval import IntervalSchedule
 from ._schedules.schedule import MIN_INTERVAL, Schedule, bind_zone, check_interval, check_jitter
 from ._schedules.tz import TimeZone, resolve_tz
 from ._stored.schedule import ScheduleStore
-from ._stored.sync import StoredSync, StoredTasks
+from ._stored.sync import StoredSync
 
-__all__ = ("JobOptions", "Scheduler")
+__all__ = ("JobOptions", "Scheduler", "job_named")
 
 _logger = get_logger("cronlock")
 _F = TypeVar("_F", bound=Callable[..., object])
 _UNSET = object()  # no job wired yet
 
 
-class Scheduler(JobControl, FleetViews, StoredTasks):
+def job_named(jobs: Mapping[str, Job], job: Job | str, *, field: str = "job") -> Job:
+    """The registered job *job* names (a name, or the :class:`~cronlock.Job` itself).
+
+    Raises :class:`~cronlock.JobLookupError` for a name not registered (the message of
+    :func:`unknown_job`) and for a job registered with another scheduler, or removed;
+    :class:`TypeError` for anything else.
+    """
+    if isinstance(job, Job):
+        if jobs.get(job.name) is not job:
+            raise JobLookupError(f"job {job.name!r} is not registered with this scheduler")
+        return job
+    if not isinstance(job, str):
+        raise TypeError(f"{field} must be a Job or a job's name, got {job!r}")
+    found = jobs.get(job)
+    if found is None:
+        raise JobLookupError(unknown_job(job, jobs))
+    return found
+
+
+class Scheduler:
     """Runs async (and plain) functions on schedules; coordinates replicas through a locker.
 
     Use it as an async context manager (``async with scheduler:``), or call
@@ -70,6 +91,12 @@ class Scheduler(JobControl, FleetViews, StoredTasks):
     locker's server clock (default with PostgreSQL: see docs/coordination.md, "Fleet time").
     *sync_every*: seconds between two reads of the stored schedules, when the locker keeps
     them (``PostgresLocker``; see :meth:`task` and docs/guides/stored-schedules.md).
+
+    **Naming a job.** The verbs on one job (:meth:`get_job`, :meth:`remove`,
+    :meth:`update`, :meth:`pause_job`, :meth:`resume_job`, :meth:`run_job_now`, and the
+    fleet-wide views) take a :class:`~cronlock.Job` or its name. A name no job of this
+    scheduler has is refused with :class:`~cronlock.JobLookupError` (``unknown job: NAME
+    (did you mean OTHER?)``), as is a job of another scheduler.
 
     **Ownership.** The scheduler closes the lockers and electors it was given (and the jobs'
     ``locker=``) when it shuts down, unless one is held open with ``async with`` (then that
@@ -345,6 +372,50 @@ class Scheduler(JobControl, FleetViews, StoredTasks):
 
         return self._decorator(once(at), options)
 
+    # -- stored schedules' tasks ------------------------------------------------------------
+
+    @overload
+    def task(self, name: _F, /) -> _F: ...
+
+    @overload
+    def task(self, name: str | None = None, /) -> Callable[[_F], _F]: ...
+
+    def task(self, name: str | _F | None = None, /) -> _F | Callable[[_F], _F]:
+        """Decorator: make a function a task that stored schedules may name.
+
+        ``@scheduler.task("send-report")`` names it; bare ``@scheduler.task`` uses its
+        ``module.qualname``. The function takes what a job's function takes (a
+        :class:`~cronlock.RunContext` where annotated, then the schedule's kwargs). A
+        stored schedule naming a task no replica has is reported, never silently idle.
+        """
+        if callable(name):
+            return self._add_task(name, None)
+
+        def register(func: _F) -> _F:
+            return self._add_task(func, name)
+
+        return register
+
+    def _add_task(self, func: _F, name: str | None) -> _F:
+        key = default_name(func) if name is None else name
+        if not isinstance(key, str) or not key:
+            raise ConfigError(f"task: name must be a non-empty string, got {key!r}")
+        other = self._tasks.get(key)
+        if other is not None and other is not func:
+            raise JobConflictError(f"a task named {key!r} is already registered ({other!r})")
+        self._tasks[key] = func
+        return func
+
+    @property
+    def tasks(self) -> Mapping[str, Callable[..., object]]:
+        """The tasks stored schedules may name, by name (read-only)."""
+        return MappingProxyType(self._tasks)
+
+    @property
+    def stored_jobs(self) -> tuple[str, ...]:
+        """The names of the jobs registered here from stored schedules, sorted."""
+        return tuple(sorted(self._stored.applied)) if self._stored is not None else ()
+
     # -- control -------------------------------------------------------------------------
 
     def subscribe(self, callback: Listener, *event_types: type[Event]) -> Subscription:
@@ -353,6 +424,97 @@ class Scheduler(JobControl, FleetViews, StoredTasks):
         A callback that raises is logged and never disturbs a run.
         """
         return self._bus.add(callback, event_types)
+
+    def get_job(self, name: str | Job) -> Job:
+        """The job called *name*; raises :class:`~cronlock.JobLookupError` if none."""
+        return job_named(self._jobs, name, field="name")
+
+    def remove(self, job: str | Job) -> None:
+        """Unregister a job; a run of it in flight goes on to its end."""
+        found = job_named(self._jobs, job)
+        if self._loop is not None:
+            self._loop.unschedule(found)
+        found._forget_plan()
+        del self._jobs[found.name]
+        if found._wiring.locker is not None and found._wiring.fnv_keys:  # it has a key here
+            del self._keys[job_lock_key(found.name)]
+        found._scheduler = None
+
+    def remove_by_tags(self, *tags: str) -> list[Job]:
+        """Unregister every job carrying any of *tags*; return them."""
+        wanted = set(tags)
+        removed = [job for job in self._jobs.values() if job.tags & wanted]
+        for job in removed:
+            self.remove(job)
+        return removed
+
+    def update(self, name: str | Job, schedule: Schedule) -> Job:
+        """Give job *name* a new schedule, keeping its history and options."""
+        job = job_named(self._jobs, name, field="name")
+        check_interval(job.name, schedule)
+        job.set_schedule(check_jitter(job.name, bind_zone(schedule, self._tz), job.jitter))
+        if self._loop is not None and not job.paused:
+            self._loop.schedule(job, self._clock.now())
+        return job
+
+    def pause_job(self, job: str | Job) -> None:
+        """Stop firing *job* (same as ``job.pause()``)."""
+        found = job_named(self._jobs, job)
+        found._halt()
+        if self._loop is not None:
+            self._loop.unschedule(found)
+
+    def resume_job(self, job: str | Job) -> None:
+        """Fire *job* again from its next slot after now (same as ``job.resume()``)."""
+        found = job_named(self._jobs, job)
+        if not found.paused:
+            return
+        found._unhalt()
+        if self._loop is not None:
+            self._loop.schedule(found, self._clock.now())
+
+    async def run_job_now(self, job: str | Job) -> JobEvent:
+        """Run *job* once now, here (same as ``await job.run_now()``); return its final
+        event. Not marked manual in a ledger: a fleet-wide trigger
+        (:meth:`cronlock.postgres.FleetControl.trigger`) is."""
+        found = job_named(self._jobs, job)
+        if self._loop is None:
+            raise SchedulerStateError(f"job {found.name!r}: run_now() needs a started scheduler")
+        waiter: asyncio.Future[JobEvent] = asyncio.get_running_loop().create_future()
+        self._loop.dispatch(found, self._clock.now(), waiter)
+        return await waiter
+
+    # -- fleet-wide views -------------------------------------------------------------------
+
+    def overdue(self) -> tuple[Job, ...]:
+        """The jobs that stopped: a slot fell due more than the job's grace ago and no run
+        of it or of a later slot succeeded (anywhere in the fleet, with a run ledger).
+
+        The grace is the job's ``alert_after``, by default its ``misfire_grace`` plus its
+        timeout. A job that never succeeded is judged from the scheduler's start. Paused
+        jobs (here or fleet-wide) are never overdue.
+        """
+        return self._fleet.overdue(self._clock.now())
+
+    def without_success_since(self, job: Job | str) -> datetime | None:
+        """Since when *job* (a job or its name) has gone without a success: when its latest
+        successful run ended (anywhere in the fleet, with a run ledger), or, if it never
+        succeeded, when it was first seen: with a ledger, when a replica first noted it
+        there (so the instant survives restarts; learned with the fleet's latest runs,
+        read every 15 s: the scheduler's start until then), else when this scheduler
+        started. ``None`` before the scheduler started. Computed from memory, no I/O.
+
+        Unlike :meth:`overdue`, which counts from a slot falling due, this is the rule "no
+        success in N days": ``now - without_success_since(job) > N days``, whatever the
+        schedule. An unknown name raises :class:`~cronlock.JobLookupError`.
+        """
+        return self._fleet.without_success_since(job_named(self._jobs, job))
+
+    def paused_fleet_wide(self, job: Job | str) -> bool:
+        """Whether *job* (a job or its name) is paused on every replica
+        (``cronlock.postgres.FleetControl``), as of its locker's last read, about a second
+        old. An unknown name raises :class:`~cronlock.JobLookupError`."""
+        return self._fleet.paused(job_named(self._jobs, job))
 
     # -- lifecycle -------------------------------------------------------------------------
 

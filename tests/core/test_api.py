@@ -278,8 +278,7 @@ def test_colliding_lock_keys_are_rejected(
 ) -> None:
     # FNV-1a 64 collisions between sensible names are too rare to find by hand, so make
     # every name hash alike: the check itself is what is under test.
-    monkeypatch.setattr("cronlock._scheduler.job_lock_key", lambda name: 42)
-    monkeypatch.setattr("cronlock._jobcontrol.job_lock_key", lambda name: 42)  # remove()'s
+    monkeypatch.setattr("cronlock._scheduler.job_lock_key", lambda name: 42)  # add and remove
     scheduler = Scheduler(clock=clock, locker=InMemoryLocker())
     scheduler.add_job(_noop, every(10), name="first")
     with pytest.raises(JobConflictError, match=r"'first' and 'second'.*lock key 42"):

@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 import pytest
 
 from cronlock import ScheduleError, Scheduler, every
-from cronlock._jobname import MAX_NAME
+from cronlock._names import MAX_NAME
 from cronlock.postgres import locked_run
 
 

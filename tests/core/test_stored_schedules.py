@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -29,10 +30,12 @@ from cronlock import (
 )
 from cronlock._schedules.schedule import upcoming
 from cronlock._stored.json import (
+    check_stored,
     kwargs_to_json,
     options_from_json,
     options_to_json,
     schedule_from_json,
+    schedule_from_text,
     schedule_to_json,
 )
 from cronlock.testing import FakeClock
@@ -103,6 +106,93 @@ def test_options_read_back_as_given() -> None:
     }
     back = options_from_json(json.loads(json.dumps(options_to_json(given, owner="s"))))
     assert back == {**given, "timeout": 600.0, "jitter": 2.0, "tags": ["reports", "tenant"]}
+
+
+@pytest.mark.parametrize(
+    ("given", "expected"),
+    [
+        ({"cron": "0 3 * * *"}, cron("0 3 * * *", tz="UTC")),
+        ({"cron": "*/5 0 3 * * *", "seconds": True, "tz": "Europe/Berlin"},
+         cron("*/5 0 3 * * *", seconds=True, tz="Europe/Berlin")),
+        ({"every": "90"}, every(90)),
+        ({"every": 1.5, "anchor": "2026-05-01T00:00:00Z"},
+         every(1.5, anchor=datetime(2026, 5, 1, tzinfo=UTC))),
+        ({"at": ["2030-01-01T00:00:00+02:00"]},
+         once([datetime(2029, 12, 31, 22, tzinfo=UTC)])),
+        ({}, None),
+    ],
+)  # fmt: skip
+def test_schedule_text_is_read_as_each_caller_gives_it(
+    given: dict[str, Any], expected: Schedule | None
+) -> None:
+    made = schedule_from_text(**given)
+    if expected is None:
+        assert made is None
+    else:
+        assert made is not None
+        assert upcoming(made, T0, 3) == upcoming(expected, T0, 3)
+
+
+@pytest.mark.parametrize(
+    ("given", "message"),
+    [
+        ({"cron": "0 3 * * *", "every": "60"}, "give a cron expression or an interval, not both"),
+        ({"every": "soon"}, "--every: not a number of seconds: 'soon'"),
+        ({"every": 60, "anchor": "noon"}, "--anchor: not an ISO 8601 instant: 'noon'"),
+        ({"at": ["2030-01-01T00:00:00"]}, "--at: '2030-01-01T00:00:00' names no zone"),
+        ({"cron": "0 3 * *"}, "expected 5 fields"),
+    ],
+)
+def test_schedule_text_errors_name_the_field_as_the_caller_does(
+    given: dict[str, Any], message: str
+) -> None:
+    flags = {"every": "--every", "anchor": "--anchor", "at": "--at"}
+    with pytest.raises(ScheduleError, match=re.escape(message)):
+        schedule_from_text(**given, labels=flags)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"overlap": "sometimes"},
+        {"timeout": -1},
+        {"retries": -1},
+        {"retries": 2, "retry_delay": "soon"},
+        {"jitter": 120},
+        {"recover": None},
+        {"start_at": datetime(2027, 1, 1, tzinfo=UTC), "stop_at": datetime(2026, 1, 1, tzinfo=UTC)},
+        {"misfire_grace": 3600, "alert_after": 0},
+    ],
+)
+def test_stored_options_are_refused_as_add_job_refuses_them(options: dict[str, Any]) -> None:
+    schedule = every(60)
+    with pytest.raises(ScheduleError) as stored:
+        check_stored("r:1", schedule, options)
+
+    async def task() -> None:
+        pass
+
+    with pytest.raises(ScheduleError) as added:
+        Scheduler().add_job(task, schedule, name="r:1", **options)
+    assert str(stored.value) == str(added.value)
+
+
+def test_stored_options_are_checked_into_the_settings_add_job_makes() -> None:
+    options: dict[str, Any] = {
+        "timeout": 30,
+        "tags": ["a"],
+        "retries": 2,
+        "start_at": T0,
+        "jitter": 1,
+    }
+
+    async def task() -> None:
+        pass
+
+    job = Scheduler().add_job(task, daily("03:00"), name="r:1", **options)
+    schedule, settings = check_stored("r:1", daily("03:00"), options)
+    assert settings._key() == job._settings._key()
+    assert upcoming(schedule, T0, 3) == upcoming(job._schedule, T0, 3)
 
 
 class MemoryStore(InMemoryLocker):

@@ -68,16 +68,18 @@ def _build_parser() -> argparse.ArgumentParser:
 
 
 def _schedule(args: argparse.Namespace, zone: ZoneInfo) -> Schedule:
-    from .._schedules.cron import cron
+    from .._stored.json import schedule_from_text
 
     try:
-        return cron(args.expr, seconds=args.seconds, tz=zone)
+        schedule = schedule_from_text(cron=args.expr, seconds=args.seconds, tz=zone)
     except ScheduleError as exc:
         # The library's hint names its keyword argument; here the switch is --seconds.
         message = str(exc).replace("pass seconds=True", "pass --seconds")
         if args.seconds and "expected 6 fields" in message:
             message += "; leave out --seconds for 5 fields"
         raise CronlockError(message) from None
+    assert schedule is not None  # a cron expression was given
+    return schedule
 
 
 def _after(text: str, zone: ZoneInfo) -> datetime:

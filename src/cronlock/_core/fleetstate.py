@@ -18,16 +18,15 @@ import functools
 from collections.abc import Callable, Iterator, Mapping
 from datetime import datetime, timedelta
 
-from .._clock import Clock
 from .._events import JobEvent, JobSkipped, LockFailed
-from .._locking.protocols import FleetView, FleetWatchingLocker, Health, Wiring
+from .._locking.protocols import FleetView, FleetWatchingLocker, Health
 from .._logs import at, get_logger
-from .._names import job_named
 from .job import Job
 from .runloop import RunLoop
 from .settings import grace
+from .wiring import Wiring
 
-__all__ = ("FleetState", "FleetViews", "grace")
+__all__ = ("FleetState", "grace")
 
 _logger = get_logger("cronlock")
 _REMEMBER = 256  # triggers already started, per locker (each is started once)
@@ -171,7 +170,7 @@ class FleetState:
             started.pop(trigger, None)
 
     def without_success_since(self, job: Job) -> datetime | None:
-        """See :meth:`FleetViews.without_success_since`."""
+        """See :meth:`cronlock.Scheduler.without_success_since`."""
         if self._since is None:
             return None
         success = job.last_success
@@ -180,7 +179,7 @@ class FleetState:
         return self._first_seen.get(job.name, self._since)
 
     def overdue(self, now: datetime) -> tuple[Job, ...]:
-        """The jobs overdue at *now* (see :meth:`FleetViews.overdue`)."""
+        """The jobs overdue at *now* (see :meth:`cronlock.Scheduler.overdue`)."""
         return tuple(job for job in self._jobs.values() if self.is_overdue(job, now))
 
     def is_overdue(self, job: Job, now: datetime) -> bool:
@@ -210,41 +209,3 @@ class _HealthView(Mapping[str, Health]):
 
     def __len__(self) -> int:
         return len(self._jobs)
-
-
-class FleetViews:
-    """The scheduler's fleet-wide views (a mixin of :class:`~cronlock.Scheduler`)."""
-
-    _fleet: FleetState
-    _clock: Clock
-    _jobs: dict[str, Job]
-
-    def overdue(self) -> tuple[Job, ...]:
-        """The jobs that stopped: a slot fell due more than the job's grace ago and no run
-        of it or of a later slot succeeded (anywhere in the fleet, with a run ledger).
-
-        The grace is the job's ``alert_after``, by default its ``misfire_grace`` plus its
-        timeout. A job that never succeeded is judged from the scheduler's start. Paused
-        jobs (here or fleet-wide) are never overdue.
-        """
-        return self._fleet.overdue(self._clock.now())
-
-    def without_success_since(self, job: Job | str) -> datetime | None:
-        """Since when *job* (a job or its name) has gone without a success: when its latest
-        successful run ended (anywhere in the fleet, with a run ledger), or, if it never
-        succeeded, when it was first seen: with a ledger, when a replica first noted it
-        there (so the instant survives restarts; learned with the fleet's latest runs,
-        read every 15 s: the scheduler's start until then), else when this scheduler
-        started. ``None`` before the scheduler started. Computed from memory, no I/O.
-
-        Unlike :meth:`overdue`, which counts from a slot falling due, this is the rule "no
-        success in N days": ``now - without_success_since(job) > N days``, whatever the
-        schedule. An unknown name raises :class:`~cronlock.JobLookupError`.
-        """
-        return self._fleet.without_success_since(job_named(self._jobs, job))
-
-    def paused_fleet_wide(self, job: Job | str) -> bool:
-        """Whether *job* (a job or its name) is paused on every replica
-        (``cronlock.postgres.FleetControl``), as of its locker's last read, about a second
-        old. An unknown name raises :class:`~cronlock.JobLookupError`."""
-        return self._fleet.paused(job_named(self._jobs, job))

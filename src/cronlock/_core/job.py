@@ -17,15 +17,16 @@ from .._clock import Clock
 from .._durations import Seconds
 from .._errors import ScheduleError, SchedulerStateError
 from .._events import JobEvent
-from .._jobname import check_job_name
-from .._locking.protocols import Locker, Wiring
+from .._locking.protocols import Locker
+from .._names import check_job_name
 from .._records import Overlap, RunRecord, run_context
 from .._schedules.interval import IntervalSchedule
 from .._schedules.schedule import Schedule
 from .._threads import in_thread
-from .settings import NO_KWARGS, NO_TAGS, JobSettings, Recall, normalise_tags, settle
+from .settings import NO_KWARGS, NO_TAGS, JobSettings, Recall, normalise_tags, settle, slot_after
 from .state import RunState, fresh
 from .tasks import Shape, task_shape
+from .wiring import Wiring
 
 
 class Controller(Protocol):
@@ -254,13 +255,7 @@ class Job(RunState):
 
     def slot_after(self, after: datetime) -> datetime | None:
         """The job's first slot strictly after *after*, honouring start_at and stop_at."""
-        settings = self._settings
-        if settings.start_at is not None and after < settings.start_at:
-            after = settings.start_at - timedelta(microseconds=1)
-        slot: datetime | None = self._schedule.next_after(after)
-        if slot is None or (settings.stop_at is not None and slot > settings.stop_at):
-            return None
-        return slot
+        return slot_after(self._schedule, self._settings, after)
 
     def fire_time(self, slot: datetime) -> datetime:
         """When *slot* fires: the slot itself, delayed by the deterministic jitter."""
@@ -387,20 +382,21 @@ def new_job(
         )
     last = recall.settings  # one read: a registration in another thread replaces it whole
     if (
-        tags is last[0]
-        and timeout is last[1]
-        and overlap is last[2]
-        and jitter is last[3]
-        and max_runs is last[4]
-        and start_at is last[5]
-        and stop_at is last[6]
-        and misfire_grace is last[7]
-        and distributed is last[8]
-        and locker is last[9]
-        and recover is last[10]
-        and alert_after is last[11]
+        tags is last.tags
+        and timeout is last.timeout
+        and overlap is last.overlap
+        and jitter is last.jitter
+        and max_runs is last.max_runs
+        and start_at is last.start_at
+        and stop_at is last.stop_at
+        and misfire_grace is last.misfire_grace
+        and distributed is last.distributed
+        and locker is last.locker
+        and recover is last.recover
+        and alert_after is last.alert_after
+        and last.settings is not None
     ):  # the very objects the last job was given, checked then
-        settings = last[12]
+        settings = last.settings
     else:
         settings = settle(
             name,
@@ -420,11 +416,16 @@ def new_job(
         )
     job._settings = settings
     job.name, job.func, job.args, job.kwargs = name, func, args, kwargs
-    last = recall.task
+    task = recall.task
     # The very task and count of args the last job had, no kwargs: checked then. This is
     # task_shape's own reuse test, written out for the common case; the two must agree.
-    if func is last[0] and len(args) == last[1] and kwargs is NO_KWARGS and not last[2]:
-        job._task = last[3]
+    if (
+        func is task.func
+        and len(args) == task.arg_count
+        and kwargs is NO_KWARGS
+        and not task.kwarg_names
+    ):
+        job._task = task.shape
     else:
         job._task = task_shape(name, func, args, kwargs, recall)
     job._scheduler = scheduler

@@ -15,11 +15,12 @@ from datetime import datetime
 
 from .._clock import Clock
 from .._events import EventBus, JobCrashed, LockHeldElsewhere
-from .._locking.protocols import CrashWatchingLocker, ForeignWatchingLocker, Wiring
+from .._locking.protocols import CrashWatchingLocker, ForeignWatchingLocker
 from .._logs import at, get_logger
 from .._records import RunRecord
 from .job import Job
 from .runloop import RunLoop, misfired
+from .wiring import Wiring
 
 __all__ = ("Recovery",)
 

@@ -17,15 +17,12 @@ together).
 
 from __future__ import annotations
 
-import copy
 import hashlib
 from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from .._cancel import task_name
-from .._durations import Seconds, to_seconds
-from .._errors import ScheduleError
 from .._events import EventBus, JobEvent, JobFailed, JobRetrying, JobTimedOut
 from .._locking.protocols import Locker
 from .._logs import at, get_logger
@@ -34,17 +31,14 @@ from .job import Job
 
 if TYPE_CHECKING:
     from .._clock import Clock
-    from .settings import JobSettings
 
-__all__ = ("DEFAULT_DELAY", "MAX_DELAY", "Retries", "RetryingLocker", "backoff", "with_retries")
+__all__ = ("MAX_DELAY", "Retries", "RetryingLocker", "backoff")
 
 _logger = get_logger("cronlock")
 
 MAX_DELAY = 300.0
 """Seconds: the longest wait before a retry, however many attempts came before."""
 _REMEMBER = 1024  # slots whose retry is on its way, at most
-DEFAULT_DELAY = 1.0
-"""``retry_delay``'s default: seconds before the first retry (before jitter)."""
 
 
 @runtime_checkable
@@ -57,20 +51,6 @@ class RetryingLocker(Locker, Protocol):
     def will_retry(self, job: str, slot: datetime, attempt: int) -> None:
         """The next :meth:`acquire` of *slot* of *job* claims attempt *attempt* (2 or more)."""
         ...
-
-
-def with_retries(
-    settings: JobSettings, name: str, retries: object, retry_delay: Seconds
-) -> JobSettings:
-    """A copy of *settings* with ``retries`` and ``retry_delay`` checked (raises
-    :class:`~cronlock.ScheduleError` naming the job, the option and the value)."""
-    if type(retries) is not int or retries < 0:
-        raise ScheduleError(f"job {name!r}: retries must be a whole number >= 0, got {retries!r}")
-    delay = to_seconds(retry_delay, field="retry_delay", job=name)
-    made = copy.copy(settings)
-    made.retries = retries
-    made.retry_delay = delay
-    return made
 
 
 def backoff(job: str, slot: datetime, attempt: int, base: float) -> float:

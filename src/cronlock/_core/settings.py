@@ -1,4 +1,5 @@
-"""What a job's options and schedule are checked into, once for jobs registered alike.
+"""The options a job is registered with (:class:`JobOptions`), and what they and its
+schedule are checked into, once for jobs registered alike.
 
 A service registers the same function, schedule and options many times over. Each is
 checked for the first job given it; jobs given the very same objects then share what the
@@ -11,27 +12,45 @@ it, is :mod:`cronlock._core.tasks`'s.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable
-from datetime import datetime
+import copy
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
 from types import MappingProxyType
-from typing import Any
+from typing import Any, TypedDict
 
-from .._durations import Seconds, optional_seconds, positive_int
+from .._durations import Seconds, optional_seconds, positive_int, to_seconds
 from .._errors import ScheduleError
 from .._locking.protocols import Locker
 from .._records import DEFAULT_MISFIRE_GRACE, OVERLAPS, Overlap
-from .._schedules.schedule import Schedule
-from .._schedules.tz import to_utc
+from .._schedules.interval import IntervalSchedule
+from .._schedules.schedule import (
+    MIN_INTERVAL,
+    Schedule,
+    bind_zone,
+    check_interval,
+    check_jitter,
+)
+from .._schedules.tz import resolve_tz, to_utc
 
 __all__ = (
+    "DEFAULT_DELAY",
     "NO_KWARGS",
     "NO_TAGS",
+    "OPTION_NAMES",
+    "GivenOptions",
+    "GivenTask",
+    "JobOptions",
     "JobSettings",
     "Recall",
+    "check_option_names",
+    "check_options",
     "grace",
     "normalise_tags",
     "schedule_text",
     "settle",
+    "slot_after",
+    "with_retries",
 )
 
 # Shared by every job registered without kwargs (read-only, so one serves them all).
@@ -39,11 +58,88 @@ NO_KWARGS: MappingProxyType[str, Any] = MappingProxyType({})
 # One empty tag set for every job without tags (an empty frozenset is not shared: 216 B).
 NO_TAGS: frozenset[str] = frozenset()
 _UNSET = object()  # nothing checked yet
+_UTC = resolve_tz("UTC")  # what Scheduler() defaults to
+_ONE_MICROSECOND = timedelta(microseconds=1)
+DEFAULT_DELAY = 1.0
+"""``retry_delay``'s default: seconds before the first retry (before jitter)."""
 
 # Recent schedules' texts, bounded: by id (holding the schedule, so the id stays its own)
 # and by value (equal schedules share one string).
 _texts: dict[int, tuple[Any, str]] = {}
 _texts_by_value: dict[Any, str] = {}
+
+
+class JobOptions(TypedDict, total=False):
+    """Options accepted by :meth:`Scheduler.add_job` and every decorator."""
+
+    name: str | None
+    args: Sequence[Any]
+    kwargs: Mapping[str, Any] | None
+    tags: str | Iterable[str] | None
+    timeout: Seconds | None
+    overlap: Overlap
+    jitter: Seconds | None
+    max_runs: int | None
+    start_at: datetime | None
+    stop_at: datetime | None
+    misfire_grace: Seconds | None
+    distributed: bool
+    locker: Locker | None
+    recover: bool
+    alert_after: Seconds | None
+    retries: int
+    retry_delay: Seconds
+
+
+OPTION_NAMES = frozenset(JobOptions.__annotations__)
+
+
+def check_option_names(job: str, options: Iterable[str]) -> None:
+    """Raise :class:`~cronlock.ScheduleError` naming *job* and any unknown option given."""
+    unknown = set(options) - OPTION_NAMES
+    if unknown:
+        raise ScheduleError(
+            f"job {job!r}: unknown option(s) {', '.join(sorted(unknown))}; "
+            f"known: {', '.join(sorted(OPTION_NAMES))}"
+        )
+
+
+# Not frozen=True, though never changed once made (Recall replaces it whole): a frozen
+# dataclass's __init__ goes through object.__setattr__ per field, and a registration with
+# options of its own makes one (benchmarks/counts.py). JobSettings is kept alike.
+@dataclass(slots=True)
+class GivenOptions:
+    """The 12 options a registration was given, the very objects (tags as normalised), and
+    the :class:`JobSettings` they were checked into (``None``: nothing checked yet).
+    Never changed once made."""
+
+    tags: Any = _UNSET
+    timeout: Any = _UNSET
+    overlap: Any = _UNSET
+    jitter: Any = _UNSET
+    max_runs: Any = _UNSET
+    start_at: Any = _UNSET
+    stop_at: Any = _UNSET
+    misfire_grace: Any = _UNSET
+    distributed: Any = _UNSET
+    locker: Any = _UNSET
+    recover: Any = _UNSET
+    alert_after: Any = _UNSET
+    settings: JobSettings | None = None
+
+
+@dataclass(slots=True)
+class GivenTask:
+    """The task a registration was given, how many args, the names of its kwargs (``()``
+    for none), the call shape they were checked into and what the task is
+    (:func:`cronlock._core.tasks.task_shape`; typed ``Any`` here: tasks imports this
+    module). Never changed once made, as :class:`GivenOptions`."""
+
+    func: Any = None
+    arg_count: int = -1
+    kwarg_names: tuple[str, ...] = ()
+    shape: Any = None
+    info: Any = None
 
 
 class Recall:
@@ -52,20 +148,16 @@ class Recall:
     registering 100,000 jobs with one set of options checks them once).
 
     One per scheduler, never shared: two schedulers registering in two threads cannot
-    pair a job with the other's settings. Each field is one tuple, replaced whole and read
-    once per registration, so a registration in another thread is never half seen.
+    pair a job with the other's settings. Each field is one record, replaced whole (never
+    changed) and read once per registration, so a registration in another thread is never
+    half seen.
     """
 
     __slots__ = ("settings", "task")
 
     def __init__(self) -> None:
-        self.settings: tuple[Any, ...] = (_UNSET,) * 12 + (None,)
-        """The 12 options in :func:`settle`'s order (the objects; tags as normalised),
-        then the :class:`JobSettings` they were checked into."""
-        self.task: tuple[Any, ...] = (None, -1, (), None, None)
-        """The task, how many args it was given, the names of its kwargs (``()`` for
-        none), the call shape they were checked into, and what the task is
-        (:func:`cronlock._core.tasks.task_shape`)."""
+        self.settings = GivenOptions()
+        self.task = GivenTask()
 
 
 def normalise_tags(tags: str | Iterable[str] | None) -> frozenset[str]:
@@ -131,7 +223,7 @@ class JobSettings:
         self.recover = recover
         self.alert_after = alert_after
         self.unbounded = start_at is None and stop_at is None  # no bound to honour
-        # Set on a copy when a job has retries (._retries.with_retries): most have none.
+        # Set on a copy when a job has retries (with_retries): most have none.
         self.retries = 0
         self.retry_delay = 1.0
 
@@ -178,7 +270,6 @@ def settle(
 
     Raises :class:`~cronlock.ScheduleError` naming the job, the option and the value.
     """
-    given = (tags, timeout, overlap, jitter, max_runs, start_at, stop_at, misfire_grace)
     if overlap not in OVERLAPS:
         raise ScheduleError(
             f"job {name!r}: overlap must be one of {', '.join(OVERLAPS)}, got {overlap!r}"
@@ -191,14 +282,14 @@ def settle(
         raise ScheduleError(f"job {name!r}: recover must be True or False, got {recover!r}")
     if max_runs is not None:
         positive_int(max_runs, field="max_runs", owner=f"job {name!r}", error=ScheduleError)
+    start = stop = None
     if start_at is not None:
-        start_at = to_utc(start_at, field=f"job {name!r}: start_at")
+        start = to_utc(start_at, field=f"job {name!r}: start_at")
     if stop_at is not None:
-        stop_at = to_utc(stop_at, field=f"job {name!r}: stop_at")
-        if start_at is not None and stop_at < start_at:
+        stop = to_utc(stop_at, field=f"job {name!r}: stop_at")
+        if start is not None and stop < start:
             raise ScheduleError(
-                f"job {name!r}: stop_at {stop_at.isoformat()} is before "
-                f"start_at {start_at.isoformat()}"
+                f"job {name!r}: stop_at {stop.isoformat()} is before start_at {start.isoformat()}"
             )
     made = JobSettings(
         tags,
@@ -206,19 +297,102 @@ def settle(
         overlap,
         checked_jitter,
         max_runs,
-        start_at,
-        stop_at,
+        start,
+        stop,
         grace,
         distributed,
         locker,
         recover,
         alert,
     )
-    last = recall.settings[12]
+    last = recall.settings.settings
     if last is not None and last._key() == made._key():
         made = last
-    recall.settings = (*given, distributed, locker, recover, alert_after, made)
+    # What was given (the very objects, start_at and stop_at as given), for the next job.
+    recall.settings = GivenOptions(
+        tags,
+        timeout,
+        overlap,
+        jitter,
+        max_runs,
+        start_at,
+        stop_at,
+        misfire_grace,
+        distributed,
+        locker,
+        recover,
+        alert_after,
+        made,
+    )
     return made
+
+
+def with_retries(
+    settings: JobSettings, name: str, retries: object, retry_delay: Seconds
+) -> JobSettings:
+    """A copy of *settings* with ``retries`` and ``retry_delay`` checked (raises
+    :class:`~cronlock.ScheduleError` naming the job, the option and the value)."""
+    if type(retries) is not int or retries < 0:
+        raise ScheduleError(f"job {name!r}: retries must be a whole number >= 0, got {retries!r}")
+    delay = to_seconds(retry_delay, field="retry_delay", job=name)
+    made = copy.copy(settings)
+    made.retries = retries
+    made.retry_delay = delay
+    return made
+
+
+def check_options(
+    name: str, schedule: Schedule, options: Mapping[str, Any]
+) -> tuple[Schedule, JobSettings]:
+    """Job *name*'s *options* on *schedule*, checked as ``Scheduler.add_job`` checks them in
+    a scheduler of default settings (zone UTC, no locker), without registering a job: the
+    same helpers, so the same errors (:class:`~cronlock.ScheduleError` naming the job, the
+    option and the value). Returns the schedule as the job would have it (its zone bound)
+    and the settings its options make.
+
+    What a stored schedule is checked with before it is stored (a replica's ``add_job``
+    then makes the same of it). The name itself is the caller's to check.
+    """
+    check_option_names(name, options)
+    if type(schedule) is not IntervalSchedule:
+        schedule = bind_zone(schedule, _UTC)
+    elif schedule.interval < MIN_INTERVAL:
+        check_interval(name, schedule)  # raises
+    get = options.get
+    tags = get("tags")
+    settings = settle(
+        name,
+        NO_TAGS if tags is None else normalise_tags(tags),
+        get("timeout"),
+        get("overlap", "skip"),
+        get("jitter"),
+        get("max_runs"),
+        get("start_at"),
+        get("stop_at"),
+        get("misfire_grace", DEFAULT_MISFIRE_GRACE),
+        get("distributed", True),
+        get("locker"),
+        get("recover", False),
+        get("alert_after"),
+        Recall(),
+    )
+    retries, retry_delay = get("retries", 0), get("retry_delay", DEFAULT_DELAY)
+    if retries or retry_delay is not DEFAULT_DELAY:
+        settings = with_retries(settings, name, retries, retry_delay)
+    if settings.jitter:
+        check_jitter(name, schedule, settings.jitter)
+    return schedule, settings
+
+
+def slot_after(schedule: Schedule, settings: JobSettings, after: datetime) -> datetime | None:
+    """The first slot of *schedule* strictly after *after* within *settings*' ``start_at``
+    and ``stop_at`` (``Job.slot_after``'s rule)."""
+    if settings.start_at is not None and after < settings.start_at:
+        after = settings.start_at - _ONE_MICROSECOND
+    slot: datetime | None = schedule.next_after(after)
+    if slot is None or (settings.stop_at is not None and slot > settings.stop_at):
+        return None
+    return slot
 
 
 def schedule_text(schedule: Schedule) -> str:

@@ -17,13 +17,11 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .._errors import ScheduleError
 from .._records import RunContext
-
-if TYPE_CHECKING:
-    from .settings import Recall
+from .settings import GivenTask, Recall
 
 __all__ = ("Shape", "TaskInfo", "task_shape")
 
@@ -115,13 +113,13 @@ def task_shape(
     given the very same task and argument count, without kwargs, shares that shape
     without a check (new_job)."""
     last = recall.task  # one read: a registration in another thread replaces it whole
-    info = last[4] if func is last[0] else describe_task(func)
+    info = last.info if func is last.func else describe_task(func)
     names = tuple(kwargs) if kwargs else ()
-    if info is last[4] and len(args) == last[1] and names == last[2]:
-        shape: Shape = last[3]  # binding depends on nothing else
+    if info is last.info and len(args) == last.arg_count and names == last.kwarg_names:
+        shape: Shape = last.shape  # binding depends on nothing else
     else:
         shape = info.check(job, args, kwargs)
-    recall.task = (func, len(args), names, shape, info)
+    recall.task = GivenTask(func, len(args), names, shape, info)
     return shape
 
 

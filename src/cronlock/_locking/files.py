@@ -14,8 +14,7 @@ from pathlib import Path
 from .._cancel import claim_or_undo, task_name
 from .._errors import ConfigError, LockError
 from .._logs import at, get_logger
-from .claimed import remember_claim
-from .protocols import Hold, Refusal
+from .protocols import Hold, Refusal, remember_claim
 
 if sys.platform != "win32":
     import fcntl

@@ -1,27 +1,31 @@
-"""The plug-in points for coordination (Locker, Hold, Elector) and how a job is wired to them.
+"""The plug-in points for coordination (Locker, Hold, Elector) and their capabilities.
 
 Optional capabilities (a ledger, crash reports, recording or losable holds, a fenced
 elector) are typed Protocols. They are checked once — when a job is registered
-(:func:`wire`) or once per hold class (:func:`hold_hooks`) — never probed again on every
-run.
+(:func:`cronlock._core.wiring.wire`) or once per hold class (:func:`hold_hooks`) — never
+probed again on every run.
+
+Also the two rules every locker with a ledger shares: how long a slot's row must outlive
+the slot (:func:`check_retention`), and which claimed slots a locker remembers
+(:func:`remember_claim`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-import typing
 from collections.abc import Callable, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
-from datetime import datetime, timedelta
-from typing import Literal, Protocol, runtime_checkable
+from datetime import datetime
+from typing import Literal, Protocol, TypeVar, runtime_checkable
 
+from .._errors import ConfigError
 from .._records import RunRecord
-from .kinds import KeyedLocker, PruningLocker, tagged_note
 
 __all__ = (
     "ASKED",
+    "RETENTION_MARGIN",
     "BatchLedgerLocker",
     "BoundedRelease",
     "ClaimAheadLocker",
@@ -37,18 +41,20 @@ __all__ = (
     "Health",
     "Hold",
     "HoldHooks",
+    "KeyedLocker",
     "LedgerLocker",
     "LedgerSummary",
     "Locker",
     "LosableHold",
+    "PruningLocker",
     "RecordingHold",
     "Refusal",
     "Resource",
     "ScheduleNotingLocker",
     "ServerClockLocker",
-    "Wiring",
+    "check_retention",
     "hold_hooks",
-    "wire",
+    "remember_claim",
 )
 
 
@@ -216,6 +222,66 @@ runs that slot again (the locker then lets its next acquire of the slot take it 
 
 
 @runtime_checkable
+class PruningLocker(Protocol):
+    """A ledger locker that deletes the rows of old slots, after :meth:`retention` seconds.
+
+    A slot's row is what answers a late claim of it ``"already_ran"``: once pruned, a
+    replica still within the job's ``misfire_grace`` of that slot could claim it again
+    and run it twice. So a job's slots must stay late for less than the retention, with
+    a margin to spare (:func:`check_retention`, when it is registered).
+    """
+
+    def retention(self) -> float:
+        """Seconds after its slot that a row may be pruned."""
+        ...
+
+
+@runtime_checkable
+class KeyedLocker(Protocol):
+    """A locker that may take lock keys of its own rather than FNV-1a of the job's name.
+
+    The scheduler refuses two jobs whose FNV-1a keys collide when they are registered; for
+    a locker whose :meth:`keyed_keys` is true that check would guard the wrong keys, and let
+    a name built to collide with another job's refuse that job's registration.
+    """
+
+    def keyed_keys(self) -> bool:
+        """True when the keys are not FNV-1a of the job's name (no collision to refuse)."""
+        ...
+
+
+# -- how long a slot's ledger row must outlive the slot ---------------------------------
+# The rule both a pruning locker's settings and the registration of each job check.
+
+RETENTION_MARGIN = 3600.0
+"""Seconds a slot's row outlives its job's lateness (jitter and misfire_grace): a replica
+whose clock lags, stalls, or waits for its connection claims a slot later than its own
+misfire rule says. It is also the floor of a retention, whatever the jobs."""
+
+
+def check_retention(job: str, jitter: float | None, grace: float | None, keep: float) -> None:
+    """Refuse job *job* if its slots can be claimed later than rows are kept (*keep*).
+
+    Raises :class:`~cronlock.ConfigError` naming the job, its ``misfire_grace`` (and
+    ``jitter``), the retention and the longest grace it allows. A ``misfire_grace`` of
+    ``None`` coalesces late slots into the latest due one: it counts as no grace.
+    """
+    late = (jitter or 0.0) + (grace or 0.0)
+    if late + RETENTION_MARGIN <= keep:
+        return
+    given = "None" if grace is None else f"{grace:g}s"
+    jittered = f" and jitter={jitter:g}s" if jitter else ""
+    raise ConfigError(
+        f"job {job!r}: misfire_grace={given}{jittered} lets a replica claim a slot that "
+        f"late, and its locker prunes rows after retention={keep:g}s: with the margin of "
+        f"{RETENTION_MARGIN:g}s for lagging replicas, a slot whose row was pruned could run "
+        f"a second time; give the locker retention={late + RETENTION_MARGIN:g} or more, "
+        f"or the job misfire_grace={max(keep - RETENTION_MARGIN - (jitter or 0.0), 0):g} "
+        "or less"
+    )
+
+
+@runtime_checkable
 class CrashWatchingLocker(Locker, Protocol):
     """A locker that notices runs whose replica died mid-run, and can have them rerun.
 
@@ -332,92 +398,6 @@ class FencedElector(Elector, Protocol):
         ...
 
 
-@dataclass(frozen=True, slots=True)
-class Wiring:
-    """How one job is coordinated, decided once when it is registered.
-
-    The words, one meaning each: a *coordinated* job is one registered with
-    ``distributed=True`` (:attr:`cronlock.Job.coordinated`); its runs are *gated* when they
-    have anyone to ask before they start (the elector, the locker, or both), and *elected*
-    when the elector is one of them.
-
-    ``locker`` is None for a job that coordinates through no locker (``distributed=False``,
-    or a scheduler without one); ``ledger`` is the same locker when it keeps a run ledger;
-    ``elected`` says whether runs ask the elector first.
-    """
-
-    locker: Locker | None = None
-    ledger: LedgerLocker | None = None
-    note: Callable[[str, str, datetime | None, frozenset[str]], None] | None = None
-    """The locker's ``note_schedule``, given the job's tags when it takes them."""
-    crashes: CrashWatchingLocker | None = None
-    """The same locker when it reports crashed runs (the scheduler may rerun them)."""
-    batch: BatchLedgerLocker | None = None
-    """The same locker when it reads in batches and answers refusals with history."""
-    fleet: FleetWatchingLocker | None = None
-    """The same locker when it reads the fleet's pauses, triggers and latest runs."""
-    elected: bool = False
-    gated: bool = False
-    """True when a run has anyone to ask before it starts (elector, locker or both)."""
-    ahead: timedelta = timedelta(0)
-    """How long before a slot its claim may go out (see :class:`ClaimAheadLocker`)."""
-    retention: float | None = None
-    """Seconds after its slot the locker prunes a row (see :class:`PruningLocker`)."""
-    fnv_keys: bool = True
-    """Whether its lock keys are FNV-1a of the name, checked for collisions (KeyedLocker)."""
-
-
-def wire(
-    *, distributed: bool, own: Locker | None, default: Locker | None, elector: Elector | None
-) -> Wiring:
-    """The wiring of a job with its *own* locker (or the scheduler's *default*)."""
-    if not distributed:
-        return Wiring()
-    locker = own if own is not None else default
-    if locker is None:
-        return Wiring(elected=elector is not None, gated=elector is not None)
-    ledger, notes, crashes, batch, fleet, ahead, prunes, keyed = _locker_kinds(type(locker))
-    return Wiring(
-        locker=locker,
-        ledger=typing.cast(LedgerLocker, locker) if ledger else None,
-        note=tagged_note(typing.cast(ScheduleNotingLocker, locker).note_schedule)
-        if notes
-        else None,
-        crashes=typing.cast(CrashWatchingLocker, locker) if crashes else None,
-        batch=typing.cast(BatchLedgerLocker, locker) if batch else None,
-        fleet=typing.cast(FleetWatchingLocker, locker) if fleet else None,
-        elected=elector is not None,
-        gated=True,
-        ahead=_ahead(typing.cast(ClaimAheadLocker, locker).claims_ahead()) if ahead else _NOW,
-        retention=typing.cast(PruningLocker, locker).retention() if prunes else None,
-        fnv_keys=not (keyed and typing.cast(KeyedLocker, locker).keyed_keys()),
-    )
-
-
-_NOW = timedelta(0)
-
-
-@functools.lru_cache(maxsize=64)
-def _ahead(seconds: float) -> timedelta:
-    return timedelta(seconds=seconds) if seconds > 0 else _NOW
-
-
-@functools.cache
-def _locker_kinds(kind: type) -> tuple[bool, bool, bool, bool, bool, bool, bool, bool]:
-    # A runtime Protocol check walks every member (~20 us); registering 100,000 jobs on
-    # one locker pays for it once.
-    return (
-        issubclass(kind, LedgerLocker),
-        issubclass(kind, ScheduleNotingLocker),
-        issubclass(kind, CrashWatchingLocker),
-        issubclass(kind, BatchLedgerLocker),
-        issubclass(kind, FleetWatchingLocker),
-        issubclass(kind, ClaimAheadLocker),
-        issubclass(kind, PruningLocker),
-        issubclass(kind, KeyedLocker),
-    )
-
-
 class BoundedRelease:
     """A base class for holds whose :meth:`~Hold.release` bounds itself in time and runs
     to its end even when the caller is cancelled (re-raising the cancellation after):
@@ -448,3 +428,23 @@ def _hooks_of(kind: type) -> HoldHooks:
 def hold_hooks(hold: Hold) -> HoldHooks:
     """The optional capabilities of *hold*, checked once per hold class."""
     return _hooks_of(type(hold))
+
+
+# -- which claimed slots a locker remembers: the latest *remember* of each job -----------
+# A locker keeps the slots it claimed, per job, so that it can answer "already_ran" by
+# itself; it keeps a bounded number of them and forgets the earliest claims first. The
+# lockers share this rule rather than each spelling it out.
+
+_S = TypeVar("_S")
+_V = TypeVar("_V")
+
+
+def remember_claim(claimed: dict[_S, _V], slot: _S, value: _V, *, remember: int) -> None:
+    """Add *slot* (with *value*) to *claimed*, then forget claims beyond *remember*.
+
+    *claimed* holds one job's claims in the order they were made (a dict keeps insertion
+    order), so the ones forgotten are the earliest claimed.
+    """
+    claimed[slot] = value
+    while len(claimed) > remember:
+        del claimed[next(iter(claimed))]

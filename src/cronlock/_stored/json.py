@@ -1,5 +1,6 @@
 """A stored schedule's JSON form: every schedule kind code can use, read back to the
-same slots, and the job options stored with it.
+same slots, and the job options stored with it; and a schedule as an operator types it
+(:func:`schedule_from_text`: the command line's and the dashboard's one parser).
 
 A schedule without a zone is stored in UTC: replicas may run with different default
 zones, and a stored schedule must name the same slots on each. ``once()`` with no instant
@@ -11,23 +12,28 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime, time, timedelta
 from typing import Any
 
-from .._core.options import OPTION_NAMES
+from .._core.settings import OPTION_NAMES, JobSettings, check_options, grace, slot_after
 from .._durations import to_seconds
 from .._errors import ScheduleError
 from .._schedules.interval import IntervalSchedule
 from .._schedules.once import OnceSchedule
 from .._schedules.schedule import Schedule
+from .._schedules.tz import TimeZone
 
 __all__ = (
     "STORED_OPTIONS",
+    "check_stored",
+    "first_slot",
     "kwargs_to_json",
     "options_from_json",
     "options_to_json",
+    "overdue_grace",
     "schedule_from_json",
+    "schedule_from_text",
     "schedule_to_json",
 )
 
@@ -104,6 +110,68 @@ def schedule_from_json(data: Mapping[str, Any]) -> Schedule:
     raise ScheduleError(f"stored schedule: unknown kind {kind!r}")
 
 
+def schedule_from_text(
+    *,
+    cron: str | None = None,
+    seconds: bool = False,
+    tz: TimeZone | None = None,
+    every: str | float | None = None,
+    anchor: str | None = None,
+    at: Sequence[str] | None = None,
+    labels: Mapping[str, str] | None = None,
+) -> Schedule | None:
+    """The schedule an operator typed; ``None`` when none is given.
+
+    One of: a *cron* expression (*seconds*: with a leading seconds field) in zone *tz*
+    (UTC when not given, as a stored schedule is); an interval of *every* seconds, *anchor*
+    one of its slots (an ISO 8601 instant); or once at each of the ISO 8601 instants *at*.
+    An instant must carry its offset: a wall time would name a different instant on each
+    replica's zone. Raises :class:`~cronlock.ScheduleError` for two kinds given at once or
+    text that is no such schedule; its message names the field as *labels* names it for
+    the caller's user (the command line's ``--anchor``; by default the parameter's name).
+    """
+    label = (labels or {}).get
+    kinds = [
+        kind
+        for kind, value in (("a cron expression", cron), ("an interval", every), ("instants", at))
+        if value is not None
+    ]
+    if len(kinds) > 1:
+        raise ScheduleError(
+            f"give {' or '.join(kinds)}, not {'both' if len(kinds) == 2 else 'all'}"
+        )
+    if cron is not None:
+        from .._schedules.cron import cron as cron_schedule
+
+        return cron_schedule(cron, seconds=seconds, tz=tz or "UTC")
+    if every is not None:
+        from .._schedules.interval import every as every_schedule
+
+        if isinstance(every, str):
+            try:
+                every = float(every)
+            except ValueError:
+                name = label("every", "every")
+                raise ScheduleError(f"{name}: not a number of seconds: {every!r}") from None
+        start = None if anchor is None else _instant(anchor, label("anchor", "anchor"))
+        return every_schedule(every, anchor=start)
+    if at is not None:
+        from .._schedules.once import once
+
+        return once([_instant(text, label("at", "at")) for text in at])
+    return None
+
+
+def _instant(text: str, name: str) -> datetime:
+    try:
+        value = datetime.fromisoformat(text)
+    except ValueError:
+        raise ScheduleError(f"{name}: not an ISO 8601 instant: {text!r}") from None
+    if value.utcoffset() is None:
+        raise ScheduleError(f"{name}: {text!r} names no zone (add +00:00 or Z)")
+    return value
+
+
 def kwargs_to_json(kwargs: Mapping[str, Any] | None, *, owner: str) -> str:
     """*kwargs* as JSON text; raises :class:`~cronlock.ScheduleError` naming *owner* and the
     value when it is not a mapping of names to JSON data that reads back equal."""
@@ -169,3 +237,24 @@ def options_from_json(data: Mapping[str, Any]) -> dict[str, Any]:
             raise ScheduleError(f"stored option {key}: {value!r} is not a duration")
         options[key] = value
     return options
+
+
+def check_stored(
+    name: str, schedule: Schedule, options: Mapping[str, Any]
+) -> tuple[Schedule, JobSettings]:
+    """Stored schedule *name*'s *options* (:func:`options_from_json`'s) on *schedule*,
+    checked as a replica's ``add_job`` will check them (:func:`cronlock._core.settings.
+    check_options`): the schedule as its job will have it, and its settings. Raises
+    :class:`~cronlock.ScheduleError` naming the schedule, the option and the value."""
+    return check_options(name, schedule, options)
+
+
+def first_slot(schedule: Schedule, settings: JobSettings, after: datetime) -> datetime | None:
+    """The first slot a stored schedule checked by :func:`check_stored` has after *after*
+    (the rule of ``Job.slot_after``: within ``start_at`` and ``stop_at``)."""
+    return slot_after(schedule, settings, after)
+
+
+def overdue_grace(settings: JobSettings) -> float:
+    """Seconds after a slot a stored schedule's job counts as overdue (``Job``'s rule)."""
+    return grace(settings)

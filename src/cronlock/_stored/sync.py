@@ -15,17 +15,17 @@ import asyncio
 import difflib
 from collections.abc import Callable, Mapping
 from datetime import timedelta
-from typing import Any, Protocol, TypeVar, overload
+from typing import Any, Protocol, TypeVar
 
 from .._cancel import cancel_and_wait, task_name
 from .._clock import Clock
-from .._errors import ConfigError, CronlockError, JobConflictError, LockError
+from .._errors import CronlockError, LockError
 from .._events import EventBus, ScheduleRejected
 from .._logs import get_logger
 from .._schedules.schedule import Schedule
 from .schedule import ScheduleStore, StoredSchedule
 
-__all__ = ("StoredSync", "StoredTasks")
+__all__ = ("StoredSync",)
 
 _logger = get_logger("cronlock")
 _F = TypeVar("_F", bound=Callable[..., object])
@@ -174,56 +174,3 @@ class StoredSync:
                 _logger.debug("reading stored schedules failed: %s", exc)
             except Exception:
                 _logger.exception("syncing stored schedules failed unexpectedly")
-
-
-class StoredTasks:
-    """The scheduler's side of stored schedules (a mixin of :class:`~cronlock.Scheduler`)."""
-
-    _tasks: dict[str, Callable[..., object]]
-    _stored: StoredSync | None
-
-    @overload
-    def task(self, name: _F, /) -> _F: ...
-
-    @overload
-    def task(self, name: str | None = None, /) -> Callable[[_F], _F]: ...
-
-    def task(self, name: str | _F | None = None, /) -> _F | Callable[[_F], _F]:
-        """Decorator: make a function a task that stored schedules may name.
-
-        ``@scheduler.task("send-report")`` names it; bare ``@scheduler.task`` uses its
-        ``module.qualname``. The function takes what a job's function takes (a
-        :class:`~cronlock.RunContext` where annotated, then the schedule's kwargs). A
-        stored schedule naming a task no replica has is reported, never silently idle.
-        """
-        if callable(name):
-            return self._add_task(name, None)
-
-        def register(func: _F) -> _F:
-            return self._add_task(func, name)
-
-        return register
-
-    def _add_task(self, func: _F, name: str | None) -> _F:
-        from .._core.job import default_name
-
-        key = default_name(func) if name is None else name
-        if not isinstance(key, str) or not key:
-            raise ConfigError(f"task: name must be a non-empty string, got {key!r}")
-        other = self._tasks.get(key)
-        if other is not None and other is not func:
-            raise JobConflictError(f"a task named {key!r} is already registered ({other!r})")
-        self._tasks[key] = func
-        return func
-
-    @property
-    def tasks(self) -> Mapping[str, Callable[..., object]]:
-        """The tasks stored schedules may name, by name (read-only)."""
-        from types import MappingProxyType
-
-        return MappingProxyType(self._tasks)
-
-    @property
-    def stored_jobs(self) -> tuple[str, ...]:
-        """The names of the jobs registered here from stored schedules, sorted."""
-        return tuple(sorted(self._stored.applied)) if self._stored is not None else ()

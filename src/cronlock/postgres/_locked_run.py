@@ -15,10 +15,10 @@ from typing import Any, TypeVar, TypeVarTuple, Unpack
 from .._cancel import claim_or_undo, task_name, uncancellable
 from .._durations import Seconds, to_seconds
 from .._errors import ConfigError, LockError, PoolerDetected
-from .._jobname import check_job_name
 from .._keys import job_lock_key
 from .._locking.protocols import Refusal
 from .._logs import at, get_logger
+from .._names import check_job_name
 from ._conn.errors import backend_errors, ignoring_backend_errors
 from ._conn.source import ConnectionSource, is_closed, terminate
 from ._modes.session import SessionLocks

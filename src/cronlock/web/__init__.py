@@ -17,7 +17,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 
 from ._aiohttp import aiohttp_handler as aiohttp_handler
 from ._app import app as app
-from ._gates import Authorize as Authorize
+from ._csrf import Authorize as Authorize
 
 __all__ = ("Authorize", "aiohttp_handler", "app")
 

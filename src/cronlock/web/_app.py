@@ -7,7 +7,7 @@ each is a POST with a CSRF token, and every refusal is a 403, naming its cause, 
 anything is written. The CSRF key is the fleet's (the ledger's, unless one is given), read
 once per process, so every worker of a multi-process server accepts every page's token.
 Reads are open to whoever reaches the mount unless an *authorize_read* callable gates them
-(:mod:`._gates`); what a request may ask is bounded before it is served (:mod:`._params`),
+(:mod:`._csrf`); what a request may ask is bounded before it is served (:mod:`._listing`),
 and so are the connections it may open (:mod:`._source`) and the rows it reads
 (:mod:`._reads`).
 """
@@ -35,17 +35,25 @@ from starlette.staticfiles import StaticFiles
 
 from .._errors import ConfigError
 from ..postgres._locker.secrets import fleet_secret
+from ..postgres._ops.control import FleetControl
 from ..postgres._ops.fleet import STATUSES, read_jobs, read_paused, read_runs, server_now
 from ..postgres._ops.roster import read_roster
 from ..postgres._sql.fleet import JIT_OFF_SQL
 from ..postgres._sql.tables import DEFAULT_TABLE, LedgerTable
-from ._actions import ACTIONS, act
-from ._csrf import COOKIE, Csrf
-from ._gates import Authorize, ReadRefused, client, verdict
+from ._csrf import COOKIE, Authorize, Csrf, ReadRefused, client, verdict
 from ._headers import SecurityHeaders, crashed
-from ._listing import Filter, Listing, filter_param, listing, select
+from ._listing import (
+    MAX_PAGE,
+    Filter,
+    Listing,
+    before_param,
+    filter_param,
+    limit_param,
+    listing,
+    read_form,
+    select,
+)
 from ._model import chart, job_view, run_json, run_view
-from ._params import MAX_PAGE, before_param, limit_param, read_form
 from ._reads import SafeReads
 from ._schedules import SCHEDULE_ACTIONS, change_schedule, read_schedules
 from ._source import Source, Unavailable
@@ -55,6 +63,23 @@ __all__ = ("Authorize", "app")
 _logger = logging.getLogger("cronlock.web")
 _HERE = Path(__file__).parent
 _CSRF_KEY = "web.csrf"  # its row in the ledger's secrets table
+
+# The dashboard writes nothing itself: pause, resume and trigger are FleetControl's, so a
+# button does exactly what ``python -m cronlock pause JOB`` does.
+ACTIONS = frozenset({"pause", "resume", "trigger"})
+
+
+async def act(source: Any, table: LedgerTable, verb: str, job: str) -> None:
+    """Pause, resume or trigger *job* on every replica (*source*: a pool or a DSN)."""
+    async with FleetControl(source, table=table.table, schema=table.schema) as control:
+        if verb == "pause":
+            await control.pause(job)
+        elif verb == "resume":
+            await control.resume(job)
+        elif verb == "trigger":
+            await control.trigger(job)  # the page does not wait for the run
+        else:
+            raise ValueError(f"unknown action {verb!r}")
 
 
 def _environment() -> Environment:

@@ -11,6 +11,7 @@ from starlette.exceptions import HTTPException
 
 from .._errors import CronlockError
 from .._schedules.schedule import Schedule
+from .._stored.json import schedule_from_text
 from .._stored.schedule import StoredSchedule
 from ..postgres._ops.control import FleetControl
 from ..postgres._sql.schema import TABLE_EXISTS_SQL
@@ -32,23 +33,15 @@ async def read_schedules(conn: Any, table: LedgerTable) -> list[StoredSchedule]:
 
 
 def _schedule(form: dict[str, str]) -> Schedule | None:
-    """The new schedule the edit form gives (a cron expression, or seconds for every), or
-    ``None`` to keep the stored one."""
+    """The new schedule the edit form gives (a cron expression, six fields with seconds, or
+    seconds for every), or ``None`` to keep the stored one."""
     expr, seconds = form.get("cron", "").strip(), form.get("every", "").strip()
-    if expr and seconds:
-        raise HTTPException(400, "give a cron expression or an interval, not both")
-    if expr:
-        from .._schedules.cron import cron
-
-        return cron(expr, seconds=len(expr.split()) == 6, tz=form.get("tz", "").strip() or "UTC")
-    if seconds:
-        from .._schedules.interval import every
-
-        try:
-            return every(float(seconds))
-        except ValueError:
-            raise HTTPException(400, f"every: not a number of seconds: {seconds!r}") from None
-    return None
+    return schedule_from_text(
+        cron=expr or None,
+        seconds=len(expr.split()) == 6,
+        tz=form.get("tz", "").strip() or None,
+        every=seconds or None,
+    )
 
 
 async def change_schedule(source: Any, table: LedgerTable, verb: str, form: dict[str, str]) -> str:

@@ -23,8 +23,7 @@ from typing import TYPE_CHECKING, Any
 from ..._cancel import cancel_and_wait, task_name, uncancellable
 from ..._durations import Seconds
 from ..._errors import LockError
-from ..._locking.claimed import remember_claim
-from ..._locking.protocols import ASKED, Refusal
+from ..._locking.protocols import ASKED, Refusal, remember_claim
 from ..._logs import get_logger, say
 from ..._resources import HeldOpenByBlocks
 from .._conn.source import Keepalives, default_application_name, watch_pool

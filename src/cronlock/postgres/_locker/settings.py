@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from ..._durations import Seconds, optional_seconds, positive_int, to_seconds
 from ..._errors import ConfigError
-from ..._locking.retention import RETENTION_MARGIN
+from ..._locking.protocols import RETENTION_MARGIN
 from ..._logs import get_logger
 from .._modes import check_pool_room, checked_mode
 from .._modes.base import Mode

@@ -7,12 +7,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from datetime import datetime
 from typing import Any
 
 from ..._errors import CronlockError
 from ..._schedules.schedule import Schedule
-from ..._stored.json import options_from_json
+from ..._stored.json import options_from_json, schedule_from_text
 from ..._stored.schedule import StoredSchedule
 from ..._terminal import printable
 from .._sql.tables import LedgerTable
@@ -20,32 +19,20 @@ from .control import FleetControl
 
 __all__ = ("run_schedules",)
 
+# The parser's fields as this command's user types them, for its messages.
+_FLAGS = {"every": "--every", "anchor": "--anchor", "at": "--at"}
+
 
 def _schedule(args: argparse.Namespace) -> Schedule | None:
-    if args.cron is not None:
-        from ..._schedules.cron import cron
-
-        return cron(args.cron, seconds=args.seconds, tz=args.tz or "UTC")
-    if args.every is not None:
-        from ..._schedules.interval import every
-
-        anchor = None if args.anchor is None else _instant(args.anchor, "--anchor")
-        return every(args.every, anchor=anchor)
-    if args.at is not None:
-        from ..._schedules.once import once
-
-        return once([_instant(text, "--at") for text in args.at])
-    return None
-
-
-def _instant(text: str, flag: str) -> datetime:
-    try:
-        value = datetime.fromisoformat(text)
-    except ValueError:
-        raise CronlockError(f"{flag}: not an ISO 8601 instant: {text!r}") from None
-    if value.utcoffset() is None:
-        raise CronlockError(f"{flag}: {text!r} names no zone (add +00:00 or Z)")
-    return value
+    return schedule_from_text(
+        cron=args.cron,
+        seconds=args.seconds,
+        tz=args.tz,
+        every=args.every,
+        anchor=args.anchor,
+        at=args.at,
+        labels=_FLAGS,
+    )
 
 
 def _options(given: list[str]) -> dict[str, Any]:

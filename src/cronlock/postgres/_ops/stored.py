@@ -17,14 +17,16 @@ from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import Any
 
-from ..._core.settings import grace
 from ..._errors import ConfigError, JobConflictError, JobLookupError, ScheduleError
-from ..._jobname import check_job_name
+from ..._names import check_job_name
 from ..._schedules.schedule import Schedule
 from ..._stored.json import (
+    check_stored,
+    first_slot,
     kwargs_to_json,
     options_from_json,
     options_to_json,
+    overdue_grace,
     schedule_from_json,
     schedule_to_json,
 )
@@ -50,11 +52,6 @@ from .._sql.upkeep import note_sql
 __all__ = ("ScheduleVerbs",)
 
 
-async def _probe(**kwargs: Any) -> None:
-    """Stands for the task in the check of a schedule's options (its kwargs are the
-    replica's to check: only it has the task)."""
-
-
 class _Checked:
     """A schedule and its options as they will be stored, checked."""
 
@@ -66,8 +63,6 @@ class _Checked:
         kwargs: Mapping[str, Any] | None,
         options: Mapping[str, Any],
     ) -> None:
-        from ..._scheduler import Scheduler
-
         self.name = check_job_name(name, field="schedule name")
         if not isinstance(task, str) or not task:
             raise ConfigError(f"schedule {name!r}: task must be a non-empty string, got {task!r}")
@@ -75,17 +70,18 @@ class _Checked:
         self.schedule_json = schedule_to_json(schedule, owner=name)
         self.kwargs_json = kwargs_to_json(kwargs, owner=name)
         self.options_json = options_to_json(options, owner=name)
-        # What a replica will make of it, checked the way add_job checks it there.
+        # What a replica will make of it, checked the way add_job checks it there (its
+        # kwargs are the replica's to check: only it has the task).
         self.schedule = schedule_from_json(self.schedule_json)
         self.kwargs: dict[str, Any] = json.loads(self.kwargs_json)
         self.options = options_from_json(self.options_json)
-        self.job = Scheduler().add_job(_probe, self.schedule, name=name, **self.options)
+        self._bound, self.settings = check_stored(name, self.schedule, self.options)
 
     def first_slot(self, now: datetime) -> datetime:
         """The first slot after *now* (the server's time); raises if it never fires."""
-        first = self.job.slot_after(now)
+        first = first_slot(self._bound, self.settings, now)
         if first is None:
-            stop_at = self.job.stop_at
+            stop_at = self.settings.stop_at
             raise ScheduleError(
                 f"schedule {self.name!r}: {self.schedule} never fires after {now.isoformat()}"
                 + ("" if stop_at is None else f" and before stop_at {stop_at.isoformat()}")
@@ -239,10 +235,10 @@ class ScheduleVerbs:
                     [str(new.schedule)],
                     [first],
                     self._who,
-                    [grace(new.job._settings)],
+                    [overdue_grace(new.settings)],
                     [first],
                     0.0,
-                    [tags_json(new.job._settings.tags)],
+                    [tags_json(new.settings.tags)],
                 )
                 return new.stored(revision)
 

@@ -1,0 +1,131 @@
+"""A job's coordination, decided once when it is registered: which locker it asks, which of
+the locker's optional capabilities its runs use, and whether the elector is asked first.
+
+:func:`wire` reads a locker's capabilities once per locker class (the runtime Protocol
+checks are costly); jobs registered alike share one :class:`Wiring`.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import typing
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from .._locking.protocols import (
+    BatchLedgerLocker,
+    ClaimAheadLocker,
+    CrashWatchingLocker,
+    Elector,
+    FleetWatchingLocker,
+    KeyedLocker,
+    LedgerLocker,
+    Locker,
+    PruningLocker,
+    ScheduleNotingLocker,
+)
+
+__all__ = ("Wiring", "tagged_note", "wire")
+
+
+@dataclass(frozen=True, slots=True)
+class Wiring:
+    """How one job is coordinated, decided once when it is registered.
+
+    The words, one meaning each: a *coordinated* job is one registered with
+    ``distributed=True`` (:attr:`cronlock.Job.coordinated`); its runs are *gated* when they
+    have anyone to ask before they start (the elector, the locker, or both), and *elected*
+    when the elector is one of them.
+
+    ``locker`` is None for a job that coordinates through no locker (``distributed=False``,
+    or a scheduler without one); ``ledger`` is the same locker when it keeps a run ledger;
+    ``elected`` says whether runs ask the elector first.
+    """
+
+    locker: Locker | None = None
+    ledger: LedgerLocker | None = None
+    note: Callable[[str, str, datetime | None, frozenset[str]], None] | None = None
+    """The locker's ``note_schedule``, given the job's tags when it takes them."""
+    crashes: CrashWatchingLocker | None = None
+    """The same locker when it reports crashed runs (the scheduler may rerun them)."""
+    batch: BatchLedgerLocker | None = None
+    """The same locker when it reads in batches and answers refusals with history."""
+    fleet: FleetWatchingLocker | None = None
+    """The same locker when it reads the fleet's pauses, triggers and latest runs."""
+    elected: bool = False
+    gated: bool = False
+    """True when a run has anyone to ask before it starts (elector, locker or both)."""
+    ahead: timedelta = timedelta(0)
+    """How long before a slot its claim may go out (see :class:`ClaimAheadLocker`)."""
+    retention: float | None = None
+    """Seconds after its slot the locker prunes a row (see :class:`PruningLocker`)."""
+    fnv_keys: bool = True
+    """Whether its lock keys are FNV-1a of the name, checked for collisions (KeyedLocker)."""
+
+
+def wire(
+    *, distributed: bool, own: Locker | None, default: Locker | None, elector: Elector | None
+) -> Wiring:
+    """The wiring of a job with its *own* locker (or the scheduler's *default*)."""
+    if not distributed:
+        return Wiring()
+    locker = own if own is not None else default
+    if locker is None:
+        return Wiring(elected=elector is not None, gated=elector is not None)
+    ledger, notes, crashes, batch, fleet, ahead, prunes, keyed = _locker_kinds(type(locker))
+    return Wiring(
+        locker=locker,
+        ledger=typing.cast(LedgerLocker, locker) if ledger else None,
+        note=tagged_note(typing.cast(ScheduleNotingLocker, locker).note_schedule)
+        if notes
+        else None,
+        crashes=typing.cast(CrashWatchingLocker, locker) if crashes else None,
+        batch=typing.cast(BatchLedgerLocker, locker) if batch else None,
+        fleet=typing.cast(FleetWatchingLocker, locker) if fleet else None,
+        elected=elector is not None,
+        gated=True,
+        ahead=_ahead(typing.cast(ClaimAheadLocker, locker).claims_ahead()) if ahead else _NOW,
+        retention=typing.cast(PruningLocker, locker).retention() if prunes else None,
+        fnv_keys=not (keyed and typing.cast(KeyedLocker, locker).keyed_keys()),
+    )
+
+
+_NOW = timedelta(0)
+
+
+@functools.lru_cache(maxsize=64)
+def _ahead(seconds: float) -> timedelta:
+    return timedelta(seconds=seconds) if seconds > 0 else _NOW
+
+
+@functools.cache
+def _locker_kinds(kind: type) -> tuple[bool, bool, bool, bool, bool, bool, bool, bool]:
+    # A runtime Protocol check walks every member (~20 us); registering 100,000 jobs on
+    # one locker pays for it once.
+    return (
+        issubclass(kind, LedgerLocker),
+        issubclass(kind, ScheduleNotingLocker),
+        issubclass(kind, CrashWatchingLocker),
+        issubclass(kind, BatchLedgerLocker),
+        issubclass(kind, FleetWatchingLocker),
+        issubclass(kind, ClaimAheadLocker),
+        issubclass(kind, PruningLocker),
+        issubclass(kind, KeyedLocker),
+    )
+
+
+def tagged_note(
+    note: Callable[..., None],
+) -> Callable[[str, str, datetime | None, frozenset[str]], None]:
+    """*note*, a locker's ``note_schedule``, called with a job's tags only when it takes
+    them (``ScheduleNotingLocker``; one written for an older cronlock does not). Asked
+    once per wiring, which jobs alike share."""
+    try:
+        takes = "tags" in inspect.signature(note).parameters
+    except (TypeError, ValueError):  # no signature to read: called as before
+        takes = False
+    if takes:
+        return lambda job, schedule, next_run, tags: note(job, schedule, next_run, tags=tags)
+    return lambda job, schedule, next_run, tags: note(job, schedule, next_run)
