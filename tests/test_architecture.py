@@ -421,10 +421,7 @@ def test_only_the_mode_seam_reads_the_mode() -> None:
                         values = [e.value for e in operand.elts if isinstance(e, ast.Constant)]
                     if _MODES & {v for v in values if isinstance(v, str)}:
                         found.append(f"{name}:{node.lineno}")
-            elif isinstance(node, ast.Attribute) and node.attr in (
-                "session_bound",
-                "_session_locks",
-            ):
+            elif isinstance(node, ast.Attribute) and node.attr in _MODE_FLAGS:
                 found.append(f"{name}:{node.lineno}: {node.attr}")
     assert found == []
 
