@@ -15,12 +15,13 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from ..._cancel import cancel_and_wait, task_name, uncancellable
+from ..._cancel import task_name, uncancellable
 from ..._errors import LockError
 from ..._keys import job_lock_key
 from ..._locking.protocols import FleetCallback, FleetView, Health
 from ..._logs import get_logger
 from ..._records import RunRecord
+from ..._service import Service
 from .._conn import Channel
 from .._sql.control import poll_sql
 from .._sql.runs import decode_run, last_runs_many_sql, report_odd
@@ -40,7 +41,7 @@ RUNS_EVERY = 15.0
 """Seconds between two reads of the fleet's latest runs of this locker's jobs."""
 
 
-class FleetWatch:
+class FleetWatch(Service):
     """A locker's reads of the fleet's shared state, one task from its first session on.
 
     Every :data:`POLL_EVERY` seconds it reads the control table (pauses, pending triggers:
@@ -50,6 +51,8 @@ class FleetWatch:
     each read to the callbacks as a :class:`~cronlock.FleetView`. It reads on the locker's
     lock *sessions*.
     """
+
+    kind = "pg-fleet"
 
     def __init__(
         self,
@@ -68,7 +71,6 @@ class FleetWatch:
         self._runs, self._control = table.runs, table.control
         self._sessions = sessions
         self._watchers: list[tuple[FleetCallback, Callable[[], Mapping[str, Health]]]] = []
-        self._task: asyncio.Task[None] | None = None
         self._runs_at = float("-inf")
         self.reads = 0
 
@@ -92,20 +94,10 @@ class FleetWatch:
             return maps[0]
         return ChainMap(*maps)  # type: ignore[arg-type]
 
-    def start(self) -> None:
-        """Start the task (once)."""
-        if self._task is None and self._watchers:
-            self._task = asyncio.get_running_loop().create_task(
-                self._watch(), name=task_name("pg-fleet")
-            )
+    def _wanted(self) -> bool:
+        return bool(self._watchers)
 
-    async def stop(self) -> None:
-        """Cancel the task and wait until it is done."""
-        task, self._task = self._task, None
-        if task is not None:
-            await cancel_and_wait(task)
-
-    async def _watch(self) -> None:
+    async def _serve(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
             try:

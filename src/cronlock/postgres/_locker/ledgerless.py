@@ -12,6 +12,8 @@ from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING
 
+from ..._service import Service
+
 if TYPE_CHECKING:
     from ..._locking.protocols import FleetCallback, Health, LedgerSummary
     from ..._records import RunRecord
@@ -22,9 +24,20 @@ if TYPE_CHECKING:
 __all__ = ("NoFleetWatch", "NoForeignHolders", "NoLedgerReads", "NoMembership")
 
 
-class NoMembership:
+class _Idle(Service):
+    """A service with nothing to do: its task never starts."""
+
+    def _wanted(self) -> bool:
+        return False
+
+    async def _serve(self) -> None:
+        """Never started."""
+
+
+class NoMembership(_Idle):
     """Every replica claims: there is no members table to choose racers by."""
 
+    kind = "pg-members"
     size = 0
 
     def has(self, job: str) -> None:
@@ -37,12 +50,6 @@ class NoMembership:
     def spread(self) -> float:
         """Fleet-wide chores run at the pace of one replica."""
         return 1.0
-
-    def start(self) -> None:
-        """Nothing to start."""
-
-    async def stop(self) -> None:
-        """Nothing to stop."""
 
 
 class NoForeignHolders:
@@ -60,8 +67,10 @@ class NoForeignHolders:
         """Nothing to stop."""
 
 
-class NoFleetWatch:
+class NoFleetWatch(_Idle):
     """No ledger to read the fleet's latest runs from."""
+
+    kind = "pg-fleet"
 
     def add(self, callback: FleetCallback, jobs: Callable[[], Mapping[str, Health]]) -> None:
         """Never called back."""
@@ -69,12 +78,6 @@ class NoFleetWatch:
     def health(self) -> Mapping[str, Health]:
         """Nothing is noted."""
         return {}
-
-    def start(self) -> None:
-        """Nothing to start."""
-
-    async def stop(self) -> None:
-        """Nothing to stop."""
 
 
 class NoLedgerReads:

@@ -26,6 +26,7 @@ from ..._errors import LockError
 from ..._locking.protocols import ASKED, Refusal, remember_claim
 from ..._logs import get_logger, say
 from ..._resources import HeldOpenByBlocks
+from ..._service import Service
 from .._conn.source import Keepalives, default_application_name, watch_pool
 from .._modes import exclusion_for, source_for
 from .._modes.base import Channels, Mode
@@ -402,19 +403,19 @@ class PostgresLocker(HeldOpenByBlocks, ReadsLedger):
         connections are given back to their pool.
         """
         self._closed = True
-        await self._members.stop()  # leaves the fleet, so its jobs are reassigned at once
+        # The background services, in the reverse of the order they start: the mode's
+        # (lease renewal), the fleet watch, membership (which leaves the members table on
+        # an open session, so the fleet reassigns this replica's jobs at once), upkeep.
+        for service in reversed(self._services()):
+            await service.stop()
+        await self._foreign.stop()
         for session in self._shards:
             session.closed = True
         watch, self._pool_watch = self._pool_watch, None
         if watch is not None and watch is not asyncio.current_task():
             await cancel_and_wait(watch)
-        for service in reversed(self._exclusion.services()):
-            await service.stop()
-        await self._foreign.stop()
-        await self._upkeep.stop()
         for claims in self._claims:
             await claims.batcher.wait_idle()  # answers in flight reach their callers
-        await self._fleet.stop()
         await self._hand_back_all()
 
     @property
@@ -428,11 +429,14 @@ class PostgresLocker(HeldOpenByBlocks, ReadsLedger):
 
     # -- the sessions and what runs on them ---------------------------------------------------
 
+    def _services(self) -> tuple[Service, ...]:
+        """The locker's background services, in the order they start."""
+        return (self._upkeep, self._members, self._fleet, *self._exclusion.services())
+
     def _on_session_opened(self) -> None:
-        self._upkeep.start()
         if not self._closed:
-            self._members.start()
-            self._fleet.start()
+            for service in self._services():
+                service.start()  # each starts once it has work (lease renewal: a lease)
         if self._pool_watch is None and not self._closed:
             self._pool_watch = watch_pool(self._source, self.close)
 

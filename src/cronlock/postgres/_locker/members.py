@@ -40,10 +40,10 @@ import hashlib
 import random
 from collections.abc import Sequence
 
-from ..._cancel import cancel_and_wait, task_name
 from ..._clock import monotonic
 from ..._errors import LockError
 from ..._logs import get_logger
+from ..._service import Service
 from .._conn import Channel
 from .._sql.tables import LedgerTable
 from .._sql.upkeep import heartbeat_sql, leave_sql
@@ -62,9 +62,11 @@ def _point(text: str) -> int:
     return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big")
 
 
-class Membership:
+class Membership(Service):
     """One locker's place in its fleet (see the module): the heartbeat task, the live
     members seen last, and whether this replica is one of the racers."""
+
+    kind = "pg-members"
 
     def __init__(
         self,
@@ -84,7 +86,6 @@ class Membership:
         self._rank = 0  # members whose names hash lower than ours
         self._seen_at = float("-inf")
         self._born = monotonic()
-        self._task: asyncio.Task[None] | None = None
         self.beats = 0
         """Heartbeat statements sent."""
 
@@ -130,19 +131,14 @@ class Membership:
         mine = _point(self._holder)
         self._rank = sum(1 for member in members if _point(member) < mine)
 
-    def start(self) -> None:
-        """Start the heartbeat task, unless it runs already."""
-        if self._task is None and self._racers is not None:
-            self._task = asyncio.get_running_loop().create_task(
-                self._beat_forever(), name=task_name("pg-members")
-            )
+    def _wanted(self) -> bool:
+        return self._racers is not None  # racers=None: everyone claims, no heartbeat
 
     async def stop(self) -> None:
         """Stop the heartbeats and leave the table, so the fleet reassigns our jobs now."""
-        task, self._task = self._task, None
-        if task is None:
+        if not self.running:
             return
-        await cancel_and_wait(task)
+        await super().stop()
         session = self._open()
         if session is None or not self._seen_at > float("-inf"):
             return  # never joined, or no session to say so on
@@ -180,7 +176,7 @@ class Membership:
         )
         self._see([row["holder"] for row in rows])
 
-    async def _beat_forever(self) -> None:
+    async def _serve(self) -> None:
         # The first beat half a period in or later (a random part of it): replicas started
         # together spread their heartbeats out, and a session just opened serves its
         # start-up claims and catch-up first. Until then, this replica races.

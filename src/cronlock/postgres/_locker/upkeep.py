@@ -18,9 +18,10 @@ from dataclasses import replace
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from ..._cancel import cancel_and_wait, task_name, uncancellable
+from ..._cancel import task_name, uncancellable
 from ..._errors import LockError
 from ..._logs import get_logger
+from ..._service import Service
 from .._conn import Channel
 from .._conn.errors import gone
 from .._conn.source import is_closed
@@ -90,7 +91,7 @@ class _Complaints:
             _logger.info("PostgresLocker upkeep (%s) works again", duty)
 
 
-class Upkeep:
+class Upkeep(Service):
     """The upkeep every locker has: the heartbeat of the sessions that hold locks.
 
     *sessions* are the locker's shards; *holding* gives the indexes of those holding locks
@@ -98,6 +99,8 @@ class Upkeep:
     as in lease mode, whose renewals prove its leases). Without a ledger this is all there
     is; :class:`LedgerUpkeep` adds the ledger's duties.
     """
+
+    kind = "pg-upkeep"
 
     def __init__(
         self,
@@ -109,7 +112,6 @@ class Upkeep:
         self._sessions = sessions
         self._heartbeat = heartbeat
         self._holding = holding
-        self._task: asyncio.Task[None] | None = None
         self.heartbeats = 0
         self.health: Callable[[], Mapping[str, Health]] = dict
         """The jobs' overdue graces and due slots, written with their schedules (set by the
@@ -133,22 +135,6 @@ class Upkeep:
     async def flush(self, session: Channel, conn: Any, generation: int) -> None:
         """Write what waits to be written, on *session* (at close; without a ledger:
         nothing)."""
-
-    def start(self) -> None:
-        """Start the upkeep task, unless it runs already."""
-        if self._task is None:
-            loop = asyncio.get_running_loop()
-            self._started(loop.time())
-            self._task = loop.create_task(self._keep(), name=task_name("pg-upkeep"))
-
-    async def stop(self) -> None:
-        """Cancel the upkeep task and wait until it is done."""
-        task, self._task = self._task, None
-        if task is not None:
-            await cancel_and_wait(task)
-
-    def _started(self, now: float) -> None:
-        """The task starts at loop time *now*."""
 
     def _tick(self) -> float:
         """Seconds between two turns of the task."""
@@ -182,7 +168,7 @@ class Upkeep:
     async def _beat_all(self, sessions: Sequence[Channel]) -> None:
         await asyncio.gather(*(self._beat(session) for session in sessions))
 
-    async def _keep(self) -> None:
+    async def _serve(self) -> None:
         """Owned by the locker from the first session to its close."""
         tick = self._tick()
         loop = asyncio.get_running_loop()
@@ -288,7 +274,7 @@ class LedgerUpkeep(Upkeep):
             if deleted < PRUNE_BATCH:
                 return total
 
-    def _started(self, now: float) -> None:
+    def _starting(self, now: float) -> None:
         self._prune_at += now
 
     def _tick(self) -> float:

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
 
 from ..._errors import LockError
 from ..._logs import get_logger
+from ..._service import Service
 from .._sql.schema import ledger_state, migrate
 
 if TYPE_CHECKING:
@@ -39,7 +40,6 @@ __all__ = (
     "Exclusion",
     "Kept",
     "Mode",
-    "Service",
     "Statement",
     "prepare_ledger",
 )
@@ -118,14 +118,6 @@ class Kept(Protocol):
     def mark_lost(self, because: BaseException) -> None:
         """Mark the hold lost *because* (the scheduler then ends its run)."""
         ...
-
-
-class Service(abc.ABC):
-    """A background task of a mode's: started on first use, stopped at the locker's close."""
-
-    @abc.abstractmethod
-    async def stop(self) -> None:
-        """Cancel the task and wait until it is done."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -39,6 +39,7 @@ from ..._cancel import cancel_and_wait, task_name
 from ..._errors import ConfigError, LockError
 from ..._keys import job_lock_key
 from ..._logs import get_logger, say
+from ..._service import Service
 from .._conn import Channel
 from .._conn.borrowed import BorrowedConnections
 from .._conn.dedicated import DedicatedConnection
@@ -66,7 +67,6 @@ from .base import (
     End,
     Exclusion,
     Kept,
-    Service,
     Statement,
     prepare_ledger,
 )
@@ -89,6 +89,8 @@ class LeaseKeeper(Service):
     called with each lease this keeper marks lost (for the locker's counters).
     """
 
+    kind = "pg-renew"
+
     def __init__(
         self,
         session: Channel,
@@ -106,31 +108,24 @@ class LeaseKeeper(Service):
         self._margin = lease / 4
         self._lost = lost
         self._trusted: dict[Kept, float] = {}
-        self._task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
         self.renewals = 0
         """Renewal statements sent."""
         self.fenced = 0
         """Leases marked lost because they could not be renewed in time."""
 
+    def _wanted(self) -> bool:
+        return bool(self._trusted)  # from the first lease on
+
     def granted(self, lease: Kept, sent: float) -> None:
         """*lease* was granted by a claim sent at loop time *sent*: trust it until the fence."""
         self._trusted[lease] = sent + self._lease - self._margin
-        if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(
-                self._keep(), name=task_name("pg-renew")
-            )
+        self.start()
         self._wake.set()
 
     def released(self, lease: Kept) -> None:
         """*lease* is being released: no more renewals, no fence."""
         self._trusted.pop(lease, None)
-
-    async def stop(self) -> None:
-        """Cancel the task and wait until it is done (at close)."""
-        task, self._task = self._task, None
-        if task is not None:
-            await cancel_and_wait(task)
 
     def _fence(self, now: float) -> None:
         for lease, until in list(self._trusted.items()):
@@ -146,7 +141,7 @@ class LeaseKeeper(Service):
         lease.mark_lost(LockError(f"job {lease.job!r}: its lease is lost: {why}"))
         self._lost()
 
-    async def _keep(self) -> None:
+    async def _serve(self) -> None:
         """Owned by the locker: from its first lease to its close.
 
         The renewal statement runs in a task of its own: a statement stuck on a frozen

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from ..._errors import ConfigError, LockError, PoolerDetected
 from ..._keys import job_lock_key
 from ..._logs import get_logger
+from ..._service import Service
 from .._conn import Channel
 from .._conn.dedicated import DedicatedConnection
 from .._conn.errors import prepared_statements_clash
@@ -36,7 +37,6 @@ from .base import (
     End,
     Exclusion,
     Kept,
-    Service,
     Statement,
     prepare_ledger,
 )
