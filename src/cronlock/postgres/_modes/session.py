@@ -104,6 +104,10 @@ class SessionRules(Exclusion):
         await set_up_session(
             conn, where=where, application_name=application_name, keepalives=keepalives
         )
+        await self._prepare(conn, create=create, timeout=timeout)
+
+    async def _prepare(self, conn: Any, *, create: bool, timeout: float) -> None:
+        """Make the ledger current on a new session (without one: nothing to do)."""
 
     def may_end(self, generation: int, session: Channel) -> bool:
         """Only on the session that granted the lock: a later one holds none of it."""
@@ -153,24 +157,7 @@ class SessionLocks(SessionRules):
         """*kept* of the ledger."""
         return kept(self._table)
 
-    async def _set_up(
-        self,
-        conn: Any,
-        *,
-        where: str,
-        application_name: str,
-        keepalives: Keepalives | None,
-        create: bool,
-        timeout: float,
-    ) -> None:
-        await super()._set_up(
-            conn,
-            where=where,
-            application_name=application_name,
-            keepalives=keepalives,
-            create=create,
-            timeout=timeout,
-        )
+    async def _prepare(self, conn: Any, *, create: bool, timeout: float) -> None:
         await prepare_ledger(conn, table=self._table, create=create, timeout=timeout)
 
     def claim(
