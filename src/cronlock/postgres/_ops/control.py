@@ -13,6 +13,7 @@ fleet-wide.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import socket
 from datetime import datetime
@@ -148,6 +149,7 @@ class FleetControl(ScheduleVerbs):
         self._source = ConnectionSource(pool_or_dsn, kwargs)
         self._table = LedgerTable(table, schema)
         self._conn: Any = None
+        self._held = contextlib.AsyncExitStack()  # the connection lent for the block
         self._who = f"{socket.gethostname()}:{os.getpid()}"
         self._ready = False
 
@@ -157,8 +159,10 @@ class FleetControl(ScheduleVerbs):
         return self._table
 
     async def __aenter__(self) -> Self:
-        if not self._source.pooled:
-            self._conn = await self._source.checkout(timeout=_TIMEOUT)
+        if not self._source.pooled:  # a DSN: one connection lent for the block
+            self._conn = await self._held.enter_async_context(
+                self._source.lend(timeout=_TIMEOUT, keep_on_server_error=True)
+            )
         try:
             await self._call(lambda c: self._prepare(c))
         except BaseException:
@@ -172,9 +176,9 @@ class FleetControl(ScheduleVerbs):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        conn, self._conn = self._conn, None
-        if conn is not None:
-            await self._source.checkin(conn, timeout=_TIMEOUT)
+        self._conn = None
+        held, self._held = self._held, contextlib.AsyncExitStack()
+        await held.aclose()
 
     async def _prepare(self, conn: Any) -> None:
         if not self._ready:
