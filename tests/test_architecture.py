@@ -185,7 +185,7 @@ _RUN_MACHINERY = frozenset(
     f"cronlock._core.{m}"
     for m in (
         "state", "guard", "admission", "executor", "catchup", "planner", "runloop",
-        "recovery", "fleetstate", "fleetclock", "wiring",
+        "recovery", "fleetstate", "fleetclock", "outage", "wiring",
     )
 )  # fmt: skip
 _RUN_DOORS = {

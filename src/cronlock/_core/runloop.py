@@ -13,13 +13,14 @@ from typing import Any
 
 from .._cancel import RUN_TASK, cancel_and_wait, finish_uncancellably, task_name
 from .._clock import Clock, wait_tasks
-from .._events import EventBus, JobEvent, JobSkipped
+from .._events import EventBus, JobEvent, JobSkipped, LockFailed
 from .._locking.protocols import ASKED, Elector, FencedElector
 from .._logs import at, get_logger
 from .catchup import CatchUp, claim_time, latest_due, misfired
 from .executor import BEGUN, Executor
 from .fleetclock import FleetClock
 from .job import Job
+from .outage import Owed, unreachable
 from .planner import Fast, Planner
 from .retries import Retries
 from .settings import schedule_text
@@ -90,6 +91,13 @@ class RunLoop:
         self._ended = self._finished  # bound once: every direct run is handed it
         self._fasts: dict[Fast, Fast] = {}  # one tuple for jobs alike
         self._retries = Retries(clock, bus, self._spawn, self.dispatch)  # retries=N jobs
+        # Slots whose claim never reached a server (an outage): claimed again, late, once.
+        self._owed = Owed(
+            clock=clock,
+            bus=bus,
+            dispatch=self.dispatch,
+            spawn=lambda coro: self._spawn(coro, name=task_name("owed")),
+        )
 
     def unschedule(self, job: Job) -> None:
         """Forget the job's pending slot (entries are dropped lazily when popped)."""
@@ -379,6 +387,14 @@ class RunLoop:
                 # "replace": the old run's cleanup (lock release) finishes before we start.
                 await asyncio.wait(replaced)
             event = await self._executor.run(job, slot, report=waiter is not None)
+            if (
+                waiter is None
+                and isinstance(event, LockFailed)
+                and job._wiring.ledger is not None
+                and unreachable(event.exception)
+                and not self._stopping
+            ):
+                self._owed.owe(job, slot)  # claimed again once the server answers
             if waiter is not None and event is not None and not waiter.done():
                 waiter.set_result(event)
         except asyncio.CancelledError:

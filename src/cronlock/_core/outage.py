@@ -1,0 +1,120 @@
+"""Slots owed across an outage: claimed late, once, while their grace lasts.
+
+A slot whose claim failed because the locker's server could not be reached (it is down,
+restarting, failing over; a pooler blinked: :class:`~cronlock.LockUnavailable`, a session
+lost or a statement that timed out) did not run anywhere, as far as this replica knows.
+With a run ledger it is *owed*: the run loop claims it again every :data:`RETRY_EVERY`
+seconds until the claim is answered. Answered, it runs late, once (the ledger lets one
+replica run it; the others are told ``already_ran``), or it is refused as any claim may be.
+A slot whose ``misfire_grace`` passes first is reported missed: a WARNING, and
+``JobSkipped(reason="misfire")``, the event a missed slot always has.
+
+Only the latest owed slot of a job is kept: an older one it supersedes coalesces into it,
+as missed slots do at start (DESIGN.md: one run of the latest slot within the grace).
+Without a ledger nothing is owed: a late claim could not tell whether the slot ran.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Coroutine
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from .._clock import Clock
+from .._errors import LockUnavailable, SessionLost, StatementTimeout
+from .._events import EventBus, JobSkipped
+from .._logs import at, get_logger
+from .catchup import misfired
+
+if TYPE_CHECKING:
+    from .job import Job
+
+__all__ = ("RETRY_EVERY", "Owed", "unreachable")
+
+_logger = get_logger("cronlock")
+
+RETRY_EVERY = 0.5
+"""Seconds between two claims of the slots owed across an outage (a claim made while the
+locker waits before reconnecting is refused at once, without a statement)."""
+
+
+def unreachable(exc: BaseException) -> bool:
+    """Whether a claim that failed with *exc* never reached a server that could answer it
+    (as opposed to a refusal, a configuration error or a server error, which repeat)."""
+    return isinstance(exc, LockUnavailable | SessionLost | StatementTimeout)
+
+
+class Owed:
+    """The slots one run loop owes across an outage, and the task that claims them again.
+
+    *dispatch* is the run loop's; *spawn* runs a coroutine in a task the run loop owns
+    (cancelled and awaited at its stop).
+    """
+
+    def __init__(
+        self,
+        *,
+        clock: Clock,
+        bus: EventBus,
+        dispatch: Callable[[Job, datetime], None],
+        spawn: Callable[[Coroutine[Any, Any, None]], None],
+    ) -> None:
+        self._clock = clock
+        self._bus = bus
+        self._dispatch = dispatch
+        self._spawn = spawn
+        self._owed: dict[Job, datetime] = {}
+        self._retrying = False
+
+    def __len__(self) -> int:
+        return len(self._owed)
+
+    def owe(self, job: Job, slot: datetime) -> None:
+        """*slot* of *job* could not be claimed for want of the server: claim it later."""
+        known = self._owed.get(job)
+        if known is not None and known >= slot:
+            return
+        if known is None:
+            _logger.debug(
+                "job %r slot %s: not claimed (the server cannot be reached); claiming it "
+                "again until misfire_grace passes",
+                job.name,
+                slot.isoformat(),
+                extra=at(job.name, slot),
+            )
+        self._owed[job] = slot  # an older one coalesces into it
+        if not self._retrying:
+            self._retrying = True
+            self._spawn(self.retry())
+
+    async def retry(self) -> None:
+        """Claim the owed slots again every :data:`RETRY_EVERY` s, until none is owed."""
+        try:
+            while self._owed:
+                await self._clock.sleep_until(self._clock.now() + timedelta(seconds=RETRY_EVERY))
+                owed, self._owed = self._owed, {}
+                now = self._clock.now()
+                for job, slot in owed.items():
+                    if job._scheduler is None:
+                        continue  # removed meanwhile
+                    self._again(job, slot, now)
+        finally:
+            self._retrying = False
+
+    def _again(self, job: Job, slot: datetime, now: datetime) -> None:
+        grace = job.misfire_grace
+        lateness = misfired(grace, job.fire_time(slot), now)
+        if lateness is not None:
+            _logger.warning(
+                "job %r slot %s: missed: the server could not be reached until %.0fs "
+                "after it, past misfire_grace (%ss)",
+                job.name,
+                slot.isoformat(),
+                lateness,
+                grace,
+                extra=at(job.name, slot),
+            )
+            self._bus.emit(JobSkipped(job.name, slot, "misfire"))
+            return
+        # A failed claim of this dispatch owes the slot again (the run loop's _run).
+        self._dispatch(job, slot)

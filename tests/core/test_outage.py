@@ -1,0 +1,133 @@
+"""Slots due while the locker's server cannot be reached run late, once, within their grace
+(issue 35, item 1), on the fake clock at exact instants."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from cronlock import (
+    InMemoryLocker,
+    JobSkipped,
+    JobStarted,
+    LockError,
+    LockUnavailable,
+    RunContext,
+    Scheduler,
+    ServerError,
+    every,
+)
+from cronlock._core.outage import RETRY_EVERY
+from cronlock._locking.protocols import Hold, Refusal
+from cronlock.testing import FakeClock
+
+from .conftest import T0, Recorder
+
+
+def at(seconds: float) -> datetime:
+    return T0 + timedelta(seconds=seconds)
+
+
+class _Outage(InMemoryLocker):
+    """A ledger locker whose server is unreachable while *down* (or fails with *error*)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.error: LockError | None = None
+
+    async def acquire(self, job: str, slot: datetime) -> Hold | Refusal | None:
+        if self.error is not None:
+            raise self.error
+        return await super().acquire(job, slot)
+
+
+def _scheduler(clock: FakeClock, locker: InMemoryLocker, **options: object) -> tuple[
+    Scheduler, list[datetime], Recorder
+]:  # fmt: skip
+    scheduler = Scheduler(clock=clock, locker=locker)
+    runs: list[datetime] = []
+    rec = Recorder()
+    scheduler.subscribe(rec)
+
+    async def work(ctx: RunContext) -> None:
+        runs.append(ctx.slot)
+
+    scheduler.add_job(work, every(10), name="report", **options)  # type: ignore[arg-type]
+    return scheduler, runs, rec
+
+
+async def test_a_slot_due_during_an_outage_runs_late_once_when_the_server_is_back(
+    clock: FakeClock,
+) -> None:
+    locker = _Outage()
+    scheduler, runs, rec = _scheduler(clock, locker)
+    started: list[datetime] = []
+    scheduler.subscribe(
+        lambda e: started.append(clock.now()) if isinstance(e, JobStarted) else None
+    )
+    async with scheduler:
+        await clock.advance(10)
+        assert runs == [at(10)]
+        locker.error = LockUnavailable("the server is down")
+        await clock.advance(13)  # slot 20 fails at 20; the retries at 20.5 .. 23 fail too
+        assert runs == [at(10)]
+        locker.error = None
+        await clock.advance(RETRY_EVERY)
+        assert runs == [at(10), at(20)]  # late, once
+        assert started[-1] == at(23 + RETRY_EVERY)
+        await clock.advance(30)
+    assert runs == [at(10), at(20), at(30), at(40), at(50)]
+    assert not [e for e in rec.of(JobSkipped) if e.reason == "misfire"]  # type: ignore[attr-defined]
+
+
+async def test_slots_owed_across_one_outage_coalesce_into_the_latest(clock: FakeClock) -> None:
+    locker = _Outage()
+    scheduler, runs, _ = _scheduler(clock, locker, overlap="allow")
+    async with scheduler:
+        locker.error = LockUnavailable("the server is down")
+        await clock.advance(35)  # slots 10, 20 and 30 due while it is down
+        locker.error = None
+        await clock.advance(RETRY_EVERY)
+        assert runs == [at(30)]
+        await clock.advance(10)
+    assert runs == [at(30), at(40)]
+
+
+async def test_an_owed_slot_past_its_grace_is_reported_missed(clock: FakeClock) -> None:
+    locker = _Outage()
+    scheduler, runs, rec = _scheduler(clock, locker, misfire_grace=5)
+    async with scheduler:
+        locker.error = LockUnavailable("the server is down")
+        await clock.advance(17)  # slot 10 is owed; its grace ends at 15
+        locker.error = None
+        await clock.advance(3)
+    missed = [e for e in rec.of(JobSkipped) if e.reason == "misfire"]  # type: ignore[attr-defined]
+    assert [e.slot for e in missed] == [at(10)]  # type: ignore[attr-defined]
+    assert runs == [at(20)]
+
+
+async def test_a_slot_another_replica_ran_meanwhile_is_not_run_again(clock: FakeClock) -> None:
+    locker = _Outage()
+    scheduler, runs, _ = _scheduler(clock, locker)
+    async with scheduler:
+        locker.error = LockUnavailable("this replica cannot reach the server")
+        await clock.advance(10)
+        # Another replica, which could reach it, claimed and ran the slot meanwhile.
+        hold = await InMemoryLocker.acquire(locker, "report", at(10))
+        assert isinstance(hold, Hold)
+        await hold.release()
+        locker.error = None
+        await clock.advance(RETRY_EVERY)
+    assert runs == []
+
+
+async def test_a_refusal_of_the_server_is_not_owed(clock: FakeClock) -> None:
+    """An error answer repeats (a schema problem, a read-only server): it is not retried
+    as if the server were away."""
+    locker = _Outage()
+    scheduler, runs, _ = _scheduler(clock, locker)
+    async with scheduler:
+        locker.error = ServerError("permission denied")
+        await clock.advance(10)
+        locker.error = None
+        await clock.advance(5)
+    assert runs == []
