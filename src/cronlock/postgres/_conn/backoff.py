@@ -90,9 +90,9 @@ class Backoff:
         if self.failures == 1:
             self._warned_at = now
             _logger.error(
-                "lock session: cannot connect to the %s (%s); the runs of its jobs are "
-                "skipped (LockFailed) until it is back; retrying in %.2fs, backing off up "
-                "to %gs",
+                "lock session: cannot connect to the %s (%s); the slots due meanwhile are "
+                "claimed again until their misfire_grace passes; retrying in %.2fs, "
+                "backing off up to %gs",
                 self._what,
                 exc,
                 delay,

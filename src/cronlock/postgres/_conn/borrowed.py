@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from ..._clock import monotonic
-from ..._errors import LockError
+from ..._errors import LockError, LockUnavailable
 from ..._logs import get_logger
 from .backoff import Backoff
 from .errors import backend_error_types, backend_errors, session_gone, translated
@@ -127,17 +127,47 @@ class BorrowedConnections:
         """
         if self.closed:
             raise session_gone(what)
+        self._refuse_while_down()
         self.statements += 1
+        lent = self._source.lend(
+            timeout=self._connect_timeout,
+            checkin_timeout=self._statement_timeout,
+            keep_on_server_error=keep_on_server_error,
+        )
+        self.backoff.trying()
         try:
-            async with self._source.lend(
-                timeout=self._connect_timeout,
-                checkin_timeout=self._statement_timeout,
-                keep_on_server_error=keep_on_server_error,
-            ) as borrowed:
-                async with asyncio.timeout(self._statement_timeout):
-                    result = await call(borrowed)
-        except backend_error_types() as exc:
-            _logger.debug("%s failed on a borrowed connection: %r", what, exc)
-            raise translated(exc, what) from exc
+            borrowed = await lent.__aenter__()
+        except LockError as exc:  # no connection: the pool's server is down, or it is full
+            delay = self.backoff.failed(monotonic(), exc)
+            raise LockUnavailable(f"{exc}; trying again in {delay:.2f}s") from (
+                exc.__cause__ or exc
+            )
+        if self.backoff.failures:
+            self.backoff.succeeded(monotonic(), again=True)  # "reconnected after ..."
+        try:
+            async with asyncio.timeout(self._statement_timeout):
+                result = await call(borrowed)
+        except BaseException as exc:
+            if not await lent.__aexit__(type(exc), exc, exc.__traceback__):
+                if isinstance(exc, backend_error_types()):
+                    _logger.debug("%s failed on a borrowed connection: %r", what, exc)
+                    raise translated(exc, what) from exc
+                raise
+        else:
+            await lent.__aexit__(None, None, None)
         self.last_ok = asyncio.get_running_loop().time()
         return result
+
+    def _refuse_while_down(self) -> None:
+        """While the wait after a failed borrow lasts, fail at once without borrowing:
+        callers never queue up behind a pool whose server is down."""
+        backoff = self.backoff
+        if not backoff.failures:
+            return
+        left = backoff.wait(monotonic())
+        if left > 0:
+            raise LockUnavailable(
+                f"the {self._source.describe()} gives no connection ({backoff.failures} "
+                f"failed attempt(s), the last: {backoff.last_error}); trying again in "
+                f"{left:.2f}s"
+            ) from backoff.last_error
