@@ -9,7 +9,7 @@ from logging import DEBUG
 
 from .._cancel import finish_uncancellably
 from .._clock import Clock
-from .._errors import LockUnavailable
+from .._errors import LockError, LockUnavailable, SessionLost, StatementTimeout
 from .._events import JobEvent, JobSkipped, LockFailed
 from .._locking.protocols import Elector, Hold, hold_hooks
 from .._logs import at, get_logger, say
@@ -91,11 +91,21 @@ class Admission:
             return None
         try:
             claim = await locker.acquire(job.name, slot)
-        except LockUnavailable as exc:
-            # The backend is down and the locker waits before trying it again; it logged
-            # the outage once. One ERROR per skipped run would bury that line.
+        except (LockUnavailable, SessionLost, StatementTimeout) as exc:
+            # The server cannot be reached (the locker logged the outage once, and says when
+            # it is back); the run loop claims the slot again while its grace lasts. One
+            # ERROR per slot would bury that line.
             _lock_logger.debug(
-                "job %r slot %s: run skipped: %s", job.name, slot, exc, extra=at(job.name, slot)
+                "job %r slot %s: not claimed: %s", job.name, slot, exc, extra=at(job.name, slot)
+            )
+            return LockFailed(job.name, slot, exc)
+        except LockError as exc:  # an answer that will repeat: said, without a traceback
+            _lock_logger.error(
+                "job %r slot %s: lock failed, run skipped: %s",
+                job.name,
+                slot,
+                exc,
+                extra=at(job.name, slot),
             )
             return LockFailed(job.name, slot, exc)
         except Exception as exc:
