@@ -170,6 +170,20 @@ async def test_an_unknown_database_behind_pgbouncer_fails_the_start(
     await _refused_at_start(locker, "the database does not exist")
 
 
+@pytest.mark.parametrize(
+    ("query", "password"),
+    [("?sslmode=bogus", ""), ("", ":pa/ss")],
+    ids=["an-option-asyncpg-refuses", "an-unescaped-slash-in-the-password"],
+)
+async def test_an_invalid_dsn_fails_the_start(pg_server: str, query: str, password: str) -> None:
+    """A DSN asyncpg refuses before connecting can never connect; the password is not said."""
+    parts = urlsplit(pg_server)
+    netloc = f"postgres{password}@{parts.hostname}:{parts.port or 5432}"
+    dsn = urlunsplit(parts._replace(netloc=netloc, query=query.lstrip("?")))
+    refused = await _refused_at_start(PostgresLocker(dsn), "the DSN or a connect option")
+    assert "pa/ss" not in str(refused)
+
+
 async def test_a_locker_held_open_by_its_user_stays_open_when_the_start_fails(
     pg_dsn: str,
 ) -> None:
@@ -202,6 +216,15 @@ async def test_an_unreachable_server_starts_and_says_so(
         r.levelno == logging.WARNING and "cannot reach its server" in r.getMessage()
         for r in caplog.records
     )
+
+
+async def test_a_name_that_does_not_resolve_starts() -> None:
+    """DNS is the network's, not a mistake of the configuration: it may resolve later."""
+    locker = PostgresLocker("postgresql://postgres@cronlock-no-such-host.invalid:5432/test")
+    with pytest.raises(LockUnavailable):
+        await locker.check()
+    async with _scheduler(locker) as scheduler:
+        assert scheduler.running
 
 
 # -- a good set-up: check() is the readiness probe -------------------------------------------

@@ -4,8 +4,9 @@ A check connects as claims would (its mode's :meth:`~.._modes.base.Exclusion.che
 sorts what went wrong into two kinds, because a scheduler's start treats them apart:
 
 - **never, as configured** (:class:`cronlock.LockerMisconfigured`, naming the fix): the
-  server or the pooler refused the user or the password, the database does not exist, the
-  user lacks a privilege the ledger needs, or the mode found what it cannot work with (a
+  DSN or a connect option is invalid, the server or the pooler refused the user or the
+  password, the database does not exist, the user lacks a privilege the ledger needs, or
+  the mode found what it cannot work with (a
   pooler in session mode, the statement cache behind one in lease mode, the ledger missing
   with ``create_table=False``);
 - **not now** (:class:`cronlock.LockUnavailable`): everything else, a refused connection,
@@ -21,7 +22,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
-from ..._errors import LockerMisconfigured, LockError, LockUnavailable
+from ..._dsn import PARSE_HINT, answered
+from ..._errors import CronlockError, LockerMisconfigured, LockError, LockUnavailable
 
 if TYPE_CHECKING:
     from .._conn import Channel
@@ -75,15 +77,24 @@ def _fix(answer: _Answer) -> str | None:
 def misconfiguration(exc: BaseException) -> LockerMisconfigured | None:
     """The :class:`cronlock.LockerMisconfigured` that *exc* (or what caused it) amounts to,
     or ``None`` when trying again may help."""
+    said = str(exc).partition(_BACKOFF_TAIL)[0]  # masked: never a password
     for cause in _causes(exc):
         if isinstance(cause, LockerMisconfigured):
             return cause
+        fix = None
         if isinstance(cause, _Answer):
             fix = _fix(cause)
-            if fix is not None:
-                said = str(exc).partition(_BACKOFF_TAIL)[0]  # masked: never a password
-                return LockerMisconfigured(f"{fix} ({said})")
+        elif isinstance(cause, CronlockError):
+            # A DSN that does not parse is said without its cause (it may quote the password).
+            fix = _INVALID if PARSE_HINT in str(cause) else None
+        elif not answered(cause):  # asyncpg refused the DSN or an option before connecting
+            fix = _INVALID
+        if fix is not None:
+            return LockerMisconfigured(f"{fix} ({said})")
     return None
+
+
+_INVALID = "the DSN or a connect option is invalid: fix it"
 
 
 async def check_channel(exclusion: Exclusion, channel: Channel) -> None:
