@@ -105,7 +105,10 @@ class PostgresLocker(HeldOpenByBlocks, ReadsLedger):
 
     **Failure.** A server that cannot be reached, or a statement that does not finish
     within *statement_timeout*, raises :class:`cronlock.LockError`. Every connection
-    carries ``application_name`` (default ``cronlock:<host>:<pid>``).
+    carries ``application_name`` (default ``cronlock:<host>:<pid>``). :meth:`check` tells
+    a locker that can never work as configured (:class:`cronlock.LockerMisconfigured`,
+    naming the fix) from a server that is down (:class:`cronlock.LockUnavailable`); a
+    Scheduler calls it when it starts, and a readiness probe may.
 
     **Fleet time, a fair race.** A Scheduler with this locker fires by the server's clock
     (:meth:`read_server_clock`). Each claim waits a pseudo-random ``[0, spread)`` s (default
