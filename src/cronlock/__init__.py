@@ -22,6 +22,7 @@ if _TYPE_CHECKING:
     from ._errors import JobConflictError as JobConflictError
     from ._errors import JobLookupError as JobLookupError
     from ._errors import LedgerNameError as LedgerNameError
+    from ._errors import LockerMisconfigured as LockerMisconfigured
     from ._errors import LockError as LockError
     from ._errors import LockUnavailable as LockUnavailable
     from ._errors import PoolerDetected as PoolerDetected
@@ -52,6 +53,7 @@ if _TYPE_CHECKING:
     from ._locking.files import FileLocker as FileLocker
     from ._locking.memory import InMemoryLocker as InMemoryLocker
     from ._locking.protocols import BatchLedgerLocker as BatchLedgerLocker
+    from ._locking.protocols import CheckableLocker as CheckableLocker
     from ._locking.protocols import ClaimAheadLocker as ClaimAheadLocker
     from ._locking.protocols import CrashWatchingLocker as CrashWatchingLocker
     from ._locking.protocols import Elector as Elector
@@ -104,6 +106,7 @@ _WHERE = {
     "JobLookupError": "._errors",
     "LedgerNameError": "._errors",
     "LockError": "._errors",
+    "LockerMisconfigured": "._errors",
     "LockUnavailable": "._errors",
     "PoolerDetected": "._errors",
     "ServerError": "._errors",
@@ -139,6 +142,7 @@ _WHERE = {
     "Job": "._core.job",
     "job_lock_key": "._keys",
     "BatchLedgerLocker": "._locking.protocols",
+    "CheckableLocker": "._locking.protocols",
     "ClaimAheadLocker": "._locking.protocols",
     "CrashWatchingLocker": "._locking.protocols",
     "ForeignWatchingLocker": "._locking.protocols",
@@ -172,6 +176,7 @@ __version__ = "0.1.0.dev0"
 
 __all__ = (
     "BatchLedgerLocker",
+    "CheckableLocker",
     "ClaimAheadLocker",
     "Clock",
     "ConfigError",
@@ -211,6 +216,7 @@ __all__ = (
     "LockLost",
     "LockUnavailable",
     "Locker",
+    "LockerMisconfigured",
     "LosableHold",
     "OnceSchedule",
     "Outcome",

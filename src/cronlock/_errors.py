@@ -63,7 +63,20 @@ class ServerError(LockError):
     constraint): the session itself is sound."""
 
 
-class PoolerDetected(LockError):
+class LockerMisconfigured(LockError):
+    """The locker can never work as it is configured; the message names the fix.
+
+    Raised by :meth:`cronlock.postgres.PostgresLocker.check`, and so by ``async with
+    scheduler`` / :meth:`cronlock.Scheduler.start`, when trying again cannot help: the
+    server refused the user or password, the database does not exist, the run ledger is
+    missing (or older than this cronlock) and ``create_table=False``, session mode reached
+    the server through a pooler (:class:`PoolerDetected`, a subclass), or lease mode was
+    given a pool whose asyncpg statement cache is on behind a pooler. A server that merely
+    cannot be reached right now is :class:`LockUnavailable` instead.
+    """
+
+
+class PoolerDetected(LockerMisconfigured):
     """A session advisory lock was asked for through a connection pooler or proxy.
 
     Raised by :class:`cronlock.postgres.PostgresLocker` in ``mode="session"`` (and by the

@@ -16,13 +16,14 @@ from ._core.job import Job, default_name, new_job
 from ._core.recovery import Recovery
 from ._core.runloop import RunLoop
 from ._core.settings import DEFAULT_DELAY, JobOptions, Recall, check_option_names, with_retries
-from ._core.wiring import Wiring, wire
+from ._core.wiring import Wiring, checkable, wire
 from ._durations import Seconds, optional_seconds, positive_int, to_seconds
 from ._errors import (
     ConfigError,
     CronlockError,
     JobConflictError,
     JobLookupError,
+    LockUnavailable,
     SchedulerStateError,
 )
 from ._events import (
@@ -35,7 +36,7 @@ from ._events import (
     Subscription,
 )
 from ._keys import job_lock_key
-from ._locking.protocols import Elector, Locker, check_retention
+from ._locking.protocols import CheckableLocker, Elector, Locker, check_retention
 from ._logs import get_logger
 from ._names import unknown_job
 from ._records import DEFAULT_MISFIRE_GRACE, Overlap
@@ -136,6 +137,9 @@ class Scheduler:
         self._last_wiring: tuple[object, Wiring] = (_UNSET, Wiring())  # (JobSettings, its)
         self._resources.add(locker)
         self._resources.add(elector)
+        # The lockers checked at start (CheckableLocker): the scheduler's, and each job's own.
+        self._checks: dict[int, CheckableLocker] = {}
+        self._add_check(checkable(locker))
         if on_lock_lost not in ("cancel", "continue"):
             raise ConfigError(
                 f"Scheduler: on_lock_lost must be 'cancel' or 'continue', got {on_lock_lost!r}"
@@ -282,7 +286,12 @@ class Scheduler:
             # Once per Wiring: both register once per locker, and jobs alike share it.
             self._recovery.watch(wiring)
             self._fleet.watch(wiring)
+            self._add_check(wiring.check)
         return wiring
+
+    def _add_check(self, locker: CheckableLocker | None) -> None:
+        if locker is not None:
+            self._checks.setdefault(id(locker), locker)
 
     def _decorator(self, schedule: Schedule, options: JobOptions) -> Callable[[_F], _F]:
         def register(func: _F) -> _F:
@@ -519,10 +528,19 @@ class Scheduler:
     # -- lifecycle -------------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Start firing jobs; returns once running. Raises if already started."""
+        """Start firing jobs; returns once running. Raises if already started.
+
+        First each locker that can (:class:`~cronlock.CheckableLocker`, such as
+        ``PostgresLocker``) is checked, one connection each, which it keeps: one that can
+        never work as configured raises its :class:`~cronlock.LockerMisconfigured` (a
+        :class:`~cronlock.LockError` naming the fix) and the scheduler does not start
+        (what it was given is closed, as a shutdown would); one whose server is only
+        unreachable logs a WARNING, and the scheduler starts and catches up once it is back.
+        """
         if self._loop is not None:
             raise SchedulerStateError("the scheduler is already running")
         self._resources.check_open()
+        await self._check_lockers()
         await self._load_stored()
         self._loop = RunLoop(
             clock=self._clock,
@@ -545,6 +563,26 @@ class Scheduler:
             self._stored.start()
         _logger.info("scheduler started with %d job(s)", len(self._jobs))
         self._bus.emit(SchedulerStarted())
+
+    async def _check_lockers(self) -> None:
+        """Check each locker that can tell whether it works (one connection each, which it
+        keeps for its claims). One that never will as configured fails the start, after
+        the scheduler closed what it was given (as a shutdown would); one whose server is
+        only down does not: its jobs' slots are claimed once it is back, within their
+        ``misfire_grace``."""
+        for locker in self._checks.values():
+            try:
+                await locker.check()
+            except LockUnavailable as exc:
+                _logger.warning(
+                    "starting although %r cannot reach its server (%s); its jobs' slots "
+                    "are claimed once it is back",
+                    locker,
+                    exc,
+                )
+            except BaseException:
+                await self._resources.close()
+                raise
 
     async def _load_stored(self) -> None:
         """With tasks and a locker that keeps stored schedules, register every stored one

@@ -8,7 +8,6 @@ throwaway cluster with a low ``max_connections`` (cluster.py); no mocks.
 from __future__ import annotations
 
 import asyncio
-import logging
 import math
 import time
 import uuid
@@ -24,7 +23,6 @@ from cronlock import (
     JobCrashed,
     JobStarted,
     JobSucceeded,
-    LockFailed,
     LockLost,
     PoolerDetected,
     RunContext,
@@ -47,12 +45,12 @@ SLOT = datetime(2030, 1, 1, tzinfo=UTC)
 
 @pytest.mark.parametrize("cache", [0, 100], ids=["no-statement-cache", "asyncpg-default"])
 async def test_the_default_locker_through_pgbouncer_refuses_loudly_and_runs_nothing(
-    pgbouncer_dsn: str, server_schema: str, cache: int, caplog: pytest.LogCaptureFixture
+    pgbouncer_dsn: str, server_schema: str, cache: int
 ) -> None:
     """Session mode (the default) through a transaction pooler would lose most runs
-    silently: its locks would land on backends it does not own. It refuses instead: every
-    run fails its claim with PoolerDetected (event LockFailed), an ERROR names the fix, and
-    no run starts, so nothing runs without exclusion. With asyncpg's statement cache as it
+    silently: its locks would land on backends it does not own. It refuses instead, at
+    start: ``async with scheduler`` raises PoolerDetected (a LockerMisconfigured) naming the
+    fix, and no run starts. With asyncpg's statement cache as it
     comes, the pooler may first show as clashing prepared statements: the same refusal."""
     locker = PostgresLocker(
         pgbouncer_dsn, schema=server_schema, connect_kwargs={"statement_cache_size": cache}
@@ -66,16 +64,12 @@ async def test_the_default_locker_through_pgbouncer_refuses_loudly_and_runs_noth
         ran.append(ctx.slot)
 
     scheduler.add_job(job, every(0.5), name="refused")
-    with caplog.at_level(logging.ERROR, logger="cronlock"):
+    with pytest.raises(PoolerDetected, match="mode='lease'"):
         async with scheduler:
-            failed = await events.until(LockFailed, 2)
+            pytest.fail("started through a pooler in session mode")
     assert ran == []
     assert events.count(JobStarted) == 0
-    assert isinstance(failed.exception, PoolerDetected)
-    assert "mode='lease'" in str(failed.exception)
-    assert any(
-        r.levelno == logging.ERROR and "mode='lease'" in r.getMessage() for r in caplog.records
-    )
+    assert not scheduler.running
 
 
 async def test_lease_mode_on_a_pool_through_pgbouncer_holds_no_connection_while_it_runs(

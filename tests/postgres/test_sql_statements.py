@@ -41,7 +41,7 @@ from cronlock.postgres._sql.schema import (
     lock_timeout_sql,
     migrate,
 )
-from cronlock.postgres._sql.sessions import set_config_sql
+from cronlock.postgres._sql.sessions import cache_probe_sql, set_config_sql
 from cronlock.postgres._sql.tables import LedgerTable
 
 from ..throwaway import prefix
@@ -152,6 +152,7 @@ def _statements(table: LedgerTable) -> dict[str, str]:
             else:
                 found[where] = f"unknown: {value!r}"
     # The builders that take more than a ledger, as their callers use them.
+    found["sessions.cache_probe_sql"] = cache_probe_sql("0123abcd")
     for kind in ("last", "ok", "failed"):
         found[f"runs.latest_run({kind!r})"] = latest_run(table.runs, "$1::text", kind)
     found["fleet.bounded_sql(last_runs_sql)"] = bounded_sql(

@@ -16,6 +16,7 @@ from datetime import datetime, timedelta
 
 from .._locking.protocols import (
     BatchLedgerLocker,
+    CheckableLocker,
     ClaimAheadLocker,
     CrashWatchingLocker,
     Elector,
@@ -27,7 +28,7 @@ from .._locking.protocols import (
     ScheduleNotingLocker,
 )
 
-__all__ = ("Wiring", "tagged_note", "wire")
+__all__ = ("Wiring", "checkable", "tagged_note", "wire")
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +64,8 @@ class Wiring:
     """Seconds after its slot the locker prunes a row (see :class:`PruningLocker`)."""
     fnv_keys: bool = True
     """Whether its lock keys are FNV-1a of the name, checked for collisions (KeyedLocker)."""
+    check: CheckableLocker | None = None
+    """The same locker when it can check, at the scheduler's start, that it can work."""
 
 
 def wire(
@@ -74,7 +77,7 @@ def wire(
     locker = own if own is not None else default
     if locker is None:
         return Wiring(elected=elector is not None, gated=elector is not None)
-    ledger, notes, crashes, batch, fleet, ahead, prunes, keyed = _locker_kinds(type(locker))
+    ledger, notes, crashes, batch, fleet, ahead, prunes, keyed, checks = _locker_kinds(type(locker))
     return Wiring(
         locker=locker,
         ledger=typing.cast(LedgerLocker, locker) if ledger else None,
@@ -89,7 +92,16 @@ def wire(
         ahead=_ahead(typing.cast(ClaimAheadLocker, locker).claims_ahead()) if ahead else _NOW,
         retention=typing.cast(PruningLocker, locker).retention() if prunes else None,
         fnv_keys=not (keyed and typing.cast(KeyedLocker, locker).keyed_keys()),
+        check=typing.cast(CheckableLocker, locker) if checks else None,
     )
+
+
+def checkable(locker: Locker | None) -> CheckableLocker | None:
+    """*locker* when it can check that it works (a scheduler's own locker, which no job's
+    wiring may name yet: it is checked at start all the same)."""
+    if locker is None or not _locker_kinds(type(locker))[-1]:
+        return None
+    return typing.cast(CheckableLocker, locker)
 
 
 _NOW = timedelta(0)
@@ -101,7 +113,7 @@ def _ahead(seconds: float) -> timedelta:
 
 
 @functools.cache
-def _locker_kinds(kind: type) -> tuple[bool, bool, bool, bool, bool, bool, bool, bool]:
+def _locker_kinds(kind: type) -> tuple[bool, bool, bool, bool, bool, bool, bool, bool, bool]:
     # A runtime Protocol check walks every member (~20 us); registering 100,000 jobs on
     # one locker pays for it once.
     return (
@@ -113,6 +125,7 @@ def _locker_kinds(kind: type) -> tuple[bool, bool, bool, bool, bool, bool, bool,
         issubclass(kind, ClaimAheadLocker),
         issubclass(kind, PruningLocker),
         issubclass(kind, KeyedLocker),
+        issubclass(kind, CheckableLocker),
     )
 
 

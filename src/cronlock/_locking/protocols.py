@@ -28,6 +28,7 @@ __all__ = (
     "RETENTION_MARGIN",
     "BatchLedgerLocker",
     "BoundedRelease",
+    "CheckableLocker",
     "ClaimAheadLocker",
     "CrashCallback",
     "CrashWatchingLocker",
@@ -213,6 +214,27 @@ class ClaimAheadLocker(Locker, Protocol):
 
     def claims_ahead(self) -> float:
         """Seconds before a slot that its claim may be sent (0: at the slot)."""
+        ...
+
+
+@runtime_checkable
+class CheckableLocker(Locker, Protocol):
+    """A locker that can tell, before any run, whether it can work as it is configured.
+
+    A scheduler calls :meth:`check` of each such locker when it starts (``async with
+    scheduler`` / :meth:`~cronlock.Scheduler.start`): a misconfiguration fails the start,
+    so a service whose locker can never work is not reported started; a server that is
+    merely down does not (the scheduler starts, and catches up once it is back).
+    """
+
+    async def check(self) -> None:
+        """Connect as claims would, and prove it with a round trip.
+
+        Raises :class:`cronlock.LockUnavailable` when the backend cannot be reached right
+        now (it may be later), and any other :class:`cronlock.LockError` (best:
+        :class:`cronlock.LockerMisconfigured`, naming the fix) when it never will be as
+        configured. What it opens, the locker keeps for its claims.
+        """
         ...
 
 

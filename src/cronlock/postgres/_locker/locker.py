@@ -40,6 +40,7 @@ from .hold import PostgresHold
 from .keys import KeySource, LockKeys
 from .ledgerless import NoFleetWatch, NoForeignHolders, NoLedgerReads, NoMembership
 from .members import Membership
+from .readiness import check_channel
 from .reads import LedgerReads, ReadsLedger
 from .servertime import DEFAULT_AHEAD, DEFAULT_SPREAD, LANES, FairRace, read_server_clock
 from .settings import LockerSettings
@@ -104,7 +105,10 @@ class PostgresLocker(HeldOpenByBlocks, ReadsLedger):
 
     **Failure.** A server that cannot be reached, or a statement that does not finish
     within *statement_timeout*, raises :class:`cronlock.LockError`. Every connection
-    carries ``application_name`` (default ``cronlock:<host>:<pid>``).
+    carries ``application_name`` (default ``cronlock:<host>:<pid>``). :meth:`check` tells
+    a locker that can never work as configured (:class:`cronlock.LockerMisconfigured`,
+    naming the fix) from a server that is down (:class:`cronlock.LockUnavailable`); a
+    Scheduler calls it when it starts, and a readiness probe may.
 
     **Fleet time, a fair race.** A Scheduler with this locker fires by the server's clock
     (:meth:`read_server_clock`). Each claim waits a pseudo-random ``[0, spread)`` s (default
@@ -337,6 +341,30 @@ class PostgresLocker(HeldOpenByBlocks, ReadsLedger):
             hold.mark_lost(LockError(f"job {job!r}: the lock session was dropped"))
             self._count.lost += 1
         return hold
+
+    async def check(self) -> None:
+        """Whether this locker can work, for a readiness probe and a scheduler's start.
+
+        Connects as claims would: the first lock session with its mode's set-up (a session
+        of its own in session mode: a pooler in between is refused), the run ledger created
+        or its state checked (``create_table=False``: missing or older is refused), and in
+        lease mode whether a pooler sits in between while asyncpg's statement cache is on;
+        then a round trip. The connection is the locker's first session, kept for its claims
+        (given a pool in lease mode, each statement borrows one: nothing is kept).
+
+        Raises :class:`cronlock.LockerMisconfigured` naming the fix when the locker can
+        never work as configured: a pooler in session mode (:class:`cronlock.PoolerDetected`),
+        the statement cache on behind a pooler in lease mode, the ledger missing with
+        ``create_table=False``, a user or password refused (by the server or the pooler),
+        an unknown database, a privilege the ledger needs. Raises
+        :class:`cronlock.LockUnavailable` when the server cannot be reached now (refused,
+        timed out, not resolved, starting up, or the connection failed): the locker keeps
+        trying on its own. A :class:`~cronlock.Scheduler` calls it at start
+        (:class:`~cronlock.CheckableLocker`): the first fails the start, the second does not.
+        """
+        if self._closed:
+            raise LockError(_CLOSED)
+        await check_channel(self._exclusion, self._shards[0])
 
     def fleet_pace(self) -> float:
         """How many times less often fleet-wide chores run here (members over *racers*, >= 1)."""

@@ -22,10 +22,11 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
 
-from ..._errors import LockError
+from ..._errors import LockerMisconfigured
 from ..._logs import get_logger
 from ..._service import Service
 from .._sql.schema import ledger_state, migrate
+from .._sql.sessions import BACKEND_PID_SQL
 
 if TYPE_CHECKING:
     from ..._records import RunRecord
@@ -162,6 +163,20 @@ class Exclusion(abc.ABC):
     def channels(self, given: Channels) -> tuple[Channel, ...]:
         """The locker's shards: a job's statements go on ``shards[key % len(shards)]``."""
 
+    async def check(self, channel: Channel) -> None:
+        """Connect *channel* as claims would (a new connection gets the mode's set-up, the
+        ledger made current), and prove it with a round trip. Raises
+        :class:`cronlock.LockerMisconfigured` for what this mode cannot work with (the set-up
+        of session locks refuses a pooler), a :class:`cronlock.LockError` otherwise."""
+        conn, generation = await channel.ensure()
+        await channel.run(
+            conn,
+            generation,
+            lambda c: c.fetchval(BACKEND_PID_SQL),
+            what="checking the connection",
+            keep_on_server_error=True,
+        )
+
     # -- statements ----------------------------------------------------------------------
 
     @abc.abstractmethod
@@ -268,7 +283,7 @@ async def prepare_ledger(conn: Any, *, table: LedgerTable, create: bool, timeout
         return
     if not create:
         problem = "does not exist" if state == "missing" else "predates this cronlock"
-        raise LockError(
+        raise LockerMisconfigured(
             f"the run ledger table {table.runs} {problem}; "
             f"{'create' if state == 'missing' else 'upgrade'} it with "
             "'python -m cronlock migrate --dsn DSN' (with --schema/--table as configured), "

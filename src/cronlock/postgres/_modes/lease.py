@@ -36,14 +36,14 @@ from logging import WARNING
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..._cancel import cancel_and_wait, task_name
-from ..._errors import ConfigError, LockError
+from ..._errors import ConfigError, LockerMisconfigured, LockError
 from ..._keys import job_lock_key
 from ..._logs import get_logger, say
 from ..._service import Service
 from .._conn import Channel
 from .._conn.borrowed import BorrowedConnections
 from .._conn.dedicated import DedicatedConnection
-from .._conn.errors import ignoring_backend_errors
+from .._conn.errors import ignoring_backend_errors, prepared_statements_clash
 from .._sql.elector import (
     LEADERS_EXIST_SQL,
     XACT_LOCK_SQL,
@@ -60,6 +60,7 @@ from .._sql.leases import (
     lease_recover_sql,
     renew_sql,
 )
+from .._sql.sessions import PREPARED_AS_SQL, cache_probe_sql
 from .._sql.tables import LedgerTable, quote_ident
 from .base import (
     Ballot,
@@ -220,6 +221,9 @@ class LeaseRows(Exclusion):
         self._crashed_sql = lease_crashed_sql(table)
         self._late_sql = lease_late_finish_sql(table)
         self._keeper: LeaseKeeper | None = None
+        self._where = "PostgreSQL server"
+        # A probe of our own: another client's statement on a pooled backend is not ours.
+        self._probe_sql = cache_probe_sql(secrets.token_hex(8))
 
     def ledger_or(self, without: Callable[[], _A], kept: Callable[[LedgerTable], _B]) -> _A | _B:
         """*kept* of the ledger."""
@@ -233,6 +237,7 @@ class LeaseRows(Exclusion):
             prepare_ledger, table=self._table, create=given.create_table,
             timeout=given.connect_timeout,
         )  # fmt: skip
+        self._where = given.source.describe()
         shard: Channel
         if given.source.pooled:
             shard = BorrowedConnections(
@@ -255,6 +260,42 @@ class LeaseRows(Exclusion):
             shard, self._table, holder=self._holder, lease=self._lease, lost=given.on_fenced
         )
         return (shard,)
+
+    async def check(self, channel: Channel) -> None:
+        """Connect as claims would (the ledger made current), then look, on one backend in
+        one transaction, whether a pooler sits in between (the backend is not the one the
+        connection announced) while asyncpg's statement cache is on (a statement stays
+        prepared under asyncpg's name): then claims would run as whatever another client
+        prepared under that name on a backend the pooler hands over, and this refuses.
+
+        A pooler that renames prepared statements (PgBouncer >= 1.21 with
+        ``max_prepared_statements``) leaves no name of asyncpg's on the backend: accepted.
+        """
+        try:
+            conn, generation = await channel.ensure()
+            (announced, backend), names = await channel.run(
+                conn,
+                generation,
+                functools.partial(_probe_statement_cache, sql=self._probe_sql),
+                what="checking the statement cache",
+                keep_on_server_error=True,
+            )
+        except LockError as exc:
+            if not prepared_statements_clash(exc.__cause__ or exc):
+                raise
+            raise self._cached(f"prepared statements clash: {exc.__cause__!r}") from exc
+        if announced != backend and any(name.startswith("__asyncpg_") for name in names):
+            raise self._cached(f"announced pid {announced}, then backend {backend}")
+
+    def _cached(self, seen: str) -> LockerMisconfigured:
+        return LockerMisconfigured(
+            f"the connections of the {self._where} keep asyncpg's statement cache and reach "
+            f"PostgreSQL through a connection pooler ({seen}): mode='lease' statements would "
+            "run as prepared statements of other clients. Create the pool with "
+            "statement_cache_size=0 (asyncpg.create_pool(..., statement_cache_size=0)), or "
+            "give the locker a DSN (its connection then has no statement cache unless "
+            "connect_kwargs set one)"
+        )
 
     def claim(
         self, keys: list[int], jobs: list[str], slots: list[datetime], host: str, pid: int
@@ -327,6 +368,15 @@ class LeaseRows(Exclusion):
         """The keeper's renewal statements, and the holds it fenced."""
         keeper = self._keeper
         return (0, 0) if keeper is None else (keeper.renewals, keeper.fenced)
+
+
+async def _probe_statement_cache(conn: Any, *, sql: str) -> tuple[tuple[int, int], list[str]]:
+    """``((the pid *conn* announced, the backend's), the names the probe *sql* is prepared
+    under there)``, both read in one transaction, so on one backend even through a pooler."""
+    async with conn.transaction():
+        backend = await conn.fetchval(sql)
+        names = await conn.fetchval(PREPARED_AS_SQL, sql)
+    return (conn.get_server_pid(), backend), list(names)
 
 
 DEFAULT_LEADERS_TABLE = "cronlock_leaders"

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-__all__ = ("BACKEND_PID_SQL", "SAME_BACKEND_SQL", "set_config_sql")
+__all__ = (
+    "BACKEND_PID_SQL",
+    "PREPARED_AS_SQL",
+    "SAME_BACKEND_SQL",
+    "cache_probe_sql",
+    "set_config_sql",
+)
 
 BACKEND_PID_SQL = "SELECT pg_backend_pid()"
 """The pid of the backend serving this statement (a pooler's changes between statements)."""
@@ -10,6 +16,24 @@ BACKEND_PID_SQL = "SELECT pg_backend_pid()"
 SAME_BACKEND_SQL = "SELECT CASE WHEN pg_backend_pid() = $1::integer THEN true END"
 """``$1`` the pid the connection announced: true on that backend, NULL on another (a pooler
 handed the statement on)."""
+
+
+def cache_probe_sql(token: str) -> str:
+    """The backend serving it, a statement of its own (*token*, hex digits, tells it from
+    another client's); sent inside a transaction, then looked for by
+    :data:`PREPARED_AS_SQL` on the same backend: with asyncpg's statement cache on it stays
+    prepared under a name of asyncpg's (``__asyncpg_stmt_N__``), without it it leaves no
+    trace."""
+    if not token.isalnum():
+        raise ValueError(f"a probe's token is letters and digits, not {token!r}")
+    return f"SELECT pg_backend_pid() /* cronlock: is the statement cache on? {token} */"
+
+
+PREPARED_AS_SQL = (
+    "SELECT coalesce(array_agg(name::text), '{}') FROM pg_prepared_statements WHERE statement = $1"
+)
+"""``$1`` a statement's text: the names it is prepared under on this backend (none when
+it was sent unnamed)."""
 
 
 def set_config_sql(settings: int) -> str:
