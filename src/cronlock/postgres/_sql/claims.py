@@ -146,9 +146,11 @@ def finish_many_sql(table: LedgerTable) -> str:
     and the changes at commit, a moment later, and a claim in between that takes the lock
     has its insert wait for this commit, then runs the slot an undo gave back (or finds the
     slot claimed, for an outcome). No claim can take a deleted-but-uncommitted claim for a
-    slot that ran. The commit does not wait for its WAL flush
-    (``synchronous_commit`` off for this transaction only): a server crash can lose an
-    outcome written just before it, leaving the run "unfinished", but never a claim.
+    slot that ran. The commit is as durable as the session's (``synchronous_commit`` is
+    never lowered here): another replica acts on an outcome or an undo (it catches up,
+    retries or reruns by it), so one acknowledged and then lost at a crash or failover would
+    have the slot run again. A batch of ends is one transaction, so one WAL flush (and, with
+    synchronous replication, one standby acknowledgement) covers all of its rows.
     Rows are found by a primary-key probe each (``LATERAL ... LIMIT 1``), then
     changed by their ``ctid``: a join on (job, slot) let the planner scan every unfinished
     row once per row of the batch, seconds for a burst of thousands.
@@ -160,13 +162,11 @@ def finish_many_sql(table: LedgerTable) -> str:
                                  $5::bigint[], $6::boolean[], $9::timestamptz[]) WITH ORDINALITY
                  AS u(job, slot, outcome, error, key, undo, started, i)
         ), {end_ctes(runs)}
-        ), relaxed AS MATERIALIZED (
-            SELECT set_config('synchronous_commit', 'off', true)
         ), written AS MATERIALIZED (
             SELECT (SELECT count(*) FROM del) + (SELECT count(*) FROM upd) AS n
         )
         SELECT u.i, pg_advisory_unlock(u.key) AS released
-        FROM u, relaxed, written"""
+        FROM u, written"""
 
 
 def end_ctes(runs: str) -> str:

@@ -92,7 +92,9 @@ def lease_finish_many_sql(table: LedgerTable) -> str:
     The parameters of :func:`.claims.finish_many_sql` (``$5`` keys are unused here) plus
     ``$10`` holder. Answers (i, released): *released* false when the lease was no longer
     this holder's (it expired and another replica took it over). The leases are locked in
-    job order first. Like the session form, the commit does not wait for its WAL flush.
+    job order first. Like the session form, it commits at the session's durability: a
+    release acknowledged and then lost at a crash would leave the job blocked, on the
+    server that takes over, until the lease expires (and the outcome missing).
 
     The lease of a claim undone (its row deleted) is released for no slot (``-infinity``),
     not for the slot it was taken for: a claim only takes a lease whose latest slot is not
@@ -116,11 +118,9 @@ def lease_finish_many_sql(table: LedgerTable) -> str:
                 slot = CASE WHEN x.job IN (SELECT job FROM del) THEN '-infinity' ELSE x.slot END
             FROM lk WHERE x.job = lk.job AND x.holder = $10::text
             RETURNING x.job
-        ), relaxed AS MATERIALIZED (
-            SELECT set_config('synchronous_commit', 'off', true)
         )
         SELECT u.i, EXISTS (SELECT 1 FROM lk WHERE lk.job = u.job) AS released
-        FROM u, relaxed"""
+        FROM u"""
 
 
 def renew_sql(table: LedgerTable) -> str:
