@@ -60,7 +60,8 @@ def claim_many_sql(table: LedgerTable) -> str:
     :func:`claim_inputs`). The claim records this session's backend pid (``session``): that is
     how a crashed run is told from one in progress (``_locker/crashes.py``).
 
-    Arrays ``$1`` keys, ``$2`` jobs, ``$3`` slots; ``$4`` host, ``$5`` pid. Answers
+    Arrays ``$1`` keys, ``$2`` jobs, ``$3`` slots; ``$4`` host, ``$5`` pid, ``$6`` this
+    locker's holder (its members row tells whether the run's owner is alive). Answers
     (i, ran, paused, got, started_at, undone) per element (*paused*: the job is paused
     fleet-wide and the slot is not its triggered one, see :mod:`.control`; no lock is
     tried then), plus, for a refused one, the job's
@@ -81,9 +82,9 @@ def claim_many_sql(table: LedgerTable) -> str:
                         ELSE pg_try_advisory_lock(u.key) END AS got
             FROM u
         ), ins AS (
-            INSERT INTO {runs} (job, slot, host, pid, session, started_at, manual)
+            INSERT INTO {runs} (job, slot, host, pid, session, started_at, manual, holder)
             SELECT l.job, l.slot, $4::text, $5::integer, pg_backend_pid(), {CLAIMED_START},
-                   l.manual
+                   l.manual, $6::text
             FROM l WHERE l.got
             ON CONFLICT (job, slot) DO NOTHING
             RETURNING job, slot, started_at
