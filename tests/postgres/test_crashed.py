@@ -395,6 +395,7 @@ async def test_a_ledger_made_by_an_older_cronlock_is_upgraded_on_start(
         assert (kept.outcome, kept.attempt, kept.owner) == ("succeeded", 1, "old-host:1")
     row = await row_of(admin, ledger, job)
     assert row["session"] is not None and row["attempt"] == 1
+    assert row["holder"].startswith(f"{app_name}:")  # its owner, for the crash check
     index = await admin.fetchval(
         "SELECT pg_get_indexdef(indexrelid) FROM pg_index"
         " WHERE indrelid = to_regclass($1) AND indpred IS NOT NULL",
@@ -414,10 +415,10 @@ async def test_migrate_upgrades_an_old_ledger(pg_dsn: str, admin: Any, ledger: L
     assert "upgraded" in done.stdout
     columns = await admin.fetch(
         "SELECT attname FROM pg_attribute WHERE attrelid = to_regclass($1)"
-        " AND attname IN ('session', 'attempt')",
+        " AND attname IN ('session', 'attempt', 'holder')",
         ledger.runs,
     )
-    assert len(columns) == 2
+    assert len(columns) == 3
 
 
 async def test_history_and_status_show_crashed_runs_and_reruns(
