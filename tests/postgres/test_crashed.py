@@ -210,9 +210,13 @@ async def test_own_lost_runs_are_left_alone_and_their_late_outcome_replaces_cras
         assert told == [witness]
         for job in (marked, taken):
             assert (await row_of(admin, ledger, job))["outcome"] is None
-        # Another replica's check marks them (its host is not ours); then a rerun takes
-        # one of them over.
-        marked_by_other = await admin.fetch(crashed_sql(ledger), "other-host", 1)
+        # Another replica's check marks them (its host is not ours): an older cronlock's,
+        # which knows no owner (this one's waits until our members row expired: below, and
+        # test_crashed_owner.py); then a rerun takes one of them over.
+        await admin.execute(
+            f"UPDATE {ledger.runs} SET holder = NULL WHERE job = ANY($1::text[])", [marked, taken]
+        )
+        marked_by_other = await admin.fetch(crashed_sql(ledger), "other-host", 1, "other", 45.0)
         assert {r["job"] for r in marked_by_other} == {marked, taken}
         await admin.execute(
             f"UPDATE {ledger.runs} SET host = 'rerun-host', pid = 7, attempt = 2,"
@@ -249,16 +253,20 @@ async def test_the_rerun_claim_takes_a_crashed_slot_over_once(
         # Three replicas at once: one takes it over, the others are refused.
         key = hash(job) & 0x7FFFFFFF
         answers = await asyncio.gather(
-            *(c.fetchrow(sql, key + i, job, SLOT, f"r{i}", i, 2) for i, c in enumerate(conns))
+            *(
+                c.fetchrow(sql, key + i, job, SLOT, f"r{i}", i, 2, f"r{i}:holder")
+                for i, c in enumerate(conns)
+            )
         )
         winners = [i for i, a in enumerate(answers) if a["started_at"] is not None]
         assert len(winners) == 1
         row = await row_of(admin, ledger, job)
         assert (row["host"], row["attempt"], row["outcome"]) == (f"r{winners[0]}", 2, None)
+        assert row["holder"] == f"r{winners[0]}:holder"  # the rerun's owner, for its check
         assert row["session"] == await conns[winners[0]].fetchval("SELECT pg_backend_pid()")
         # A rerun that crashed too is not taken over again (as attempt 3 either: only a
         # failed attempt is retried); the lock is given back.
-        again = await conns[0].fetchrow(sql, key, twice, SLOT, "r0", 0, 3)
+        again = await conns[0].fetchrow(sql, key, twice, SLOT, "r0", 0, 3, "r0:holder")
         assert (again["got"], again["started_at"]) == (True, None)
         assert await conns[0].fetchval(
             "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()"
@@ -387,6 +395,7 @@ async def test_a_ledger_made_by_an_older_cronlock_is_upgraded_on_start(
         assert (kept.outcome, kept.attempt, kept.owner) == ("succeeded", 1, "old-host:1")
     row = await row_of(admin, ledger, job)
     assert row["session"] is not None and row["attempt"] == 1
+    assert row["holder"].startswith(f"{app_name}:")  # its owner, for the crash check
     index = await admin.fetchval(
         "SELECT pg_get_indexdef(indexrelid) FROM pg_index"
         " WHERE indrelid = to_regclass($1) AND indpred IS NOT NULL",
@@ -406,10 +415,10 @@ async def test_migrate_upgrades_an_old_ledger(pg_dsn: str, admin: Any, ledger: L
     assert "upgraded" in done.stdout
     columns = await admin.fetch(
         "SELECT attname FROM pg_attribute WHERE attrelid = to_regclass($1)"
-        " AND attname IN ('session', 'attempt')",
+        " AND attname IN ('session', 'attempt', 'holder')",
         ledger.runs,
     )
-    assert len(columns) == 2
+    assert len(columns) == 3
 
 
 async def test_history_and_status_show_crashed_runs_and_reruns(

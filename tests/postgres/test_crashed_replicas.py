@@ -79,7 +79,10 @@ async def _crash(
     start = float(math.ceil(time.time()) + 5)
     # Lease mode: the replicas hand the locker a pool of their own, through PgBouncer.
     pooled = ("--pool",) if coordination.mode == "lease" else ()
-    table = ["--table", ledger.table, *coordination.args, *pooled]
+    # Heartbeats every second: a killed replica's members row expires 3 s after its last
+    # one (45 s by default), and its run is crashed once that row and its session (or
+    # lease) are gone.
+    table = ["--table", ledger.table, "--members-every", "1", *coordination.args, *pooled]
     dsn = coordination.dsn
     a = Replica(dsn, job, 1, start, 1, hold=60, extra=table)
     others: list[Replica] = []

@@ -4,6 +4,7 @@ retention, schema names, migration, heartbeat and lock loss."""
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
@@ -26,7 +27,9 @@ from cronlock import (
     every,
 )
 from cronlock.postgres import LedgerNameError, PostgresHold, PostgresLocker
+from cronlock.postgres._locker.crashes import CHECK_EVERY
 from cronlock.postgres._sql.tables import LedgerTable, quote_ident
+from cronlock.postgres._sql.upkeep import MEMBERS_EVERY
 
 from .events import Events
 from .proxy import TcpProxy, via
@@ -105,14 +108,18 @@ async def test_one_round_trip_to_claim_and_one_to_finish(
                 lease.record(record(slot))
                 await lease.release()
             took = time.perf_counter() - began
-            per_run = (locker.statistics().statements - before) / runs
+            sent = locker.statistics().statements - before
+            # The background duties share the sessions' count: a crash check every 3 s and
+            # a members heartbeat every 15 s may fall in the window (a loaded machine).
+            background = math.ceil(took / CHECK_EVERY) + math.ceil(took / MEMBERS_EVERY)
+            assert 2 * runs <= sent <= 2 * runs + background
+            per_run = sent / runs
         with capsys.disabled():
             mode = "ledger" if ledger else "lock-only"
             print(
                 f"\n[measured] {mode}: {per_run:g} round trips and "
                 f"{took / runs * 1000:.2f} ms per locked run (acquire + release, {runs} runs)"
             )
-        assert per_run == 2
 
 
 async def test_lagging_replica_finds_the_slot_taken_after_release(

@@ -22,6 +22,14 @@ member that died from a live one, and it is most often the replacement of one th
 (a crash loop, a killed pod), so a fleet whose racers keep dying and coming back never
 waits for their rows to expire. The price is a few more racers while a deploy rolls.
 
+The members table is also how a replica is known to be alive: a run is ``crashed`` only
+when its owner's row has expired (``_sql/crashes.owner_gone``), not because its session pid
+is unknown to a server that took over. So every locker with a ledger beats, with
+``racers=None`` too (one small statement every :data:`MEMBERS_EVERY` seconds per replica,
+not waiting for its flush); a beat that fails is tried again every second until one gets
+through, so that a replica back from an outage renews its row before the others' checks
+could take it for dead.
+
 Replicas are grouped by the set of jobs they have (a digest): during a rolling deploy that
 adds a job, the replicas that have it choose racers among themselves.
 
@@ -46,16 +54,15 @@ from ..._logs import get_logger
 from ..._service import Service
 from .._conn import Channel
 from .._sql.tables import LedgerTable
-from .._sql.upkeep import heartbeat_sql, leave_sql
+from .._sql.upkeep import MEMBER_TTL, MEMBERS_EVERY, heartbeat_sql, leave_sql
 
 __all__ = ("MEMBERS_EVERY", "MEMBER_TTL", "Membership")
 
 _logger = get_logger("cronlock.postgres")
 
-MEMBERS_EVERY = 15.0
-"""Seconds between two heartbeats of one replica in the members table."""
-MEMBER_TTL = 3 * MEMBERS_EVERY
-"""Seconds a member row lives without a heartbeat (and a replica trusts its last view)."""
+_AGAIN = 1.0
+"""Seconds before a heartbeat that failed, or found no open session, is tried again: a
+replica back from an outage shows it is alive at once (the crash checks, below)."""
 
 
 def _point(text: str) -> int:
@@ -132,7 +139,7 @@ class Membership(Service):
         self._rank = sum(1 for member in members if _point(member) < mine)
 
     def _wanted(self) -> bool:
-        return self._racers is not None  # racers=None: everyone claims, no heartbeat
+        return True  # racers=None too: the row is how the fleet knows this replica is alive
 
     async def stop(self) -> None:
         """Stop the heartbeats and leave the table, so the fleet reassigns our jobs now."""
@@ -158,12 +165,12 @@ class Membership(Service):
         """The first open session: the heartbeat never opens one itself."""
         return next((s for s in self._sessions if s.is_open and not s.closed), None)
 
-    async def beat(self) -> None:
-        """One heartbeat on an open session (none open: skipped): write our row, read the
-        others. Raises the backend's errors."""
+    async def beat(self) -> bool:
+        """One heartbeat on an open session (none open: skipped, False): write our row, read
+        the others. Raises the backend's errors."""
         session = self._open()
         if session is None:
-            return
+            return False
         conn, generation = session.conn, session.generation
         digest = f"{self._digest:016x}"
         self.beats += 1
@@ -175,15 +182,18 @@ class Membership(Service):
             keep_on_server_error=True,
         )
         self._see([row["holder"] for row in rows])
+        return True
 
     async def _serve(self) -> None:
         # The first beat half a period in or later (a random part of it): replicas started
         # together spread their heartbeats out, and a session just opened serves its
-        # start-up claims and catch-up first. Until then, this replica races.
+        # start-up claims and catch-up first. Until then, this replica races (and its runs
+        # are taken for alive by their claim's age: _sql/crashes.owner_gone).
         await asyncio.sleep(random.uniform(0.5, 1.0) * MEMBERS_EVERY)
         while True:
+            beaten = False
             try:
-                await self.beat()
+                beaten = await self.beat()
             except Exception as exc:  # the sessions log outages; the view ages out by itself
                 _logger.debug("the members heartbeat failed: %r", exc)
-            await asyncio.sleep(MEMBERS_EVERY)
+            await asyncio.sleep(MEMBERS_EVERY if beaten else min(_AGAIN, MEMBERS_EVERY))

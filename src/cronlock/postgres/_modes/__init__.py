@@ -42,7 +42,7 @@ def exclusion_for(
         return LeaseRows(table, holder=holder, lease=lease)
     from .session import SessionLocks
 
-    return SessionLocks(table)
+    return SessionLocks(table, holder=holder)
 
 
 def ballot_for(

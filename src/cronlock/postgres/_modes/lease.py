@@ -4,7 +4,8 @@ that ends a run in time.
 A row of the ledger's leases table whose expiry, in the server's time, is in the future says
 who runs a job (:mod:`.._sql.leases`). No statement depends on its session, so a dropped
 connection loses nothing, an end goes out on whatever connection is open, and the mode works
-through a transaction pooler; a crashed run is an unfinished row whose lease expired.
+through a transaction pooler; a crashed run is an unfinished row whose lease expired and
+whose owner's members row expired too (:func:`.._sql.crashes.owner_gone`).
 
 A lease expires in the server's time, *lease* seconds after it was last taken or renewed.
 One task per locker renews every lease it holds in **one** statement every ``lease / 4``
@@ -44,6 +45,7 @@ from .._conn import Channel
 from .._conn.borrowed import BorrowedConnections
 from .._conn.dedicated import DedicatedConnection
 from .._conn.errors import ignoring_backend_errors, prepared_statements_clash
+from .._sql import upkeep
 from .._sql.elector import (
     LEADERS_EXIST_SQL,
     XACT_LOCK_SQL,
@@ -316,8 +318,8 @@ class LeaseRows(Exclusion):
         )
 
     def crashed(self, host: str, pid: int) -> Statement | None:
-        """Unfinished rows whose lease expired."""
-        return Statement(self._crashed_sql, (host, pid, self._holder))
+        """Unfinished rows whose lease expired, and whose owner (its members row) is gone."""
+        return Statement(self._crashed_sql, (host, pid, self._holder, upkeep.MEMBER_TTL))
 
     def late_finish(
         self, late: Sequence[tuple[str, datetime, RunRecord, int]], host: str, pid: int

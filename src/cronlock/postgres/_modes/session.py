@@ -5,8 +5,10 @@ The server releases a session's locks the moment the session ends, so a dropped 
 loses the holds granted on it (:meth:`SessionLocks.dropped` marks them lost, and the
 scheduler ends their runs), and an end of a hold may only go out on the session that
 granted it. A crashed run is an unfinished ledger row whose claiming backend is gone from
-``pg_stat_activity``. Upkeep checks the sessions that hold locks (the heartbeat). It needs
-a direct connection: a pooler in between is refused (:func:`refuse_pooler`).
+``pg_stat_activity`` and whose owner's members row expired (``_sql/crashes.owner_gone``: a
+failover leaves every backend unknown, not every replica dead). Upkeep checks the sessions
+that hold locks (the heartbeat). It needs a direct connection: a pooler in between is
+refused (:func:`refuse_pooler`).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from .._conn import Channel
 from .._conn.dedicated import DedicatedConnection
 from .._conn.errors import prepared_statements_clash
 from .._conn.source import Keepalives, configure_session
+from .._sql import upkeep
 from .._sql.claims import TRY_LOCK_SQL, claim_many_sql, finish_many_sql
 from .._sql.crashes import crashed_sql, recover_sql
 from .._sql.elector import ACQUIRE_SQL
@@ -143,10 +146,12 @@ class SessionRules(Exclusion):
 
 
 class SessionLocks(SessionRules):
-    """Session advisory locks over the ledger *table* (``mode="session"``)."""
+    """Session advisory locks over the ledger *table* (``mode="session"``), claimed as
+    *holder* (the locker's members row; ``None``: a standalone run's, which has none)."""
 
-    def __init__(self, table: LedgerTable) -> None:
+    def __init__(self, table: LedgerTable, *, holder: str | None = None) -> None:
         self.ledger = self._table = table
+        self._holder = holder
         self._claim_sql = claim_many_sql(table)
         self._finish_sql = finish_many_sql(table)
         self._recover_sql = recover_sql(table)
@@ -164,7 +169,7 @@ class SessionLocks(SessionRules):
         self, keys: list[int], jobs: list[str], slots: list[datetime], host: str, pid: int
     ) -> Statement:
         """Lock and claim (:func:`.._sql.claims.claim_many_sql`)."""
-        return Statement(self._claim_sql, (keys, jobs, slots, host, pid))
+        return Statement(self._claim_sql, (keys, jobs, slots, host, pid, self._holder))
 
     def finish(self, ends: Sequence[End], host: str, pid: int) -> Statement:
         """Record and unlock (:func:`.._sql.claims.finish_many_sql`)."""
@@ -174,11 +179,12 @@ class SessionLocks(SessionRules):
         self, key: int, job: str, slot: datetime, host: str, pid: int, attempt: int
     ) -> Statement | None:
         """Lock and take the row over (:func:`.._sql.crashes.recover_sql`)."""
-        return Statement(self._recover_sql, (key, job, slot, host, pid, attempt))
+        return Statement(self._recover_sql, (key, job, slot, host, pid, attempt, self._holder))
 
     def crashed(self, host: str, pid: int) -> Statement | None:
-        """Unfinished rows whose claiming session is gone."""
-        return Statement(self._crashed_sql, (host, pid))
+        """Unfinished rows whose claiming session is gone, and their owner (its members
+        row) with it."""
+        return Statement(self._crashed_sql, (host, pid, self._holder, upkeep.MEMBER_TTL))
 
     def late_finish(
         self, late: Sequence[tuple[str, datetime, RunRecord, int]], host: str, pid: int

@@ -60,7 +60,8 @@ def claim_many_sql(table: LedgerTable) -> str:
     :func:`claim_inputs`). The claim records this session's backend pid (``session``): that is
     how a crashed run is told from one in progress (``_locker/crashes.py``).
 
-    Arrays ``$1`` keys, ``$2`` jobs, ``$3`` slots; ``$4`` host, ``$5`` pid. Answers
+    Arrays ``$1`` keys, ``$2`` jobs, ``$3`` slots; ``$4`` host, ``$5`` pid, ``$6`` this
+    locker's holder (its members row tells whether the run's owner is alive). Answers
     (i, ran, paused, got, started_at, undone) per element (*paused*: the job is paused
     fleet-wide and the slot is not its triggered one, see :mod:`.control`; no lock is
     tried then), plus, for a refused one, the job's
@@ -81,9 +82,9 @@ def claim_many_sql(table: LedgerTable) -> str:
                         ELSE pg_try_advisory_lock(u.key) END AS got
             FROM u
         ), ins AS (
-            INSERT INTO {runs} (job, slot, host, pid, session, started_at, manual)
+            INSERT INTO {runs} (job, slot, host, pid, session, started_at, manual, holder)
             SELECT l.job, l.slot, $4::text, $5::integer, pg_backend_pid(), {CLAIMED_START},
-                   l.manual
+                   l.manual, $6::text
             FROM l WHERE l.got
             ON CONFLICT (job, slot) DO NOTHING
             RETURNING job, slot, started_at
@@ -146,9 +147,11 @@ def finish_many_sql(table: LedgerTable) -> str:
     and the changes at commit, a moment later, and a claim in between that takes the lock
     has its insert wait for this commit, then runs the slot an undo gave back (or finds the
     slot claimed, for an outcome). No claim can take a deleted-but-uncommitted claim for a
-    slot that ran. The commit does not wait for its WAL flush
-    (``synchronous_commit`` off for this transaction only): a server crash can lose an
-    outcome written just before it, leaving the run "unfinished", but never a claim.
+    slot that ran. The commit is as durable as the session's (``synchronous_commit`` is
+    never lowered here): another replica acts on an outcome or an undo (it catches up,
+    retries or reruns by it), so one acknowledged and then lost at a crash or failover would
+    have the slot run again. A batch of ends is one transaction, so one WAL flush (and, with
+    synchronous replication, one standby acknowledgement) covers all of its rows.
     Rows are found by a primary-key probe each (``LATERAL ... LIMIT 1``), then
     changed by their ``ctid``: a join on (job, slot) let the planner scan every unfinished
     row once per row of the batch, seconds for a burst of thousands.
@@ -160,13 +163,11 @@ def finish_many_sql(table: LedgerTable) -> str:
                                  $5::bigint[], $6::boolean[], $9::timestamptz[]) WITH ORDINALITY
                  AS u(job, slot, outcome, error, key, undo, started, i)
         ), {end_ctes(runs)}
-        ), relaxed AS MATERIALIZED (
-            SELECT set_config('synchronous_commit', 'off', true)
         ), written AS MATERIALIZED (
             SELECT (SELECT count(*) FROM del) + (SELECT count(*) FROM upd) AS n
         )
         SELECT u.i, pg_advisory_unlock(u.key) AS released
-        FROM u, relaxed, written"""
+        FROM u, written"""
 
 
 def end_ctes(runs: str) -> str:

@@ -9,25 +9,61 @@ from __future__ import annotations
 from .runs import R_RUN
 from .tables import LedgerTable
 
-__all__ = ("TAKEN_OVER", "crashed_sql", "recover_sql")
+__all__ = ("TAKEN_OVER", "crashed_sql", "owner_gone", "recover_sql")
+
+
+def owner_gone(table: LedgerTable, holder: str, ttl: str) -> str:
+    """The condition, on a run ``r``, that its owner is gone: both modes' crash checks add
+    it to their own (session gone, lease expired). *holder* and *ttl* are the ``$n`` of the
+    checking locker's holder and of the members' time to live in seconds
+    (:data:`.upkeep.MEMBER_TTL`).
+
+    A run claimed by an older cronlock (no ``holder``) keeps the old rule: its own condition
+    alone. Otherwise its owner (the locker that claimed it, ``r.holder``) is gone when
+
+    - its members row is expired or absent, and the claim is older than the time to live
+      (a replica's first heartbeat comes some seconds after its start: a run claimed
+      meanwhile has no row yet, and its claim is itself a sign of life);
+    - and the checking locker's own row has stood, without a gap, for the time to live
+      (``since``, see :func:`.upkeep.heartbeat_sql`): after an outage or a failover, every
+      replica that came back with it has had that long to beat again, so a row expired
+      while the server was away is not taken for a dead replica.
+
+    A failover leaves every run's session pid unknown to the new server; a live replica
+    keeps beating there, so its runs are never marked, and it writes their outcomes itself.
+    """
+    members = table.members
+    return f"""(r.holder IS NULL OR (
+                r.holder <> {holder}
+                AND r.started_at < now() - {ttl} * interval '1 second'
+                AND NOT EXISTS (SELECT 1 FROM {members} m
+                                WHERE m.holder = r.holder AND m.expires_at > now())
+                AND EXISTS (SELECT 1 FROM {members} me
+                            WHERE me.holder = {holder} AND me.expires_at > now()
+                              AND me.since <= now() - {ttl} * interval '1 second')))"""
 
 
 def crashed_sql(table: LedgerTable) -> str:
-    """Mark unfinished runs whose claiming session is gone ``crashed``; return them.
+    """Mark unfinished runs whose claiming session is gone, and their owner with it,
+    ``crashed``; return them.
 
     ``$1`` host, ``$2`` pid: this process's own runs are left alone, since it writes their
     real outcome itself once a session is back (a run whose session died under a live
-    replica ends ``lock_lost``). Concurrent checks by several replicas mark each row once:
-    the second one finds it finished.
+    replica ends ``lock_lost``). ``$3`` this locker's holder, ``$4`` the members' time to
+    live in seconds: a run whose owner is alive (its members row, :func:`owner_gone`) is
+    not crashed, however unknown its session pid is to this server (a failover). Concurrent
+    checks by several replicas mark each row once: the second one finds it finished.
     """
     return f"""
         UPDATE {table.runs} AS r
         SET outcome = 'crashed', finished_at = clock_timestamp(),
-            error = 'its replica (' || r.host || ':' || r.pid
-                    || ') died mid-run: lock session gone'
+            error = 'its replica (' || r.host || ':' || r.pid || ') died mid-run: '
+                    || CASE WHEN r.holder IS NULL THEN 'lock session gone'
+                            ELSE 'lock session and membership gone' END
         WHERE r.finished_at IS NULL AND r.session IS NOT NULL
           AND NOT (r.host = $1::text AND r.pid = $2::integer)
           AND NOT EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.pid = r.session)
+          AND {owner_gone(table, "$3::text", "$4::float8")}
         RETURNING r.job, {R_RUN}"""
 
 
@@ -42,13 +78,14 @@ def recover_sql(table: LedgerTable) -> str:
     """Lock and take over a slot's row, in one statement: the claim of a crashed run's rerun
     or of a failed run's retry.
 
-    The same parameters and answers as :func:`._batchsql.claim_many_sql` (*ran* is always
+    The same parameters and answers as :func:`.claims.claim_many_sql` (*ran* is always
     false: the row is expected; a job paused fleet-wide is refused as by the claim), and
-    ``$6`` the attempt to claim. Only the row at the attempt before it is taken over, and
-    only while it failed or timed out, or was marked ``crashed`` (or ``lock_lost``) on its
-    first attempt (:data:`TAKEN_OVER`; this replica as owner, started now): a crashed run is
-    rerun at most once fleet-wide, and every attempt of a retried slot is claimed once. A
-    lock granted for a row that cannot be taken over is given back in the same statement.
+    ``$6`` the attempt to claim, ``$7`` this locker's holder. Only the row at the attempt
+    before it is taken over, and only while it failed or timed out, or was marked
+    ``crashed`` (or ``lock_lost``) on its first attempt (:data:`TAKEN_OVER`; this replica as
+    owner, started now): a crashed run is rerun at most once fleet-wide, and every attempt
+    of a retried slot is claimed once. A lock granted for a row that cannot be taken over is
+    given back in the same statement.
     """
     return f"""
         WITH p AS MATERIALIZED (
@@ -59,12 +96,13 @@ def recover_sql(table: LedgerTable) -> str:
                    CASE WHEN p.paused THEN false ELSE pg_try_advisory_lock($1::bigint) END AS got
             FROM p
         ), up AS (
-            INSERT INTO {table.runs} AS r (job, slot, host, pid, session, attempt)
+            INSERT INTO {table.runs} AS r (job, slot, host, pid, session, attempt, holder)
             SELECT $2::text, $3::timestamptz, $4::text, $5::integer, pg_backend_pid(),
-                   $6::smallint
+                   $6::smallint, $7::text
             FROM l WHERE l.got
             ON CONFLICT (job, slot) DO UPDATE
             SET host = EXCLUDED.host, pid = EXCLUDED.pid, session = EXCLUDED.session,
+                holder = EXCLUDED.holder,
                 started_at = clock_timestamp(), finished_at = NULL, outcome = NULL,
                 error = NULL, attempt = $6::smallint
             WHERE {TAKEN_OVER.format(attempt="$6::smallint")}

@@ -22,7 +22,7 @@ UPDATE`` before renewing or releasing), so statements of different replicas cann
 from __future__ import annotations
 
 from .claims import claim_inputs, end_ctes
-from .crashes import TAKEN_OVER
+from .crashes import TAKEN_OVER, owner_gone
 from .runs import CLAIMED_START, R_RUN, late_finish_sql, sane, told_columns
 from .tables import LedgerTable
 
@@ -68,9 +68,9 @@ def lease_claim_many_sql(table: LedgerTable) -> str:
             WHERE x.expires_at <= clock_timestamp() AND x.slot <> EXCLUDED.slot
             RETURNING x.job
         ), ins AS (
-            INSERT INTO {runs} (job, slot, host, pid, session, started_at, manual)
+            INSERT INTO {runs} (job, slot, host, pid, session, started_at, manual, holder)
             SELECT l.job, l.slot, $4::text, $5::integer, NULL, {CLAIMED_START},
-                   l.manual
+                   l.manual, $6::text
             FROM l JOIN lease ON lease.job = l.job
             ORDER BY l.job
             ON CONFLICT (job, slot) DO NOTHING
@@ -92,7 +92,9 @@ def lease_finish_many_sql(table: LedgerTable) -> str:
     The parameters of :func:`.claims.finish_many_sql` (``$5`` keys are unused here) plus
     ``$10`` holder. Answers (i, released): *released* false when the lease was no longer
     this holder's (it expired and another replica took it over). The leases are locked in
-    job order first. Like the session form, the commit does not wait for its WAL flush.
+    job order first. Like the session form, it commits at the session's durability: a
+    release acknowledged and then lost at a crash would leave the job blocked, on the
+    server that takes over, until the lease expires (and the outcome missing).
 
     The lease of a claim undone (its row deleted) is released for no slot (``-infinity``),
     not for the slot it was taken for: a claim only takes a lease whose latest slot is not
@@ -116,11 +118,9 @@ def lease_finish_many_sql(table: LedgerTable) -> str:
                 slot = CASE WHEN x.job IN (SELECT job FROM del) THEN '-infinity' ELSE x.slot END
             FROM lk WHERE x.job = lk.job AND x.holder = $10::text
             RETURNING x.job
-        ), relaxed AS MATERIALIZED (
-            SELECT set_config('synchronous_commit', 'off', true)
         )
         SELECT u.i, EXISTS (SELECT 1 FROM lk WHERE lk.job = u.job) AS released
-        FROM u, relaxed"""
+        FROM u"""
 
 
 def renew_sql(table: LedgerTable) -> str:
@@ -172,7 +172,7 @@ def lease_recover_sql(table: LedgerTable) -> str:
             RETURNING x.job
         ), up AS (
             UPDATE {runs} r
-            SET host = $4::text, pid = $5::integer, session = NULL,
+            SET host = $4::text, pid = $5::integer, session = NULL, holder = $6::text,
                 started_at = clock_timestamp(), finished_at = NULL, outcome = NULL,
                 error = NULL, attempt = $8::smallint
             WHERE r.job = $2 AND r.slot = $3 AND {TAKEN_OVER.format(attempt="$8::smallint")}
@@ -189,25 +189,31 @@ def lease_recover_sql(table: LedgerTable) -> str:
 
 
 def lease_crashed_sql(table: LedgerTable) -> str:
-    """Mark ``crashed`` the unfinished lease-mode runs whose lease is gone; return them.
+    """Mark ``crashed`` the unfinished lease-mode runs whose lease is gone, and their owner
+    with it; return them.
 
     ``$3`` holder: a run whose lease is still this holder's is left to it (it writes the
-    real outcome itself). A lease-mode run has no session (``session`` NULL, which the
-    session form leaves alone). The time is the statement's start (``now()``), the instant
-    of its snapshot, so a renewal committed after the snapshot cannot be missed.
-    ``$1``, ``$2`` (host, pid) are accepted for the same call as the session form.
+    real outcome itself). ``$4`` the members' time to live in seconds: a run whose owner is
+    alive (its members row, :func:`.crashes.owner_gone`) is not crashed, even once its
+    lease expired (a release lost at a failover; the owner writes the outcome itself). A
+    lease-mode run has no session (``session`` NULL, which the session form leaves alone).
+    The time is the statement's start (``now()``), the instant of its snapshot, so a
+    renewal committed after the snapshot cannot be missed. ``$1``, ``$2`` (host, pid) are
+    accepted for the same call as the session form.
     """
     runs, leases = table.runs, table.leases
     return f"""
         UPDATE {runs} AS r
         SET outcome = 'crashed', finished_at = clock_timestamp(),
-            error = 'its replica (' || r.host || ':' || r.pid
-                    || ') died mid-run: its lease expired'
+            error = 'its replica (' || r.host || ':' || r.pid || ') died mid-run: '
+                    || CASE WHEN r.holder IS NULL THEN 'its lease expired'
+                            ELSE 'its lease expired and its membership is gone' END
         WHERE r.finished_at IS NULL AND r.session IS NULL
           AND $1::text IS NOT NULL AND $2::integer IS NOT NULL
           AND NOT EXISTS (SELECT 1 FROM {leases} x
                           WHERE x.job = r.job AND x.slot = r.slot
                             AND (x.expires_at > now() OR x.holder = $3::text))
+          AND {owner_gone(table, "$3::text", "$4::float8")}
         RETURNING r.job, {R_RUN}"""
 
 

@@ -39,6 +39,7 @@ __all__ = (
 # is in both tables); migrate() adds them.
 _ADDED_COLUMNS = (
     *("session", "attempt", "manual", "grace", "due", "grace_until", "first_seen", "tags"),
+    "holder",
 )
 
 LedgerState = Literal["missing", "old", "current"]
@@ -115,6 +116,7 @@ def ledger_ddl(table: LedgerTable) -> list[str]:
                 session     integer,
                 attempt     smallint    NOT NULL DEFAULT 1,
                 manual      boolean     NOT NULL DEFAULT false,
+                holder      text,
                 PRIMARY KEY (job, slot)
             )""",
         # A ledger made by an older cronlock: add what it lacks (no table rewrite: the
@@ -123,6 +125,9 @@ def ledger_ddl(table: LedgerTable) -> list[str]:
                 ADD COLUMN IF NOT EXISTS session integer,
                 ADD COLUMN IF NOT EXISTS attempt smallint NOT NULL DEFAULT 1,
                 ADD COLUMN IF NOT EXISTS manual boolean NOT NULL DEFAULT false""",
+        # The locker that claimed a run (its members row: whether its owner is alive, for
+        # the crash check); NULL in a row an older cronlock claimed.
+        f"ALTER TABLE {runs} ADD COLUMN IF NOT EXISTS holder text",
         # For pruning by age across jobs; (job, slot) lookups use the primary key.
         f"CREATE INDEX IF NOT EXISTS {table.index('_slot_idx')} ON {runs} (slot)",
         # The crash check reads only the unfinished runs, a handful however many runs.

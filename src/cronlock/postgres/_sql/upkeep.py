@@ -11,6 +11,8 @@ from .tables import LedgerTable
 
 __all__ = (
     "HEARTBEAT_SQL",
+    "MEMBERS_EVERY",
+    "MEMBER_TTL",
     "heartbeat_sql",
     "holders_sql",
     "leave_sql",
@@ -19,6 +21,13 @@ __all__ = (
     "prune_sql",
     "read_secret_sql",
 )
+
+MEMBERS_EVERY = 15.0
+"""Seconds between two heartbeats of one replica in the members table."""
+MEMBER_TTL = 3 * MEMBERS_EVERY
+"""Seconds a member row lives without a heartbeat (and a replica trusts its last view). The
+crash checks (:mod:`.crashes`, :mod:`.leases`) take a run's owner for gone only once its
+row has been expired (or absent) this long after its claim."""
 
 HEARTBEAT_SQL = "SELECT 1"
 """No parameters: the cheapest statement that proves a lock session still answers."""
@@ -101,6 +110,13 @@ def heartbeat_sql(table: LedgerTable) -> str:
     """``$1`` holder, ``$2`` group digest, ``$3`` seconds to live: upsert this member and
     return the other live members of its group (rows expired long ago are deleted).
 
+    ``since`` is when the member's heartbeats began to come without a gap: a heartbeat that
+    finds its own row's last beat (``expires_at`` minus the time to live) more than half the
+    time to live ago (the server was away, or the replica stalled) starts it again. The
+    crash checks trust a member's view of the others' rows only once it has stood a whole
+    time to live (:func:`.crashes.owner_gone`): after an outage every live replica has had
+    that long to beat again.
+
     Its commit does not wait for the disk (``synchronous_commit`` off for this transaction):
     a member row is soft state, rewritten every period, and a flush here would hold the
     lock session, and the claims queued on it, for as long as the disk takes."""
@@ -110,7 +126,10 @@ def heartbeat_sql(table: LedgerTable) -> str:
             INSERT INTO {members} AS m (holder, fleet, expires_at)
             VALUES ($1, $2, clock_timestamp() + $3::float8 * interval '1 second')
             ON CONFLICT (holder) DO UPDATE
-            SET fleet = EXCLUDED.fleet, expires_at = EXCLUDED.expires_at
+            SET fleet = EXCLUDED.fleet, expires_at = EXCLUDED.expires_at,
+                since = CASE WHEN m.expires_at
+                                  < clock_timestamp() + $3::float8 / 2 * interval '1 second'
+                             THEN clock_timestamp() ELSE m.since END
         ), gone AS (
             DELETE FROM {members} WHERE expires_at < clock_timestamp() - interval '1 hour'
         ), relaxed AS MATERIALIZED (
