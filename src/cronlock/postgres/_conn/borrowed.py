@@ -19,10 +19,11 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from ..._clock import monotonic
-from ..._errors import LockError
+from ..._errors import LockError, LockUnavailable
 from ..._logs import get_logger
 from .backoff import Backoff
 from .errors import backend_error_types, backend_errors, session_gone, translated
+from .primary import FIX, NotPrimary, read_only
 from .source import ConnectionSource
 
 __all__ = ("BorrowedConnections",)
@@ -87,10 +88,28 @@ class BorrowedConnections:
         if self.closed:
             raise LockError("the PostgresLocker is closed")
         if not self._ready:
+            self._refuse_while_not_primary()
             async with self.connect_lock:
                 if not self._ready:
-                    await self._prepare()
+                    try:
+                        await self._prepare()
+                    except NotPrimary as exc:
+                        raise self._not_primary(exc) from exc.__cause__
         return self.conn, self.generation
+
+    def _refuse_while_not_primary(self) -> None:
+        """Fail at once while the backoff after a read-only server lasts (it was said)."""
+        left = self.backoff.wait(monotonic())
+        if left > 0:
+            raise LockUnavailable(
+                f"the server was read-only, not the primary ({self.backoff.last_error}); "
+                f"trying again in {left:.2f}s"
+            )
+
+    def _not_primary(self, error: NotPrimary) -> LockUnavailable:
+        """The pool's server is not the primary: say it once (:mod:`.backoff`), back off."""
+        delay = self.backoff.failed(monotonic(), error)
+        return LockUnavailable(f"{error}; trying again in {delay:.2f}s")
 
     async def _prepare(self) -> None:
         async with self._source.lend(
@@ -127,6 +146,7 @@ class BorrowedConnections:
         """
         if self.closed:
             raise session_gone(what)
+        self._refuse_while_not_primary()
         self.statements += 1
         try:
             async with self._source.lend(
@@ -138,6 +158,16 @@ class BorrowedConnections:
                     result = await call(borrowed)
         except backend_error_types() as exc:
             _logger.debug("%s failed on a borrowed connection: %r", what, exc)
+            if read_only(exc):
+                # The borrowed connection was terminated (the pool replaces it): its
+                # server is read-only, and the pool's next may be too.
+                error = NotPrimary(
+                    f"the {self._source.describe()} lent a connection to a read-only "
+                    f"server, not the primary ({type(exc).__name__}: {exc}); {FIX}"
+                )
+                raise self._not_primary(error) from exc
             raise translated(exc, what) from exc
+        if self.backoff.failures:
+            self.backoff.succeeded(monotonic(), again=True)
         self.last_ok = asyncio.get_running_loop().time()
         return result
