@@ -103,7 +103,7 @@ class DedicatedConnection:
             try:
                 conn, interrupted = await self._connect()
             except Exception as exc:
-                delay = self.backoff.failed(monotonic(), exc)
+                delay = self.backoff.failed(monotonic(), exc, said=self._source.told(exc))
                 if not isinstance(exc, LockError) or isinstance(exc, PoolerDetected):
                     raise
                 raise LockUnavailable(f"{exc}; reconnecting in {delay:.2f}s") from _cause(exc)
@@ -210,7 +210,7 @@ class DedicatedConnection:
         failed connect: said once, with the fix, then retried, never one error per slot."""
         self.drop(conn, reason="its server is read-only")
         error = self._source.not_primary(conn, exc)
-        delay = self.backoff.failed(monotonic(), error)
+        delay = self.backoff.failed(monotonic(), error, said=self._source.told(error))
         return LockUnavailable(f"{error}; reconnecting in {delay:.2f}s")
 
 

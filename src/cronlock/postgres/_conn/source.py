@@ -126,7 +126,7 @@ class ConnectionSource:
     of the connect timeout, the host that worked last first.
     """
 
-    __slots__ = ("_address_of", "_connect_kwargs", "_dsn", "_hosts", "_pool")
+    __slots__ = ("_address_of", "_connect_kwargs", "_dsn", "_hosts", "_pool", "_told")
 
     def __init__(self, pool_or_dsn: Any, connect_kwargs: Mapping[str, Any] | None = None) -> None:
         # Whoever made a pool imported asyncpg: no need to import it to recognise one.
@@ -147,6 +147,16 @@ class ConnectionSource:
         self._hosts = HostOrder()
         # Which host each connection of a multi-host DSN came from, for as long as it lives.
         self._address_of: weakref.WeakKeyDictionary[Any, Address] = weakref.WeakKeyDictionary()
+        self._told = False  # a session of ours found no primary, and it was said
+
+    def told(self, exc: BaseException) -> bool:
+        """Whether *exc*, a failed connect of one of our sessions, was said already by
+        another: a server that is not the primary is said once per source, until a session
+        is set up again (then the next one is news)."""
+        if not isinstance(exc, NotPrimary):
+            return False
+        told, self._told = self._told, True
+        return told
 
     @property
     def pooled(self) -> bool:
@@ -189,9 +199,13 @@ class ConnectionSource:
                 ) from exc
 
     def where(self, conn: Any) -> str:
-        """Which server *conn* is on (``host:port``), as far as this source knows."""
+        """Which server *conn* is on, as far as this source knows; never a password."""
         address = self._address_of.get(conn)
-        return self.describe() if address is None else f"the server at {shown(address)}"
+        if address is not None:
+            return f"the server at {shown(address)}"
+        if self._dsn is not None and (target := target_of(self._dsn)).clean:
+            return target.where
+        return self.describe()
 
     def not_primary(self, conn: Any, exc: BaseException) -> NotPrimary:
         """*conn*'s server turned out not to be the primary: its set-up said so (*exc*, a
@@ -370,7 +384,9 @@ class ConnectionSource:
                 if isinstance(exc, NotPrimary):
                     raise self.not_primary(conn, exc) from exc.__cause__
                 raise
+            self._told = False
             return conn, exc
+        self._told = False
         return conn, None
 
 
