@@ -33,7 +33,7 @@ import asyncpg
 import pytest
 
 from cronlock import JobStarted, LockError, LockFailed, Scheduler, SystemClock, every
-from cronlock.postgres import PostgresLocker
+from cronlock.postgres import PostgresElector, PostgresLocker
 from cronlock.postgres._conn.backoff import RECONNECT_MAX
 from cronlock.postgres._modes.base import Mode
 
@@ -73,6 +73,15 @@ def ha_pair() -> Iterator[tuple[Cluster, Cluster]]:
         yield primary, standby
     finally:
         primary.destroy()  # and its standby
+
+
+def logged_tracebacks(text: str) -> int:
+    """How many log records of *text* (a process's stderr) carry a traceback: a chained
+    exception's tracebacks count once."""
+    chained = text.count("The above exception was the direct cause") + text.count(
+        "During handling of the above exception"
+    )
+    return text.count("Traceback (most recent call last)") - chained
 
 
 def cronlock_records(caplog: pytest.LogCaptureFixture, level: int) -> list[logging.LogRecord]:
@@ -211,6 +220,24 @@ async def test_a_standby_is_not_the_primary_said_once(
     assert len(errors) == 1, [r.getMessage() for r in errors]
     assert FIX in errors[0].getMessage()
     assert "standby" in errors[0].getMessage()
+    assert [r for r in caplog.records if r.exc_info] == []
+
+
+@pytest.mark.parametrize("mode", ["session", "lease"])
+async def test_an_elector_on_a_standby_never_leads_and_says_why(
+    mode: Mode, ha_pair: tuple[Cluster, Cluster], caplog: pytest.LogCaptureFixture
+) -> None:
+    """An elector pointed at a standby: never the leader; one WARNING naming the fix."""
+    _, standby = ha_pair
+    caplog.set_level(logging.DEBUG, logger="cronlock")
+    elector = PostgresElector(standby.dsn, name=f"standby-{mode}", mode=mode, poll_interval=0.2)
+    async with elector:
+        for _ in range(10):
+            assert not await elector.is_leader()
+            await asyncio.sleep(0.2)
+    said = cronlock_records(caplog, logging.WARNING)
+    assert len(said) == 1, [r.getMessage() for r in said]
+    assert FIX in said[0].getMessage()
     assert [r for r in caplog.records if r.exc_info] == []
 
 
@@ -360,7 +387,7 @@ async def test_claims_resume_on_the_promoted_standby(
     ledger = {row["slot"].timestamp() for row in rows}
     first = min((r["t"] for r in records if r["event"] == "start" and r["t"] >= promoted),
                 default=math.nan)  # fmt: skip
-    tracebacks = sum(err.read_text().count("Traceback") for _, _, err in procs)
+    tracebacks = sum(logged_tracebacks(err.read_text()) for _, _, err in procs)
     once = sum(runs.get(s) == 1 for s in after)
     with capsys.disabled():
         print(
@@ -373,4 +400,8 @@ async def test_claims_resume_on_the_promoted_standby(
     assert len(after) >= 10
     assert [s for s in after if runs.get(s) != 1] == []
     assert set(after) <= ledger  # claimed on the new primary
-    assert tracebacks == 0, [err.read_text()[-4000:] for _, _, err in procs]
+    # Cut off silently, a claim in flight times out, and the scheduler logs that failure
+    # with its traceback (the core's; issue 35, item 6): one per replica at most, never
+    # one per slot. A refused connection costs none.
+    most = len(procs) if fault == "silent" else 0
+    assert tracebacks <= most, [err.read_text()[-4000:] for _, _, err in procs]
