@@ -35,6 +35,7 @@ import pytest
 from cronlock import JobStarted, LockError, LockFailed, Scheduler, SystemClock, every
 from cronlock.postgres import PostgresElector, PostgresLocker
 from cronlock.postgres._conn.backoff import RECONNECT_MAX
+from cronlock.postgres._conn.hosts import HostOrder
 from cronlock.postgres._modes.base import Mode
 
 from .cluster import Cluster, ClusterUnavailable
@@ -86,6 +87,26 @@ def logged_tracebacks(text: str) -> int:
 
 def cronlock_records(caplog: pytest.LogCaptureFixture, level: int) -> list[logging.LogRecord]:
     return [r for r in caplog.records if r.name.startswith("cronlock") and r.levelno >= level]
+
+
+def test_the_order_hosts_are_tried_in() -> None:
+    """The host that worked first; then no news, a no, silence, and not the primary."""
+    primary, standby, third = ("db1", 5432), ("db2", 5432), ("db3", 5432)
+    order = HostOrder()
+    assert order.order([primary, standby, third]) == [primary, standby, third]  # the DSN's
+    order.worked(standby)
+    assert order.order([primary, standby, third]) == [standby, primary, third]
+    order.failed(standby, silent=True)
+    assert order.order([primary, standby, third]) == [primary, third, standby]
+    assert order.budget(standby, 8.0, 5.0) == 5.0  # silent: no more than its even share
+    assert order.budget(primary, 8.0, 5.0) == 8.0
+    order.failed(primary, silent=False)
+    assert order.order([primary, standby, third]) == [third, primary, standby]
+    # A connection the set-up found on a standby: after even the silent host, or the
+    # loop would stop on it every time.
+    order.worked(third)
+    order.not_primary(third)
+    assert order.order([primary, standby, third]) == [primary, standby, third]
 
 
 # -- a silent host first ---------------------------------------------------------------------
@@ -163,6 +184,41 @@ async def test_no_host_answering_says_what_each_did_without_the_password() -> No
     message = str(caught.value)
     assert all(f"127.0.0.1:{port}: ConnectionRefusedError" in message for port in refused)
     assert "s3cr" not in message
+
+
+async def test_a_standby_found_without_target_session_attrs_is_not_tried_first_again(
+    ha_pair: tuple[Cluster, Cluster], caplog: pytest.LogCaptureFixture
+) -> None:
+    """``primary,standby`` without target_session_attrs, the primary silent at first: the
+    standby is connected to and refused as not the primary; once the primary answers
+    again it is reached, though it was silent last time it was tried."""
+    primary, standby = ha_pair
+    caplog.set_level(logging.DEBUG, logger="cronlock")
+    proxy = TcpProxy("127.0.0.1", primary.port)
+    await proxy.start()
+    proxy.set_mode("freeze")
+    locker = PostgresLocker(
+        hosts(primary.dsn, proxy.port, standby.port), connect_timeout=2, sessions=1
+    )
+    job, slot = f"unstuck-{uuid.uuid4().hex[:8]}", datetime(2030, 1, 1, tzinfo=UTC)
+    try:
+        async with locker:
+            with pytest.raises(LockError, match="target_session_attrs=read-write"):
+                await locker.acquire(job, slot)
+            proxy.set_mode("pass")
+            async with asyncio.timeout(RECONNECT_MAX * 6):  # a liveness guard
+                while True:
+                    try:
+                        hold = await locker.acquire(job, slot)
+                        break
+                    except LockError:
+                        await asyncio.sleep(0.2)
+            assert hold is not None and not isinstance(hold, str)
+            await hold.release()
+    finally:
+        await proxy.close()
+    errors = cronlock_records(caplog, logging.ERROR)
+    assert len(errors) == 1, [r.getMessage() for r in errors]
 
 
 # -- a read-only server ----------------------------------------------------------------------

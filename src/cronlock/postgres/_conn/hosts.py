@@ -29,7 +29,7 @@ __all__ = ("Address", "HostOrder", "addresses", "shown")
 Address = tuple[str, int] | str
 """What asyncpg connects to: ``(host, port)``, or a Unix socket's path."""
 
-_WORKED, _UNKNOWN, _ANSWERED, _SILENT = range(4)
+_WORKED, _UNKNOWN, _ANSWERED, _SILENT, _NOT_PRIMARY = range(5)
 
 
 @functools.cache
@@ -80,8 +80,12 @@ class HostOrder:
     """Which host of a DSN to try first, from what each did the last time.
 
     The host a connection last worked on goes first; a host with no news next (in the
-    DSN's order); a host that answered but could not be used (refused the connection, is
-    not the primary) after those; a host that did not answer in its time last.
+    DSN's order); a host that answered but could not be used (refused the connection, or
+    asyncpg found it read-only for ``target_session_attrs``) after those; then a host that
+    did not answer in its time; and last a host whose connection a set-up refused as not
+    the primary. That one was a connection as far as the host-by-host loop could tell, so
+    the loop stopped there: put anywhere before a silent host, it would be tried first,
+    and refused, every time, while the primary behind it is never reached.
     """
 
     __slots__ = ("_marks",)
@@ -108,5 +112,10 @@ class HostOrder:
 
     def failed(self, address: Address, *, silent: bool) -> None:
         """*address* could not be used: it did not answer in time (*silent*), or answered
-        no (refused, authentication, not the primary)."""
+        no (refused, authentication, read-only for ``target_session_attrs``)."""
         self._marks[address] = _SILENT if silent else _ANSWERED
+
+    def not_primary(self, address: Address) -> None:
+        """A connection *address* gave turned out not to be on the primary (its set-up or
+        a statement said so): it goes last."""
+        self._marks[address] = _NOT_PRIMARY

@@ -210,10 +210,10 @@ class ConnectionSource:
     def not_primary(self, conn: Any, exc: BaseException) -> NotPrimary:
         """*conn*'s server turned out not to be the primary: its set-up said so (*exc*, a
         :class:`.primary.NotPrimary`), or it refused a write (*exc*, SQLSTATE 25006). Its
-        host goes after the others from now on; the error to raise, naming it."""
+        host goes last from now on; the error to raise, naming it."""
         address = self._address_of.get(conn)
         if address is not None:
-            self._hosts.failed(address, silent=False)
+            self._hosts.not_primary(address)
         if isinstance(exc, NotPrimary):
             error = NotPrimary(f"{self.where(conn)}: {exc}")
             error.__cause__ = exc.__cause__
