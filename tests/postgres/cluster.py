@@ -132,11 +132,22 @@ class Cluster:
 
     ``start()`` (the first one runs ``initdb``), ``stop(mode)``, ``restart(mode)``,
     ``destroy()`` (stop and remove everything; also what ``with Cluster() as c:`` does on
-    exit). The port, hence :attr:`dsn`, stays the same across restarts.
+    exit), ``crash()`` (``stop("immediate")``). The port, hence :attr:`dsn`, stays the same
+    across restarts.
+
+    ``standby()`` makes a streaming standby of this (running) cluster, a cluster of its own
+    (``pg_basebackup -R``: a copy of the data directory that follows this one's WAL), with
+    its own directory, port and watchdog, started; ``promote()`` makes a standby the
+    primary. A standby is destroyed like any cluster, and by its primary's ``destroy()``.
     """
 
     def __init__(
-        self, *, watchdog: bool = True, max_connections: int = 300, options: str = ""
+        self,
+        *,
+        watchdog: bool = True,
+        max_connections: int = 300,
+        options: str = "",
+        primary: Cluster | None = None,
     ) -> None:
         bindir = local_binaries()
         if bindir is None:
@@ -150,6 +161,9 @@ class Cluster:
         self.root: str | None = None
         self._watchdog: subprocess.Popen[bytes] | None = None
         self._pipe: int | None = None
+        self.primary = primary
+        """The cluster this one was copied from (a standby), else ``None``."""
+        self._standbys: list[Cluster] = []
 
     @property
     def dsn(self) -> str:
@@ -188,12 +202,48 @@ class Cluster:
         """Stop the server: ``fast`` (sessions terminated) or ``immediate`` (a crash)."""
         self._pg_ctl("-m", mode, "stop")
 
+    def crash(self) -> None:
+        """Stop the server as a crash would (``pg_ctl stop -m immediate``): no checkpoint,
+        sessions cut; a start then recovers."""
+        self.stop("immediate")
+
+    def standby(self) -> Cluster:
+        """A streaming standby of this running cluster, started on a port of its own.
+
+        ``pg_basebackup -R`` (as the ``postgres`` user) copies the data directory and writes
+        ``standby.signal`` and ``primary_conninfo``: the copy replays this server's WAL as it
+        comes and answers reads, read-only, until :meth:`promote`. It is stopped and removed
+        with this cluster (:meth:`destroy`), or on its own.
+        """
+        assert self.running, "a standby copies a running primary"
+        standby = Cluster(
+            watchdog=self._watch,
+            max_connections=self.max_connections,
+            options=self.options,
+            primary=self,
+        )
+        self._standbys.append(standby)
+        try:
+            standby.start()
+        except BaseException:
+            standby.destroy()
+            raise
+        return standby
+
+    def promote(self) -> None:
+        """Make this standby the primary (``pg_ctl promote``); return once it takes writes."""
+        assert self.primary is not None, "only a standby can be promoted"
+        self._pg_ctl("promote")
+
     def restart(self, mode: Mode = "fast") -> None:
         """Stop the server in *mode* and start it again, with the same options and port."""
         self._pg_ctl("-m", mode, "restart")  # the options are kept in postmaster.opts
 
     def destroy(self) -> None:
-        """Stop the server at once and remove the cluster; idempotent."""
+        """Stop the server at once and remove the cluster (and its standbys); idempotent."""
+        standbys, self._standbys = self._standbys, []
+        for standby in standbys:
+            standby.destroy()
         root, self.root = self.root, None
         if root is not None:
             _dispose(root, self._bindir, self._run_as, grace=0)
@@ -251,6 +301,16 @@ class Cluster:
         throwaway.write_owner(root, self._run_as)
         if self._watch:
             self._spawn_watchdog(root)
+        if self.primary is not None:
+            # The primary's configuration comes along (postgresql.conf, pg_hba.conf: trust,
+            # replication connections from 127.0.0.1 allowed, as initdb writes it).
+            backup = f"{self._bindir}/pg_basebackup"
+            _run(
+                [backup, "-D", self.data, "-R", "-X", "stream", "-c", "fast", "--no-sync",
+                 "-h", "127.0.0.1", "-p", str(self.primary.port), "-U", "postgres"],
+                self._run_as,
+            )  # fmt: skip
+            return
         initdb = f"{self._bindir}/initdb"
         _run(
             [initdb, "-D", self.data, "-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-sync"],

@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
+from logging import DEBUG, ERROR
 
 from ..._logs import get_logger
+from .primary import NotPrimary
 
 __all__ = (
     "RECONNECT_FIRST",
@@ -78,8 +80,12 @@ class Backoff:
         """A connect is being tried."""
         self.attempts += 1
 
-    def failed(self, now: float, exc: BaseException) -> float:
-        """A connect failed with *exc*: log it (once, then rate-limited); return the wait."""
+    def failed(self, now: float, exc: BaseException, *, said: bool = False) -> float:
+        """A connect failed with *exc*: log it (once, then rate-limited); return the wait.
+
+        *said*: another session of the same source said it already (a server that is not
+        the primary is news once per source, not once per session): the first failure is
+        then logged at DEBUG too."""
         self.failures += 1
         self.total_failures += 1
         self.last_error = exc
@@ -89,10 +95,11 @@ class Backoff:
         self.retry_at = now + delay
         if self.failures == 1:
             self._warned_at = now
-            _logger.error(
-                "lock session: cannot connect to the %s (%s); the slots due meanwhile are "
-                "claimed again until their misfire_grace passes; retrying in %.2fs, "
-                "backing off up to %gs",
+            _logger.log(
+                DEBUG if said else ERROR,
+                "lock session: %s the %s (%s); the slots due meanwhile are claimed again until "
+                "their misfire_grace passes; retrying in %.2fs, backing off up to %gs",
+                "found no primary at" if isinstance(exc, NotPrimary) else "cannot connect to",
                 self._what,
                 exc,
                 delay,

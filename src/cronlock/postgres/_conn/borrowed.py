@@ -23,6 +23,7 @@ from ..._errors import LockError, LockUnavailable
 from ..._logs import get_logger
 from .backoff import Backoff
 from .errors import backend_error_types, backend_errors, session_gone, translated
+from .primary import FIX, NotPrimary, read_only
 from .source import ConnectionSource
 
 __all__ = ("BorrowedConnections",)
@@ -87,10 +88,29 @@ class BorrowedConnections:
         if self.closed:
             raise LockError("the PostgresLocker is closed")
         if not self._ready:
+            self._refuse_while_not_primary()
             async with self.connect_lock:
                 if not self._ready:
-                    await self._prepare()
+                    try:
+                        await self._prepare()
+                    except NotPrimary as exc:
+                        raise self._not_primary(exc) from exc.__cause__
         return self.conn, self.generation
+
+    def _refuse_while_not_primary(self) -> None:
+        """Fail at once, without borrowing, while the wait after a failed borrow or a
+        read-only server lasts (it was said once): callers never queue up behind it."""
+        left = self.backoff.wait(monotonic())
+        if left > 0:
+            raise LockUnavailable(
+                f"the {self._source.describe()} gave no usable connection "
+                f"({self.backoff.last_error}); trying again in {left:.2f}s"
+            )
+
+    def _not_primary(self, error: NotPrimary) -> LockUnavailable:
+        """The pool's server is not the primary: say it once (:mod:`.backoff`), back off."""
+        delay = self.backoff.failed(monotonic(), error)
+        return LockUnavailable(f"{error}; trying again in {delay:.2f}s")
 
     async def _prepare(self) -> None:
         async with self._source.lend(
@@ -127,7 +147,7 @@ class BorrowedConnections:
         """
         if self.closed:
             raise session_gone(what)
-        self._refuse_while_down()
+        self._refuse_while_not_primary()
         self.statements += 1
         lent = self._source.lend(
             timeout=self._connect_timeout,
@@ -142,32 +162,25 @@ class BorrowedConnections:
             raise LockUnavailable(f"{exc}; trying again in {delay:.2f}s") from (
                 exc.__cause__ or exc
             )
-        if self.backoff.failures:
-            self.backoff.succeeded(monotonic(), again=True)  # "reconnected after ..."
         try:
             async with asyncio.timeout(self._statement_timeout):
                 result = await call(borrowed)
         except BaseException as exc:
-            if not await lent.__aexit__(type(exc), exc, exc.__traceback__):
-                if isinstance(exc, backend_error_types()):
-                    _logger.debug("%s failed on a borrowed connection: %r", what, exc)
-                    raise translated(exc, what) from exc
+            await lent.__aexit__(type(exc), exc, exc.__traceback__)  # terminated if cut off
+            if not isinstance(exc, backend_error_types()):
                 raise
-        else:
-            await lent.__aexit__(None, None, None)
+            _logger.debug("%s failed on a borrowed connection: %r", what, exc)
+            if read_only(exc):
+                # The borrowed connection was terminated (the pool replaces it): its
+                # server is read-only, and the pool's next may be too.
+                error = NotPrimary(
+                    f"the {self._source.describe()} lent a connection to a read-only "
+                    f"server, not the primary ({type(exc).__name__}: {exc}); {FIX}"
+                )
+                raise self._not_primary(error) from exc
+            raise translated(exc, what) from exc
+        await lent.__aexit__(None, None, None)
+        if self.backoff.failures:
+            self.backoff.succeeded(monotonic(), again=True)  # "reconnected after ..."
         self.last_ok = asyncio.get_running_loop().time()
         return result
-
-    def _refuse_while_down(self) -> None:
-        """While the wait after a failed borrow lasts, fail at once without borrowing:
-        callers never queue up behind a pool whose server is down."""
-        backoff = self.backoff
-        if not backoff.failures:
-            return
-        left = backoff.wait(monotonic())
-        if left > 0:
-            raise LockUnavailable(
-                f"the {self._source.describe()} gives no connection ({backoff.failures} "
-                f"failed attempt(s), the last: {backoff.last_error}); trying again in "
-                f"{left:.2f}s"
-            ) from backoff.last_error

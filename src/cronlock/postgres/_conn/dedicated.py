@@ -22,6 +22,7 @@ from ..._errors import LockError, LockUnavailable, PoolerDetected
 from ..._logs import get_logger
 from .backoff import Backoff
 from .errors import backend_error_types, session_gone, translated
+from .primary import read_only
 from .source import ConnectionSource, is_closed, terminate
 
 __all__ = ("DedicatedConnection",)
@@ -102,7 +103,7 @@ class DedicatedConnection:
             try:
                 conn, interrupted = await self._connect()
             except Exception as exc:
-                delay = self.backoff.failed(monotonic(), exc)
+                delay = self.backoff.failed(monotonic(), exc, said=self._source.told(exc))
                 if not isinstance(exc, LockError) or isinstance(exc, PoolerDetected):
                     raise
                 raise LockUnavailable(f"{exc}; reconnecting in {delay:.2f}s") from _cause(exc)
@@ -192,6 +193,8 @@ class DedicatedConnection:
             except backend_error_types() as exc:
                 import asyncpg  # loaded already: the connection came from it
 
+                if read_only(exc):
+                    raise self._not_primary(conn, exc) from exc
                 if not (keep_on_server_error and isinstance(exc, asyncpg.PostgresError)):
                     # A statement that timed out or failed leaves us unsure what the server
                     # did: terminating the session is the one way to be sure nothing stays
@@ -200,6 +203,15 @@ class DedicatedConnection:
                 raise translated(exc, what) from exc
             self.last_ok = asyncio.get_running_loop().time()
             return result
+
+    def _not_primary(self, conn: Any, exc: BaseException) -> LockUnavailable:
+        """*conn*'s server refused a write (SQLSTATE 25006): it is not the primary (a standby
+        we were sent to, a server made read-only). Drop the session and back off as after a
+        failed connect: said once, with the fix, then retried, never one error per slot."""
+        self.drop(conn, reason="its server is read-only")
+        error = self._source.not_primary(conn, exc)
+        delay = self.backoff.failed(monotonic(), error, said=self._source.told(error))
+        return LockUnavailable(f"{error}; reconnecting in {delay:.2f}s")
 
 
 def _cause(exc: BaseException) -> BaseException:

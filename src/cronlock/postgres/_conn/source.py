@@ -11,6 +11,7 @@ import contextlib
 import os
 import socket
 import sys
+import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -21,6 +22,8 @@ from ..._errors import LockError
 from ..._logs import get_logger
 from .._sql.sessions import set_config_sql
 from .errors import backend_error_types, backend_errors, cut_off, kind_of, server_answered
+from .hosts import Address, HostOrder, addresses, shown
+from .primary import FIX, NotPrimary
 
 _logger = get_logger("cronlock.postgres")
 
@@ -117,9 +120,13 @@ def terminate(conn: Any) -> None:
 
 
 class ConnectionSource:
-    """Where dedicated connections come from: an asyncpg pool, or a DSN to connect to."""
+    """Where dedicated connections come from: an asyncpg pool, or a DSN to connect to.
 
-    __slots__ = ("_connect_kwargs", "_dsn", "_pool")
+    A DSN that lists several hosts is tried host by host (:mod:`.hosts`), each with a share
+    of the connect timeout, the host that worked last first.
+    """
+
+    __slots__ = ("_address_of", "_connect_kwargs", "_dsn", "_hosts", "_pool", "_told")
 
     def __init__(self, pool_or_dsn: Any, connect_kwargs: Mapping[str, Any] | None = None) -> None:
         # Whoever made a pool imported asyncpg: no need to import it to recognise one.
@@ -137,6 +144,19 @@ class ConnectionSource:
                 f"expected an asyncpg.Pool or a DSN string, got {type(pool_or_dsn).__name__}"
             )
         self._connect_kwargs = dict(connect_kwargs or {})
+        self._hosts = HostOrder()
+        # Which host each connection of a multi-host DSN came from, for as long as it lives.
+        self._address_of: weakref.WeakKeyDictionary[Any, Address] = weakref.WeakKeyDictionary()
+        self._told = False  # a session of ours found no primary, and it was said
+
+    def told(self, exc: BaseException) -> bool:
+        """Whether *exc*, a failed connect of one of our sessions, was said already by
+        another: a server that is not the primary is said once per source, until a session
+        is set up again (then the next one is news)."""
+        if not isinstance(exc, NotPrimary):
+            return False
+        told, self._told = self._told, True
+        return told
 
     @property
     def pooled(self) -> bool:
@@ -178,8 +198,100 @@ class ConnectionSource:
                     f"could not connect to the PostgreSQL server in {timeout:g}s"
                 ) from exc
 
+    def where(self, conn: Any) -> str:
+        """Which server *conn* is on, as far as this source knows; never a password."""
+        address = self._address_of.get(conn)
+        if address is not None:
+            return f"the server at {shown(address)}"
+        if self._dsn is not None and (target := target_of(self._dsn)).clean:
+            return target.where
+        return self.describe()
+
+    def not_primary(self, conn: Any, exc: BaseException) -> NotPrimary:
+        """*conn*'s server turned out not to be the primary: its set-up said so (*exc*, a
+        :class:`.primary.NotPrimary`), or it refused a write (*exc*, SQLSTATE 25006). Its
+        host goes last from now on; the error to raise, naming it."""
+        address = self._address_of.get(conn)
+        if address is not None:
+            self._hosts.not_primary(address)
+        if isinstance(exc, NotPrimary):
+            error = NotPrimary(f"{self.where(conn)}: {exc}")
+            error.__cause__ = exc.__cause__
+        else:
+            error = NotPrimary(
+                f"{self.where(conn)} refused a write ({type(exc).__name__}: {exc}): it is "
+                f"read-only, not the primary; {FIX}"
+            )
+            error.__cause__ = exc
+        return error
+
     async def _connect(self, timeout: float) -> Any:
         """A new connection of the DSN; a failure is said without the password (:mod:`._dsn`)."""
+        assert self._dsn is not None
+        found = addresses(self._dsn, self._connect_kwargs) if target_of(self._dsn).clean else []
+        if len(found) > 1:
+            return await self._connect_each(found, timeout)
+        return await self._connect_to(timeout)
+
+    async def _connect_each(self, found: list[Address], timeout: float) -> Any:
+        """A connection to the first host of *found* (in :class:`.hosts.HostOrder`) that
+        gives one, each host within its share of *timeout*: asyncpg would spend the whole
+        of it on the first host that does not answer."""
+        import asyncpg
+
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        order = self._hosts.order(found)
+        failures: list[tuple[Address, Exception]] = []
+        for tried, address in enumerate(order):
+            left = deadline - loop.time()
+            if left <= 0:
+                break
+            budget = self._hosts.budget(address, left / (len(order) - tried), timeout / len(order))
+            host, port = (address, None) if isinstance(address, str) else address
+            kwargs = {**self._connect_kwargs, "host": host, "port": port}
+            try:
+                conn = await asyncpg.connect(self._dsn, timeout=budget, **kwargs)
+            except Exception as exc:  # this host is no good now: on to the next
+                self._hosts.failed(address, silent=isinstance(exc, TimeoutError))
+                failures.append((address, exc))
+                continue
+            self._hosts.worked(address)
+            self._address_of[conn] = address
+            return conn
+        raise self._none_of(order, failures, timeout)
+
+    def _none_of(
+        self, order: list[Address], failures: list[tuple[Address, Exception]], timeout: float
+    ) -> LockError:
+        """The error of a multi-host connect that found no host: what each one said."""
+        secrets = target_of(self._dsn).secrets
+        said = []
+        for address, exc in failures:
+            if isinstance(exc, TimeoutError):
+                said.append(f"{shown(address)}: no answer in time")
+                continue
+            text = (str(exc).strip().splitlines() or [""])[0]
+            for secret in secrets:
+                text = text.replace(secret, "***")
+            said.append(f"{shown(address)}: {type(exc).__name__}{': ' if text else ''}{text}")
+        if len(failures) < len(order):
+            said.append(f"{len(order) - len(failures)} not tried in time")
+        message = (
+            f"cannot connect to any of the {len(order)} hosts of the DSN in {timeout:g}s "
+            f"({'; '.join(said)})"
+        )
+        answers = [exc for _, exc in failures if not isinstance(exc, TimeoutError)]
+        if not answers:
+            return LockError(message)
+        last = answers[-1]
+        error = kind_of(last)(message) if isinstance(last, backend_error_types()) else None
+        error = error or LockError(message)
+        error.__cause__ = last
+        return error
+
+    async def _connect_to(self, timeout: float) -> Any:
+        """A connection to wherever the DSN says."""
         import asyncpg  # the first connect of a DSN loads it
 
         try:
@@ -269,8 +381,12 @@ class ConnectionSource:
         except BaseException as exc:
             if not task.done() or task.cancelled() or task.exception() is not None:
                 terminate(conn)
+                if isinstance(exc, NotPrimary):
+                    raise self.not_primary(conn, exc) from exc.__cause__
                 raise
+            self._told = False
             return conn, exc
+        self._told = False
         return conn, None
 
 

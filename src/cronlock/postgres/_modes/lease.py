@@ -45,6 +45,7 @@ from .._conn import Channel
 from .._conn.borrowed import BorrowedConnections
 from .._conn.dedicated import DedicatedConnection
 from .._conn.errors import ignoring_backend_errors, prepared_statements_clash
+from .._conn.primary import refuse_read_only
 from .._sql import upkeep
 from .._sql.elector import (
     LEADERS_EXIST_SQL,
@@ -236,9 +237,8 @@ class LeaseRows(Exclusion):
         round trip), or none given a pool (each statement borrows one for itself). Nothing
         is set on a session (a pooler would pass it on to other clients)."""
         set_up = functools.partial(
-            prepare_ledger, table=self._table, create=given.create_table,
-            timeout=given.connect_timeout,
-        )  # fmt: skip
+            _set_up, table=self._table, create=given.create_table, timeout=given.connect_timeout
+        )
         self._where = given.source.describe()
         shard: Channel
         if given.source.pooled:
@@ -433,7 +433,9 @@ class LeaseBallot(Ballot):
         return self._holder
 
     async def set_up(self, conn: Any) -> None:
-        """Create the leaders table if missing (concurrent callers serialised)."""
+        """Refuse a server that is not the primary; create the leaders table if missing
+        (concurrent callers serialised)."""
+        await refuse_read_only(conn)
         if await conn.fetchval(LEADERS_EXIST_SQL, self._table):
             return
         async with conn.transaction():
@@ -457,3 +459,10 @@ class LeaseBallot(Ballot):
         with ignoring_backend_errors():
             async with asyncio.timeout(timeout):
                 await conn.execute(self._release_sql, self._name, self._holder)
+
+
+async def _set_up(conn: Any, *, table: LedgerTable, create: bool, timeout: float) -> None:
+    """A lease-mode channel's set-up: the primary's (a standby takes no lease), the ledger
+    made current."""
+    await refuse_read_only(conn)
+    await prepare_ledger(conn, table=table, create=create, timeout=timeout)

@@ -25,6 +25,7 @@ from ..._service import Service
 from .._conn import Channel
 from .._conn.dedicated import DedicatedConnection
 from .._conn.errors import prepared_statements_clash
+from .._conn.primary import refuse_read_only
 from .._conn.source import Keepalives, configure_session
 from .._sql import upkeep
 from .._sql.claims import TRY_LOCK_SQL, claim_many_sql, finish_many_sql
@@ -102,11 +103,13 @@ class SessionRules(Exclusion):
         create: bool,
         timeout: float,
     ) -> None:
-        """A new session: set up to hold session locks (and, with a ledger, the ledger
-        made current)."""
+        """A new session: set up to hold session locks on the primary (and, with a ledger,
+        the ledger made current)."""
         await set_up_session(
             conn, where=where, application_name=application_name, keepalives=keepalives
         )
+        # A standby grants advisory locks too, but only against its own sessions.
+        await refuse_read_only(conn)
         await self._prepare(conn, create=create, timeout=timeout)
 
     async def _prepare(self, conn: Any, *, create: bool, timeout: float) -> None:
@@ -330,11 +333,13 @@ class SessionBallot(Ballot):
         )
 
     async def set_up(self, conn: Any) -> None:
-        """Label the session, set its keepalives, and refuse a pooler in between."""
+        """Label the session, set its keepalives, and refuse a pooler in between and a
+        server that is not the primary."""
         await configure_session(
             conn, application_name=self._application_name, keepalives=self._keepalives
         )
         await refuse_pooler(conn, "election session")
+        await refuse_read_only(conn)
 
     async def acquire(self, conn: Any) -> bool:
         """Try the lock; if granted, bound the session's silence (PostgreSQL >= 14)."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 __all__ = (
     "BACKEND_PID_SQL",
     "PREPARED_AS_SQL",
+    "READ_ONLY_SQL",
     "SAME_BACKEND_SQL",
     "cache_probe_sql",
     "set_config_sql",
@@ -12,6 +13,14 @@ __all__ = (
 
 BACKEND_PID_SQL = "SELECT pg_backend_pid()"
 """The pid of the backend serving this statement (a pooler's changes between statements)."""
+
+READ_ONLY_SQL = (
+    "SELECT pg_is_in_recovery() AS recovery, "
+    "current_setting('transaction_read_only')::boolean AS read_only"
+)
+"""Whether this server cannot take writes: ``recovery``, a standby (in recovery, hot or
+being promoted); ``read_only``, a session whose transactions are read-only (the server's or
+the database's ``default_transaction_read_only``, as a provider sets it on a full disk)."""
 
 SAME_BACKEND_SQL = "SELECT CASE WHEN pg_backend_pid() = $1::integer THEN true END"
 """``$1`` the pid the connection announced: true on that backend, NULL on another (a pooler
