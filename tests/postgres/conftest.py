@@ -233,16 +233,22 @@ def unreachable_dsn() -> str:
 # -- a throwaway cluster a test may stop, restart or crash (never the shared server) ------
 
 
-@pytest.fixture(scope="module")
-def restartable_cluster() -> Iterator[Cluster]:
-    """One throwaway cluster per test module (initdb takes seconds); see cluster.py."""
+def throwaway_cluster(**options: Any) -> Cluster:
+    """A new throwaway cluster (cluster.py); none can be made here: a failure in CI (the
+    tests that need one must run there), a skip elsewhere."""
     try:
-        cluster = Cluster()
+        return Cluster(**options)
     except ClusterUnavailable as exc:
         message = f"NO THROWAWAY POSTGRESQL CLUSTER: {exc}"
         if os.environ.get("CI"):
             pytest.fail(message, pytrace=False)
         pytest.skip(message)
+
+
+@pytest.fixture(scope="module")
+def restartable_cluster() -> Iterator[Cluster]:
+    """One throwaway cluster per test module (initdb takes seconds); see cluster.py."""
+    cluster = throwaway_cluster()
     try:
         cluster.start()
         yield cluster

@@ -28,7 +28,8 @@ import pytest
 from cronlock import RunRecord
 from cronlock.postgres import PostgresHold, PostgresLocker
 
-from .cluster import Cluster, ClusterUnavailable
+from .cluster import Cluster
+from .conftest import throwaway_cluster
 
 pytestmark = pytest.mark.postgres
 
@@ -39,10 +40,7 @@ LAZY_WAL_WRITER = "-c wal_writer_delay=10000 -c wal_writer_flush_after=64MB -c f
 @pytest.fixture(scope="module")
 def lazy_cluster() -> Iterator[Cluster]:
     """A throwaway cluster whose WAL writer flushes asynchronous commits only every 10 s."""
-    try:
-        cluster = Cluster(options=LAZY_WAL_WRITER)
-    except ClusterUnavailable as exc:
-        pytest.skip(f"NO THROWAWAY POSTGRESQL CLUSTER: {exc}")
+    cluster = throwaway_cluster(options=LAZY_WAL_WRITER)
     try:
         cluster.start()
         yield cluster

@@ -38,8 +38,8 @@ from cronlock.postgres._conn.backoff import RECONNECT_MAX
 from cronlock.postgres._conn.hosts import HostOrder
 from cronlock.postgres._modes.base import Mode
 
-from .cluster import Cluster, ClusterUnavailable
-from .conftest import free_port
+from .cluster import Cluster
+from .conftest import free_port, throwaway_cluster
 from .events import Events
 from .proxy import TcpProxy
 from .replica import command as replica_command
@@ -61,13 +61,7 @@ def hosts(dsn: str, *ports: int, query: str | None = None) -> str:
 @pytest.fixture
 def ha_pair() -> Iterator[tuple[Cluster, Cluster]]:
     """A throwaway primary and a streaming standby of it, both stopped at the end."""
-    try:
-        primary = Cluster()
-    except ClusterUnavailable as exc:
-        message = f"NO THROWAWAY POSTGRESQL CLUSTER: {exc}"
-        if os.environ.get("CI"):
-            pytest.fail(message, pytrace=False)
-        pytest.skip(message)
+    primary = throwaway_cluster()
     try:
         primary.start()
         standby = primary.standby()

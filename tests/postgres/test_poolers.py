@@ -32,8 +32,8 @@ from cronlock import (
 from cronlock.postgres import PostgresHold, PostgresLocker, job_lock_key, locked_run
 from cronlock.postgres._sql.tables import LedgerTable
 
-from .cluster import Cluster, ClusterUnavailable
-from .conftest import ADVISORY_HERE
+from .cluster import Cluster
+from .conftest import ADVISORY_HERE, throwaway_cluster
 from .events import CutOffFirstRun, Events
 from .proxy import TcpProxy, via
 from .test_exactly_once import Fleet, analyse
@@ -132,10 +132,7 @@ async def test_a_lease_holder_cut_off_is_fenced_before_another_replica_takes_the
 @pytest.fixture(scope="module")
 def small_server() -> Iterator[Cluster]:
     """A throwaway cluster with ``max_connections = 30``, stopped at the end."""
-    try:
-        cluster = Cluster(max_connections=30)
-    except ClusterUnavailable as exc:
-        pytest.fail(f"NO THROWAWAY POSTGRESQL CLUSTER: {exc}", pytrace=False)
+    cluster = throwaway_cluster(max_connections=30)
     try:
         cluster.start()
         yield cluster
