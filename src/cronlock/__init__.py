@@ -44,10 +44,12 @@ if _TYPE_CHECKING:
     from ._events import LockFailed as LockFailed
     from ._events import LockHeldElsewhere as LockHeldElsewhere
     from ._events import LockLost as LockLost
+    from ._events import RunRestored as RunRestored
     from ._events import ScheduleRejected as ScheduleRejected
     from ._events import SchedulerStarted as SchedulerStarted
     from ._events import SchedulerStopped as SchedulerStopped
     from ._events import SkipReason as SkipReason
+    from ._events import SlotRanTwice as SlotRanTwice
     from ._events import Subscription as Subscription
     from ._keys import job_lock_key as job_lock_key
     from ._locking.files import FileLocker as FileLocker
@@ -57,6 +59,7 @@ if _TYPE_CHECKING:
     from ._locking.protocols import ClaimAheadLocker as ClaimAheadLocker
     from ._locking.protocols import CrashWatchingLocker as CrashWatchingLocker
     from ._locking.protocols import Elector as Elector
+    from ._locking.protocols import FailoverWatchingLocker as FailoverWatchingLocker
     from ._locking.protocols import FencedElector as FencedElector
     from ._locking.protocols import FleetView as FleetView
     from ._locking.protocols import FleetWatchingLocker as FleetWatchingLocker
@@ -118,6 +121,8 @@ _WHERE = {
     "JobCancelled": "._events",
     "JobCrashed": "._events",
     "LockHeldElsewhere": "._events",
+    "RunRestored": "._events",
+    "SlotRanTwice": "._events",
     "ScheduleRejected": "._events",
     "ScheduleStore": "._stored.schedule",
     "StoredSchedule": "._stored.schedule",
@@ -145,6 +150,7 @@ _WHERE = {
     "CheckableLocker": "._locking.protocols",
     "ClaimAheadLocker": "._locking.protocols",
     "CrashWatchingLocker": "._locking.protocols",
+    "FailoverWatchingLocker": "._locking.protocols",
     "ForeignWatchingLocker": "._locking.protocols",
     "Elector": "._locking.protocols",
     "FencedElector": "._locking.protocols",
@@ -185,6 +191,7 @@ __all__ = (
     "CronlockError",
     "Elector",
     "Event",
+    "FailoverWatchingLocker",
     "FencedElector",
     "FileLocker",
     "FleetClock",
@@ -229,6 +236,7 @@ __all__ = (
     "RetryingLocker",
     "RunContext",
     "RunRecord",
+    "RunRestored",
     "Schedule",
     "ScheduleError",
     "ScheduleNotingLocker",
@@ -242,6 +250,7 @@ __all__ = (
     "ServerError",
     "SessionLost",
     "SkipReason",
+    "SlotRanTwice",
     "StatementTimeout",
     "StoredSchedule",
     "Subscription",

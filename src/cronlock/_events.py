@@ -192,6 +192,25 @@ class LockHeldElsewhere(JobEvent):
 
 
 @dataclass(frozen=True, slots=True)
+class RunRestored(JobEvent):
+    """This replica's run of *slot* was missing from the ledger of a new primary (a
+    failover lost its claim or its outcome: asynchronous replication, a lagging standby),
+    and the locker wrote it back, so no replica runs the slot again. Emitted once per run
+    written back, by the replica that ran it, with a WARNING (docs/guides/failover.md).
+    """
+
+
+@dataclass(frozen=True, slots=True)
+class SlotRanTwice(JobEvent):
+    """*slot* ran here and on *other* (the replica named as the ledger names it): a
+    failover lost this replica's claim before it could be written back, and *other*
+    claimed the slot on the new primary. Logged at ERROR; make such jobs idempotent, or
+    use synchronous replication (docs/guides/failover.md)."""
+
+    other: str
+
+
+@dataclass(frozen=True, slots=True)
 class ScheduleRejected(Event):
     """This replica could not register revision *revision* of the stored schedule
     *schedule*, which names task *task*: *reason* says why (no such task here, kwargs that

@@ -22,8 +22,12 @@ every scraped series: the scrape job, the target):
   ``cronlock_lock_held_elsewhere_total`` (a session outside the fleet holds the job's lock:
   :class:`~cronlock.LockHeldElsewhere`), ``cronlock_retries_total`` (attempts retried after
   a failed one: :class:`~cronlock.JobRetrying`; a retry's start is not counted as a late
-  start), ``cronlock_schedules_rejected_total{schedule}`` (stored schedules this replica
-  could not register: :class:`~cronlock.ScheduleRejected`; no ``cronlock_job`` label),
+  start), ``cronlock_runs_restored_total`` (runs a failover lost and this replica wrote
+  back on the new primary: :class:`~cronlock.RunRestored`), ``cronlock_slots_ran_twice_total``
+  (slots this replica ran that another replica ran too after a failover:
+  :class:`~cronlock.SlotRanTwice`), ``cronlock_schedules_rejected_total{schedule}``
+  (stored schedules this replica could not register: :class:`~cronlock.ScheduleRejected`;
+  no ``cronlock_job`` label),
 - ``cronlock_run_duration_seconds``, ``cronlock_start_lateness_seconds`` (histograms),
   ``cronlock_leader`` (0/1, when the scheduler has an elector that can tell without a round
   trip, as :class:`cronlock.postgres.PostgresElector` can; no ``cronlock_job`` label).
@@ -64,9 +68,11 @@ from ._events import (
     LockFailed,
     LockHeldElsewhere,
     LockLost,
+    RunRestored,
     ScheduleRejected,
     SchedulerStarted,
     SchedulerStopped,
+    SlotRanTwice,
     Subscription,
 )
 from ._prometheus_workers import Mirror, multiprocess_dir
@@ -125,6 +131,18 @@ class Instrumentation:
             ["cronlock_job"],
             registry=None,
         )
+        self.restored = Counter(
+            "cronlock_runs_restored",
+            "Runs of this replica a failover lost from the ledger, written back",
+            ["cronlock_job"],
+            registry=None,
+        )
+        self.ran_twice = Counter(
+            "cronlock_slots_ran_twice",
+            "Slots this replica ran that another replica ran too, after a failover",
+            ["cronlock_job"],
+            registry=None,
+        )
         self.rejected = Counter(
             "cronlock_schedules_rejected",
             "Stored schedules (revisions) this replica could not register",
@@ -153,6 +171,8 @@ class Instrumentation:
             self.lock_errors,
             self.held_elsewhere,
             self.retries,
+            self.restored,
+            self.ran_twice,
             self.rejected,
             self.duration,
             self.lateness,
@@ -196,6 +216,12 @@ class Instrumentation:
             assert isinstance(event, JobRetrying)
             self.retries.labels(event.job).inc()
             self._retrying.add((event.job, event.slot))
+        elif kind is RunRestored:
+            assert isinstance(event, RunRestored)
+            self.restored.labels(event.job).inc()
+        elif kind is SlotRanTwice:
+            assert isinstance(event, SlotRanTwice)
+            self.ran_twice.labels(event.job).inc()
         elif kind is ScheduleRejected:
             assert isinstance(event, ScheduleRejected)
             self.rejected.labels(event.schedule).inc()

@@ -14,8 +14,12 @@ from collections.abc import Callable, Mapping
 from datetime import datetime
 
 from .._clock import Clock
-from .._events import EventBus, JobCrashed, LockHeldElsewhere
-from .._locking.protocols import CrashWatchingLocker, ForeignWatchingLocker
+from .._events import EventBus, JobCrashed, LockHeldElsewhere, RunRestored, SlotRanTwice
+from .._locking.protocols import (
+    CrashWatchingLocker,
+    FailoverWatchingLocker,
+    ForeignWatchingLocker,
+)
 from .._logs import at, get_logger
 from .._records import RunRecord
 from .job import Job
@@ -52,18 +56,28 @@ class Recovery:
 
     def watch(self, wiring: Wiring) -> None:
         """Register with the job's locker, if it reports crashes (once per locker), and for
-        its reports of locks held outside the fleet, if it makes them."""
+        its reports of locks held outside the fleet and of failovers, if it makes them."""
         locker = wiring.crashes
         if locker is not None and id(locker) not in self._watched:
             self._watched[id(locker)] = locker
             locker.on_crashed(self)
             if isinstance(locker, ForeignWatchingLocker):  # once per locker, like the above
                 locker.on_foreign_holder(self.held_elsewhere)
+            if isinstance(locker, FailoverWatchingLocker):
+                locker.on_failover(self.failed_over)
 
     def held_elsewhere(self, name: str, slot: datetime, holder: str) -> None:
         """A locker found *name*'s lock held outside the fleet: say so, as an event."""
         if name in self._jobs:
             self._bus.emit(LockHeldElsewhere(name, slot, holder))
+
+    def failed_over(self, name: str, slot: datetime, other: str | None) -> None:
+        """A locker wrote back a run of *name* a failover lost (*other* ``None``), or found
+        *slot* run by *other* too: say so, as an event (the locker logged it)."""
+        if name in self._jobs:
+            self._bus.emit(
+                RunRestored(name, slot) if other is None else SlotRanTwice(name, slot, other)
+            )
 
     def __call__(self, name: str, record: RunRecord) -> bool:
         """A locker marked *record* of job *name* crashed; True if this replica reruns it."""

@@ -33,6 +33,8 @@ __all__ = (
     "CrashCallback",
     "CrashWatchingLocker",
     "Elector",
+    "FailoverCallback",
+    "FailoverWatchingLocker",
     "FencedElector",
     "FleetCallback",
     "FleetView",
@@ -333,6 +335,22 @@ class ForeignWatchingLocker(Locker, Protocol):
 
     def on_foreign_holder(self, callback: ForeignCallback) -> None:
         """Call *callback* once per job found held outside the fleet."""
+        ...
+
+
+FailoverCallback = Callable[[str, datetime, "str | None"], None]
+"""Told of a run a failover lost and the locker wrote back, ``(job, slot, None)``, or of a
+slot another replica ran too, ``(job, slot, other)``."""
+
+
+@runtime_checkable
+class FailoverWatchingLocker(Locker, Protocol):
+    """A locker that notices a new primary and writes back the runs a failover lost; the
+    scheduler emits :class:`~cronlock.RunRestored` and :class:`~cronlock.SlotRanTwice`
+    for what it reports."""
+
+    def on_failover(self, callback: FailoverCallback) -> None:
+        """Call *callback* for each run written back and each slot found run twice."""
         ...
 
 

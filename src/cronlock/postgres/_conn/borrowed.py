@@ -22,8 +22,14 @@ from ..._clock import monotonic
 from ..._errors import LockError, LockUnavailable
 from ..._logs import get_logger
 from .backoff import Backoff
-from .errors import backend_error_types, backend_errors, session_gone, translated
-from .primary import FIX, NotPrimary, read_only
+from .errors import (
+    backend_error_types,
+    backend_errors,
+    server_answered,
+    session_gone,
+    translated,
+)
+from .primary import FIX, NotPrimary, read_only, server_of
 from .source import ConnectionSource
 
 __all__ = ("BorrowedConnections",)
@@ -61,8 +67,17 @@ class BorrowedConnections:
         connect_timeout: float,
         statement_timeout: float,
         on_open: Callable[[], None],
+        on_server: Callable[[str | None], None] | None = None,
+        on_drop: Callable[[str], None] | None = None,
     ) -> None:
         self._source = source
+        # Told once when statements stop getting through (nothing is held, so nothing is
+        # lost; the locker reconnects at once to see which server it finds then).
+        self._on_drop = on_drop
+        # Told which server the first statement reached, and again the first time one gets
+        # through after any failed: a new primary is noticed there (.primary.server_of).
+        self._on_server = on_server
+        self._recheck = False
         self._set_up = set_up  # the ledger made current, on the first statement's connection
         self._connect_timeout = connect_timeout
         self._statement_timeout = statement_timeout
@@ -119,10 +134,22 @@ class BorrowedConnections:
             with backend_errors("could not prepare the run ledger"):
                 async with asyncio.timeout(self._connect_timeout):
                     await self._set_up(conn)
+                    server = None if self._on_server is None else await server_of(conn)
+        if self._on_server is not None:
+            self._on_server(server)
         self._ready = True
         self.opened += 1
         self.backoff.succeeded(monotonic(), again=False)
         self._on_open()
+
+    def _cut_off(self, reason: str) -> None:
+        """Statements stopped getting through: the next one that does asks which server
+        it reached, and the locker is told (once until then)."""
+        if self._recheck:
+            return
+        self._recheck = True
+        if self._on_drop is not None:
+            self._on_drop(reason)
 
     def drop(self, conn: Any, *, reason: str, kill: bool = True) -> None:
         """Nothing to drop: no connection is kept between statements."""
@@ -158,19 +185,28 @@ class BorrowedConnections:
         try:
             borrowed = await lent.__aenter__()
         except LockError as exc:  # no connection: the pool's server is down, or it is full
+            self._cut_off(f"no connection could be borrowed: {exc}")
             delay = self.backoff.failed(monotonic(), exc)
             raise LockUnavailable(f"{exc}; trying again in {delay:.2f}s") from (
                 exc.__cause__ or exc
             )
         try:
             async with asyncio.timeout(self._statement_timeout):
+                if self._recheck and self._on_server is not None:
+                    # The first statement through after a failure: is this still the
+                    # server of before? (Told before the statement, which may depend on it.)
+                    self._recheck = False
+                    self._on_server(await server_of(borrowed))
                 result = await call(borrowed)
         except BaseException as exc:
             await lent.__aexit__(type(exc), exc, exc.__traceback__)  # terminated if cut off
             if not isinstance(exc, backend_error_types()):
                 raise
+            if not server_answered(exc):
+                self._cut_off(f"{what} failed: {exc!r}")  # another server, maybe, next time
             _logger.debug("%s failed on a borrowed connection: %r", what, exc)
             if read_only(exc):
+                self._cut_off("its server is read-only")
                 # The borrowed connection was terminated (the pool replaces it): its
                 # server is read-only, and the pool's next may be too.
                 error = NotPrimary(

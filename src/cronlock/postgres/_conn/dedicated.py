@@ -22,7 +22,7 @@ from ..._errors import LockError, LockUnavailable, PoolerDetected
 from ..._logs import get_logger
 from .backoff import Backoff
 from .errors import backend_error_types, session_gone, translated
-from .primary import read_only
+from .primary import read_only, server_of
 from .source import ConnectionSource, is_closed, terminate
 
 __all__ = ("DedicatedConnection",)
@@ -49,8 +49,12 @@ class DedicatedConnection:
         on_open: Callable[[], None],
         on_drop: Callable[[str], None],
         set_up: Callable[[Any], Awaitable[None]] | None = None,
+        on_server: Callable[[str | None], None] | None = None,
     ) -> None:
         self._source = source
+        # Told which server each new connection reached (.primary.server_of), after its
+        # set-up and before anything else is sent on it: a new primary is noticed there.
+        self._on_server = on_server
         # The mode's set-up of each new connection: session locks need a session of their
         # own (settings set, a pooler refused), lease mode sets nothing (a pooler would pass
         # it on to other clients); with a ledger, the ledger is made current.
@@ -72,6 +76,7 @@ class DedicatedConnection:
         self.last_ok = float("-inf")
         """Loop time of the last statement that succeeded: proof the session was alive."""
         self.backoff = Backoff(source.describe())
+        self._server: str | None = None
 
     @property
     def is_open(self) -> bool:
@@ -112,6 +117,8 @@ class DedicatedConnection:
             self.conn = conn
             self.opened += 1
             conn.add_termination_listener(self._on_terminated)
+            if self._on_server is not None:
+                self._on_server(self._server)
             self._on_open()
             if interrupted is not None:
                 raise interrupted
@@ -136,7 +143,11 @@ class DedicatedConnection:
         meanwhile (see :meth:`.source.ConnectionSource.open`): a session set up is kept
         (a scheduler shut down just after it started cancels its catch-up read here), and
         the caller delivers the cancellation after."""
-        return await self._source.open(self._set_up or _nothing, timeout=self._connect_timeout)
+        return await self._source.open(self._set_up_and_identify, timeout=self._connect_timeout)
+
+    async def _set_up_and_identify(self, conn: Any) -> None:
+        await (self._set_up or _nothing)(conn)
+        self._server = None if self._on_server is None else await server_of(conn)
 
     def _on_terminated(self, conn: object) -> None:
         # asyncpg calls this soon after the connection closes, whatever closed it.

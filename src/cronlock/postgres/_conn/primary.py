@@ -18,9 +18,10 @@ import sys
 from typing import Any
 
 from ..._errors import LockError
+from .._sql.failover import SERVER_SQL
 from .._sql.sessions import READ_ONLY_SQL
 
-__all__ = ("FIX", "NotPrimary", "read_only", "refuse_read_only")
+__all__ = ("FIX", "NotPrimary", "read_only", "refuse_read_only", "server_of")
 
 FIX = (
     "session locks and the run ledger need the primary: list the cluster's hosts in the "
@@ -56,3 +57,20 @@ def read_only(exc: BaseException) -> bool:
         return False
     refused = asyncpg.ReadOnlySQLTransactionError
     return isinstance(exc, refused) or isinstance(exc.__cause__, refused)
+
+
+async def server_of(conn: Any) -> str | None:
+    """Which server *conn* is on: ``"<system identifier>/<timeline>"`` (one round trip), or
+    ``None`` when the server will not say (a role that may not read it, a server without
+    WAL functions): a primary that changed is then not noticed. A promoted standby keeps
+    the system identifier and starts a new timeline; another cluster has another system.
+    A connection that fails meanwhile raises as any statement of a set-up does."""
+    import asyncpg  # loaded already: the connection came from it
+
+    try:
+        row = await conn.fetchrow(SERVER_SQL)
+    except asyncpg.PostgresError:
+        return None
+    if row["timeline"] is None:
+        return None
+    return f"{row['system'] or '?'}/{int(row['timeline'], 16)}"

@@ -22,13 +22,13 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from ..._cancel import finish_uncancellably, task_name
-from ..._errors import LockError
+from ..._errors import LockError, LockUnavailable
 from ..._locking.protocols import Refusal
 from ..._logs import at, get_logger
 from .._conn.errors import gone
@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from .._conn import Channel
     from .._modes.base import Exclusion
 
-__all__ = ("MAX_BATCH", "Batcher", "ClaimAnswer", "Told")
+__all__ = ("MAX_BATCH", "Batcher", "ClaimAnswer", "Told", "held_back")
 
 _logger = get_logger("cronlock.postgres")
 
@@ -110,10 +110,20 @@ class Batcher:
     requests they carried.
     """
 
-    def __init__(self, session: Channel, exclusion: Exclusion, host: str) -> None:
+    def __init__(
+        self,
+        session: Channel,
+        exclusion: Exclusion,
+        host: str,
+        *,
+        held_back: Callable[[datetime], float | None] = lambda slot: None,
+    ) -> None:
         self._session = session
         self._exclusion = exclusion
         self._host = host
+        # Seconds a slot's claim must wait still (a new primary was just noticed, on the
+        # connection the claims are about to go out on: _locker/failover.py), or None.
+        self._held_back = held_back
         self._pid = os.getpid()
         self._runs = exclusion.ledger_or(str, lambda t: t.runs)  # named in what decoding logs
         self._claims: list[_Claim] = []
@@ -210,19 +220,32 @@ class Batcher:
 
     async def _send_claims(self, claims: list[_Claim]) -> None:
         try:
-            answers = await self._claim_reconnecting(claims)
+            answered = await self._claim_reconnecting(claims)
         except Exception as exc:
             for claim in claims:
                 if not claim.future.done():
                     claim.future.set_exception(_for_job(exc, claim.job))
             return
-        for claim, answer in zip(claims, answers, strict=True):
+        for claim, answer in answered:
             if not claim.future.done():
                 claim.future.set_result(answer)
 
-    async def _claim_reconnecting(self, claims: list[_Claim]) -> list[ClaimAnswer]:
+    def _hold_back(self, claims: list[_Claim]) -> list[_Claim]:
+        """The claims that may go out now; the others fail with LockUnavailable (their
+        slots are owed: the run loop claims them again)."""
+        sent = []
+        for claim in claims:
+            wait = self._held_back(claim.slot)
+            if wait is None:
+                sent.append(claim)
+            elif not claim.future.done():
+                claim.future.set_exception(held_back(claim.job, claim.slot, wait))
+        return sent
+
+    async def _claim_reconnecting(self, claims: list[_Claim]) -> list[tuple[_Claim, ClaimAnswer]]:
         session = self._session
         conn, generation = await session.ensure()
+        claims = self._hold_back(claims)
         try:
             return await self._claim_once(conn, generation, claims)
         except LockError as exc:
@@ -236,11 +259,13 @@ class Batcher:
             extra=_about([(claim.job, claim.slot) for claim in claims]),
         )
         conn, generation = await session.ensure()
-        return await self._claim_once(conn, generation, claims)
+        return await self._claim_once(conn, generation, self._hold_back(claims))
 
     async def _claim_once(
         self, conn: Any, generation: int, claims: list[_Claim]
-    ) -> list[ClaimAnswer]:
+    ) -> list[tuple[_Claim, ClaimAnswer]]:
+        if not claims:
+            return []
         self.batches += 1
         self.batched += len(claims)
         keys = [claim.key for claim in claims]
@@ -273,7 +298,7 @@ class Batcher:
                 if last is not None:
                     told = (last, last if last.outcome == "succeeded" else None)
             answers[row["i"] - 1] = ClaimAnswer(refusal, generation, told)
-        return answers
+        return list(zip(claims, answers, strict=True))
 
     async def _send_ends(self, ends: list[_End]) -> None:
         session, exclusion = self._session, self._exclusion
@@ -327,6 +352,14 @@ def _about(items: list[tuple[str, datetime]]) -> dict[str, object]:
 def _settle(future: asyncio.Future[Any], value: object) -> None:
     if not future.done():  # a caller cancelled out of a release (shutdown) gave up on it
         future.set_result(value)
+
+
+def held_back(job: str, slot: datetime, wait: float) -> LockUnavailable:
+    """The failure of a claim of *slot* held back *wait* seconds after a new primary."""
+    return LockUnavailable(
+        f"job {job!r} slot {slot.isoformat()}: due before a new primary was found; "
+        f"claimed again in {wait:.1f}s, once every replica wrote back what the failover lost"
+    )
 
 
 def _for_job(exc: Exception, job: str) -> Exception:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Awaitable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from datetime import datetime
 from typing import Any
 
@@ -20,7 +20,7 @@ from ..._errors import LockError
 from ..._logs import at, get_logger
 from .._conn import Channel
 from .._modes.base import Exclusion, Statement
-from .batch import Batcher, ClaimAnswer
+from .batch import Batcher, ClaimAnswer, held_back
 
 __all__ = ("Claims",)
 
@@ -34,11 +34,19 @@ class Claims:
     the ledger with each claim.
     """
 
-    def __init__(self, session: Channel, exclusion: Exclusion, host: str) -> None:
+    def __init__(
+        self,
+        session: Channel,
+        exclusion: Exclusion,
+        host: str,
+        *,
+        held_back: Callable[[datetime], float | None] = lambda slot: None,
+    ) -> None:
         self._session = session
         self._exclusion = exclusion
         self._host = host
-        self.batcher = Batcher(session, exclusion, host)
+        self._held_back = held_back
+        self.batcher = Batcher(session, exclusion, host, held_back=held_back)
 
     async def claim(self, job: str, key: int, slot: datetime, *, rerun: int = 0) -> ClaimAnswer:
         """Lock (and claim) *slot* of *job*, with the other claims due on this session.
@@ -84,6 +92,8 @@ class Claims:
         self, job: str, key: int, slot: datetime, takeover: Statement
     ) -> ClaimAnswer:
         conn, generation = await self._session.ensure()
+        if (wait := self._held_back(slot)) is not None:
+            raise held_back(job, slot, wait)
         try:
             return await self._rerun(conn, generation, job, key, slot, takeover)
         except LockError as exc:

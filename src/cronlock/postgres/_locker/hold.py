@@ -70,6 +70,11 @@ class PostgresHold(BoundedRelease):
         """Whether the session holding this lock died; the server has then released it."""
         return self._lost
 
+    @property
+    def recorded(self) -> RunRecord | None:
+        """The run's outcome, once :meth:`record` kept it."""
+        return self._record
+
     def record(self, record: RunRecord) -> None:
         """Keep the run's outcome; :meth:`release` writes it to the ledger with the unlock."""
         self._record = record

@@ -30,10 +30,13 @@ from ..._service import Service
 from .._conn.source import Keepalives, default_application_name, watch_pool
 from .._modes import exclusion_for, source_for
 from .._modes.base import Channels, Mode
+from .._sql.failover import reassert_sql
 from .._sql.tables import DEFAULT_TABLE, LedgerTable
 from .._statistics import LockerCounts, PostgresLockerStatistics
+from .batch import held_back
 from .claims import Claims
 from .crashes import CrashWatch
+from .failover import NewPrimary
 from .fleetwatch import FleetWatch
 from .foreign import ForeignCallback, ForeignHolders
 from .hold import PostgresHold
@@ -47,7 +50,7 @@ from .settings import LockerSettings
 from .upkeep import LedgerUpkeep, Upkeep
 
 if TYPE_CHECKING:
-    from ..._locking.protocols import CrashCallback, FleetCallback, Health
+    from ..._locking.protocols import CrashCallback, FailoverCallback, FleetCallback, Health
     from ..._records import RunRecord
 
 __all__ = ("PostgresHold", "PostgresLocker", "PostgresLockerStatistics")
@@ -176,14 +179,26 @@ class PostgresLocker(HeldOpenByBlocks, ReadsLedger):
                 application_name=self._application_name,
                 keepalives=keepalives,
                 on_open=self._on_session_opened,
+                on_server=self._on_server,
                 on_drop=self._on_session_dropped,
                 on_fenced=self._on_fenced,
                 holder=self._holder,
             )
         )
         host = socket.gethostname()
-        self._claims = tuple(Claims(session, self._exclusion, host) for session in self._shards)
         self._held: dict[int, PostgresHold] = {}
+        # A new primary: noticed at each new connection, this replica's recent runs
+        # written back where a failover lost them (.failover).
+        self._failover = NewPrimary(
+            shards=self._shards, exclusion=self._exclusion,
+            sql=self._exclusion.ledger_or(lambda: None, reassert_sql), host=host,
+            holder=self._holder, remember=checked.remember,
+            in_flight=lambda: [(h.job, h.slot, h.attempt) for h in self._held.values()],
+        )  # fmt: skip
+        self._claims = tuple(
+            Claims(session, self._exclusion, host, held_back=self._failover.settling)
+            for session in self._shards
+        )
         self._pending: set[int] = set()
         self._claimed: dict[str, dict[datetime, None]] = {}
         # What refusals told of each job's history, until the scheduler asks (see
@@ -279,6 +294,8 @@ class PostgresLocker(HeldOpenByBlocks, ReadsLedger):
         if not self._keys.ready:  # lock_keys="keyed": the ledger's secret, read once
             await self._keys.load(self._shards)
         key = self._keys.key(job)
+        if (wait := self._failover.settling(slot)) is not None:
+            raise held_back(job, slot, wait)  # and again where a claim reconnects (.batch)
         if key in self._held or key in self._pending:
             self._count.busy_here += 1
             say(_logger, DEBUG, job, slot, "already running in this process")
@@ -331,6 +348,7 @@ class PostgresLocker(HeldOpenByBlocks, ReadsLedger):
             say(_logger, INFO, job, slot, f"took the slot over for attempt {rerun}")
         remember_claim(self._claimed.setdefault(job, {}), slot, None, remember=self._remember)
         claims, attempt = self._claims[self._shard(key)], rerun or 1
+        self._failover.claimed(job, slot, attempt)
         hold = PostgresHold(
             job, key, slot, claims=claims, generation=generation, on_released=self._on_released,
             attempt=attempt,
@@ -398,6 +416,16 @@ class PostgresLocker(HeldOpenByBlocks, ReadsLedger):
         """
         self._crashes.on_crashed(callback)
 
+    def on_failover(self, callback: FailoverCallback) -> None:
+        """Call *callback* ``(job, slot, other)`` for each run of this replica a failover
+        lost and the locker wrote back on the new primary (*other* ``None``), and for each
+        slot another replica ran too (*other* names it): ``FailoverWatchingLocker``."""
+        self._failover.on_failover(callback)
+
+    def _on_server(self, server: str | None) -> None:
+        """A new connection reached *server*: a new primary is noticed here."""
+        self._failover.seen(server)
+
     def on_foreign_holder(self, callback: ForeignCallback) -> None:
         """Call *callback* ``(job, slot, holder)`` once per job whose lock key a session
         outside this fleet holds (its claims are refused; see :mod:`._foreign`)."""
@@ -437,6 +465,7 @@ class PostgresLocker(HeldOpenByBlocks, ReadsLedger):
         for service in reversed(self._services()):
             await service.stop()
         await self._foreign.stop()
+        await self._failover.close()
         for session in self._shards:
             session.closed = True
         watch, self._pool_watch = self._pool_watch, None
@@ -493,8 +522,11 @@ class PostgresLocker(HeldOpenByBlocks, ReadsLedger):
                 await session.hand_back(conn)
 
     def _on_session_dropped(self, shard: int, reason: str) -> None:
-        """A shard's connection was dropped: its mode says what that loses."""
+        """A shard's connection was dropped: its mode says what that loses; reconnect at
+        once to see which server is there now (.failover)."""
         self._count.lost += self._exclusion.dropped(self._held, shard, len(self._shards), reason)
+        if not self._closed:
+            self._failover.dropped()
 
     def _on_fenced(self) -> None:  # a hold could not be renewed in time
         self._count.lost += 1
@@ -502,6 +534,7 @@ class PostgresLocker(HeldOpenByBlocks, ReadsLedger):
     def _on_released(self, hold: PostgresHold, unwritten: RunRecord | None) -> None:
         """*hold* was released: forget it; keep an outcome its dead session lost."""
         self._exclusion.released(hold)
+        self._failover.ended(hold.job, hold.slot, hold.recorded)
         if unwritten is not None:
             self._upkeep.write_late(hold.job, hold.slot, unwritten, hold.attempt)
         if self._held.get(hold.key) is hold:

@@ -133,6 +133,8 @@ class Channels:
     application_name: str
     keepalives: Keepalives | None
     on_open: Callable[[], None]
+    on_server: Callable[[str | None], None]
+    """Told which server each new connection reached (a new primary is noticed there)."""
     on_drop: Callable[[int, str], None]
     on_fenced: Callable[[], None]
     holder: str
@@ -241,6 +243,11 @@ class Exclusion(abc.ABC):
     @abc.abstractmethod
     def services(self) -> Sequence[Service]:
         """The mode's background services, in the order they start (stopped in reverse)."""
+
+    def after_failover(self, held: Sequence[tuple[str, datetime, int]]) -> Statement | None:
+        """What to put right on a new primary besides the runs (``_locker/failover.py``),
+        given the runs in flight here as (job, slot, attempt); ``None``: nothing."""
+        return None
 
     def renewals(self) -> tuple[int, int]:
         """Lease renewal statements sent, and holds fenced (lost unrenewed): 0 but in lease

@@ -55,6 +55,7 @@ from .._sql.elector import (
     leaders_release_sql,
     leaders_renew_sql,
 )
+from .._sql.failover import lease_reassert_sql
 from .._sql.leases import (
     lease_claim_many_sql,
     lease_crashed_sql,
@@ -248,6 +249,8 @@ class LeaseRows(Exclusion):
                 connect_timeout=given.connect_timeout,
                 statement_timeout=given.statement_timeout,
                 on_open=given.on_open,
+                on_server=given.on_server,
+                on_drop=functools.partial(given.on_drop, 0),
             )
         else:
             shard = DedicatedConnection(
@@ -255,6 +258,7 @@ class LeaseRows(Exclusion):
                 connect_timeout=given.connect_timeout,
                 statement_timeout=given.statement_timeout,
                 on_open=given.on_open,
+                on_server=given.on_server,
                 on_drop=functools.partial(given.on_drop, 0),
                 set_up=set_up,
             )
@@ -365,6 +369,16 @@ class LeaseRows(Exclusion):
     def services(self) -> Sequence[Service]:
         """The lease keeper."""
         return () if self._keeper is None else (self._keeper,)
+
+    def after_failover(self, held: Sequence[tuple[str, datetime, int]]) -> Statement | None:
+        """Release this holder's leases whose release the failover lost, and take back the
+        leases of the runs in flight here (:func:`.._sql.failover.lease_reassert_sql`)."""
+        jobs = [job for job, _, _ in held]
+        slots = [slot for _, slot, _ in held]
+        attempts = [attempt for _, _, attempt in held]
+        return Statement(
+            lease_reassert_sql(self._table), (self._holder, jobs, slots, attempts, self._lease)
+        )
 
     def renewals(self) -> tuple[int, int]:
         """The keeper's renewal statements, and the holds it fenced."""

@@ -87,6 +87,7 @@ class SessionRules(Exclusion):
                 connect_timeout=given.connect_timeout,
                 statement_timeout=given.statement_timeout,
                 on_open=given.on_open,
+                on_server=given.on_server,
                 on_drop=functools.partial(given.on_drop, shard),
                 set_up=set_up,
             )
