@@ -13,16 +13,19 @@ import pytest
 
 from cronlock import (
     CrashWatchingLocker,
+    FailoverWatchingLocker,
     InMemoryLocker,
     JobCrashed,
     JobStarted,
     RunContext,
     RunRecord,
+    RunRestored,
     ScheduleError,
     Scheduler,
+    SlotRanTwice,
     every,
 )
-from cronlock._locking.protocols import CrashCallback, Hold, Refusal
+from cronlock._locking.protocols import CrashCallback, FailoverCallback, Hold, Refusal
 from cronlock.testing import FakeClock
 
 from .conftest import T0, Recorder
@@ -141,3 +144,45 @@ def test_a_scheduler_registers_once_per_locker(clock: FakeClock) -> None:
     other = Scheduler(clock=clock, locker=locker)
     other.add_job(lambda: None, every(10), name="x")
     assert len(locker.callbacks) == 2
+
+
+class _FailingOver(_Watching):
+    """It also reports, when told, what a failover lost and it wrote back."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.failover: list[FailoverCallback] = []
+
+    def on_failover(self, callback: FailoverCallback) -> None:
+        self.failover.append(callback)
+
+
+async def test_runs_written_back_and_slots_run_twice_are_events_and_metrics(
+    clock: FakeClock,
+) -> None:
+    from prometheus_client import CollectorRegistry
+
+    from cronlock.prometheus import instrument
+
+    locker = _FailingOver()
+    assert isinstance(locker, FailoverWatchingLocker)
+    scheduler = _scheduler(clock, locker, [])
+    recorder = Recorder()
+    scheduler.subscribe(recorder)
+    registry = CollectorRegistry()
+    instrument(scheduler, registry)
+    async with scheduler:
+        assert len(locker.failover) == 1  # registered once, at start
+        for callback in locker.failover:
+            callback("job", SLOT, None)
+            callback("job", SLOT, "cronlock:other:42:beef")
+            callback("gone", SLOT, None)  # not this scheduler's job: no event
+        await clock.advance(1)
+    assert [e for e in recorder.events if isinstance(e, RunRestored | SlotRanTwice)] == [
+        RunRestored("job", SLOT),
+        SlotRanTwice("job", SLOT, "cronlock:other:42:beef"),
+    ]
+    assert registry.get_sample_value("cronlock_runs_restored_total", {"cronlock_job": "job"}) == 1
+    assert (
+        registry.get_sample_value("cronlock_slots_ran_twice_total", {"cronlock_job": "job"}) == 1
+    )

@@ -24,8 +24,8 @@ identifier and timeline); a locker that finds another server than before:
 
 A locker that lost a connection reconnects at once (every half second, within its
 backoff), not at its next claim: a replica whose next slot is hours away still writes back
-within :data:`SETTLE`. The first server a locker sees is only noted; a server that will not say which it is (a
-role without access to the functions) leaves failovers unnoticed.
+within :data:`SETTLE`. The first server a locker sees is only noted; a server that will
+not say which it is (a role without access to the functions) leaves failovers unnoticed.
 """
 
 from __future__ import annotations
