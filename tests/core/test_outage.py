@@ -3,7 +3,10 @@
 
 from __future__ import annotations
 
+import logging
 from datetime import datetime, timedelta
+
+import pytest
 
 from cronlock import (
     InMemoryLocker,
@@ -131,3 +134,27 @@ async def test_a_refusal_of_the_server_is_not_owed(clock: FakeClock) -> None:
         locker.error = None
         await clock.advance(5)
     assert runs == []
+
+
+async def test_the_end_of_an_outage_is_one_info_line_with_what_became_of_the_slots(
+    clock: FakeClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    locker = _Outage()
+    scheduler, runs, _ = _scheduler(clock, locker, misfire_grace=15)
+    scheduler.add_job(lambda: None, every(25), name="rare", misfire_grace=1)
+    with caplog.at_level(logging.DEBUG, logger="cronlock"):
+        async with scheduler:
+            locker.error = LockUnavailable("the server is down")
+            # report: slots 10 and 20 due (10 coalesces into 20); rare: slot 25 (grace 1 s)
+            await clock.advance(27)
+            locker.error = None
+            await clock.advance(10)
+    summaries = [r.getMessage() for r in caplog.records if "answers again" in r.getMessage()]
+    assert len(summaries) == 1, summaries
+    assert "of 3 slot(s)" in summaries[0]
+    assert "1 claimed late, 1 missed" in summaries[0]
+    assert "1 coalesced" in summaries[0]
+    assert at(20) in runs
+    # Nothing above INFO but the missed slot's WARNING.
+    loud = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(loud) == 1 and "missed" in loud[0], loud

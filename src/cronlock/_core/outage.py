@@ -11,6 +11,8 @@ A slot whose ``misfire_grace`` passes first is reported missed: a WARNING, and
 
 Only the latest owed slot of a job is kept: an older one it supersedes coalesces into it,
 as missed slots do at start (DESIGN.md: one run of the latest slot within the grace).
+When nothing is owed any more, one INFO line sums the outage up: how many slots were owed,
+claimed late, missed and coalesced.
 Without a ledger nothing is owed: a late claim could not tell whether the slot ran.
 """
 
@@ -36,6 +38,10 @@ _logger = get_logger("cronlock")
 RETRY_EVERY = 0.5
 """Seconds between two claims of the slots owed across an outage (a claim made while the
 locker waits before reconnecting is refused at once, without a statement)."""
+
+
+_QUIET = 2.0
+"""Seconds with nothing owed after which an outage is taken to be over (and summed up)."""
 
 
 def unreachable(exc: BaseException) -> bool:
@@ -65,6 +71,10 @@ class Owed:
         self._spawn = spawn
         self._owed: dict[Job, datetime] = {}
         self._retrying = False
+        # What became of the slots owed since nothing was: (job name, slot) -> "claimed",
+        # "missed" or "coalesced", and when the first was owed (for the summary).
+        self._fate: dict[tuple[str, datetime], str] = {}
+        self._since: datetime | None = None
 
     def __len__(self) -> int:
         return len(self._owed)
@@ -74,6 +84,11 @@ class Owed:
         known = self._owed.get(job)
         if known is not None and known >= slot:
             return
+        if self._since is None:
+            self._since = self._clock.now()
+        if known is not None:
+            self._fate[(job.name, known)] = "coalesced"
+        self._fate.setdefault((job.name, slot), "owed")
         if known is None:
             _logger.debug(
                 "job %r slot %s: not claimed (the server cannot be reached); claiming it "
@@ -88,18 +103,49 @@ class Owed:
             self._spawn(self.retry())
 
     async def retry(self) -> None:
-        """Claim the owed slots again every :data:`RETRY_EVERY` s, until none is owed."""
+        """Claim the owed slots again every :data:`RETRY_EVERY` s, until none is owed for
+        a while; then sum the outage up."""
         try:
-            while self._owed:
-                await self._clock.sleep_until(self._clock.now() + timedelta(seconds=RETRY_EVERY))
+            # A claim made again may fail again (and owe its slot again) once its answer
+            # comes: the outage is over when nothing was owed for _QUIET seconds.
+            idle = 0.0
+            while idle < _QUIET:
+                await self._sleep(RETRY_EVERY)
+                if not self._owed:
+                    idle += RETRY_EVERY
+                    continue
+                idle = 0.0
                 owed, self._owed = self._owed, {}
                 now = self._clock.now()
                 for job, slot in owed.items():
                     if job._scheduler is None:
                         continue  # removed meanwhile
                     self._again(job, slot, now)
+            self._sum_up()
         finally:
             self._retrying = False
+
+    async def _sleep(self, seconds: float) -> None:
+        await self._clock.sleep_until(self._clock.now() + timedelta(seconds=seconds))
+
+    def _sum_up(self) -> None:
+        """Nothing is owed any more: one INFO line on what became of the slots."""
+        fate, self._fate = self._fate, {}
+        since, self._since = self._since, None
+        if not fate or since is None:
+            return
+        counts = {kind: sum(1 for f in fate.values() if f == kind) for kind in set(fate.values())}
+        _logger.info(
+            "the locker's server answers again: of %d slot(s) due while it could not be "
+            "reached (since %s, %.1fs ago), %d claimed late, %d missed (past "
+            "misfire_grace), %d coalesced into a later one",
+            len(fate),
+            since.isoformat(timespec="seconds"),
+            (self._clock.now() - since).total_seconds(),
+            counts.get("claimed", 0),
+            counts.get("missed", 0),
+            counts.get("coalesced", 0),
+        )
 
     def _again(self, job: Job, slot: datetime, now: datetime) -> None:
         grace = job.misfire_grace
@@ -115,6 +161,8 @@ class Owed:
                 extra=at(job.name, slot),
             )
             self._bus.emit(JobSkipped(job.name, slot, "misfire"))
+            self._fate[(job.name, slot)] = "missed"
             return
+        self._fate[(job.name, slot)] = "claimed"
         # A failed claim of this dispatch owes the slot again (the run loop's _run).
         self._dispatch(job, slot)
