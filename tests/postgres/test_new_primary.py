@@ -78,9 +78,14 @@ async def replayed(standby: Cluster, table: str, job: str, at: datetime) -> None
     conn = await asyncpg.connect(standby.dsn)
     try:
         async with asyncio.timeout(60):
-            while not await conn.fetchval(
-                f'SELECT count(*) FROM "{table}" WHERE job = $1 AND slot = $2', job, at
-            ):
+            while True:
+                try:
+                    if await conn.fetchval(
+                        f'SELECT count(*) FROM "{table}" WHERE job = $1 AND slot = $2', job, at
+                    ):
+                        return
+                except asyncpg.UndefinedTableError:
+                    pass  # the table itself is not replayed yet
                 await asyncio.sleep(0.1)
     finally:
         await conn.close()
