@@ -66,6 +66,7 @@ class Backoff:
         self.last_error: BaseException | None = None
         self._down_since: float | None = None
         self._warned_at = float("-inf")
+        self._quiet = False
 
     def wait(self, now: float) -> float:
         """Seconds until a connect may be tried; 0 when it may be tried now."""
@@ -83,9 +84,9 @@ class Backoff:
     def failed(self, now: float, exc: BaseException, *, said: bool = False) -> float:
         """A connect failed with *exc*: log it (once, then rate-limited); return the wait.
 
-        *said*: another session of the same source said it already (a server that is not
-        the primary is news once per source, not once per session): the first failure is
-        then logged at DEBUG too."""
+        *said*: another session of the same source said it already (an outage is news
+        once per source, not once per session): the first failure is then logged at DEBUG
+        too, and so are the WARNINGs while it lasts (that other session's say it)."""
         self.failures += 1
         self.total_failures += 1
         self.last_error = exc
@@ -95,6 +96,7 @@ class Backoff:
         self.retry_at = now + delay
         if self.failures == 1:
             self._warned_at = now
+            self._quiet = said  # another session says it, and goes on saying it
             _logger.log(
                 DEBUG if said else ERROR,
                 "lock session: %s the %s (%s); the slots due meanwhile are claimed again until "
@@ -105,7 +107,7 @@ class Backoff:
                 delay,
                 RECONNECT_MAX,
             )
-        elif now - self._warned_at >= STILL_DOWN_EVERY:
+        elif now - self._warned_at >= STILL_DOWN_EVERY and not self._quiet:
             self._warned_at = now
             _logger.warning(
                 "lock session: still cannot connect to the %s after %.0fs (%d attempts): %s; "

@@ -147,14 +147,13 @@ class ConnectionSource:
         self._hosts = HostOrder()
         # Which host each connection of a multi-host DSN came from, for as long as it lives.
         self._address_of: weakref.WeakKeyDictionary[Any, Address] = weakref.WeakKeyDictionary()
-        self._told = False  # a session of ours found no primary, and it was said
+        self._told = False  # a session of ours could not connect, and it was said
 
     def told(self, exc: BaseException) -> bool:
-        """Whether *exc*, a failed connect of one of our sessions, was said already by
-        another: a server that is not the primary is said once per source, until a session
+        """Whether an outage of one of our sessions (*exc*, its first failed connect) was
+        said already by another: an outage, or a server that is not the primary, is said
+        once per source (one ERROR per locker, not one per lock session), until a session
         is set up again (then the next one is news)."""
-        if not isinstance(exc, NotPrimary):
-            return False
         told, self._told = self._told, True
         return told
 

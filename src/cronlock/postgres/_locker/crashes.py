@@ -25,6 +25,7 @@ first attempt as it treats ``crashed``.
 from __future__ import annotations
 
 from datetime import datetime
+from logging import INFO, WARNING
 from typing import TYPE_CHECKING, Any
 
 from ..._logs import at, get_logger
@@ -132,7 +133,10 @@ class CrashWatch:
         if rerun:
             self.rerun += 1
             self._remember(job, record.slot, 2)
-        _logger.warning(
+        # This replica's own run cut off by a lost lock was said at ERROR when it was
+        # cancelled: its record reaching the ledger is news only if it is run again.
+        _logger.log(
+            WARNING if marked or rerun else INFO,
             "job %r slot %s: the run by %s (started %s, attempt %d) crashed (%s); %s%s",
             job,
             record.slot.isoformat(),
