@@ -158,3 +158,37 @@ async def test_the_end_of_an_outage_is_one_info_line_with_what_became_of_the_slo
     # Nothing above INFO but the missed slot's WARNING.
     loud = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
     assert len(loud) == 1 and "missed" in loud[0], loud
+
+
+class _Silent(_Outage):
+    """While *silent*, a claim waits *hang* seconds for an answer, then fails."""
+
+    def __init__(self, clock: FakeClock, hang: float) -> None:
+        super().__init__()
+        self.clock, self.hang, self.silent = clock, hang, False
+
+    async def acquire(self, job: str, slot: datetime) -> Hold | Refusal | None:
+        if self.silent:
+            await self.clock.sleep(self.hang)
+            raise LockUnavailable("the statement timed out")
+        return await super().acquire(job, slot)
+
+
+async def test_slots_due_while_a_claim_hangs_are_owed_not_skipped_as_overlaps(
+    clock: FakeClock,
+) -> None:
+    """A primary gone silent: slot 10's claim hangs 25 s. Slots 20 and 30 fall due while
+    the run has not begun: they are owed (coalesced into the latest), not skipped as if the
+    job ran; once the server answers, the latest runs, late, once."""
+    locker = _Silent(clock, hang=25)
+    scheduler, runs, rec = _scheduler(clock, locker)
+    async with scheduler:
+        await clock.advance(9)
+        locker.silent = True
+        await clock.advance(25)  # slots 20 and 30 owed while slot 10's claim hangs
+        locker.silent = False  # the claim in flight still fails, at 35
+        await clock.advance(2)
+        assert runs == [at(30)]
+        await clock.advance(10)
+    assert runs == [at(30), at(40)]
+    assert not [e for e in rec.of(JobSkipped) if e.reason == "overlap"]  # type: ignore[attr-defined]

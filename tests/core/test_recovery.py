@@ -183,6 +183,4 @@ async def test_runs_written_back_and_slots_run_twice_are_events_and_metrics(
         SlotRanTwice("job", SLOT, "cronlock:other:42:beef"),
     ]
     assert registry.get_sample_value("cronlock_runs_restored_total", {"cronlock_job": "job"}) == 1
-    assert (
-        registry.get_sample_value("cronlock_slots_ran_twice_total", {"cronlock_job": "job"}) == 1
-    )
+    assert registry.get_sample_value("cronlock_slots_ran_twice_total", {"cronlock_job": "job"}) == 1

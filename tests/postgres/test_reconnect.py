@@ -20,6 +20,8 @@ from cronlock import LockError, LockUnavailable
 from cronlock.postgres import PostgresHold, PostgresLocker
 from cronlock.postgres._conn import backoff as _backoff
 from cronlock.postgres._conn.backoff import (
+    BRISK_FAILURES,
+    RECONNECT_BRISK,
     RECONNECT_FIRST,
     RECONNECT_JITTER,
     RECONNECT_MAX,
@@ -38,10 +40,13 @@ def new_job() -> str:
 
 
 def test_the_wait_doubles_from_the_first_step_up_to_the_cap() -> None:
-    steps = [backoff_step(n) for n in range(1, 12)]
-    assert steps[0] == RECONNECT_FIRST
-    assert all(b == min(2 * a, RECONNECT_MAX) for a, b in itertools.pairwise(steps))
-    assert steps[-1] == RECONNECT_MAX
+    brisk = [backoff_step(n) for n in range(1, BRISK_FAILURES + 1)]
+    assert brisk[0] == RECONNECT_FIRST
+    assert all(b == min(2 * a, RECONNECT_BRISK) for a, b in itertools.pairwise(brisk))
+    assert brisk[-1] == RECONNECT_BRISK  # a short outage is retried about every second
+    later = [backoff_step(n) for n in range(BRISK_FAILURES, BRISK_FAILURES + 6)]
+    assert all(b == min(2 * a, RECONNECT_MAX) for a, b in itertools.pairwise(later))
+    assert later[-1] == RECONNECT_MAX
     assert backoff_step(10_000) == RECONNECT_MAX  # no overflow after a very long outage
 
 

@@ -85,7 +85,11 @@ class Executor:
         """
         if not job._wiring.gated:
             return await self._execute(job, slot, None, report)
-        gate = await self._admission.admit(job, slot)
+        job._claims(True)
+        try:
+            gate = await self._admission.admit(job, slot)
+        finally:
+            job._claims(False)
         if isinstance(gate, JobEvent):
             self._bus.emit(gate)
             if isinstance(gate, JobSkipped) and gate.reason in ("already_ran", "locked"):

@@ -10,7 +10,8 @@ A slot whose ``misfire_grace`` passes first is reported missed: a WARNING, and
 ``JobSkipped(reason="misfire")``, the event a missed slot always has.
 
 Only the latest owed slot of a job is kept: an older one it supersedes coalesces into it,
-as missed slots do at start (DESIGN.md: one run of the latest slot within the grace).
+as missed slots do at start (DESIGN.md: one run of the latest slot within the grace); so
+does an owed slot of a job that fired a later slot since (its claim got through first).
 When nothing is owed any more, one INFO line sums the outage up: how many slots were owed,
 claimed late, missed and coalesced.
 Without a ledger nothing is owed: a late claim could not tell whether the slot ran.
@@ -88,8 +89,9 @@ class Owed:
             self._since = self._clock.now()
         if known is not None:
             self._fate[(job.name, known)] = "coalesced"
+        first = (job.name, slot) not in self._fate
         self._fate.setdefault((job.name, slot), "owed")
-        if known is None:
+        if first:
             _logger.debug(
                 "job %r slot %s: not claimed (the server cannot be reached); claiming it "
                 "again until misfire_grace passes",
@@ -148,6 +150,17 @@ class Owed:
         )
 
     def _again(self, job: Job, slot: datetime, now: datetime) -> None:
+        if job._dispatched is not None and job._dispatched > slot:
+            # A later slot of the job was fired since (its claim got through, or it is
+            # owed instead): this one coalesces into it, as missed slots do at start.
+            self._fate[(job.name, slot)] = "coalesced"
+            _logger.debug(
+                "job %r slot %s: coalesced into a later slot fired since",
+                job.name,
+                slot.isoformat(),
+                extra=at(job.name, slot),
+            )
+            return
         grace = job.misfire_grace
         lateness = misfired(grace, job.fire_time(slot), now)
         if lateness is not None:

@@ -307,9 +307,16 @@ class RunLoop:
         self, job: Job, slot: datetime, waiter: asyncio.Future[JobEvent] | None = None
     ) -> None:
         """Apply the overlap policy and the concurrency cap, then start the run."""
+        job._dispatch(slot)  # an older slot owed across an outage coalesces into it
         replaced: tuple[asyncio.Task[Any], ...] = ()
         if job._active:
             policy = job.overlap
+            if waiter is None and job._only_claiming() and job._wiring.ledger is not None:
+                # Its run has not begun: its claim waits on a server that does not answer
+                # (a primary gone silent). The slot is owed, not skipped "while running":
+                # claimed again once nothing is in flight, or coalesced into a later one.
+                self._owed.owe(job, slot)
+                return
             if policy == "skip" or (policy == "queue" and job in self._queued):
                 _logger.debug(
                     "job %r slot %s skipped: still running",

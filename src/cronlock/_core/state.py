@@ -45,6 +45,8 @@ def fresh(cls: type[_S]) -> _S:
     state._uses = 0
     state._generation = 0
     state._history_checked = None
+    state._dispatched = None
+    state._claiming = 0
     return state
 
 
@@ -53,6 +55,8 @@ class RunState:
 
     __slots__ = (
         "_active",
+        "_claiming",
+        "_dispatched",
         "_generation",
         "_history_checked",
         "_next_run",
@@ -69,6 +73,8 @@ class RunState:
     _run_count: int
     _paused: bool
     _active: int  # runs in flight or waiting for a concurrency slot
+    _dispatched: datetime | None  # the latest slot the run loop dispatched (_core/outage)
+    _claiming: int  # runs of it waiting for their claim's answer
     # Runs accepted here that began or may still begin: what max_runs caps (a run that
     # began and goes on counts once). The fast path never takes a capped job: its runs are
     # not counted here.
@@ -92,6 +98,21 @@ class RunState:
         """Make every planned heap entry stale; return the new generation."""
         self._generation = generation = next(_generations)
         return generation
+
+    def _dispatch(self, slot: datetime) -> None:
+        """The run loop dispatched *slot*: keep the latest (an older slot owed across an
+        outage coalesces into it, _core/outage.py)."""
+        if self._dispatched is None or slot > self._dispatched:
+            self._dispatched = slot
+
+    def _claims(self, started: bool) -> None:
+        """A run's claim was sent (*started*) or answered."""
+        self._claiming += 1 if started else -1
+
+    def _only_claiming(self) -> bool:
+        """Whether every run of it in flight still waits for its claim's answer (none
+        began): a slot due now is not "while it runs" (_core/runloop.dispatch)."""
+        return 0 < self._active <= self._claiming
 
     def _admit(self) -> None:
         """A run was accepted (started or waiting for a concurrency slot)."""

@@ -5,9 +5,12 @@ thousand jobs due each second, retrying on every acquire would be a thousand con
 attempts per second against it, from every replica, and as many ERROR lines. So after a
 failed connect a session waits before trying again, and every acquire in the meantime
 fails at once with :class:`cronlock.LockUnavailable`, without touching the network. The
-wait starts at :data:`RECONNECT_FIRST`, doubles after each failure up to
-:data:`RECONNECT_MAX`, is jittered (replicas that lost the server together do not come
-back in lockstep) and starts over after a success.
+wait starts at :data:`RECONNECT_FIRST` and doubles after each failure, up to
+:data:`RECONNECT_BRISK` for the first :data:`BRISK_FAILURES` failures (an outage of a few
+seconds, a failover to a standby: the first claim after the server is back goes out
+within about a second) and up to :data:`RECONNECT_MAX` after them; it is jittered
+(replicas that lost the server together do not come back in lockstep) and starts over
+after a success.
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ from ..._logs import get_logger
 from .primary import NotPrimary
 
 __all__ = (
+    "BRISK_FAILURES",
+    "RECONNECT_BRISK",
     "RECONNECT_FIRST",
     "RECONNECT_JITTER",
     "RECONNECT_MAX",
@@ -34,6 +39,11 @@ RECONNECT_FIRST = 0.1
 """Seconds a session waits after its first failed connect (before jitter)."""
 RECONNECT_MAX = 5.0
 """The longest wait between two connect attempts of one session: the doubling stops here."""
+RECONNECT_BRISK = 1.0
+"""The longest wait in the first :data:`BRISK_FAILURES` failures of an outage."""
+BRISK_FAILURES = 16
+"""Failed connects in a row (some 10 s of outage) before the waits may grow past
+:data:`RECONNECT_BRISK`."""
 RECONNECT_JITTER = 0.5
 """Each wait is the step times a factor drawn from [1 - RECONNECT_JITTER, 1]."""
 STILL_DOWN_EVERY = 60.0
@@ -42,7 +52,8 @@ STILL_DOWN_EVERY = 60.0
 
 def backoff_step(failures: int) -> float:
     """The wait after *failures* failed connects in a row, before jitter."""
-    return min(RECONNECT_MAX, RECONNECT_FIRST * 2.0 ** min(failures - 1, 64))
+    cap = RECONNECT_BRISK if failures <= BRISK_FAILURES else RECONNECT_MAX
+    return min(cap, RECONNECT_FIRST * 2.0 ** min(failures - 1, 64))
 
 
 class Backoff:

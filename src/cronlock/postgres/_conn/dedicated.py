@@ -206,6 +206,8 @@ class DedicatedConnection:
 
                 if read_only(exc):
                     raise self._not_primary(conn, exc) from exc
+                if isinstance(exc, TimeoutError):
+                    self._source.went_silent(conn)
                 if not (keep_on_server_error and isinstance(exc, asyncpg.PostgresError)):
                     # A statement that timed out or failed leaves us unsure what the server
                     # did: terminating the session is the one way to be sure nothing stays

@@ -206,6 +206,14 @@ class ConnectionSource:
             return target.where
         return self.describe()
 
+    def went_silent(self, conn: Any) -> None:
+        """*conn*'s server stopped answering (a statement timed out): its host goes after
+        the others at the next connect, as one that stayed silent does (a primary gone
+        off the network would eat each reconnect's share of the timeout first)."""
+        address = self._address_of.get(conn)
+        if address is not None:
+            self._hosts.failed(address, silent=True)
+
     def not_primary(self, conn: Any, exc: BaseException) -> NotPrimary:
         """*conn*'s server turned out not to be the primary: its set-up said so (*exc*, a
         :class:`.primary.NotPrimary`), or it refused a write (*exc*, SQLSTATE 25006). Its

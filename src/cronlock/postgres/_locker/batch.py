@@ -327,10 +327,10 @@ class Batcher:
                     _settle(end.future, False)  # the session died: the server released them
                 return
             _logger.warning(
-                "unlock of %s failed (%r); the lock session was terminated, which releases "
-                "the locks server-side",
+                "the end of the runs of %s failed (%r); %s",
                 sorted({end.job for end in current}),
                 exc,
+                exclusion.end_failed,
                 extra=_about([(end.job, end.slot) for end in current]),
             )
             for end in current:

@@ -16,7 +16,8 @@ identifier and timeline); a locker that finds another server than before:
    :class:`cronlock.SlotRanTwice`);
 3. in lease mode, releases its leases whose release was lost, and takes back those of its
    runs in flight (:meth:`.._modes.base.Exclusion.after_failover`), so a live replica never
-   holds a job off until a lease expires;
+   holds a job off until a lease expires (it does this at every reconnect, to the same
+   server too: a cut connection loses releases as well);
 4. claims no slot due before the change for :data:`SETTLE` seconds (``LockUnavailable``:
    the run loop claims it again every half second while its grace lasts), so that every
    live replica has reconnected and written back its runs before one of them is run again.
@@ -109,6 +110,8 @@ class NewPrimary:
         self._settled_at = float("-inf")  # monotonic time slots before it may be claimed
         self._task: asyncio.Task[None] | None = None
         self._probe: asyncio.Task[None] | None = None
+        self._fixing: asyncio.Task[None] | None = None
+        self._reconnects = False  # a connection was had before: the next is a reconnect
         self._closed = False
         self._callbacks: list[FailoverCallback] = []
         self.failovers = 0
@@ -150,11 +153,27 @@ class NewPrimary:
 
     def seen(self, server: str | None) -> None:
         """A new connection reached *server* (``None``: it would not say)."""
-        if server is None or server == self._server:
+        if server is not None and self._server is not None and server != self._server:
+            self._changed(server)
             return
+        if server is not None:
+            self._server = server
+        if self._reconnects and (self._fixing is None or self._fixing.done()):
+            # A connection came back (the same server, or one that would not say): lease
+            # rows whose release the outage cut are put right now, not when they expire.
+            self._fixing = asyncio.get_running_loop().create_task(
+                self._put_leases_right(), name=task_name("pg-leases")
+            )
+        self._reconnects = True
+
+    async def _put_leases_right(self) -> None:
+        try:
+            await self._leases(self._shards[0])
+        except LockError as exc:  # they expire by themselves; the next reconnect tries
+            _logger.debug("putting the leases right after a reconnect failed: %r", exc)
+
+    def _changed(self, server: str) -> None:
         before, self._server = self._server, server
-        if before is None:
-            return
         self.failovers += 1
         self._changed_at = _now()
         self._settled_at = monotonic() + SETTLE
@@ -198,10 +217,10 @@ class NewPrimary:
     async def close(self) -> None:
         """Stop writing back and reconnecting (at the locker's close)."""
         self._closed = True
-        for task in (self._task, self._probe):
+        for task in (self._task, self._probe, self._fixing):
             if task is not None and task is not asyncio.current_task():
                 await cancel_and_wait(task)
-        self._task = self._probe = None
+        self._task = self._probe = self._fixing = None
 
     # -- writing back --------------------------------------------------------------------
 
@@ -221,16 +240,22 @@ class NewPrimary:
                 _logger.debug("writing back recent runs failed (%r); again in 1s", exc)
                 await asyncio.sleep(1.0)
 
+    async def _leases(self, shard: Channel) -> None:
+        """Lease mode: release this replica's leases of jobs it no longer runs (their
+        release was lost) and take back those of its runs in flight; else nothing."""
+        leases = self._exclusion.after_failover(list(self._in_flight()))
+        if leases is None:
+            return
+        row = await self._run(shard, leases, "putting the leases right")
+        if row and row[0]["released"]:
+            _logger.info(
+                "released %d lease(s) of this replica whose release the outage lost",
+                row[0]["released"],
+            )
+
     async def _send(self) -> None:
         shard = self._shards[0]
-        leases = self._exclusion.after_failover(list(self._in_flight()))
-        if leases is not None:
-            row = await self._run(shard, leases, "putting the leases right on a new primary")
-            if row and row[0]["released"]:
-                _logger.info(
-                    "released %d lease(s) of this replica that the failover kept live",
-                    row[0]["released"],
-                )
+        await self._leases(shard)
         if self._sql is None:
             return
         items = [(job, slot, ran) for job, runs in self._runs.items() for slot, ran in runs.items()]

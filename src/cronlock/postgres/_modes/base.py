@@ -153,6 +153,8 @@ class Exclusion(abc.ABC):
     """The run ledger, or ``None`` (``ledger=False``)."""
     heartbeat: bool
     """Whether upkeep checks the sessions that hold locks (their death loses them)."""
+    end_failed = "the lock session was terminated, which releases the locks server-side"
+    """What becomes of the locks of runs whose end statement failed (said in a WARNING)."""
 
     @abc.abstractmethod
     def ledger_or(self, without: Callable[[], _A], kept: Callable[[LedgerTable], _B]) -> _A | _B:

@@ -214,6 +214,10 @@ class LeaseRows(Exclusion):
 
     mode = "lease"
     heartbeat = False  # the renewals prove the leases; nothing lives in a session
+    end_failed = (
+        "their outcomes are written and their leases released once a connection is back "
+        "(or the leases expire)"
+    )
 
     def __init__(self, table: LedgerTable, *, holder: str, lease: float) -> None:
         self.ledger = self._table = table

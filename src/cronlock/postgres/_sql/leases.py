@@ -47,8 +47,11 @@ def lease_claim_many_sql(table: LedgerTable) -> str:
     lease was taken), plus *stray*: the lease was taken but the slot had been claimed
     meanwhile (seen only in the latest data, not in this statement's snapshot), so the caller
     gives that lease back. A job's lease is taken only while no unexpired lease of the job
-    exists and the latest one was not for this very slot (then the slot ran already; the
-    lease of an undone claim is released for no slot, see :func:`lease_finish_many_sql`).
+    exists, or the live one is this holder's (a holder claims a job only with no run of it
+    in flight: a lease of its own is one whose release was lost, to a cut connection or a
+    failover, and must not hold its own next slot off), and the latest one was not for this
+    very slot (then the slot ran already; the lease of an undone claim is released for no
+    slot, see :func:`lease_finish_many_sql`).
     """
     runs, leases = table.runs, table.leases
     return f"""
@@ -65,7 +68,8 @@ def lease_claim_many_sql(table: LedgerTable) -> str:
             ON CONFLICT (job) DO UPDATE
             SET slot = EXCLUDED.slot, holder = EXCLUDED.holder,
                 expires_at = EXCLUDED.expires_at, attempt = 1
-            WHERE x.expires_at <= clock_timestamp() AND x.slot <> EXCLUDED.slot
+            WHERE (x.expires_at <= clock_timestamp() OR x.holder = EXCLUDED.holder)
+              AND x.slot <> EXCLUDED.slot
             RETURNING x.job
         ), ins AS (
             INSERT INTO {runs} (job, slot, host, pid, session, started_at, manual, holder)
