@@ -52,8 +52,9 @@ STILL_DOWN_EVERY = 60.0
 
 def backoff_step(failures: int) -> float:
     """The wait after *failures* failed connects in a row, before jitter."""
-    cap = RECONNECT_BRISK if failures <= BRISK_FAILURES else RECONNECT_MAX
-    return min(cap, RECONNECT_FIRST * 2.0 ** min(failures - 1, 64))
+    if failures <= BRISK_FAILURES:
+        return min(RECONNECT_BRISK, RECONNECT_FIRST * 2.0 ** (failures - 1))
+    return min(RECONNECT_MAX, RECONNECT_BRISK * 2.0 ** min(failures - BRISK_FAILURES, 64))
 
 
 class Backoff:
