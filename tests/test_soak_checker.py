@@ -1,6 +1,8 @@
 """The soak's checker (benchmarks/soak/checker.py) on made-up effects: it must catch what
-it exists to catch (a slot finished twice, an overlap, a miss outside every fault window)
-and must not blame a fault's price or the overlap rule's skips on cronlock."""
+it exists to catch (a slot finished twice, an overlap, a miss outside every fault window,
+a miss inside one that nothing explains although its grace outlasted the fault, a claim
+that never ran) and must not blame the explained price of a fault or the overlap rule's
+skips on cronlock."""
 
 from __future__ import annotations
 
@@ -50,8 +52,18 @@ def every_slot(job: Any, first: float, last: float, rep: int = 0) -> list[dict[s
     return lines
 
 
-def judge(lines: list[dict[str, Any]], faults: list[Any] = [], jobs: Any = (QUICK,)) -> Any:  # noqa: B006
-    return checker.check(lines, faults, list(jobs), T0, T0 + 10)
+def said(e: str, job: str, slot: float, rep: int, t: float, **more: Any) -> dict[str, Any]:
+    """One line of a replica's effects besides a run's (``skip``, ``lockfailed``, ``lost``)."""
+    return {"e": e, "job": job, "slot": slot, "rep": rep, "pid": 100 + rep, "t": t, **more}
+
+
+def judge(
+    lines: list[dict[str, Any]],
+    faults: list[Any] = [],  # noqa: B006
+    jobs: Any = (QUICK,),
+    ledger: list[Any] | None = None,
+) -> Any:
+    return checker.check(lines, faults, list(jobs), T0, T0 + 10, ledger)
 
 
 def test_every_slot_once_passes() -> None:
@@ -75,13 +87,170 @@ def test_a_slot_started_twice_but_finished_once_is_not_a_duplicate() -> None:
     assert (verdict.duplicates, verdict.double_starts, verdict.failures) == ([], 1, [])
 
 
-def test_a_miss_outside_every_fault_window_fails_and_inside_one_is_its_price() -> None:
+def test_a_miss_outside_every_fault_window_fails() -> None:
     lines = [line for line in every_slot(QUICK, T0, T0 + 10) if line["slot"] != T0 + 5]
-    assert judge(lines).misses_outside == [f"quick@{T0 + 5:.3f}"]
-    kill = checker.Fault("kill", 0, T0 + 4.5, T0 + 4.6, T0 + 6.0, (100,))
-    verdict = judge(lines, [kill])
-    assert (verdict.misses_outside, dict(verdict.misses_inside)) == ([], {"kill": 1})
+    verdict = judge(lines)
+    assert verdict.misses_outside == [f"quick@{T0 + 5:.3f}"] and verdict.failures
+
+
+# -- misses inside fault windows: a failure unless explained ----------------------------------
+
+MISSED = T0 + 5
+"""The slot the tests of misses leave out."""
+RESTART = checker.Fault("restart", None, T0 + 4.5, T0 + 5.5, T0 + 9.0, outage_end=T0 + 8.0)
+
+
+def missing(slot: float = MISSED) -> list[dict[str, Any]]:
+    """Every slot of QUICK run once, but *slot*."""
+    return [line for line in every_slot(QUICK, T0, T0 + 10) if line["slot"] != slot]
+
+
+def test_a_miss_inside_a_window_whose_grace_outlasted_the_outage_fails() -> None:
+    verdict = judge(missing(), [RESTART])
+    assert (verdict.misses_outside, dict(verdict.misses_inside)) == ([], {"restart": 1})
+    assert dict(verdict.unexplained_inside) == {"restart": 1}
+    assert verdict.unexplained[0].startswith(f"quick@{MISSED:.0f} (restart")
+    assert verdict.failures
+
+
+def test_a_miss_whose_grace_ran_out_before_the_outage_ended_is_explained() -> None:
+    short = checker.Job("quick", 1.0, 0.05, grace=2.0)  # slot + 2 s < the outage's end
+    verdict = judge(missing(), [RESTART], jobs=(short,))
+    assert dict(verdict.explained) == {"restart": {"grace ran out": 1}}
     assert verdict.failures == []
+    # The outage's end, not the window's (which counts the lease too), is what the grace
+    # must outlast: an outage over within the grace owes the slot a run.
+    lease_long = checker.Fault("restart", None, T0 + 4.5, T0 + 5.5, T0 + 40.0, outage_end=T0 + 6.0)
+    later = checker.Job("quick", 1.0, 0.05, grace=2.0)
+    assert judge(missing(), [lease_long], jobs=(later,)).unexplained
+
+
+def test_a_fault_of_an_older_soak_ends_its_outage_with_its_window() -> None:
+    old = checker.Fault("restart", None, T0 + 4.5, T0 + 5.5, T0 + 9.0)
+    assert old.over == T0 + 9.0
+    verdict = judge(missing(), [old], jobs=(checker.Job("quick", 1.0, 0.05, grace=3.0),))
+    assert dict(verdict.explained) == {"restart": {"grace ran out": 1}}
+
+
+def test_a_miss_whose_job_was_found_locked_is_held() -> None:
+    # The job's lock (or lease) was held by a cut-off replica when the others claimed it.
+    lines = [*missing(), said("skip", "quick", MISSED, 1, MISSED - 0.1, reason="locked")]
+    verdict = judge(lines, [RESTART])
+    assert dict(verdict.explained) == {"restart": {"held": 1}}
+    assert verdict.failures == []
+    # already_ran is no explanation: the slot ran nowhere.
+    lines = [*missing(), said("skip", "quick", MISSED, 1, MISSED - 0.1, reason="already_ran")]
+    assert judge(lines, [RESTART]).unexplained
+
+
+def test_a_slot_claimed_by_a_killed_replica_is_explained_by_the_ledger() -> None:
+    kill = checker.Fault("kill", 0, T0 + 5.2, T0 + 5.3, T0 + 7.0, (100,), outage_end=T0 + 5.3)
+    claim = checker.Claim("quick", MISSED, pid=100)  # claimed, then killed before it began
+    verdict = judge(missing(), [kill], ledger=[claim])
+    assert dict(verdict.explained) == {"kill": {"claimed by a killed replica": 1}}
+    assert (verdict.lost_claims, verdict.failures) == ([], [])
+    assert judge(missing(), [kill]).unexplained  # without the ledger: nothing explains it
+    survivor = checker.Claim("quick", MISSED, pid=101)  # r1, never killed: a lost claim
+    verdict = judge(missing(), [kill], ledger=[survivor])
+    assert verdict.unexplained and len(verdict.lost_claims) == 1
+
+
+def test_a_misfire_reported_although_the_outage_ended_within_the_grace_fails() -> None:
+    lines = [
+        *missing(),
+        said("skip", "quick", MISSED, 1, MISSED + 0.2, reason="locked"),
+        said("skip", "quick", MISSED, 2, MISSED + 9.0, reason="misfire"),
+    ]
+    verdict = judge(lines, [RESTART])
+    assert verdict.unexplained and "r2 skip misfire" in verdict.unexplained[0]
+    short = checker.Job("quick", 1.0, 0.05, grace=2.0)  # its grace did run out
+    assert judge(lines, [RESTART], jobs=(short,)).failures == []
+
+
+def test_a_slot_owed_across_an_outage_coalesces_into_a_later_owed_one() -> None:
+    # r1's claim of the slot never reached the server, nor did its claim of the next slot:
+    # it keeps only the latest owed slot of a job, which ran late.
+    lines = [line for line in missing() if line["slot"] != MISSED + 1]
+    lines += run("quick", MISSED + 1, 1, MISSED + 3.1, MISSED + 3.2)
+    owed = [
+        said("lockfailed", "quick", MISSED, 1, MISSED + 0.5, why="LockUnavailable"),
+        said("lockfailed", "quick", MISSED + 1, 1, MISSED + 1.1, why="SessionLost"),
+    ]
+    verdict = judge(lines + owed, [RESTART])
+    assert dict(verdict.explained) == {"restart": {"coalesced": 1}}
+    assert verdict.failures == []
+    # Only the failed claim of the slot itself: it was owed, and never claimed again.
+    assert judge(lines + owed[:1], [RESTART]).unexplained
+    # The later slot's claim failed on another replica: not what r1 owed.
+    elsewhere = {**owed[1], "rep": 2, "pid": 102}
+    assert judge([*lines, owed[0], elsewhere], [RESTART]).unexplained
+    # A claim the server answered with an error is not owed.
+    refused = {**owed[1], "why": "ServerError"}
+    assert judge([*lines, owed[0], refused], [RESTART]).unexplained
+    # The slot's claim went through afterwards (r1's last word on it): not coalesced.
+    answered = said("skip", "quick", MISSED, 1, MISSED + 2.0, reason="already_ran")
+    assert judge([*lines, *owed, answered], [RESTART]).unexplained
+
+
+def test_a_slot_skipped_everywhere_behind_a_claim_in_flight_that_ran_late_is_explained() -> None:
+    # The claims of the slot before hung across the outage (in flight: the job counts as
+    # running), so each replica skipped the slot by the overlap rule; the slot before ran
+    # after it. Its claims refused instead (no late run): the slot ran nowhere, a failure.
+    lines = [line for line in missing() if line["slot"] != MISSED - 1]
+    lines += [
+        said("skip", "quick", MISSED, rep, MISSED + 0.001, reason="overlap") for rep in (0, 1, 2)
+    ]
+    late = run("quick", MISSED - 1, 1, MISSED + 0.7, MISSED + 0.75)
+    verdict = judge(lines + late, [RESTART])
+    assert dict(verdict.explained) == {"restart": {"behind a late run": 1}}
+    assert verdict.failures == []
+    this = f"quick@{MISSED:.0f} "
+    assert any(u.startswith(this) for u in judge(lines, [RESTART]).unexplained)
+    # A replica that said something else of the slot (its claim failed, and was never
+    # made again) had no run in flight: not explained.
+    owed = said("lockfailed", "quick", MISSED, 2, MISSED + 0.5, why="LockUnavailable")
+    assert judge([*lines, *late, owed], [RESTART]).unexplained
+
+
+def test_a_miss_counts_for_the_last_fault_to_begin_before_it() -> None:
+    pause = checker.Fault("pause", 1, T0 + 1.0, T0 + 2.0, T0 + 9.0, outage_end=T0 + 9.0)
+    verdict = judge(missing(), [pause, RESTART])
+    assert dict(verdict.misses_inside) == {"restart": 1}
+
+
+# -- the ledger's claims ----------------------------------------------------------------------
+
+
+def test_a_claim_its_live_claimer_never_started_is_a_lost_run_even_outside_windows() -> None:
+    # The fleet took the slot as claimed (already_ran to the others); nobody ran it.
+    lines = [*missing(), said("skip", "quick", MISSED, 1, MISSED, reason="already_ran")]
+    claims = [checker.Claim("quick", MISSED, pid=100, outcome="lock_lost")]
+    verdict = judge(lines, ledger=claims)
+    assert len(verdict.lost_claims) == 1 and "claimed by pid 100" in verdict.lost_claims[0]
+    assert verdict.failures
+    # A claim whose own process ran the slot is as it should be; a claim naming another
+    # process than the one that ran the slot is lost too.
+    ran = [checker.Claim("quick", T0 + 1, pid=100)]
+    assert judge(every_slot(QUICK, T0, T0 + 10), ledger=ran).lost_claims == []
+    other = [checker.Claim("quick", T0 + 1, pid=101)]
+    assert len(judge(every_slot(QUICK, T0, T0 + 10), ledger=other).lost_claims) == 1
+
+
+def test_slots_that_ran_without_a_claim_in_the_ledger_are_reported() -> None:
+    # After a failover, claims the standby had not received are gone: reported, no failure.
+    claims = [checker.Claim("quick", T0 + k, pid=100) for k in range(9)]
+    verdict = judge(every_slot(QUICK, T0, T0 + 10), ledger=claims)
+    assert (verdict.unledgered, verdict.failures) == ([f"quick@{T0 + 9:.0f}"], [])
+
+
+def test_the_ledger_as_run_py_saves_it_is_read(tmp_path: Path) -> None:
+    row = {
+        "job": "quick", "slot": T0, "host": "vm", "pid": 100, "started_at": T0 + 0.01,
+        "finished_at": None, "outcome": None, "attempt": 1, "holder": "cronlock-soak-0:ab",
+    }  # fmt: skip
+    path = tmp_path / "ledger.json"
+    path.write_text(json.dumps([row]))
+    assert checker.read_ledger(path) == [checker.Claim(**row)]
 
 
 def test_a_window_opens_a_moment_before_its_fault() -> None:

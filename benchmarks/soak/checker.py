@@ -1,8 +1,11 @@
 """The soak's checker: every slot of the judged window, matched to the runs that were for it.
 
 It reads what the replicas did (their effects files: a ``start`` line as a run's first act,
-``end`` as its last, ``cancel`` when it was cancelled), what the nemesis did (its faults,
-each with the window in which it may cost slots), and judges:
+``end`` as its last, ``cancel`` when it was cancelled; ``skip``, ``lockfailed`` and
+``lost`` lines for the events ``JobSkipped``, ``LockFailed`` and ``LockLost``), what the
+nemesis did (its faults, each with its *outage*, the time until every replica could reach
+the server again, and its *window*, in which it may cost slots), and the ledger as the
+soak left it (``cronlock_runs``: which process's claim of each slot stands), and judges:
 
 - **duplicates**: a slot with two *finished* runs (``end`` lines). Must be 0, but for a
   ``recover=True`` job inside a fault window: its run may have finished while the fault
@@ -14,9 +17,35 @@ each with the window in which it may cost slots), and judges:
 - **misses outside fault windows**: a slot with no run, while no run of its job was in
   progress (then the slot was skipped by the overlap rule, as designed) and outside every
   fault's window. Must be 0.
-- **misses inside fault windows**: the same inside a window, counted by the fault's kind:
-  the price of each kind of fault.
+- **misses inside fault windows**: every fault here is shorter than the jobs' misfire
+  grace, so a slot due during one is owed a late run once it is over (cronlock's
+  ``_core/outage.py``). A slot missed inside a window is a failure, "missed though its
+  grace outlasted the fault", unless it is explained, and the explained ones are counted
+  by the fault's kind and the explanation:
+
+  - **grace ran out**: the slot's grace ended before the fault's outage did;
+  - **claimed by a killed replica**: the ledger's claim of the slot is a process the
+    nemesis killed, which never wrote its start line (claimed, then killed);
+  - **held**: a replica's claim found the job ``locked`` (``JobSkipped(reason="locked")``):
+    its exclusion was held by a cut-off or killed replica's lock or lease;
+  - **coalesced**: a replica's claim of it never reached the server (``LockFailed`` with
+    ``LockUnavailable``, ``SessionLost`` or ``StatementTimeout``) and was not tried again
+    because a later slot of the job was owed too: cronlock keeps only the latest owed slot
+    of a job (one run of the latest slot within the grace). The later slot is judged on
+    its own;
+  - **behind a late run**: every replica that spoke of it skipped it by the overlap rule,
+    and a run of an earlier slot of the job began after it (that run's claim was in flight
+    across the outage, and a claim in flight counts as the job running): the outage's
+    slots ran once, late, as coalescing would have run them. The overlap rule's skips
+    behind a run in progress (``BUSY_EARLY``, ``BUSY_LATE``) are not misses at all.
+
+  A slot a replica skipped as ``misfire`` although the fault's outage ended within its
+  grace is a failure whatever else explains it.
+- **lost claims**: a slot whose claim in the ledger names a process never killed that
+  wrote no start line for it (the fleet took the slot for run, and it never ran). Must be 0.
 - **unrecovered**: slots of a ``recover=True`` job whose only runs never finished.
+- **unledgered**: slots that ran but have no claim in the ledger (reported: after a
+  failover, claims the standby had not received are gone).
 
 A run with no ``end`` or ``cancel`` line ended when its process was killed (the nemesis
 logs the pid), or else is taken to have lasted its job's duration. Only the standard
@@ -42,24 +71,33 @@ BUSY_LATE = 0.5
 WINDOW_BEFORE = 1.0
 """A fault's window opens this long before it: a claim committed just before a kill (or a
 cut, a pause) belongs to a run that never wrote its first line."""
+UNREACHABLE = frozenset({"LockUnavailable", "SessionLost", "StatementTimeout"})
+"""The ``LockFailed`` exceptions of a claim that never reached a server that could answer
+it: the replica owes the slot and claims it again while its grace lasts (only the latest
+owed slot of a job is kept)."""
+GRACE = 30.0
+"""The soak's ``misfire_grace`` (replica.py's ``MISFIRE_GRACE``; run.py passes it)."""
 
 
 @dataclasses.dataclass(frozen=True)
 class Job:
     """What the checker needs of a job: its interval (slots at multiples of it since the
-    epoch), its body's duration and whether it opted in to recovery."""
+    epoch), its body's duration, whether it opted in to recovery, and its misfire grace."""
 
     name: str
     interval: float
     duration: float
     recover: bool = False
+    grace: float = GRACE
 
 
 @dataclasses.dataclass(frozen=True)
 class Fault:
     """One fault the nemesis injected: *kind* on *replica* (``None``: the server) from
-    *start* to *end* (true wall time), costing slots until *window_end*. *pids* are the
-    processes it killed."""
+    *start* to *end* (true wall time), costing slots until *window_end*. Its outage was
+    over by *outage_end*: every replica could reach the server again (the window without
+    the lease's term: a lease left held shows as a ``locked`` claim); ``None`` (evidence of
+    an older soak): *window_end*. *pids* are the processes it killed."""
 
     kind: str
     replica: int | None
@@ -68,9 +106,32 @@ class Fault:
     window_end: float
     pids: tuple[int, ...] = ()
     detail: str = ""
+    outage_end: float | None = None
 
     def covers(self, t: float) -> bool:
         return self.start - WINDOW_BEFORE <= t <= self.window_end
+
+    @property
+    def over(self) -> float:
+        """When its outage was over (see the class)."""
+        return self.window_end if self.outage_end is None else self.outage_end
+
+
+@dataclasses.dataclass(frozen=True)
+class Claim:
+    """One row of the ledger (``cronlock_runs``) at the end of the soak: *job*'s *slot* was
+    claimed by process *pid* on *host* (a rerun's claim replaces the first), and its run
+    ended as *outcome* (``None``: unfinished). Times are seconds since the epoch."""
+
+    job: str
+    slot: float
+    pid: int
+    host: str = ""
+    started_at: float | None = None
+    finished_at: float | None = None
+    outcome: str | None = None
+    attempt: int = 1
+    holder: str | None = None
 
 
 @dataclasses.dataclass
@@ -100,6 +161,24 @@ class Verdict:
     overlaps_inside: list[str] = dataclasses.field(default_factory=list)
     misses_outside: list[str] = dataclasses.field(default_factory=list)
     misses_inside: collections.Counter[str] = dataclasses.field(default_factory=collections.Counter)
+    """Slots missed inside fault windows, by the kind of the fault that began last before
+    them (of those whose windows hold them): the explained and the unexplained ones."""
+    explained: dict[str, collections.Counter[str]] = dataclasses.field(
+        default_factory=lambda: collections.defaultdict(collections.Counter)
+    )
+    """kind -> explanation -> slots (the module's list of explanations)."""
+    explained_slots: list[str] = dataclasses.field(default_factory=list)
+    """Each explained miss: the slot, the fault's kind, the explanation, what was said."""
+    unexplained: list[str] = dataclasses.field(default_factory=list)
+    """Slots missed inside a fault window though their grace outlasted its outage."""
+    unexplained_inside: collections.Counter[str] = dataclasses.field(
+        default_factory=collections.Counter
+    )
+    """The same, counted by the fault's kind."""
+    lost_claims: list[str] = dataclasses.field(default_factory=list)
+    unledgered: list[str] = dataclasses.field(default_factory=list)
+    ledger: bool = False
+    """Whether the ledger was read (the evidence of an older soak has none)."""
     unrecovered: list[str] = dataclasses.field(default_factory=list)
     faults: collections.Counter[str] = dataclasses.field(default_factory=collections.Counter)
     runs: int = 0
@@ -121,11 +200,23 @@ class Verdict:
                 f"{len(self.misses_outside)} slot(s) missed outside fault windows: "
                 f"{self.misses_outside[:5]}"
             )
+        if self.unexplained:
+            found.append(
+                f"{len(self.unexplained)} slot(s) missed though their grace outlasted the "
+                f"fault: {self.unexplained[:5]}"
+            )
+        if self.lost_claims:
+            found.append(
+                f"{len(self.lost_claims)} slot(s) claimed by a live process that never "
+                f"started them: {self.lost_claims[:5]}"
+            )
         return found
 
     def as_dict(self) -> dict[str, Any]:
         data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         data["misses_inside"] = dict(self.misses_inside)
+        data["explained"] = {kind: dict(why) for kind, why in self.explained.items()}
+        data["unexplained_inside"] = dict(self.unexplained_inside)
         data["faults"] = dict(self.faults)
         data["failures"] = self.failures
         return data
@@ -169,17 +260,28 @@ def slots_between(job: Job, start: float, stop: float) -> list[float]:
     return [round(k * job.interval, 6) for k in range(first, last)]
 
 
+def read_ledger(path: Path) -> list[Claim]:
+    """The ledger as run.py saved it (a JSON list of ``cronlock_runs`` rows)."""
+    with open(path, encoding="utf-8") as f:
+        return [Claim(**row) for row in json.load(f)]
+
+
 def check(
     records: Iterable[dict[str, Any]],
     faults: Sequence[Fault],
     jobs: Sequence[Job],
     judged_from: float,
     judged_to: float,
+    ledger: Iterable[Claim] | None = None,
 ) -> Verdict:
-    """Judge the slots of *jobs* in [judged_from, judged_to) (see the module's rules)."""
-    verdict = Verdict(judged_from, judged_to)
+    """Judge the slots of *jobs* in [judged_from, judged_to) (see the module's rules).
+    Without a *ledger* no slot is explained as claimed by a killed replica, and claims are
+    not checked."""
+    records = list(records)
+    verdict = Verdict(judged_from, judged_to, ledger=ledger is not None)
     verdict.faults.update(f.kind for f in faults)
     runs = runs_of(records, faults)
+    said = _Said(records, faults, ledger)
     by_job: dict[str, list[Run]] = collections.defaultdict(list)
     for run in runs:
         by_job[run.job].append(run)
@@ -187,12 +289,87 @@ def check(
     for job in jobs:
         mine = sorted(by_job.get(job.name, ()), key=lambda run: run.start)
         _overlaps(job, mine, partitions, verdict)
-        _slots(job, mine, faults, verdict)
+        _slots(job, mine, faults, said, verdict)
     judged = [r for r in runs if judged_from <= r.slot < judged_to]
     verdict.runs = len(judged)
     verdict.cancelled = sum(r.outcome == "cancel" for r in judged)
     verdict.killed = sum(r.outcome == "killed" for r in judged)
     return verdict
+
+
+class _Said:
+    """What is known of each slot besides its runs: the replicas' ``skip``, ``lockfailed``
+    and ``lost`` lines, in order, and the ledger's claim."""
+
+    def __init__(
+        self,
+        records: Iterable[dict[str, Any]],
+        faults: Sequence[Fault],
+        ledger: Iterable[Claim] | None,
+    ) -> None:
+        self.killed = {pid for f in faults for pid in f.pids}
+        self.lines: dict[tuple[str, float], list[dict[str, Any]]] = collections.defaultdict(list)
+        self.unreached: dict[tuple[int, str], list[float]] = collections.defaultdict(list)
+        """(pid, job) -> the slots a claim of which never reached the server."""
+        for r in sorted(records, key=lambda r: r["t"]):
+            if r["e"] in ("skip", "lockfailed", "lost"):
+                slot = round(r["slot"], 6)
+                self.lines[(r["job"], slot)].append(r)
+                if r["e"] == "lockfailed" and r.get("why") in UNREACHABLE:
+                    self.unreached[(r["pid"], r["job"])].append(slot)
+        self.claims = None if ledger is None else {(c.job, round(c.slot, 6)): c for c in ledger}
+
+    def claim(self, job: str, slot: float) -> Claim | None:
+        return None if self.claims is None else self.claims.get((job, slot))
+
+    def skipped(self, job: str, slot: float, reason: str) -> bool:
+        return any(
+            r["e"] == "skip" and r.get("reason") == reason for r in self.lines.get((job, slot), ())
+        )
+
+    def coalesced(self, job: str, slot: float) -> bool:
+        """Whether a replica owed *slot* and dropped it for a later owed slot of *job*: its
+        last word on the slot is a claim that never reached the server, and a claim of a
+        later slot of the job failed the same way (the latest owed slot supersedes the
+        older, whether it failed before or after the older one's last claim)."""
+        last: dict[int, dict[str, Any]] = {}
+        for r in self.lines.get((job, slot), ()):
+            last[r["pid"]] = r
+        return any(
+            r["e"] == "lockfailed"
+            and r.get("why") in UNREACHABLE
+            and any(later > slot for later in self.unreached[(pid, job)])
+            for pid, r in last.items()
+        )
+
+    def behind_late_run(self, job: str, slot: float, runs: Sequence[Run]) -> bool:
+        """Whether every replica that spoke of *slot* skipped it by the overlap rule, and a
+        run of an earlier slot of *job* began after it: that run's claim was in flight
+        across the outage when the slot came (a claim in flight counts as the job running),
+        and the outage's slots ran once, late, as coalescing would have run them."""
+        lines = self.lines.get((job, slot), ())
+        return (
+            bool(lines)
+            and all(r["e"] == "skip" and r.get("reason") == "overlap" for r in lines)
+            and any(run.slot < slot < run.start for run in runs)
+        )
+
+    def summary(self, job: str, slot: float) -> str:
+        """The replicas' words on the slot and its claim, in short, for a failure's text."""
+        words: list[str] = []
+        for r in self.lines.get((job, slot), ()):
+            word = f"r{r['rep']} {r['e']} {r.get('reason') or r.get('why') or ''}".rstrip()
+            if word not in words:
+                words.append(word)
+        claim = self.claim(job, slot)
+        if claim is not None:
+            words.append(
+                f"ledger: pid {claim.pid}{' (killed)' if claim.pid in self.killed else ''} "
+                f"{claim.outcome or 'unfinished'}, attempt {claim.attempt}"
+            )
+        elif self.claims is not None:
+            words.append("ledger: no claim")
+        return "; ".join(words) or "nothing said"
 
 
 def _end(job: Job, run: Run) -> float:
@@ -225,7 +402,7 @@ def _busy(job: Job, runs: Sequence[Run], starts: list[float], longest: float, t:
     return False
 
 
-def _slots(job: Job, runs: Sequence[Run], faults: Sequence[Fault], v: Verdict) -> None:
+def _slots(job: Job, runs: Sequence[Run], faults: Sequence[Fault], said: _Said, v: Verdict) -> None:
     for_slot: dict[float, list[Run]] = collections.defaultdict(list)
     for run in runs:
         for_slot[round(run.slot, 6)].append(run)
@@ -234,6 +411,10 @@ def _slots(job: Job, runs: Sequence[Run], faults: Sequence[Fault], v: Verdict) -
     for slot in slots_between(job, v.judged_from, v.judged_to):
         v.slots += 1
         mine = for_slot.get(slot, [])
+        covering = [f for f in faults if f.covers(slot)]
+        # The grace outlasted the faults' outage (no fault: nothing to outlast).
+        owed = slot + job.grace >= max((f.over for f in covering), default=-math.inf)
+        _claim(job, slot, mine, owed, said, v)
         if mine:
             v.ran += 1
             finished = [r for r in mine if r.outcome == "end"]
@@ -254,8 +435,58 @@ def _slots(job: Job, runs: Sequence[Run], faults: Sequence[Fault], v: Verdict) -
         if _busy(job, runs, starts, longest, slot):
             v.busy += 1
             continue
-        window = next((f for f in faults if f.covers(slot)), None)
-        if window is None:
+        if not covering:
             v.misses_outside.append(f"{job.name}@{slot:.3f}")
-        else:
-            v.misses_inside[window.kind] += 1
+            continue
+        kind = max(covering, key=lambda f: f.start).kind  # the latest to begin before it
+        v.misses_inside[kind] += 1
+        why = _explained(job, slot, owed, runs, said)
+        if why is not None:
+            v.explained[kind][why] += 1
+            v.explained_slots.append(
+                f"{job.name}@{slot:.0f} ({kind}: {why}; {said.summary(job.name, slot)})"
+            )
+            continue
+        v.unexplained_inside[kind] += 1
+        over = max(f.over for f in covering)
+        v.unexplained.append(
+            f"{job.name}@{slot:.0f} ({kind}, its outage over {over - slot:.1f} s after the "
+            f"slot; {said.summary(job.name, slot)})"
+        )
+
+
+def _explained(job: Job, slot: float, owed: bool, runs: Sequence[Run], said: _Said) -> str | None:
+    """Why a slot missed inside a fault window did not run (the module's explanations), or
+    ``None``: it should have."""
+    if not owed:
+        return "grace ran out"
+    if said.skipped(job.name, slot, "misfire"):
+        return None  # reported missed although the outage ended within its grace
+    claim = said.claim(job.name, slot)
+    if claim is not None and claim.pid in said.killed:
+        return "claimed by a killed replica"  # and it wrote no start line: no run did
+    if said.skipped(job.name, slot, "locked"):
+        return "held"
+    if said.coalesced(job.name, slot):
+        return "coalesced"
+    if said.behind_late_run(job.name, slot, runs):
+        return "behind a late run"
+    return None
+
+
+def _claim(job: Job, slot: float, runs: Sequence[Run], owed: bool, said: _Said, v: Verdict) -> None:
+    """Check the ledger's claim of *slot* against its runs *runs*."""
+    if said.claims is None:
+        return
+    claim = said.claim(job.name, slot)
+    if claim is None:
+        if runs:
+            v.unledgered.append(f"{job.name}@{slot:.0f}")
+        return
+    if claim.pid in said.killed or any(r.pid == claim.pid for r in runs) or not owed:
+        return
+    ran = ", ".join(f"r{r.replica}/pid {r.pid}" for r in runs) or "nobody"
+    v.lost_claims.append(
+        f"{job.name}@{slot:.0f} claimed by pid {claim.pid} ({claim.outcome or 'unfinished'}), "
+        f"run by {ran}; {said.summary(job.name, slot)}"
+    )

@@ -9,6 +9,9 @@ Faults it models, on this replica's connections only:
   connection is aborted then (the server's keepalives noticed the dead peer); when the
   partition heals, the client side of those connections is aborted (its next packet
   meets a reset), and connections the server never gave up on carry on.
+
+And :meth:`FaultProxy.retarget`, for a failover: new connections go to another server (a
+moved address: a DNS name, a virtual IP), open ones are aborted (they led to the old one).
 """
 
 from __future__ import annotations
@@ -83,6 +86,11 @@ class FaultProxy(TcpProxy):
                 writer.transport.abort()
         self._hung.clear()
         self._flowing.set()
+
+    def retarget(self, port: int) -> None:
+        """Send new connections to *port* (same host) and abort the open ones."""
+        self.target = (self.target[0], port)
+        self.reset()
 
     def cut(self) -> None:
         """What the tests' proxy calls a cut: :meth:`reset`."""

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import inspect
 import json
 import logging
 import os
@@ -53,8 +54,10 @@ JOBS = (
 """The soak's jobs: six quick ones every second, two every 2 s, three slow ones (runs
 longer than their interval) and one with ``recover=True``."""
 
-LEASE = 6.0
-"""The soak's lease (lease mode): renewed every 1.5 s, fenced 4.5 s after a renewal was sent."""
+LEASE = float(inspect.signature(PostgresLocker).parameters["lease"].default)
+"""Lease mode: cronlock's default lease (20 s; the soak passes none, and reads the default
+here for the fault windows): renewed every 5 s, a run fenced 15 s after a renewal was sent.
+A killed or cut-off replica's lease blocks its job for up to this long."""
 HEARTBEAT = 2.0
 """Session mode: a lock session is checked every 2 s ..."""
 STATEMENT_TIMEOUT = 2.0
@@ -112,8 +115,7 @@ async def main() -> None:
     clock = OffsetClock(0)
     locker = PostgresLocker(
         args.dsn,
-        mode=args.mode,
-        lease=LEASE,
+        mode=args.mode,  # lease mode: the default lease (LEASE)
         heartbeat=HEARTBEAT,
         statement_timeout=STATEMENT_TIMEOUT,
         keepalives=KEEPALIVES,

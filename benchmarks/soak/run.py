@@ -5,23 +5,34 @@
     python benchmarks/soak/run.py --mode lease --seconds 60 --seed 1234
 
 Per mode, a throwaway PostgreSQL cluster (tests/postgres/cluster.py, never the machine's
-server) and, for lease mode, PgBouncer in transaction mode in front of it; per replica a
-TCP proxy (faultproxy.py) between the replica and the server (session) or the pooler (lease), so
-that a fault hits one replica at a time. Three replica processes (replica.py) run the
-soak's jobs. After a warm-up a seeded nemesis injects one fault at a time, every few
+server) with a streaming standby, and, for lease mode, PgBouncer in transaction mode in
+front of the primary; per replica a TCP proxy (faultproxy.py) between the replica and the
+primary (session) or the pooler (lease), so that a fault hits one replica at a time. The
+replicas reach the primary through one endpoint that a failover moves, as a DNS name or a
+virtual IP would: the proxies in session mode, PgBouncer in lease mode (servers.py). Three
+replica processes (replica.py) run the soak's jobs (lease mode with cronlock's default
+lease, 20 s). After a warm-up a seeded nemesis injects one fault at a time, every few
 seconds: SIGKILL (the replica is restarted at once), SIGSTOP for 0.5-3.5 s, a partition
 of one replica for 1-10 s, a connection reset, a server crash-restart (``pg_ctl restart -m
-immediate``) and a clock step of 1-5 s on one replica. Half the faults are followed by a
-quiet spell until their window closes, so that slots outside every window are judged too.
-Then the replicas are stopped with SIGTERM, and the checker (checker.py) judges every slot
-from the end of the warm-up to the stop.
+immediate``), a clock step of 1-5 s on one replica, a ``failover`` (the primary crashes,
+the standby is promoted 3 s later and the endpoint moves to it) and a ``switchover`` (the
+primary stops cleanly, then the same). One failover and one switchover come at seeded
+instants of every run; a new standby is made after each, and while one streams the
+random draw may pick them too. Half the faults are followed by a quiet spell until their
+window closes, so that slots outside every window are judged too. Then the replicas are
+stopped with SIGTERM, the primary's ledger (``cronlock_runs``) is saved, and the checker
+(checker.py) judges every slot from the end of the warm-up to the stop.
 
 The run fails (exit status 1) on a slot finished twice, an overlap outside a partition, a
-slot missed outside every fault window, a replica that did not stop cleanly, or anything
-of cronlock's left on the server afterwards (an advisory lock, a session, a live lease).
-Evidence (effects files, replica logs, the faults, the verdict) is kept in
-benchmarks/results/soak/<mode>-<seed>/ on failure (and with ``--keep``), with the command
-that reruns the same seed.
+slot missed outside every fault window, a slot missed inside one although its misfire
+grace outlasted the fault's outage and nothing explains it (checker.py: the job held by a
+cut-off or killed replica, the slot claimed by a killed one, coalesced into a later owed
+slot, or skipped behind an earlier slot that ran late), a slot whose claim names a live
+replica that never started it, a replica that did not stop cleanly, or anything of
+cronlock's left on the server afterwards (an advisory lock, a session, a live lease).
+Evidence (effects files, replica logs, the servers' logs, the ledger, the faults, the
+verdict) is kept in benchmarks/results/soak/<mode>-<seed>/ on failure (and with
+``--keep``), with the command that reruns the same seed.
 """
 
 from __future__ import annotations
@@ -45,16 +56,31 @@ RESULTS = ROOT / "benchmarks" / "results" / "soak"
 sys.path.insert(0, str(ROOT / "tests" / "postgres"))
 sys.path.insert(0, str(HERE))
 
-from checker import Fault, Job, Verdict, check, read_effects  # noqa: E402
+from checker import Fault, Job, Verdict, check, read_effects, read_ledger  # noqa: E402
 from cluster import Cluster  # noqa: E402
 from faultproxy import FaultProxy  # noqa: E402
 from pgbouncer import PgBouncer  # noqa: E402
-from replica import HEARTBEAT, JOBS, KEEPALIVES, LEASE, STATEMENT_TIMEOUT  # noqa: E402
+from replica import (  # noqa: E402
+    HEARTBEAT,
+    JOBS,
+    KEEPALIVES,
+    LEASE,
+    MISFIRE_GRACE,
+    STATEMENT_TIMEOUT,
+)
+from servers import Pooler, Servers  # noqa: E402
 
 from cronlock.postgres._conn.backoff import RECONNECT_MAX  # noqa: E402
 
 REPLICAS = 3
-KINDS = ("kill", "pause", "partition", "reset", "restart", "clock")
+MOVES = ("failover", "switchover")
+"""The faults that move the primary: only while a standby streams (servers.py)."""
+PLANNED = (("failover", (0.1, 0.35)), ("switchover", (0.55, 0.8)))
+"""The moves of every run, and when they come (a span of fractions of the run)."""
+KINDS = ("kill", "pause", "partition", "reset", "restart", "clock", *MOVES)
+HOLDERS = ("kill", "partition", "reset", "restart", *MOVES)
+"""Lease mode: the faults that can leave a lease held (a killed or cut-off replica's, or
+one taken by a claim whose answer was lost) until it expires."""
 SERVER_NOTICE = KEEPALIVES.idle + KEEPALIVES.interval * KEEPALIVES.count  # ~6 s
 DETECT = HEARTBEAT + STATEMENT_TIMEOUT
 """Session mode: a replica notices its dead lock session within heartbeat + timeout."""
@@ -64,20 +90,30 @@ LOGIN_RETRY = 2
 restart cost 15 s of runs through the pooler: docs/guides/poolers.md)."""
 
 
-def window_after(kind: str, mode: str) -> float:
-    """Seconds after a fault ends in which it may still cost slots, from the documented
-    bounds: reconnect backoff (``RECONNECT_MAX``), detection of a dead session
-    (heartbeat + statement timeout), the lease (lease mode: a lease taken by a claim whose
-    answer was lost, or held by a killed or cut-off replica, must expire), plus slack."""
-    lease = LEASE if mode == "lease" else 0.0
+def outage_after(kind: str, mode: str) -> float:
+    """Seconds after a fault ends by which every replica can reach the server again, from
+    the documented bounds: reconnect backoff (``RECONNECT_MAX``), detection of a dead
+    session (heartbeat + statement timeout), PgBouncer's login retry after a server went
+    away (lease mode), plus slack. A slot whose grace outlasts this is owed a run."""
+    server = RECONNECT_MAX + DETECT + (LOGIN_RETRY if mode == "lease" else 0.0)
     return {
-        "kill": lease,
+        "kill": 0.0,
         "pause": RECONNECT_MAX + DETECT,
-        "partition": RECONNECT_MAX + DETECT + lease,
-        "reset": RECONNECT_MAX + DETECT + lease,
-        "restart": RECONNECT_MAX + DETECT + lease + (LOGIN_RETRY if mode == "lease" else 0),
+        "partition": RECONNECT_MAX + DETECT,
+        "reset": RECONNECT_MAX + DETECT,
+        "restart": server,
         "clock": 0.0,
+        "failover": server,
+        "switchover": server,
     }[kind] + SLACK
+
+
+def window_after(kind: str, mode: str) -> float:
+    """Seconds after a fault ends in which it may still cost slots: its outage
+    (:func:`outage_after`) and, in lease mode, the lease (a lease held by a killed or
+    cut-off replica, or taken by a claim whose answer was lost, must expire first)."""
+    lease = LEASE if mode == "lease" and kind in HOLDERS else 0.0
+    return outage_after(kind, mode) + lease
 
 
 def log(message: str) -> None:
@@ -148,7 +184,8 @@ class Replica:
 
 
 class Nemesis:
-    """One fault at a time, chosen by a seeded generator, logged as :class:`Fault`."""
+    """One fault at a time, chosen by a seeded generator, logged as :class:`Fault`; a
+    failover and a switchover at seeded instants of every run."""
 
     def __init__(
         self,
@@ -156,13 +193,15 @@ class Nemesis:
         mode: str,
         replicas: list[Replica],
         proxies: list[FaultProxy],
-        cluster: Cluster,
+        servers: Servers,
     ) -> None:
         self.rng, self.mode = rng, mode
-        self.replicas, self.proxies, self.cluster = replicas, proxies, cluster
+        self.replicas, self.proxies, self.servers = replicas, proxies, servers
         self.faults: list[Fault] = []
 
     async def run(self, until: float) -> None:
+        now = time.time()
+        planned = {kind: now + self.rng.uniform(*span) * (until - now) for kind, span in PLANNED}
         while True:
             kind = self.rng.choice(KINDS)
             index = self.rng.randrange(len(self.replicas))
@@ -171,12 +210,23 @@ class Nemesis:
             step = self.rng.choice((-1, 1)) * self.rng.uniform(1.0, 5.0)
             settle = self.rng.random() < 0.5
             gap = self.rng.uniform(1.0, 4.0)
+            other = self.rng.choice([k for k in KINDS if k not in MOVES])
+            due = [k for k, at in planned.items() if at <= time.time()]
+            if due:
+                kind, seconds = due[0], 0.0
+                del planned[kind]
+                if not await self.servers.wait_ready(timeout=max(0.0, until - time.time())):
+                    log(f"planned {kind} not made: no standby")
+                    continue
+            elif kind in MOVES and not self.servers.ready:
+                kind, seconds = other, 0.0  # no standby yet: a fault of another kind
             if time.time() + seconds + 1 >= until:
                 return
             fault = await self.inject(kind, index, seconds, step)
             self.faults.append(fault)
             log(f"fault {len(self.faults)}: {fault.kind} {fault.detail}")
             resume = (fault.window_end if settle else fault.end) + gap
+            resume = min([resume, *planned.values()])  # a planned move is never put off
             await asyncio.sleep(max(0.0, min(resume, until) - time.time()))
             if time.time() >= until:
                 return
@@ -203,14 +253,43 @@ class Nemesis:
         elif kind == "reset":
             proxy.reset()
         elif kind == "restart":
-            target, detail = None, "of the server"
-            await asyncio.to_thread(self.cluster.restart, "immediate")
+            target, detail = None, f"of the server (port {self.servers.primary.port})"
+            await self.servers.restart()
         elif kind == "clock":
             replica.effects.with_suffix(".jsonl.clock").write_text(f"{step:.3f}")
             replica.signal(signal.SIGUSR1)
             detail += f" to {step:+.1f} s"
+        elif kind in MOVES:
+            target = None
+            detail = await self.servers.fail_over(planned=kind == "switchover")
         end = time.time()
-        return Fault(kind, target, start, end, end + window_after(kind, self.mode), pids, detail)
+        return Fault(
+            kind,
+            target,
+            start,
+            end,
+            end + window_after(kind, self.mode),
+            pids,
+            detail,
+            outage_end=end + outage_after(kind, self.mode),
+        )
+
+
+async def save_ledger(cluster: Cluster, path: Path) -> None:
+    """Write the ledger's runs table (``cronlock_runs``) as JSON, times in seconds since
+    the epoch, for the checker."""
+    conn = await asyncpg.connect(cluster.dsn)
+    try:
+        rows = await conn.fetch(
+            """SELECT job, extract(epoch FROM slot)::float8 AS slot, host, pid,
+                      extract(epoch FROM started_at)::float8 AS started_at,
+                      extract(epoch FROM finished_at)::float8 AS finished_at,
+                      outcome, attempt, holder
+               FROM cronlock_runs ORDER BY slot, job"""
+        )
+    finally:
+        await conn.close()
+    path.write_text(json.dumps([dict(row) for row in rows]))
 
 
 async def leftovers(cluster: Cluster, bouncer: PgBouncer | None) -> list[str]:
@@ -257,12 +336,12 @@ async def soak(mode: str, seconds: float, seed: int, warmup: float, evidence: Pa
     log(f"soak {mode}: seed {seed}, {seconds:.0f} s of faults after {warmup:.0f} s of warm-up")
     problems: list[str] = []
     with contextlib.ExitStack() as stack:
-        cluster = stack.enter_context(Cluster())
+        cluster = stack.enter_context(Cluster())  # and, at exit, every standby made of it
         bouncer = None
         target_port = cluster.port
         if mode == "lease":
             bouncer = stack.enter_context(
-                PgBouncer.for_dsn(
+                Pooler.for_dsn(
                     cluster.dsn,
                     default_pool_size=10,
                     settings={"server_login_retry": str(LOGIN_RETRY)},
@@ -273,6 +352,8 @@ async def soak(mode: str, seconds: float, seed: int, warmup: float, evidence: Pa
             FaultProxy("127.0.0.1", target_port, server_notice=SERVER_NOTICE)
             for _ in range(REPLICAS)
         ]
+        servers = Servers(cluster, proxies, bouncer)
+        await servers.start()
         replicas = []
         for i, proxy in enumerate(proxies):
             await proxy.start()
@@ -283,19 +364,22 @@ async def soak(mode: str, seconds: float, seed: int, warmup: float, evidence: Pa
                 await replica.start()
             judged_from = time.time() + warmup
             await asyncio.sleep(warmup)
-            nemesis = Nemesis(rng, mode, replicas, proxies, cluster)
+            nemesis = Nemesis(rng, mode, replicas, proxies, servers)
             await nemesis.run(until=judged_from + seconds)
             await asyncio.sleep(max(0.0, judged_from + seconds - time.time()))
             judged_to = time.time()
             for replica in replicas:
                 if (problem := await replica.stop()) is not None:
                     problems.append(problem)
-            problems += await leftovers(cluster, bouncer)
+            await save_ledger(servers.primary, evidence / "ledger.json")
+            problems += await leftovers(servers.primary, bouncer)
         finally:
             for replica in replicas:
                 replica.signal(signal.SIGKILL)
             for proxy in proxies:
                 await proxy.close()
+            await servers.close()
+            servers.keep_logs(evidence)
     (evidence / "faults.json").write_text(json.dumps([f.__dict__ for f in nemesis.faults]))
     run = {"mode": mode, "seed": seed, "from": judged_from, "to": judged_to, "problems": problems}
     (evidence / "run.json").write_text(json.dumps(run))
@@ -303,16 +387,18 @@ async def soak(mode: str, seconds: float, seed: int, warmup: float, evidence: Pa
 
 
 def judge(evidence: Path) -> bool:
-    """Judge the evidence of a soak (its effects files, faults and run); True if it passed.
-    Writes verdict.json beside it."""
+    """Judge the evidence of a soak (its effects files, faults, ledger and run); True if it
+    passed. Writes verdict.json beside it."""
     run = json.loads((evidence / "run.json").read_text())
     faults = [
         Fault(**{**f, "pids": tuple(f["pids"])})
         for f in json.loads((evidence / "faults.json").read_text())
     ]
     records = read_effects(sorted(evidence.glob("effects-*.jsonl")))
-    jobs = [Job(j.name, j.interval, j.duration, j.recover) for j in JOBS]
-    verdict = check(records, faults, jobs, run["from"], run["to"])
+    ledger_file = evidence / "ledger.json"
+    ledger = read_ledger(ledger_file) if ledger_file.exists() else None  # older evidence
+    jobs = [Job(j.name, j.interval, j.duration, j.recover, MISFIRE_GRACE) for j in JOBS]
+    verdict = check(records, faults, jobs, run["from"], run["to"], ledger)
     report(run["mode"], run["seed"], verdict, run["problems"])
     (evidence / "verdict.json").write_text(json.dumps({**run, **verdict.as_dict()}))
     return not (verdict.failures or run["problems"])
@@ -320,7 +406,6 @@ def judge(evidence: Path) -> bool:
 
 def report(mode: str, seed: int, v: Verdict, problems: list[str]) -> None:
     faults = ", ".join(f"{kind} {n}" for kind, n in sorted(v.faults.items())) or "none"
-    inside = ", ".join(f"{kind} {n}" for kind, n in sorted(v.misses_inside.items())) or "none"
     print(f"## soak, {mode} mode, seed {seed}, {v.judged_to - v.judged_from:.0f} s judged")
     print(f"- faults: {sum(v.faults.values())} ({faults})")
     print(f"- slots judged: {v.slots}; ran {v.ran}; skipped while their job ran: {v.busy}")
@@ -331,7 +416,18 @@ def report(mode: str, seed: int, v: Verdict, problems: list[str]) -> None:
     print(
         f"- overlaps: outside partitions {len(v.overlaps_outside)}, inside {len(v.overlaps_inside)}"
     )
-    print(f"- misses: outside fault windows {len(v.misses_outside)}; inside: {inside}")
+    print(f"- misses outside fault windows: {len(v.misses_outside)}")
+    print(f"- misses inside fault windows: {sum(v.misses_inside.values())}, by kind:")
+    for kind, n in sorted(v.misses_inside.items()):
+        why = ", ".join(f"{w} {k}" for w, k in sorted(v.explained.get(kind, {}).items()))
+        print(
+            f"  - {kind}: {n}; unexplained {v.unexplained_inside[kind]}; {why or 'none'} explained"
+        )
+    if v.ledger:
+        print(f"- claims in the ledger never started by their live claimer: {len(v.lost_claims)}")
+        print(f"- slots run but not in the ledger: {len(v.unledgered)}")
+    else:
+        print("- no ledger in the evidence: its rules not judged")
     print(f"- recover=True slots never finished: {len(v.unrecovered)}")
     for failure in v.failures + problems:
         print(f"- FAILED: {failure}")
