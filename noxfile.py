@@ -73,6 +73,13 @@ def fleet(session: nox.Session) -> None:
 
 
 @nox.session
+def failover(session: nox.Session) -> None:
+    """Failover: a primary lost and a standby promoted under three replicas (``-- --rows``)."""
+    session.install("-e", ".[postgres]")
+    session.run("python", "benchmarks/failover.py", *session.posargs)
+
+
+@nox.session
 def soak(session: nox.Session) -> None:
     """The nemesis soak, both modes, 60 s of faults each (``-- --minutes 30``, ``--seed N``)."""
     session.install("-e", ".[postgres]")
