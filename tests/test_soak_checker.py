@@ -179,14 +179,20 @@ def test_a_slot_owed_across_an_outage_coalesces_into_a_later_owed_one() -> None:
     verdict = judge(lines + owed, [RESTART])
     assert dict(verdict.explained) == {"restart": {"coalesced": 1}}
     assert verdict.failures == []
-    # Only the failed claim of the slot itself: it was owed, and never claimed again.
-    assert judge(lines + owed[:1], [RESTART]).unexplained
-    # The later slot's claim failed on another replica: not what r1 owed.
+    # Only the failed claim of the slot itself, the later slot run by another replica: r1
+    # owed the slot and fired no later one, so it should have claimed it again.
+    others = [line for line in missing() if line["slot"] != MISSED + 1]
+    others += run("quick", MISSED + 1, 2, MISSED + 3.1, MISSED + 3.2)
+    assert judge(others + owed[:1], [RESTART]).unexplained
+    # r1 owed the slot, and the next slot's claim got through first (r1 ran it): the
+    # owed slot coalesced into it.
+    assert dict(judge(lines + owed[:1], [RESTART]).explained) == {"restart": {"coalesced": 1}}
+    # The later slot's claim failed on another replica, which ran it too: not what r1 owed.
     elsewhere = {**owed[1], "rep": 2, "pid": 102}
-    assert judge([*lines, owed[0], elsewhere], [RESTART]).unexplained
+    assert judge([*others, owed[0], elsewhere], [RESTART]).unexplained
     # A claim the server answered with an error is not owed.
-    refused = {**owed[1], "why": "ServerError"}
-    assert judge([*lines, owed[0], refused], [RESTART]).unexplained
+    refused = {**owed[0], "why": "ServerError"}
+    assert judge([*lines, refused, owed[1]], [RESTART]).unexplained
     # The slot's claim went through afterwards (r1's last word on it): not coalesced.
     answered = said("skip", "quick", MISSED, 1, MISSED + 2.0, reason="already_ran")
     assert judge([*lines, *owed, answered], [RESTART]).unexplained

@@ -30,9 +30,9 @@ soak left it (``cronlock_runs``: which process's claim of each slot stands), and
     its exclusion was held by a cut-off or killed replica's lock or lease;
   - **coalesced**: a replica's claim of it never reached the server (``LockFailed`` with
     ``LockUnavailable``, ``SessionLost`` or ``StatementTimeout``) and was not tried again
-    because a later slot of the job was owed too: cronlock keeps only the latest owed slot
-    of a job (one run of the latest slot within the grace). The later slot is judged on
-    its own;
+    because the replica fired a later slot of the job (owed too, or claimed): cronlock
+    keeps only the latest slot of a job owed across an outage (one run of the latest slot
+    within the grace). The later slot is judged on its own;
   - **behind a late run**: every replica that spoke of it skipped it by the overlap rule,
     and a run of an earlier slot of the job began after it (that run's claim was in flight
     across the outage, and a claim in flight counts as the job running): the outage's
@@ -309,14 +309,14 @@ class _Said:
     ) -> None:
         self.killed = {pid for f in faults for pid in f.pids}
         self.lines: dict[tuple[str, float], list[dict[str, Any]]] = collections.defaultdict(list)
-        self.unreached: dict[tuple[int, str], list[float]] = collections.defaultdict(list)
-        """(pid, job) -> the slots a claim of which never reached the server."""
+        self.fired: dict[tuple[int, str], list[float]] = collections.defaultdict(list)
+        """(pid, job) -> the slots that process fired (started, skipped or failed to claim)."""
         for r in sorted(records, key=lambda r: r["t"]):
+            if r["e"] in ("start", "skip", "lockfailed"):
+                self.fired[(r["pid"], r["job"])].append(round(r["slot"], 6))
             if r["e"] in ("skip", "lockfailed", "lost"):
                 slot = round(r["slot"], 6)
                 self.lines[(r["job"], slot)].append(r)
-                if r["e"] == "lockfailed" and r.get("why") in UNREACHABLE:
-                    self.unreached[(r["pid"], r["job"])].append(slot)
         self.claims = None if ledger is None else {(c.job, round(c.slot, 6)): c for c in ledger}
 
     def claim(self, job: str, slot: float) -> Claim | None:
@@ -328,17 +328,17 @@ class _Said:
         )
 
     def coalesced(self, job: str, slot: float) -> bool:
-        """Whether a replica owed *slot* and dropped it for a later owed slot of *job*: its
-        last word on the slot is a claim that never reached the server, and a claim of a
-        later slot of the job failed the same way (the latest owed slot supersedes the
-        older, whether it failed before or after the older one's last claim)."""
+        """Whether a replica owed *slot* and dropped it for a later slot of *job*: its last
+        word on the slot is a claim that never reached the server, and it fired a later
+        slot of the job (owed too, started, or skipped): the latest slot supersedes the
+        older, whether it failed or got through (cronlock's ``_core/outage.py``)."""
         last: dict[int, dict[str, Any]] = {}
         for r in self.lines.get((job, slot), ()):
             last[r["pid"]] = r
         return any(
             r["e"] == "lockfailed"
             and r.get("why") in UNREACHABLE
-            and any(later > slot for later in self.unreached[(pid, job)])
+            and any(later > slot for later in self.fired[(pid, job)])
             for pid, r in last.items()
         )
 
