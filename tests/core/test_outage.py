@@ -192,3 +192,42 @@ async def test_slots_due_while_a_claim_hangs_are_owed_not_skipped_as_overlaps(
         await clock.advance(10)
     assert runs == [at(30), at(40)]
     assert not [e for e in rec.of(JobSkipped) if e.reason == "overlap"]  # type: ignore[attr-defined]
+
+
+class _SlowRelease:
+    """A hold whose release waits on a silent server for *hang* seconds."""
+
+    def __init__(self, inner: Hold, clock: FakeClock, hang: float) -> None:
+        self.inner, self.clock, self.hang = inner, clock, hang
+
+    async def release(self) -> None:
+        await self.clock.sleep(self.hang)
+        await self.inner.release()
+
+
+async def test_slots_due_while_a_release_hangs_are_owed_not_skipped_as_overlaps(
+    clock: FakeClock,
+) -> None:
+    """The run of slot 10 is done, but its release waits 25 s on a silent server: slots
+    20 and 30 are not skipped as if the job ran; the latest runs once the release is
+    answered."""
+    locker = _Outage()
+    hang = {"s": 0.0}
+
+    class Slow(_Outage):
+        async def acquire(self, job: str, slot: datetime) -> Hold | Refusal | None:
+            got = await locker.acquire(job, slot)
+            if isinstance(got, Hold) and hang["s"]:
+                return _SlowRelease(got, clock, hang["s"])
+            return got
+
+    scheduler, runs, rec = _scheduler(clock, Slow())
+    async with scheduler:
+        hang["s"] = 25
+        await clock.advance(11)  # slot 10 ran; its release hangs until 35
+        hang["s"] = 0
+        await clock.advance(26)
+        assert runs == [at(10), at(30)]
+        await clock.advance(10)
+    assert runs == [at(10), at(30), at(40)]
+    assert not [e for e in rec.of(JobSkipped) if e.reason == "overlap"]  # type: ignore[attr-defined]

@@ -85,11 +85,11 @@ class Executor:
         """
         if not job._wiring.gated:
             return await self._execute(job, slot, None, report)
-        job._claims(True)
+        job._waits(True)
         try:
             gate = await self._admission.admit(job, slot)
         finally:
-            job._claims(False)
+            job._waits(False)
         if isinstance(gate, JobEvent):
             self._bus.emit(gate)
             if isinstance(gate, JobSkipped) and gate.reason in ("already_ran", "locked"):
@@ -109,7 +109,11 @@ class Executor:
                 await self._until(job, slot, gate)
             return await self._execute(job, slot, gate, report)
         finally:
-            await self._admission.release(job, slot, gate)
+            job._waits(True)
+            try:
+                await self._admission.release(job, slot, gate)
+            finally:
+                job._waits(False)
 
     async def _until(self, job: Job, slot: datetime, hold: Hold) -> None:
         """Wait for the instant *slot* fires at; cancelled meanwhile, the run is recorded

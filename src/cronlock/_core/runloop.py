@@ -311,10 +311,11 @@ class RunLoop:
         replaced: tuple[asyncio.Task[Any], ...] = ()
         if job._active:
             policy = job.overlap
-            if waiter is None and job._only_claiming() and job._wiring.ledger is not None:
-                # Its run has not begun: its claim waits on a server that does not answer
-                # (a primary gone silent). The slot is owed, not skipped "while running":
-                # claimed again once nothing is in flight, or coalesced into a later one.
+            if waiter is None and job._only_waiting() and job._wiring.ledger is not None:
+                # Its run has not begun, or its body is done: its claim or release waits on
+                # a server that does not answer (a primary gone silent). The slot is owed,
+                # not skipped "while running": claimed again once nothing is in flight, or
+                # coalesced into a later one.
                 self._owed.owe(job, slot)
                 return
             if policy == "skip" or (policy == "queue" and job in self._queued):

@@ -74,7 +74,7 @@ class RunState:
     _paused: bool
     _active: int  # runs in flight or waiting for a concurrency slot
     _dispatched: datetime | None  # the latest slot the run loop dispatched (_core/outage)
-    _claiming: int  # runs of it waiting for their claim's answer
+    _claiming: int  # runs of it waiting for their claim's or release's answer
     # Runs accepted here that began or may still begin: what max_runs caps (a run that
     # began and goes on counts once). The fast path never takes a capped job: its runs are
     # not counted here.
@@ -105,13 +105,14 @@ class RunState:
         if self._dispatched is None or slot > self._dispatched:
             self._dispatched = slot
 
-    def _claims(self, started: bool) -> None:
-        """A run's claim was sent (*started*) or answered."""
+    def _waits(self, started: bool) -> None:
+        """A run's claim or release was sent (*started*) or answered."""
         self._claiming += 1 if started else -1
 
-    def _only_claiming(self) -> bool:
-        """Whether every run of it in flight still waits for its claim's answer (none
-        began): a slot due now is not "while it runs" (_core/runloop.dispatch)."""
+    def _only_waiting(self) -> bool:
+        """Whether every run of it in flight waits for the locker's answer, to its claim
+        (it has not begun) or to its release (its body is done): a slot due now is not
+        "while it runs" (_core/runloop.dispatch)."""
         return 0 < self._active <= self._claiming
 
     def _admit(self) -> None:

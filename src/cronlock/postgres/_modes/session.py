@@ -16,8 +16,10 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
+from logging import ERROR, INFO
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from ..._clock import monotonic
 from ..._errors import ConfigError, LockError, PoolerDetected
 from ..._keys import job_lock_key
 from ..._logs import get_logger
@@ -60,6 +62,8 @@ __all__ = (
 )
 
 _logger = get_logger("cronlock.postgres")
+_DROPS_APART = 60.0
+"""Seconds within which a locker's lost lock sessions are one outage (said once at ERROR)."""
 _A = TypeVar("_A")
 _B = TypeVar("_B")
 
@@ -69,6 +73,7 @@ class SessionRules(Exclusion):
 
     mode = "session"
     heartbeat = True
+    _dropped_said = float("-inf")  # when a lost lock session was last said at ERROR
 
     def channels(self, given: Channels) -> tuple[Channel, ...]:
         """*sessions* dedicated sessions, set up as lock sessions; a job's lock on
@@ -142,7 +147,12 @@ class SessionRules(Exclusion):
 
     def dropped(self, held: Mapping[int, Kept], shard: int, shards: int, reason: str) -> int:
         """The locks on the dropped session are gone: mark their holds lost."""
-        return mark_dropped(held, shard, shards, reason)
+        now = monotonic()
+        said, self._dropped_said = self._dropped_said, now
+        # The first lost session of an outage is news (ERROR); the others of the same
+        # outage say the same again, and each run they cut is an ERROR of its own.
+        level = ERROR if now - said >= _DROPS_APART else INFO
+        return mark_dropped(held, shard, shards, reason, level=level)
 
     def services(self) -> Sequence[Service]:
         """None: upkeep's heartbeat is what checks the sessions."""
@@ -229,13 +239,17 @@ def _late_args(
     )
 
 
-def mark_dropped(held: Mapping[int, Kept], shard: int, shards: int, reason: str) -> int:
-    """Mark lost the holds in *held* (by lock key) on *shard* of *shards*; return how many."""
+def mark_dropped(
+    held: Mapping[int, Kept], shard: int, shards: int, reason: str, *, level: int = ERROR
+) -> int:
+    """Mark lost the holds in *held* (by lock key) on *shard* of *shards*; return how many
+    (said at *level*)."""
     lost = [hold for key, hold in held.items() if not hold.lost and key % shards == shard]
     for hold in lost:
         hold.mark_lost(LockError(f"job {hold.job!r}: the lock session was dropped: {reason}"))
     if lost:
-        _logger.error(
+        _logger.log(
+            level,
             "lock session %d dropped (%s): the locks of %s are lost and may be taken "
             "by another replica",
             shard,
