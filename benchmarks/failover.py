@@ -36,8 +36,9 @@ primary's ``cronlock_runs``, over every slot of every job from the end of the wa
 - **slots never run**, due *during the outage* (from the fault to the new primary taking
   writes) or *after it*, with the last answer a replica got for each (a skip's reason, or
   the failed claim's error). Excused, and counted apart: a slot *coalesced* (its claim
-  failed for want of the server, and so did the claims of the job's later slots up to
-  its next run: slots owed across an outage coalesce into the latest, which the job's
+  failed for want of the server, or it fell due while the job's claim or release hung on
+  a silent server and no replica said a word of it, and so did the job's later slots up
+  to its next run: slots owed across an outage coalesce into the latest, which the job's
   next run covers, by design) and a slot whose job was *busy* (a run of it in progress,
   on any replica, when the slot was claimed);
 - **first run** after the fault and after the new primary took writes (the first ``start``
@@ -71,7 +72,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -387,19 +388,22 @@ def missed_slot(
     runs: dict[tuple[str, float], list[Run]],
     slots: list[float],
     owed: set[tuple[str, float]],
+    answered: Collection[tuple[str, float]] = (),
 ) -> str:
     """Why *slot* of *job* has no run: ``coalesced`` (its claim failed for want of the
-    server, so it was owed, and so was every later slot of the job up to the job's next
-    run: owed slots coalesce into the latest, and the latest into the next run, by
-    design), ``busy`` (a run of the job was in progress, on any replica, when the slot was
-    claimed), else ``missed``."""
-    if (job, slot) in owed:
+    server, or no replica said anything of it (*answered* lacks it: it fell due while the
+    job's claim or release hung on the silent server, and was owed without a word), so it
+    was owed, and so was every later slot of the job up to the job's next run: owed slots
+    coalesce into the latest, and the latest into the next run, by design), ``busy`` (a
+    run of the job was in progress, on any replica, when the slot was claimed), else
+    ``missed``."""
+    if (job, slot) in owed or (job, slot) not in answered:
         for other in slots:
             if other <= slot:
                 continue
             if runs.get((job, other)):
                 return "coalesced"
-            if (job, other) not in owed:
+            if (job, other) not in owed and (job, other) in answered:
                 break  # a slot in between neither ran nor was owed: nothing covers this one
     for (name, _), got in runs.items():
         if name != job:
@@ -481,7 +485,7 @@ def judge(
             phase = (
                 "before" if slot < times.fault else "during" if slot < times.writable else "after"
             )
-            why = missed_slot(job, slot, runs, slots, owed)
+            why = missed_slot(job, slot, runs, slots, owed, answers)
             missed[phase][why] += 1
             missed_slots.append((job, slot, phase, why, answers.get((job, slot), "none")))
     misfired = {
