@@ -12,6 +12,7 @@ from typing import Final, Literal, get_args
 __all__ = (
     "DEFAULT_MISFIRE_GRACE",
     "FINAL_OUTCOMES",
+    "NEVER_BEGAN",
     "OVERLAPS",
     "Outcome",
     "Overlap",
@@ -22,6 +23,11 @@ __all__ = (
 )
 
 Overlap = Literal["skip", "queue", "allow", "replace"]
+
+NEVER_BEGAN = "its lock was lost before the run began"
+"""The ``error`` of a ``lock_lost`` run whose body never started (claimed ahead, its lock
+lost while it waited for its slot): nothing ran, so the slot is claimed again (the crash
+recovery's takeover, whatever ``recover`` says) while its grace lasts."""
 """What a job does when its next slot comes while a run is still going."""
 
 Outcome = Literal[

@@ -184,3 +184,28 @@ async def test_runs_written_back_and_slots_run_twice_are_events_and_metrics(
     ]
     assert registry.get_sample_value("cronlock_runs_restored_total", {"cronlock_job": "job"}) == 1
     assert registry.get_sample_value("cronlock_slots_ran_twice_total", {"cronlock_job": "job"}) == 1
+
+
+async def test_a_run_whose_lock_was_lost_before_it_began_runs_again_without_recover(
+    clock: FakeClock,
+) -> None:
+    """Claimed ahead, its lock lost while it waited for its slot: nothing ran, so the slot
+    is claimed again (the takeover) though the job did not opt in to recovery; a run that
+    had begun is not."""
+    from cronlock._records import NEVER_BEGAN
+
+    locker = _Watching()
+    runs: list[datetime] = []
+    scheduler = _scheduler(clock, locker, runs, misfire_grace=60)
+    recorder = Recorder()
+    scheduler.subscribe(recorder)
+    async with scheduler:
+        await clock.advance_to(SLOT + timedelta(seconds=10))
+        never = RunRecord(SLOT, SLOT, SLOT, "lock_lost", NEVER_BEGAN, "me:1", 1)
+        began = RunRecord(SLOT, SLOT, SLOT, "lock_lost", None, "me:1", 1)
+        assert [cb("job", began) for cb in locker.callbacks] == [False]
+        assert [cb("job", never) for cb in locker.callbacks] == [True]
+        await clock.advance(1)
+    assert runs == [SLOT]
+    # The run that began is reported as any run cut off is; the one that never began not.
+    assert [e.recovered for e in recorder.of(JobCrashed)] == [False]  # type: ignore[attr-defined]

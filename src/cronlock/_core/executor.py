@@ -24,7 +24,7 @@ from .._events import (
 )
 from .._locking.protocols import Elector, Hold, LosableHold, RecordingHold, hold_hooks
 from .._logs import at, get_logger
-from .._records import RunRecord, error_summary, timed_out_error
+from .._records import NEVER_BEGAN, RunRecord, error_summary, timed_out_error
 from .._schedules.interval import IntervalSchedule
 from .admission import Admission
 from .guard import Deadlines, Lane, RunGuard, take_back
@@ -292,7 +292,11 @@ class Executor:
                     guard.lost_because,
                     extra=at(job.name, slot),
                 )
-                record = RunRecord(slot, started, finished, "lock_lost", None)
+                # Lost before the body began: nothing ran, and the ledger says so (the
+                # slot is then claimed again: _core/recovery.py).
+                record = RunRecord(
+                    slot, started, finished, "lock_lost", NEVER_BEGAN if lost else None
+                )
                 event: JobEvent = LockLost(job.name, slot, started, finished, guard.lost_because)
                 return self._end(job, hold, record, event)
             return self._failed(job, slot, started, exc, hold)

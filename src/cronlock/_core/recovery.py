@@ -4,7 +4,9 @@ A locker that watches for crashes (:class:`~cronlock.CrashWatchingLocker`) calls
 :class:`Recovery` for each run it marked ``"crashed"``: a run whose replica died mid-run.
 The one rule of a rerun is here: the job is registered with this scheduler, opted in
 (``recover=True``), is not paused, the run was not itself a rerun, and the slot is still
-within ``misfire_grace`` (the run loop's one misfire rule). The rerun goes through the run
+within ``misfire_grace`` (the run loop's one misfire rule). A run of this replica whose
+lock was lost before its body began (``NEVER_BEGAN``) is claimed again without opting in:
+nothing ran, so running the slot is exactly once. The rerun goes through the run
 loop like any other run: overlap policy, concurrency cap, elector and locker.
 """
 
@@ -21,7 +23,7 @@ from .._locking.protocols import (
     ForeignWatchingLocker,
 )
 from .._logs import at, get_logger
-from .._records import RunRecord
+from .._records import NEVER_BEGAN, RunRecord
 from .job import Job
 from .runloop import RunLoop, misfired
 from .wiring import Wiring
@@ -85,6 +87,13 @@ class Recovery:
         job = self._jobs.get(name)
         if loop is None or job is None or job._wiring.crashes is None:
             return False  # not ours to report (the locker logged it)
+        if record.outcome == "lock_lost" and record.error == NEVER_BEGAN:
+            # This replica's own run, whose lock was lost before its body began: nothing
+            # ran, so the slot is claimed again (taking the row over), recover or not.
+            if self._why_not(job, record) is not None:
+                return False
+            loop.dispatch(job, record.slot)
+            return True
         why_not = self._why_not(job, record) if job.recover else "recover=False"
         owner = record.owner or "?"
         self._bus.emit(JobCrashed(name, record.slot, owner, record.started_at, why_not is None))
