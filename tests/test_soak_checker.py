@@ -242,6 +242,21 @@ def test_a_claim_its_live_claimer_never_started_is_a_lost_run_even_outside_windo
     assert len(judge(every_slot(QUICK, T0, T0 + 10), ledger=other).lost_claims) == 1
 
 
+def test_a_claim_whose_lock_was_lost_before_it_began_may_coalesce_into_a_later_slot() -> None:
+    # r0 claimed the slot ahead, lost its lock before the run began (a "lost" line), and
+    # went on to run the next slots: the slot was owed again and coalesced into them.
+    lost = said("lost", "quick", MISSED, 0, MISSED - 0.05, why="LockError(...)")
+    lines = [*missing(), lost, said("skip", "quick", MISSED, 1, MISSED, reason="already_ran")]
+    claims = [checker.Claim("quick", MISSED, pid=100, outcome="lock_lost")]
+    verdict = judge(lines, ledger=claims)
+    assert (verdict.lost_claims, verdict.lost_then_coalesced) == ([], 1)
+    # It fired no later slot (the others ran them): the slot was lost, a failure.
+    others = [line for line in missing() if line["slot"] <= MISSED]
+    others += [{**line, "rep": 1, "pid": 101} for line in every_slot(QUICK, MISSED + 1, T0 + 10)]
+    verdict = judge([*others, lost], ledger=claims)
+    assert len(verdict.lost_claims) == 1 and verdict.failures
+
+
 def test_slots_that_ran_without_a_claim_in_the_ledger_are_reported() -> None:
     # After a failover, claims the standby had not received are gone: reported, no failure.
     claims = [checker.Claim("quick", T0 + k, pid=100) for k in range(9)]

@@ -42,7 +42,10 @@ soak left it (``cronlock_runs``: which process's claim of each slot stands), and
   A slot a replica skipped as ``misfire`` although the fault's outage ended within its
   grace is a failure whatever else explains it.
 - **lost claims**: a slot whose claim in the ledger names a process never killed that
-  wrote no start line for it (the fleet took the slot for run, and it never ran). Must be 0.
+  wrote no start line for it (the fleet took the slot for run, and it never ran). Must be
+  0, but for a claim whose lock its claimer lost before the run began (a ``lost`` line,
+  outcome ``lock_lost``) and which then fired a later slot of the job: cronlock owes such
+  a slot again, and it coalesced into the later one (counted apart).
 - **unrecovered**: slots of a ``recover=True`` job whose only runs never finished.
 - **unledgered**: slots that ran but have no claim in the ledger (reported: after a
   failover, claims the standby had not received are gone).
@@ -176,6 +179,7 @@ class Verdict:
     )
     """The same, counted by the fault's kind."""
     lost_claims: list[str] = dataclasses.field(default_factory=list)
+    lost_then_coalesced: int = 0
     unledgered: list[str] = dataclasses.field(default_factory=list)
     ledger: bool = False
     """Whether the ledger was read (the evidence of an older soak has none)."""
@@ -342,6 +346,14 @@ class _Said:
             for pid, r in last.items()
         )
 
+    def coalesced_after_loss(self, job: str, slot: float, pid: int) -> bool:
+        """Whether *pid* claimed *slot*, lost the lock before the run began (a ``lost``
+        line), and fired a later slot of *job* since: the slot was owed again (cronlock
+        claims a run that never began again) and coalesced into that later one."""
+        lines = self.lines.get((job, slot), ())
+        lost = [r["t"] for r in lines if r["pid"] == pid and r["e"] == "lost"]
+        return bool(lost) and any(later > slot for later in self.fired[(pid, job)])
+
     def behind_late_run(self, job: str, slot: float, runs: Sequence[Run]) -> bool:
         """Whether every replica that spoke of *slot* skipped it by the overlap rule, and a
         run of an earlier slot of *job* began after it: that run's claim was in flight
@@ -484,6 +496,13 @@ def _claim(job: Job, slot: float, runs: Sequence[Run], owed: bool, said: _Said, 
             v.unledgered.append(f"{job.name}@{slot:.0f}")
         return
     if claim.pid in said.killed or any(r.pid == claim.pid for r in runs) or not owed:
+        return
+    if (
+        not runs
+        and claim.outcome == "lock_lost"
+        and said.coalesced_after_loss(job.name, slot, claim.pid)
+    ):
+        v.lost_then_coalesced += 1
         return
     ran = ", ".join(f"r{r.replica}/pid {r.pid}" for r in runs) or "nobody"
     v.lost_claims.append(

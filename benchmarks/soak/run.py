@@ -424,7 +424,11 @@ def report(mode: str, seed: int, v: Verdict, problems: list[str]) -> None:
             f"  - {kind}: {n}; unexplained {v.unexplained_inside[kind]}; {why or 'none'} explained"
         )
     if v.ledger:
-        print(f"- claims in the ledger never started by their live claimer: {len(v.lost_claims)}")
+        print(
+            f"- claims in the ledger never started by their live claimer: {len(v.lost_claims)}"
+            f" (lost before they began, then coalesced into a later slot: "
+            f"{v.lost_then_coalesced})"
+        )
         print(f"- slots run but not in the ledger: {len(v.unledgered)}")
     else:
         print("- no ledger in the evidence: its rules not judged")

@@ -323,7 +323,12 @@ class PostgresLocker(HeldOpenByBlocks, ReadsLedger):
             # The fair race (._servertime), drawn per lane: eight lanes per locker.
             await self._race.wait(slot, key % LANES)
             claims = self._claims[self._shard(key)]
-            answer = await claims.claim(job, key, slot, rerun=rerun)
+            try:
+                answer = await claims.claim(job, key, slot, rerun=rerun)
+            except LockError:
+                if rerun:  # not answered: the slot's next claim takes the row over still
+                    self._crashes.retry(job, slot, rerun)
+                raise
         finally:
             self._pending.discard(key)
         refusal, generation = answer.refusal, answer.generation
