@@ -345,3 +345,14 @@ def test_a_recovered_slot_finished_twice_inside_a_fault_window_is_its_documented
     assert (len(verdict.recovered_twice), verdict.duplicates, verdict.failures) == (1, [], [])
     verdict = judge(lines, jobs=(RECOVERED,))
     assert len(verdict.duplicates) == 1 and verdict.failures
+
+
+def test_a_slot_due_while_a_claim_of_the_one_before_hung_is_coalesced() -> None:
+    # The claim of the slot before hung on the server across this slot (it failed after
+    # it): cronlock owed this slot without a word; a later slot was fired.
+    lines = [line for line in missing() if line["slot"] != MISSED - 1]
+    hung = said("lockfailed", "quick", MISSED - 1, 0, MISSED + 0.7, why="StatementTimeout")
+    assert dict(judge([*lines, hung], [RESTART]).explained) == {"restart": {"coalesced": 2}}
+    # The claim failed before the slot: nothing hung across it, the slot is a miss.
+    early = {**hung, "t": MISSED - 0.5}
+    assert judge([*lines, early], [RESTART]).unexplained

@@ -32,7 +32,10 @@ soak left it (``cronlock_runs``: which process's claim of each slot stands), and
     ``LockUnavailable``, ``SessionLost`` or ``StatementTimeout``) and was not tried again
     because the replica fired a later slot of the job (owed too, or claimed): cronlock
     keeps only the latest slot of a job owed across an outage (one run of the latest slot
-    within the grace). The later slot is judged on its own;
+    within the grace); or no replica said a word of it, it fell due while a claim of an
+    earlier slot of the job hung on the server (that claim failed after it: cronlock owes
+    such a slot without an event) and a later slot of the job was fired. The later slot is
+    judged on its own;
   - **behind a late run**: every replica that spoke of it skipped it by the overlap rule,
     and a run of an earlier slot of the job began after it (that run's claim was in flight
     across the outage, and a claim in flight counts as the job running): the outage's
@@ -313,11 +316,15 @@ class _Said:
     ) -> None:
         self.killed = {pid for f in faults for pid in f.pids}
         self.lines: dict[tuple[str, float], list[dict[str, Any]]] = collections.defaultdict(list)
+        self.hung: dict[str, list[tuple[float, float]]] = collections.defaultdict(list)
+        """job -> (slot, when its claim failed for want of the server) of each such failure."""
         self.fired: dict[tuple[int, str], list[float]] = collections.defaultdict(list)
         """(pid, job) -> the slots that process fired (started, skipped or failed to claim)."""
         for r in sorted(records, key=lambda r: r["t"]):
             if r["e"] in ("start", "skip", "lockfailed"):
                 self.fired[(r["pid"], r["job"])].append(round(r["slot"], 6))
+            if r["e"] == "lockfailed" and r.get("why") in UNREACHABLE:
+                self.hung[r["job"]].append((round(r["slot"], 6), r["t"]))
             if r["e"] in ("skip", "lockfailed", "lost"):
                 slot = round(r["slot"], 6)
                 self.lines[(r["job"], slot)].append(r)
@@ -339,6 +346,17 @@ class _Said:
         last: dict[int, dict[str, Any]] = {}
         for r in self.lines.get((job, slot), ()):
             last[r["pid"]] = r
+        if not last:
+            # No replica said a word of it: it fell due while a claim of an earlier slot of
+            # the job hung on the server (the failure came after it), which owes it without
+            # an event; a later slot was fired since.
+            hung = any(earlier < slot < t for earlier, t in self.hung.get(job, ()))
+            return hung and any(
+                later > slot
+                for (_, name), fired in self.fired.items()
+                if name == job
+                for later in fired
+            )
         return any(
             r["e"] == "lockfailed"
             and r.get("why") in UNREACHABLE
