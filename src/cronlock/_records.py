@@ -23,12 +23,12 @@ __all__ = (
 )
 
 Overlap = Literal["skip", "queue", "allow", "replace"]
+"""What a job does when its next slot comes while a run is still going."""
 
 NEVER_BEGAN = "its lock was lost before the run began"
 """The ``error`` of a ``lock_lost`` run whose body never started (claimed ahead, its lock
 lost while it waited for its slot): nothing ran, so the slot is claimed again (the crash
 recovery's takeover, whatever ``recover`` says) while its grace lasts."""
-"""What a job does when its next slot comes while a run is still going."""
 
 Outcome = Literal[
     "succeeded", "failed", "timed_out", "cancelled", "lock_lost", "crashed", "unfinished"
