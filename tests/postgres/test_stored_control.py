@@ -185,3 +185,29 @@ async def test_the_command_line_adds_lists_and_refuses_with_the_verbs_message(
     assert moved.returncode == 0 and "revision 2 (every 1m30s)" in moved.stdout, moved.stdout
     removed = await cli("schedules", "remove", "report:7", *where)
     assert removed.returncode == 0 and "removed" in removed.stdout
+
+
+async def test_an_update_that_names_no_zone_keeps_the_stored_one(pg_dsn: str, table: str) -> None:
+    """Issue 36, item 6: a tenant's 08:00 in New York must not move to 08:00 UTC because
+    an edit changed the cron expression and left the zone out (API and command line)."""
+    where = ("--dsn", pg_dsn, "--table", table)
+    async with FleetControl(pg_dsn, table=table) as control:
+        await control.add_schedule(
+            "report:9", "send-report", cron("0 8 * * *", tz="America/New_York")
+        )
+        changed = await control.update_schedule("report:9", schedule=cron("30 8 * * *"))
+        assert str(changed.schedule) == "cron '30 8 * * *' in America/New_York"
+        moved = await cli("schedules", "update", "report:9", "--cron", "0 9 * * *", *where)
+        assert moved.returncode == 0, moved.stderr
+        assert "cron '0 9 * * *' in America/New_York" in moved.stdout, moved.stdout
+        [stored] = await control.schedules()
+        assert str(stored.schedule) == "cron '0 9 * * *' in America/New_York"
+        # Naming a zone moves it, UTC included.
+        utc = await cli(
+            "schedules", "update", "report:9", "--cron", "0 9 * * *", "--tz", "UTC", *where
+        )
+        assert utc.returncode == 0 and "cron '0 9 * * *' in UTC" in utc.stdout, utc.stdout
+        # A new schedule without a zone is stored in UTC, as before.
+        await control.add_schedule("report:10", "send-report", cron("0 8 * * *"))
+        new = {s.name: str(s.schedule) for s in await control.schedules()}
+        assert new["report:10"] == "cron '0 8 * * *' in UTC"

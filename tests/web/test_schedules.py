@@ -69,6 +69,11 @@ async def test_an_operator_edits_and_removes_a_schedule(pg_dsn: str, ledger: str
         assert (done.status_code, done.headers["location"]) == (303, "/schedules")
         stored = await _stored(pg_dsn, ledger)
         assert stored["report:42"] == "cron '30 7 * * *' in America/New_York"
+        # The zone field left empty keeps the stored zone (docs/dashboard.md; issue 36).
+        kept = await c.post("/actions/update-schedule", data={**form, "cron": "45 7 * * *"})
+        assert kept.status_code == 303
+        stored = await _stored(pg_dsn, ledger)
+        assert stored["report:42"] == "cron '45 7 * * *' in America/New_York"
         # What FleetControl refuses is a 400 with its message, and changes nothing.
         bad = await c.post("/actions/update-schedule", data={**form, "cron": "61 * * * *"})
         assert bad.status_code == 400 and "61" in bad.text

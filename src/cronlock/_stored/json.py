@@ -123,7 +123,8 @@ def schedule_from_text(
     """The schedule an operator typed; ``None`` when none is given.
 
     One of: a *cron* expression (*seconds*: with a leading seconds field) in zone *tz*
-    (UTC when not given, as a stored schedule is); an interval of *every* seconds, *anchor*
+    (not given: none, which an update of a stored schedule reads as "keep its zone" and a
+    new one as UTC); an interval of *every* seconds, *anchor*
     one of its slots (an ISO 8601 instant); or once at each of the ISO 8601 instants *at*.
     An instant must carry its offset: a wall time would name a different instant on each
     replica's zone. Raises :class:`~cronlock.ScheduleError` for two kinds given at once or
@@ -143,7 +144,9 @@ def schedule_from_text(
     if cron is not None:
         from .._schedules.cron import cron as cron_schedule
 
-        return cron_schedule(cron, seconds=seconds, tz=tz or "UTC")
+        # No zone given: left open (None), so an update keeps the stored one; a new stored
+        # schedule without one is stored in UTC (:func:`schedule_to_json`).
+        return cron_schedule(cron, seconds=seconds, tz=tz)
     if every is not None:
         from .._schedules.interval import every as every_schedule
 

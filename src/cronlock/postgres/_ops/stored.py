@@ -11,6 +11,7 @@ is unknown, wrong or not storable, and a name a job defined in code has.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import json
 from collections.abc import Callable, Mapping
@@ -135,9 +136,10 @@ class ScheduleVerbs:
         **options: Any,
     ) -> StoredSchedule:
         """Change stored schedule *name*: what is given replaces what is stored (each of
-        *options* on its own; ``None`` clears one), the rest stays. A change of the schedule
-        alone keeps the job on each replica (a run in flight goes on, its next slot is the
-        new schedule's); any other change replaces the job. Raises
+        *options* on its own; ``None`` clears one), the rest stays; a cron or calendar
+        *schedule* that names no zone keeps the stored one (``tz="UTC"`` moves it to UTC).
+        A change of the schedule alone keeps the job on each replica (a run in flight goes
+        on, its next slot is the new schedule's); any other change replaces the job. Raises
         :class:`~cronlock.JobLookupError` for a name not stored."""
 
         def merged(old: StoredSchedule | None) -> _Checked:
@@ -146,7 +148,7 @@ class ScheduleVerbs:
             return _Checked(
                 name,
                 old.task if task is None else task,
-                old.schedule if schedule is None else schedule,
+                old.schedule if schedule is None else in_zone_of(schedule, old.schedule),
                 old.kwargs if kwargs is None else kwargs,
                 {**old.options, **options},
             )
@@ -244,3 +246,14 @@ class ScheduleVerbs:
 
         result: StoredSchedule = await self._call(change)
         return result
+
+
+def in_zone_of(schedule: Schedule, stored: Schedule) -> Schedule:
+    """*schedule* in *stored*'s zone when it names none (an edit that leaves the zone out
+    keeps it: a tenant's 08:00 must not move to 08:00 UTC); else *schedule* as it is."""
+    zone = getattr(stored, "tz", None)
+    if zone is None or getattr(schedule, "tz", zone) is not None:
+        return schedule
+    if not dataclasses.is_dataclass(schedule) or isinstance(schedule, type):
+        return schedule
+    return dataclasses.replace(schedule, tz=zone)
