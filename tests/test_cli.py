@@ -228,3 +228,23 @@ def test_history_n_out_of_bounds_is_a_usage_error_before_connecting(given: str, 
     assert result.returncode == 2
     assert result.stderr == f"cronlock history: error: argument -n: {said}\n"
     assert result.stdout == ""
+
+
+def test_a_reader_that_goes_away_is_not_an_error() -> None:
+    """`python -m cronlock next ... | head -1` (issue 36, item 8): the reader closes the pipe
+    after one line; the command ends quietly (status 141, as SIGPIPE), no traceback."""
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "cronlock", "next", "* * * * *", "-n", "10000"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    assert proc.stdout.readline().startswith(b"next 10000 slot(s)")
+    proc.stdout.close()  # the reader goes away
+    errors = proc.stderr.read()
+    proc.stderr.close()
+    assert proc.wait(timeout=60) == 141
+    assert b"Traceback" not in errors and b"BrokenPipeError" not in errors, errors
