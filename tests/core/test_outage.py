@@ -231,3 +231,21 @@ async def test_slots_due_while_a_release_hangs_are_owed_not_skipped_as_overlaps(
         await clock.advance(10)
     assert runs == [at(10), at(30), at(40)]
     assert not [e for e in rec.of(JobSkipped) if e.reason == "overlap"]  # type: ignore[attr-defined]
+
+
+async def test_missed_slots_are_said_coalesced_only_when_the_run_is_tried(
+    clock: FakeClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 36, item 8: "coalesced into one run" was logged, then the run skipped as past
+    its grace. A clock jump past the grace says the slots were skipped, once."""
+    locker = _Outage()
+    scheduler, runs, _ = _scheduler(clock, locker, misfire_grace=5)
+    with caplog.at_level(logging.WARNING, logger="cronlock"):
+        async with scheduler:
+            await clock.advance(10)
+            await clock.jump(37)  # slots 20, 30 and 40 pass unseen; 40 is 7 s late
+            await clock.advance(1)
+    said = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert not [m for m in said if "coalesced into one run" in m], said
+    assert [m for m in said if "skipped" in m and "missed slots from" in m], said
+    assert runs == [at(10)]

@@ -261,14 +261,6 @@ class RunLoop:
             )
             job._forget_plan()
             return
-        if latest != slot:
-            _logger.warning(
-                "job %r: missed slots from %s to %s coalesced into one run",
-                job.name,
-                slot.isoformat(),
-                latest.isoformat(),
-                extra=at(job.name, latest),
-            )
         job._plan(following)
         note = job._wiring.note
         if note is not None:
@@ -280,17 +272,27 @@ class RunLoop:
                 next_fire = claim_time(job, next_fire, following - latest)
             self._planner.push(job, next_fire, following, fast)
         lateness = misfired(job.misfire_grace, fire, now)
+        missed = "" if latest == slot else f" (and the missed slots from {slot.isoformat()})"
         if lateness is not None:
             _logger.warning(
-                "job %r slot %s skipped: %.3fs late, past misfire_grace %ss",
+                "job %r slot %s%s skipped: %.3fs late, past misfire_grace %ss",
                 job.name,
                 latest.isoformat(),
+                missed,
                 lateness,
                 job.misfire_grace,
                 extra=at(job.name, latest),
             )
             self._bus.emit(JobSkipped(job.name, latest, "misfire"))
             return
+        if missed:  # said once the run is sure to be tried (not when it is skipped, above)
+            _logger.warning(
+                "job %r: missed slots from %s to %s coalesced into one run",
+                job.name,
+                slot.isoformat(),
+                latest.isoformat(),
+                extra=at(job.name, latest),
+            )
         if job.max_runs is not None and job._uses >= job.max_runs:
             return
         self.dispatch(job, latest)
