@@ -225,11 +225,14 @@ async def _real_second_run(
         second.set()
         return await body()
 
+    # Stopped: the run must be cut by the shutdown, not by its timeout, however slow the
+    # machine is between the run's start and the shutdown (a deadline is still armed).
+    timeout = 30.0 if stop else 0.05
     if path == "general":
-        scheduler.add_job(task, every(3600), name="job", timeout=0.05)
+        scheduler.add_job(task, every(3600), name="job", timeout=timeout)
     else:
         cap = 2 if path == "direct" else None
-        scheduler.add_job(task, every(0.05), name="job", timeout=0.05, max_runs=cap)
+        scheduler.add_job(task, every(0.05), name="job", timeout=timeout, max_runs=cap)
     job = scheduler.get_job("job")
     async with asyncio.timeout(60):  # a liveness guard, not a timing
         await scheduler.start()

@@ -20,6 +20,8 @@ from typing import Any
 
 from ..._errors import ConfigError, JobConflictError, JobLookupError, ScheduleError
 from ..._names import check_job_name
+from ..._schedules.calendar import CalendarSchedule
+from ..._schedules.cron import CronSchedule
 from ..._schedules.schedule import Schedule
 from ..._stored.json import (
     check_stored,
@@ -251,9 +253,7 @@ class ScheduleVerbs:
 def in_zone_of(schedule: Schedule, stored: Schedule) -> Schedule:
     """*schedule* in *stored*'s zone when it names none (an edit that leaves the zone out
     keeps it: a tenant's 08:00 must not move to 08:00 UTC); else *schedule* as it is."""
-    zone = getattr(stored, "tz", None)
-    if zone is None or getattr(schedule, "tz", zone) is not None:
-        return schedule
-    if not dataclasses.is_dataclass(schedule) or isinstance(schedule, type):
-        return schedule
-    return dataclasses.replace(schedule, tz=zone)
+    zoned = CronSchedule | CalendarSchedule
+    if isinstance(schedule, zoned) and schedule.tz is None and isinstance(stored, zoned):
+        return dataclasses.replace(schedule, tz=stored.tz)
+    return schedule
