@@ -27,13 +27,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import logging
-import os
 import signal
 import sys
-import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 from cronlock import (
     Event,
@@ -47,26 +45,14 @@ from cronlock import (
 )
 from cronlock.postgres import PostgresLocker
 
+sys.path.insert(0, str(Path(__file__).resolve().parent / "soak"))
+from replica import Effects
+
 JOBS = tuple((f"job-{i}", 0.05 * (i + 1)) for i in range(10))
 """(name, body duration in seconds) of each job; every job is ``every(1)``."""
 INTERVAL = 1.0
 MISFIRE_GRACE = 30.0
 """Longer than any outage the benchmark makes: every slot due in one is owed a run."""
-
-
-class Effects:
-    """The replica's append-only effects file: one ``write(2)`` per JSON line."""
-
-    def __init__(self, path: str, replica: int) -> None:
-        self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        self._replica = replica
-        self._pid = os.getpid()
-
-    def write(self, kind: str, job: str, slot: float, **more: object) -> None:
-        fields = {"e": kind, "job": job, "slot": slot, "rep": self._replica, "pid": self._pid}
-        fields["t"] = time.time()  # true time: every replica is judged against one clock
-        fields.update(more)
-        os.write(self._fd, (json.dumps(fields) + "\n").encode())
 
 
 def body(effects: Effects, name: str, duration: float) -> Callable[[RunContext], Awaitable[None]]:

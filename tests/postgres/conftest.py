@@ -245,6 +245,18 @@ def throwaway_cluster(**options: Any) -> Cluster:
         pytest.skip(message)
 
 
+@pytest.fixture
+def ha_pair() -> Iterator[tuple[Cluster, Cluster]]:
+    """A throwaway primary and a streaming standby of it, both stopped at the end."""
+    primary = throwaway_cluster()
+    try:
+        primary.start()
+        standby = primary.standby()
+        yield primary, standby
+    finally:
+        primary.destroy()  # and its standby
+
+
 @pytest.fixture(scope="module")
 def restartable_cluster() -> Iterator[Cluster]:
     """One throwaway cluster per test module (initdb takes seconds); see cluster.py."""

@@ -23,7 +23,6 @@ import os
 import subprocess
 import time
 import uuid
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -39,7 +38,7 @@ from cronlock.postgres._conn.hosts import HostOrder
 from cronlock.postgres._modes.base import Mode
 
 from .cluster import Cluster
-from .conftest import free_port, throwaway_cluster
+from .conftest import free_port
 from .events import Events
 from .proxy import TcpProxy
 from .replica import command as replica_command
@@ -56,18 +55,6 @@ def hosts(dsn: str, *ports: int, query: str | None = None) -> str:
     user = parts.netloc.rsplit("@", 1)[0] + "@" if "@" in parts.netloc else ""
     netloc = user + ",".join(f"127.0.0.1:{port}" for port in ports)
     return urlunsplit(parts._replace(netloc=netloc, query=parts.query if query is None else query))
-
-
-@pytest.fixture
-def ha_pair() -> Iterator[tuple[Cluster, Cluster]]:
-    """A throwaway primary and a streaming standby of it, both stopped at the end."""
-    primary = throwaway_cluster()
-    try:
-        primary.start()
-        standby = primary.standby()
-        yield primary, standby
-    finally:
-        primary.destroy()  # and its standby
 
 
 def logged_tracebacks(text: str) -> int:

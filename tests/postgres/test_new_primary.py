@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -34,24 +33,11 @@ from cronlock.postgres import PostgresHold, PostgresLocker
 from cronlock.postgres._modes.base import Mode
 
 from .cluster import Cluster
-from .conftest import throwaway_cluster
 from .test_failover import hosts
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow]
 
 MODES: list[Mode] = ["session", "lease"]
-
-
-@pytest.fixture
-def ha_pair() -> Iterator[tuple[Cluster, Cluster]]:
-    """A throwaway primary and a streaming standby of it, both stopped at the end."""
-    primary = throwaway_cluster()
-    try:
-        primary.start()
-        standby = primary.standby()
-        yield primary, standby
-    finally:
-        primary.destroy()  # and its standby
 
 
 _BASE = datetime.now(UTC).replace(second=0, microsecond=0) - timedelta(hours=1)
