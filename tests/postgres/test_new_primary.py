@@ -20,8 +20,11 @@ and the new primary lacks what the old one acknowledged last. Replicas given bot
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import os
 import uuid
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -82,6 +85,31 @@ async def fail_over(primary: Cluster, standby: Cluster) -> None:
     await asyncio.to_thread(primary.crash)
     await asyncio.to_thread(standby.start)
     await asyncio.to_thread(standby.promote)
+
+
+@contextlib.contextmanager
+def refusing(cluster: Cluster, user: str) -> Iterator[None]:
+    """*cluster*, while stopped and started inside the block, refuses *user*'s
+    connections (a first line of pg_hba.conf); the file is as it was after the block,
+    read again by :func:`reload_config` on a running server."""
+    path = os.path.join(cluster.data, "pg_hba.conf")
+    with open(path) as file:
+        before = file.read()
+    with open(path, "w") as file:
+        file.write(f"host all {user} 127.0.0.1/32 reject\n{before}")
+    try:
+        yield
+    finally:
+        with open(path, "w") as file:
+            file.write(before)
+
+
+async def reload_config(cluster: Cluster) -> None:
+    conn = await asyncpg.connect(cluster.dsn)
+    try:
+        await conn.execute("SELECT pg_reload_conf()")
+    finally:
+        await conn.close()
 
 
 async def answer(locker: PostgresLocker, job: str, at: datetime) -> Any:
@@ -171,19 +199,29 @@ async def test_a_slot_another_replica_ran_before_the_write_back_is_reported(
     """A replica that never knew the old primary claims the lost slot first: the slot ran
     twice, and the replica that wrote it back says so at ERROR, with the other's name."""
     primary, standby = ha_pair
+    conn = await asyncpg.connect(primary.dsn)
+    try:
+        await conn.execute("CREATE ROLE replica_a LOGIN SUPERUSER")
+    finally:
+        await conn.close()
     dsn = hosts(primary.dsn, primary.port, standby.port, query="target_session_attrs=read-write")
+    dsn = dsn.replace("postgres@", "replica_a@", 1)
     table = f"np_{uuid.uuid4().hex[:8]}"
     a = PostgresLocker(dsn, mode=mode, table=table, racers=None)
     told: list[tuple[str, datetime, str | None]] = []
     a.on_failover(lambda *what: told.append(what))
     async with a:
         await run_once(a, "report", slot(0))
-        await replayed(standby, table, "report", slot(0))
+        await replayed(standby, table, "report", slot(0))  # and the role, made before
         await asyncio.to_thread(standby.stop)
         await run_once(a, "report", slot(1))
-        await fail_over(primary, standby)
-        async with PostgresLocker(standby.dsn, mode=mode, table=table, racers=None) as late:
-            await run_once(late, "report", slot(1))  # a new replica: nothing to wait for
+        async with contextlib.AsyncExitStack() as stack:
+            with refusing(standby, "replica_a"):  # a reconnects at once: it must come second
+                await fail_over(primary, standby)
+                late = PostgresLocker(standby.dsn, mode=mode, table=table, racers=None)
+                await stack.enter_async_context(late)
+                await run_once(late, "report", slot(1))  # a new replica: nothing to wait for
+            await reload_config(standby)
             with caplog.at_level(logging.INFO, logger="cronlock"):
                 got, _ = await answer(a, "report", slot(2))  # a reconnects, writes back
                 assert isinstance(got, PostgresHold)
@@ -193,4 +231,5 @@ async def test_a_slot_another_replica_ran_before_the_write_back_is_reported(
                         await asyncio.sleep(0.1)
             assert told == [("report", slot(1), late._holder)]
     errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
-    assert len(errors) == 1 and "ran twice" in errors[0], errors
+    twice = [message for message in errors if "ran twice" in message]
+    assert len(twice) == 1 and "report" in twice[0], errors
