@@ -271,7 +271,9 @@ class Scheduler:
         if key is not None:
             self._keys[key] = name
         if self._loop is not None:
-            self._loop.schedule(job, self._clock.now())
+            now = self._clock.now()
+            self._fleet.added(job, now)
+            self._loop.schedule(job, now)
         return job
 
     def _wire(self, distributed: bool, locker: Locker | None) -> Wiring:
@@ -445,6 +447,7 @@ class Scheduler:
             self._loop.unschedule(found)
         found._forget_plan()
         del self._jobs[found.name]
+        self._fleet.forget(found.name)
         if found._wiring.locker is not None and found._wiring.fnv_keys:  # it has a key here
             del self._keys[job_lock_key(found.name)]
         found._scheduler = None

@@ -16,6 +16,8 @@ from cronlock import RunRecord
 from cronlock.postgres import PostgresHold, PostgresLocker
 from cronlock.postgres._sql.tables import DEFAULT_TABLE, LedgerTable, quote_ident
 
+from ..web.seed import live_member
+
 pytestmark = pytest.mark.postgres
 
 SLOT = datetime(2030, 1, 1, 3, 0, tzinfo=UTC)
@@ -191,7 +193,9 @@ async def seed_states(pg_dsn: str, schema: str, admin: Any) -> None:
             locker.note_schedule(job, "every 1h", SLOT + timedelta(days=1))
     # As a Scheduler's replicas note them: a grace and a due slot (here a day ahead), but
     # 'late', never run, is due by a slot an hour past its one-second grace.
-    jobs = LedgerTable(DEFAULT_TABLE, schema).jobs
+    ledger = LedgerTable(DEFAULT_TABLE, schema)
+    jobs = ledger.jobs
+    await live_member(admin, ledger)  # the replicas run on (the locker above left)
     await admin.execute(f"UPDATE {jobs} SET grace = 60, due = $1", SLOT + timedelta(days=1))
     await admin.execute(
         f"UPDATE {jobs} SET grace = 1, due = now() - interval '1 hour' WHERE job = 'late'"
@@ -254,5 +258,5 @@ async def test_an_unknown_state_is_refused(value: str, hint: str, unreachable_ds
     name = value.split(",")[-1]
     assert result.stderr == (
         f"cronlock: error: unknown state for --state: {name!r}{hint}; "
-        "valid: paused, overdue, failing, running, ok, new\n"
+        "valid: paused, conflict, rejected, absent, overdue, failing, running, ok, new\n"
     )

@@ -49,12 +49,18 @@ async def seed(
     notes: list[tuple[str, str, datetime | None]],
     runs: list[Run],
     graces: dict[str, tuple[float, datetime]] | None = None,
+    *,
+    alive: bool = True,
 ) -> LedgerTable:
-    """Create the ledger *table* and write schedule notes and finished runs into it."""
+    """Create the ledger *table* and write schedule notes and finished runs into it; with
+    *alive*, a live replica too (a member row for an hour), as a running fleet has: without
+    one, every job with a next slot is absent (the fleet is gone)."""
     ledger = LedgerTable(table)
     conn: Any = await asyncpg.connect(dsn)
     try:
         await migrate(conn, ledger)
+        if alive:
+            await live_member(conn, ledger)
         if notes:
             await conn.execute(
                 f"INSERT INTO {ledger.jobs} (job, schedule, next_run) "
@@ -84,6 +90,15 @@ async def seed(
     finally:
         await conn.close()
     return ledger
+
+
+async def live_member(conn: Any, ledger: LedgerTable, hours: float = 1.0) -> None:
+    """A replica of *ledger* alive for *hours*, as its heartbeat writes it."""
+    await conn.execute(
+        f"INSERT INTO {ledger.members} (holder, fleet, expires_at) "
+        "VALUES ('seed:live', 'seed', now() + $1::float8 * interval '1 hour')",
+        hours,
+    )
 
 
 async def set_graces(

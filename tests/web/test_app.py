@@ -37,7 +37,7 @@ async def ledger(pg_dsn: str) -> str:
         notes=[
             ("nightly", "cron '0 3 * * *' in Europe/Berlin", NOW + 5 * hour),
             ("flaky", "every 5m", NOW + timedelta(minutes=3)),
-            ("stalled", "every 1m", NOW - hour),
+            ("stalled", "every 1m", NOW + timedelta(minutes=1)),  # noted on; its due slot is late
             (XSS, "every 1h", NOW + hour),
         ],
         runs=[
@@ -127,7 +127,8 @@ async def test_api_jobs(read_only: httpx.AsyncClient) -> None:
     slots = [datetime.fromisoformat(s) for s in nightly["next_slots"]]
     assert slots == [NOW + timedelta(hours=5)]  # the list shows one; the job page three
     assert body["summary"] == {
-        "total": 4, "paused": 0, "overdue": 1, "failing": 1, "running": 0, "ok": 2, "new": 0
+        "total": 4, "paused": 0, "conflict": 0, "rejected": 0, "absent": 0,
+        "overdue": 1, "failing": 1, "running": 0, "ok": 2, "new": 0,
     }  # fmt: skip
     assert (body["matched"], body["page"], body["pages"]) == (4, 1, 1)
     assert [job["name"] for job in body["jobs"]][:2] == ["flaky", "stalled"]  # trouble first

@@ -80,9 +80,12 @@ def where(browser: Any) -> str:
 
 def test_the_summary_counts_every_job(fleet: Fleet, browser: Any) -> None:
     browser.get(fleet.url + "/")
-    shown = wait_for(lambda: counts(browser) if len(counts(browser)) == 6 else {}, "counts")
+    shown = wait_for(lambda: counts(browser) if len(counts(browser)) == 9 else {}, "counts")
     assert shown == {
         "paused": "0 paused",
+        "conflict": "0 conflict",
+        "rejected": "0 rejected",
+        "absent": "0 absent",
         "overdue": "30 overdue",
         "failing": "270 failing",
         "running": "0 running",

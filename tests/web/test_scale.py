@@ -15,7 +15,7 @@ from cronlock.postgres._sql.schema import migrate
 from cronlock.postgres._sql.tables import LedgerTable
 from cronlock.web import _reads
 
-from .seed import table_name
+from .seed import live_member, table_name
 from .test_app import client
 
 pytestmark = pytest.mark.postgres
@@ -27,6 +27,7 @@ async def seed_fleet(dsn: str, table: str, jobs: int) -> None:
     conn: Any = await asyncpg.connect(dsn)
     try:
         await migrate(conn, ledger)
+        await live_member(conn, ledger)
         await conn.execute(
             f"""INSERT INTO {ledger.jobs} (job, schedule, next_run, grace, due)
                 SELECT 'job-' || lpad(i::text, 5, '0'), 'every 1m',
@@ -98,8 +99,8 @@ async def test_five_thousand_jobs_summary_filter_pages(
     assert len(body.content) <= 300 * 1024, len(body.content)
     summary = body.json()["summary"]
     assert summary == {
-        "total": 5000, "paused": 0, "overdue": 50, "failing": 450, "running": 0, "ok": 4500,
-        "new": 0,
+        "total": 5000, "paused": 0, "conflict": 0, "rejected": 0, "absent": 0,
+        "overdue": 50, "failing": 450, "running": 0, "ok": 4500, "new": 0,
     }  # fmt: skip
     shown = re.findall(r'data-count="(\w+)"[^>]*>(\d+) ', page.text)
     assert dict(shown)["failing"] == "450" and dict(shown)["overdue"] == "50"
@@ -112,10 +113,11 @@ async def test_five_thousand_jobs_summary_filter_pages(
     assert {job["status"] for job in failing["jobs"]} == {"failing"}
     assert bad.status_code == 400 and "unknown status 'broken'" in bad.json()["error"]
     assert 'rel="next" href="/?page=2"' in page.text
-    # Five list reads (the 400 read nothing): the roster of every job (two), the lock holders
-    # (which of the secrets and leases tables there are, the secret, pg_locks, the leases),
-    # the page's jobs and their latest runs; 500 jobs take as many (below).
-    assert counting.n == 5 * 8, counting.n
+    # Five list reads (the 400 read nothing): whether a replica is alive (two: is there a
+    # members table, a live row), the roster of every job (two), the lock holders (which of
+    # the secrets and leases tables there are, the secret, pg_locks, the leases), the
+    # page's jobs and their latest runs; 500 jobs take as many (below).
+    assert counting.n == 5 * 10, counting.n
 
 
 async def test_the_statements_of_a_refresh_do_not_grow_with_the_jobs(

@@ -69,8 +69,14 @@ def add_pg_parsers(verbs: Any) -> None:
     status.add_argument(
         "--check",
         action="store_true",
-        help="health check: exit status 1, naming them, if jobs are overdue (0 otherwise; "
-        "failing jobs count once overdue; --state does not change it)",
+        help="health check: exit status 1, naming them, if jobs are overdue, absent (no live "
+        "replica runs them) or rejected by every replica (0 otherwise; failing jobs count "
+        "once overdue; --state does not change it)",
+    )
+    status.add_argument(
+        "--allow-absent",
+        action="store_true",
+        help="with --check: absent jobs do not fail it (a fleet scaled to zero on purpose)",
     )
     history = verbs.add_parser("history", help="the latest runs of one job from the ledger")
     common(history)

@@ -40,6 +40,7 @@ class FleetState:
     """
 
     __slots__ = (
+        "_added",
         "_default_timeout",
         "_dues",
         "_first_seen",
@@ -67,6 +68,9 @@ class FleetState:
         # Per job of a locker with a ledger: when a replica first noted it there (so a job
         # that never succeeded is judged from then, across restarts, not from our start).
         self._first_seen: dict[str, datetime] = {}
+        # Per job added while the scheduler ran (a stored schedule added at runtime): when.
+        # Such a job is due from then, not from the scheduler's start.
+        self._added: dict[str, datetime] = {}
         # Per job: (the instant its due slot was computed after, that slot). A schedule's
         # next_after can cost tens of microseconds (cron): computed again only when the
         # job's latest success moved, not on every scrape of 10,000 jobs.
@@ -86,6 +90,17 @@ class FleetState:
         """The scheduler started at *now*: a job that never succeeded is judged from then."""
         self._since = now
 
+    def added(self, job: Job, now: datetime) -> None:
+        """*job* was added at *now*, while the scheduler runs: it is not due before."""
+        self._added[job.name] = now
+        self._dues.pop(job.name, None)
+
+    def forget(self, name: str) -> None:
+        """The job *name* was removed: what was known of it goes (a job added again later
+        under that name is due from then)."""
+        for known in (self._added, self._dues, self._first_seen):
+            known.pop(name, None)
+
     def paused(self, job: Job) -> bool:
         """Whether *job* is paused fleet-wide (as of its locker's last read)."""
         fleet = job._wiring.fleet
@@ -98,12 +113,14 @@ class FleetState:
         return _HealthView(self, {job.name: job for job in self._mine(key)})
 
     def due(self, job: Job) -> datetime | None:
-        """The slot *job* is due by: its first slot after its latest success (after the
-        scheduler started if it never succeeded); ``None`` while paused or finished."""
+        """The slot *job* is due by: its first slot after its latest success; if it never
+        succeeded, after the ledger first noted it (else after the scheduler started), and
+        never before it was added (a schedule added at runtime is not due from before its
+        creation); ``None`` while paused or finished."""
         if job.paused or self.paused(job) or job._next_run is None:
             return None
         success = job.last_success
-        since = success.slot if success is not None else self._since
+        since = success.slot if success is not None else self._never_succeeded(job.name)
         if since is None:
             return None
         cached = self._dues.get(job.name)
@@ -112,6 +129,15 @@ class FleetState:
         due = job.slot_after(since)
         self._dues[job.name] = (since, due)
         return due
+
+    def _never_succeeded(self, name: str) -> datetime | None:
+        """Since when a job that never succeeded has gone without: when the ledger first
+        noted it (else the scheduler's start), and not before it was added."""
+        since = self._first_seen.get(name, self._since)
+        added = self._added.get(name)
+        if added is not None and (since is None or added > since):
+            return added
+        return since
 
     def health(self, job: Job) -> Health:
         """*job*'s overdue grace and the slot it is due by."""

@@ -50,7 +50,9 @@ PER_PAGE = 100
 _MAX_PER_PAGE = 500
 _MAX_QUERY = 200
 _MAX_TAGS = 20
-_FIRST: frozenset[Status] = frozenset({"overdue", "failing"})  # shown first by default
+_FIRST: frozenset[Status] = frozenset(
+    {"conflict", "rejected", "absent", "overdue", "failing"}
+)  # shown first by default
 
 
 @dataclass(frozen=True, slots=True)

@@ -84,7 +84,14 @@ async def _run(args: argparse.Namespace, table: LedgerTable) -> int:
                 f"'python -m cronlock migrate --dsn ...' or start a PostgresLocker"
             )
         if args.verb == "status":
-            return await _status(conn, table, args.jobs, args.states, check=args.check)
+            return await _status(
+                conn,
+                table,
+                args.jobs,
+                args.states,
+                check=args.check,
+                allow_absent=args.allow_absent,
+            )
         if args.verb in ("pause", "resume", "trigger"):
             return await _control(conn, table, args.verb, args.job, force=args.force)
         return await _history(conn, table, args.job, args.n)
@@ -187,8 +194,18 @@ async def _control(conn: Any, table: LedgerTable, verb: str, job: str, *, force:
     return 0
 
 
+_FAILS_CHECK: frozenset[Status] = frozenset({"overdue", "absent", "rejected"})
+"""The states ``status --check`` fails on (absent unless ``--allow-absent``)."""
+
+
 async def _status(
-    conn: Any, table: LedgerTable, only: Sequence[str], states: frozenset[Status], *, check: bool
+    conn: Any,
+    table: LedgerTable,
+    only: Sequence[str],
+    states: frozenset[Status],
+    *,
+    check: bool,
+    allow_absent: bool = False,
 ) -> int:
     # A job is known once a replica noted its schedule or claimed a slot of it.
     jobs = await read_jobs(conn, table, list(only) if only else None)
@@ -202,7 +219,8 @@ async def _status(
     # The dashboard's rule (job_status), so the page and the command line never disagree.
     judged = [(job, _judge(job, now, paused=job.name in paused)) for job in jobs]
     # --check judges every job asked for, whatever --state shows: its meaning stays one rule.
-    overdue = [job.name for job, state in judged if state == "overdue"]
+    failing = _FAILS_CHECK - ({"absent"} if allow_absent else set())
+    bad = [(job.name, state) for job, state in judged if state in failing]
     shown = [(job, state) for job, state in judged if not states or state in states]
     filtered = ""
     if states:
@@ -229,8 +247,11 @@ async def _status(
         _table([*header, "LOCK HELD BY"], lines)
     await _stored_problems(conn, table, only)
     status = _unknown(unknown, known)
-    if check and overdue:
-        _print(f"overdue: {', '.join(overdue)}")
+    if check and bad:
+        for state in STATUSES:
+            named = [name for name, said in bad if said == state]
+            if named:
+                _print(f"{state}: {', '.join(named)}")
         return 1
     return status
 

@@ -15,19 +15,30 @@ from ..._keys import job_lock_key, keyed_lock_key, ledger_lock_key
 from ..._records import RunRecord
 from .._locker.keys import SECRET_NAME
 from .._sql.control import paused_sql
-from .._sql.fleet import HOLDERS_SQL, SERVER_CLOCK_SQL, jobs_sql, named_jobs_sql
+from .._sql.fleet import (
+    ABSENT_AFTER,
+    HOLDERS_SQL,
+    SERVER_CLOCK_SQL,
+    fleet_alive_sql,
+    jobs_sql,
+    named_jobs_sql,
+)
 from .._sql.leases import lease_holders_sql
 from .._sql.runs import decode_run, history_sql, last_runs_many_sql, report_odd, runs_page_sql
-from .._sql.schema import TABLES_EXIST_SQL
+from .._sql.schema import TABLE_EXISTS_SQL, TABLES_EXIST_SQL
 from .._sql.tables import LedgerTable
 from .._sql.upkeep import read_secret_sql
 
 __all__ = (
+    "ABSENT_AFTER",
     "READ_BATCH",
     "STATUSES",
     "FleetJob",
     "LockHolder",
     "Status",
+    "absent",
+    "due_slot",
+    "fleet_alive",
     "held_locks",
     "job_status",
     "overdue_slot",
@@ -84,16 +95,24 @@ class FleetJob:
     """The slot its replicas said it is due by: its first slot after its latest success."""
     tags: tuple[str, ...] = ()
     """Its tags as its replicas noted them, sorted (empty: none, or an older cronlock's note)."""
+    fleet_alive: bool = True
+    """Whether any replica of the ledger was alive when it was read (:func:`fleet_alive`)."""
 
     def overdue_since(self, now: datetime) -> datetime | None:
         """The late slot when the job is overdue at *now* (server time), else ``None``.
 
-        The rule of ``status --check``: the slot the replicas said the job is due by fell
-        due more than its grace ago, and no run of it or of a later slot succeeded since.
-        A job whose replicas never said is not judged.
+        The rule of ``status --check`` (:func:`overdue_slot`): the slot the job should have
+        run by now, from its note and its runs alone, fell due more than its grace ago and
+        no run of it or of a later slot succeeded since, whether its replicas are up or
+        gone. A job whose replicas never said is not judged.
         """
         ok = self.last_success
-        return overdue_slot(self.grace, self.due, None if ok is None else ok.slot, now)
+        success = None if ok is None else ok.slot
+        return overdue_slot(self.grace, self.due, self.next_run, success, now)
+
+    def absent(self, now: datetime) -> bool:
+        """Whether no live replica runs the job at *now* (server time): :func:`absent`."""
+        return absent(self.next_run, now, alive=self.fleet_alive)
 
     @property
     def failing(self) -> bool:
@@ -101,10 +120,15 @@ class FleetJob:
         return self.last_run is not None and self.last_run.outcome != "succeeded"
 
 
-Status = Literal["paused", "overdue", "failing", "running", "ok", "new"]
-"""A job at a glance, in this order of precedence: paused fleet-wide; overdue (a slot fell due
-past its grace and nothing at or after it succeeded); its latest run failed; a replica
-holds its lock now; its latest run succeeded; it never ran."""
+Status = Literal[
+    "paused", "conflict", "rejected", "absent", "overdue", "failing", "running", "ok", "new"
+]
+"""A job at a glance, in this order of precedence: paused fleet-wide; two live definitions
+(schedules or functions) under its name in one ledger; a stored schedule
+every live replica rejected (its task is nowhere, its kwargs do not fit); absent (no live
+replica runs it: the fleet is gone, or a deploy removed it); overdue (a slot fell due past
+its grace and nothing at or after it succeeded); its latest run failed; a replica holds its
+lock now; its latest run succeeded; it never ran."""
 
 STATUSES: tuple[Status, ...] = get_args(Status)
 """Every :data:`Status`, in order of precedence (what ``status --state`` accepts)."""
@@ -121,29 +145,84 @@ def job_status(job: FleetJob, now: datetime, *, paused: bool) -> Status:
         overdue=job.overdue_since(now) is not None,
         last_outcome=None if last is None else last.outcome,
         held=bool(job.holders),
+        absent=job.absent(now),
     )
 
 
-def overdue_slot(
-    grace: float | None, due: datetime | None, success: datetime | None, now: datetime
+def due_slot(
+    due: datetime | None, next_run: datetime | None, success: datetime | None
 ) -> datetime | None:
-    """The rule of :meth:`FleetJob.overdue_since`, over its facts: *due* when the slot the
-    replicas said the job is due by (with *grace* seconds) fell due more than *grace* ago
-    at *now* and the latest success (its slot *success*) is older than *due*, else ``None``.
-    """
-    if grace is None or due is None or (success is not None and success >= due):
+    """The slot a job should have run by, from its note alone (*due*: the first slot after
+    its latest success, as its replicas last said; *next_run*: the next slot they noted)
+    and the slot of its latest success (*success*): *due* while nothing at or after it
+    succeeded; else the noted next slot, while nothing at or after that one succeeded (a
+    note written before the success it was due by: so a fleet that is gone, whose note
+    no replica will write again, is judged by the slots it left); else ``None`` (a run
+    after the note: a live replica writes the next one within seconds). ``None`` too
+    when the replicas said nothing is due (*due* ``None``: paused, finished)."""
+    if due is None:
         return None
-    return due if (now - due).total_seconds() > grace else None
+    if success is None or success < due:
+        return due
+    if next_run is not None and success < next_run:
+        return next_run
+    return None
 
 
-def status_of(*, paused: bool, overdue: bool, last_outcome: str | None, held: bool) -> Status:
-    """The rule of :func:`job_status`, over a job's facts: *paused* fleet-wide, *overdue*
+def overdue_slot(
+    grace: float | None,
+    due: datetime | None,
+    next_run: datetime | None,
+    success: datetime | None,
+    now: datetime,
+) -> datetime | None:
+    """The rule of :meth:`FleetJob.overdue_since`, over its facts: the slot the job
+    should have run by (:func:`due_slot`) when it fell due more than *grace* seconds
+    before *now*, else ``None``."""
+    if grace is None:
+        return None
+    slot = due_slot(due, next_run, success)
+    if slot is None:
+        return None
+    return slot if (now - slot).total_seconds() > grace else None
+
+
+def absent(next_run: datetime | None, now: datetime, *, alive: bool) -> bool:
+    """The rule of :meth:`FleetJob.absent`: the job has a next slot, and either no replica
+    of the ledger is alive (*alive* false: the fleet stopped, or was killed and its
+    members' rows expired) or that slot passed :data:`ABSENT_AFTER` seconds ago and no
+    replica noted a later one (a deploy removed the job, or every replica that has it
+    is gone). A job with no next slot (finished, or only ever run by hand) never is."""
+    if next_run is None:
+        return False
+    return not alive or (now - next_run).total_seconds() > ABSENT_AFTER
+
+
+def status_of(
+    *,
+    paused: bool,
+    overdue: bool,
+    last_outcome: str | None,
+    held: bool,
+    absent: bool = False,
+    rejected: bool = False,
+    conflict: bool = False,
+) -> Status:
+    """The rule of :func:`job_status`, over a job's facts: *paused* fleet-wide, in
+    *conflict* (two definitions under its name), *rejected*
+    by every live replica (a stored schedule), *absent* (:func:`absent`), *overdue*
     (:func:`overdue_slot`), the outcome of its latest finished run (``None``: none; a run
     without an outcome is not a success), and whether anyone *held* its lock. The fleet's
     summary (:mod:`._roster`) judges every job with it, the job's own row with
     :func:`job_status`: one rule."""
     if paused:
         return "paused"
+    if conflict:
+        return "conflict"
+    if rejected:
+        return "rejected"
+    if absent:
+        return "absent"
     if overdue:
         return "overdue"
     if last_outcome is not None and last_outcome != "succeeded":
@@ -233,6 +312,7 @@ async def read_jobs(
     only: Sequence[str] | None = None,
     *,
     holders: Mapping[str, tuple[LockHolder, ...]] | None = None,
+    alive: bool | None = None,
 ) -> list[FleetJob]:
     """Every job the ledger knows (a replica noted its schedule or claimed a slot of it),
     in name order; with *only*, those of them that exist, in the order given.
@@ -240,7 +320,8 @@ async def read_jobs(
     A bounded number of statements, however many jobs: one for the jobs, two to five for
     the lock holders, one per :data:`READ_BATCH` jobs for their latest runs (three index
     probes a job on the primary key). With *only*, the jobs read are those only; with
-    *holders* (:func:`read_holders` of them, read already), the lock holders are not read.
+    *holders* (:func:`read_holders` of them, read already), the lock holders are not read;
+    with *alive* (:func:`fleet_alive`, read already), nor is whether a replica is alive.
     """
     if only is None:
         rows = await conn.fetch(jobs_sql(table))
@@ -248,6 +329,8 @@ async def read_jobs(
         known = {row["job"]: row for row in await conn.fetch(named_jobs_sql(table), list(only))}
         rows = [known[name] for name in dict.fromkeys(only) if name in known]
     names = [row["job"] for row in rows]
+    if alive is None:
+        alive = await fleet_alive(conn, table) if rows else True
     if holders is None:
         holders = await read_holders(conn, names, table)
     latest: dict[tuple[str, str], RunRecord | None] = {}
@@ -274,6 +357,7 @@ async def read_jobs(
                 grace=row["grace"],
                 due=row["due"],
                 tags=tuple(row["tags"] or ()),
+                fleet_alive=alive,
             )
         )
     return jobs
@@ -296,6 +380,15 @@ async def server_now(conn: Any) -> datetime:
     """The database server's clock: the fleet's shared time, which overdue is judged by."""
     now: datetime = await conn.fetchval(SERVER_CLOCK_SQL)
     return now
+
+
+async def fleet_alive(conn: Any, table: LedgerTable) -> bool:
+    """Whether any replica of the ledger is alive now (an unexpired row of its members
+    table; a ledger without one, made by an older cronlock, counts as alive)."""
+    if not await conn.fetchval(TABLE_EXISTS_SQL, table.members):
+        return True
+    alive: bool = await conn.fetchval(fleet_alive_sql(table))
+    return alive
 
 
 async def read_paused(conn: Any, table: LedgerTable) -> frozenset[str]:

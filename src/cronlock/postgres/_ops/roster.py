@@ -20,7 +20,7 @@ from typing import Any
 
 from .._sql.fleet import asked_sql, roster_sql
 from .._sql.tables import LedgerTable
-from .fleet import LockHolder, Status, held_locks, overdue_slot, status_of
+from .fleet import LockHolder, Status, absent, fleet_alive, held_locks, overdue_slot, status_of
 
 __all__ = ("Roster", "read_roster")
 
@@ -36,6 +36,8 @@ class Roster:
     """The jobs with every tag asked for (``None``: none was asked for)."""
     holders: dict[str, tuple[LockHolder, ...]]
     """Who holds the lock of each job held right now (:func:`._fleet.held_locks`)."""
+    alive: bool = True
+    """Whether any replica of the ledger is alive (:func:`._fleet.fleet_alive`)."""
 
 
 async def read_roster(
@@ -54,31 +56,47 @@ async def read_roster(
     same notes and runs) with JIT off (``SET LOCAL jit = off``): its plan's estimates are
     those of thousands of index probes, which JIT compiles for longer than they take.
     """
-    # name: [grace, due, its latest finished run's outcome, its latest success's slot]
+    # name: [grace, due, next slot, its latest finished run's outcome, its latest
+    # success's slot]
     facts: dict[str, list[Any]] = {}
     asked: list[str] = []
     gaps: list[tuple[str | None, str | None]] = []
     plain: list[tuple[str, list[str]]] = []  # (outcome, names): see roster_sql
     tagged: set[str] = set()
-    rows = await conn.fetch(roster_sql(table), now, list(tags))
-    for name, has_tags, grace, due, last, below, mine, gap, done, outcome, slot, *group in rows:
+    alive = await fleet_alive(conn, table)
+    rows = await conn.fetch(roster_sql(table), now, list(tags), alive)
+    for (
+        name,
+        has_tags,
+        grace,
+        due,
+        nxt,
+        last,
+        below,
+        mine,
+        gap,
+        done,
+        outcome,
+        slot,
+        *group,
+    ) in rows:
         settled, names = group
         if names is not None:
             plain.append((settled, names))
             if has_tags and tags:
                 tagged.update(names)
             continue
-        facts[name] = known = [grace, due, None, None]
+        facts[name] = known = [grace, due, nxt, None, None]
         if has_tags:
             tagged.add(name)
         if last or gap:  # the last note's runs are not probed; or a gap
             gaps.append((name, below))
             asked.append(name)
         elif mine and done:
-            known[2] = outcome
+            known[3] = outcome
             if outcome == "succeeded":
-                known[3] = slot
-            elif overdue_slot(grace, due, None, now) is not None:
+                known[4] = slot
+            elif overdue_slot(grace, due, nxt, None, now) is not None:
                 asked.append(name)  # overdue unless a success since: which one is it?
         elif mine:  # running, or unreadable
             asked.append(name)
@@ -89,9 +107,9 @@ async def read_roster(
         asked_sql(table), asked, list(after), list(before)
     ):
         if noted:
-            facts[name][2:] = outcome, success
+            facts[name][3:] = outcome, success
         else:
-            facts[name] = [None, None, outcome, success]
+            facts[name] = [None, None, None, outcome, success]
             if not tags:  # no note, no tags
                 tagged.add(name)
     everyone = list(facts)
@@ -106,11 +124,14 @@ async def read_roster(
         statuses.update(dict.fromkeys(names, _judge(False, outcome, False, False)))
         for name in few.intersection(names):
             statuses[name] = _judge(name in paused, outcome, False, name in held)
-    for name, (grace, due, outcome, success) in facts.items():
-        overdue = overdue_slot(grace, due, success, now) is not None
-        statuses[name] = _judge(name in paused, outcome, overdue, name in held)
-    return Roster(statuses, None if not tags else frozenset(tagged), held)
+    for name, (grace, due, nxt, outcome, success) in facts.items():
+        overdue = overdue_slot(grace, due, nxt, success, now) is not None
+        gone = absent(nxt, now, alive=alive)
+        statuses[name] = _judge(name in paused, outcome, overdue, name in held, gone)
+    return Roster(statuses, None if not tags else frozenset(tagged), held, alive)
 
 
-def _judge(paused: bool, outcome: str | None, overdue: bool, held: bool) -> Status:
-    return status_of(paused=paused, overdue=overdue, last_outcome=outcome, held=held)
+def _judge(
+    paused: bool, outcome: str | None, overdue: bool, held: bool, gone: bool = False
+) -> Status:
+    return status_of(paused=paused, overdue=overdue, last_outcome=outcome, held=held, absent=gone)

@@ -19,15 +19,21 @@ from .runs import HIGH, LOW, Latest, latest_run, odd_list, sane, slot_in_range
 from .tables import LedgerTable
 
 __all__ = (
+    "ABSENT_AFTER",
     "HOLDERS_SQL",
     "JIT_OFF_SQL",
     "SERVER_CLOCK_SQL",
     "asked_sql",
     "bounded_sql",
+    "fleet_alive_sql",
     "jobs_sql",
     "named_jobs_sql",
     "roster_sql",
 )
+
+ABSENT_AFTER = 60.0
+"""Seconds past the next slot its replicas noted after which a job whose slot no replica
+fired since is absent (a live replica notes the next one within seconds of each slot)."""
 
 SERVER_CLOCK_SQL = "SELECT clock_timestamp()"
 """No parameters: the database server's clock, the fleet's shared time."""
@@ -47,6 +53,13 @@ FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
 WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted
   AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
 """
+
+
+@lru_cache(maxsize=32)
+def fleet_alive_sql(table: LedgerTable) -> str:
+    """No parameters: whether the ledger's members table has a live replica (read only
+    where the table exists: see ``schema.TABLE_EXISTS_SQL``)."""
+    return f"SELECT EXISTS (SELECT 1 FROM {table.members} WHERE expires_at > clock_timestamp())"
 
 
 def jobs_sql(table: LedgerTable) -> str:
@@ -113,7 +126,8 @@ def _after(runs: str, bound: str, below: str | None = None) -> str:
 
 @lru_cache(maxsize=32)
 def roster_sql(table: LedgerTable) -> str:
-    """``$1`` now, ``$2`` tags: every noted job, in no order, most of them by name only.
+    """``$1`` now, ``$2`` tags, ``$3`` whether any replica is alive: every noted job, in no
+    order, most of them by name only.
 
     For each noted job: whether it has every tag of ``$2`` (*tagged*), and the greatest
     run from it up to the next noted job (one probe of the runs' primary key): whether
@@ -125,10 +139,12 @@ def roster_sql(table: LedgerTable) -> str:
     success's outcome and end at once); when it did not, the latest success matters only
     to a job that is overdue without one.
 
-    The due slot, and the slot of that run, are read only when the due slot fell due more
-    than the grace before ``$1`` (NULL otherwise): else ``_ops/fleet.overdue_slot`` is
-    ``None`` whatever they are. So a job whose own latest run is finished and readable
-    and whose due slot is not past its grace (most of a fleet) is judged by that run's
+    The due slot, the noted next slot, and the slot of that run, are read only when the
+    due slot or the next slot fell due more than the grace (or ``ABSENT_AFTER``) before
+    ``$1``, or no replica is alive (NULL otherwise): else ``_ops/fleet.overdue_slot`` is
+    ``None`` and the job is not absent, whatever they are. So a job whose own latest run
+    is finished and readable and whose due slot is not past its grace (most of a fleet),
+    nor its next slot, is judged by that run's
     outcome alone (with whether it is paused or held): such jobs come as one row per
     outcome (*settled*) and *tagged*, their names in the array *names*, the other columns
     NULL; every other job is a row of its own (*names* NULL). Thousands of names in a few
@@ -137,15 +153,25 @@ def roster_sql(table: LedgerTable) -> str:
     connection, which costs more than the rest of the read at 500 jobs).
     """
     runs, notes = table.runs, table.jobs
-    late = (
-        f"j.due BETWEEN {LOW} AND {HIGH} AND extract(epoch FROM $1::timestamptz - j.due) > j.grace"
-    )
+    # May be overdue or absent (_ops/fleet.overdue_slot, absent): its due slot, or its
+    # noted next slot, is past its grace (or ABSENT_AFTER), or no replica is alive ($3).
+    late = f"""(j.due BETWEEN {LOW} AND {HIGH}
+                AND extract(epoch FROM $1::timestamptz - j.due) > j.grace)
+               OR (j.next_run BETWEEN {LOW} AND {HIGH}
+                   AND extract(epoch FROM $1::timestamptz - j.next_run)
+                       > least(j.grace, {ABSENT_AFTER}))
+               OR (NOT $3::boolean AND j.next_run IS NOT NULL)"""
     # Each other job's facts: its group is itself, these aggregates read its one row.
     facts = ",\n".join(
         f"{fold}({fact}) FILTER (WHERE NOT k.plain) AS {name}"
         for fold, fact, name in (
             ("min", "k.grace", "grace"),
             ("min", "CASE WHEN k.late THEN k.due END", "due"),
+            (
+                "min",
+                f"CASE WHEN k.late AND {slot_in_range('k.next_run')} THEN k.next_run END",
+                "next_run",
+            ),
             ("bool_and", "k.below IS NULL", "last"),
             ("min", "CASE WHEN k.top > k.job THEN k.below END", "below"),
             ("bool_and", "k.top = k.job", "mine"),
@@ -160,10 +186,10 @@ def roster_sql(table: LedgerTable) -> str:
                {facts},
                CASE WHEN k.plain THEN k.outcome END AS settled,
                CASE WHEN k.plain THEN array_agg(k.job) END AS names
-        FROM (SELECT n.job, n.tagged, n.grace, n.due, n.late, n.below, p.top, p.done,
+        FROM (SELECT n.job, n.tagged, n.grace, n.due, n.next_run, n.late, n.below, p.top, p.done,
                      p.outcome, p.slot,
                      coalesce(p.top = n.job AND p.done AND NOT n.late, false) AS plain
-              FROM (SELECT j.job, j.grace, j.due, coalesce({late}, false) AS late,
+              FROM (SELECT j.job, j.grace, j.due, j.next_run, coalesce({late}, false) AS late,
                            cardinality($2::text[]) = 0
                                OR coalesce(j.tags @> $2::text[], false) AS tagged,
                            lead(j.job) OVER (ORDER BY j.job) AS below
