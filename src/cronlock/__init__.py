@@ -44,6 +44,7 @@ if _TYPE_CHECKING:
     from ._events import LockFailed as LockFailed
     from ._events import LockHeldElsewhere as LockHeldElsewhere
     from ._events import LockLost as LockLost
+    from ._events import RunOverran as RunOverran
     from ._events import RunRestored as RunRestored
     from ._events import ScheduleRejected as ScheduleRejected
     from ._events import SchedulerStarted as SchedulerStarted
@@ -121,6 +122,7 @@ _WHERE = {
     "JobCancelled": "._events",
     "JobCrashed": "._events",
     "LockHeldElsewhere": "._events",
+    "RunOverran": "._events",
     "RunRestored": "._events",
     "SlotRanTwice": "._events",
     "ScheduleRejected": "._events",
@@ -235,6 +237,7 @@ __all__ = (
     "Resource",
     "RetryingLocker",
     "RunContext",
+    "RunOverran",
     "RunRecord",
     "RunRestored",
     "Schedule",

@@ -29,6 +29,7 @@ __all__ = (
     "LockFailed",
     "LockHeldElsewhere",
     "LockLost",
+    "RunOverran",
     "ScheduleRejected",
     "SchedulerStarted",
     "SchedulerStopped",
@@ -106,6 +107,24 @@ class JobTimedOut(JobEvent):
     started_at: datetime
     finished_at: datetime
     timeout: float
+
+
+@dataclass(frozen=True, slots=True)
+class RunOverran(JobEvent):
+    """The worker thread of a plain-function run that timed out has returned, *overran*
+    seconds after its deadline (at *returned_at*; the run started at *started_at* with
+    *timeout*).
+
+    A thread cannot be stopped: at the timeout the run is recorded ``"timed_out"``
+    (:class:`JobTimedOut`), but it stays in flight, its claim held and its next slots
+    handled by its ``overlap`` policy, until its thread returns; then its claim is
+    released and this event is emitted. Logged at WARNING.
+    """
+
+    started_at: datetime
+    returned_at: datetime
+    timeout: float
+    overran: float
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,7 +23,9 @@ every scraped series: the scrape job, the target):
   :class:`~cronlock.LockHeldElsewhere`), ``cronlock_retries_total`` (attempts retried after
   a failed one: :class:`~cronlock.JobRetrying`; a retry's start is not counted as a late
   start), ``cronlock_runs_restored_total`` (runs a failover lost and this replica wrote
-  back on the new primary: :class:`~cronlock.RunRestored`), ``cronlock_slots_ran_twice_total``
+  back on the new primary: :class:`~cronlock.RunRestored`), ``cronlock_runs_overran_total``
+  (timed-out runs of plain functions whose worker thread ran on past the deadline, counted
+  when it returned: :class:`~cronlock.RunOverran`), ``cronlock_slots_ran_twice_total``
   (slots this replica ran that another replica ran too after a failover:
   :class:`~cronlock.SlotRanTwice`), ``cronlock_schedules_rejected_total{schedule}``
   (stored schedules this replica could not register: :class:`~cronlock.ScheduleRejected`;
@@ -68,6 +70,7 @@ from ._events import (
     LockFailed,
     LockHeldElsewhere,
     LockLost,
+    RunOverran,
     RunRestored,
     ScheduleRejected,
     SchedulerStarted,
@@ -137,6 +140,12 @@ class Instrumentation:
             ["cronlock_job"],
             registry=None,
         )
+        self.overran = Counter(
+            "cronlock_runs_overran",
+            "Timed-out runs whose worker thread ran on past the deadline (when it returned)",
+            ["cronlock_job"],
+            registry=None,
+        )
         self.ran_twice = Counter(
             "cronlock_slots_ran_twice",
             "Slots this replica ran that another replica ran too, after a failover",
@@ -172,6 +181,7 @@ class Instrumentation:
             self.held_elsewhere,
             self.retries,
             self.restored,
+            self.overran,
             self.ran_twice,
             self.rejected,
             self.duration,
@@ -219,6 +229,9 @@ class Instrumentation:
         elif kind is RunRestored:
             assert isinstance(event, RunRestored)
             self.restored.labels(event.job).inc()
+        elif kind is RunOverran:
+            assert isinstance(event, RunOverran)
+            self.overran.labels(event.job).inc()
         elif kind is SlotRanTwice:
             assert isinstance(event, SlotRanTwice)
             self.ran_twice.labels(event.job).inc()

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 from datetime import UTC, datetime, timedelta
 
 from prometheus_client import CollectorRegistry, generate_latest
 
-from cronlock import Scheduler
+from cronlock import JobTimedOut, Scheduler, SystemClock
 from cronlock.prometheus import instrument
 from cronlock.testing import FakeClock
 
@@ -119,3 +120,27 @@ async def test_retries_are_counted_and_a_retry_is_no_late_start() -> None:
         assert value(registry, "cronlock_start_lateness_seconds_count", cronlock_job="flaky") == 1
         assert value(registry, "cronlock_start_lateness_seconds_sum", cronlock_job="flaky") == 0
     handle.close()
+
+
+async def test_a_timed_out_thread_that_returns_counts_as_overran() -> None:
+    scheduler = Scheduler(clock=SystemClock())
+    registry = CollectorRegistry()
+    release = threading.Event()
+
+    @scheduler.every(3600, name="blocking", timeout=0.05)
+    def blocking() -> None:
+        release.wait(60)
+
+    instrument(scheduler, registry)
+    try:
+        async with scheduler, asyncio.timeout(60):  # a liveness guard, not a timing
+            event = await scheduler.get_job("blocking").run_now()
+            assert isinstance(event, JobTimedOut)
+            assert value(registry, "cronlock_runs_overran_total", cronlock_job="blocking") is None
+            release.set()
+            while not value(registry, "cronlock_runs_overran_total", cronlock_job="blocking"):
+                await asyncio.sleep(0.01)
+    finally:
+        release.set()
+    assert value(registry, "cronlock_runs_overran_total", cronlock_job="blocking") == 1
+    assert value(registry, "cronlock_runs_total", cronlock_job="blocking", outcome="timed_out") == 1

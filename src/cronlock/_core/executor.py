@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import typing
 from asyncio import current_task
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from datetime import datetime, timedelta
 from typing import Any
@@ -21,11 +21,13 @@ from .._events import (
     JobSucceeded,
     JobTimedOut,
     LockLost,
+    RunOverran,
 )
 from .._locking.protocols import Elector, Hold, LosableHold, RecordingHold, hold_hooks
 from .._logs import at, get_logger
 from .._records import NEVER_BEGAN, RunRecord, error_summary, timed_out_error
 from .._schedules.interval import IntervalSchedule
+from .._threads import ThreadRun
 from .admission import Admission
 from .guard import Deadlines, Lane, RunGuard, take_back
 from .job import Job
@@ -77,14 +79,23 @@ class Executor:
         self._admission = Admission(clock, elector)
         self._default_timeout = default_timeout
 
-    async def run(self, job: Job, slot: datetime, *, report: bool = True) -> JobEvent | None:
+    async def run(
+        self,
+        job: Job,
+        slot: datetime,
+        *,
+        report: bool = True,
+        tell: Callable[[JobEvent], None] | None = None,
+    ) -> JobEvent | None:
         """Run *slot* of *job* and return the final event (also emitted).
 
         With ``report=False`` a successful run nobody subscribed to returns ``None``
-        instead of building an event no one reads (the run loop's hot path).
+        instead of building an event no one reads (the run loop's hot path). *tell* is
+        given the outcome as soon as it is known when the run goes on past it: a plain
+        function's run that timed out, whose thread the run waits for (:meth:`_overrun`).
         """
         if not job._wiring.gated:
-            return await self._execute(job, slot, None, report)
+            return await self._execute(job, slot, None, report, tell)
         job._waits(True)
         try:
             gate = await self._admission.admit(job, slot)
@@ -103,11 +114,13 @@ class Executor:
                     await self._admission.refresh_history(job)
             return gate
         if gate is None:
-            return await self._execute(job, slot, None, report)
+            return await self._execute(job, slot, None, report, tell)
         try:
             if job._wiring.ahead and not report:  # fired ahead for its claim: start on time
                 await self._until(job, slot, gate)
-            return await self._execute(job, slot, gate, report)
+            # A timed-out thread's run returns only once the thread has: the claim is
+            # released below, never while the work still goes on.
+            return await self._execute(job, slot, gate, report, tell)
         finally:
             job._waits(True)
             try:
@@ -192,23 +205,26 @@ class Executor:
                 # drops its entry); on the way out take_back() says whose cancellation it was.
                 cancelling = task.cancelling()
                 lane.watch(task)
+            call: Awaitable[object] | None = None  # a ThreadRun: see _overrun
             try:
-                result = await job.call(slot, started, number)
+                call = job.call(slot, started, number)
+                result = await call
             except asyncio.CancelledError as exc:
-                if lane is not None and not lane.drop(task) and take_back(task, cancelling, exc):
-                    self._timed_out(job, slot, started, lane.seconds)
-                    return
-                self._cancelled(job, slot, started, None)
-                raise
+                if lane is None or lane.drop(task) or not take_back(task, cancelling, exc):
+                    self._cancelled(job, slot, started, None)
+                    raise
             except Exception as exc:
-                if lane is not None and not lane.drop(task) and take_back(task, cancelling, exc):
-                    self._timed_out(job, slot, started, lane.seconds)
+                if lane is None or lane.drop(task) or not take_back(task, cancelling, exc):
+                    self._failed(job, slot, started, exc, None)
                     return
-                self._failed(job, slot, started, exc, None)
+            else:
+                if lane is not None and lane.entries.pop(task, None) is None:  # lane.drop()
+                    take_back(task, cancelling, None)  # expired as it returned: a success
+                self._succeeded(job, slot, started, result, False, None)
                 return
-            if lane is not None and lane.entries.pop(task, None) is None:  # lane.drop()
-                take_back(task, cancelling, None)  # expired as it returned: still a success
-            self._succeeded(job, slot, started, result, False, None)
+            assert lane is not None  # only a deadline gets here
+            self._timed_out(job, slot, started, lane.seconds)
+            await self._overrun(job, slot, started, lane.seconds, call)
         except Exception:  # a bug of ours: never let it kill the scheduler
             _logger.exception(
                 "job %r slot %s: internal error", job.name, slot, extra=at(job.name, slot)
@@ -232,6 +248,60 @@ class Executor:
         event = JobTimedOut(job.name, slot, started, finished, timeout)
         return self._end(job, hold, record, event)
 
+    async def _overrun(
+        self,
+        job: Job,
+        slot: datetime,
+        started: datetime,
+        timeout: float | None,
+        call: Awaitable[object] | None,
+    ) -> None:
+        """A run timed out (recorded already); if its body is a worker thread still going,
+        the run stays in flight until the thread returns: its task does not end, so the
+        run loop applies the job's overlap policy to the slots due meanwhile, and its claim
+        (released by the caller once we return) is kept, and renewed in lease mode. A
+        thread cannot be stopped; holding on is what keeps a second copy from starting.
+
+        Cancelled meanwhile (a shutdown past ``stop_timeout``, ``overlap="replace"``), we
+        stop waiting: the claim is released and the thread goes on in the background.
+        """
+        if not isinstance(call, ThreadRun) or not call.running:
+            return
+        assert timeout is not None
+        name = job.name
+        _logger.warning(
+            "job %r slot %s: its thread cannot be stopped and still runs; the run stays in "
+            "flight (its claim held, overlap=%r applies) until the thread returns",
+            name,
+            slot,
+            job.overlap,
+            extra=at(name, slot),
+        )
+        try:
+            await call.wait_returned()
+        except asyncio.CancelledError:
+            _logger.warning(
+                "job %r slot %s: cancelled while its timed-out thread still runs; its claim "
+                "is released, the thread goes on in the background",
+                name,
+                slot,
+                extra=at(name, slot),
+            )
+            raise
+        returned = self._clock.now()
+        overran = max((returned - started).total_seconds() - timeout, 0.0)
+        _logger.warning(
+            "job %r slot %s: its thread returned %.3fs past its %ss timeout%s",
+            name,
+            slot,
+            overran,
+            timeout,
+            "" if call.error is None else ", raising",
+            exc_info=call.error,
+            extra=at(name, slot),
+        )
+        self._bus.emit(RunOverran(name, slot, started, returned, timeout, overran))
+
     def demote(self, reason: BaseException | None) -> None:
         """This replica stopped leading: end its elected runs (event ``LockLost``)."""
         if not self._cancel_on_lock_loss:
@@ -246,7 +316,12 @@ class Executor:
         await self._admission.refresh_history(job, force=force)
 
     async def _execute(
-        self, job: Job, slot: datetime, hold: Hold | None, report: bool
+        self,
+        job: Job,
+        slot: datetime,
+        hold: Hold | None,
+        report: bool,
+        tell: Callable[[JobEvent], None] | None = None,
     ) -> JobEvent | None:
         clock = self._clock
         bus = self._bus
@@ -269,6 +344,7 @@ class Executor:
                 )
             )
         )
+        call: Awaitable[object] | None = None  # a ThreadRun: see _overrun
         try:
             async with guard:
                 if lost:
@@ -276,13 +352,18 @@ class Executor:
                     # run waited for its slot): the loss's callback is due at this turn of
                     # the loop; take it here, so that the body never starts without its lock.
                     await asyncio.sleep(0)
-                result = await job.call(slot, started, number)
+                call = job.call(slot, started, number)
+                result = await call
         except asyncio.CancelledError:
             self._cancelled(job, slot, started, hold)
             raise
         except Exception as exc:
             if guard.ended_run and guard.reason == "timeout":
-                return self._timed_out(job, slot, started, timeout, hold)
+                timed_out = self._timed_out(job, slot, started, timeout, hold)
+                if tell is not None:
+                    tell(timed_out)
+                await self._overrun(job, slot, started, timeout, call)
+                return timed_out
             if guard.ended_run:  # its lock was lost
                 finished = clock.now()
                 _lock_logger.error(

@@ -396,7 +396,10 @@ class RunLoop:
             if replaced:
                 # "replace": the old run's cleanup (lock release) finishes before we start.
                 await asyncio.wait(replaced)
-            event = await self._executor.run(job, slot, report=waiter is not None)
+            # A run that goes on past its outcome (a timed-out thread) tells its waiter
+            # the outcome at once: run_now() returns at the timeout, as for any run.
+            tell = None if waiter is None else functools.partial(_tell, waiter)
+            event = await self._executor.run(job, slot, report=waiter is not None, tell=tell)
             if (
                 waiter is None
                 and isinstance(event, LockFailed)
@@ -438,6 +441,11 @@ class RunLoop:
         while self._waiting and (self._cap is None or self._running < self._cap):
             slot, _, waiting_job, waiter = heapq.heappop(self._waiting)
             self._start(waiting_job, slot, waiter)
+
+
+def _tell(waiter: asyncio.Future[JobEvent], event: JobEvent) -> None:
+    if not waiter.done():
+        waiter.set_result(event)
 
 
 def _set(future: asyncio.Future[None], _: object = None) -> None:
