@@ -8,6 +8,7 @@ from asyncio import current_task
 from collections.abc import Callable
 from contextvars import ContextVar
 from datetime import datetime, timedelta
+from logging import DEBUG
 from typing import Any
 
 from .._clock import Clock
@@ -23,8 +24,8 @@ from .._events import (
     LockLost,
 )
 from .._locking.protocols import Elector, Hold, LosableHold, RecordingHold, hold_hooks
-from .._logs import at, get_logger
-from .._records import NEVER_BEGAN, RunRecord, error_summary, timed_out_error
+from .._logs import at, get_logger, say
+from .._records import NEVER_BEGAN, PAUSED_BEFORE_START, RunRecord, error_summary, timed_out_error
 from .._schedules.interval import IntervalSchedule
 from .admission import Admission
 from .guard import Deadlines, Lane, RunGuard, take_back
@@ -105,8 +106,11 @@ class Executor:
         if gate is None:
             return await self._execute(job, slot, None, report)
         try:
-            if job._wiring.ahead and not report:  # fired ahead for its claim: start on time
-                await self._until(job, slot, gate)
+            if not report:  # a slot of its schedule (a run asked for starts whatever)
+                if job._wiring.ahead:  # fired ahead for its claim: start on time
+                    await self._until(job, slot, gate)
+                if job._paused:  # paused while its claim was out: checked at the instant
+                    return self._withdrawn(job, slot, gate)
             return await self._execute(job, slot, gate, report)
         finally:
             job._waits(True)
@@ -126,6 +130,16 @@ class Executor:
         except asyncio.CancelledError:
             self._cancelled(job, slot, self._clock.now(), hold)
             raise
+
+    def _withdrawn(self, job: Job, slot: datetime, hold: Hold) -> JobEvent:
+        """*job* was paused here after its slot's claim went out (ahead of the slot, or
+        while the claim's round trip was on): the run does not begin. The claim is given
+        back as a run that never began, recorded ``"cancelled"`` (the other replicas were
+        refused this slot, so none runs it); the event is ``JobSkipped(reason="paused")``."""
+        now = self._clock.now()
+        say(_logger, DEBUG, job.name, slot, "paused before its slot began, not run")
+        record = RunRecord(slot, now, now, "cancelled", PAUSED_BEFORE_START)
+        return self._end(job, hold, record, JobSkipped(job.name, slot, "paused"))
 
     def timeout_of(self, job: Job) -> float | None:
         """The job's timeout, or the scheduler's default."""
