@@ -342,6 +342,15 @@ class Executor:
         """A run succeeded (every path records a success here; other outcomes: :meth:`_end`).
         Its event is returned if *report* (somebody waits for it), else None."""
         finished = self._clock.now()
+        if _logger.isEnabledFor(DEBUG):  # every run, on every replica: not INFO
+            duration = (finished - started).total_seconds()
+            _logger.debug(
+                "job %r slot %s succeeded in %.3f s",
+                job.name,
+                slot,
+                duration,
+                extra={**at(job.name, slot), "duration": duration},
+            )
         if hold is not None:
             record = RunRecord(slot, started, finished, "succeeded")
             event = JobSucceeded(job.name, slot, started, finished, result)
