@@ -14,6 +14,7 @@ __all__ = (
     "FINAL_OUTCOMES",
     "NEVER_BEGAN",
     "OVERLAPS",
+    "PAUSED_BEFORE_START",
     "Outcome",
     "Overlap",
     "RunContext",
@@ -29,6 +30,11 @@ NEVER_BEGAN = "its lock was lost before the run began"
 """The ``error`` of a ``lock_lost`` run whose body never started (claimed ahead, its lock
 lost while it waited for its slot): nothing ran, so the slot is claimed again (the crash
 recovery's takeover, whatever ``recover`` says) while its grace lasts."""
+
+PAUSED_BEFORE_START = "paused before its slot began"
+"""The ``error`` of a ``cancelled`` run whose job was paused on its replica between the
+slot's claim (ahead of the slot) and the slot's instant: its body never began, and no
+replica runs the slot (the others were refused it)."""
 
 Outcome = Literal[
     "succeeded", "failed", "timed_out", "cancelled", "lock_lost", "crashed", "unfinished"

@@ -135,3 +135,71 @@ async def test_run_now_of_a_jittered_job_starts_at_once(clock: FakeClock) -> Non
         async with asyncio.timeout(10):  # (fails, not hangs, if the run waited for a jitter)
             await job.run_now()
     assert started(recorder) == [(at(1), at(1))]  # not at 1 s + its jitter
+
+
+async def test_a_pause_after_the_claim_went_out_stops_the_slot(clock: FakeClock) -> None:
+    locker, scheduler, recorder = ahead_scheduler(clock)
+
+    async def tick() -> None:
+        raise AssertionError("a slot paused before its instant must not start")
+
+    job = scheduler.add_job(tick, every(1), name="tick")
+    async with scheduler:
+        await clock.advance_to(at(0.95))  # claimed at 0.9, waiting for 1.0
+        assert locker.claims == [(at(0.9), at(1))]
+        job.pause()  # 0.05 s before the slot
+        await clock.advance_to(at(3.5))
+    assert started(recorder) == []
+    skipped = [(e.slot, e.reason) for e in recorder.of(JobSkipped)]  # type: ignore[attr-defined]
+    assert skipped == [(at(1), "paused")]
+    # The claim is given back as a run that never began: the ledger (here, last_run) says
+    # so, and the lock is free for another replica's next slot.
+    assert job.last_run is not None and job.last_run.outcome == "cancelled"
+    assert job.run_count == 0
+    assert locker.claims == [(at(0.9), at(1))]  # nothing claimed while paused
+    assert await locker.acquire("tick", at(2)) is not None
+
+
+async def test_a_resumed_job_runs_its_next_slot(clock: FakeClock) -> None:
+    _, scheduler, recorder = ahead_scheduler(clock)
+
+    async def tick() -> None:
+        pass
+
+    job = scheduler.add_job(tick, every(1), name="tick")
+    async with scheduler:
+        await clock.advance_to(at(0.95))
+        job.pause()
+        job.resume()  # before the slot: the slot claimed ahead runs after all
+        await clock.advance_to(at(1.5))
+    assert started(recorder) == [(at(1), at(1))]
+
+
+class SlowLocker(InMemoryLocker):
+    """Claims at the slot, and its claim takes 0.1 s (a round trip)."""
+
+    def __init__(self, clock: FakeClock) -> None:
+        super().__init__()
+        self.clock = clock
+
+    async def acquire(self, job: str, slot: datetime) -> Hold | Refusal | None:
+        await self.clock.sleep(0.1)
+        return await super().acquire(job, slot)
+
+
+async def test_a_pause_during_the_claims_round_trip_stops_the_slot(clock: FakeClock) -> None:
+    scheduler = Scheduler(clock=clock, locker=SlowLocker(clock))
+    recorder = Recorder()
+    scheduler.subscribe(recorder)
+
+    async def tick() -> None:
+        raise AssertionError("a slot paused before it began must not start")
+
+    job = scheduler.add_job(tick, every(1), name="tick")
+    async with scheduler:
+        await clock.advance_to(at(1.05))  # the claim of slot 1 is on its way
+        job.pause()
+        await clock.advance_to(at(2.5))
+    assert started(recorder) == []
+    skipped = [(e.slot, e.reason) for e in recorder.of(JobSkipped)]  # type: ignore[attr-defined]
+    assert skipped == [(at(1), "paused")]

@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from cronlock import LockError, Scheduler, SystemClock
+from cronlock import InMemoryLocker, LockError, Scheduler, SystemClock
 from cronlock._core import fleetclock as _fleetclock
 from cronlock.testing import FakeClock
 
@@ -93,6 +93,52 @@ async def test_run_records_carry_job_slot_and_replica(inspector: Inspector) -> N
     started = [r for r in records if r.getMessage().startswith("scheduler started")]
     assert started[0].job is None  # type: ignore[attr-defined]
     assert started[0].slot is None  # type: ignore[attr-defined]
+
+
+async def test_a_successful_run_is_logged_at_debug(
+    inspector: Inspector, caplog: pytest.LogCaptureFixture
+) -> None:
+    clock = FakeClock(T0)
+    scheduler = Scheduler(clock=clock)
+
+    @scheduler.every(10, name="plain")  # the run loop's fast path
+    async def plain() -> None:
+        await clock.sleep(2)
+
+    @scheduler.every(10, name="locked", locker=InMemoryLocker())  # the general path, a hold
+    async def locked() -> None:
+        await clock.sleep(0.25)
+
+    @scheduler.cron("* * * * *", name="cron", timeout=30)  # the general path, no hold
+    async def minutely() -> None:
+        pass
+
+    with caplog.at_level(logging.DEBUG, logger="cronlock"):
+        async with scheduler:
+            await clock.advance(65)
+    check(inspector.records)
+    done = [r for r in caplog.records if " succeeded in " in r.getMessage()]
+    assert {r.levelno for r in done} == {logging.DEBUG}  # every second on 50 pods: not INFO
+    seen = {(r.job, r.slot, r.duration) for r in done}  # type: ignore[attr-defined]
+    assert {(job, slot) for job, slot, _ in seen} == {
+        ("plain", "2026-01-01T00:00:10+00:00"),
+        ("plain", "2026-01-01T00:00:20+00:00"),
+        ("plain", "2026-01-01T00:00:30+00:00"),
+        ("plain", "2026-01-01T00:00:40+00:00"),
+        ("plain", "2026-01-01T00:00:50+00:00"),
+        ("plain", "2026-01-01T00:01:00+00:00"),
+        ("locked", "2026-01-01T00:00:10+00:00"),
+        ("locked", "2026-01-01T00:00:20+00:00"),
+        ("locked", "2026-01-01T00:00:30+00:00"),
+        ("locked", "2026-01-01T00:00:40+00:00"),
+        ("locked", "2026-01-01T00:00:50+00:00"),
+        ("locked", "2026-01-01T00:01:00+00:00"),
+        ("cron", "2026-01-01T00:01:00+00:00"),
+    }
+    durations = {job: duration for job, _, duration in seen}
+    assert durations["plain"] == 2.0 and durations["locked"] == 0.25
+    message = next(r.getMessage() for r in done if r.job == "plain")  # type: ignore[attr-defined]
+    assert message == "job 'plain' slot 2026-01-01 00:00:10+00:00 succeeded in 2.000 s"
 
 
 class _Unreachable:

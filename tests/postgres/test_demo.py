@@ -7,8 +7,11 @@ import re
 import subprocess
 import sys
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
+
+from .pgbouncer import PgBouncer
 
 pytestmark = pytest.mark.postgres
 
@@ -72,3 +75,47 @@ def test_demo_lock_only_with_skewed_clocks_shows_the_duplicates(pg_dsn: str) -> 
     assert duplicates >= 1
     assert runs == 3 + duplicates
     assert "without --lock-only the run ledger" in lines[-2]
+
+
+async def test_demo_through_a_transaction_pooler_runs_in_lease_mode(
+    pgbouncer: PgBouncer, admin: Any
+) -> None:
+    # The docs' quickest check of a DSN: through PgBouncer in transaction mode the demo
+    # says so, runs its replicas in lease mode, and names the pooler's port, not the
+    # server's.
+    result = demo("--duration", "3", "--dsn", pgbouncer.dsn)
+    assert "Traceback" not in result.stderr, result.stderr
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = result.stdout.splitlines()
+    first = lines[0]
+    assert first.startswith("backend: PostgreSQL ")
+    assert f" on 127.0.0.1:{pgbouncer.port} (from --dsn)" in first, first
+    assert "through a connection pooler" in first, first
+    assert ": leases and the run ledger, in schema cronlock_demo_" in first, first
+    [schema] = re.findall(r"in schema (cronlock_demo_[0-9a-f]{8}) \(dropped at the end\)", first)
+    slots = slot_lines(result.stdout)
+    assert len(slots) == 3
+    for line in slots:  # once each (a loser's report may come too late for its line)
+        assert re.match(r"  \d\d:\d\d:\d\d  ran on replica-[123](  |$)", line), result.stdout
+        assert "DUPLICATE" not in line and "MISSED" not in line, result.stdout
+    assert lines[-1] == "slots 3, runs 3, duplicates 0, missed 0"
+    assert await admin.fetchval("SELECT count(*) FROM pg_namespace WHERE nspname = $1", schema) == 0
+
+
+def test_demo_in_session_mode_through_a_pooler_says_why_it_cannot(pgbouncer: PgBouncer) -> None:
+    result = demo("--duration", "3", "--mode", "session", "--dsn", pgbouncer.dsn)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "Traceback" not in result.stderr, result.stderr
+    [message] = result.stderr.splitlines()
+    assert message.startswith("cronlock: error: ")
+    assert "connection pooler" in message and "--mode lease" in message, message
+    assert result.stdout == ""  # refused before any replica started
+
+
+def test_demo_names_the_dsns_address(pg_server: str, pg_dsn: str) -> None:
+    # The banner's host:port is the DSN's, as given (here the server's own).
+    port = str(urlsplit(pg_server).port or 5432)
+    result = demo("--duration", "1", "--dsn", pg_dsn)
+    assert result.returncode == 0, result.stdout + result.stderr
+    first = result.stdout.splitlines()[0]
+    assert f" on 127.0.0.1:{port} (from --dsn): advisory locks and the run ledger" in first

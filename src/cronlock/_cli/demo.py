@@ -36,6 +36,13 @@ LOCAL_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
 _BOOT_SECONDS = 3
 # How long after a slot (plus the slowest clock's lag) its line waits for late reports.
 _REPORT_GRACE = 2.0
+# How the parent connects: no named prepared statements (a transaction pooler lends each
+# transaction another client's server connection, where they would clash).
+_CONNECT: dict[str, Any] = {
+    "timeout": 3,
+    "statement_cache_size": 0,
+    "server_settings": {"application_name": "cronlock-demo"},
+}
 # The DSN goes to the replicas in the environment, not on their command lines (`ps`).
 _DSN_ENV = "_CRONLOCK_DEMO_DSN"
 _REASONS = {
@@ -66,6 +73,11 @@ def add_demo_parser(verbs: Any) -> None:
         "--locker",
         choices=("postgres", "file"),
         help="insist on a backend (default: postgres when a server answers, else file)",
+    )
+    demo.add_argument(
+        "--mode",
+        choices=("session", "lease"),
+        help="PostgresLocker's mode (default: lease through a connection pooler, else session)",
     )
     demo.add_argument(
         "--lock-only",
@@ -103,9 +115,12 @@ def run_demo(args: argparse.Namespace) -> int:
         raise CronlockError(f"--duration must be between 1 and 3600, got {args.duration}")
     if not 0 <= args.skew <= 2:
         raise CronlockError(f"--skew must be between 0 and 2 seconds, got {args.skew}")
-    if args.locker == "file" and (args.dsn or args.lock_only):
-        flag = "--dsn" if args.dsn else "--lock-only"
+    if args.locker == "file" and (args.dsn or args.lock_only or args.mode):
+        flag = "--dsn" if args.dsn else "--lock-only" if args.lock_only else "--mode"
         raise CronlockError(f"{flag} needs PostgreSQL, not --locker file")
+    if args.lock_only and args.mode is not None:
+        # Advisory locks without a ledger are session mode's (leases live in the ledger).
+        raise CronlockError("--lock-only takes session advisory locks: leave --mode out")
     with tempfile.TemporaryDirectory(prefix="cronlock-demo-") as lockdir:
         backend = asyncio.run(_choose_backend(args, lockdir))
         try:
@@ -131,9 +146,10 @@ async def _choose_backend(args: argparse.Namespace, lockdir: str) -> _Backend:
     else:
         dsn, source = LOCAL_DSN, f"the default {LOCAL_DSN}"
     # Asked for PostgreSQL in so many words: failing to get it is an error, not a fallback.
-    insisted = bool(args.dsn) or args.locker == "postgres" or args.lock_only
+    insisted = bool(args.dsn) or args.locker == "postgres" or args.lock_only or bool(args.mode)
     try:
-        return await _postgres_backend(dsn, source, lock_only=args.lock_only)
+        mode = "session" if args.lock_only else args.mode
+        return await _postgres_backend(dsn, source, mode=mode, lock_only=args.lock_only)
     except CronlockError as exc:
         if insisted:
             raise
@@ -142,7 +158,9 @@ async def _choose_backend(args: argparse.Namespace, lockdir: str) -> _Backend:
         return file_backend
 
 
-async def _postgres_backend(dsn: str, source: str, *, lock_only: bool) -> _Backend:
+async def _postgres_backend(
+    dsn: str, source: str, *, mode: str | None, lock_only: bool
+) -> _Backend:
     try:
         import asyncpg
     except ImportError:
@@ -150,24 +168,45 @@ async def _postgres_backend(dsn: str, source: str, *, lock_only: bool) -> _Backe
             "asyncpg is not installed: pip install 'cronlock[postgres]' "
             "(from a clone, until cronlock is on PyPI: pip install -e '.[postgres]')"
         ) from None
+    from ..postgres._conn.hosts import addresses, shown
+    from ..postgres._modes import mode_through
+    from ..postgres._modes.session import pooler_seen
     from ..postgres._sql.schema import DESCRIBE_SERVER_SQL, migrate
     from ..postgres._sql.tables import DEFAULT_TABLE, LedgerTable
 
     try:
-        conn = await asyncpg.connect(
-            dsn, timeout=3, server_settings={"application_name": "cronlock-demo"}
-        )
+        # No named prepared statements: through a transaction pooler they would clash with
+        # other clients' on the server connection this one is lent.
+        conn = await asyncpg.connect(dsn, **_CONNECT)
     except Exception as exc:  # bad syntax, refused, auth, unknown database: one clear line
         # Never the DSN's password, which a parse error may quote (cronlock._dsn).
         reason = connect_failure(dsn, exc)
         raise CronlockError(f"cannot connect to PostgreSQL with {source}: {reason}") from None
     try:
-        # Described from the server's side, so a password in the DSN is never printed.
-        where = await conn.fetchrow(DESCRIBE_SERVER_SQL)
-        server = f"PostgreSQL {where['version'].split()[0]}, database {where['db']} on " + (
-            f"{where['host']}:{where['port']}" if where["port"] else where["host"]
-        )
+        try:
+            where = await conn.fetchrow(DESCRIBE_SERVER_SQL)
+            pooler = await pooler_seen(conn)
+        except Exception as exc:
+            raise CronlockError(
+                f"cannot read the server's version with {source}: {exc!r}"
+            ) from None
+        try:
+            chosen, excludes = mode_through(mode, pooler)
+        except CronlockError as exc:
+            hint = (
+                "--lock-only takes session advisory locks: leave it out to run the demo "
+                "in lease mode"
+                if lock_only
+                else "leave --mode out, or pass --mode lease"
+            )
+            raise CronlockError(f"{exc} ({hint})") from None
+        # The address is the DSN's, as given (a pooler's, not the server's behind it): the
+        # server describes only itself, and its port would hide the pooler. No password.
+        found = addresses(dsn, _CONNECT)
+        address = ", ".join(shown(a) for a in found) if found else "the DSN's address"
+        server = f"PostgreSQL {where['version'].split()[0]}, database {where['db']} on {address}"
         origin = "the default address" if source.startswith("the default") else source
+        through = "" if pooler is None else ", through a connection pooler"
         if lock_only:
             return _Backend(
                 f"backend: {server} (from {origin}): advisory locks only, no run ledger",
@@ -178,11 +217,11 @@ async def _postgres_backend(dsn: str, source: str, *, lock_only: bool) -> _Backe
         try:
             await migrate(conn, LedgerTable(DEFAULT_TABLE, schema))
         except Exception as exc:
-            raise CronlockError(f"cannot create a schema for the demo's ledger: {exc}") from None
+            raise CronlockError(f"cannot create a schema for the demo's ledger: {exc!r}") from None
         return _Backend(
-            f"backend: {server} (from {origin}): advisory locks and the run ledger, "
+            f"backend: {server} (from {origin}){through}: {excludes} and the run ledger, "
             f"in schema {schema} (dropped at the end)",
-            ["--schema", schema],
+            ["--schema", schema, "--mode", chosen],
             dsn=dsn,
             schema=schema,
         )
@@ -197,10 +236,13 @@ async def _drop_schema(dsn: str, schema: str) -> None:
     from ..postgres._sql.tables import DEFAULT_TABLE, LedgerTable, quote_ident
 
     try:
-        conn = await asyncpg.connect(dsn, timeout=10)
+        conn = await asyncpg.connect(dsn, **{**_CONNECT, "timeout": 10})
         try:
-            await conn.execute(DROP_LOCK_TIMEOUT_SQL)
-            await conn.execute(drop_schema_sql(LedgerTable(DEFAULT_TABLE, schema)))
+            # One transaction: through a pooler, a setting outside one would stay on the
+            # server connection for its next client.
+            async with conn.transaction():
+                await conn.execute(DROP_LOCK_TIMEOUT_SQL)
+                await conn.execute(drop_schema_sql(LedgerTable(DEFAULT_TABLE, schema)))
         finally:
             await conn.close()
     except Exception as exc:
@@ -363,6 +405,7 @@ def replica_main(argv: Sequence[str]) -> int:
     parser.add_argument("--lockdir")
     parser.add_argument("--schema")
     parser.add_argument("--lock-only", action="store_true")
+    parser.add_argument("--mode", default="session")
     args = parser.parse_args(argv)
     try:
         asyncio.run(_replica(args))
@@ -393,6 +436,7 @@ async def _replica(args: argparse.Namespace) -> None:
         # The parent created the ledger in its schema; --lock-only needs none.
         locker = PostgresLocker(
             os.environ[_DSN_ENV],
+            mode=args.mode,
             ledger=not args.lock_only,
             schema=args.schema,
             create_table=False,

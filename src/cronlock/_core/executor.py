@@ -8,6 +8,7 @@ from asyncio import current_task
 from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from datetime import datetime, timedelta
+from logging import DEBUG
 from typing import Any
 
 from .._clock import Clock
@@ -24,8 +25,8 @@ from .._events import (
     RunOverran,
 )
 from .._locking.protocols import Elector, Hold, LosableHold, RecordingHold, hold_hooks
-from .._logs import at, get_logger
-from .._records import NEVER_BEGAN, RunRecord, error_summary, timed_out_error
+from .._logs import at, get_logger, say
+from .._records import NEVER_BEGAN, PAUSED_BEFORE_START, RunRecord, error_summary, timed_out_error
 from .._schedules.interval import IntervalSchedule
 from .._threads import ThreadRun
 from .admission import Admission
@@ -116,8 +117,11 @@ class Executor:
         if gate is None:
             return await self._execute(job, slot, None, report, tell)
         try:
-            if job._wiring.ahead and not report:  # fired ahead for its claim: start on time
-                await self._until(job, slot, gate)
+            if not report:  # a slot of its schedule (a run asked for starts whatever)
+                if job._wiring.ahead:  # fired ahead for its claim: start on time
+                    await self._until(job, slot, gate)
+                if job._paused:  # paused while its claim was out: checked at the instant
+                    return self._withdrawn(job, slot, gate)
             # A timed-out thread's run returns only once the thread has: the claim is
             # released below, never while the work still goes on.
             return await self._execute(job, slot, gate, report, tell)
@@ -139,6 +143,16 @@ class Executor:
         except asyncio.CancelledError:
             self._cancelled(job, slot, self._clock.now(), hold)
             raise
+
+    def _withdrawn(self, job: Job, slot: datetime, hold: Hold) -> JobEvent:
+        """*job* was paused here after its slot's claim went out (ahead of the slot, or
+        while the claim's round trip was on): the run does not begin. The claim is given
+        back as a run that never began, recorded ``"cancelled"`` (the other replicas were
+        refused this slot, so none runs it); the event is ``JobSkipped(reason="paused")``."""
+        now = self._clock.now()
+        say(_logger, DEBUG, job.name, slot, "paused before its slot began, not run")
+        record = RunRecord(slot, now, now, "cancelled", PAUSED_BEFORE_START)
+        return self._end(job, hold, record, JobSkipped(job.name, slot, "paused"))
 
     def timeout_of(self, job: Job) -> float | None:
         """The job's timeout, or the scheduler's default."""
@@ -409,6 +423,15 @@ class Executor:
         """A run succeeded (every path records a success here; other outcomes: :meth:`_end`).
         Its event is returned if *report* (somebody waits for it), else None."""
         finished = self._clock.now()
+        if _logger.isEnabledFor(DEBUG):  # every run, on every replica: not INFO
+            duration = (finished - started).total_seconds()
+            _logger.debug(
+                "job %r slot %s succeeded in %.3f s",
+                job.name,
+                slot,
+                duration,
+                extra={**at(job.name, slot), "duration": duration},
+            )
         if hold is not None:
             record = RunRecord(slot, started, finished, "succeeded")
             event = JobSucceeded(job.name, slot, started, finished, result)

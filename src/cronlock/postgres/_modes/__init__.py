@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from ..._durations import Seconds, to_seconds
-from ..._errors import ConfigError
+from ..._errors import ConfigError, PoolerDetected
 from ..._logs import get_logger
 from .._conn.source import ConnectionSource
 
@@ -24,7 +24,14 @@ if TYPE_CHECKING:
 
 _logger = get_logger("cronlock.postgres")
 
-__all__ = ("ballot_for", "check_pool_room", "checked_mode", "exclusion_for", "source_for")
+__all__ = (
+    "ballot_for",
+    "check_pool_room",
+    "checked_mode",
+    "exclusion_for",
+    "mode_through",
+    "source_for",
+)
 
 
 def exclusion_for(
@@ -43,6 +50,26 @@ def exclusion_for(
     from .session import SessionLocks
 
     return SessionLocks(table, holder=holder)
+
+
+def mode_through(asked: str | None, pooler: str | None) -> tuple[Mode, str]:
+    """The mode of connections that a pooler test (:func:`.session.pooler_seen`) answered
+    *pooler* for, and what it excludes with (``"advisory locks"``, ``"leases"``): *asked*,
+    else lease mode through a pooler and session mode on a server's own backend. Raises
+    :class:`~cronlock.PoolerDetected` for session mode asked for through a pooler."""
+    if asked is None:
+        asked = "session" if pooler is None else "lease"
+    if asked not in ("session", "lease"):
+        raise ConfigError(f"mode must be 'session' or 'lease', got {asked!r}")
+    if asked == "lease":
+        return "lease", "leases"
+    if pooler is not None:
+        raise PoolerDetected(
+            f"a connection pooler or proxy sits between this DSN and PostgreSQL ({pooler}): "
+            "session advisory locks cannot work through it; use lease mode, or connect "
+            "to the server directly"
+        )
+    return "session", "advisory locks"
 
 
 def ballot_for(

@@ -57,6 +57,7 @@ __all__ = (
     "SessionRules",
     "check_fencing",
     "mark_dropped",
+    "pooler_seen",
     "refuse_pooler",
     "set_up_session",
 )
@@ -283,19 +284,29 @@ async def set_up_session(
 _pooler_told = False  # whether refuse_pooler has logged its ERROR in this process
 
 
-async def refuse_pooler(conn: Any, where: str) -> None:
-    """Raise :class:`PoolerDetected` unless *conn* is a server backend of its own.
+async def pooler_seen(conn: Any) -> str | None:
+    """What shows that a pooler or proxy sits between *conn* and its server (``announced
+    pid A, then backends B and C``), or ``None`` when *conn* is a server backend of its own.
 
     The pid a server announces at connect (asyncpg's ``get_server_pid()``) is that backend's
     own; a pooler or proxy announces one of its making instead, which no backend has. Two
-    reads of ``pg_backend_pid()`` in two transactions must also agree.
+    reads of ``pg_backend_pid()`` in two transactions must also agree. *conn* must keep no
+    named prepared statements (``statement_cache_size=0``) when it may be pooled.
     """
     announced = conn.get_server_pid()
     first = await conn.fetchval(BACKEND_PID_SQL)
     second = await conn.fetchval(BACKEND_PID_SQL)
     if first == announced == second:
+        return None
+    return f"announced pid {announced}, then backends {first} and {second}"
+
+
+async def refuse_pooler(conn: Any, where: str) -> None:
+    """Raise :class:`PoolerDetected` unless *conn* is a server backend of its own
+    (:func:`pooler_seen`)."""
+    seen = await pooler_seen(conn)
+    if seen is None:
         return
-    seen = f"announced pid {announced}, then backends {first} and {second}"
     global _pooler_told
     log = _logger.debug if _pooler_told else _logger.error  # said once; retries are quiet
     _pooler_told = True

@@ -67,16 +67,15 @@ CURRENT_USER_SQL = "SELECT current_user"
 """No parameters: the role this session runs as (who an operator's change is recorded by)."""
 
 DESCRIBE_SERVER_SQL = (
-    "SELECT current_setting('server_version') AS version, current_database() AS db,"
-    " coalesce(host(inet_server_addr()), 'local socket') AS host,"
-    " inet_server_port() AS port"
+    "SELECT current_setting('server_version') AS version, current_database() AS db"
 )
-"""No parameters: the server's version, database, host and port, as the server sees them
-(so a password in the DSN is never printed)."""
+"""No parameters: the server's version and database, as the server sees them. Not its
+address: through a pooler that is the server's behind it, which would hide the pooler
+(the demo names the DSN's)."""
 
-DROP_LOCK_TIMEOUT_SQL = "SET lock_timeout = '10s'"
-"""No parameters: the session waits at most 10 s for a lock (before dropping a schema
-that a process may still use)."""
+DROP_LOCK_TIMEOUT_SQL = "SET LOCAL lock_timeout = '10s'"
+"""No parameters: the transaction waits at most 10 s for a lock (before dropping a schema
+that a process may still use); local to it, so a pooler never hands it on."""
 
 MIGRATE_LOCK_SQL = "SELECT pg_advisory_xact_lock($1::bigint)"
 """``$1`` :attr:`.tables.LedgerTable.migrate_key`: the transaction lock that serialises
