@@ -77,14 +77,17 @@ class Executor:
         self._admission = Admission(clock, elector)
         self._default_timeout = default_timeout
 
-    async def run(self, job: Job, slot: datetime, *, report: bool = True) -> JobEvent | None:
-        """Run *slot* of *job* and return the final event (also emitted).
+    async def run(
+        self, job: Job, slot: datetime, *, report: bool = True, attempt: int = 1
+    ) -> JobEvent | None:
+        """Run *slot* of *job* and return the final event (also emitted); *attempt* is the
+        try at the slot it is (2, 3, ... for retries: ``RunContext.attempt``).
 
         With ``report=False`` a successful run nobody subscribed to returns ``None``
         instead of building an event no one reads (the run loop's hot path).
         """
         if not job._wiring.gated:
-            return await self._execute(job, slot, None, report)
+            return await self._execute(job, slot, None, report, attempt)
         job._waits(True)
         try:
             gate = await self._admission.admit(job, slot)
@@ -103,11 +106,11 @@ class Executor:
                     await self._admission.refresh_history(job)
             return gate
         if gate is None:
-            return await self._execute(job, slot, None, report)
+            return await self._execute(job, slot, None, report, attempt)
         try:
             if job._wiring.ahead and not report:  # fired ahead for its claim: start on time
                 await self._until(job, slot, gate)
-            return await self._execute(job, slot, gate, report)
+            return await self._execute(job, slot, gate, report, attempt)
         finally:
             job._waits(True)
             try:
@@ -246,7 +249,7 @@ class Executor:
         await self._admission.refresh_history(job, force=force)
 
     async def _execute(
-        self, job: Job, slot: datetime, hold: Hold | None, report: bool
+        self, job: Job, slot: datetime, hold: Hold | None, report: bool, attempt: int
     ) -> JobEvent | None:
         clock = self._clock
         bus = self._bus
@@ -276,7 +279,7 @@ class Executor:
                     # run waited for its slot): the loss's callback is due at this turn of
                     # the loop; take it here, so that the body never starts without its lock.
                     await asyncio.sleep(0)
-                result = await job.call(slot, started, number)
+                result = await job.call(slot, started, number, attempt)
         except asyncio.CancelledError:
             self._cancelled(job, slot, started, hold)
             raise

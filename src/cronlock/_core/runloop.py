@@ -396,7 +396,9 @@ class RunLoop:
             if replaced:
                 # "replace": the old run's cleanup (lock release) finishes before we start.
                 await asyncio.wait(replaced)
-            event = await self._executor.run(job, slot, report=waiter is not None)
+            # A retry's attempt (2, 3, ...) is known here; every other run is a first one.
+            attempt = self._retries.attempt(job, slot) if job._settings.retries else 1
+            event = await self._executor.run(job, slot, report=waiter is not None, attempt=attempt)
             if (
                 waiter is None
                 and isinstance(event, LockFailed)
