@@ -68,6 +68,9 @@ _NOT_STATEMENTS = frozenset(
         "RUN",
         "RUN_COLUMNS",
         "R_RUN",
+        "HISTORY_COLUMNS",
+        "decode_attempts",
+        "decode_history",
         "decode_run",
         "latest_run",
         "odd_list",
@@ -103,8 +106,10 @@ _NOT_STATEMENTS = frozenset(
         "schedules_lock_key",
         # fleet.py: the dashboard's wrapper of a read (explained below)
         "bounded_sql",
-        # crashes.py: the takeover's condition, a fragment of recover_sql and its lease form
+        # crashes.py: the takeover's condition and the attempts it keeps, fragments of
+        # recover_sql and its lease form
         "TAKEN_OVER",
+        "KEPT_ATTEMPTS",
         # elector.py: the leaders table's statements, built from its quoted name (below)
         "leaders_acquire_sql",
         "leaders_ddl",
