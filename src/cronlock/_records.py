@@ -64,23 +64,31 @@ class RunContext:
     """When the run started, by the scheduler's clock (aware UTC)."""
     run_number: int
     """1 for the job's first run on this replica, then 2, 3, ..."""
+    attempt: int = 1
+    """Which try at its slot this run is: 1 for the slot's first run, then 2, 3, ... for
+    its retries (``retries=N``: at most ``1 + N``). The ledger records each attempt
+    (:attr:`RunRecord.attempts`)."""
 
 
 _new = object.__new__
-_set_job, _set_slot, _set_started, _set_number = (
-    RunContext.__dict__[name].__set__ for name in ("job", "slot", "started_at", "run_number")
+_set_job, _set_slot, _set_started, _set_number, _set_attempt = (
+    RunContext.__dict__[name].__set__
+    for name in ("job", "slot", "started_at", "run_number", "attempt")
 )
 
 
-def run_context(job: str, slot: datetime, started_at: datetime, run_number: int) -> RunContext:
-    """``RunContext(job, slot, started_at, run_number)`` for the hot path: the frozen
-    dataclass's ``__init__`` sets each field through ``object.__setattr__``; this sets the
-    slots directly, at about half the cost."""
+def run_context(
+    job: str, slot: datetime, started_at: datetime, run_number: int, attempt: int = 1
+) -> RunContext:
+    """``RunContext(job, slot, started_at, run_number, attempt)`` for the hot path: the
+    frozen dataclass's ``__init__`` sets each field through ``object.__setattr__``; this
+    sets the slots directly, at about half the cost."""
     context = _new(RunContext)
     _set_job(context, job)
     _set_slot(context, slot)
     _set_started(context, started_at)
     _set_number(context, run_number)
+    _set_attempt(context, attempt)
     return context
 
 
@@ -103,10 +111,17 @@ class RunRecord:
     owner: str | None = None
     """Who ran it (``host:pid``), when a ledger recorded it."""
     attempt: int = 1
-    """1 for a slot's first run; 2 for the rerun of a crashed one (``recover=True``)."""
+    """1 for a slot's first run; 2, 3, ... for its retries (``retries=N``), 2 for the rerun
+    of a crashed one (``recover=True``)."""
     manual: bool = False
     """True for a run asked for by a fleet-wide trigger (``FleetControl.trigger``, the
     command line's ``trigger``, the dashboard's button), as its ledger recorded it."""
+    attempts: tuple[RunRecord, ...] = ()
+    """The slot's earlier attempts, oldest first, each a record of its own (attempt,
+    outcome, error, times, owner; its own ``attempts`` empty): the failed tries before a
+    retry, the crashed run before its rerun. Filled by the ``history`` reads of a ledger
+    that keeps them (``InMemoryLocker``, ``PostgresLocker``); empty for a slot tried once,
+    and in the other reads (``Job.last_run``, ...)."""
 
 
 def error_summary(exc: BaseException, limit: int = 500) -> str:

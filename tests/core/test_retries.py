@@ -199,3 +199,49 @@ def test_a_job_shows_its_retries(scheduler: Scheduler) -> None:
     assert (job.retries, job.retry_delay) == (2, 0.5)
     plain = scheduler.add_job(lambda: None, every(60), name="p")
     assert (plain.retries, plain.retry_delay) == (0, 1.0)
+
+
+async def test_the_task_is_told_its_attempt_and_the_ledger_keeps_every_attempt(
+    clock: FakeClock,
+) -> None:
+    # Issue 36, finding 8: a retry took the failed attempt's place in the ledger, and the
+    # task could not tell a retry from a first run.
+    locker = InMemoryLocker()
+    scheduler = Scheduler(clock=clock, locker=locker)
+    told: list[int] = []
+
+    async def flaky(ctx: RunContext) -> None:
+        told.append(ctx.attempt)
+        if ctx.attempt < 3:
+            raise RuntimeError(f"down {ctx.attempt}")
+
+    scheduler.add_job(flaky, every(3600), name="flaky", retries=2, retry_delay=1)
+    async with scheduler:
+        await clock.advance(3600 + 60)
+    assert told == [1, 2, 3]
+    [run] = await locker.history("flaky", 5)
+    tries = [*run.attempts, run]
+    assert [(r.attempt, r.outcome, r.error) for r in tries] == [
+        (1, "failed", "RuntimeError: down 1"),
+        (2, "failed", "RuntimeError: down 2"),
+        (3, "succeeded", None),
+    ]
+    assert all(r.slot == T0 + timedelta(hours=1) and not r.attempts for r in tries[:2])
+    assert tries[0].finished_at is not None and tries[0].finished_at <= tries[1].started_at
+
+
+async def test_a_job_without_a_locker_tells_its_retries_their_attempt(
+    clock: FakeClock, scheduler: Scheduler
+) -> None:
+    told: list[tuple[datetime, int]] = []
+
+    def flaky(ctx: RunContext) -> None:  # a plain function (a worker thread) is told too
+        told.append((ctx.slot, ctx.attempt))
+        if ctx.attempt == 1:
+            raise RuntimeError("once")
+
+    scheduler.add_job(flaky, every(3600), name="flaky", retries=3)
+    async with scheduler:
+        await clock.advance(2 * 3600 + 60)
+    first, second = T0 + timedelta(hours=1), T0 + timedelta(hours=2)
+    assert told == [(first, 1), (first, 2), (second, 1), (second, 2)]

@@ -68,6 +68,9 @@ _NOT_STATEMENTS = frozenset(
         "RUN",
         "RUN_COLUMNS",
         "R_RUN",
+        "HISTORY_COLUMNS",
+        "decode_attempts",
+        "decode_history",
         "decode_run",
         "latest_run",
         "odd_list",
@@ -101,10 +104,14 @@ _NOT_STATEMENTS = frozenset(
         "decode_changes",
         "decode_stored",
         "schedules_lock_key",
-        # fleet.py: the dashboard's wrapper of a read (explained below)
+        # fleet.py: the dashboard's wrapper of a read (explained below); the absent rule's
+        # seconds (a value)
         "bounded_sql",
-        # crashes.py: the takeover's condition, a fragment of recover_sql and its lease form
+        "ABSENT_AFTER",
+        # crashes.py: the takeover's condition and the attempts it keeps, fragments of
+        # recover_sql and its lease form
         "TAKEN_OVER",
+        "KEPT_ATTEMPTS",
         # elector.py: the leaders table's statements, built from its quoted name (below)
         "leaders_acquire_sql",
         "leaders_ddl",

@@ -4,6 +4,7 @@ pages, the JSON API, escaping, what is never shown, and the actions' refusals.""
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
@@ -393,3 +394,37 @@ async def test_a_500_carries_the_security_headers() -> None:
             assert answer.headers["content-security-policy"].startswith("default-src 'none'")
             assert answer.headers["x-frame-options"] == "DENY"
             assert "unexpected failure" not in answer.text
+
+
+async def test_a_retried_slot_shows_every_attempt(
+    pg_dsn: str, ledger: str, read_only: httpx.AsyncClient
+) -> None:
+    # Issue 36, finding 8: the job page and the API showed only a retried slot's last try.
+    earlier = [
+        {"attempt": 1, "started_at": (NOW - timedelta(minutes=70)).isoformat(),
+         "finished_at": (NOW - timedelta(minutes=69)).isoformat(), "outcome": "failed",
+         "error": "OSError: first try", "host": "h1", "pid": 1},
+        {"attempt": 2, "started_at": (NOW - timedelta(minutes=68)).isoformat(),
+         "finished_at": (NOW - timedelta(minutes=67)).isoformat(), "outcome": "timed_out",
+         "error": "timed out after 60 s", "host": "h2", "pid": 2},
+    ]  # fmt: skip
+    conn = await asyncpg.connect(pg_dsn)
+    try:
+        await conn.execute(
+            f"""UPDATE "{ledger}" SET attempt = 3, attempts = $2::jsonb
+                WHERE job = 'flaky' AND slot = $1""",
+            NOW - timedelta(hours=1),
+            json.dumps(earlier),
+        )
+    finally:
+        await conn.close()
+    page = (await read_only.get("/jobs/flaky")).text
+    for text in ("failed (attempt 3)", "timed_out (attempt 2)", "failed (attempt 1)"):
+        assert text in page
+    assert "OSError: first try" in page and "timed out after 60 s" in page
+    [latest, *_] = (await read_only.get("/api/jobs/flaky/runs")).json()["runs"]
+    assert latest["attempt"] == 3
+    assert [(a["attempt"], a["outcome"], a["error"], a["replica"]) for a in latest["attempts"]] == [
+        (1, "failed", "OSError: first try", "h1:1"),
+        (2, "timed_out", "timed out after 60 s", "h2:2"),
+    ]

@@ -87,8 +87,10 @@ class Executor:
         *,
         report: bool = True,
         tell: Callable[[JobEvent], None] | None = None,
+        attempt: int = 1,
     ) -> JobEvent | None:
-        """Run *slot* of *job* and return the final event (also emitted).
+        """Run *slot* of *job* and return the final event (also emitted); *attempt* is the
+        try at the slot it is (2, 3, ... for retries: ``RunContext.attempt``).
 
         With ``report=False`` a successful run nobody subscribed to returns ``None``
         instead of building an event no one reads (the run loop's hot path). *tell* is
@@ -96,7 +98,7 @@ class Executor:
         function's run that timed out, whose thread the run waits for (:meth:`_overrun`).
         """
         if not job._wiring.gated:
-            return await self._execute(job, slot, None, report, tell)
+            return await self._execute(job, slot, None, report, tell, attempt)
         job._waits(True)
         try:
             gate = await self._admission.admit(job, slot)
@@ -115,7 +117,7 @@ class Executor:
                     await self._admission.refresh_history(job)
             return gate
         if gate is None:
-            return await self._execute(job, slot, None, report, tell)
+            return await self._execute(job, slot, None, report, tell, attempt)
         try:
             if not report:  # a slot of its schedule (a run asked for starts whatever)
                 if job._wiring.ahead:  # fired ahead for its claim: start on time
@@ -124,7 +126,7 @@ class Executor:
                     return self._withdrawn(job, slot, gate)
             # A timed-out thread's run returns only once the thread has: the claim is
             # released below, never while the work still goes on.
-            return await self._execute(job, slot, gate, report, tell)
+            return await self._execute(job, slot, gate, report, tell, attempt)
         finally:
             job._waits(True)
             try:
@@ -336,6 +338,7 @@ class Executor:
         hold: Hold | None,
         report: bool,
         tell: Callable[[JobEvent], None] | None = None,
+        attempt: int = 1,
     ) -> JobEvent | None:
         clock = self._clock
         bus = self._bus
@@ -366,7 +369,7 @@ class Executor:
                     # run waited for its slot): the loss's callback is due at this turn of
                     # the loop; take it here, so that the body never starts without its lock.
                     await asyncio.sleep(0)
-                call = job.call(slot, started, number)
+                call = job.call(slot, started, number, attempt)
                 result = await call
         except asyncio.CancelledError:
             self._cancelled(job, slot, started, hold)

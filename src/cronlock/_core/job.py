@@ -313,15 +313,18 @@ class Job(RunState):
 
     # -- invoking the task ---------------------------------------------------------
 
-    def call(self, slot: datetime, started: datetime, number: int) -> Awaitable[object]:
-        """Start the task for run *number* of *slot*; plain functions go to a worker thread."""
+    def call(
+        self, slot: datetime, started: datetime, number: int, attempt: int = 1
+    ) -> Awaitable[object]:
+        """Start the task for run *number* of *slot* (its try *attempt* at the slot); plain
+        functions go to a worker thread."""
         # The run loop's hot path: no dict for a task without keyword arguments, and no
         # typing.cast (a function call per run). Where the context goes was settled when
         # the args were checked (_tasks.TaskInfo.check): nothing is looked up here.
         args, kwargs = self.args, self.kwargs
         is_async, param, at = self._task
         if param is not None:
-            context = run_context(self.name, slot, started, number)
+            context = run_context(self.name, slot, started, number, attempt)
             if at is None:
                 kwargs = {**kwargs, param: context} if kwargs else {param: context}
             elif at == 0:

@@ -399,7 +399,11 @@ class RunLoop:
             # A run that goes on past its outcome (a timed-out thread) tells its waiter
             # the outcome at once: run_now() returns at the timeout, as for any run.
             tell = None if waiter is None else functools.partial(_tell, waiter)
-            event = await self._executor.run(job, slot, report=waiter is not None, tell=tell)
+            # A retry's attempt (2, 3, ...) is known here; every other run is a first one.
+            attempt = self._retries.attempt(job, slot) if job._settings.retries else 1
+            event = await self._executor.run(
+                job, slot, report=waiter is not None, tell=tell, attempt=attempt
+            )
             if (
                 waiter is None
                 and isinstance(event, LockFailed)

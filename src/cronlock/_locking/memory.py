@@ -11,19 +11,29 @@ from .protocols import Hold, Refusal
 
 __all__ = ("InMemoryLocker",)
 
+_NO_ATTEMPTS: tuple[RunRecord, ...] = ()
+
 
 class _MemoryHold:
-    __slots__ = ("_attempt", "_job", "_locker", "_slot")
+    __slots__ = ("_attempt", "_earlier", "_job", "_locker", "_slot")
 
-    def __init__(self, locker: InMemoryLocker, job: str, slot: datetime, attempt: int) -> None:
+    def __init__(
+        self,
+        locker: InMemoryLocker,
+        job: str,
+        slot: datetime,
+        attempt: int,
+        earlier: tuple[RunRecord, ...] = _NO_ATTEMPTS,
+    ) -> None:
         self._locker = locker
         self._job = job
         self._slot = slot
         self._attempt = attempt
+        self._earlier = earlier  # the slot's attempts before this one, oldest first
 
     def record(self, record: RunRecord) -> None:
         if self._attempt > 1:
-            record = dataclasses.replace(record, attempt=self._attempt)
+            record = dataclasses.replace(record, attempt=self._attempt, attempts=self._earlier)
         self._locker._claimed[self._job][self._slot] = record
 
     async def release(self) -> None:
@@ -54,9 +64,10 @@ class InMemoryLocker:
         if job in self._held:
             return "locked"
         claimed = self._claimed.setdefault(job, {})
-        attempt = 1
+        attempt, earlier = 1, _NO_ATTEMPTS
         if slot in claimed:
-            # A retry takes the slot over only from the attempt before it, once it failed.
+            # A retry takes the slot over only from the attempt before it, once it failed;
+            # the attempt it takes over is kept in the retry's record (its ``attempts``).
             attempt = self._retrying.pop((job, slot), 0)
             before = claimed[slot]
             if not (
@@ -65,11 +76,12 @@ class InMemoryLocker:
                 and before.attempt == attempt - 1
             ):
                 return "already_ran"
+            earlier = (*before.attempts, dataclasses.replace(before, attempts=()))
         claimed[slot] = None
         if len(claimed) > self._remember:
             del claimed[min(claimed)]
         self._held.add(job)
-        return _MemoryHold(self, job, slot, attempt)
+        return _MemoryHold(self, job, slot, attempt, earlier)
 
     def will_retry(self, job: str, slot: datetime, attempt: int) -> None:
         """The next :meth:`acquire` of *slot* of *job* claims attempt *attempt*: granted
@@ -89,6 +101,7 @@ class InMemoryLocker:
         return last, ok
 
     async def history(self, job: str, limit: int = 20) -> list[RunRecord]:
-        """The latest *limit* finished runs of *job*, newest first."""
+        """The latest *limit* finished runs of *job*, newest first: one record per slot,
+        its latest attempt, with the earlier ones of a retried slot in its ``attempts``."""
         runs = [r for r in self._claimed.get(job, {}).values() if r is not None]
         return sorted(runs, key=lambda r: r.slot, reverse=True)[:limit]

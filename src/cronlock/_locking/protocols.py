@@ -139,7 +139,8 @@ class LedgerLocker(Locker, Protocol):
         ...
 
     async def history(self, job: str, limit: int = 20) -> list[RunRecord]:
-        """The latest *limit* runs of *job*, newest first (unfinished ones included)."""
+        """The latest *limit* runs of *job*, newest first (unfinished ones included): one
+        record per slot, its latest attempt, the earlier ones in its ``attempts``."""
         ...
 
 

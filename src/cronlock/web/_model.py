@@ -79,6 +79,9 @@ class RunView:
     """Asked for by a fleet-wide trigger (shown "manual")."""
     error_truncated: bool = False
     """The error's first line is longer than :attr:`error` (shown "truncated")."""
+    attempts: tuple[RunView, ...] = ()
+    """The slot's earlier attempts, oldest first (a retried slot's failed tries, a crashed
+    run before its rerun): shown under the run, one row each."""
 
 
 def run_view(record: RunRecord) -> RunView:
@@ -102,6 +105,7 @@ def run_view(record: RunRecord) -> RunView:
         error=error_line(record.error),
         manual=record.manual,
         error_truncated=_cut(record.error),
+        attempts=tuple(run_view(earlier) for earlier in record.attempts),
     )
 
 
@@ -119,6 +123,7 @@ def run_json(run: RunView) -> dict[str, Any]:
         "error": run.error,
         "manual": run.manual,
         "error_truncated": run.error_truncated,
+        "attempts": [run_json(earlier) for earlier in run.attempts],
     }
 
 

@@ -19,6 +19,7 @@ from typing import Any
 
 from ..postgres._sql.fleet import bounded_sql, jobs_sql, named_jobs_sql
 from ..postgres._sql.runs import (
+    HISTORY_COLUMNS,
     RUN_COLUMNS,
     history_sql,
     last_runs_many_sql,
@@ -32,6 +33,9 @@ __all__ = ("ERROR_PREFIX", "SafeReads")
 ERROR_PREFIX = 2000
 """Characters of a run's error text fetched (the pages show at most its first line)."""
 _NOTE_PREFIX = 500  # a schedule note is one short line; a longer one is shown cut
+# A slot's earlier attempts, as JSON text: a few hundred characters per attempt as cronlock
+# writes them; a longer text (a hostile row) is cut, so not read, and the run shown alone.
+_ATTEMPTS_PREFIX = 200_000
 # Within these, every instant the pages compute from (a next slot a day on, a zone's
 # offset) is still a datetime.
 _EARLIEST = "0001-01-03 00:00:00+00"
@@ -47,7 +51,7 @@ def _wrapped(sql: str, columns: tuple[str, ...], order: str = "") -> str:
         instants=_INSTANTS,
         earliest=_EARLIEST,
         latest=_LATEST,
-        prefixes={"error": ERROR_PREFIX, "schedule": _NOTE_PREFIX},
+        prefixes={"error": ERROR_PREFIX, "schedule": _NOTE_PREFIX, "attempts": _ATTEMPTS_PREFIX},
     )
 
 
@@ -64,8 +68,8 @@ def rewrites(table: LedgerTable) -> dict[str, str]:
         named: _wrapped(named, jobs),
         last: _wrapped(last, ("kind", *RUN_COLUMNS)),
         many: _wrapped(many, ("job", "kind", *RUN_COLUMNS)),
-        history: _wrapped(history, RUN_COLUMNS, " ORDER BY q.slot DESC"),
-        page: _wrapped(page, RUN_COLUMNS, " ORDER BY q.slot DESC"),
+        history: _wrapped(history, HISTORY_COLUMNS, " ORDER BY q.slot DESC"),
+        page: _wrapped(page, HISTORY_COLUMNS, " ORDER BY q.slot DESC"),
     }
 
 

@@ -20,6 +20,7 @@ from ..._locking.protocols import LedgerSummary
 from .._sql.runs import (
     Prefixed,
     catch_up_sql,
+    decode_history,
     decode_run,
     history_sql,
     last_claimed_sql,
@@ -80,7 +81,8 @@ class LedgerReads:
         sql = history_sql(self._table)
         rows = await self._read(job, lambda s: s.fetch(sql, job, limit))
         runs = self._table.runs
-        return [r for row in rows if (r := decode_run(row, table=runs, job=job)) is not None]
+        decoded = (decode_history(row, table=runs, job=job) for row in rows)
+        return [record for record in decoded if record is not None]
 
     async def summaries(self, jobs: Sequence[str]) -> Mapping[str, LedgerSummary]:
         """Each job's latest claimed slot, latest finished run and latest success.

@@ -150,10 +150,11 @@ def _judge(job: FleetJob, now: datetime, *, paused: bool) -> Status:
         return job_status(replace(job, grace=None, due=None), now, paused=paused)
 
 
-def _outcome(record: RunRecord) -> str:
-    """A run's outcome, with the attempt when the run was the rerun of a crashed one, and
-    ``manual`` when a fleet-wide trigger asked for it."""
-    notes = [f"attempt {record.attempt}"] if record.attempt > 1 else []
+def _outcome(record: RunRecord, *, tried: bool = False) -> str:
+    """A run's outcome, with the attempt when the run was a retry or the rerun of a crashed
+    one, or when *tried* (its slot was tried more than once), and ``manual`` when a
+    fleet-wide trigger asked for it."""
+    notes = [f"attempt {record.attempt}"] if record.attempt > 1 or tried else []
     notes += ["manual"] if record.manual else []
     return f"{record.outcome} ({', '.join(notes)})" if notes else record.outcome
 
@@ -285,10 +286,14 @@ async def _history(conn: Any, table: LedgerTable, job: str, limit: int) -> int:
         return 0
     _print(f"last {len(records)} run(s) of {job!r}, newest first; times in UTC")
     lines = []
-    for r in records:
-        took = _took(r.started_at, r.finished_at)
-        lines.append(
-            [_when(r.slot), _outcome(r), _when(r.started_at), took, r.owner or "-", r.error or ""]
-        )
+    for record in records:
+        # A retried slot's every attempt, one line each, its latest first (newest first).
+        tried = bool(record.attempts)
+        for r in (record, *reversed(record.attempts)):
+            took = _took(r.started_at, r.finished_at)
+            outcome = _outcome(r, tried=tried)
+            lines.append(
+                [_when(r.slot), outcome, _when(r.started_at), took, r.owner or "-", r.error or ""]
+            )
     _table(["SLOT", "OUTCOME", "STARTED", "TOOK", "OWNER", "ERROR"], lines)
     return 0

@@ -24,7 +24,14 @@ from .._sql.fleet import (
     named_jobs_sql,
 )
 from .._sql.leases import lease_holders_sql
-from .._sql.runs import decode_run, history_sql, last_runs_many_sql, report_odd, runs_page_sql
+from .._sql.runs import (
+    decode_history,
+    decode_run,
+    history_sql,
+    last_runs_many_sql,
+    report_odd,
+    runs_page_sql,
+)
 from .._sql.schema import TABLE_EXISTS_SQL, TABLES_EXIST_SQL
 from .._sql.tables import LedgerTable
 from .._sql.upkeep import read_secret_sql
@@ -366,13 +373,14 @@ async def read_jobs(
 async def read_runs(
     conn: Any, table: LedgerTable, job: str, limit: int, before: datetime | None = None
 ) -> list[RunRecord]:
-    """The latest *limit* runs of *job*, newest first; with *before*, those of earlier
-    slots only (the next page: pass the oldest slot of the previous one)."""
+    """The latest *limit* runs of *job*, newest first, one per slot with its earlier
+    attempts (``RunRecord.attempts``); with *before*, those of earlier slots only (the next
+    page: pass the oldest slot of the previous one)."""
     if before is None:
         rows = await conn.fetch(history_sql(table), job, limit)
     else:
         rows = await conn.fetch(runs_page_sql(table), job, limit, before)
-    decoded = (decode_run(row, table=table.runs, job=job) for row in rows)
+    decoded = (decode_history(row, table=table.runs, job=job) for row in rows)
     return [record for record in decoded if record is not None]
 
 

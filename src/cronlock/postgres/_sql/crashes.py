@@ -9,7 +9,7 @@ from __future__ import annotations
 from .runs import R_RUN
 from .tables import LedgerTable
 
-__all__ = ("TAKEN_OVER", "crashed_sql", "owner_gone", "recover_sql")
+__all__ = ("KEPT_ATTEMPTS", "TAKEN_OVER", "crashed_sql", "owner_gone", "recover_sql")
 
 
 def owner_gone(table: LedgerTable, holder: str, ttl: str) -> str:
@@ -74,6 +74,19 @@ TAKEN_OVER = """r.attempt = {attempt} - 1
 or timed out (a retry), or crashed or cut off on its first attempt (a crashed run's rerun)."""
 
 
+KEPT_ATTEMPTS = """CASE WHEN jsonb_typeof(r.attempts) = 'array' THEN r.attempts
+                   ELSE '[]'::jsonb END
+              || jsonb_build_array(jsonb_build_object(
+                   'attempt', r.attempt, 'started_at', r.started_at,
+                   'finished_at', r.finished_at, 'outcome', r.outcome, 'error', r.error,
+                   'host', r.host, 'pid', r.pid))"""
+"""The ``attempts`` a takeover writes: the row's earlier attempts (a JSON array, oldest
+first) with the attempt it takes over (``r``, its values before the takeover) appended,
+so that a slot's history keeps every attempt, not only its last (both modes' takeovers;
+``.runs.decode_attempts`` reads it back). A value that is not an array, an operator's
+say, is started afresh rather than failing the takeover."""
+
+
 def recover_sql(table: LedgerTable) -> str:
     """Lock and take over a slot's row, in one statement: the claim of a crashed run's rerun
     or of a failed run's retry.
@@ -84,8 +97,9 @@ def recover_sql(table: LedgerTable) -> str:
     before it is taken over, and only while it failed or timed out, or was marked
     ``crashed`` (or ``lock_lost``) on its first attempt (:data:`TAKEN_OVER`; this replica as
     owner, started now): a crashed run is rerun at most once fleet-wide, and every attempt
-    of a retried slot is claimed once. A lock granted for a row that cannot be taken over is
-    given back in the same statement.
+    of a retried slot is claimed once. The attempt taken over is appended to the row's
+    ``attempts`` (:data:`KEPT_ATTEMPTS`). A lock granted for a row that cannot be taken over
+    is given back in the same statement.
     """
     return f"""
         WITH p AS MATERIALIZED (
@@ -102,7 +116,7 @@ def recover_sql(table: LedgerTable) -> str:
             FROM l WHERE l.got
             ON CONFLICT (job, slot) DO UPDATE
             SET host = EXCLUDED.host, pid = EXCLUDED.pid, session = EXCLUDED.session,
-                holder = EXCLUDED.holder,
+                holder = EXCLUDED.holder, attempts = {KEPT_ATTEMPTS},
                 started_at = clock_timestamp(), finished_at = NULL, outcome = NULL,
                 error = NULL, attempt = $6::smallint
             WHERE {TAKEN_OVER.format(attempt="$6::smallint")}

@@ -22,7 +22,7 @@ UPDATE`` before renewing or releasing), so statements of different replicas cann
 from __future__ import annotations
 
 from .claims import claim_inputs, end_ctes
-from .crashes import TAKEN_OVER, owner_gone
+from .crashes import KEPT_ATTEMPTS, TAKEN_OVER, owner_gone
 from .runs import CLAIMED_START, R_RUN, late_finish_sql, sane, told_columns
 from .tables import LedgerTable
 
@@ -153,7 +153,8 @@ def lease_recover_sql(table: LedgerTable) -> str:
     lease seconds, ``$8`` the attempt to claim. Answers as ``_locker/crashes.recover_sql``
     does, plus *stray* (see :func:`lease_claim_many_sql`). The row is taken over on the
     same terms (``_locker/crashes.TAKEN_OVER``): a crashed run is rerun at most once
-    fleet-wide, each attempt of a retried slot is claimed once.
+    fleet-wide, each attempt of a retried slot is claimed once; the attempt taken over is
+    kept in the row's ``attempts`` (``.crashes.KEPT_ATTEMPTS``).
     """
     runs, leases = table.runs, table.leases
     return f"""
@@ -177,6 +178,7 @@ def lease_recover_sql(table: LedgerTable) -> str:
         ), up AS (
             UPDATE {runs} r
             SET host = $4::text, pid = $5::integer, session = NULL, holder = $6::text,
+                attempts = {KEPT_ATTEMPTS},
                 started_at = clock_timestamp(), finished_at = NULL, outcome = NULL,
                 error = NULL, attempt = $8::smallint
             WHERE r.job = $2 AND r.slot = $3 AND {TAKEN_OVER.format(attempt="$8::smallint")}

@@ -27,8 +27,11 @@ the replica's clock read it (:func:`real_start`).
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from collections import Counter
 from collections.abc import Iterable, Sequence
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Literal
 
 from ..._logs import get_logger
@@ -40,6 +43,7 @@ if TYPE_CHECKING:
 __all__ = (
     "CLAIMED_START",
     "HIGH",
+    "HISTORY_COLUMNS",
     "LOW",
     "RUN",
     "RUN_COLUMNS",
@@ -47,6 +51,8 @@ __all__ = (
     "Latest",
     "Prefixed",
     "catch_up_sql",
+    "decode_attempts",
+    "decode_history",
     "decode_run",
     "history_sql",
     "last_claimed_sql",
@@ -170,6 +176,86 @@ def decode_run(row: Any, *, table: str, job: object) -> RunRecord | None:
         report_odd(table, job, odd)
         return None
     return to_record(row)
+
+
+HISTORY_COLUMNS = (*RUN_COLUMNS, "attempts")
+"""The columns of the history reads (:func:`history_sql`, :func:`runs_page_sql`):
+:data:`RUN_COLUMNS` and ``attempts``, the slot's earlier attempts as JSON text
+(:func:`decode_history`). The other reads of runs leave them out: no claim, catch-up or
+watch needs them."""
+_HISTORY = f"{RUN}, r.attempts::text AS attempts"
+
+
+def decode_history(row: Any, *, table: str, job: object) -> RunRecord | None:
+    """A history read's *row* (:data:`HISTORY_COLUMNS`) as a record with its earlier
+    attempts (:func:`decode_attempts`), or ``None`` as :func:`decode_run` says."""
+    record = decode_run(row, table=table, job=job)
+    text = row["attempts"]
+    if record is None or text is None:
+        return record
+    earlier = decode_attempts(text, table=table, job=job, slot=record.slot)
+    if record.manual:  # the slot's every attempt was the trigger's
+        earlier = tuple(dataclasses.replace(a, manual=True) for a in earlier)
+    return dataclasses.replace(record, attempts=earlier)
+
+
+def decode_attempts(text: str, *, table: str, job: object, slot: datetime) -> tuple[RunRecord, ...]:
+    """A row's ``attempts`` (JSON text, ``.crashes.KEPT_ATTEMPTS``) as records of *slot*,
+    oldest first. What no replica can read (not JSON, not a list, an entry without a
+    readable attempt, start or outcome) is left out and reported (:func:`report_odd`): the
+    row itself is still shown."""
+    try:
+        items = json.loads(text)
+    except ValueError:
+        items = None
+    if not isinstance(items, list):
+        report_odd(table, job, f"attempts={text[:80]!r}", kept=True)
+        return ()
+    kept = []
+    for item in items:
+        record = _attempt(item, slot)
+        if record is None:
+            report_odd(table, job, f"attempts entry {str(item)[:80]!r}", kept=True)
+        else:
+            kept.append(record)
+    return tuple(kept)
+
+
+def _attempt(item: object, slot: datetime) -> RunRecord | None:
+    """One entry of ``attempts`` as a record, or ``None`` if it cannot be read."""
+    if not isinstance(item, dict):
+        return None
+    attempt, outcome, error = item.get("attempt"), item.get("outcome"), item.get("error")
+    host, pid = item.get("host"), item.get("pid")
+    started, finished = _instant(item.get("started_at")), _instant(item.get("finished_at"))
+    if (
+        type(attempt) is not int
+        or not 1 <= attempt <= 32767
+        or started is None
+        or not (error is None or isinstance(error, str))
+    ):
+        return None
+    return RunRecord(
+        slot=slot,
+        started_at=started,
+        finished_at=finished,
+        outcome=outcome if outcome in _OUTCOMES else "unfinished",
+        error=error,
+        owner=f"{host}:{pid}" if isinstance(host, str) and type(pid) is int else None,
+        attempt=attempt,
+    )
+
+
+def _instant(value: object) -> datetime | None:
+    """A JSON timestamp (``to_jsonb`` of a ``timestamptz``: ISO 8601 with its offset) as an
+    aware UTC datetime; ``None`` when it is none (``infinity``, not text, no offset)."""
+    if not isinstance(value, str):
+        return None
+    try:
+        parsed = datetime.fromisoformat(value)
+    except ValueError:
+        return None
+    return None if parsed.tzinfo is None else parsed.astimezone(UTC)
 
 
 CLAIMED_START = "greatest(clock_timestamp(), l.slot)"
@@ -318,16 +404,18 @@ def last_claimed_sql(table: LedgerTable) -> str:
 
 
 def history_sql(table: LedgerTable) -> str:
-    """``$1`` job, ``$2`` limit: the latest runs, newest first."""
+    """``$1`` job, ``$2`` limit: the latest runs, newest first, one row per slot
+    (:data:`HISTORY_COLUMNS`: its earlier attempts too)."""
     return f"""
-            SELECT {RUN} FROM {table.runs} r WHERE job = $1 ORDER BY r.slot DESC LIMIT $2"""
+            SELECT {_HISTORY} FROM {table.runs} r WHERE job = $1
+            ORDER BY r.slot DESC LIMIT $2"""
 
 
 def runs_page_sql(table: LedgerTable) -> str:
     """``$1`` job, ``$2`` limit, ``$3`` a slot (NULL: none): the latest runs of slots before
-    ``$3``, newest first (the next page of :func:`history_sql`)."""
+    ``$3``, newest first (the next page of :func:`history_sql`, the same columns)."""
     return f"""
-        SELECT {RUN}
+        SELECT {_HISTORY}
         FROM {table.runs} r
         WHERE job = $1 AND ($3::timestamptz IS NULL OR r.slot < $3::timestamptz)
         ORDER BY r.slot DESC LIMIT $2"""

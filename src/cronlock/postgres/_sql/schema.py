@@ -39,7 +39,7 @@ __all__ = (
 # is in both tables); migrate() adds them.
 _ADDED_COLUMNS = (
     *("session", "attempt", "manual", "grace", "due", "grace_until", "first_seen", "tags"),
-    "holder",
+    *("holder", "attempts"),
 )
 
 LedgerState = Literal["missing", "old", "current"]
@@ -116,6 +116,7 @@ def ledger_ddl(table: LedgerTable) -> list[str]:
                 attempt     smallint    NOT NULL DEFAULT 1,
                 manual      boolean     NOT NULL DEFAULT false,
                 holder      text,
+                attempts    jsonb,
                 PRIMARY KEY (job, slot)
             )""",
         # A ledger made by an older cronlock: add what it lacks (no table rewrite: the
@@ -127,6 +128,10 @@ def ledger_ddl(table: LedgerTable) -> list[str]:
         # The locker that claimed a run (its members row: whether its owner is alive, for
         # the crash check); NULL in a row an older cronlock claimed.
         f"ALTER TABLE {runs} ADD COLUMN IF NOT EXISTS holder text",
+        # A retried or rerun slot's earlier attempts, oldest first, as the takeover that
+        # replaced each found it (_sql/crashes.KEPT_ATTEMPTS); NULL for a slot tried once.
+        # An older cronlock's takeover leaves it as it is.
+        f"ALTER TABLE {runs} ADD COLUMN IF NOT EXISTS attempts jsonb",
         # For pruning by age across jobs; (job, slot) lookups use the primary key.
         f"CREATE INDEX IF NOT EXISTS {table.index('_slot_idx')} ON {runs} (slot)",
         # The crash check reads only the unfinished runs, a handful however many runs.
