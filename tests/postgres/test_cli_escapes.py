@@ -41,7 +41,8 @@ async def _seeded(pg_dsn: str, admin: Any) -> str:
     ledger = await seed(
         pg_dsn,
         table,
-        notes=[(JOB, SCHEDULE, NOW - timedelta(hours=1)), ("plain", "every 1h", None)],
+        # The replicas note its next slot on (it is not absent); its due slot is late.
+        notes=[(JOB, SCHEDULE, NOW + timedelta(minutes=5)), ("plain", "every 1h", None)],
         runs=[
             Run(JOB, old, "succeeded", host=HOST),
             Run(JOB, old + timedelta(hours=1), "failed", error=ERROR, host=HOST),

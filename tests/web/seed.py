@@ -53,8 +53,7 @@ async def seed(
     alive: bool = True,
 ) -> LedgerTable:
     """Create the ledger *table* and write schedule notes and finished runs into it; with
-    *alive*, a live replica too (a member row for an hour), as a running fleet has: without
-    one, every job with a next slot is absent (the fleet is gone)."""
+    *alive*, a live replica's member row too (for an hour), as a running fleet has."""
     ledger = LedgerTable(table)
     conn: Any = await asyncpg.connect(dsn)
     try:

@@ -18,7 +18,7 @@ from .._errors import CronlockError
 __all__ = ("PG_VERBS", "add_pg_parsers", "run_pg")
 
 PG_VERBS = frozenset(
-    {"migrate", "status", "history", "pause", "resume", "trigger", "schedules", "web"}
+    {"migrate", "status", "history", "pause", "resume", "trigger", "retire", "schedules", "web"}
 )
 
 # `history -n` beyond this is a mistake rather than a question; a number past the server's
@@ -91,12 +91,16 @@ def add_pg_parsers(verbs: Any) -> None:
         ("pause", "pause a job on every replica (until resume)"),
         ("resume", "resume a paused job on every replica"),
         ("trigger", "run a job once now, on exactly one replica"),
+        ("retire", "leave an absent job (no replica runs it) out of status and the dashboard"),
     ):
         control = verbs.add_parser(verb, help=what)
         common(control)
         control.add_argument("job", metavar="JOB", help="the job's name")
         control.add_argument(
-            "--force", action="store_true", help="even if the ledger does not know the job yet"
+            "--force",
+            action="store_true",
+            help="retire: even if a live replica still runs the job; the others: even if "
+            "the ledger does not know the job yet",
         )
 
     _add_schedules_parser(verbs, common)

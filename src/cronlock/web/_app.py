@@ -33,7 +33,7 @@ from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Re
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from .._errors import ConfigError
+from .._errors import ConfigError, JobConflictError
 from ..postgres._locker.secrets import fleet_secret
 from ..postgres._ops.control import FleetControl
 from ..postgres._ops.fleet import STATUSES, read_jobs, read_paused, read_runs, server_now
@@ -66,11 +66,11 @@ _CSRF_KEY = "web.csrf"  # its row in the ledger's secrets table
 
 # The dashboard writes nothing itself: pause, resume and trigger are FleetControl's, so a
 # button does exactly what ``python -m cronlock pause JOB`` does.
-ACTIONS = frozenset({"pause", "resume", "trigger"})
+ACTIONS = frozenset({"pause", "resume", "trigger", "retire"})
 
 
 async def act(source: Any, table: LedgerTable, verb: str, job: str) -> None:
-    """Pause, resume or trigger *job* on every replica (*source*: a pool or a DSN)."""
+    """Pause, resume, trigger or retire *job* on every replica (*source*: a pool or a DSN)."""
     async with FleetControl(source, table=table.table, schema=table.schema) as control:
         if verb == "pause":
             await control.pause(job)
@@ -78,6 +78,8 @@ async def act(source: Any, table: LedgerTable, verb: str, job: str) -> None:
             await control.resume(job)
         elif verb == "trigger":
             await control.trigger(job)  # the page does not wait for the run
+        elif verb == "retire":
+            await control.retire(job)  # an absent job only (the button shows on those)
         else:
             raise ValueError(f"unknown action {verb!r}")
 
@@ -167,9 +169,7 @@ class _Dashboard:
             now = await server_now(conn)
             roster = await read_roster(reads, self.table, paused, now, tags=wanted.tags)
             chosen = select(roster, wanted)
-            fleet = await read_jobs(
-                reads, self.table, chosen.names, holders=roster.holders, alive=roster.alive
-            )
+            fleet = await read_jobs(reads, self.table, chosen.names, holders=roster.holders)
         return listing(chosen, fleet, paused, now, wanted), now
 
     @asynccontextmanager
@@ -383,7 +383,10 @@ def app(
             if not await read_jobs(SafeReads(conn, board.table), board.table, [job]):
                 raise HTTPException(404, "no such job in the run ledger")
         async with board.source.slot():
-            await act(board.source.source, board.table, verb, job)
+            try:
+                await act(board.source.source, board.table, verb, job)
+            except JobConflictError as exc:  # retire: a live replica runs it after all
+                raise HTTPException(409, str(exc)) from None
         _logger.info(
             "dashboard: %s %r by %s from %s",
             verb,
@@ -391,7 +394,9 @@ def app(
             who or "an unnamed operator",
             client(request),
         )
-        target = f"/jobs/{quote(job, safe='')}" if form.get("back") == "job" else "/"
+        # A retired job has no page (it left the dashboard): back to the list.
+        back = form.get("back") == "job" and verb != "retire"
+        target = f"/jobs/{quote(job, safe='')}" if back else "/"
         return RedirectResponse(base + target, status_code=303)
 
     async def failed(request: Request, exc: Exception) -> Response:

@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 from typing import Any, TextIO
 
 from ..._dsn import connect_failure
-from ..._errors import CronlockError, JobLookupError
+from ..._errors import CronlockError, JobConflictError, JobLookupError
 from ..._names import unknown_job
 from ..._records import RunRecord
 from ..._terminal import printable
@@ -24,7 +24,7 @@ from .._sql.control import pause_sql, resume_sql, trigger_sql
 from .._sql.fleet import jobs_sql
 from .._sql.schema import CURRENT_USER_SQL, ledger_state, migrate
 from .._sql.tables import DEFAULT_TABLE, LedgerTable
-from .control import refuse_unknown
+from .control import refuse_unknown, retire_job
 from .fleet import (
     STATUSES,
     FleetJob,
@@ -92,6 +92,8 @@ async def _run(args: argparse.Namespace, table: LedgerTable) -> int:
                 check=args.check,
                 allow_absent=args.allow_absent,
             )
+        if args.verb == "retire":
+            return await _retire(conn, table, args.job, force=args.force)
         if args.verb in ("pause", "resume", "trigger"):
             return await _control(conn, table, args.verb, args.job, force=args.force)
         return await _history(conn, table, args.job, args.n)
@@ -197,6 +199,17 @@ async def _control(conn: Any, table: LedgerTable, verb: str, job: str, *, force:
 
 _FAILS_CHECK: frozenset[Status] = frozenset({"overdue", "absent", "rejected"})
 """The states ``status --check`` fails on (absent unless ``--allow-absent``)."""
+
+
+async def _retire(conn: Any, table: LedgerTable, job: str, *, force: bool) -> int:
+    who = "cli:" + (await conn.fetchval(CURRENT_USER_SQL))
+    try:
+        await retire_job(conn, table, job, who, force=force)
+    except (JobLookupError, JobConflictError) as exc:
+        _print(exc, file=sys.stderr)
+        return 1
+    _print(f"{job}: retired: left out of status and the dashboard until a replica runs it again")
+    return 0
 
 
 async def _status(

@@ -21,7 +21,7 @@ from types import TracebackType
 from typing import Any, Self
 
 from ..._durations import Seconds, optional_seconds
-from ..._errors import ConfigError, JobLookupError, LockError
+from ..._errors import ConfigError, JobConflictError, JobLookupError, LockError
 from ..._logs import get_logger
 from ..._names import unknown_job
 from ..._records import RunRecord
@@ -32,6 +32,7 @@ from .._sql.control import (
     pause_sql,
     paused_sql,
     resume_sql,
+    retire_sql,
     trigger_sql,
     triggered_sql,
 )
@@ -39,6 +40,7 @@ from .._sql.fleet import jobs_sql
 from .._sql.runs import decode_run
 from .._sql.schema import migrate
 from .._sql.tables import DEFAULT_TABLE, LedgerTable
+from .fleet import job_status, read_jobs, read_paused, server_now
 from .stored import ScheduleVerbs
 
 __all__ = (
@@ -46,6 +48,7 @@ __all__ = (
     "FleetControl",
     "Triggered",
     "refuse_unknown",
+    "retire_job",
 )
 
 _logger = get_logger("cronlock.postgres")
@@ -57,6 +60,25 @@ def _job_name(job: object, verb: str) -> str:
     if not isinstance(job, str) or not job:
         raise ConfigError(f"FleetControl.{verb}: job must be a non-empty string, got {job!r}")
     return job
+
+
+async def retire_job(conn: Any, table: LedgerTable, job: str, who: str, *, force: bool) -> None:
+    """Retire *job* (see :meth:`FleetControl.retire`): refused with
+    :class:`~cronlock.JobLookupError` when the ledger does not know it and, unless *force*,
+    with :class:`~cronlock.JobConflictError` when it is not absent (a live replica runs
+    it: it would be back at its next slot)."""
+    await refuse_unknown(conn, table, job)
+    if not force:
+        found = await read_jobs(conn, table, [job])
+        paused = await read_paused(conn, table)
+        state = job_status(found[0], await server_now(conn), paused=job in paused)
+        if state != "absent":
+            raise JobConflictError(
+                f"job {job!r} is {state}, not absent: a live replica still runs it, and would "
+                "announce it again at its next slot; retire a job once no replica has it (a "
+                "deploy removed it, or the fleet is gone), or pass force"
+            )
+    await conn.execute(retire_sql(table), job, who)
 
 
 async def refuse_unknown(conn: Any, table: LedgerTable, job: str) -> None:
@@ -223,6 +245,18 @@ class FleetControl(ScheduleVerbs):
         name = await self._known(job, "trigger", force)
         slot = await self._call(lambda c: c.fetchval(trigger_sql(self._table), name, self._who))
         return Triggered(self, name, slot)
+
+    async def retire(self, job: str, *, force: bool = False) -> None:
+        """Retire *job*, a job no live replica runs any more (status ``absent``: a deploy
+        removed it from the code, or its fleet is gone for good): it leaves ``status``, its
+        ``--check``, the dashboard and the fleet's summary until a replica notes it again
+        (one that has it starts, or runs its next slot). Its runs stay in the ledger.
+
+        A job the ledger does not know is refused with :class:`~cronlock.JobLookupError`;
+        one that is not absent with :class:`~cronlock.JobConflictError`, unless *force*
+        (it would be back within a slot: a live replica announces it)."""
+        name = _job_name(job, "retire")
+        await self._call(lambda c: retire_job(c, self._table, name, self._who, force=force))
 
     async def paused(self) -> frozenset[str]:
         """The jobs paused fleet-wide."""

@@ -19,7 +19,6 @@ from .._sql.fleet import (
     ABSENT_AFTER,
     HOLDERS_SQL,
     SERVER_CLOCK_SQL,
-    fleet_alive_sql,
     jobs_sql,
     named_jobs_sql,
 )
@@ -32,7 +31,7 @@ from .._sql.runs import (
     report_odd,
     runs_page_sql,
 )
-from .._sql.schema import TABLE_EXISTS_SQL, TABLES_EXIST_SQL
+from .._sql.schema import TABLES_EXIST_SQL
 from .._sql.tables import LedgerTable
 from .._sql.upkeep import read_secret_sql
 
@@ -45,7 +44,6 @@ __all__ = (
     "Status",
     "absent",
     "due_slot",
-    "fleet_alive",
     "held_locks",
     "job_status",
     "overdue_slot",
@@ -102,8 +100,6 @@ class FleetJob:
     """The slot its replicas said it is due by: its first slot after its latest success."""
     tags: tuple[str, ...] = ()
     """Its tags as its replicas noted them, sorted (empty: none, or an older cronlock's note)."""
-    fleet_alive: bool = True
-    """Whether any replica of the ledger was alive when it was read (:func:`fleet_alive`)."""
 
     def overdue_since(self, now: datetime) -> datetime | None:
         """The late slot when the job is overdue at *now* (server time), else ``None``.
@@ -119,7 +115,7 @@ class FleetJob:
 
     def absent(self, now: datetime) -> bool:
         """Whether no live replica runs the job at *now* (server time): :func:`absent`."""
-        return absent(self.next_run, now, alive=self.fleet_alive)
+        return absent(self.next_run, now)
 
     @property
     def failing(self) -> bool:
@@ -194,15 +190,13 @@ def overdue_slot(
     return slot if (now - slot).total_seconds() > grace else None
 
 
-def absent(next_run: datetime | None, now: datetime, *, alive: bool) -> bool:
-    """The rule of :meth:`FleetJob.absent`: the job has a next slot, and either no replica
-    of the ledger is alive (*alive* false: the fleet stopped, or was killed and its
-    members' rows expired) or that slot passed :data:`ABSENT_AFTER` seconds ago and no
-    replica noted a later one (a deploy removed the job, or every replica that has it
-    is gone). A job with no next slot (finished, or only ever run by hand) never is."""
-    if next_run is None:
-        return False
-    return not alive or (now - next_run).total_seconds() > ABSENT_AFTER
+def absent(next_run: datetime | None, now: datetime) -> bool:
+    """The rule of :meth:`FleetJob.absent`: the job's noted next slot passed more than
+    :data:`ABSENT_AFTER` seconds before *now* and no replica noted a later one, so none
+    fired it (a deploy removed the job, or every replica that has it is gone: stopped,
+    killed, scaled to zero). A job with no next slot (finished, or only ever run by hand)
+    never is."""
+    return next_run is not None and (now - next_run).total_seconds() > ABSENT_AFTER
 
 
 def status_of(
@@ -319,7 +313,6 @@ async def read_jobs(
     only: Sequence[str] | None = None,
     *,
     holders: Mapping[str, tuple[LockHolder, ...]] | None = None,
-    alive: bool | None = None,
 ) -> list[FleetJob]:
     """Every job the ledger knows (a replica noted its schedule or claimed a slot of it),
     in name order; with *only*, those of them that exist, in the order given.
@@ -327,8 +320,7 @@ async def read_jobs(
     A bounded number of statements, however many jobs: one for the jobs, two to five for
     the lock holders, one per :data:`READ_BATCH` jobs for their latest runs (three index
     probes a job on the primary key). With *only*, the jobs read are those only; with
-    *holders* (:func:`read_holders` of them, read already), the lock holders are not read;
-    with *alive* (:func:`fleet_alive`, read already), nor is whether a replica is alive.
+    *holders* (:func:`read_holders` of them, read already), the lock holders are not read.
     """
     if only is None:
         rows = await conn.fetch(jobs_sql(table))
@@ -336,8 +328,6 @@ async def read_jobs(
         known = {row["job"]: row for row in await conn.fetch(named_jobs_sql(table), list(only))}
         rows = [known[name] for name in dict.fromkeys(only) if name in known]
     names = [row["job"] for row in rows]
-    if alive is None:
-        alive = await fleet_alive(conn, table) if rows else True
     if holders is None:
         holders = await read_holders(conn, names, table)
     latest: dict[tuple[str, str], RunRecord | None] = {}
@@ -364,7 +354,6 @@ async def read_jobs(
                 grace=row["grace"],
                 due=row["due"],
                 tags=tuple(row["tags"] or ()),
-                fleet_alive=alive,
             )
         )
     return jobs
@@ -388,15 +377,6 @@ async def server_now(conn: Any) -> datetime:
     """The database server's clock: the fleet's shared time, which overdue is judged by."""
     now: datetime = await conn.fetchval(SERVER_CLOCK_SQL)
     return now
-
-
-async def fleet_alive(conn: Any, table: LedgerTable) -> bool:
-    """Whether any replica of the ledger is alive now (an unexpired row of its members
-    table; a ledger without one, made by an older cronlock, counts as alive)."""
-    if not await conn.fetchval(TABLE_EXISTS_SQL, table.members):
-        return True
-    alive: bool = await conn.fetchval(fleet_alive_sql(table))
-    return alive
 
 
 async def read_paused(conn: Any, table: LedgerTable) -> frozenset[str]:

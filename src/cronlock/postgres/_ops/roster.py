@@ -20,7 +20,7 @@ from typing import Any
 
 from .._sql.fleet import asked_sql, roster_sql
 from .._sql.tables import LedgerTable
-from .fleet import LockHolder, Status, absent, fleet_alive, held_locks, overdue_slot, status_of
+from .fleet import LockHolder, Status, absent, held_locks, overdue_slot, status_of
 
 __all__ = ("Roster", "read_roster")
 
@@ -36,8 +36,6 @@ class Roster:
     """The jobs with every tag asked for (``None``: none was asked for)."""
     holders: dict[str, tuple[LockHolder, ...]]
     """Who holds the lock of each job held right now (:func:`._fleet.held_locks`)."""
-    alive: bool = True
-    """Whether any replica of the ledger is alive (:func:`._fleet.fleet_alive`)."""
 
 
 async def read_roster(
@@ -63,28 +61,18 @@ async def read_roster(
     gaps: list[tuple[str | None, str | None]] = []
     plain: list[tuple[str, list[str]]] = []  # (outcome, names): see roster_sql
     tagged: set[str] = set()
-    alive = await fleet_alive(conn, table)
-    rows = await conn.fetch(roster_sql(table), now, list(tags), alive)
-    for (
-        name,
-        has_tags,
-        grace,
-        due,
-        nxt,
-        last,
-        below,
-        mine,
-        gap,
-        done,
-        outcome,
-        slot,
-        *group,
-    ) in rows:
-        settled, names = group
+    rows = await conn.fetch(roster_sql(table), now, list(tags))
+    for row in rows:
+        name, has_tags, grace, due, nxt, last, below, mine, gap, done, outcome, slot = row[:12]
+        retired, settled, names = row[12:]
         if names is not None:
             plain.append((settled, names))
             if has_tags and tags:
                 tagged.update(names)
+            continue
+        if retired:  # left out; the runs-only jobs after it are not
+            if last or gap:
+                gaps.append((name, below))
             continue
         facts[name] = known = [grace, due, nxt, None, None]
         if has_tags:
@@ -126,9 +114,9 @@ async def read_roster(
             statuses[name] = _judge(name in paused, outcome, False, name in held)
     for name, (grace, due, nxt, outcome, success) in facts.items():
         overdue = overdue_slot(grace, due, nxt, success, now) is not None
-        gone = absent(nxt, now, alive=alive)
+        gone = absent(nxt, now)
         statuses[name] = _judge(name in paused, outcome, overdue, name in held, gone)
-    return Roster(statuses, None if not tags else frozenset(tagged), held, alive)
+    return Roster(statuses, None if not tags else frozenset(tagged), held)
 
 
 def _judge(

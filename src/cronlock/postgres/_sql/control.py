@@ -16,6 +16,7 @@ __all__ = (
     "paused_sql",
     "poll_sql",
     "resume_sql",
+    "retire_sql",
     "trigger_sql",
     "triggered_sql",
 )
@@ -57,6 +58,16 @@ def trigger_sql(table: LedgerTable) -> str:
             SET trigger_slot = EXCLUDED.trigger_slot, triggered_by = EXCLUDED.triggered_by,
                 updated_at = clock_timestamp()
             RETURNING trigger_slot"""
+
+
+def retire_sql(table: LedgerTable) -> str:
+    """``$1`` job, ``$2`` who: retire the job (its note marked; a job with runs but no note
+    gets one, with no schedule): the readers leave it out until a replica notes it again."""
+    return f"""
+            INSERT INTO {table.jobs} AS j (job, schedule, next_run, retired_at, retired_by)
+            VALUES ($1::text, '', NULL, clock_timestamp(), $2::text)
+            ON CONFLICT (job) DO UPDATE
+            SET retired_at = clock_timestamp(), retired_by = $2::text"""
 
 
 def paused_sql(table: LedgerTable) -> str:

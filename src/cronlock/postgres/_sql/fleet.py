@@ -25,15 +25,15 @@ __all__ = (
     "SERVER_CLOCK_SQL",
     "asked_sql",
     "bounded_sql",
-    "fleet_alive_sql",
     "jobs_sql",
     "named_jobs_sql",
     "roster_sql",
 )
 
-ABSENT_AFTER = 60.0
+ABSENT_AFTER = 90.0
 """Seconds past the next slot its replicas noted after which a job whose slot no replica
-fired since is absent (a live replica notes the next one within seconds of each slot)."""
+fired since is absent: a live replica notes the next one within ``NOTE_LATEST`` plus
+``NOTE_EVERY`` (35 s) of each slot (``_locker/upkeep``)."""
 
 SERVER_CLOCK_SQL = "SELECT clock_timestamp()"
 """No parameters: the database server's clock, the fleet's shared time."""
@@ -53,13 +53,6 @@ FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
 WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted
   AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
 """
-
-
-@lru_cache(maxsize=32)
-def fleet_alive_sql(table: LedgerTable) -> str:
-    """No parameters: whether the ledger's members table has a live replica (read only
-    where the table exists: see ``schema.TABLE_EXISTS_SQL``)."""
-    return f"SELECT EXISTS (SELECT 1 FROM {table.members} WHERE expires_at > clock_timestamp())"
 
 
 def jobs_sql(table: LedgerTable) -> str:
@@ -83,6 +76,7 @@ def jobs_sql(table: LedgerTable) -> str:
                {odd_list((f"j.{c}", c) for c in ("next_run", "updated_at", "due"))} AS odd
         FROM {table.jobs} j
         FULL JOIN (SELECT job FROM seen WHERE job IS NOT NULL) s ON s.job = j.job
+        WHERE j.retired_at IS NULL
         ORDER BY 1"""
 
 
@@ -99,8 +93,9 @@ def named_jobs_sql(table: LedgerTable) -> str:
                {odd_list((f"j.{c}", c) for c in ("next_run", "updated_at", "due"))} AS odd
         FROM unnest($1::text[]) AS u(job)
         LEFT JOIN LATERAL (SELECT * FROM {table.jobs} n WHERE n.job = u.job LIMIT 1) j ON true
-        WHERE j.job IS NOT NULL
-           OR (SELECT true FROM {table.runs} r WHERE r.job = u.job LIMIT 1)"""
+        WHERE (j.job IS NOT NULL
+               OR (SELECT true FROM {table.runs} r WHERE r.job = u.job LIMIT 1))
+          AND j.retired_at IS NULL"""
 
 
 def _readable(alias: str) -> str:
@@ -126,22 +121,22 @@ def _after(runs: str, bound: str, below: str | None = None) -> str:
 
 @lru_cache(maxsize=32)
 def roster_sql(table: LedgerTable) -> str:
-    """``$1`` now, ``$2`` tags, ``$3`` whether any replica is alive: every noted job, in no
-    order, most of them by name only.
+    """``$1`` now, ``$2`` tags: every noted job, in no order, most of them by name only.
 
     For each noted job: whether it has every tag of ``$2`` (*tagged*), and the greatest
     run from it up to the next noted job (one probe of the runs' primary key): whether
     that run is its own (*mine*) or a later job's (*gap*: the runs table has jobs without
     a note there, up to *below*, the next noted job), whether it is finished and readable
     (*done*), its outcome (``''``: none recorded) and slot; its overdue grace, due slot,
-    and whether it is the last noted job (*last*). Its own finished run is its latest
-    finished one, and its latest success too when it succeeded (a replica writes a
+    whether it is the last noted job (*last*), and whether it is *retired* (left out by
+    the caller; its row still bounds the runs-only jobs after it). Its own finished run
+    is its latest finished one, and its latest success too when it succeeded (a replica writes a
     success's outcome and end at once); when it did not, the latest success matters only
     to a job that is overdue without one.
 
     The due slot, the noted next slot, and the slot of that run, are read only when the
     due slot or the next slot fell due more than the grace (or ``ABSENT_AFTER``) before
-    ``$1``, or no replica is alive (NULL otherwise): else ``_ops/fleet.overdue_slot`` is
+    ``$1`` (NULL otherwise): else ``_ops/fleet.overdue_slot`` is
     ``None`` and the job is not absent, whatever they are. So a job whose own latest run
     is finished and readable and whose due slot is not past its grace (most of a fleet),
     nor its next slot, is judged by that run's
@@ -154,13 +149,12 @@ def roster_sql(table: LedgerTable) -> str:
     """
     runs, notes = table.runs, table.jobs
     # May be overdue or absent (_ops/fleet.overdue_slot, absent): its due slot, or its
-    # noted next slot, is past its grace (or ABSENT_AFTER), or no replica is alive ($3).
+    # noted next slot, is past its grace (or ABSENT_AFTER).
     late = f"""(j.due BETWEEN {LOW} AND {HIGH}
                 AND extract(epoch FROM $1::timestamptz - j.due) > j.grace)
                OR (j.next_run BETWEEN {LOW} AND {HIGH}
                    AND extract(epoch FROM $1::timestamptz - j.next_run)
-                       > least(j.grace, {ABSENT_AFTER}))
-               OR (NOT $3::boolean AND j.next_run IS NOT NULL)"""
+                       > least(j.grace, {ABSENT_AFTER}))"""
     # Each other job's facts: its group is itself, these aggregates read its one row.
     facts = ",\n".join(
         f"{fold}({fact}) FILTER (WHERE NOT k.plain) AS {name}"
@@ -179,6 +173,7 @@ def roster_sql(table: LedgerTable) -> str:
             ("bool_and", "k.done", "done"),
             ("min", "k.outcome", "outcome"),
             ("min", f"CASE WHEN k.late AND {slot_in_range('k.slot')} THEN k.slot END", "slot"),
+            ("bool_and", "k.retired", "retired"),
         )
     )
     return f"""
@@ -187,9 +182,11 @@ def roster_sql(table: LedgerTable) -> str:
                CASE WHEN k.plain THEN k.outcome END AS settled,
                CASE WHEN k.plain THEN array_agg(k.job) END AS names
         FROM (SELECT n.job, n.tagged, n.grace, n.due, n.next_run, n.late, n.below, p.top, p.done,
-                     p.outcome, p.slot,
-                     coalesce(p.top = n.job AND p.done AND NOT n.late, false) AS plain
+                     p.outcome, p.slot, n.retired,
+                     coalesce(p.top = n.job AND p.done AND NOT n.late AND NOT n.retired,
+                              false) AS plain
               FROM (SELECT j.job, j.grace, j.due, j.next_run, coalesce({late}, false) AS late,
+                           j.retired_at IS NOT NULL AS retired,
                            cardinality($2::text[]) = 0
                                OR coalesce(j.tags @> $2::text[], false) AS tagged,
                            lead(j.job) OVER (ORDER BY j.job) AS below

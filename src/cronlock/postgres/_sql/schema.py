@@ -39,7 +39,7 @@ __all__ = (
 # is in both tables); migrate() adds them.
 _ADDED_COLUMNS = (
     *("session", "attempt", "manual", "grace", "due", "grace_until", "first_seen", "tags"),
-    *("holder", "attempts"),
+    *("holder", "attempts", "retired_at"),
 )
 
 LedgerState = Literal["missing", "old", "current"]
@@ -153,6 +153,10 @@ def ledger_ddl(table: LedgerTable) -> list[str]:
         # Each job's tags as its replicas note them (the dashboard's filter); NULL in a
         # row an older cronlock wrote.
         f"ALTER TABLE {jobs} ADD COLUMN IF NOT EXISTS tags text[]",
+        # When an operator retired the job and who (FleetControl.retire): the readers leave
+        # it out until a replica notes it again (_sql/upkeep.note_sql clears it).
+        f"""ALTER TABLE {jobs} ADD COLUMN IF NOT EXISTS retired_at timestamptz,
+                ADD COLUMN IF NOT EXISTS retired_by text""",
         # Fleet control (FleetControl, _sql/control.py): pauses and triggers.
         f"""CREATE TABLE IF NOT EXISTS {table.control} (
                 job          text        PRIMARY KEY,

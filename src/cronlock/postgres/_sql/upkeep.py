@@ -37,7 +37,8 @@ def note_sql(table: LedgerTable) -> str:
     """Upsert job schedules; arrays ``$1`` jobs, ``$2`` schedules, ``$3`` next slots,
     ``$5`` overdue graces in seconds, ``$6`` the slots they are due by, ``$8`` their tags
     (``_locker/upkeep.tags_json``); ``$4`` who writes, ``$7`` its margin in seconds (below).
-    Rows already up to date are left alone.
+    Rows already up to date are left alone; a retired job's row is written (a replica that
+    notes the job announces it again: it is no longer retired).
 
     Replicas may give one job different graces (``alert_after``): the published one is
     the largest a replica still stands by. A grace stands until ``grace_until``: the
@@ -70,8 +71,9 @@ def note_sql(table: LedgerTable) -> str:
         SET schedule = EXCLUDED.schedule, next_run = EXCLUDED.next_run,
             updated_at = EXCLUDED.updated_at, updated_by = EXCLUDED.updated_by,
             grace = {grace}, grace_until = {until}, due = EXCLUDED.due,
-            tags = EXCLUDED.tags
+            tags = EXCLUDED.tags, retired_at = NULL, retired_by = NULL
         WHERE j.schedule IS DISTINCT FROM EXCLUDED.schedule
+           OR j.retired_at IS NOT NULL
            OR j.next_run IS DISTINCT FROM EXCLUDED.next_run
            OR j.grace IS DISTINCT FROM {grace}
            OR j.grace_until IS DISTINCT FROM {until}

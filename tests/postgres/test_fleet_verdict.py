@@ -1,0 +1,263 @@
+"""The fleet's verdict from the ledger alone, with real replica processes (issue 36).
+
+- A fleet that is gone (stopped, or killed with SIGKILL) is never ``ok``: whenever in a
+  slot's period it stopped, its job turns ``absent`` or ``overdue`` and ``status --check``
+  fails, in both modes. (Before, a lease-mode fleet read ``ok`` forever.)
+- A job a deploy removed is ``absent`` while the rest of the fleet runs; ``retire`` takes it
+  out of ``status`` (a job still run is refused), and a replica that has it again brings it
+  back.
+- A schedule added at runtime is not overdue before its first slot, and is once it missed
+  one.
+
+Each replica is a process of its own (verdict_replica.py); the tests wait for states with
+a liveness bound, never for a time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import asyncpg
+import pytest
+
+from cronlock import cron
+from cronlock.postgres import FleetControl
+from cronlock.postgres._modes.base import Mode
+from cronlock.postgres._ops.fleet import Status, job_status, read_jobs, read_paused, server_now
+from cronlock.postgres._ops.roster import read_roster
+from cronlock.postgres._sql.tables import LedgerTable
+
+from .test_cli_pg import cli
+
+pytestmark = [pytest.mark.postgres, pytest.mark.slow]
+
+MODES: list[Mode] = ["session", "lease"]
+REPLICA = Path(__file__).with_name("verdict_replica.py")
+OFFSETS = 5  # stops spread over a slot's period
+
+
+class Replica:
+    """One replica process; stopped (SIGTERM) or killed (SIGKILL) by the test."""
+
+    def __init__(self, dsn: str, table: str, mode: Mode, *args: str) -> None:
+        command = [sys.executable, str(REPLICA), "--dsn", dsn, "--table", table, "--mode", mode]
+        self.process = subprocess.Popen(
+            [*command, *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+
+    async def started(self) -> None:
+        line = await asyncio.to_thread(self.process.stdout.readline)  # type: ignore[union-attr]
+        assert line.strip() == "running", self.process.stderr.read()  # type: ignore[union-attr]
+
+    async def stop(self, how: str = "graceful") -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM if how == "graceful" else signal.SIGKILL)
+        await asyncio.to_thread(self.process.wait, 60)
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+        self.process.wait(60)
+        for stream in (self.process.stdout, self.process.stderr):
+            if stream is not None:
+                stream.close()
+
+
+@pytest.fixture
+def replicas() -> Iterator[list[Replica]]:
+    started: list[Replica] = []
+    try:
+        yield started
+    finally:
+        for replica in started:
+            replica.close()
+
+
+async def state(dsn: str, table: str, job: str) -> Status | None:
+    """*job*'s state as ``status`` and the dashboard judge it now (``None``: not listed)."""
+    conn = await asyncpg.connect(dsn)
+    try:
+        ledger = LedgerTable(table)
+        found = await read_jobs(conn, ledger, [job])
+        if not found:
+            return None
+        paused = await read_paused(conn, ledger)
+        return job_status(found[0], await server_now(conn), paused=job in paused)
+    finally:
+        await conn.close()
+
+
+async def roster(dsn: str, table: str) -> dict[str, Status]:
+    """Every job's state as the dashboard's summary judges it."""
+    conn = await asyncpg.connect(dsn)
+    try:
+        ledger = LedgerTable(table)
+        async with conn.transaction(isolation="repeatable_read", readonly=True):
+            paused = await read_paused(conn, ledger)
+            return (await read_roster(conn, ledger, paused, await server_now(conn))).statuses
+    finally:
+        await conn.close()
+
+
+async def becomes(dsn: str, table: str, job: str, wanted: set[Status | None]) -> Status | None:
+    """Wait until *job*'s state is one of *wanted*; return it (a liveness bound only)."""
+    seen: Status | None = None
+    try:
+        async with asyncio.timeout(180):
+            while (seen := await state(dsn, table, job)) not in wanted:
+                await asyncio.sleep(0.5)
+    except TimeoutError:
+        raise AssertionError(f"{job}: still {seen!r}, never one of {wanted}") from None
+    return seen
+
+
+async def succeeded(dsn: str, table: str, job: str) -> datetime:
+    """Wait until *job* has a success in the ledger; return the latest one's slot."""
+    conn = await asyncpg.connect(dsn)
+    try:
+        async with asyncio.timeout(120):
+            while True:
+                try:
+                    slot = await conn.fetchval(
+                        f'SELECT max(slot) FROM "{table}" WHERE job = $1 AND outcome = $2',
+                        job,
+                        "succeeded",
+                    )
+                except asyncpg.UndefinedTableError:
+                    slot = None
+                if slot is not None:
+                    return slot  # type: ignore[no-any-return]
+                await asyncio.sleep(0.1)
+    finally:
+        await conn.close()
+
+
+@pytest.mark.parametrize("how", ["graceful", "kill"])
+@pytest.mark.parametrize("mode", MODES)
+async def test_a_fleet_that_is_gone_is_never_ok(
+    mode: Mode, how: str, pg_dsn: str, replicas: list[Replica]
+) -> None:
+    period = 2.0
+    tables = [f"gone_{uuid.uuid4().hex[:8]}" for _ in range(OFFSETS)]
+    for table in tables:
+        replicas.append(Replica(pg_dsn, table, mode, "--job", f"beat={period}"))
+    await asyncio.gather(*(replica.started() for replica in replicas))
+    slots = await asyncio.gather(*(succeeded(pg_dsn, table, "beat") for table in tables))
+
+    async def stop(i: int) -> None:
+        # The i-th replica stops i/OFFSETS of a period after a slot it ran: the verdict
+        # must not depend on where in the period the fleet went away.
+        at = slots[i] + timedelta(seconds=period * (1 + i / OFFSETS))
+        await asyncio.sleep(max(0.0, (at - datetime.now(UTC)).total_seconds()))
+        await replicas[i].stop(how)
+
+    await asyncio.gather(*(stop(i) for i in range(OFFSETS)))
+    verdicts = await asyncio.gather(
+        *(becomes(pg_dsn, table, "beat", {"absent", "overdue"}) for table in tables)
+    )
+    assert set(verdicts) <= {"absent", "overdue"}
+    for table in tables:  # and the health check fails, naming the job
+        check = await cli("status", "--check", "--dsn", pg_dsn, "--table", table)
+        assert check.returncode == 1, check.stdout + check.stderr
+        assert any(line.endswith(": beat") for line in check.stdout.splitlines()), check.stdout
+        allowed = await cli(
+            "status", "--check", "--allow-absent", "--dsn", pg_dsn, "--table", table
+        )
+        if "absent: beat" in check.stdout:  # an absent job passes --allow-absent
+            assert allowed.returncode == 0, allowed.stdout + allowed.stderr
+        # A gone fleet stays judged so: the dashboard's summary says the same.
+        assert (await roster(pg_dsn, table))["beat"] in {"absent", "overdue"}
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_a_job_a_deploy_removed_is_absent_until_retired(
+    mode: Mode, pg_dsn: str, replicas: list[Replica]
+) -> None:
+    table = f"deploy_{uuid.uuid4().hex[:8]}"
+    old = Replica(pg_dsn, table, mode, "--job", "keep=1", "--job", "dropped=1")
+    replicas.append(old)
+    await old.started()
+    await succeeded(pg_dsn, table, "dropped")
+    new = Replica(pg_dsn, table, mode, "--job", "keep=1")  # the deploy: without 'dropped'
+    replicas.append(new)
+    await new.started()
+    await old.stop()
+    assert await becomes(pg_dsn, table, "dropped", {"absent"}) == "absent"
+    assert await state(pg_dsn, table, "keep") == "ok"  # the fleet runs on
+    assert (await roster(pg_dsn, table))["dropped"] == "absent"
+    check = await cli("status", "--check", "--dsn", pg_dsn, "--table", table)
+    assert check.returncode == 1 and "absent: dropped" in check.stdout, check.stdout
+    # A job a live replica runs is not retired; the absent one is, and leaves status.
+    refused = await cli("retire", "keep", "--dsn", pg_dsn, "--table", table)
+    assert refused.returncode == 1 and "not absent" in refused.stderr, refused.stderr
+    retired = await cli("retire", "dropped", "--dsn", pg_dsn, "--table", table)
+    assert retired.returncode == 0, retired.stderr
+    assert await state(pg_dsn, table, "dropped") is None
+    assert "dropped" not in await roster(pg_dsn, table)
+    check = await cli("status", "--check", "--dsn", pg_dsn, "--table", table)
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert "dropped" not in check.stdout
+    # A replica that has it again announces it: it is back.
+    back = Replica(pg_dsn, table, mode, "--job", "dropped=1")
+    replicas.append(back)
+    await back.started()
+    assert await becomes(pg_dsn, table, "dropped", {"ok"}) == "ok"
+
+
+async def test_fleet_control_retires_an_absent_job_only(
+    pg_dsn: str, replicas: list[Replica]
+) -> None:
+    table = f"retire_{uuid.uuid4().hex[:8]}"
+    replica = Replica(pg_dsn, table, "session", "--job", "gone=1")
+    replicas.append(replica)
+    await replica.started()
+    await succeeded(pg_dsn, table, "gone")
+    async with FleetControl(pg_dsn, table=table) as control:
+        with pytest.raises(Exception, match="not absent"):
+            await control.retire("gone")
+        await replica.stop()
+        assert await becomes(pg_dsn, table, "gone", {"absent"}) == "absent"
+        await control.retire("gone")
+    assert await state(pg_dsn, table, "gone") is None
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_a_schedule_added_at_runtime_is_due_from_its_creation(
+    mode: Mode, pg_dsn: str, replicas: list[Replica]
+) -> None:
+    table = f"added_{uuid.uuid4().hex[:8]}"
+    replica = Replica(pg_dsn, table, mode, "--job", "beat=1", "--task", "send-report")
+    replicas.append(replica)
+    await replica.started()
+    await succeeded(pg_dsn, table, "beat")
+    # A minute's slot passes between the replica's start and the schedule's creation: the
+    # slot the replica would count from (its start) is before the schedule existed.
+    started = datetime.now(UTC)
+    boundary = started.replace(second=0, microsecond=0) + timedelta(minutes=1)
+    await asyncio.sleep((boundary - started).total_seconds() + 1)
+    async with FleetControl(pg_dsn, table=table) as control:
+        await control.add_schedule("late:1", "send-report", cron("* * * * *"), alert_after=1)
+    first = boundary + timedelta(minutes=1)
+    # Until its first slot (a minute after the last one), never overdue: not even once
+    # the replica noted it (it does within a second or two of its sync).
+    seen = set()
+    while datetime.now(UTC) < first - timedelta(seconds=20):
+        seen.add(await state(pg_dsn, table, "late:1"))
+        await asyncio.sleep(0.5)
+    assert seen == {"new"}, seen
+    check = await cli("status", "--check", "late:1", "--dsn", pg_dsn, "--table", table)
+    assert check.returncode == 0, check.stdout + check.stderr
+    # Its task fails: once its first slot is a grace past, it is overdue.
+    assert await becomes(pg_dsn, table, "late:1", {"overdue"}) == "overdue"
