@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from cronlock import ScheduleError, Scheduler, every
+from cronlock import ScheduleError, Scheduler, cron, every
 from cronlock.testing import FakeClock
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -60,6 +60,33 @@ async def test_a_job_that_never_succeeded_is_judged_from_the_start() -> None:
         await clock.advance(1)
         assert [job.name for job in scheduler.overdue()] == ["hourly"]
         scheduler.get_job("hourly").pause()
+        assert scheduler.overdue() == ()
+
+
+async def test_a_job_added_while_running_is_due_from_its_creation() -> None:
+    """A job added at 01:30 to a scheduler started at 00:00 is not due by 01:00 (a slot
+    before it existed), but by 02:00: not overdue at once, overdue once that slot missed."""
+    clock = FakeClock(T0)
+    scheduler = Scheduler(clock=clock)
+
+    async def report() -> None:
+        raise RuntimeError("never works")
+
+    async with scheduler:
+        await clock.advance(timedelta(hours=1, minutes=30))
+        scheduler.add_job(report, cron("0 * * * *"), name="report", alert_after=60)
+        await clock.advance(60)
+        assert scheduler.overdue() == ()
+        await clock.advance(timedelta(minutes=29))  # 02:00: it runs, fails
+        await clock.advance(60)
+        assert scheduler.overdue() == ()  # exactly alert_after past its first slot
+        await clock.advance(1)
+        assert [job.name for job in scheduler.overdue()] == ["report"]
+        # Removed and added again later: due from then, not from its first life.
+        scheduler.remove("report")
+        await clock.advance(timedelta(hours=1, minutes=30))
+        scheduler.add_job(report, cron("0 * * * *"), name="report", alert_after=60)
+        await clock.advance(120)
         assert scheduler.overdue() == ()
 
 
