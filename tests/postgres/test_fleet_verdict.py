@@ -227,9 +227,12 @@ async def test_fleet_control_retires_an_absent_job_only(
     async with FleetControl(pg_dsn, table=table) as control:
         with pytest.raises(Exception, match="not absent"):
             await control.retire("gone")
+        assert (await control.statuses())["gone"] in {"ok", "running"}
         await replica.stop()
         assert await becomes(pg_dsn, table, "gone", {"absent"}) == "absent"
+        assert (await control.statuses())["gone"] == "absent"  # the one rule here too
         await control.retire("gone")
+        assert "gone" not in await control.statuses()
     assert await state(pg_dsn, table, "gone") is None
 
 

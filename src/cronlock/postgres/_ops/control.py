@@ -36,11 +36,12 @@ from .._sql.control import (
     trigger_sql,
     triggered_sql,
 )
-from .._sql.fleet import jobs_sql
+from .._sql.fleet import JIT_OFF_SQL, jobs_sql
 from .._sql.runs import decode_run
 from .._sql.schema import migrate
 from .._sql.tables import DEFAULT_TABLE, LedgerTable
-from .fleet import job_status, read_jobs, read_paused, server_now
+from .fleet import Status, job_status, read_jobs, read_paused, server_now
+from .roster import read_roster
 from .stored import ScheduleVerbs
 
 __all__ = (
@@ -257,6 +258,22 @@ class FleetControl(ScheduleVerbs):
         (it would be back within a slot: a live replica announces it)."""
         name = _job_name(job, "retire")
         await self._call(lambda c: retire_job(c, self._table, name, self._who, force=force))
+
+    async def statuses(self) -> dict[str, Status]:
+        """Every job the ledger knows (retired ones left out) and its state, by the rule of
+        ``python -m cronlock status`` and the dashboard, from the ledger alone: ``paused``,
+        ``conflict``, ``rejected``, ``absent``, ``overdue``, ``failing``, ``running``, ``ok``
+        or ``new`` (see the observability guide)."""
+
+        async def read(conn: Any) -> dict[str, Status]:
+            async with conn.transaction(isolation="repeatable_read", readonly=True):
+                await conn.execute(JIT_OFF_SQL)
+                paused = await read_paused(conn, self._table)
+                now = await server_now(conn)
+                return (await read_roster(conn, self._table, paused, now)).statuses
+
+        result: dict[str, Status] = await self._call(read)
+        return result
 
     async def paused(self) -> frozenset[str]:
         """The jobs paused fleet-wide."""
