@@ -325,6 +325,7 @@ async def read_jobs(
     *,
     holders: Mapping[str, tuple[LockHolder, ...]] | None = None,
     alive: bool | None = None,
+    conflicts: frozenset[str] | None = None,
 ) -> list[FleetJob]:
     """Every job the ledger knows (a replica noted its schedule or claimed a slot of it),
     in name order; with *only*, those of them that exist, in the order given.
@@ -334,7 +335,8 @@ async def read_jobs(
     :data:`READ_BATCH` jobs for their latest runs (three index probes a job on the primary
     key). With *only*, the jobs read are those only; with *holders* (:func:`read_holders` of
     them, read already), the lock holders are not read; with *alive* (:func:`fleet_alive`,
-    read already), nor is whether a replica is alive.
+    read already), nor is whether a replica is alive; with *conflicts*
+    (:func:`read_conflicts`, read already), nor are the jobs in conflict.
     """
     if only is None:
         rows = await conn.fetch(jobs_sql(table))
@@ -342,7 +344,8 @@ async def read_jobs(
         known = {row["job"]: row for row in await conn.fetch(named_jobs_sql(table), list(only))}
         rows = [known[name] for name in dict.fromkeys(only) if name in known]
     names = [row["job"] for row in rows]
-    conflicts = await read_conflicts(conn, table, None if only is None else names)
+    if conflicts is None:
+        conflicts = await read_conflicts(conn, table, None if only is None else names)
     if alive is None:
         alive = await fleet_alive(conn, table) if rows else True
     if holders is None:

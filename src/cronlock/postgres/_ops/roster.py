@@ -48,6 +48,8 @@ class Roster:
     """Who holds the lock of each job held right now (:func:`._fleet.held_locks`)."""
     alive: bool = True
     """Whether any replica of the ledger is alive (:func:`._fleet.fleet_alive`)."""
+    conflicts: frozenset[str] = frozenset()
+    """The jobs live replicas define otherwise (:func:`._fleet.read_conflicts`)."""
 
 
 async def read_roster(
@@ -143,7 +145,7 @@ async def read_roster(
         statuses[name] = _judge(
             name in paused, outcome, overdue, name in held, gone, conflict=name in conflicts
         )
-    return Roster(statuses, None if not tags else frozenset(tagged), held, alive)
+    return Roster(statuses, None if not tags else frozenset(tagged), held, alive, conflicts)
 
 
 def _judge(
