@@ -528,6 +528,14 @@ class Scheduler:
         old. An unknown name raises :class:`~cronlock.JobLookupError`."""
         return self._fleet.paused(job_named(self._jobs, job))
 
+    def in_conflict(self, job: Job | str) -> bool:
+        """Whether other live replicas of *job*'s ledger (a job or its name) define a job
+        of that name otherwise, another function or schedule: two services sharing one
+        ledger, or a rolling deploy that changed it, until its old replicas stop. As of its
+        locker's last read, at most about 15 seconds old; ``False`` without a ledger. An
+        unknown name raises :class:`~cronlock.JobLookupError`."""
+        return self._fleet.in_conflict(job_named(self._jobs, job))
+
     # -- lifecycle -------------------------------------------------------------------------
 
     async def start(self) -> None:

@@ -12,6 +12,9 @@ every scraped series: the scrape job, the target):
   seconds in one statement, never per scrape),
 - ``cronlock_job_next_run_timestamp_seconds``, ``cronlock_job_overdue`` (0/1, see
   :meth:`cronlock.Scheduler.overdue`), ``cronlock_job_paused`` (0/1, here or fleet-wide),
+  ``cronlock_job_conflict`` (0/1: other live replicas of its ledger define a job of its
+  name otherwise, another function or schedule, see :meth:`cronlock.Scheduler.in_conflict`;
+  read with the fleet's latest runs, every 15 seconds),
 - ``cronlock_job_without_success_since_timestamp_seconds`` (see
   :meth:`cronlock.Scheduler.without_success_since`: "no success in N days" is
   ``time() - ... > N * 86400``; left out for paused and finished jobs, of which nothing is
@@ -273,7 +276,7 @@ class _StateCollector(Collector):
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         scheduler = self._scheduler
-        success, last, nxt, overdue, paused, quiet = self._families()
+        success, last, nxt, overdue, paused, quiet, conflict = self._families()
         late = {job.name for job in scheduler.overdue()}
         for job in scheduler.jobs:
             name = job.name
@@ -286,10 +289,11 @@ class _StateCollector(Collector):
             overdue.add_metric([name], 1.0 if name in late else 0.0)
             stopped = job.paused or scheduler.paused_fleet_wide(job)
             paused.add_metric([name], 1.0 if stopped else 0.0)
+            conflict.add_metric([name], 1.0 if scheduler.in_conflict(job) else 0.0)
             since = scheduler.without_success_since(job)
             if since is not None and job.next_run is not None and not stopped:
                 quiet.add_metric([name], since.timestamp())
-        yield from (success, last, nxt, overdue, paused, quiet)
+        yield from (success, last, nxt, overdue, paused, quiet, conflict)
         elector = scheduler._elector
         if elector is not None and isinstance(elector, _KnowsLeadership):
             leader = GaugeMetricFamily("cronlock_leader", "1 while this replica leads")
@@ -312,6 +316,7 @@ class _StateCollector(Collector):
                 "Since when the job has gone without a success (its latest success ended, "
                 "else it was first seen)",
             ),
+            gauge("conflict", "1 while other live replicas of its ledger define it otherwise"),
         )
 
 

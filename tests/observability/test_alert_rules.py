@@ -38,6 +38,7 @@ def test_the_rules_are_well_formed() -> None:
         "CronlockJobFailing",
         "CronlockLockErrors",
         "CronlockJobAbsent",
+        "CronlockJobConflict",
     ]
     for rule in found:
         assert set(rule) <= {"alert", "expr", "for", "labels", "annotations"}, rule

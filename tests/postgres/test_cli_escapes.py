@@ -113,7 +113,7 @@ async def test_status_and_history_escape_the_ledgers_text(pg_dsn: str, admin: An
     finally:
         conn = await asyncpg.connect(pg_dsn)
         try:
-            for suffix in ("", "_jobs", "_control", "_members", "_secrets"):
+            for suffix in ("", "_jobs", "_control", "_members", "_secrets", "_definitions"):
                 await conn.execute(f'DROP TABLE IF EXISTS "{table}{suffix}"')
         finally:
             await conn.close()

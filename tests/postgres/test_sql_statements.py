@@ -26,6 +26,7 @@ from typing import Any
 import pytest
 
 import cronlock.postgres._sql as sql_package
+from cronlock.postgres._sql.definitions import conflicted_sql
 from cronlock.postgres._sql.elector import (
     leaders_acquire_sql,
     leaders_ddl,
@@ -95,6 +96,7 @@ _NOT_STATEMENTS = frozenset(
         "LedgerState",
         "first_seen_ddl",
         "schedules_ddl",
+        "definitions_ddl",
         "ledger_state",
         "migrate",
         "lock_timeout_sql",
@@ -119,6 +121,9 @@ _NOT_STATEMENTS = frozenset(
         "leaders_renew_sql",
         # sessions.py: settings set in one round trip, as many as given (run below)
         "set_config_sql",
+        # definitions.py: how long a gone replica's rows stay, a read's row limit (values)
+        "STALE_AFTER",
+        "CONFLICTS_LIMIT",
     }
 )
 
@@ -221,6 +226,9 @@ async def test_every_statement_plans_on_a_fresh_ledger(admin: Any) -> None:
     ddl = [text for text in ledger_ddl(table) if not _EXPLAINED.match(text)]
     assert run == len(ddl) + 2  # the DDL, and the two SET constants
     assert await ledger_state(admin, table) == "current"
+    # The conflicts' read of some jobs (the status verb's), beside that of all of them.
+    prepared = await admin.prepare(f"EXPLAIN {conflicted_sql(table, named=True)}")
+    await prepared.fetch(None)
     async with admin.transaction():  # migrate's own SET, which takes a number
         await admin.execute(lock_timeout_sql(1.5))
         assert await admin.fetchval("SHOW lock_timeout") == "1500ms"

@@ -38,7 +38,8 @@ async def ledger(admin: Any) -> AsyncIterator[LedgerTable]:
     finally:
         await admin.execute(
             f"DROP TABLE IF EXISTS {table.runs}, {table.jobs}, {table.control},"
-            f" {table.leases}, {table.members}, {table.secrets}, {table.schedules}"
+            f" {table.leases}, {table.members}, {table.secrets}, {table.schedules},"
+            f" {table.definitions}"
         )
 
 

@@ -38,7 +38,9 @@ async def drop_ledger(dsn: str, table: str) -> None:
     try:
         for name in (ledger.runs, ledger.jobs, ledger.control, ledger.leases, ledger.members):
             await conn.execute(f"DROP TABLE IF EXISTS {name}")
-        await conn.execute(f"DROP TABLE IF EXISTS {ledger.secrets}, {ledger.schedules}")
+        await conn.execute(
+            f"DROP TABLE IF EXISTS {ledger.secrets}, {ledger.schedules}, {ledger.definitions}"
+        )
     finally:
         await conn.close()
 

@@ -23,7 +23,7 @@ CHUNK = 64 * 1024
 async def drop(dsn: str, table: str) -> None:
     conn = await asyncpg.connect(dsn)
     try:
-        for suffix in ("", "_jobs", "_control", "_leases", "_members", "_secrets"):
+        for suffix in ("", "_jobs", "_control", "_leases", "_members", "_secrets", "_definitions"):
             await conn.execute(f'DROP TABLE IF EXISTS "{table}{suffix}"')
     finally:
         await conn.close()

@@ -41,7 +41,15 @@ async def served(pg_dsn: str) -> AsyncIterator[tuple[str, str]]:
     finally:
         conn = await asyncpg.connect(pg_dsn)
         try:
-            for suffix in ("", "_jobs", "_control", "_leases", "_members", "_secrets"):
+            for suffix in (
+                "",
+                "_jobs",
+                "_control",
+                "_leases",
+                "_members",
+                "_secrets",
+                "_definitions",
+            ):
                 await conn.execute(f'DROP TABLE IF EXISTS "{table}{suffix}"')
         finally:
             await conn.close()

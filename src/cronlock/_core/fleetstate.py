@@ -3,7 +3,8 @@
 A locker that reads the fleet's shared state (:class:`~cronlock.FleetWatchingLocker`, the
 PostgreSQL locker with its ledger) hands :class:`FleetState` a :class:`~cronlock.FleetView`
 every second or so. FleetState keeps the jobs paused fleet-wide (for status views and
-metrics; the locker itself refuses their claims), starts the runs triggered fleet-wide (each one is
+metrics; the locker itself refuses their claims) and those in conflict (other live replicas
+define them otherwise: for metrics), starts the runs triggered fleet-wide (each one is
 a slot claimed like any other, so one replica runs it), and copies the fleet's latest run
 and success into each job, so that every replica, even one that never ran the job,
 reports the fleet's last success, and keeps each job's first-seen instant in the ledger.
@@ -41,6 +42,7 @@ class FleetState:
 
     __slots__ = (
         "_added",
+        "_conflicts",
         "_default_timeout",
         "_dues",
         "_first_seen",
@@ -63,6 +65,8 @@ class FleetState:
         self._default_timeout = default_timeout
         self._watched: dict[int, FleetWatchingLocker] = {}
         self._paused: dict[int, frozenset[str]] = {}
+        # Per locker: its jobs that other live replicas of its ledger define otherwise.
+        self._conflicts: dict[int, frozenset[str]] = {}
         self._started: dict[int, dict[tuple[str, datetime], None]] = {}
         self._since: datetime | None = None
         # Per job of a locker with a ledger: when a replica first noted it there (so a job
@@ -106,6 +110,12 @@ class FleetState:
         fleet = job._wiring.fleet
         return fleet is not None and job.name in self._paused.get(id(fleet), ())
 
+    def in_conflict(self, job: Job) -> bool:
+        """Whether other live replicas of *job*'s ledger define it otherwise (as of its
+        locker's last read of them, at most about 15 seconds old)."""
+        fleet = job._wiring.fleet
+        return fleet is not None and job.name in self._conflicts.get(id(fleet), ())
+
     def _mine(self, key: int) -> list[Job]:
         return [job for job in self._jobs.values() if id(job._wiring.fleet) == key]
 
@@ -145,6 +155,8 @@ class FleetState:
 
     def _seen(self, key: int, view: FleetView) -> None:
         self._paused[key] = view.paused
+        if view.conflicts is not None:
+            self._conflicts[key] = frozenset(view.conflicts)
         if view.runs is not None:
             for name, (last, success) in view.runs.items():
                 job = self._jobs.get(name)

@@ -24,7 +24,7 @@ from .._schedules.interval import IntervalSchedule
 from .._schedules.once import OnceSchedule
 from .catchup import claim_time
 from .guard import Lane
-from .job import Job
+from .job import Job, default_name
 from .settings import schedule_text
 
 __all__ = ("UNKNOWN", "Entry", "Fast", "Planner")
@@ -135,7 +135,9 @@ class Planner:
         job._replan(slot)  # a new generation: stale entries of the job are dropped
         wiring = job._wiring
         if wiring.note is not None:
-            wiring.note(job.name, schedule_text(job._schedule), slot, job._settings.tags)
+            # With its function: what it runs and when is its definition in the fleet.
+            tags, target = job._settings.tags, default_name(job.func)
+            wiring.note(job.name, schedule_text(job._schedule), slot, tags, target)
         if slot is None:
             return None
         fire = job.fire_time(slot) if job._settings.jitter else slot

@@ -264,7 +264,7 @@ class RunLoop:
         job._plan(following)
         note = job._wiring.note
         if note is not None:
-            note(job.name, schedule_text(job._schedule), following, job._settings.tags)
+            note(job.name, schedule_text(job._schedule), following, job._settings.tags, None)
         if next_fire is not None:
             assert following is not None
             fast = self._fast_of(job)

@@ -28,7 +28,11 @@ from .._locking.protocols import (
     ScheduleNotingLocker,
 )
 
-__all__ = ("Wiring", "checkable", "tagged_note", "wire")
+__all__ = ("Note", "Wiring", "checkable", "tagged_note", "wire")
+
+Note = Callable[[str, str, datetime | None, frozenset[str], str | None], None]
+"""A locker's ``note_schedule`` as jobs call it: ``(job, schedule, next slot, tags, target)``,
+*target* the job's function (``module.qualname``) or ``None`` when it did not change."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,8 +51,8 @@ class Wiring:
 
     locker: Locker | None = None
     ledger: LedgerLocker | None = None
-    note: Callable[[str, str, datetime | None, frozenset[str]], None] | None = None
-    """The locker's ``note_schedule``, given the job's tags when it takes them."""
+    note: Note | None = None
+    """The locker's ``note_schedule``, given the job's tags and function when it takes them."""
     crashes: CrashWatchingLocker | None = None
     """The same locker when it reports crashed runs (the scheduler may rerun them)."""
     batch: BatchLedgerLocker | None = None
@@ -129,16 +133,20 @@ def _locker_kinds(kind: type) -> tuple[bool, bool, bool, bool, bool, bool, bool,
     )
 
 
-def tagged_note(
-    note: Callable[..., None],
-) -> Callable[[str, str, datetime | None, frozenset[str]], None]:
-    """*note*, a locker's ``note_schedule``, called with a job's tags only when it takes
-    them (``ScheduleNotingLocker``; one written for an older cronlock does not). Asked
-    once per wiring, which jobs alike share."""
+def tagged_note(note: Callable[..., None]) -> Note:
+    """*note*, a locker's ``note_schedule``, called with a job's tags and its function
+    (``target``) only when it takes them (``ScheduleNotingLocker``; one written for an
+    older cronlock does not). Asked once per wiring, which jobs alike share."""
     try:
-        takes = "tags" in inspect.signature(note).parameters
+        takes = inspect.signature(note).parameters.keys() & {"tags", "target"}
     except (TypeError, ValueError):  # no signature to read: called as before
-        takes = False
-    if takes:
-        return lambda job, schedule, next_run, tags: note(job, schedule, next_run, tags=tags)
-    return lambda job, schedule, next_run, tags: note(job, schedule, next_run)
+        takes = set()
+    if takes == {"tags", "target"}:
+        return lambda job, schedule, nxt, tags, target: note(
+            job, schedule, nxt, tags=tags, target=target
+        )
+    if "tags" in takes:
+        return lambda job, schedule, nxt, tags, target: note(job, schedule, nxt, tags=tags)
+    if "target" in takes:
+        return lambda job, schedule, nxt, tags, target: note(job, schedule, nxt, target=target)
+    return lambda job, schedule, nxt, tags, target: note(job, schedule, nxt)

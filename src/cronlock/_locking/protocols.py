@@ -364,13 +364,17 @@ class FleetView:
     per job, the latest finished run and the latest success of any replica, or ``None``
     when this read did not include them (they are read less often). *first_seen*: per
     job, when a replica first noted it in the ledger (jobs not noted yet are left out),
-    ``None`` when this read did not include it (read with *runs*).
+    ``None`` when this read did not include it (read with *runs*). *conflicts*: per job
+    that other live replicas of the ledger define otherwise (another function or
+    schedule under its name), those replicas; jobs without are left out; ``None`` when
+    this read did not include them (read with *runs*).
     """
 
     paused: frozenset[str] = frozenset()
     triggers: Mapping[str, datetime] = dataclasses.field(default_factory=dict)
     runs: Mapping[str, tuple[RunRecord | None, RunRecord | None]] | None = None
     first_seen: Mapping[str, datetime] | None = None
+    conflicts: Mapping[str, frozenset[str]] | None = None
 
 
 FleetCallback = Callable[[FleetView], None]

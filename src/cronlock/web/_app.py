@@ -169,7 +169,13 @@ class _Dashboard:
             now = await server_now(conn)
             roster = await read_roster(reads, self.table, paused, now, tags=wanted.tags)
             chosen = select(roster, wanted)
-            fleet = await read_jobs(reads, self.table, chosen.names, holders=roster.holders)
+            fleet = await read_jobs(
+                reads,
+                self.table,
+                chosen.names,
+                holders=roster.holders,
+                conflicts=roster.conflicts,
+            )
         return listing(chosen, fleet, paused, now, wanted), now
 
     @asynccontextmanager

@@ -3,7 +3,8 @@
 Every :data:`POLL_EVERY` seconds one statement reads the pauses and the triggered runs of
 the jobs this locker's schedulers run (a trigger is taken by exactly one replica, in that
 statement), and every :data:`RUNS_EVERY` seconds (times the fleet's spread) the fleet's
-latest runs of them; each read goes to the schedulers as a :class:`cronlock.FleetView`.
+latest runs of them and whether another live replica defines one of them otherwise
+(:mod:`.conflicts`); each read goes to the schedulers as a :class:`cronlock.FleetView`.
 The operators' side writes what is read here (:mod:`.._ops.control`).
 """
 
@@ -27,6 +28,7 @@ from .._sql.control import poll_sql
 from .._sql.runs import decode_run, last_runs_many_sql, report_odd
 from .._sql.schema import first_seen_sql
 from .._sql.tables import LedgerTable
+from .conflicts import ConflictWatch
 
 __all__ = ("POLL_EVERY", "RUNS_EVERY", "TRIGGER_EXPIRES", "FleetWatch")
 
@@ -47,7 +49,8 @@ class FleetWatch(Service):
     Every :data:`POLL_EVERY` seconds it reads the control table (pauses, pending triggers:
     one small statement), and every :data:`RUNS_EVERY` seconds the latest run and success of
     every watched job (one statement for all of them, two index probes a job; and, while
-    some have none known yet, their first-seen instants, one more); it hands
+    some have none known yet, their first-seen instants, one more) and their conflicts
+    (:class:`.conflicts.ConflictWatch`, one more); it hands
     each read to the callbacks as a :class:`~cronlock.FleetView`. It reads on the locker's
     lock *sessions*.
     """
@@ -59,6 +62,7 @@ class FleetWatch(Service):
         table: LedgerTable,
         sessions: Sequence[Channel],
         spread: Callable[[], float] = lambda: 1.0,
+        holder: str = "",
     ) -> None:
         # In a large fleet each replica reads N / racers times less often (._members): the
         # fleet as a whole reads at the rate of a small one.
@@ -73,6 +77,8 @@ class FleetWatch(Service):
         self._watchers: list[tuple[FleetCallback, Callable[[], Mapping[str, Health]]]] = []
         self._runs_at = float("-inf")
         self.reads = 0
+        self.conflicts = ConflictWatch(table, holder)
+        """Two definitions under one name: this locker's jobs' conflicts (:mod:`.conflicts`)."""
 
     @property
     def watched(self) -> bool:
@@ -144,6 +150,7 @@ class FleetWatch(Service):
                 report_odd(self._control, row["job"], f"trigger_slot={row['odd']}")
         runs: dict[str, tuple[RunRecord | None, RunRecord | None]] | None = None
         first_seen: dict[str, datetime] | None = None
+        conflicts: Mapping[str, frozenset[str]] | None = None
         # Not spread out: every replica's gauges (overdue, last success) must stay right,
         # standing by or not, and this read is one statement every RUNS_EVERY seconds.
         if now - self._runs_at >= RUNS_EVERY:
@@ -161,4 +168,11 @@ class FleetWatch(Service):
                 noted = await self._read(lambda c: c.fetch(self._first_seen_sql, unknown))
                 seen.update((row["job"], row["first_seen"]) for row in noted)
             first_seen = {name: seen[name] for name in names if name in seen}
-        return FleetView(paused=paused, triggers=triggers, runs=runs, first_seen=first_seen)
+            conflicts = await self.conflicts.read(self._read, now)
+        return FleetView(
+            paused=paused,
+            triggers=triggers,
+            runs=runs,
+            first_seen=first_seen,
+            conflicts=conflicts,
+        )

@@ -239,10 +239,11 @@ class PostgresLocker(HeldOpenByBlocks, ReadsLedger):
                 crashes=self._crashes,
                 exclusion=self._exclusion,
                 spread=cadence,
+                holder=self._holder,
             ),
         )
         self._fleet: FleetWatch | NoFleetWatch = ledger_or(
-            NoFleetWatch, lambda t: FleetWatch(t, self._shards, cadence)
+            NoFleetWatch, lambda t: FleetWatch(t, self._shards, cadence, self._holder)
         )
         self._count = LockerCounts()
 
@@ -446,10 +447,19 @@ class PostgresLocker(HeldOpenByBlocks, ReadsLedger):
             self._fleet.start()
 
     def note_schedule(
-        self, job: str, schedule: str, next_run: datetime | None, *, tags: Collection[str] = ()
+        self,
+        job: str,
+        schedule: str,
+        next_run: datetime | None,
+        *,
+        tags: Collection[str] = (),
+        target: str | None = None,
     ) -> None:
-        """Remember *job*'s schedule, next slot and *tags*; no I/O (written batched, at close)."""
-        if self._upkeep.note(job, schedule, next_run, tags):
+        """Remember *job*'s schedule, next slot and *tags*, and its function *target*
+        (``module.qualname``; ``None``: as before); no I/O (written batched, at close; the
+        definition, function and schedule, when it changes: two definitions under one name
+        in the ledger are a conflict, :class:`FleetWatch`)."""
+        if self._upkeep.note(job, schedule, next_run, tags, target):
             self._members.has(job)  # a new job of ours: our group is the replicas with it
 
     async def prune(self) -> int:

@@ -25,6 +25,7 @@ from ..._service import Service
 from .._conn import Channel
 from .._conn.errors import gone
 from .._conn.source import is_closed
+from .._sql.definitions import define_sql
 from .._sql.tables import LedgerTable
 from .._sql.upkeep import HEARTBEAT_SQL, note_sql, prune_sql
 from .crashes import CHECK_EVERY, CrashWatch
@@ -118,10 +119,16 @@ class Upkeep(Service):
         fleet watch)."""
 
     def note(
-        self, job: str, schedule: str, next_run: datetime | None, tags: Collection[str] = ()
+        self,
+        job: str,
+        schedule: str,
+        next_run: datetime | None,
+        tags: Collection[str] = (),
+        target: str | None = None,
     ) -> bool:
-        """Remember *job*'s schedule, next slot and tags; written if changed, batched. True
-        when *job* was never noted before. Without a ledger: nowhere to write, False."""
+        """Remember *job*'s schedule, next slot and tags (and its function, *target*, when
+        given); written if changed, batched. True when *job* was never noted before.
+        Without a ledger: nowhere to write, False."""
         return False
 
     def write_late(self, job: str, slot: datetime, record: RunRecord, attempt: int = 1) -> None:
@@ -214,8 +221,16 @@ class LedgerUpkeep(Upkeep):
         crashes: CrashWatch,
         exclusion: Exclusion,
         spread: Callable[[], float] = lambda: 1.0,
+        holder: str = "",
     ) -> None:
         super().__init__(sessions, heartbeat=heartbeat, holding=holding)
+        # Each job's definition (its function and schedule) as this replica has it, and
+        # those not written yet: written when it starts and when one changes, never per
+        # slot (_sql/definitions.py: two definitions under one name in the fleet).
+        self._holder = holder
+        self._targets: dict[str, str] = {}
+        self._definitions: dict[str, str] = {}
+        self._undefined: set[str] = set()
         self._table = table
         self._retention = retention
         self._application_name = application_name
@@ -237,16 +252,37 @@ class LedgerUpkeep(Upkeep):
         self._prune_at = PRUNE_EVERY * random.uniform(0.2, 0.4)  # relative until started
 
     def note(
-        self, job: str, schedule: str, next_run: datetime | None, tags: Collection[str] = ()
+        self,
+        job: str,
+        schedule: str,
+        next_run: datetime | None,
+        tags: Collection[str] = (),
+        target: str | None = None,
     ) -> bool:
-        """Remember *job*'s schedule, next slot and tags; written if changed, batched. True
-        when *job* was never noted before."""
+        """Remember *job*'s schedule, next slot and tags, and its function (*target*,
+        ``module.qualname``: ``None``, as it was); written if changed, batched. True when
+        *job* was never noted before."""
+        if target is not None and self._targets.get(job) != target:
+            self._targets[job] = target
+            self._define(job, schedule)
         known = self._notes.get(job)
         if known == (schedule, next_run, tags):
             return False
+        if known is not None and known[0] != schedule:
+            self._define(job, schedule)
         self._notes[job] = (schedule, next_run, tags)
         self._dirty.add(job)
         return known is None
+
+    def _define(self, job: str, schedule: str) -> None:
+        """*job*'s definition, once its function is known: written if it changed."""
+        target = self._targets.get(job)
+        if target is None:
+            return
+        definition = f"{target} on {schedule}"
+        if self._definitions.get(job) != definition:
+            self._definitions[job] = definition
+            self._undefined.add(job)
 
     def note_delay(self) -> float:
         """The longest this replica takes to write a changed note: a flush waits until
@@ -286,6 +322,11 @@ class LedgerUpkeep(Upkeep):
         # not stop the others, a failing note must not stop pruning or the crash check.
         if self._late:
             await self._duty("late outcomes", self._write_late, session, conn, generation)
+        # Written at once, whatever runs: only at start and when a definition changes, and
+        # the fleet's conflict check (._fleetwatch) waits for them.
+        if self._undefined:
+            await self._duty("job definitions", self._write_definitions, session, conn,
+                             generation)  # fmt: skip
         # Notes wait while runs hold leases (a burst's claims and ends come first:
         # the schedules of thousands of jobs are a long statement), within reason.
         if self._dirty and self._dirty_at is None:
@@ -406,6 +447,26 @@ class LedgerUpkeep(Upkeep):
             self._dirty |= dirty
             raise
         self._noted_at = asyncio.get_running_loop().time()
+
+    async def _write_definitions(self, session: Channel, conn: Any, generation: int) -> None:
+        """Write the definitions changed since the last write, in one statement (kept for
+        the next try if that fails)."""
+        if not self._undefined:
+            return
+        undefined, self._undefined = self._undefined, set()
+        names = sorted(undefined)
+        definitions = [self._definitions[name] for name in names]
+        try:
+            await session.run(
+                conn,
+                generation,
+                lambda c: c.execute(define_sql(self._table), self._holder, names, definitions),
+                what="writing job definitions",
+                keep_on_server_error=True,
+            )
+        except BaseException:
+            self._undefined |= undefined
+            raise
 
     async def _prune_batch(self, session: Channel, conn: Any, generation: int) -> int:
         table = self._table

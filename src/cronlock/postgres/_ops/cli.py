@@ -198,7 +198,10 @@ async def _control(conn: Any, table: LedgerTable, verb: str, job: str, *, force:
 
 
 _FAILS_CHECK: frozenset[Status] = frozenset({"overdue", "absent", "rejected"})
-"""The states ``status --check`` fails on (absent unless ``--allow-absent``)."""
+"""The states ``status --check`` fails on (absent unless ``--allow-absent``). Not
+conflict: a rolling deploy that changes a job shows it while old and new replicas
+overlap (the alert ``CronlockJobConflict`` fires once it lasts); a job in conflict fails
+the check when it would fail it without the conflict (it is overdue, say)."""
 
 
 async def _retire(conn: Any, table: LedgerTable, job: str, *, force: bool) -> int:
@@ -234,7 +237,12 @@ async def _status(
     judged = [(job, _judge(job, now, paused=job.name in paused)) for job in jobs]
     # --check judges every job asked for, whatever --state shows: its meaning stays one rule.
     failing = _FAILS_CHECK - ({"absent"} if allow_absent else set())
-    bad = [(job.name, state) for job, state in judged if state in failing]
+    # A job in conflict (not paused: that comes first) is judged as it would be without.
+    beneath = [
+        (job, _judge(replace(job, conflict=False), now, paused=False) if s == "conflict" else s)
+        for job, s in judged
+    ]
+    bad = [(job.name, state) for job, state in beneath if state in failing]
     shown = [(job, state) for job, state in judged if not states or state in states]
     filtered = ""
     if states:

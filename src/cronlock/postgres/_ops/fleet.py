@@ -15,6 +15,7 @@ from ..._keys import job_lock_key, keyed_lock_key, ledger_lock_key
 from ..._records import RunRecord
 from .._locker.keys import SECRET_NAME
 from .._sql.control import paused_sql
+from .._sql.definitions import conflicted_sql
 from .._sql.fleet import (
     ABSENT_AFTER,
     HOLDERS_SQL,
@@ -47,6 +48,7 @@ __all__ = (
     "held_locks",
     "job_status",
     "overdue_slot",
+    "read_conflicts",
     "read_holders",
     "read_jobs",
     "read_paused",
@@ -100,6 +102,8 @@ class FleetJob:
     """The slot its replicas said it is due by: its first slot after its latest success."""
     tags: tuple[str, ...] = ()
     """Its tags as its replicas noted them, sorted (empty: none, or an older cronlock's note)."""
+    conflict: bool = False
+    """Whether live replicas gave it different definitions (:func:`read_conflicts`)."""
 
     def overdue_since(self, now: datetime) -> datetime | None:
         """The late slot when the job is overdue at *now* (server time), else ``None``.
@@ -149,6 +153,7 @@ def job_status(job: FleetJob, now: datetime, *, paused: bool) -> Status:
         last_outcome=None if last is None else last.outcome,
         held=bool(job.holders),
         absent=job.absent(now),
+        conflict=job.conflict,
     )
 
 
@@ -313,14 +318,17 @@ async def read_jobs(
     only: Sequence[str] | None = None,
     *,
     holders: Mapping[str, tuple[LockHolder, ...]] | None = None,
+    conflicts: frozenset[str] | None = None,
 ) -> list[FleetJob]:
     """Every job the ledger knows (a replica noted its schedule or claimed a slot of it),
     in name order; with *only*, those of them that exist, in the order given.
 
-    A bounded number of statements, however many jobs: one for the jobs, two to five for
-    the lock holders, one per :data:`READ_BATCH` jobs for their latest runs (three index
-    probes a job on the primary key). With *only*, the jobs read are those only; with
-    *holders* (:func:`read_holders` of them, read already), the lock holders are not read.
+    A bounded number of statements, however many jobs: one for the jobs, two for their
+    conflicts (:func:`read_conflicts`), two to five for the lock holders, one per
+    :data:`READ_BATCH` jobs for their latest runs (three index probes a job on the primary
+    key). With *only*, the jobs read are those only; with *holders* (:func:`read_holders` of
+    them, read already), the lock holders are not read; with *conflicts*
+    (:func:`read_conflicts`, read already), nor are the jobs in conflict.
     """
     if only is None:
         rows = await conn.fetch(jobs_sql(table))
@@ -328,6 +336,8 @@ async def read_jobs(
         known = {row["job"]: row for row in await conn.fetch(named_jobs_sql(table), list(only))}
         rows = [known[name] for name in dict.fromkeys(only) if name in known]
     names = [row["job"] for row in rows]
+    if conflicts is None:
+        conflicts = await read_conflicts(conn, table, None if only is None else names)
     if holders is None:
         holders = await read_holders(conn, names, table)
     latest: dict[tuple[str, str], RunRecord | None] = {}
@@ -354,6 +364,7 @@ async def read_jobs(
                 grace=row["grace"],
                 due=row["due"],
                 tags=tuple(row["tags"] or ()),
+                conflict=name in conflicts,
             )
         )
     return jobs
@@ -377,6 +388,25 @@ async def server_now(conn: Any) -> datetime:
     """The database server's clock: the fleet's shared time, which overdue is judged by."""
     now: datetime = await conn.fetchval(SERVER_CLOCK_SQL)
     return now
+
+
+async def read_conflicts(
+    conn: Any, table: LedgerTable, only: Sequence[str] | None = None
+) -> frozenset[str]:
+    """The jobs (of *only*, when given) to which live replicas of the ledger give different
+    definitions, another function or schedule (``_sql/definitions.py``): two services on
+    one ledger, or a rolling deploy that changed the job, while old and new replicas
+    overlap. Two statements (whether the tables exist: an older ledger has none)."""
+    if only is not None and not only:
+        return frozenset()
+    members, definitions = await conn.fetchrow(TABLES_EXIST_SQL, table.members, table.definitions)
+    if not (members and definitions):
+        return frozenset()
+    if only is None:
+        rows = await conn.fetch(conflicted_sql(table))
+    else:
+        rows = await conn.fetch(conflicted_sql(table, named=True), list(only))
+    return frozenset(row["job"] for row in rows)
 
 
 async def read_paused(conn: Any, table: LedgerTable) -> frozenset[str]:

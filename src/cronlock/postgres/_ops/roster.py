@@ -6,9 +6,10 @@ outcome of its latest finished run, the slot of its latest success). Two stateme
 whatever the number of jobs (``_sql/fleet.py``): ``roster_sql``, one probe of the runs'
 primary key a noted job, which settles most of them (those come back as names grouped by
 outcome), then ``asked_sql`` for the rest (a job that may be overdue, is running or is
-unreadable, and the jobs that have runs but no note); and the lock holders
-(:func:`._fleet.held_locks`). The runs of a page of jobs are then read in full by
-:func:`._fleet.read_jobs`, for those jobs only.
+unreadable, and the jobs that have runs but no note); the lock holders
+(:func:`._fleet.held_locks`); and the jobs in conflict (:func:`._fleet.read_conflicts`). The
+runs of a page of jobs are then read in full by :func:`._fleet.read_jobs`, for those jobs
+only.
 """
 
 from __future__ import annotations
@@ -20,7 +21,15 @@ from typing import Any
 
 from .._sql.fleet import asked_sql, roster_sql
 from .._sql.tables import LedgerTable
-from .fleet import LockHolder, Status, absent, held_locks, overdue_slot, status_of
+from .fleet import (
+    LockHolder,
+    Status,
+    absent,
+    held_locks,
+    overdue_slot,
+    read_conflicts,
+    status_of,
+)
 
 __all__ = ("Roster", "read_roster")
 
@@ -36,6 +45,8 @@ class Roster:
     """The jobs with every tag asked for (``None``: none was asked for)."""
     holders: dict[str, tuple[LockHolder, ...]]
     """Who holds the lock of each job held right now (:func:`._fleet.held_locks`)."""
+    conflicts: frozenset[str] = frozenset()
+    """The jobs live replicas define otherwise (:func:`._fleet.read_conflicts`)."""
 
 
 async def read_roster(
@@ -104,22 +115,40 @@ async def read_roster(
     for _, names in plain:
         everyone.extend(names)
     held = await held_locks(conn, everyone, table)
-    few = held.keys() | paused
+    conflicts = await read_conflicts(conn, table)
+    few = held.keys() | paused | conflicts
     statuses: dict[str, Status] = {}
     for outcome, names in plain:
         # Not overdue (see roster_sql): paused and held decide the rest, and they are the
         # same for all but a few of the names.
         statuses.update(dict.fromkeys(names, _judge(False, outcome, False, False)))
         for name in few.intersection(names):
-            statuses[name] = _judge(name in paused, outcome, False, name in held)
+            statuses[name] = _judge(
+                name in paused, outcome, False, name in held, conflict=name in conflicts
+            )
     for name, (grace, due, nxt, outcome, success) in facts.items():
         overdue = overdue_slot(grace, due, nxt, success, now) is not None
         gone = absent(nxt, now)
-        statuses[name] = _judge(name in paused, outcome, overdue, name in held, gone)
-    return Roster(statuses, None if not tags else frozenset(tagged), held)
+        statuses[name] = _judge(
+            name in paused, outcome, overdue, name in held, gone, conflict=name in conflicts
+        )
+    return Roster(statuses, None if not tags else frozenset(tagged), held, conflicts)
 
 
 def _judge(
-    paused: bool, outcome: str | None, overdue: bool, held: bool, gone: bool = False
+    paused: bool,
+    outcome: str | None,
+    overdue: bool,
+    held: bool,
+    gone: bool = False,
+    *,
+    conflict: bool = False,
 ) -> Status:
-    return status_of(paused=paused, overdue=overdue, last_outcome=outcome, held=held, absent=gone)
+    return status_of(
+        paused=paused,
+        overdue=overdue,
+        last_outcome=outcome,
+        held=held,
+        absent=gone,
+        conflict=conflict,
+    )

@@ -2,9 +2,10 @@
 read that tells a current ledger from a missing or older one.
 
 A ledger is one table of runs keyed by (job, slot) plus the tables derived from its name
-(:class:`.tables.LedgerTable`): job notes, fleet control, leases, members, secrets and
-stored schedules. Every statement here is idempotent, and an upgraded ledger still works
-for older replicas (new columns have defaults), so replicas can be upgraded one at a time.
+(:class:`.tables.LedgerTable`): job notes, fleet control, leases, members, secrets, stored
+schedules and the replicas' job definitions. Every statement here is idempotent, and an
+upgraded ledger still works for older replicas (new columns have defaults), so replicas can
+be upgraded one at a time.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ __all__ = (
     "TABLES_EXIST_SQL",
     "TABLE_EXISTS_SQL",
     "LedgerState",
+    "definitions_ddl",
     "drop_schema_sql",
     "first_seen_ddl",
     "first_seen_sql",
@@ -60,8 +62,8 @@ LEDGER_STATE_SQL = """
                                         WHERE to_regclass(t.name) IS NULL) END"""
 """``$1``, ``$2``: the quoted names of the runs and jobs tables, ``$3`` the columns a
 current ledger has in them that an old one lacks, ``$4`` the tables an older ledger lacks
-(control, leases, members, secrets, schedules). NULL when a table is missing, else whether
-it is current."""
+(control, leases, members, secrets, schedules, definitions). NULL when a table is missing,
+else whether it is current."""
 
 CURRENT_USER_SQL = "SELECT current_user"
 """No parameters: the role this session runs as (who an operator's change is recorded by)."""
@@ -187,8 +189,32 @@ def ledger_ddl(table: LedgerTable) -> list[str]:
                 value bytea NOT NULL, created_at timestamptz NOT NULL DEFAULT clock_timestamp())""",
         # Schedules the application adds at runtime (FleetControl.add_schedule).
         *schedules_ddl(table),
+        *definitions_ddl(table),
     ]
     return statements
+
+
+def definitions_ddl(table: LedgerTable) -> list[str]:
+    """The statements that create *table*'s definitions table (``<table>_definitions``,
+    :mod:`.definitions`) and its indexes, each idempotent: one row per replica (its
+    members' *holder*) and job, the job's definition (schedule and function) as that
+    replica has it, written when the replica starts and when the definition changes."""
+    definitions = table.definitions
+    return [
+        f"""CREATE TABLE IF NOT EXISTS {definitions} (
+            job        text        NOT NULL,
+            holder     text        NOT NULL,
+            definition text        NOT NULL,
+            noted_at   timestamptz NOT NULL DEFAULT clock_timestamp(),
+            PRIMARY KEY (job, holder)
+        )""",
+        # The replicas' reads of what changed lately (_sql/definitions.conflicts_sql), and
+        # a replica's rows (back from an outage; the cleanup of a gone one's).
+        f"""CREATE INDEX IF NOT EXISTS {table.index("_definitions_noted_idx")}
+                ON {definitions} (noted_at)""",
+        f"""CREATE INDEX IF NOT EXISTS {table.index("_definitions_holder_idx")}
+                ON {definitions} (holder)""",
+    ]
 
 
 def first_seen_ddl(table: LedgerTable) -> list[str]:
@@ -275,6 +301,9 @@ async def ledger_state(conn: Any, table: LedgerTable) -> LedgerState:
         table.runs,
         table.jobs,
         list(_ADDED_COLUMNS),
-        [table.control, table.leases, table.members, table.secrets, table.schedules],
+        [
+            *(table.control, table.leases, table.members, table.secrets, table.schedules),
+            table.definitions,
+        ],
     )
     return "missing" if current is None else "current" if current else "old"

@@ -1,7 +1,7 @@
 """Where a ledger lives: its tables' names, quoted and qualified, and its lock keys.
 
 A ledger is one table of runs keyed by (job, slot) plus tables derived from its name (job
-notes, control, leases, members, secrets, stored schedules). Every statement of the
+notes, control, leases, members, secrets, stored schedules, definitions). Every statement of the
 package is parameterized; the only text spliced into SQL is identifiers, always through
 :func:`quote_ident`. The statements are in the other modules of this folder, named for
 what they do: the schema and its migration in :mod:`.schema`, runs in :mod:`.runs`.
@@ -112,6 +112,13 @@ class LedgerTable:
     def secrets(self) -> str:
         """The secrets table (``<table>_secrets``: keys the fleet shares), quoted, qualified."""
         return self._qualified(_derived(self.table, "_secrets"))
+
+    @property
+    def definitions(self) -> str:
+        """The definitions table (``<table>_definitions``: each live replica's definition of
+        each of its jobs, to tell two definitions under one name, ``_sql/definitions.py``),
+        quoted and qualified."""
+        return self._qualified(_derived(self.table, "_definitions"))
 
     @property
     def schedules(self) -> str:

@@ -142,8 +142,11 @@ def heartbeat_sql(table: LedgerTable) -> str:
 
 
 def leave_sql(table: LedgerTable) -> str:
-    """``$1`` holder: this member leaves the fleet (its row is deleted)."""
-    return f"DELETE FROM {table.members} WHERE holder = $1"
+    """``$1`` holder: this member leaves the fleet (its row is deleted, and its job
+    definitions with it: see :mod:`.definitions`)."""
+    return f"""
+        WITH defined AS (DELETE FROM {table.definitions} WHERE holder = $1::text)
+        DELETE FROM {table.members} WHERE holder = $1::text"""
 
 
 def holders_sql(table: LedgerTable) -> str:
