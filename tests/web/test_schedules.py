@@ -4,15 +4,20 @@ by anyone else."""
 
 from __future__ import annotations
 
+import re
+
+import asyncpg
 import httpx
 import pytest
 from starlette.requests import Request
 
 import cronlock.web
 from cronlock import cron, every
-from cronlock.postgres import FleetControl, PostgresLocker
+from cronlock.postgres import FleetControl
+from cronlock.postgres._sql.stored import schedule_problem_sql
+from cronlock.postgres._sql.tables import LedgerTable
 
-from .seed import table_name
+from .seed import LIVE, live_member, table_name
 from .test_app import XSS, _csrf, client
 
 pytestmark = pytest.mark.postgres
@@ -27,8 +32,15 @@ async def ledger(pg_dsn: str) -> str:
             kwargs={"tenant": 42}, timeout=600,
         )  # fmt: skip
         await control.add_schedule(XSS, "send-report", every(60), kwargs={"x": XSS})
-    async with PostgresLocker(pg_dsn, table=table) as locker:  # a replica's problem with it
-        await locker.report_problem("report:42", 1, "no task 'send-report' on this replica")
+    conn = await asyncpg.connect(pg_dsn)
+    try:  # the one live replica's problem with it, and that of a process gone since
+        ledger = LedgerTable(table)
+        await live_member(conn, ledger)
+        problem = schedule_problem_sql(ledger)
+        await conn.execute(problem, "report:42", 1, "no task 'send-report' on this replica", LIVE)
+        await conn.execute(problem, "report:42", 1, "no task 'send-report' (gone)", "gone:1")
+    finally:
+        await conn.close()
     return table
 
 
@@ -51,6 +63,15 @@ async def test_the_list_shows_schedules_and_problems_read_only(pg_dsn: str, ledg
     assert 'data-schedule="report:42"' in text
     assert "cron &#39;0 8 * * *&#39; in America/New_York" in text
     assert "no task &#39;send-report&#39; on this replica" in text  # the replica's problem
+    assert "(gone)" not in text and "gone:1" not in text  # a reporter that exited is not shown
+    # Its one live replica rejected it: no replica runs it (rejected everywhere).
+    rows = {
+        name: kind
+        for kind, name in re.findall(r'<tr class="([^"]*)" data-schedule="([^"]*)"', text)
+    }
+    assert "status-rejected" in rows["report:42"], rows
+    assert [kind for name, kind in rows.items() if name != "report:42"] == ["schedule"]
+    assert ">rejected</span>" in text
     assert "timeout=600.0" in text
     assert XSS not in text and "&lt;script&gt;" in text  # text, never markup
     assert "update-schedule" not in text and 'name="csrf"' not in text  # read-only: no forms

@@ -364,13 +364,16 @@ class FleetView:
     per job, the latest finished run and the latest success of any replica, or ``None``
     when this read did not include them (they are read less often). *first_seen*: per
     job, when a replica first noted it in the ledger (jobs not noted yet are left out),
-    ``None`` when this read did not include it (read with *runs*).
+    ``None`` when this read did not include it (read with *runs*). *rejected*: the stored
+    schedules of the ledger that every live replica rejected (no replica runs them),
+    ``None`` when this read did not include them (read with *runs*).
     """
 
     paused: frozenset[str] = frozenset()
     triggers: Mapping[str, datetime] = dataclasses.field(default_factory=dict)
     runs: Mapping[str, tuple[RunRecord | None, RunRecord | None]] | None = None
     first_seen: Mapping[str, datetime] | None = None
+    rejected: frozenset[str] | None = None
 
 
 FleetCallback = Callable[[FleetView], None]

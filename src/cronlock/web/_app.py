@@ -168,7 +168,12 @@ class _Dashboard:
             roster = await read_roster(reads, self.table, paused, now, tags=wanted.tags)
             chosen = select(roster, wanted)
             fleet = await read_jobs(
-                reads, self.table, chosen.names, holders=roster.holders, alive=roster.alive
+                reads,
+                self.table,
+                chosen.names,
+                holders=roster.holders,
+                alive=roster.alive,
+                rejected=roster.rejected,
             )
         return listing(chosen, fleet, paused, now, wanted), now
 

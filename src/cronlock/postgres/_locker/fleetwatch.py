@@ -2,8 +2,9 @@
 
 Every :data:`POLL_EVERY` seconds one statement reads the pauses and the triggered runs of
 the jobs this locker's schedulers run (a trigger is taken by exactly one replica, in that
-statement), and every :data:`RUNS_EVERY` seconds (times the fleet's spread) the fleet's
-latest runs of them; each read goes to the schedulers as a :class:`cronlock.FleetView`.
+statement), and every :data:`RUNS_EVERY` seconds the fleet's latest runs of them and the
+stored schedules every live replica rejected (one statement each); each read goes to the
+schedulers as a :class:`cronlock.FleetView`.
 The operators' side writes what is read here (:mod:`.._ops.control`).
 """
 
@@ -26,6 +27,7 @@ from .._conn import Channel
 from .._sql.control import poll_sql
 from .._sql.runs import decode_run, last_runs_many_sql, report_odd
 from .._sql.schema import first_seen_sql
+from .._sql.stored import rejected_sql
 from .._sql.tables import LedgerTable
 
 __all__ = ("POLL_EVERY", "RUNS_EVERY", "TRIGGER_EXPIRES", "FleetWatch")
@@ -47,7 +49,8 @@ class FleetWatch(Service):
     Every :data:`POLL_EVERY` seconds it reads the control table (pauses, pending triggers:
     one small statement), and every :data:`RUNS_EVERY` seconds the latest run and success of
     every watched job (one statement for all of them, two index probes a job; and, while
-    some have none known yet, their first-seen instants, one more); it hands
+    some have none known yet, their first-seen instants, one more) and the names of the
+    stored schedules rejected everywhere (one more, for ``cronlock_schedule_rejected``); it hands
     each read to the callbacks as a :class:`~cronlock.FleetView`. It reads on the locker's
     lock *sessions*.
     """
@@ -66,6 +69,7 @@ class FleetWatch(Service):
         self._poll_sql = poll_sql(table)
         self._runs_sql = last_runs_many_sql(table, ("last", "ok"))
         self._first_seen_sql = first_seen_sql(table)
+        self._rejected_sql = rejected_sql(table)
         # Each job's first-seen instant never changes once noted: read once a job.
         self._first_seen: dict[str, datetime] = {}
         self._runs, self._control = table.runs, table.control
@@ -144,6 +148,7 @@ class FleetWatch(Service):
                 report_odd(self._control, row["job"], f"trigger_slot={row['odd']}")
         runs: dict[str, tuple[RunRecord | None, RunRecord | None]] | None = None
         first_seen: dict[str, datetime] | None = None
+        rejected: frozenset[str] | None = None
         # Not spread out: every replica's gauges (overdue, last success) must stay right,
         # standing by or not, and this read is one statement every RUNS_EVERY seconds.
         if now - self._runs_at >= RUNS_EVERY:
@@ -161,4 +166,8 @@ class FleetWatch(Service):
                 noted = await self._read(lambda c: c.fetch(self._first_seen_sql, unknown))
                 seen.update((row["job"], row["first_seen"]) for row in noted)
             first_seen = {name: seen[name] for name in names if name in seen}
-        return FleetView(paused=paused, triggers=triggers, runs=runs, first_seen=first_seen)
+            found = await self._read(lambda c: c.fetch(self._rejected_sql))
+            rejected = frozenset(row["name"] for row in found)
+        return FleetView(
+            paused=paused, triggers=triggers, runs=runs, first_seen=first_seen, rejected=rejected
+        )

@@ -39,6 +39,7 @@ from .._sql.fleet import jobs_sql
 from .._sql.runs import decode_run
 from .._sql.schema import migrate
 from .._sql.tables import DEFAULT_TABLE, LedgerTable
+from .rejected import refuse_rejected
 from .stored import ScheduleVerbs
 
 __all__ = (
@@ -219,8 +220,16 @@ class FleetControl(ScheduleVerbs):
     async def trigger(self, job: str, *, force: bool = False) -> Triggered:
         """Run *job* once, now, on exactly one replica (within about a second); return the
         :class:`Triggered` run, whose :meth:`~Triggered.wait` gives its outcome. The run's
-        ledger row is marked ``manual``."""
-        name = await self._known(job, "trigger", force)
+        ledger row is marked ``manual``.
+
+        A stored schedule that every live replica rejected (none has its task, or its
+        kwargs fit nowhere: status ``rejected``) is refused with
+        :class:`~cronlock.ScheduleRejectedError`, naming its revision and the problem,
+        unless *force*: no replica would run it."""
+        name = _job_name(job, "trigger")
+        if not force:
+            await self._call(lambda c: refuse_rejected(c, self._table, name))
+        name = await self._known(name, "trigger", force)
         slot = await self._call(lambda c: c.fetchval(trigger_sql(self._table), name, self._who))
         return Triggered(self, name, slot)
 

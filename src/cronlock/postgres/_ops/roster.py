@@ -7,8 +7,9 @@ whatever the number of jobs (``_sql/fleet.py``): ``roster_sql``, one probe of th
 primary key a noted job, which settles most of them (those come back as names grouped by
 outcome), then ``asked_sql`` for the rest (a job that may be overdue, is running or is
 unreadable, and the jobs that have runs but no note); and the lock holders
-(:func:`._fleet.held_locks`). The runs of a page of jobs are then read in full by
-:func:`._fleet.read_jobs`, for those jobs only.
+(:func:`._fleet.held_locks`); and the stored schedules every live replica rejected
+(:func:`.rejected.read_rejected`, one statement). The runs of a page of jobs are then
+read in full by :func:`._fleet.read_jobs`, for those jobs only.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Any
 from .._sql.fleet import asked_sql, roster_sql
 from .._sql.tables import LedgerTable
 from .fleet import LockHolder, Status, absent, fleet_alive, held_locks, overdue_slot, status_of
+from .rejected import read_rejected
 
 __all__ = ("Roster", "read_roster")
 
@@ -38,6 +40,8 @@ class Roster:
     """Who holds the lock of each job held right now (:func:`._fleet.held_locks`)."""
     alive: bool = True
     """Whether any replica of the ledger is alive (:func:`._fleet.fleet_alive`)."""
+    rejected: frozenset[str] = frozenset()
+    """The stored schedules every live replica rejected (:func:`.rejected.read_rejected`)."""
 
 
 async def read_roster(
@@ -128,7 +132,13 @@ async def read_roster(
         overdue = overdue_slot(grace, due, nxt, success, now) is not None
         gone = absent(nxt, now, alive=alive)
         statuses[name] = _judge(name in paused, outcome, overdue, name in held, gone)
-    return Roster(statuses, None if not tags else frozenset(tagged), held, alive)
+    # Rejected everywhere: no replica runs it, whatever its runs say (noted or not).
+    rejected = frozenset(await read_rejected(conn, table))
+    for name in rejected:
+        statuses[name] = status_of(
+            paused=name in paused, overdue=False, last_outcome=None, held=False, rejected=True
+        )
+    return Roster(statuses, None if not tags else frozenset(tagged), held, alive, rejected)
 
 
 def _judge(
