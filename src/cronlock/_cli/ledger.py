@@ -96,7 +96,10 @@ def add_pg_parsers(verbs: Any) -> None:
         common(control)
         control.add_argument("job", metavar="JOB", help="the job's name")
         control.add_argument(
-            "--force", action="store_true", help="even if the ledger does not know the job yet"
+            "--force",
+            action="store_true",
+            help="even if the ledger does not know the job yet"
+            + (" or no replica can run it (rejected everywhere)" if verb == "trigger" else ""),
         )
 
     _add_schedules_parser(verbs, common)
