@@ -126,3 +126,26 @@ async def test_a_refused_change_is_a_403_and_changes_nothing(
             refused: httpx.Response = await c.post(f"/actions/{verb}", data=form, headers=headers)
             assert refused.status_code == 403, (verb, refused.text)
     assert set(await _stored(pg_dsn, ledger)) == {"report:42", XSS}
+
+
+@pytest.mark.parametrize("noted", [True, False])
+async def test_a_schedule_every_live_replica_rejected_is_rejected_on_every_page(
+    pg_dsn: str, ledger: str, noted: bool
+) -> None:
+    if not noted:  # no note of it in the ledger: listed all the same
+        conn = await asyncpg.connect(pg_dsn)
+        try:
+            await conn.execute(f"DELETE FROM {LedgerTable(ledger).jobs} WHERE job = 'report:42'")
+        finally:
+            await conn.close()
+    async with client(cronlock.web.app(pg_dsn, table=ledger)) as c:
+        listed = (await c.get("/api/jobs")).json()
+        chosen = (await c.get("/api/jobs", params={"status": "rejected"})).json()
+        page = await c.get("/jobs/report:42")
+        front = (await c.get("/")).text
+    assert listed["summary"]["rejected"] == 1, listed["summary"]
+    assert listed["jobs"][0]["name"] == "report:42"  # shown first
+    assert listed["jobs"][0]["status"] == "rejected"
+    assert [job["name"] for job in chosen["jobs"]] == ["report:42"]
+    assert page.status_code == 200 and "rejected" in page.text
+    assert 'data-job="report:42"' in front
