@@ -27,6 +27,7 @@ if _TYPE_CHECKING:
     from ._errors import LockUnavailable as LockUnavailable
     from ._errors import PoolerDetected as PoolerDetected
     from ._errors import ScheduleError as ScheduleError
+    from ._errors import ScheduleRejectedError as ScheduleRejectedError
     from ._errors import SchedulerStateError as SchedulerStateError
     from ._errors import ServerError as ServerError
     from ._errors import SessionLost as SessionLost
@@ -117,6 +118,7 @@ _WHERE = {
     "StatementTimeout": "._errors",
     "SessionLost": "._errors",
     "ScheduleError": "._errors",
+    "ScheduleRejectedError": "._errors",
     "SchedulerStateError": "._errors",
     "Event": "._events",
     "JobCancelled": "._events",
@@ -244,6 +246,7 @@ __all__ = (
     "ScheduleError",
     "ScheduleNotingLocker",
     "ScheduleRejected",
+    "ScheduleRejectedError",
     "ScheduleStore",
     "Scheduler",
     "SchedulerStarted",

@@ -34,6 +34,13 @@ class SchedulerStateError(CronlockError, RuntimeError):
     """The scheduler is in the wrong state for the call (started twice, not running, ...)."""
 
 
+class ScheduleRejectedError(CronlockError, RuntimeError):
+    """A stored schedule every live replica rejected (no replica has its task, or its kwargs
+    fit nowhere), so no replica can run it: raised by
+    ``FleetControl.trigger`` unless ``force=True``. The message names the schedule, its
+    revision and the replicas' problem."""
+
+
 class LockError(CronlockError, RuntimeError):
     """A locking backend failed: connection refused or lost, pool exhausted, server error."""
 

@@ -49,6 +49,15 @@ _LIVE_FILE = re.compile(r"gauge_live[a-z]+_(\d+)\.db")
 _logger = logging.getLogger("cronlock.prometheus")
 
 
+def _label(family: str) -> str | None:
+    """The one label of gauge *family*'s series: the job's, the stored schedule's, or none."""
+    if family.startswith("cronlock_job_"):
+        return "cronlock_job"
+    if family.startswith("cronlock_schedule_"):
+        return "schedule"
+    return None
+
+
 def multiprocess_dir() -> str | None:
     """The multiprocess directory when prometheus_client runs in that mode, else ``None``.
 
@@ -117,18 +126,21 @@ class Mirror:
                 mode: Literal["livemin", "livemax"] = (
                     "livemin" if family.name in _EARLIEST else "livemax"
                 )
+                label = _label(family.name)
                 gauge = Gauge(
                     family.name,
                     family.documentation,
-                    ["cronlock_job"] if family.name.startswith("cronlock_job_") else [],
+                    [label] if label else [],
                     multiprocess_mode=mode,
                     registry=None,
                 )
                 self._registry.register(gauge)
                 self._gauges[family.name] = gauge
+            label = _label(family.name)
             for sample in family.samples:
-                seen.add((family.name, sample.labels.get("cronlock_job", "")))
-                self._write(family.name, sample.labels.get("cronlock_job", ""), sample.value)
+                value = sample.labels.get(label, "") if label else ""
+                seen.add((family.name, value))
+                self._write(family.name, value, sample.value)
         for name, job in [key for key in self._written if key not in seen]:
             self._write(name, job, math.inf if name in _EARLIEST else 0.0)
 

@@ -536,6 +536,14 @@ class Scheduler:
         unknown name raises :class:`~cronlock.JobLookupError`."""
         return self._fleet.in_conflict(job_named(self._jobs, job))
 
+    def rejected_schedules(self) -> frozenset[str]:
+        """The stored schedules (``FleetControl.add_schedule``) of this scheduler's ledger
+        that every live replica rejected: no replica has the task, or the kwargs fit it
+        nowhere, so none runs them (status ``rejected``). As of its locker's last read,
+        every 15 s or so (one statement); empty without a run ledger, and before the first
+        read. What the gauge ``cronlock_schedule_rejected`` reports."""
+        return self._fleet.rejected()
+
     # -- lifecycle -------------------------------------------------------------------------
 
     async def start(self) -> None:
@@ -601,6 +609,8 @@ class Scheduler:
         store = self._locker
         if not self._tasks or not isinstance(store, ScheduleStore):
             return
+        # The fleet's reads, with no job of our own too: rejected everywhere is read there.
+        self._wire(True, None)
         if self._stored is None:
             self._stored = StoredSync(
                 self, self._tasks, store, self._clock, self._bus, self._sync_every

@@ -31,8 +31,13 @@ every scraped series: the scrape job, the target):
   when it returned: :class:`~cronlock.RunOverran`), ``cronlock_slots_ran_twice_total``
   (slots this replica ran that another replica ran too after a failover:
   :class:`~cronlock.SlotRanTwice`), ``cronlock_schedules_rejected_total{schedule}``
-  (stored schedules this replica could not register: :class:`~cronlock.ScheduleRejected`;
-  no ``cronlock_job`` label),
+  (revisions of stored schedules this replica could not register, once a revision and
+  reason: :class:`~cronlock.ScheduleRejected`; a label ``schedule``, no ``cronlock_job``:
+  the schedule is no job here),
+- ``cronlock_schedule_rejected{schedule}`` (1 for each stored schedule of the ledger that
+  every live replica rejected, so that no replica runs it: status ``rejected``, see
+  :meth:`cronlock.Scheduler.rejected_schedules`; every replica reports the fleet's, read
+  every 15 seconds in one statement; a schedule no longer rejected has no series),
 - ``cronlock_run_duration_seconds``, ``cronlock_start_lateness_seconds`` (histograms),
   ``cronlock_leader`` (0/1, when the scheduler has an elector that can tell without a round
   trip, as :class:`cronlock.postgres.PostgresElector` can; no ``cronlock_job`` label).
@@ -294,6 +299,14 @@ class _StateCollector(Collector):
             if since is not None and job.next_run is not None and not stopped:
                 quiet.add_metric([name], since.timestamp())
         yield from (success, last, nxt, overdue, paused, quiet, conflict)
+        rejected = GaugeMetricFamily(
+            "cronlock_schedule_rejected",
+            "1 for each stored schedule every live replica rejected (no replica runs it)",
+            labels=["schedule"],
+        )
+        for name in sorted(scheduler.rejected_schedules()):
+            rejected.add_metric([name], 1.0)
+        yield rejected
         elector = scheduler._elector
         if elector is not None and isinstance(elector, _KnowsLeadership):
             leader = GaugeMetricFamily("cronlock_leader", "1 while this replica leads")

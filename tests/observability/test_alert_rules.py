@@ -39,6 +39,7 @@ def test_the_rules_are_well_formed() -> None:
         "CronlockLockErrors",
         "CronlockJobAbsent",
         "CronlockJobConflict",
+        "CronlockScheduleRejected",
     ]
     for rule in found:
         assert set(rule) <= {"alert", "expr", "for", "labels", "annotations"}, rule
@@ -61,6 +62,7 @@ async def test_the_rules_use_only_metrics_cronlock_exports() -> None:
     used = {m for r in rules() for m in re.findall(r"cronlock_[a-z_]+", r["expr"])}
     assert "cronlock_job" in used  # the label the rules group by, never Prometheus's job
     used.discard("cronlock_job")
+    assert "cronlock_schedule_rejected" in names  # exported (no series without a ledger)
     assert used
     assert used <= names, used - names
 

@@ -5,7 +5,8 @@ Added, changed and removed schedules are picked up within the bound (the default
 every 2 s), each slot runs once in the fleet with its kwargs, a changed schedule runs its
 new slots only, a removed one falls silent; a replica without the task rejects it and
 the others run it; a schedule whose kwargs do not fit runs nowhere and says so in
-``schedules list``; one whose task no replica has is overdue in ``status --check``.
+``schedules list``; one whose task no replica has fails ``status --check`` (rejected
+everywhere once every replica is a live member, overdue before).
 """
 
 from __future__ import annotations

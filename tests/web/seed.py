@@ -93,12 +93,17 @@ async def seed(
     return ledger
 
 
+LIVE = "seed:live"
+"""The holder of the replica :func:`live_member` writes."""
+
+
 async def live_member(conn: Any, ledger: LedgerTable, hours: float = 1.0) -> None:
     """A replica of *ledger* alive for *hours*, as its heartbeat writes it."""
     await conn.execute(
         f"INSERT INTO {ledger.members} (holder, fleet, expires_at) "
-        "VALUES ('seed:live', 'seed', now() + $1::float8 * interval '1 hour')",
+        "VALUES ($2, 'seed', now() + $1::float8 * interval '1 hour')",
         hours,
+        LIVE,
     )
 
 

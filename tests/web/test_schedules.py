@@ -4,15 +4,20 @@ by anyone else."""
 
 from __future__ import annotations
 
+import re
+
+import asyncpg
 import httpx
 import pytest
 from starlette.requests import Request
 
 import cronlock.web
 from cronlock import cron, every
-from cronlock.postgres import FleetControl, PostgresLocker
+from cronlock.postgres import FleetControl
+from cronlock.postgres._sql.stored import schedule_problem_sql
+from cronlock.postgres._sql.tables import LedgerTable
 
-from .seed import table_name
+from .seed import LIVE, live_member, table_name
 from .test_app import XSS, _csrf, client
 
 pytestmark = pytest.mark.postgres
@@ -27,8 +32,15 @@ async def ledger(pg_dsn: str) -> str:
             kwargs={"tenant": 42}, timeout=600,
         )  # fmt: skip
         await control.add_schedule(XSS, "send-report", every(60), kwargs={"x": XSS})
-    async with PostgresLocker(pg_dsn, table=table) as locker:  # a replica's problem with it
-        await locker.report_problem("report:42", 1, "no task 'send-report' on this replica")
+    conn = await asyncpg.connect(pg_dsn)
+    try:  # the one live replica's problem with it, and that of a process gone since
+        ledger = LedgerTable(table)
+        await live_member(conn, ledger)
+        problem = schedule_problem_sql(ledger)
+        await conn.execute(problem, "report:42", 1, "no task 'send-report' on this replica", LIVE)
+        await conn.execute(problem, "report:42", 1, "no task 'send-report' (gone)", "gone:1")
+    finally:
+        await conn.close()
     return table
 
 
@@ -51,6 +63,15 @@ async def test_the_list_shows_schedules_and_problems_read_only(pg_dsn: str, ledg
     assert 'data-schedule="report:42"' in text
     assert "cron &#39;0 8 * * *&#39; in America/New_York" in text
     assert "no task &#39;send-report&#39; on this replica" in text  # the replica's problem
+    assert "(gone)" not in text and "gone:1" not in text  # a reporter that exited is not shown
+    # Its one live replica rejected it: no replica runs it (rejected everywhere).
+    rows = {
+        name: kind
+        for kind, name in re.findall(r'<tr class="([^"]*)" data-schedule="([^"]*)"', text)
+    }
+    assert "status-rejected" in rows["report:42"], rows
+    assert [kind for name, kind in rows.items() if name != "report:42"] == ["schedule"]
+    assert ">rejected</span>" in text
     assert "timeout=600.0" in text
     assert XSS not in text and "&lt;script&gt;" in text  # text, never markup
     assert "update-schedule" not in text and 'name="csrf"' not in text  # read-only: no forms
@@ -105,3 +126,26 @@ async def test_a_refused_change_is_a_403_and_changes_nothing(
             refused: httpx.Response = await c.post(f"/actions/{verb}", data=form, headers=headers)
             assert refused.status_code == 403, (verb, refused.text)
     assert set(await _stored(pg_dsn, ledger)) == {"report:42", XSS}
+
+
+@pytest.mark.parametrize("noted", [True, False])
+async def test_a_schedule_every_live_replica_rejected_is_rejected_on_every_page(
+    pg_dsn: str, ledger: str, noted: bool
+) -> None:
+    if not noted:  # no note of it in the ledger: listed all the same
+        conn = await asyncpg.connect(pg_dsn)
+        try:
+            await conn.execute(f"DELETE FROM {LedgerTable(ledger).jobs} WHERE job = 'report:42'")
+        finally:
+            await conn.close()
+    async with client(cronlock.web.app(pg_dsn, table=ledger)) as c:
+        listed = (await c.get("/api/jobs")).json()
+        chosen = (await c.get("/api/jobs", params={"status": "rejected"})).json()
+        page = await c.get("/jobs/report:42")
+        front = (await c.get("/")).text
+    assert listed["summary"]["rejected"] == 1, listed["summary"]
+    assert listed["jobs"][0]["name"] == "report:42"  # shown first
+    assert listed["jobs"][0]["status"] == "rejected"
+    assert [job["name"] for job in chosen["jobs"]] == ["report:42"]
+    assert page.status_code == 200 and "rejected" in page.text
+    assert 'data-job="report:42"' in front

@@ -100,7 +100,8 @@ def add_pg_parsers(verbs: Any) -> None:
             "--force",
             action="store_true",
             help="retire: even if a live replica still runs the job; the others: even if "
-            "the ledger does not know the job yet",
+            "the ledger does not know the job yet"
+            + (" or no replica can run it (rejected everywhere)" if verb == "trigger" else ""),
         )
 
     _add_schedules_parser(verbs, common)

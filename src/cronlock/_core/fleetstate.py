@@ -7,7 +7,8 @@ metrics; the locker itself refuses their claims) and those in conflict (other li
 define them otherwise: for metrics), starts the runs triggered fleet-wide (each one is
 a slot claimed like any other, so one replica runs it), and copies the fleet's latest run
 and success into each job, so that every replica, even one that never ran the job,
-reports the fleet's last success, and keeps each job's first-seen instant in the ledger.
+reports the fleet's last success, and keeps each job's first-seen instant in the ledger
+and the stored schedules every live replica rejected (for metrics: no replica runs them).
 The overdue rule and the "without success since" rule are written once here. (The time
 the fleet shares, the database server's clock, is another module's: ``_fleetclock``.)
 """
@@ -49,6 +50,7 @@ class FleetState:
         "_jobs",
         "_loop",
         "_paused",
+        "_rejected",
         "_since",
         "_started",
         "_watched",
@@ -67,6 +69,7 @@ class FleetState:
         self._paused: dict[int, frozenset[str]] = {}
         # Per locker: its jobs that other live replicas of its ledger define otherwise.
         self._conflicts: dict[int, frozenset[str]] = {}
+        self._rejected: dict[int, frozenset[str]] = {}  # per locker, as it last read them
         self._started: dict[int, dict[tuple[str, datetime], None]] = {}
         self._since: datetime | None = None
         # Per job of a locker with a ledger: when a replica first noted it there (so a job
@@ -116,6 +119,12 @@ class FleetState:
         fleet = job._wiring.fleet
         return fleet is not None and job.name in self._conflicts.get(id(fleet), ())
 
+    def rejected(self) -> frozenset[str]:
+        """The stored schedules every live replica of a ledger rejected, as each locker
+        last read them (see :meth:`cronlock.Scheduler.rejected_schedules`)."""
+        found = self._rejected.values()
+        return next(iter(found)) if len(found) == 1 else frozenset().union(*found)
+
     def _mine(self, key: int) -> list[Job]:
         return [job for job in self._jobs.values() if id(job._wiring.fleet) == key]
 
@@ -157,6 +166,8 @@ class FleetState:
         self._paused[key] = view.paused
         if view.conflicts is not None:
             self._conflicts[key] = frozenset(view.conflicts)
+        if view.rejected is not None:
+            self._rejected[key] = view.rejected
         if view.runs is not None:
             for name, (last, success) in view.runs.items():
                 job = self._jobs.get(name)

@@ -367,7 +367,9 @@ class FleetView:
     ``None`` when this read did not include it (read with *runs*). *conflicts*: per job
     that other live replicas of the ledger define otherwise (another function or
     schedule under its name), those replicas; jobs without are left out; ``None`` when
-    this read did not include them (read with *runs*).
+    this read did not include them (read with *runs*). *rejected*: the stored schedules of
+    the ledger that every live replica rejected (no replica runs them), ``None`` when this
+    read did not include them (read with *runs*).
     """
 
     paused: frozenset[str] = frozenset()
@@ -375,6 +377,7 @@ class FleetView:
     runs: Mapping[str, tuple[RunRecord | None, RunRecord | None]] | None = None
     first_seen: Mapping[str, datetime] | None = None
     conflicts: Mapping[str, frozenset[str]] | None = None
+    rejected: frozenset[str] | None = None
 
 
 FleetCallback = Callable[[FleetView], None]

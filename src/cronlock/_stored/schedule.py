@@ -27,9 +27,12 @@ class StoredSchedule:
     *kwargs* the keyword arguments each run is given, *options* the job options stored
     with it (``timeout``, ``overlap``, ``jitter``, ``misfire_grace``, ``start_at``,
     ``stop_at``, ``tags``, ``recover``, ``alert_after``). *revision* grows with every change
-    to the store; *paused* is the job's fleet-wide pause. *problems* maps each replica
-    (``host:pid``) that could not register this revision to why (no such task there, kwargs
-    that do not fit the task); :attr:`problem` says it in one line.
+    to the store; *paused* is the job's fleet-wide pause. *problems* maps each live replica
+    (its holder, as the ledger's members table names it) that could not register this
+    revision to why (no such task there, kwargs that do not fit the task); a replica that
+    exited is left out. :attr:`problem` says it in one line. *rejected* is true when every
+    live replica of the ledger gave a problem with this revision: no replica runs it
+    (status ``rejected``).
     """
 
     name: str
@@ -41,6 +44,7 @@ class StoredSchedule:
     paused: bool = False
     updated_at: datetime | None = None
     problems: Mapping[str, str] = field(default_factory=dict)
+    rejected: bool = False
 
     @property
     def problem(self) -> str | None:

@@ -175,6 +175,7 @@ class _Dashboard:
                 chosen.names,
                 holders=roster.holders,
                 conflicts=roster.conflicts,
+                rejected=roster.rejected,
             )
         return listing(chosen, fleet, paused, now, wanted), now
 

@@ -3,8 +3,9 @@
 Every :data:`POLL_EVERY` seconds one statement reads the pauses and the triggered runs of
 the jobs this locker's schedulers run (a trigger is taken by exactly one replica, in that
 statement), and every :data:`RUNS_EVERY` seconds (times the fleet's spread) the fleet's
-latest runs of them and whether another live replica defines one of them otherwise
-(:mod:`.conflicts`); each read goes to the schedulers as a :class:`cronlock.FleetView`.
+latest runs of them, whether another live replica defines one of them otherwise
+(:mod:`.conflicts`) and the stored schedules every live replica rejected (one statement);
+each read goes to the schedulers as a :class:`cronlock.FleetView`.
 The operators' side writes what is read here (:mod:`.._ops.control`).
 """
 
@@ -27,6 +28,7 @@ from .._conn import Channel
 from .._sql.control import poll_sql
 from .._sql.runs import decode_run, last_runs_many_sql, report_odd
 from .._sql.schema import first_seen_sql
+from .._sql.stored import rejected_sql
 from .._sql.tables import LedgerTable
 from .conflicts import ConflictWatch
 
@@ -49,8 +51,9 @@ class FleetWatch(Service):
     Every :data:`POLL_EVERY` seconds it reads the control table (pauses, pending triggers:
     one small statement), and every :data:`RUNS_EVERY` seconds the latest run and success of
     every watched job (one statement for all of them, two index probes a job; and, while
-    some have none known yet, their first-seen instants, one more) and their conflicts
-    (:class:`.conflicts.ConflictWatch`, one more); it hands
+    some have none known yet, their first-seen instants, one more), their conflicts
+    (:class:`.conflicts.ConflictWatch`, one more) and the names of the stored schedules
+    rejected everywhere (one more, for ``cronlock_schedule_rejected``); it hands
     each read to the callbacks as a :class:`~cronlock.FleetView`. It reads on the locker's
     lock *sessions*.
     """
@@ -70,6 +73,7 @@ class FleetWatch(Service):
         self._poll_sql = poll_sql(table)
         self._runs_sql = last_runs_many_sql(table, ("last", "ok"))
         self._first_seen_sql = first_seen_sql(table)
+        self._rejected_sql = rejected_sql(table)
         # Each job's first-seen instant never changes once noted: read once a job.
         self._first_seen: dict[str, datetime] = {}
         self._runs, self._control = table.runs, table.control
@@ -151,6 +155,7 @@ class FleetWatch(Service):
         runs: dict[str, tuple[RunRecord | None, RunRecord | None]] | None = None
         first_seen: dict[str, datetime] | None = None
         conflicts: Mapping[str, frozenset[str]] | None = None
+        rejected: frozenset[str] | None = None
         # Not spread out: every replica's gauges (overdue, last success) must stay right,
         # standing by or not, and this read is one statement every RUNS_EVERY seconds.
         if now - self._runs_at >= RUNS_EVERY:
@@ -169,10 +174,13 @@ class FleetWatch(Service):
                 seen.update((row["job"], row["first_seen"]) for row in noted)
             first_seen = {name: seen[name] for name in names if name in seen}
             conflicts = await self.conflicts.read(self._read, now)
+            found = await self._read(lambda c: c.fetch(self._rejected_sql))
+            rejected = frozenset(row["name"] for row in found)
         return FleetView(
             paused=paused,
             triggers=triggers,
             runs=runs,
             first_seen=first_seen,
             conflicts=conflicts,
+            rejected=rejected,
         )

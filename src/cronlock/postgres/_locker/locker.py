@@ -208,7 +208,9 @@ class PostgresLocker(HeldOpenByBlocks, ReadsLedger):
         ledger_or = self._exclusion.ledger_or
         self._reads = ledger_or(
             NoLedgerReads,
-            lambda t: LedgerReads(self._shards, t, lambda: self._closed, key=self._keys.fnv),
+            lambda t: LedgerReads(
+                self._shards, t, lambda: self._closed, key=self._keys.fnv, holder=self._holder
+            ),
         )
         self._crashes = CrashWatch(
             self._exclusion.crashed(host, os.getpid()), runs=ledger_or(str, lambda t: t.runs)

@@ -7,8 +7,6 @@ catch-up) is one statement per :data:`READ_BATCH` jobs, however many jobs there 
 from __future__ import annotations
 
 import functools
-import os
-import socket
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -46,7 +44,9 @@ _STORED_KEY = "cronlock:stored-schedules"  # the shard the stored schedules are 
 
 
 class LedgerReads:
-    """The ledger reads of a locker whose sessions are *shards*; *closed* says if it is."""
+    """The ledger reads of a locker whose sessions are *shards*; *closed* says if it is.
+    *holder* names the locker in the members table: its problems with stored schedules are
+    noted under that name (shown while it is a live member)."""
 
     def __init__(
         self,
@@ -54,9 +54,11 @@ class LedgerReads:
         table: LedgerTable,
         closed: Callable[[], bool],
         *,
+        holder: str,
         key: Callable[[str], int] = job_lock_key,
     ) -> None:
         self._shards = shards
+        self._holder = holder
         self._key = key
         self._table = table
         self._closed = closed
@@ -122,9 +124,10 @@ class LedgerReads:
         return decode_changes(rows, since, table=table.schedules)
 
     async def report_problem(self, name: str, revision: int, problem: str) -> None:
-        """Note *problem* in revision *revision* of stored schedule *name*, as this host."""
+        """Note *problem* in revision *revision* of stored schedule *name*, as this locker's
+        holder (so it is shown while this locker is a live member, and no longer)."""
         table = self._table
-        sql, who = schedule_problem_sql(table), f"{socket.gethostname()}:{os.getpid()}"
+        sql, who = schedule_problem_sql(table), self._holder
         await self._read(_STORED_KEY, lambda s: s.execute(sql, name, revision, problem, who))
 
     async def _read(self, job: str, call: Callable[[Any], Awaitable[_T]]) -> _T:

@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 from typing import Any, TextIO
 
 from ..._dsn import connect_failure
-from ..._errors import CronlockError, JobConflictError, JobLookupError
+from ..._errors import CronlockError, JobConflictError, JobLookupError, ScheduleRejectedError
 from ..._names import unknown_job
 from ..._records import RunRecord
 from ..._terminal import printable
@@ -35,6 +35,7 @@ from .fleet import (
     read_runs,
     server_now,
 )
+from .rejected import refuse_rejected
 
 __all__ = ("run_verb",)
 
@@ -177,8 +178,10 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
 async def _control(conn: Any, table: LedgerTable, verb: str, job: str, *, force: bool) -> int:
     if not force:
         try:
+            if verb == "trigger":  # no replica would take it (FleetControl's rule too)
+                await refuse_rejected(conn, table, job)
             await refuse_unknown(conn, table, job)  # FleetControl's rule and message
-        except JobLookupError as exc:
+        except (JobLookupError, ScheduleRejectedError) as exc:
             _print(exc, file=sys.stderr)
             _print(f"(nothing done; pass --force to {verb} it anyway)", file=sys.stderr)
             return 1
@@ -230,6 +233,7 @@ async def _status(
     known: list[str] = [job.name for job in jobs]
     if only:
         known = [row["job"] for row in await conn.fetch(jobs_sql(table))]
+        known += [job.name for job in jobs if job.rejected]  # perhaps never noted
         unknown = [name for name in dict.fromkeys(only) if name not in known]
     paused = await read_paused(conn, table) if jobs else set()
     now = await server_now(conn)

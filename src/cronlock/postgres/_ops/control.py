@@ -41,6 +41,7 @@ from .._sql.runs import decode_run
 from .._sql.schema import migrate
 from .._sql.tables import DEFAULT_TABLE, LedgerTable
 from .fleet import Status, job_status, read_jobs, read_paused, server_now
+from .rejected import refuse_rejected
 from .roster import read_roster
 from .stored import ScheduleVerbs
 
@@ -242,8 +243,16 @@ class FleetControl(ScheduleVerbs):
     async def trigger(self, job: str, *, force: bool = False) -> Triggered:
         """Run *job* once, now, on exactly one replica (within about a second); return the
         :class:`Triggered` run, whose :meth:`~Triggered.wait` gives its outcome. The run's
-        ledger row is marked ``manual``."""
-        name = await self._known(job, "trigger", force)
+        ledger row is marked ``manual``.
+
+        A stored schedule that every live replica rejected (none has its task, or its
+        kwargs fit nowhere: status ``rejected``) is refused with
+        :class:`~cronlock.ScheduleRejectedError`, naming its revision and the problem,
+        unless *force*: no replica would run it."""
+        name = _job_name(job, "trigger")
+        if not force:
+            await self._call(lambda c: refuse_rejected(c, self._table, name))
+        name = await self._known(name, "trigger", force)
         slot = await self._call(lambda c: c.fetchval(trigger_sql(self._table), name, self._who))
         return Triggered(self, name, slot)
 

@@ -6,7 +6,7 @@ here, so the command line and the page never disagree. Read-only: nothing here w
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal, get_args
@@ -35,6 +35,7 @@ from .._sql.runs import (
 from .._sql.schema import TABLES_EXIST_SQL
 from .._sql.tables import LedgerTable
 from .._sql.upkeep import read_secret_sql
+from .rejected import read_rejected
 
 __all__ = (
     "ABSENT_AFTER",
@@ -104,6 +105,8 @@ class FleetJob:
     """Its tags as its replicas noted them, sorted (empty: none, or an older cronlock's note)."""
     conflict: bool = False
     """Whether live replicas gave it different definitions (:func:`read_conflicts`)."""
+    rejected: bool = False
+    """A stored schedule every live replica rejected (``_ops/rejected.py``): none runs it."""
 
     def overdue_since(self, now: datetime) -> datetime | None:
         """The late slot when the job is overdue at *now* (server time), else ``None``.
@@ -154,6 +157,7 @@ def job_status(job: FleetJob, now: datetime, *, paused: bool) -> Status:
         held=bool(job.holders),
         absent=job.absent(now),
         conflict=job.conflict,
+        rejected=job.rejected,
     )
 
 
@@ -319,21 +323,33 @@ async def read_jobs(
     *,
     holders: Mapping[str, tuple[LockHolder, ...]] | None = None,
     conflicts: frozenset[str] | None = None,
+    rejected: Collection[str] | None = None,
 ) -> list[FleetJob]:
-    """Every job the ledger knows (a replica noted its schedule or claimed a slot of it),
-    in name order; with *only*, those of them that exist, in the order given.
+    """Every job the ledger knows (a replica noted its schedule or claimed a slot of it, or
+    it is a stored schedule every live replica rejected), in name order; with *only*, those
+    of them that exist, in the order given.
 
     A bounded number of statements, however many jobs: one for the jobs, two for their
     conflicts (:func:`read_conflicts`), two to five for the lock holders, one per
     :data:`READ_BATCH` jobs for their latest runs (three index probes a job on the primary
-    key). With *only*, the jobs read are those only; with *holders* (:func:`read_holders` of
-    them, read already), the lock holders are not read; with *conflicts*
-    (:func:`read_conflicts`, read already), nor are the jobs in conflict.
+    key), two for the stored schedules rejected everywhere. With *only*, the jobs read are
+    those only; with *holders* (:func:`read_holders` of them, read already), the lock
+    holders are not read; with *conflicts* (:func:`read_conflicts`, read already), nor are
+    the jobs in conflict; with *rejected* (the names of ``_ops/rejected.read_rejected``,
+    read already), nor are those.
     """
+    if rejected is None:
+        rejected = (await read_rejected(conn, table)).keys()
     if only is None:
         rows = await conn.fetch(jobs_sql(table))
+        # A stored schedule no replica ever noted (none has its task) is a job all the same.
+        unnoted = set(rejected).difference(row["job"] for row in rows)
+        if unnoted:
+            rows = sorted([*rows, *map(_unnoted, unnoted)], key=lambda row: row["job"])
     else:
         known = {row["job"]: row for row in await conn.fetch(named_jobs_sql(table), list(only))}
+        for name in set(only).intersection(rejected).difference(known):
+            known[name] = _unnoted(name)
         rows = [known[name] for name in dict.fromkeys(only) if name in known]
     names = [row["job"] for row in rows]
     if conflicts is None:
@@ -365,9 +381,17 @@ async def read_jobs(
                 due=row["due"],
                 tags=tuple(row["tags"] or ()),
                 conflict=name in conflicts,
+                rejected=name in rejected,
             )
         )
     return jobs
+
+
+def _unnoted(name: str) -> dict[str, Any]:
+    """The row of :func:`.._sql.fleet.jobs_sql` of a job without a note or a run."""
+    return dict.fromkeys(("schedule", "next_run", "updated_at", "grace", "due", "tags", "odd")) | {
+        "job": name
+    }
 
 
 async def read_runs(

@@ -7,9 +7,10 @@ whatever the number of jobs (``_sql/fleet.py``): ``roster_sql``, one probe of th
 primary key a noted job, which settles most of them (those come back as names grouped by
 outcome), then ``asked_sql`` for the rest (a job that may be overdue, is running or is
 unreadable, and the jobs that have runs but no note); the lock holders
-(:func:`._fleet.held_locks`); and the jobs in conflict (:func:`._fleet.read_conflicts`). The
-runs of a page of jobs are then read in full by :func:`._fleet.read_jobs`, for those jobs
-only.
+(:func:`._fleet.held_locks`); the jobs in conflict (:func:`._fleet.read_conflicts`); and
+the stored schedules every live replica rejected (:func:`.rejected.read_rejected`, one
+statement). The runs of a page of jobs are then read in full by :func:`._fleet.read_jobs`,
+for those jobs only.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from .fleet import (
     read_conflicts,
     status_of,
 )
+from .rejected import read_rejected
 
 __all__ = ("Roster", "read_roster")
 
@@ -47,6 +49,8 @@ class Roster:
     """Who holds the lock of each job held right now (:func:`._fleet.held_locks`)."""
     conflicts: frozenset[str] = frozenset()
     """The jobs live replicas define otherwise (:func:`._fleet.read_conflicts`)."""
+    rejected: frozenset[str] = frozenset()
+    """The stored schedules every live replica rejected (:func:`.rejected.read_rejected`)."""
 
 
 async def read_roster(
@@ -132,7 +136,13 @@ async def read_roster(
         statuses[name] = _judge(
             name in paused, outcome, overdue, name in held, gone, conflict=name in conflicts
         )
-    return Roster(statuses, None if not tags else frozenset(tagged), held, conflicts)
+    # Rejected everywhere: no replica runs it, whatever its runs say (noted or not).
+    rejected = frozenset(await read_rejected(conn, table))
+    for name in rejected:
+        statuses[name] = status_of(
+            paused=name in paused, overdue=False, last_outcome=None, held=False, rejected=True
+        )
+    return Roster(statuses, None if not tags else frozenset(tagged), held, conflicts, rejected)
 
 
 def _judge(

@@ -177,7 +177,9 @@ class ScheduleVerbs:
 
     async def schedules(self) -> list[StoredSchedule]:
         """Every stored schedule, by name: its task, schedule, kwargs, options, revision,
-        fleet-wide pause and the problem a replica reported with it, if any."""
+        fleet-wide pause, the problems live replicas reported with its revision (those of
+        replicas that exited are left out) and whether every live replica rejected it
+        (:attr:`~cronlock.StoredSchedule.rejected`: its status is ``rejected``)."""
         rows = await self._call(lambda c: c.fetch(list_schedules_sql(self._table)))
         table = self._table.schedules
         return [s for row in rows if (s := decode_stored(row, table=table)) is not None]

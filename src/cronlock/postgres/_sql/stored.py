@@ -6,7 +6,11 @@ transaction advisory lock held to its commit: revisions commit in order, so a re
 read everything up to revision N never later finds a change numbered N or below. A sync
 is one statement, ``revision > N``, on the revision index, however many schedules there
 are. A replica's problem with a revision (no such task there, kwargs that do not fit) is
-noted in the row and shown while the row is at that revision.
+noted in the row, keyed by the replica's holder (its members row's), and shown while the row
+is at that revision and its reporter is a live member (an unexpired members row): the blame
+of a process that exited goes with it (its row is deleted at a graceful close, or expires
+``MEMBER_TTL`` seconds after a kill). A schedule whose revision every live member reported
+a problem with (at least one live member) is *rejected everywhere*: no replica runs it.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ __all__ = (
     "list_schedules_sql",
     "next_revision_sql",
     "put_schedule_sql",
+    "rejected_sql",
     "remove_schedule_sql",
     "schedule_changes_sql",
     "schedule_for_update_sql",
@@ -44,9 +49,27 @@ NONE_REMOVED = "UPDATE 0"
 """The status :func:`remove_schedule_sql` answers when no such schedule was stored."""
 
 # Reads return the JSON columns as text (no codec to register on anyone's connection).
-_COLUMNS = f"""s.name, s.revision, s.removed, s.task, s.schedule::text AS schedule,
-    s.kwargs::text AS kwargs, s.options::text AS options, {sane("s.updated_at", "updated_at")},
+_BASE = f"""s.name, s.revision, s.removed, s.task, s.schedule::text AS schedule,
+    s.kwargs::text AS kwargs, s.options::text AS options, {sane("s.updated_at", "updated_at")}"""
+# What a replica's sync reads: the problems as stored (it does not read them).
+_COLUMNS = f"""{_BASE},
     CASE WHEN s.problem_revision = s.revision THEN s.problems::text END AS problems"""
+# What the operators read, joined with _live() as l: the problems of live reporters only,
+# and whether every live member reported one (a row no cronlock wrote, whose problems are
+# not an object, is passed on as it is: decode_stored reports it).
+_LIVE_COLUMNS = f"""{_BASE},
+    CASE WHEN s.problem_revision IS DISTINCT FROM s.revision THEN NULL
+         WHEN jsonb_typeof(s.problems) <> 'object' THEN s.problems::text
+         ELSE (SELECT jsonb_object_agg(p.key, p.value) FROM jsonb_each(s.problems) p
+               WHERE p.key = ANY(l.holders))::text END AS problems"""
+_REJECTED = """coalesce(s.problem_revision = s.revision AND jsonb_typeof(s.problems) = 'object'
+                     AND cardinality(l.holders) > 0 AND s.problems ?& l.holders, false)"""
+
+
+def _live(table: LedgerTable) -> str:
+    """The live members' holders as one row ``l(holders)`` (an empty array: none)."""
+    return f"""(SELECT coalesce(array_agg(m.holder), '{{}}') AS holders FROM {table.members} m
+                WHERE m.expires_at > clock_timestamp()) l"""
 
 
 SCHEDULES_LOCK_SQL = "SELECT pg_advisory_xact_lock($1::bigint)"
@@ -63,7 +86,7 @@ def next_revision_sql(table: LedgerTable) -> str:
 @functools.cache
 def schedule_for_update_sql(table: LedgerTable) -> str:
     """``$1`` name: the schedule's row, locked for the change (inside the transaction)."""
-    return f"""SELECT {_COLUMNS}, false AS paused FROM {table.schedules} s
+    return f"""SELECT {_COLUMNS}, false AS paused, false AS rejected FROM {table.schedules} s
                    WHERE s.name = $1::text FOR UPDATE"""
 
 
@@ -95,12 +118,27 @@ def remove_schedule_sql(table: LedgerTable) -> str:
 
 @functools.cache
 def list_schedules_sql(table: LedgerTable) -> str:
-    """No parameters: every stored schedule, by name, with its fleet-wide pause (what
-    ``FleetControl.schedules()`` lists)."""
+    """No parameters: every stored schedule, by name, with its fleet-wide pause, the
+    problems its live reporters have with its revision, and whether it is rejected
+    everywhere (what ``FleetControl.schedules()`` lists, ``status`` and the dashboard show).
+    One statement: the members table is read once, not once a schedule."""
     return f"""
-            SELECT {_COLUMNS}, c.paused_at IS NOT NULL AS paused
-            FROM {table.schedules} s LEFT JOIN {table.control} c ON c.job = s.name
+            SELECT {_LIVE_COLUMNS}, c.paused_at IS NOT NULL AS paused, {_REJECTED} AS rejected
+            FROM {table.schedules} s CROSS JOIN {_live(table)}
+            LEFT JOIN {table.control} c ON c.job = s.name
             WHERE NOT s.removed ORDER BY s.name"""
+
+
+@functools.cache
+def rejected_sql(table: LedgerTable) -> str:
+    """No parameters: :func:`list_schedules_sql`'s rows of the schedules rejected
+    everywhere only (every live member reported a problem with the current revision):
+    one statement, whatever the number of schedules or members."""
+    return f"""
+            SELECT {_LIVE_COLUMNS}, c.paused_at IS NOT NULL AS paused, true AS rejected
+            FROM {table.schedules} s CROSS JOIN {_live(table)}
+            LEFT JOIN {table.control} c ON c.job = s.name
+            WHERE NOT s.removed AND {_REJECTED} ORDER BY s.name"""
 
 
 @functools.cache
@@ -108,7 +146,7 @@ def schedule_changes_sql(table: LedgerTable) -> str:
     """``$1`` since: the changes after that revision, oldest first (the first read, from 0,
     leaves the tombstones out), each with its fleet-wide pause."""
     return f"""
-            SELECT {_COLUMNS}, c.paused_at IS NOT NULL AS paused
+            SELECT {_COLUMNS}, c.paused_at IS NOT NULL AS paused, false AS rejected
             FROM {table.schedules} s LEFT JOIN {table.control} c ON c.job = s.name
             WHERE s.revision > $1::bigint AND (NOT s.removed OR $1::bigint > 0)
             ORDER BY s.revision"""
@@ -116,8 +154,9 @@ def schedule_changes_sql(table: LedgerTable) -> str:
 
 @functools.cache
 def schedule_problem_sql(table: LedgerTable) -> str:
-    """``$1`` name, ``$2`` revision, ``$3`` problem, ``$4`` who: a replica's problem with
-    that revision of the schedule, shown while the schedule is at it."""
+    """``$1`` name, ``$2`` revision, ``$3`` problem, ``$4`` who (the replica's holder, as
+    in the members table): a replica's problem with that revision of the schedule, shown
+    while the schedule is at it and the replica is a live member."""
     return f"""
             UPDATE {table.schedules}
             SET problems = CASE WHEN problem_revision = $2::bigint
@@ -170,6 +209,7 @@ def decode_stored(row: Any, *, table: str) -> StoredSchedule | None:
         paused=bool(row["paused"]),
         updated_at=updated,
         problems={str(by): str(text) for by, text in problems.items()},
+        rejected=bool(row["rejected"]),
     )
 
 
