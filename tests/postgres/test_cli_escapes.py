@@ -42,7 +42,7 @@ async def _seeded(pg_dsn: str, admin: Any) -> str:
         pg_dsn,
         table,
         # The replicas note its next slot on (it is not absent); its due slot is late.
-        notes=[(JOB, SCHEDULE, NOW + timedelta(minutes=5)), ("plain", "every 1h", None)],
+        notes=[(JOB, SCHEDULE, NOW + timedelta(hours=2)), ("plain", "every 1h", None)],
         runs=[
             Run(JOB, old, "succeeded", host=HOST),
             Run(JOB, old + timedelta(hours=1), "failed", error=ERROR, host=HOST),

@@ -119,7 +119,15 @@ async def becomes(dsn: str, table: str, job: str, wanted: set[Status | None]) ->
             while (seen := await state(dsn, table, job)) not in wanted:
                 await asyncio.sleep(0.5)
     except TimeoutError:
-        raise AssertionError(f"{job}: still {seen!r}, never one of {wanted}") from None
+        conn = await asyncpg.connect(dsn)
+        try:  # what the verdict was made of, for the failure's message
+            found = await read_jobs(conn, LedgerTable(table), [job])
+            now = await server_now(conn)
+        finally:
+            await conn.close()
+        raise AssertionError(
+            f"{job}: still {seen!r}, never one of {wanted}: {found} at {now}"
+        ) from None
     return seen
 
 
@@ -144,6 +152,19 @@ async def succeeded(dsn: str, table: str, job: str) -> datetime:
         await conn.close()
 
 
+async def noted(dsn: str, table: str, job: str) -> None:
+    """Wait until a replica noted *job*'s schedule in the ledger."""
+    conn = await asyncpg.connect(dsn)
+    try:
+        async with asyncio.timeout(60):
+            while not (found := await read_jobs(conn, LedgerTable(table), [job])) or (
+                found[0].schedule is None
+            ):
+                await asyncio.sleep(0.1)
+    finally:
+        await conn.close()
+
+
 @pytest.mark.parametrize("how", ["graceful", "kill"])
 @pytest.mark.parametrize("mode", MODES)
 async def test_a_fleet_that_is_gone_is_never_ok(
@@ -155,6 +176,8 @@ async def test_a_fleet_that_is_gone_is_never_ok(
         replicas.append(Replica(pg_dsn, table, mode, "--job", f"beat={period}"))
     await asyncio.gather(*(replica.started() for replica in replicas))
     slots = await asyncio.gather(*(succeeded(pg_dsn, table, "beat") for table in tables))
+    # A job the ledger has no note of cannot be judged: its replica notes it at once.
+    await asyncio.gather(*(noted(pg_dsn, table, "beat") for table in tables))
 
     async def stop(i: int) -> None:
         # The i-th replica stops i/OFFSETS of a period after a slot it ran: the verdict

@@ -37,8 +37,8 @@ async def ledger(pg_dsn: str) -> str:
         table,
         notes=[
             ("nightly", "cron '0 3 * * *' in Europe/Berlin", NOW + 5 * hour),
-            ("flaky", "every 5m", NOW + timedelta(minutes=3)),
-            ("stalled", "every 1m", NOW + timedelta(minutes=1)),  # noted on; its due slot is late
+            ("flaky", "every 5m", NOW + 2 * hour),  # far enough ahead: never absent here
+            ("stalled", "every 1m", NOW + 2 * hour),  # noted on; its due slot is late
             (XSS, "every 1h", NOW + hour),
         ],
         runs=[
