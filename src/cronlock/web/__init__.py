@@ -17,8 +17,10 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 
 from ._aiohttp import aiohttp_handler as aiohttp_handler
 from ._app import app as app
-from ._csrf import Authorize as Authorize
+from ._authorize import Action as Action
+from ._authorize import Authorize as Authorize
+from ._schedules import Redact as Redact
 
-__all__ = ("Authorize", "aiohttp_handler", "app")
+__all__ = ("Action", "Authorize", "Redact", "aiohttp_handler", "app")
 
 del _jinja2, _starlette

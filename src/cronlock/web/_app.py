@@ -40,7 +40,8 @@ from ..postgres._ops.fleet import STATUSES, read_jobs, read_paused, read_runs, s
 from ..postgres._ops.roster import read_roster
 from ..postgres._sql.fleet import JIT_OFF_SQL
 from ..postgres._sql.tables import DEFAULT_TABLE, LedgerTable
-from ._csrf import COOKIE, Authorize, Csrf, ReadRefused, client, verdict
+from ._authorize import Action, Authorize, Gate, ReadRefused, client
+from ._csrf import COOKIE, Csrf
 from ._headers import SecurityHeaders, crashed
 from ._listing import (
     MAX_PAGE,
@@ -55,10 +56,18 @@ from ._listing import (
 )
 from ._model import chart, job_view, run_json, run_view
 from ._reads import SafeReads
-from ._schedules import SCHEDULE_ACTIONS, change_schedule, read_schedules
+from ._schedules import (
+    SCHEDULE_ACTIONS,
+    Redact,
+    change_schedule,
+    parse_change,
+    read_schedules,
+    schedules_param,
+    shown,
+)
 from ._source import Source, Unavailable
 
-__all__ = ("Authorize", "app")
+__all__ = ("Action", "Authorize", "Redact", "app")
 
 _logger = logging.getLogger("cronlock.web")
 _HERE = Path(__file__).parent
@@ -69,9 +78,12 @@ _CSRF_KEY = "web.csrf"  # its row in the ledger's secrets table
 ACTIONS = frozenset({"pause", "resume", "trigger", "retire"})
 
 
-async def act(source: Any, table: LedgerTable, verb: str, job: str) -> None:
-    """Pause, resume, trigger or retire *job* on every replica (*source*: a pool or a DSN)."""
-    async with FleetControl(source, table=table.table, schema=table.schema) as control:
+async def act(source: Any, table: LedgerTable, verb: str, job: str, who: str) -> None:
+    """Pause, resume, trigger or retire *job* on every replica (*source*: a pool or a DSN)
+    as *who* (``""``: this process, as ``FleetControl`` names it)."""
+    async with FleetControl(
+        source, table=table.table, schema=table.schema, who=who or None
+    ) as control:
         if verb == "pause":
             await control.pause(job)
         elif verb == "resume":
@@ -135,6 +147,7 @@ class _Dashboard:
         authorize: Authorize | None,
         authorize_read: Authorize | None,
         *,
+        redact: Redact | None,
         refresh: float,
         page_size: int,
         csrf_secret: bytes | str | None,
@@ -144,8 +157,9 @@ class _Dashboard:
         self.source = Source(source, table, max_connections)
         self.connection = self.source.connection
         self.table = table
-        self.authorize = authorize
-        self.authorize_read = authorize_read
+        self.authorize = None if authorize is None else Gate(authorize)
+        self.authorize_read = None if authorize_read is None else Gate(authorize_read)
+        self.redact = redact
         self.refresh = refresh
         self.page_size = page_size
         self._csrf = None if csrf_secret is None else Csrf(csrf_secret)
@@ -259,7 +273,8 @@ class _Dashboard:
 
     async def readable(self, request: Request) -> None:
         """Raise the 403 of a request that ``authorize_read`` refuses."""
-        if self.authorize_read is not None and await verdict(self.authorize_read, request) is None:
+        gate = self.authorize_read
+        if gate is not None and await gate.verdict(request, Action("read", "")) is None:
             raise ReadRefused
 
 
@@ -275,6 +290,7 @@ def app(
     csrf_secret: bytes | str | None = None,
     title: str = "cronlock",
     max_connections: int = 4,
+    redact: Redact | None = None,
 ) -> Starlette:
     """The fleet dashboard, an ASGI app to mount (``app.mount("/cron", web.app(pool))``).
 
@@ -285,9 +301,15 @@ def app(
     unless *authorize* is given: then pause, resume and trigger buttons appear, and a POST
     that *authorize* (sync or async) does not allow is refused with a 403. It allows with
     ``True`` or a non-empty string, which names who asked in the log of each action
-    (``cronlock.web``, INFO). *authorize_read*, given, gates every page and JSON answer
-    the same way (the static files stay open); without it, anyone who reaches the mount
-    reads the whole fleet.
+    (``cronlock.web``, INFO) and is recorded as who made the change (a schedule's
+    ``updated_by``, a pause's ``paused_by``). Given the request alone, it decides for every
+    action alike; a callable that also accepts a second positional argument is given the
+    :class:`Action` too (its verb, its target job or schedule, the fields it changes).
+    *authorize_read*, given, gates every page and JSON answer the same way (the static
+    files stay open); without it, anyone who reaches the mount reads the whole fleet.
+    A stored schedule's kwargs are shown only to whom *authorize* allows ``read-kwargs``
+    of it; others see what *redact* (``redact(name, kwargs)``, :data:`Redact`) returns of
+    them, or nothing.
     *refresh*: seconds between the pages' live updates. *csrf_secret*: the key of the
     CSRF tokens; by default the fleet's, kept in the ledger's ``<table>_secrets`` table
     (made by the first process that needs it), so that every process serving the
@@ -306,6 +328,7 @@ def app(
         LedgerTable(table, schema),
         authorize,
         authorize_read,
+        redact=redact,
         refresh=float(refresh),
         page_size=page_size,
         csrf_secret=csrf_secret,
@@ -353,11 +376,20 @@ def app(
             }
         )
 
-    async def schedules_page(request: Request) -> Response:
+    async def schedules(request: Request) -> tuple[Any, list[Any]]:
         await board.readable(request)
-        async with board.connection() as conn:
-            schedules = await read_schedules(conn, board.table)
-        return await board.page(request, "schedules.html", schedules=schedules)
+        wanted = schedules_param(request)
+        async with board.snapshot() as conn:
+            found = await read_schedules(conn, board.table, wanted)
+        return found, await shown(request, found.rows, board.authorize, board.redact)
+
+    async def schedules_page(request: Request) -> Response:
+        found, views = await schedules(request)
+        return await board.page(request, "schedules.html", listed=found, schedules=views)
+
+    async def api_schedules(request: Request) -> Response:
+        found, views = await schedules(request)
+        return JSONResponse({"read_only": board.authorize is None, **found.json(views)})
 
     async def action(request: Request) -> Response:
         await board.readable(request)
@@ -374,15 +406,21 @@ def app(
         refusal = (await board.csrf()).refusal(request, form.get("csrf"))
         if refusal is not None:
             raise HTTPException(403, refusal)
-        job = form.get("job", form.get("schedule", ""))
-        who = await verdict(board.authorize, request)
+        if verb in SCHEDULE_ACTIONS:
+            asked = parse_change(verb, form)  # a 400 for what is no schedule or JSON
+        else:
+            asked = Action(verb, form.get("job", ""))
+        job = asked.target
+        who = await board.authorize.verdict(request, asked)
         if who is None:
             _logger.info("dashboard: refused %s %r from %s", verb, job, client(request))
-            raise HTTPException(403, "refused: you may not change jobs here")
+            if not board.authorize.per_action:
+                raise HTTPException(403, "refused: you may not change jobs here")
+            raise HTTPException(403, f"refused: you may not {verb} {job!r}")
         base = request.scope.get("root_path", "").rstrip("/")
         if verb in SCHEDULE_ACTIONS:
             async with board.source.slot():
-                await change_schedule(board.source.source, board.table, verb, form)
+                await change_schedule(board.source.source, board.table, asked, who)
             _logger.info("dashboard: %s %r by %s from %s", verb, job, who or "an unnamed "
                          "operator", client(request))  # fmt: skip
             return RedirectResponse(base + "/schedules", status_code=303)
@@ -391,7 +429,7 @@ def app(
                 raise HTTPException(404, "no such job in the run ledger")
         async with board.source.slot():
             try:
-                await act(board.source.source, board.table, verb, job)
+                await act(board.source.source, board.table, verb, job, who)
             except JobConflictError as exc:  # retire: a live replica runs it after all
                 raise HTTPException(409, str(exc)) from None
         _logger.info(
@@ -421,6 +459,7 @@ def app(
         Route("/api/jobs", api_jobs),
         Route("/api/jobs/{name:path}/runs", api_runs),
         Route("/schedules", schedules_page),
+        Route("/api/schedules", api_schedules),
         Route("/actions/{action}", action, methods=["POST"]),
         Route("/jobs/{name:path}", job_page),
         Mount("/static", StaticFiles(directory=_HERE / "static"), name="static"),

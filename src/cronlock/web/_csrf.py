@@ -1,20 +1,15 @@
-"""Who may read the dashboard and who may act on it, and CSRF protection for the actions.
+"""CSRF protection for the dashboard's actions (who may act is :mod:`._authorize`'s).
 
-``authorize`` gates the actions, ``authorize_read`` every page, fragment and JSON answer
-(and the actions too: acting needs reading); the static files stay open (they are the
-same for everyone and say nothing of the fleet). Each callable takes the request and
-answers, sync or async: ``True`` or a non-empty string allows it, and a string names who
-asked (it is logged with each action); anything else refuses it.
-
-An admitted action must also pass the CSRF check: a cookie, and a form token bound to it.
-Each browser gets a cookie the dashboard made (``HttpOnly``, ``SameSite=Strict``): random,
-followed by its own MAC under the key, so a cookie the dashboard did not make (set by
-another site sharing the domain, or by hand: a fixation) is never given a token; it is
-replaced by a fresh one. Each form carries ``key id + HMAC(key, cookie)``. Another site can
-make a browser send the cookie (not with ``SameSite=Strict``, in browsers that honour it)
-but cannot read it or the page, so it cannot forge the token. A POST must also say it
-comes from the dashboard's own scheme and host: by its ``Origin``, or, without one, its
-``Referer``; with neither, it is refused (browsers send ``Origin`` with every POST form).
+An action ``authorize`` admits must also pass the CSRF check: a cookie, and a form token
+bound to it. Each browser gets a cookie the dashboard made (``HttpOnly``,
+``SameSite=Strict``): random, followed by its own MAC under the key, so a cookie the
+dashboard did not make (set by another site sharing the domain, or by hand: a fixation)
+is never given a token; it is replaced by a fresh one. Each form carries ``key id +
+HMAC(key, cookie)``. Another site can make a browser send the cookie (not with
+``SameSite=Strict``, in browsers that honour it) but cannot read it or the page, so it
+cannot forge the token. A POST must also say it comes from the dashboard's own scheme
+and host: by its ``Origin``, or, without one, its ``Referer``; with neither, it is
+refused (browsers send ``Origin`` with every POST form).
 
 The key is the fleet's: given (``csrf_secret=``), or else read from the ledger's secrets
 table (made there by the first process), so every worker process accepts every other's
@@ -26,15 +21,12 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import inspect
 import secrets
-from collections.abc import Awaitable, Callable
 from urllib.parse import urlsplit
 
-from starlette.exceptions import HTTPException
 from starlette.requests import Request
 
-__all__ = ("COOKIE", "READ_REFUSED", "Authorize", "Csrf", "ReadRefused", "client", "verdict")
+__all__ = ("COOKIE", "Csrf")
 
 COOKIE = "cronlock_csrf"
 _COOKIE_BYTES = 32
@@ -137,38 +129,3 @@ class Csrf:
         if not hmac.compare_digest(self.token(cookie), token):
             return OTHER_COOKIE
         return None
-
-
-# -- who may read and act -----------------------------------------------------------------
-
-Authorize = Callable[[Request], bool | str | Awaitable[bool | str]]
-"""Decides whether *request* may act (``authorize``) or read (``authorize_read``):
-``True`` or a non-empty string (who asked, for the log) allows it."""
-
-READ_REFUSED = "refused: you may not read this dashboard"
-
-
-class ReadRefused(HTTPException):
-    """A request ``authorize_read`` refused: its 403 page carries no CSRF cookie or token."""
-
-    def __init__(self) -> None:
-        super().__init__(403, READ_REFUSED)
-
-
-async def verdict(gate: Authorize, request: Request) -> str | None:
-    """What *gate* says of *request*: ``None`` refused, else who asked (``""`` unnamed)."""
-    answer = gate(request)
-    if inspect.isawaitable(answer):
-        answer = await answer
-    if answer is True:
-        return ""
-    if isinstance(answer, str) and answer:
-        return answer
-    return None
-
-
-def client(request: Request) -> str:
-    """The request's peer as ``host:port`` (behind a proxy: the proxy, unless the server
-    takes the client's address from its headers, as ``uvicorn --proxy-headers`` does)."""
-    peer = request.client
-    return "unknown" if peer is None else f"{peer.host}:{peer.port}"

@@ -163,18 +163,30 @@ class FleetControl(ScheduleVerbs):
     A trigger runs the job once, now, on exactly one replica (one that has the job
     registered and running), even while it is paused. Schedules the application keeps in
     the ledger are added, changed and removed here too (:meth:`add_schedule`).
+
+    *who* is recorded as who made each change (a pause's ``paused_by``, a trigger's
+    ``triggered_by``, a stored schedule's ``updated_by``, a retire's ``retired_by``): your
+    operator's name, as the dashboard passes the one ``authorize`` returned; by default
+    this process, ``host:pid``.
     """
 
     def __init__(
-        self, pool_or_dsn: Any, *, table: str = DEFAULT_TABLE, schema: str | None = None
+        self,
+        pool_or_dsn: Any,
+        *,
+        table: str = DEFAULT_TABLE,
+        schema: str | None = None,
+        who: str | None = None,
     ) -> None:
+        if who is not None and not (isinstance(who, str) and who.strip()):
+            raise ConfigError(f"FleetControl: who must be a non-empty string, got {who!r}")
         # Given a DSN, no named prepared statements: it works through a transaction pooler.
         kwargs = {"statement_cache_size": 0} if isinstance(pool_or_dsn, str) else None
         self._source = ConnectionSource(pool_or_dsn, kwargs)
         self._table = LedgerTable(table, schema)
         self._conn: Any = None
         self._held = contextlib.AsyncExitStack()  # the connection lent for the block
-        self._who = f"{socket.gethostname()}:{os.getpid()}"
+        self._who = who if who is not None else f"{socket.gethostname()}:{os.getpid()}"
         self._ready = False
 
     @property

@@ -42,7 +42,9 @@ __all__ = (
     "schedule_changes_sql",
     "schedule_for_update_sql",
     "schedule_problem_sql",
+    "schedules_count_sql",
     "schedules_lock_key",
+    "schedules_page_sql",
 )
 
 NONE_REMOVED = "UPDATE 0"
@@ -127,6 +129,37 @@ def list_schedules_sql(table: LedgerTable) -> str:
             FROM {table.schedules} s CROSS JOIN {_live(table)}
             LEFT JOIN {table.control} c ON c.job = s.name
             WHERE NOT s.removed ORDER BY s.name"""
+
+
+# A name the dashboard's filter keeps: it contains $1, in any case ('' keeps every name).
+_NAMED = "strpos(lower(s.name), lower($1::text)) > 0"
+
+
+@functools.cache
+def schedules_page_sql(table: LedgerTable) -> str:
+    """``$1`` text, ``$2`` limit, ``$3`` offset: one page of :func:`list_schedules_sql`'s
+    rows, of the names containing the text (any case), by name. Only the page's rows are
+    read (the primary key, in name order) and joined: the cost is the page's, not the
+    ledger's."""
+    return f"""
+            SELECT {_LIVE_COLUMNS}, c.paused_at IS NOT NULL AS paused, {_REJECTED} AS rejected
+            FROM (SELECT * FROM {table.schedules} s WHERE NOT s.removed AND {_NAMED}
+                  ORDER BY s.name LIMIT $2::bigint OFFSET $3::bigint) s
+            CROSS JOIN {_live(table)}
+            LEFT JOIN {table.control} c ON c.job = s.name
+            ORDER BY s.name"""
+
+
+@functools.cache
+def schedules_count_sql(table: LedgerTable) -> str:
+    """``$1`` text: how many schedules are stored (``total``), how many of them
+    :func:`schedules_page_sql` keeps for that text (``matched``), and how many every live
+    member rejected (``rejected``): one row, no schedule's columns sent."""
+    return f"""
+            SELECT count(*) AS total, count(*) FILTER (WHERE {_NAMED}) AS matched,
+                   count(*) FILTER (WHERE {_REJECTED}) AS rejected
+            FROM {table.schedules} s CROSS JOIN {_live(table)}
+            WHERE NOT s.removed"""
 
 
 @functools.cache
