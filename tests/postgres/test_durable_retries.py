@@ -19,13 +19,18 @@ import math
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Literal
 
 import pytest
 
 from cronlock import RunRecord
+from cronlock.postgres import PostgresHold, PostgresLocker
+from cronlock.postgres._locker import members
+from cronlock.postgres._locker.crashes import CHECK_EVERY
 from cronlock.postgres._ops.fleet import read_runs
+from cronlock.postgres._sql import upkeep
 from cronlock.postgres._sql.tables import DEFAULT_TABLE, LedgerTable, quote_ident
 
 from .processes import Processes
@@ -151,3 +156,71 @@ async def test_a_replica_stopped_during_its_backoff_leaves_its_retry_to_another(
     first, other = made[0][0], ("B" if made[0][0] == "A" else "A")
     assert made == [(first, 1), (other, 2)]
     assert tries == [(1, "failed", owner[first]), (2, "succeeded", owner[other])]
+
+
+SLOT = datetime(2030, 1, 1, 3, 0, tzinfo=UTC)
+
+
+@pytest.fixture
+def quick_members(monkeypatch: pytest.MonkeyPatch) -> None:
+    for module in (members, upkeep):
+        monkeypatch.setattr(module, "MEMBERS_EVERY", 0.5)
+        monkeypatch.setattr(module, "MEMBER_TTL", 1.5)
+
+
+@pytest.mark.parametrize("mode", ["session", "lease"])
+async def test_a_live_replicas_pending_retry_is_left_to_it_and_taken_over_once_it_left(
+    quick_members: None, pg_dsn: str, admin: Any, schema: str, mode: Mode, app_name: str
+) -> None:
+    """The check takes no pending retry of a live replica, however late; once that replica
+    left (a graceful close deletes its members row) it returns it once, and the next
+    claim of the slot takes the failed row over as the next attempt."""
+    table = LedgerTable(DEFAULT_TABLE, schema)
+    told: list[tuple[str, int, str]] = []
+
+    def left(job: str, record: RunRecord) -> bool:
+        told.append((job, record.attempt, record.outcome))
+        return True
+
+    def locker() -> PostgresLocker:
+        return PostgresLocker(
+            pg_dsn, schema=schema, mode=mode, racers=None, application_name=app_name
+        )
+
+    owner, checker = locker(), locker()
+    checker.on_crashed(left)
+    async with checker:
+        async with owner:
+            for each in (owner, checker):
+                each.note_schedule("flaky", "every 3600s", None)
+            opens = await checker.acquire("another", SLOT)  # opens its session: it checks
+            assert isinstance(opens, PostgresHold)
+            await opens.release()
+            hold = await owner.acquire("flaky", SLOT)
+            assert isinstance(hold, PostgresHold)
+            now = datetime.now(UTC)
+            hold.record(RunRecord(SLOT, now, now, "failed", "RuntimeError: down"))
+            await hold.release()
+            # Due a minute ago: past any margin, and left to its live replica all the same.
+            await owner.retry_due("flaky", SLOT, 2, now - timedelta(minutes=1))
+            await asyncio.sleep(2 * CHECK_EVERY + 2)  # checks come, the claim ages past the TTL
+            assert told == []
+            pending = await admin.fetchval(f"SELECT retry_at FROM {table.runs} WHERE job = 'flaky'")
+            assert pending is not None
+        # Closed: its members row is gone, and the retry is the checker's to make.
+        async with asyncio.timeout(LIVENESS):
+            while not told:
+                await asyncio.sleep(0.05)
+        assert told == [("flaky", 1, "failed")]
+        again = await checker.acquire("flaky", SLOT)
+        assert isinstance(again, PostgresHold)
+        now = datetime.now(UTC)
+        again.record(RunRecord(SLOT, now, now, "succeeded"))
+        await again.release()
+        await asyncio.sleep(2 * CHECK_EVERY)  # told once: the check cleared it
+        assert told == [("flaky", 1, "failed")]
+    [run] = await read_runs(admin, table, "flaky", 5)
+    assert [(r.attempt, r.outcome) for r in (*run.attempts, run)] == [
+        (1, "failed"),
+        (2, "succeeded"),
+    ]
