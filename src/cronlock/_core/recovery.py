@@ -8,6 +8,10 @@ within ``misfire_grace`` (the run loop's one misfire rule). A run of this replic
 lock was lost before its body began (``NEVER_BEGAN``) is claimed again without opting in:
 nothing ran, so running the slot is exactly once. The rerun goes through the run
 loop like any other run: overlap policy, concurrency cap, elector and locker.
+
+A locker that keeps pending retries also reports, with the failed attempt's record, a
+retry whose replica is gone before making it (``retries``, :mod:`.retries`): this replica
+makes it now if its own job would (:func:`.retries.refused`; not paused).
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from .._locking.protocols import (
 from .._logs import at, get_logger
 from .._records import NEVER_BEGAN, RunRecord
 from .job import Job
+from .retries import refused
 from .runloop import RunLoop, misfired
 from .wiring import Wiring
 
@@ -87,6 +92,8 @@ class Recovery:
         job = self._jobs.get(name)
         if loop is None or job is None or job._wiring.crashes is None:
             return False  # not ours to report (the locker logged it)
+        if record.outcome in ("failed", "timed_out"):
+            return self._retry(loop, job, record)
         if record.outcome == "lock_lost" and record.error == NEVER_BEGAN:
             # This replica's own run, whose lock was lost before its body began: nothing
             # ran, so the slot is claimed again (taking the row over), recover or not.
@@ -109,6 +116,28 @@ class Recovery:
             return False
         loop.dispatch(job, record.slot)
         return True
+
+    def _retry(self, loop: RunLoop, job: Job, record: RunRecord) -> bool:
+        """Attempt *record.attempt* of its slot failed and its replica is gone before the
+        next one: make it here if this replica's job would (the locker logs the outcome)."""
+        attempt = record.attempt + 1
+        why_not = (
+            "the job is paused"
+            if job.paused
+            else refused(job, record.slot, attempt, self._clock.now())
+        )
+        if why_not is not None:
+            _logger.info(
+                "job %r slot %s: attempt %d, left by %s, is not made: %s",
+                job.name,
+                record.slot.isoformat(),
+                attempt,
+                record.owner or "?",
+                why_not,
+                extra=at(job.name, record.slot),
+            )
+            return False
+        return loop.retry(job, record.slot, attempt)
 
     def _why_not(self, job: Job, record: RunRecord) -> str | None:
         if job.paused:

@@ -6,6 +6,13 @@ number (:class:`~cronlock.RetryingLocker`) and dispatches the slot again; a ledg
 claims that attempt by taking the failed row over (attempt k+1 only while the row is at
 attempt k and failed), so however many replicas there are a slot is tried ``1 + retries``
 times in the fleet. A cancelled run (shutdown, lock loss, ``replace``) is not retried.
+
+A locker that keeps pending retries (:class:`DurableRetryLocker`: ``PostgresLocker``) is
+told when the next attempt is due as the backoff begins, and writes it in its ledger: if
+this replica is gone by then (killed, or stopped during the backoff), a replica that has
+the job takes the retry over (its crash check, :class:`~cronlock._core.recovery.Recovery`,
+:meth:`Retries.resume`) by the same guarded takeover, on the same rules
+(:func:`refused`).
 Retries stop when the job's next slot falls due or ``misfire_grace`` runs out, whichever is
 first: a retry never competes with the slot after it.
 
@@ -32,7 +39,7 @@ from .job import Job
 if TYPE_CHECKING:
     from .._clock import Clock
 
-__all__ = ("MAX_DELAY", "Retries", "RetryingLocker", "backoff")
+__all__ = ("MAX_DELAY", "DurableRetryLocker", "Retries", "RetryingLocker", "backoff", "refused")
 
 _logger = get_logger("cronlock")
 
@@ -51,6 +58,30 @@ class RetryingLocker(Locker, Protocol):
     def will_retry(self, job: str, slot: datetime, attempt: int) -> None:
         """The next :meth:`acquire` of *slot* of *job* claims attempt *attempt* (2 or more)."""
         ...
+
+
+@runtime_checkable
+class DurableRetryLocker(RetryingLocker, Protocol):
+    """A retrying locker that keeps a slot's pending retry in its ledger, so that another
+    replica makes it if the one whose attempt failed is gone by then (``PostgresLocker``)."""
+
+    async def retry_due(self, job: str, slot: datetime, attempt: int, when: datetime) -> None:
+        """Write down that attempt *attempt* of *slot* of *job* is due at *when*."""
+        ...
+
+
+def refused(job: Job, slot: datetime, attempt: int, when: datetime) -> str | None:
+    """Why attempt *attempt* of *slot* of *job*, starting at *when*, is not made (None: it
+    is): the one rule of a retry, here or taken over from a replica gone."""
+    if attempt > 1 + job._settings.retries:
+        return f"retries={job._settings.retries} were made"
+    following = job.slot_after(slot)  # (a run_now() slot is none of the schedule's)
+    if following is not None and when >= job.fire_time(following):
+        return f"the next slot ({following.isoformat()}) falls due first"
+    grace = job.misfire_grace
+    if grace is not None and when > job.fire_time(slot) + timedelta(seconds=grace):
+        return f"misfire_grace ({grace}s) runs out first"
+    return None
 
 
 def backoff(job: str, slot: datetime, attempt: int, base: float) -> float:
@@ -98,7 +129,7 @@ class Retries:
             return  # its last attempt
         delay = backoff(job.name, slot, attempt, job._settings.retry_delay)
         when = self._clock.now() + timedelta(seconds=delay)
-        why_not = self._why_not(job, slot, when)
+        why_not = refused(job, slot, attempt + 1, when)
         if why_not is not None:
             _logger.info(
                 "job %r slot %s: attempt %d failed and is not retried: %s",
@@ -121,19 +152,30 @@ class Retries:
         self._bus.emit(JobRetrying(job.name, slot, attempt + 1, delay, error))
         self._spawn(self._retry(job, slot, attempt + 1, when), task_name("retry", job.name))
 
-    def _why_not(self, job: Job, slot: datetime, when: datetime) -> str | None:
-        following = job.slot_after(slot)  # (a run_now() slot is none of the schedule's)
-        if following is not None and when >= job.fire_time(following):
-            return f"the next slot ({following.isoformat()}) falls due first"
-        grace = job.misfire_grace
-        if grace is not None and when > job.fire_time(slot) + timedelta(seconds=grace):
-            return f"misfire_grace ({grace}s) runs out first"
-        return None
-
     async def _retry(self, job: Job, slot: datetime, attempt: int, when: datetime) -> None:
+        locker = job._wiring.locker
+        if isinstance(locker, DurableRetryLocker):
+            try:
+                await locker.retry_due(job.name, slot, attempt, when)
+            except Exception as exc:  # the retry is made here all the same
+                _logger.warning(
+                    "job %r slot %s: attempt %d could not be written down as due (%s); "
+                    "only this replica will make it",
+                    job.name,
+                    slot,
+                    attempt,
+                    exc,
+                    extra=at(job.name, slot),
+                )
         await self._clock.sleep_until(when)
+        self.resume(job, slot, attempt)
+
+    def resume(self, job: Job, slot: datetime, attempt: int) -> bool:
+        """Make attempt *attempt* of *slot* of *job* now (its claim takes the failed row
+        over); False when it is not made: the job was removed or paused, or a run of it
+        goes on and its overlap policy is ``"skip"``."""
         if job._scheduler is None or job.paused:
-            return  # removed or paused meanwhile
+            return False  # removed or paused meanwhile
         if job._active and job.overlap == "skip":  # the next slot's run (a long one) goes on
             _logger.info(
                 "job %r slot %s: attempt %d not started: a run of the job is in progress",
@@ -142,7 +184,7 @@ class Retries:
                 attempt,
                 extra=at(job.name, slot),
             )
-            return
+            return False
         attempts = self._attempts
         attempts[job.name, slot] = attempt
         if len(attempts) > _REMEMBER:  # a retry queued, then dropped with its job, say
@@ -151,3 +193,4 @@ class Retries:
         if isinstance(locker, RetryingLocker):
             locker.will_retry(job.name, slot, attempt)
         self._dispatch(job, slot)
+        return True

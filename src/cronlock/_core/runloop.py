@@ -305,6 +305,11 @@ class RunLoop:
         fast = None if self._cap is not None else self._executor.fast_of(job)
         return None if fast is None else self._fasts.setdefault(fast, fast)
 
+    def retry(self, job: Job, slot: datetime, attempt: int) -> bool:
+        """Make attempt *attempt* of *slot* of *job* now: a retry a replica gone left in
+        the ledger (:meth:`.retries.Retries.resume`); False when it is not made."""
+        return self._retries.resume(job, slot, attempt)
+
     def dispatch(
         self, job: Job, slot: datetime, waiter: asyncio.Future[JobEvent] | None = None
     ) -> None:

@@ -20,6 +20,16 @@ replica that ran it (:meth:`CrashWatch.lost`), once its outcome is in the ledger
 with ``recover=True`` has that slot run again too (a server restart or failover cuts off
 every run in flight; they are not lost for good). The takeover treats ``lock_lost`` on a
 first attempt as it treats ``crashed``.
+
+Retries are durable the same way. The replica whose attempt failed writes down when the
+next attempt is due (``retry_at``, :meth:`LedgerReads.retry_due
+<cronlock.postgres._locker.reads.LedgerReads.retry_due>`) and makes it itself at that
+instant. The same check looks for pending retries of this replica's jobs due
+:data:`RETRY_MARGIN` seconds ago or more whose owner is gone (its members row expired or
+deleted: killed, or stopped during the backoff), clears each as it returns it (one replica
+gets it) and reports it to the callbacks with the failed attempt's record; one that will
+make the retry has the next claim of the slot take the row over as the next attempt: the
+same guarded takeover, so each attempt is claimed once fleet-wide.
 """
 
 from __future__ import annotations
@@ -29,6 +39,7 @@ from logging import INFO, WARNING
 from typing import TYPE_CHECKING, Any
 
 from ..._logs import at, get_logger
+from .._sql import upkeep
 from .._sql.runs import decode_run
 
 if TYPE_CHECKING:
@@ -37,12 +48,15 @@ if TYPE_CHECKING:
     from .._conn import Channel
     from .._modes.base import Statement
 
-__all__ = ("CHECK_EVERY", "CrashWatch")
+__all__ = ("CHECK_EVERY", "RETRY_MARGIN", "CrashWatch")
 
 _logger = get_logger("cronlock.postgres")
 
 CHECK_EVERY = 3.0
 """Seconds between two checks for crashed runs by one locker (while a session is open)."""
+RETRY_MARGIN = 5.0
+"""Seconds past its due time before another replica takes a pending retry over: its own
+replica, alive, makes it at that instant (give or take its clock's offset)."""
 _REMEMBER = 1024  # slots awaiting their rerun, per locker; older ones are forgotten
 
 
@@ -52,17 +66,30 @@ class CrashWatch:
     __slots__ = (
         "_callbacks",
         "_check",
+        "_holder",
+        "_jobs",
         "_recoverable",
+        "_retries",
         "_runs",
         "marked",
         "rerun",
+        "retried",
     )
 
-    def __init__(self, check: Statement | None, *, runs: str = "") -> None:
+    def __init__(
+        self, check: Statement | None, *, runs: str = "", retries: str = "", holder: str = ""
+    ) -> None:
         # The mode's check (session gone, or lease expired: Exclusion.crashed), None when
         # there is nothing to check (no ledger); *runs* names the table in what it logs.
+        # *retries*: the statement that takes pending retries over (_sql/crashes.
+        # retries_due_sql; "" without a ledger), as *holder*, for the jobs of has().
         self._check = check
         self._runs = runs
+        self._retries = retries
+        self._holder = holder
+        self._jobs: dict[str, None] = {}
+        self.retried = 0
+        """Pending retries of gone replicas a callback said it would make."""
         self._callbacks: list[CrashCallback] = []
         self._recoverable: dict[tuple[str, datetime], int] = {}  # the attempt to claim
         self.marked = 0
@@ -79,6 +106,10 @@ class CrashWatch:
         """Tell *callback* of each row marked from now on (once, however often added)."""
         if callback not in self._callbacks:
             self._callbacks.append(callback)
+
+    def has(self, job: str) -> None:
+        """*job* is one of this replica's: its pending retries may be taken over here."""
+        self._jobs[job] = None
 
     def take(self, job: str, slot: datetime) -> int:
         """The attempt *slot* of *job* is to be claimed as, by taking its row over (a rerun
@@ -112,7 +143,55 @@ class CrashWatch:
             record = decode_run(row, table=self._runs, job=row["job"])
             if record is not None:  # marked, but a row no callback could use (._decode)
                 self._report(row["job"], record)
+        if self._retries and self._jobs:
+            await self._take_retries(session, conn, generation)
         return len(rows)
+
+    async def _take_retries(self, session: Channel, conn: Any, generation: int) -> None:
+        """Take over the pending retries of this replica's jobs whose replica is gone."""
+        sql, jobs = self._retries, list(self._jobs)
+        rows = await session.run(
+            conn,
+            generation,
+            lambda c: c.fetch(sql, jobs, RETRY_MARGIN, self._holder, upkeep.MEMBER_TTL),
+            what="checking for retries left by replicas gone",
+            keep_on_server_error=True,
+        )
+        for row in rows:
+            record = decode_run(row, table=self._runs, job=row["job"])
+            if record is not None:
+                self._report_retry(row["job"], record)
+
+    def _report_retry(self, job: str, record: RunRecord) -> None:
+        """*record*, attempt k of its slot, failed and its replica is gone before making
+        attempt k + 1: a callback that makes it has this locker take the row over."""
+        retry = self._tell(job, record)
+        if retry:
+            self.retried += 1
+            self._remember(job, record.slot, record.attempt + 1)
+        _logger.log(
+            WARNING if retry else INFO,
+            "job %r slot %s: attempt %d failed on %s, gone before making attempt %d; %s",
+            job,
+            record.slot.isoformat(),
+            record.attempt,
+            record.owner,
+            record.attempt + 1,
+            "this replica makes it" if retry else "this replica does not make it",
+            extra=at(job, record.slot),
+        )
+
+    def _tell(self, job: str, record: RunRecord) -> bool:
+        """Tell each callback of *record*; whether one will run the slot again."""
+        again = False
+        for callback in tuple(self._callbacks):
+            try:
+                again = bool(callback(job, record)) or again
+            except Exception:
+                _logger.exception(
+                    "crash callback %r failed on job %r", callback, job, extra=at(job)
+                )
+        return again
 
     def lost(self, job: str, record: RunRecord) -> None:
         """This replica's run *record* of *job* (first attempt) was cut off because its lock
@@ -122,14 +201,7 @@ class CrashWatch:
 
     def _report(self, job: str, record: RunRecord, *, marked: bool = True) -> None:
         self.marked += marked
-        rerun = False
-        for callback in tuple(self._callbacks):
-            try:
-                rerun = bool(callback(job, record)) or rerun
-            except Exception:
-                _logger.exception(
-                    "crash callback %r failed on job %r", callback, job, extra=at(job)
-                )
+        rerun = self._tell(job, record)
         if rerun:
             self.rerun += 1
             self._remember(job, record.slot, 2)

@@ -95,6 +95,9 @@ class NoLedgerReads:
         """No run was recorded."""
         return []
 
+    async def retry_due(self, job: str, slot: datetime, attempt: int, when: datetime) -> None:
+        """Nothing to write down: without a ledger only this replica retries."""
+
     async def summaries(self, jobs: Sequence[str]) -> Mapping[str, LedgerSummary]:
         """No job has a row."""
         return {}

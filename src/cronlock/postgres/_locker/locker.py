@@ -30,6 +30,7 @@ from ..._service import Service
 from .._conn.source import Keepalives, default_application_name, watch_pool
 from .._modes import exclusion_for, source_for
 from .._modes.base import Channels, Mode
+from .._sql.crashes import retries_due_sql
 from .._sql.failover import reassert_sql
 from .._sql.tables import DEFAULT_TABLE, LedgerTable
 from .._statistics import LockerCounts, PostgresLockerStatistics
@@ -213,7 +214,10 @@ class PostgresLocker(HeldOpenByBlocks, ReadsLedger):
             ),
         )
         self._crashes = CrashWatch(
-            self._exclusion.crashed(host, os.getpid()), runs=ledger_or(str, lambda t: t.runs)
+            self._exclusion.crashed(host, os.getpid()),
+            runs=ledger_or(str, lambda t: t.runs),
+            retries=ledger_or(str, retries_due_sql),
+            holder=self._holder,
         )
         self._foreign: ForeignHolders | NoForeignHolders = ledger_or(
             NoForeignHolders, lambda t: ForeignHolders(t, self._shards)
@@ -463,6 +467,7 @@ class PostgresLocker(HeldOpenByBlocks, ReadsLedger):
         in the ledger are a conflict, :class:`FleetWatch`)."""
         if self._upkeep.note(job, schedule, next_run, tags, target):
             self._members.has(job)  # a new job of ours: our group is the replicas with it
+            self._crashes.has(job)  # and its retries left by a replica gone are ours too
 
     async def prune(self) -> int:
         """Delete ledger rows older than *retention* now; return how many (it runs by

@@ -15,6 +15,7 @@ from ..._cancel import task_name, uncancellable
 from ..._errors import LockError
 from ..._keys import job_lock_key
 from ..._locking.protocols import LedgerSummary
+from .._sql.crashes import retry_due_sql
 from .._sql.runs import (
     Prefixed,
     catch_up_sql,
@@ -85,6 +86,12 @@ class LedgerReads:
         runs = self._table.runs
         decoded = (decode_history(row, table=runs, job=job) for row in rows)
         return [record for record in decoded if record is not None]
+
+    async def retry_due(self, job: str, slot: datetime, attempt: int, when: datetime) -> None:
+        """Write down that attempt *attempt* of *slot* of *job* is due at *when*
+        (:func:`.._sql.crashes.retry_due_sql`)."""
+        sql = retry_due_sql(self._table)
+        await self._read(job, lambda s: s.execute(sql, job, slot, attempt, when))
 
     async def summaries(self, jobs: Sequence[str]) -> Mapping[str, LedgerSummary]:
         """Each job's latest claimed slot, latest finished run and latest success.
@@ -197,6 +204,14 @@ class ReadsLedger:
         failed row over in the ledger: granted once fleet-wide, and only while the attempt
         before it is the row's and failed (``retries``). Without a ledger, a plain claim."""
         self._crashes.retry(job, slot, attempt)
+
+    async def retry_due(self, job: str, slot: datetime, attempt: int, when: datetime) -> None:
+        """Write down in the ledger that attempt *attempt* of *slot* of *job* is due at
+        *when*, while the attempt before it is the row's and failed or timed out: the
+        scheduler's retry after a failed attempt (``retries``), which another replica makes
+        if this one is gone by then. Nothing without a ledger. Raises
+        :class:`cronlock.LockError` when the server cannot be reached or fails."""
+        await self._reads.retry_due(job, slot, attempt, when)
 
     def refusal_history(self, job: str) -> tuple[RunRecord | None, RunRecord | None] | None:
         """What the ledger said with the refusal :meth:`acquire` just gave *job*: the job's

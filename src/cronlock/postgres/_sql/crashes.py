@@ -9,7 +9,15 @@ from __future__ import annotations
 from .runs import R_RUN
 from .tables import LedgerTable
 
-__all__ = ("KEPT_ATTEMPTS", "TAKEN_OVER", "crashed_sql", "owner_gone", "recover_sql")
+__all__ = (
+    "KEPT_ATTEMPTS",
+    "TAKEN_OVER",
+    "crashed_sql",
+    "owner_gone",
+    "recover_sql",
+    "retries_due_sql",
+    "retry_due_sql",
+)
 
 
 def owner_gone(table: LedgerTable, holder: str, ttl: str) -> str:
@@ -98,7 +106,8 @@ def recover_sql(table: LedgerTable) -> str:
     ``crashed`` (or ``lock_lost``) on its first attempt (:data:`TAKEN_OVER`; this replica as
     owner, started now): a crashed run is rerun at most once fleet-wide, and every attempt
     of a retried slot is claimed once. The attempt taken over is appended to the row's
-    ``attempts`` (:data:`KEPT_ATTEMPTS`). A lock granted for a row that cannot be taken over
+    ``attempts`` (:data:`KEPT_ATTEMPTS`), and its pending retry, if any, is cleared
+    (``retry_at``: the retry is this claim). A lock granted for a row that cannot be taken over
     is given back in the same statement.
     """
     return f"""
@@ -118,7 +127,7 @@ def recover_sql(table: LedgerTable) -> str:
             SET host = EXCLUDED.host, pid = EXCLUDED.pid, session = EXCLUDED.session,
                 holder = EXCLUDED.holder, attempts = {KEPT_ATTEMPTS},
                 started_at = clock_timestamp(), finished_at = NULL, outcome = NULL,
-                error = NULL, attempt = $6::smallint
+                error = NULL, attempt = $6::smallint, retry_at = NULL
             WHERE {TAKEN_OVER.format(attempt="$6::smallint")}
             RETURNING r.started_at
         ), c AS MATERIALIZED (
@@ -128,3 +137,33 @@ def recover_sql(table: LedgerTable) -> str:
                CASE WHEN c.got AND c.started_at IS NULL
                     THEN pg_advisory_unlock($1::bigint) END AS undone
         FROM c"""
+
+
+def retry_due_sql(table: LedgerTable) -> str:
+    """Write down that attempt ``$3`` of slot ``$2`` of job ``$1`` is due at ``$4``: the
+    retry the replica whose attempt failed will make, in the ledger, so that another replica
+    makes it if that one is gone by then (:func:`retries_due_sql`). Only while the row is
+    the failed or timed-out attempt before it (a row taken over meanwhile is left alone).
+    """
+    return f"""
+        UPDATE {table.runs} AS r SET retry_at = $4::timestamptz
+        WHERE r.job = $1::text AND r.slot = $2::timestamptz
+          AND r.attempt = $3::smallint - 1 AND r.outcome IN ('failed', 'timed_out')"""
+
+
+def retries_due_sql(table: LedgerTable) -> str:
+    """Take the pending retries of the jobs ``$1`` (this replica's) that their replica did
+    not make: due ``$2`` seconds ago or more (its own retry comes first), the attempt before
+    still failed or timed out, and its owner gone (:func:`owner_gone`, with ``$3`` this
+    locker's holder and ``$4`` the members' time to live). Each is cleared as it is returned,
+    so one replica gets it; the answers are runs (:data:`.runs.R_RUN`), of the attempt that
+    failed, whose next attempt the caller may claim by taking the row over
+    (:func:`recover_sql`: once fleet-wide, however many replicas try).
+    """
+    return f"""
+        UPDATE {table.runs} AS r SET retry_at = NULL
+        WHERE r.retry_at <= now() - $2::float8 * interval '1 second'
+          AND r.job = ANY($1::text[])
+          AND r.finished_at IS NOT NULL AND r.outcome IN ('failed', 'timed_out')
+          AND {owner_gone(table, "$3::text", "$4::float8")}
+        RETURNING r.job, {R_RUN}"""

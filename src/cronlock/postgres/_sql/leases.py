@@ -180,7 +180,7 @@ def lease_recover_sql(table: LedgerTable) -> str:
             SET host = $4::text, pid = $5::integer, session = NULL, holder = $6::text,
                 attempts = {KEPT_ATTEMPTS},
                 started_at = clock_timestamp(), finished_at = NULL, outcome = NULL,
-                error = NULL, attempt = $8::smallint
+                error = NULL, attempt = $8::smallint, retry_at = NULL
             WHERE r.job = $2 AND r.slot = $3 AND {TAKEN_OVER.format(attempt="$8::smallint")}
               AND EXISTS (SELECT 1 FROM lease)
             RETURNING r.started_at

@@ -42,6 +42,7 @@ __all__ = (
 _ADDED_COLUMNS = (
     *("session", "attempt", "manual", "grace", "due", "grace_until", "first_seen", "tags"),
     *("holder", "attempts", "retired_at"),
+    "retry_at",
 )
 
 LedgerState = Literal["missing", "old", "current"]
@@ -119,6 +120,7 @@ def ledger_ddl(table: LedgerTable) -> list[str]:
                 manual      boolean     NOT NULL DEFAULT false,
                 holder      text,
                 attempts    jsonb,
+                retry_at    timestamptz,
                 PRIMARY KEY (job, slot)
             )""",
         # A ledger made by an older cronlock: add what it lacks (no table rewrite: the
@@ -134,6 +136,12 @@ def ledger_ddl(table: LedgerTable) -> list[str]:
         # replaced each found it (_sql/crashes.KEPT_ATTEMPTS); NULL for a slot tried once.
         # An older cronlock's takeover leaves it as it is.
         f"ALTER TABLE {runs} ADD COLUMN IF NOT EXISTS attempts jsonb",
+        # When the retry of a failed attempt is due (the attempt is the row's plus one),
+        # written by the replica that will retry it: another one takes the retry over if
+        # that replica is gone by then (_sql/crashes.retries_due_sql); NULL otherwise.
+        f"ALTER TABLE {runs} ADD COLUMN IF NOT EXISTS retry_at timestamptz",
+        f"""CREATE INDEX IF NOT EXISTS {table.index("_retry_idx")} ON {runs} (retry_at)
+                WHERE retry_at IS NOT NULL""",
         # For pruning by age across jobs; (job, slot) lookups use the primary key.
         f"CREATE INDEX IF NOT EXISTS {table.index('_slot_idx')} ON {runs} (slot)",
         # The crash check reads only the unfinished runs, a handful however many runs.
