@@ -176,7 +176,7 @@ async def test_a_fleet_that_is_gone_is_never_ok(
         replicas.append(Replica(pg_dsn, table, mode, "--job", f"beat={period}"))
     await asyncio.gather(*(replica.started() for replica in replicas))
     slots = await asyncio.gather(*(succeeded(pg_dsn, table, "beat") for table in tables))
-    # A job the ledger has no note of cannot be judged: its replica notes it at once.
+    # A job the ledger has no note of cannot be judged (its replica notes it within 30 s).
     await asyncio.gather(*(noted(pg_dsn, table, "beat") for table in tables))
 
     async def stop(i: int) -> None:

@@ -184,11 +184,14 @@ async def test_runs_the_failover_lost_are_written_back_before_a_slot_runs_again(
     warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
     assert sum("connected to a new primary" in m for m in warnings) == 2, warnings  # a, b
     assert sum("lacked" in m for m in warnings) == 1, warnings
-    # Session mode: the run in flight lost its lock with its session (one ERROR says so).
+    # Session mode: the run in flight lost its lock with its session (one ERROR says so);
+    # a failover slow enough to outlast a connect attempt (a loaded machine) is an outage,
+    # said once per locker at most.
     errors = [m for m in warnings if "dropped" not in m]
-    assert not [
-        r for r in caplog.records if r.levelno >= logging.ERROR and r.getMessage() in errors
-    ]
+    said = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    outage = [m for m in said if m in errors and "cannot connect" in m]
+    assert len(outage) <= 2, outage  # a, b
+    assert not [m for m in said if m in errors and "cannot connect" not in m]
     assert not [r for r in caplog.records if r.exc_info]
 
 

@@ -238,9 +238,6 @@ class LedgerUpkeep(Upkeep):
         self._notes: dict[str, tuple[str, datetime | None, Collection[str]]] = {}
         self._dirty: set[str] = set()
         self._dirty_at: float | None = None  # loop time a tick first saw unwritten notes
-        # A job never noted yet: its first note goes at the next tick, busy or not (until
-        # the ledger has it, status and the dashboard cannot judge the job at all).
-        self._unnoted = False
         self._late: list[tuple[str, datetime, RunRecord, int]] = []
         self._host = host
         self._crashes = crashes
@@ -275,8 +272,6 @@ class LedgerUpkeep(Upkeep):
             self._define(job, schedule)
         self._notes[job] = (schedule, next_run, tags)
         self._dirty.add(job)
-        if known is None:
-            self._unnoted = True
         return known is None
 
     def _define(self, job: str, schedule: str) -> None:
@@ -336,12 +331,10 @@ class LedgerUpkeep(Upkeep):
         # the schedules of thousands of jobs are a long statement), within reason.
         if self._dirty and self._dirty_at is None:
             self._dirty_at = now
-        if self._dirty_at is not None and (
-            self._unnoted
-            or (
-                now - self._noted_at >= NOTE_EVERY * self._spread()
-                and (now - self._dirty_at >= NOTE_LATEST or not self._busy())
-            )
+        if (
+            self._dirty_at is not None
+            and now - self._noted_at >= NOTE_EVERY * self._spread()
+            and (now - self._dirty_at >= NOTE_LATEST or not self._busy())
         ):
             await self._duty("schedule notes", self._write_notes, session, conn, generation)
         # Other replicas' runs whose session is gone (ours are left to the late
@@ -426,7 +419,6 @@ class LedgerUpkeep(Upkeep):
         if not self._dirty:
             return
         dirty, self._dirty, self._dirty_at = self._dirty, set(), None
-        unnoted, self._unnoted = self._unnoted, False
         names = sorted(dirty)
         notes = [self._notes[name] for name in names]
         known = self.health()  # read once: each job's health is computed when looked up
@@ -453,7 +445,6 @@ class LedgerUpkeep(Upkeep):
             )
         except BaseException:
             self._dirty |= dirty
-            self._unnoted |= unnoted
             raise
         self._noted_at = asyncio.get_running_loop().time()
 
