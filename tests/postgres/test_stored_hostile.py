@@ -26,7 +26,7 @@ import asyncpg
 import pytest
 
 import cronlock.web
-from cronlock import RunContext, Scheduler, ScheduleRejected, cron, every
+from cronlock import Event, RunContext, Scheduler, ScheduleRejected, cron, every
 from cronlock._stored.limits import shown
 from cronlock.postgres import FleetControl, PostgresLocker
 from cronlock.postgres._locker import members
@@ -190,7 +190,11 @@ class Replica:
         async def report(ctx: RunContext, **kwargs: Any) -> None:
             starts.append((ctx.job, ctx.slot, kwargs))
 
-        self.scheduler.subscribe(self.rejected.append, ScheduleRejected)
+        def rejected(event: Event) -> None:
+            assert isinstance(event, ScheduleRejected)
+            self.rejected.append(event)
+
+        self.scheduler.subscribe(rejected, ScheduleRejected)
 
 
 async def eventually(check: Callable[[], object], what: str, limit: float = 30.0) -> None:
@@ -255,10 +259,10 @@ async def test_hostile_rows_are_rejected_alone_and_every_reader_answers(
             await hand_write(admin, ledger, "bad:late", HOSTILE["bad:kwargs-1000-deep"])
             await fc.add_schedule("good:late", "report", every(1), kwargs={"tenant": 2})
             good = {"good:every", "good:cron", "good:late", "good:odd-\u202eunicode\u00e9"}
-            for replica in replicas:
-                await eventually(
-                    lambda r=replica: good <= set(r.scheduler.stored_jobs), "good jobs applied"
-                )
+            await eventually(
+                lambda: all(good <= set(r.scheduler.stored_jobs) for r in replicas),
+                "good jobs applied",
+            )
 
             def ran(job: str) -> int:
                 return len({slot for name, slot, _ in starts if name == job})
