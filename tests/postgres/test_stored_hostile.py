@@ -27,7 +27,6 @@ import pytest
 
 import cronlock.web
 from cronlock import Event, RunContext, Scheduler, ScheduleRejected, cron, every
-from cronlock._stored.limits import shown
 from cronlock.postgres import FleetControl, PostgresLocker
 from cronlock.postgres._locker import members
 from cronlock.postgres._sql.tables import LedgerTable
@@ -41,6 +40,12 @@ pytestmark = [pytest.mark.postgres, pytest.mark.slow]
 ANCHOR = "1970-01-01T00:00:00+00:00"
 LATE = "9999-12-31T00:00:00+00:00"
 EVERY = {"kind": "every", "micros": 1_000_000, "anchor": ANCHOR}
+
+
+def shown(name: str) -> str:
+    """A name as the replicas' WARNING shows it (a long one shortened)."""
+    text = repr(name)
+    return text if len(text) <= 60 else f"{text[:60]}... ({len(text)} characters)"
 
 
 def deep(levels: int) -> str:

@@ -172,7 +172,7 @@ def check_options(name: str, options: Mapping[str, Any]) -> None:
 def _check_seconds(name: str, field: str, seconds: float, value: object) -> None:
     if math.isfinite(seconds) and seconds > MAX_OPTION_SECONDS:
         raise ScheduleError(
-            f"schedule {name!r}: {field} is longer than {MAX_OPTION_SECONDS:g}s (about ten "
+            f"schedule {name!r}: {field} is longer than {MAX_OPTION_SECONDS:.0f}s (about ten "
             f"years), got {shown(value)}"
         )
 
