@@ -20,7 +20,6 @@ from ._core.wiring import Wiring, checkable, wire
 from ._durations import Seconds, optional_seconds, positive_int, to_seconds
 from ._errors import (
     ConfigError,
-    CronlockError,
     JobConflictError,
     JobLookupError,
     LockUnavailable,
@@ -44,6 +43,7 @@ from ._resources import Resources
 from ._schedules.interval import IntervalSchedule
 from ._schedules.schedule import MIN_INTERVAL, Schedule, bind_zone, check_interval, check_jitter
 from ._schedules.tz import TimeZone, resolve_tz
+from ._stored.limits import DEFAULT_MIN_INTERVAL
 from ._stored.schedule import ScheduleStore
 from ._stored.sync import StoredSync
 
@@ -92,6 +92,9 @@ class Scheduler:
     locker's server clock (default with PostgreSQL: see docs/coordination.md, "Fleet time").
     *sync_every*: seconds between two reads of the stored schedules, when the locker keeps
     them (``PostgresLocker``; see :meth:`task` and docs/guides/stored-schedules.md).
+    *stored_min_interval*: the shortest gap in seconds two slots of a stored schedule may
+    have here; one with a shorter gap is rejected, as a row past any other limit is (set
+    it as the ``FleetControl(min_interval=)`` that stores them; 1 s by default).
 
     **Naming a job.** The verbs on one job (:meth:`get_job`, :meth:`remove`,
     :meth:`update`, :meth:`pause_job`, :meth:`resume_job`, :meth:`run_job_now`, and the
@@ -118,6 +121,7 @@ class Scheduler:
         on_lock_lost: Literal["cancel", "continue"] = "cancel",
         fleet_clock: bool | None = None,
         sync_every: Seconds = 2.0,
+        stored_min_interval: Seconds = DEFAULT_MIN_INTERVAL,
     ) -> None:
         self._tz = resolve_tz(tz)
         if max_concurrent is not None:
@@ -156,6 +160,9 @@ class Scheduler:
         )
         self._fleet = FleetState(self._jobs, lambda: self._loop, self._default_timeout)
         self._sync_every = to_seconds(sync_every, field="sync_every", error=ConfigError)
+        self._stored_min_interval = to_seconds(
+            stored_min_interval, field="stored_min_interval", allow_zero=True, error=ConfigError
+        )
         self._tasks: dict[str, Callable[..., object]] = {}
         self._stored: StoredSync | None = None
 
@@ -613,12 +620,18 @@ class Scheduler:
         self._wire(True, None)
         if self._stored is None:
             self._stored = StoredSync(
-                self, self._tasks, store, self._clock, self._bus, self._sync_every
+                self,
+                self._tasks,
+                store,
+                self._clock,
+                self._bus,
+                self._sync_every,
+                self._stored_min_interval,
             )
         try:
             await self._stored.sync()
-        except CronlockError as exc:
-            _logger.error("reading the stored schedules failed: %s; retrying", exc)
+        except Exception as exc:  # the start goes on: the sync reads them again, alone
+            _logger.error("reading the stored schedules failed: %r; retrying", exc)
 
     async def shutdown(self, timeout: Seconds | None = None) -> None:
         """Stop firing; wait up to *timeout* (default ``stop_timeout``) for runs in flight,

@@ -32,7 +32,9 @@ class StoredSchedule:
     revision to why (no such task there, kwargs that do not fit the task); a replica that
     exited is left out. :attr:`problem` says it in one line. *rejected* is true when every
     live replica of the ledger gave a problem with this revision: no replica runs it
-    (status ``rejected``).
+    (status ``rejected``). *unreadable* says why a row cannot be read or breaks a limit
+    (written by hand: see the stored-schedules guide's limits); its schedule then never
+    fires, its kwargs and options are empty, and no replica runs it.
     """
 
     name: str
@@ -45,13 +47,15 @@ class StoredSchedule:
     updated_at: datetime | None = None
     problems: Mapping[str, str] = field(default_factory=dict)
     rejected: bool = False
+    unreadable: str | None = None
 
     @property
     def problem(self) -> str | None:
         """The replicas' problems with this revision in one line (``None``: none said any):
-        each reason once, with the replicas that gave it."""
+        each reason once, with the replicas that gave it; for an unreadable row none has
+        said yet, why it is unreadable."""
         if not self.problems:
-            return None
+            return None if self.unreadable is None else f"unreadable: {self.unreadable}"
         by: dict[str, list[str]] = {}
         for replica, reason in sorted(self.problems.items()):
             by.setdefault(reason, []).append(replica)

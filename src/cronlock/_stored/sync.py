@@ -6,7 +6,10 @@ whose task it has, and then reads the changes since the last revision it saw eve
 ``sync_every`` seconds (one call, however many schedules). A schedule it cannot register
 (no such task here, kwargs that do not fit the task, a name a code-defined job has) is
 rejected on its own: a WARNING and a :class:`~cronlock.ScheduleRejected` once per
-revision, a problem noted in the store, and the other schedules go on.
+revision, a problem noted in the store, and the other schedules go on. So is a row the
+store could not read or that breaks a limit (:mod:`.decode`, :mod:`.limits`: written by
+hand), and one whose slots are closer than this replica's ``stored_min_interval``; a job
+of an earlier revision of it is dropped.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from .._errors import CronlockError, LockError
 from .._events import EventBus, ScheduleRejected
 from .._logs import get_logger
 from .._schedules.schedule import Schedule
+from .limits import DEFAULT_MIN_INTERVAL, check_rate, shown
 from .schedule import ScheduleStore, StoredSchedule
 
 __all__ = ("StoredSync",)
@@ -54,6 +58,7 @@ class StoredSync:
         clock: Clock,
         bus: EventBus,
         every: float,
+        min_interval: float = DEFAULT_MIN_INTERVAL,
     ) -> None:
         self._registry = registry
         self._tasks = tasks
@@ -61,6 +66,7 @@ class StoredSync:
         self._clock = clock
         self._bus = bus
         self._every = timedelta(seconds=every)
+        self._min_interval = min_interval
         self._revision = 0
         self.applied: dict[str, StoredSchedule] = {}
         """The stored schedules registered here as jobs, by name."""
@@ -92,7 +98,7 @@ class StoredSync:
         try:
             await self._apply(stored)
         except Exception as exc:
-            _logger.exception("stored schedule %r: applying it failed", stored.name)
+            _logger.exception("stored schedule %s: applying it failed", shown(stored.name))
             await self._reject(stored, f"applying it failed: {exc!r}")
 
     def _drop(self, name: str) -> None:
@@ -100,6 +106,10 @@ class StoredSync:
             self._registry.remove(name)  # (unless the application removed it itself)
 
     async def _apply(self, stored: StoredSchedule) -> None:
+        if stored.unreadable is not None:  # no job of it: an earlier revision's goes too
+            self._drop(stored.name)
+            await self._reject(stored, stored.unreadable)
+            return
         old = self.applied.get(stored.name)
         if old is not None and (old.task, old.kwargs, old.options) == (
             stored.task,
@@ -109,6 +119,7 @@ class StoredSync:
             # Only the schedule changed: the job keeps its history, pause and run in flight.
             if old.schedule != stored.schedule:
                 try:
+                    check_rate(stored.name, stored.schedule, self._min_interval)
                     self._registry.update(stored.name, stored.schedule)
                 except CronlockError as exc:
                     self._drop(stored.name)
@@ -128,10 +139,12 @@ class StoredSync:
             await self._reject(stored, f"a job defined in code is named {stored.name!r}")
             return
         try:
+            check_rate(stored.name, stored.schedule, self._min_interval)
+            stored.schedule.next_after(self._clock.now())  # a schedule that cannot plan
             self._registry.add_job(
                 task, stored.schedule, name=stored.name, kwargs=stored.kwargs, **stored.options
             )
-        except (CronlockError, TypeError, ValueError) as exc:
+        except (CronlockError, TypeError, ValueError, ArithmeticError) as exc:
             await self._reject(stored, str(exc))
             return
         self.applied[stored.name] = stored
@@ -141,8 +154,8 @@ class StoredSync:
             return  # said once for this revision; the sync tries it again quietly
         self._noted[stored.name] = (stored.revision, reason)
         _logger.warning(
-            "stored schedule %r (revision %d) is not run here: %s",
-            stored.name,
+            "stored schedule %s (revision %d) is not run here: %s",
+            shown(stored.name),
             stored.revision,
             reason,
         )

@@ -20,11 +20,12 @@ from datetime import datetime
 from types import TracebackType
 from typing import Any, Self
 
-from ..._durations import Seconds, optional_seconds
+from ..._durations import Seconds, optional_seconds, positive_int, to_seconds
 from ..._errors import ConfigError, JobConflictError, JobLookupError, LockError
 from ..._logs import get_logger
 from ..._names import unknown_job
 from ..._records import RunRecord
+from ..._stored.limits import DEFAULT_MAX_SCHEDULES, DEFAULT_MIN_INTERVAL
 from .._conn.errors import backend_errors
 from .._conn.source import ConnectionSource
 from .._sql.control import (
@@ -162,7 +163,10 @@ class FleetControl(ScheduleVerbs):
     reads it: no polling), and lasts until :meth:`resume`, across restarts and deploys.
     A trigger runs the job once, now, on exactly one replica (one that has the job
     registered and running), even while it is paused. Schedules the application keeps in
-    the ledger are added, changed and removed here too (:meth:`add_schedule`).
+    the ledger are added, changed and removed here too (:meth:`add_schedule`), held to the
+    limits of docs/guides/stored-schedules.md: *min_interval* is the shortest gap in seconds
+    two slots of a stored schedule may have (as the replicas' ``stored_min_interval``),
+    *max_schedules* how many schedules the ledger may hold (checked when one is added).
 
     *who* is recorded as who made each change (a pause's ``paused_by``, a trigger's
     ``triggered_by``, a stored schedule's ``updated_by``, a retire's ``retired_by``): your
@@ -177,6 +181,8 @@ class FleetControl(ScheduleVerbs):
         table: str = DEFAULT_TABLE,
         schema: str | None = None,
         who: str | None = None,
+        min_interval: Seconds = DEFAULT_MIN_INTERVAL,
+        max_schedules: int = DEFAULT_MAX_SCHEDULES,
     ) -> None:
         if who is not None and not (isinstance(who, str) and who.strip()):
             raise ConfigError(f"FleetControl: who must be a non-empty string, got {who!r}")
@@ -184,6 +190,12 @@ class FleetControl(ScheduleVerbs):
         kwargs = {"statement_cache_size": 0} if isinstance(pool_or_dsn, str) else None
         self._source = ConnectionSource(pool_or_dsn, kwargs)
         self._table = LedgerTable(table, schema)
+        self._min_interval = to_seconds(
+            min_interval, field="min_interval", allow_zero=True, error=ConfigError
+        )
+        self._max_schedules = positive_int(
+            max_schedules, field="max_schedules", owner="FleetControl"
+        )
         self._conn: Any = None
         self._held = contextlib.AsyncExitStack()  # the connection lent for the block
         self._who = who if who is not None else f"{socket.gethostname()}:{os.getpid()}"

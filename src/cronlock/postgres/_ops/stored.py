@@ -18,11 +18,12 @@ from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import Any
 
-from ..._errors import ConfigError, JobConflictError, JobLookupError, ScheduleError
+from ..._errors import JobConflictError, JobLookupError, ScheduleError
 from ..._names import check_job_name
 from ..._schedules.calendar import CalendarSchedule
 from ..._schedules.cron import CronSchedule
 from ..._schedules.schedule import Schedule
+from ..._stored import limits
 from ..._stored.json import (
     check_stored,
     first_slot,
@@ -39,6 +40,7 @@ from .._sql.fleet import SERVER_CLOCK_SQL
 from .._sql.stored import (
     NONE_REMOVED,
     SCHEDULES_LOCK_SQL,
+    count_schedules_sql,
     decode_stored,
     forget_job_sql,
     job_in_code_sql,
@@ -65,20 +67,29 @@ class _Checked:
         schedule: Schedule,
         kwargs: Mapping[str, Any] | None,
         options: Mapping[str, Any],
+        min_interval: float,
     ) -> None:
         self.name = check_job_name(name, field="schedule name")
-        if not isinstance(task, str) or not task:
-            raise ConfigError(f"schedule {name!r}: task must be a non-empty string, got {task!r}")
-        self.task = task
+        self.task = limits.check_task(name, task)
         self.schedule_json = schedule_to_json(schedule, owner=name)
+        limits.check_json_value(name, "kwargs", kwargs)  # before it is made JSON
         self.kwargs_json = kwargs_to_json(kwargs, owner=name)
         self.options_json = options_to_json(options, owner=name)
+        for field, text in (
+            ("schedule", json.dumps(self.schedule_json)),
+            ("kwargs", self.kwargs_json),
+            ("options", json.dumps(self.options_json)),
+        ):
+            limits.check_json_text(name, field, text)
         # What a replica will make of it, checked the way add_job checks it there (its
-        # kwargs are the replica's to check: only it has the task).
+        # kwargs are the replica's to check: only it has the task), and held to the limits
+        # a replica holds a row to (:mod:`cronlock._stored.decode`).
         self.schedule = schedule_from_json(self.schedule_json)
         self.kwargs: dict[str, Any] = json.loads(self.kwargs_json)
         self.options = options_from_json(self.options_json)
+        limits.check_options(name, self.options)
         self._bound, self.settings = check_stored(name, self.schedule, self.options)
+        limits.check_rate(name, self.schedule, min_interval)
 
     def first_slot(self, now: datetime) -> datetime:
         """The first slot after *now* (the server's time); raises if it never fires."""
@@ -102,6 +113,8 @@ class ScheduleVerbs:
 
     _table: LedgerTable
     _who: str
+    _min_interval: float
+    _max_schedules: int
 
     async def _call(self, fn: Any) -> Any:
         raise NotImplementedError  # FleetControl's
@@ -123,9 +136,12 @@ class ScheduleVerbs:
         without a zone runs in UTC. Replicas pick it up at their next sync (``sync_every``,
         2 s by default). Raises :class:`~cronlock.ScheduleError` for what no replica could
         run (naming the schedule and the value) and :class:`~cronlock.JobConflictError`
-        when *name* is stored already or is a job defined in code.
+        when *name* is stored already or is a job defined in code; a schedule past a limit
+        (``min_interval``, ``max_schedules``, sizes: docs/guides/stored-schedules.md) is a
+        :class:`~cronlock.ScheduleError` too.
         """
-        checked = _Checked(name, task, schedule, kwargs, options)  # before any statement
+        # Checked before any statement, as a replica checks the row (docs: the limits).
+        checked = _Checked(name, task, schedule, kwargs, options, self._min_interval)
         return await self._change(name, lambda _: checked, adding=True)
 
     async def update_schedule(
@@ -153,6 +169,7 @@ class ScheduleVerbs:
                 old.schedule if schedule is None else in_zone_of(schedule, old.schedule),
                 old.kwargs if kwargs is None else kwargs,
                 {**old.options, **options},
+                self._min_interval,
             )
 
         return await self._change(name, merged, adding=False)
@@ -215,11 +232,18 @@ class ScheduleVerbs:
                             f"schedule {name!r}: a job defined in code has this name (it has "
                             "runs in the ledger); choose another name"
                         )
+                    stored = await conn.fetchval(count_schedules_sql(table))
+                    limits.check_count(name, stored, self._max_schedules)
                     new = make(None)
                 else:
                     was = None if old is None else decode_stored(old, table=table.schedules)
                     if was is None:
                         raise JobLookupError(await self._unknown(conn, name))
+                    if was.unreadable is not None:  # nothing of it to keep: say so
+                        raise ScheduleError(
+                            f"schedule {name!r}: its stored row cannot be read "
+                            f"({was.unreadable}); remove it and add it again"
+                        )
                     new = make(was)
                 first = new.first_slot(await conn.fetchval(SERVER_CLOCK_SQL))
                 revision = await conn.fetchval(next_revision_sql(table))

@@ -21,8 +21,8 @@ from datetime import datetime
 from typing import Any
 
 from ..._keys import job_lock_key
-from ..._schedules.schedule import Schedule
-from ..._stored.json import options_from_json, schedule_from_json
+from ..._stored.decode import MAX_REASON, decode_row
+from ..._stored.limits import MAX_JSON_BYTES, MAX_NAME, shortened
 from ..._stored.schedule import Change, StoredSchedule
 from .runs import report_odd, sane
 from .tables import LedgerTable
@@ -30,6 +30,7 @@ from .tables import LedgerTable
 __all__ = (
     "NONE_REMOVED",
     "SCHEDULES_LOCK_SQL",
+    "count_schedules_sql",
     "decode_changes",
     "decode_stored",
     "forget_job_sql",
@@ -163,6 +164,12 @@ def schedules_count_sql(table: LedgerTable) -> str:
 
 
 @functools.cache
+def count_schedules_sql(table: LedgerTable) -> str:
+    """No parameters: how many schedules are stored (tombstones left out)."""
+    return f"SELECT count(*) FROM {table.schedules} WHERE NOT removed"
+
+
+@functools.cache
 def rejected_sql(table: LedgerTable) -> str:
     """No parameters: :func:`list_schedules_sql`'s rows of the schedules rejected
     everywhere only (every live member reported a problem with the current revision):
@@ -218,37 +225,40 @@ def schedules_lock_key(runs: str) -> int:
     return job_lock_key(f"cronlock:schedules:{runs}")
 
 
-def decode_stored(row: Any, *, table: str) -> StoredSchedule | None:
-    """The stored schedule *row* holds; ``None`` (reported once, as an unreadable row of
-    *table*) when it holds what no cronlock wrote."""
+def decode_stored(row: Any, *, table: str) -> StoredSchedule:
+    """The stored schedule *row* holds, through the one decode boundary
+    (:func:`cronlock._stored.decode.decode_row`): a row that cannot be read, is out of
+    range or breaks a limit is read as :attr:`~cronlock.StoredSchedule.unreadable` (why),
+    never raised. *table* names the table in a problem column's report."""
+    name: str = row["name"]
+    decoded = decode_row(name, row["task"], row["schedule"], row["kwargs"], row["options"])
+    problems: dict[str, str] = {}
     try:
-        schedule: Schedule = schedule_from_json(json.loads(row["schedule"]))
-        kwargs = json.loads(row["kwargs"])
-        options = options_from_json(json.loads(row["options"]))
-        problems = json.loads(row["problems"] or "{}")
-        if not isinstance(kwargs, dict) or not isinstance(problems, dict):
-            raise TypeError("kwargs and problems must be objects")
-    except (KeyError, TypeError, ValueError, AttributeError) as exc:  # ScheduleError too
-        report_odd(table, row["name"], f"schedule: {exc}")
-        return None
+        text = row["problems"] or "{}"
+        noted = json.loads(text) if len(text) <= MAX_JSON_BYTES else {}
+        problems = {str(by)[:MAX_NAME]: str(why)[:MAX_REASON] for by, why in noted.items()}
+    except Exception as exc:  # any text at all: the row's problems are then unknown
+        report_odd(table, name, f"problems: {type(exc).__name__}", kept=True)
     updated: datetime | None = row["updated_at"]
     return StoredSchedule(
-        name=row["name"],
-        task=row["task"],
-        schedule=schedule,
-        kwargs=kwargs,
-        options=options,
+        name=name,
+        task=row["task"] if decoded.unreadable is None else shortened(row["task"]),
+        schedule=decoded.schedule,
+        kwargs=decoded.kwargs,
+        options=decoded.options,
         revision=row["revision"],
         paused=bool(row["paused"]),
         updated_at=updated,
-        problems={str(by): str(text) for by, text in problems.items()},
+        problems=problems,
         rejected=bool(row["rejected"]),
+        unreadable=decoded.unreadable,
     )
 
 
 def decode_changes(rows: list[Any], since: int, *, table: str) -> tuple[int, list[Change]]:
     """The revision read up to and the changes in *rows* (:func:`schedule_changes_sql` read
-    after *since*); an unreadable row is left out (the job keeps what it was)."""
+    after *since*); an unreadable row is a change to an unreadable schedule (a replica
+    rejects it, and drops the job of its previous revision)."""
     changes: list[Change] = []
     top = since
     for row in rows:
@@ -257,6 +267,5 @@ def decode_changes(rows: list[Any], since: int, *, table: str) -> tuple[int, lis
             changes.append((row["name"], row["revision"], None))
             continue
         stored = decode_stored(row, table=table)
-        if stored is not None:
-            changes.append((stored.name, stored.revision, stored))
+        changes.append((stored.name, stored.revision, stored))
     return top, changes

@@ -1,0 +1,95 @@
+"""The one boundary a stored schedule's row crosses on its way in: :func:`decode_row`.
+
+Every reader of the schedules table (a replica's start and sync, ``FleetControl.
+schedules``, ``status``, ``schedules list``, the dashboard) decodes a row through it. A row
+anyone may have written by hand: it can hold any text, any JSON, numbers past every range,
+nesting a decoder cannot follow. Whatever decoding it raises (a ``ScheduleError``, an
+``OverflowError`` for an interval of 1e20 microseconds, a ``RecursionError`` for JSON a
+thousand levels deep, a ``ValueError``, a ``KeyError``...) becomes the row's *reason*: the
+row is read as :class:`Unreadable`, a schedule that never fires, and no exception leaves
+here. The limits (:mod:`.limits`) are checked here too, but for the minimum interval, which
+is each replica's to set (``Scheduler(stored_min_interval=)``).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from .._errors import CronlockError
+from .._names import check_job_name
+from .._schedules.schedule import Schedule
+from . import limits
+from .json import check_stored, options_from_json, schedule_from_json
+
+__all__ = ("MAX_REASON", "Decoded", "Unreadable", "decode_row")
+
+MAX_REASON = 300
+"""Characters of a reason kept (a message may quote a value of kilobytes)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Unreadable:
+    """The schedule of a stored row that cannot be read (or breaks a limit): it never
+    fires; *reason* says why."""
+
+    reason: str
+
+    def next_after(self, after: datetime) -> datetime | None:
+        """Never: no replica runs a row it cannot read."""
+        return None
+
+    def __str__(self) -> str:
+        return "unreadable"
+
+
+@dataclass(frozen=True, slots=True)
+class Decoded:
+    """A row's schedule, kwargs and options as a replica's ``add_job`` takes them; with
+    *unreadable* set (why), the schedule is :class:`Unreadable` and the rest empty."""
+
+    schedule: Schedule
+    kwargs: dict[str, Any]
+    options: dict[str, Any]
+    unreadable: str | None = None
+
+
+def decode_row(name: str, task: str, schedule: str, kwargs: str, options: str) -> Decoded:
+    """Stored schedule *name*'s row (its task, and its JSON columns as text) decoded and
+    checked against the limits; never raises (an :class:`Exception`): a row it cannot read,
+    out of range or past a limit is :class:`Decoded` with ``unreadable`` (the reason)."""
+    try:
+        return _decode(name, task, schedule, kwargs, options)
+    except Exception as exc:  # anything at all: one row must not stop a reader
+        if isinstance(exc, CronlockError):  # its message names the schedule, field, value
+            reason = str(exc)
+        else:
+            reason = f"schedule {name!r}: {type(exc).__name__}: {exc}"
+        if len(reason) > MAX_REASON:
+            reason = reason[: MAX_REASON - 3] + "..."
+        return Decoded(Unreadable(reason), {}, {}, reason)
+
+
+def _decode(name: str, task: str, schedule: str, kwargs: str, options: str) -> Decoded:
+    check_job_name(name, field="schedule name")
+    limits.check_task(name, task)
+    values: dict[str, Any] = {}
+    for field, text in (("schedule", schedule), ("kwargs", kwargs), ("options", options)):
+        if not isinstance(text, str):
+            raise TypeError(f"schedule {name!r}: {field} is not JSON text: {limits.shown(text)}")
+        limits.check_json_text(name, field, text)
+        value = json.loads(text)
+        limits.check_json_value(name, field, value)
+        if not isinstance(value, dict):
+            raise TypeError(
+                f"schedule {name!r}: {field} must be a JSON object, got {limits.shown(value)}"
+            )
+        values[field] = value
+    made = schedule_from_json(values["schedule"])
+    stored_options = options_from_json(values["options"])
+    limits.check_options(name, stored_options)
+    check_stored(name, made, stored_options)  # as the replica's add_job will
+    limits.check_rate(name, made, 0.0)  # the minimum interval is the replica's own
+    return Decoded(made, values["kwargs"], stored_options)
