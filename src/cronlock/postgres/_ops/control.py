@@ -40,6 +40,7 @@ from .._sql.fleet import JIT_OFF_SQL, jobs_sql
 from .._sql.runs import decode_run
 from .._sql.schema import migrate
 from .._sql.tables import DEFAULT_TABLE, LedgerTable
+from .bulk import BulkVerbs
 from .fleet import Status, job_status, read_jobs, read_paused, server_now
 from .rejected import refuse_rejected
 from .roster import read_roster
@@ -150,7 +151,7 @@ class Triggered:
             ) from None
 
 
-class FleetControl(ScheduleVerbs):
+class FleetControl(ScheduleVerbs, BulkVerbs):
     """Pause, resume and trigger jobs on every replica that shares a run ledger.
 
     ``async with FleetControl(pool_or_dsn) as control: await control.pause("nightly")``.
@@ -162,7 +163,8 @@ class FleetControl(ScheduleVerbs):
     reads it: no polling), and lasts until :meth:`resume`, across restarts and deploys.
     A trigger runs the job once, now, on exactly one replica (one that has the job
     registered and running), even while it is paused. Schedules the application keeps in
-    the ledger are added, changed and removed here too (:meth:`add_schedule`).
+    the ledger are added, changed and removed here too (:meth:`add_schedule`), or in
+    bulk (:meth:`put_schedules`, :meth:`sync_schedules`).
     """
 
     def __init__(
