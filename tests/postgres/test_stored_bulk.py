@@ -14,7 +14,7 @@ import asyncio
 import json
 import uuid
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from datetime import UTC, datetime
 from pathlib import Path
@@ -194,9 +194,10 @@ async def test_a_batch_is_refused_whole_naming_the_schedule(
     pg_dsn: str, table: str, bad: StoredSchedule, words: str
 ) -> None:
     async with FleetControl(pg_dsn, table=table) as control:
-        verbs = [lambda b: control.sync_schedules("t:", b)]
+        Verb = Callable[[list[StoredSchedule]], Awaitable[ScheduleChanges]]
+        verbs: list[Verb] = [lambda b: control.sync_schedules("t:", b)]
         if "prefix" not in words:  # (a put has no prefix)
-            verbs.append(lambda b: control.put_schedules(b))
+            verbs.append(control.put_schedules)
         for verb in verbs:
             with pytest.raises(ConfigError, match=repr(bad.name)) as caught:
                 await verb([*tenants(range(3)), bad])
