@@ -27,6 +27,7 @@ from cronlock import (
     JobConflictError,
     JobSucceeded,
     RunContext,
+    ScheduleError,
     Scheduler,
     StoredSchedule,
     cron,
@@ -34,6 +35,7 @@ from cronlock import (
     once,
 )
 from cronlock.postgres import FleetControl, PostgresLocker, ScheduleChanges
+from cronlock.postgres._ops.bulk import OFF_LOOP_FROM
 
 from .conftest import Coordination
 from .events import Events
@@ -203,6 +205,23 @@ async def test_a_batch_is_refused_whole_naming_the_schedule(
                 await verb([*tenants(range(3)), bad])
             assert words in str(caught.value)
         assert await control.schedules() == []
+
+
+async def test_a_large_batch_is_checked_the_same_and_written_whole(pg_dsn: str, table: str) -> None:
+    """A batch large enough to be checked in a worker thread (OFF_LOOP_FROM): the same
+    refusals, the same writes."""
+    size = OFF_LOOP_FROM + 500
+    async with FleetControl(pg_dsn, table=table) as control:
+        bad = StoredSchedule("t:last", "report", every(60), options={"jitter": 90})
+        with pytest.raises(ScheduleError, match="'t:last'"):
+            await control.put_schedules([*tenants(range(size)), bad])
+        never = StoredSchedule("t:last", "report", once(PAST))
+        with pytest.raises(ScheduleError, match=r"'t:last'.*never fires after"):
+            await control.sync_schedules("t:", [*tenants(range(size)), never])
+        assert await control.schedules() == []
+        done = await control.put_schedules(tenants(range(size)))
+        assert done == ScheduleChanges(added=size, revision=1)
+        assert len(await control.schedules()) == size
 
 
 async def test_a_batch_naming_a_code_defined_job_is_refused_whole(pg_dsn: str, table: str) -> None:

@@ -14,11 +14,12 @@ is a no-op the second time, which replicas never hear of.
 
 from __future__ import annotations
 
+import asyncio
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from ..._errors import ConfigError, JobConflictError, ScheduleError
 from ..._stored.json import overdue_grace
@@ -35,7 +36,21 @@ from .._sql.tables import LedgerTable
 from .._sql.upkeep import note_sql
 from .stored import _Checked, schedules_change
 
-__all__ = ("BulkVerbs", "ScheduleChanges", "check_batch")
+__all__ = ("OFF_LOOP_FROM", "BulkVerbs", "ScheduleChanges", "check_batch")
+
+OFF_LOOP_FROM = 1000
+"""Batches of this many schedules or more are checked and prepared in a worker thread: tens
+of microseconds each, a 100,000 schedule batch would hold the caller's event loop (a web
+service's) for seconds; the thread lets it run between (small batches stay on the loop:
+a thread would cost more than it saves)."""
+
+_T = TypeVar("_T")
+
+
+async def _off_loop(size: int, fn: Callable[[], _T]) -> _T:
+    if size < OFF_LOOP_FROM:
+        return fn()
+    return await asyncio.to_thread(fn)
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +101,21 @@ def check_batch(schedules: Iterable[StoredSchedule], *, prefix: str | None) -> l
     return checked
 
 
+def _prepared(
+    batch: list[_Checked], now: datetime
+) -> tuple[list[str], list[str], dict[tuple[str, str], datetime]]:
+    """Each schedule's and options' JSON text, and the first slot after *now* of each
+    distinct pair, as add_schedule finds it (refused if it never fires): tenants share a
+    handful of schedules, so each is worked out once."""
+    schedules = [json.dumps(one.schedule_json, sort_keys=True) for one in batch]
+    options = [json.dumps(one.options_json, sort_keys=True) for one in batch]
+    firsts: dict[tuple[str, str], datetime] = {}
+    for one, schedule, option in zip(batch, schedules, options, strict=True):
+        if (schedule, option) not in firsts:
+            firsts[schedule, option] = one.first_slot(now)
+    return schedules, options, firsts
+
+
 async def write_batch(
     conn: Any, table: LedgerTable, who: str, batch: list[_Checked], prefix: str | None
 ) -> ScheduleChanges:
@@ -93,16 +123,11 @@ async def write_batch(
     schedules under it that *batch* does not name; one revision for all of it, none when
     nothing changed."""
     names = [one.name for one in batch]
+    # Prepared before the changes' lock, so that a large batch holds it only while it
+    # writes (other changes wait for it at most LOCK_WAIT).
+    now: datetime = await conn.fetchval(SERVER_CLOCK_SQL)
+    schedules, options, firsts = await _off_loop(len(batch), lambda: _prepared(batch, now))
     async with schedules_change(conn, table):
-        now: datetime = await conn.fetchval(SERVER_CLOCK_SQL)
-        # Each schedule's first slot, as add_schedule finds it (refused if it never fires);
-        # tenants share a handful of schedules, so each distinct one is worked out once.
-        schedules = [json.dumps(one.schedule_json, sort_keys=True) for one in batch]
-        options = [json.dumps(one.options_json, sort_keys=True) for one in batch]
-        firsts: dict[tuple[str, str], datetime] = {}
-        for one, schedule, option in zip(batch, schedules, options, strict=True):
-            if (schedule, option) not in firsts:
-                firsts[schedule, option] = one.first_slot(now)
         revision: int = await conn.fetchval(next_revision_sql(table))
         rows = await conn.fetch(
             put_schedules_sql(table),
@@ -181,7 +206,8 @@ class BulkVerbs:
         which replicas pick up at their next sync; a schedule stored as given already is
         left alone (a batch that changes nothing takes no revision). Written in a few
         statements whatever the number of schedules: tens of thousands a second."""
-        batch = check_batch(schedules, prefix=None)
+        given = list(schedules)
+        batch = await _off_loop(len(given), lambda: check_batch(given, prefix=None))
         if not batch:
             return ScheduleChanges()
         table, who = self._table, self._who
@@ -202,7 +228,8 @@ class BulkVerbs:
         stored schedule (an empty set then removes them all)."""
         if not isinstance(prefix, str):
             raise ConfigError(f"sync_schedules: prefix must be a string, got {prefix!r}")
-        batch = check_batch(schedules, prefix=prefix)
+        given = list(schedules)
+        batch = await _off_loop(len(given), lambda: check_batch(given, prefix=prefix))
         table, who = self._table, self._who
         done: ScheduleChanges = await self._call(
             lambda conn: write_batch(conn, table, who, batch, prefix)
