@@ -105,7 +105,7 @@ _NOT_STATEMENTS = frozenset(
         "NONE_REMOVED",
         "decode_changes",
         "decode_stored",
-        "schedules_lock_key",
+        "LOCK_ROW",
         # fleet.py: the dashboard's wrapper of a read (explained below); the absent rule's
         # seconds (a value)
         "bounded_sql",

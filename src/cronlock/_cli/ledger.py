@@ -116,12 +116,45 @@ def add_pg_parsers(verbs: Any) -> None:
 
 
 def _add_schedules_parser(verbs: Any, common: Any) -> None:
-    """``schedules list|add|update|remove``: the stored schedules (FleetControl's verbs)."""
+    """``schedules list|add|update|remove|put|sync``: the stored schedules (FleetControl's
+    verbs)."""
     schedules = verbs.add_parser(
-        "schedules", help="list, add, update or remove the schedules stored in the ledger"
+        "schedules",
+        help="list, add, update or remove the schedules stored in the ledger, or put or "
+        "sync many from a JSON-lines file",
     )
     actions = schedules.add_subparsers(dest="action", metavar="ACTION", required=True)
-    common(actions.add_parser("list", help="every stored schedule, with its problem if any"))
+    listing = actions.add_parser("list", help="every stored schedule, with its problem if any")
+    common(listing)
+    listing.add_argument(
+        "--json",
+        action="store_true",
+        help="one JSON object a line (name, task, schedule, kwargs, options): what put and "
+        "sync read",
+    )
+    for action, what in (
+        ("put", "store every schedule of FILE (create or replace by name), as one revision"),
+        (
+            "sync",
+            "make the stored schedules under --prefix exactly those of FILE (adds, updates, "
+            "removes), as one revision",
+        ),
+    ):
+        bulk = actions.add_parser(action, help=what)
+        common(bulk)
+        if action == "sync":
+            bulk.add_argument(
+                "--prefix",
+                required=True,
+                help="the names this sync owns: stored schedules under it that FILE does not "
+                "name are removed, the others are left alone ('' : every stored schedule)",
+            )
+        bulk.add_argument(
+            "file",
+            metavar="FILE",
+            help="JSON lines, one schedule a line, as 'schedules list --json' prints them "
+            "(- : standard input)",
+        )
     for action, what in (("add", "store a schedule"), ("update", "change a stored schedule")):
         parser = actions.add_parser(action, help=what)
         common(parser)

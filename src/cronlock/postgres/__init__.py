@@ -32,6 +32,7 @@ if _TYPE_CHECKING:
     from ._locked_run import run_locked as run_locked
     from ._locker.hold import PostgresHold as PostgresHold
     from ._locker.locker import PostgresLocker as PostgresLocker
+    from ._ops.bulk import ScheduleChanges as ScheduleChanges
     from ._ops.control import FleetControl as FleetControl
     from ._ops.control import Triggered as Triggered
     from ._sql.tables import DEFAULT_TABLE as DEFAULT_TABLE
@@ -45,6 +46,7 @@ _WHERE = {
     "ledger_lock_key": ".._keys",
     "Keepalives": "._conn.source",
     "FleetControl": "._ops.control",
+    "ScheduleChanges": "._ops.bulk",
     "Triggered": "._ops.control",
     "PostgresElector": "._elector",
     "PostgresHold": "._locker.hold",
@@ -68,6 +70,7 @@ __all__ = (
     "PostgresLocker",
     "PostgresLockerStatistics",
     "RunLock",
+    "ScheduleChanges",
     "Triggered",
     "job_lock_key",
     "ledger_lock_key",

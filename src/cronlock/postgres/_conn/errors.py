@@ -27,6 +27,7 @@ __all__ = (
     "ignoring_backend_errors",
     "kind_of",
     "ledger_missing",
+    "lock_not_available",
     "prepared_statements_clash",
     "server_answered",
     "session_gone",
@@ -112,6 +113,13 @@ def ledger_missing(exc: BaseException) -> bool:
         asyncpg.InvalidSchemaNameError,
     )
     return isinstance(exc, missing) or isinstance(exc.__cause__, missing)
+
+
+def lock_not_available(exc: BaseException) -> bool:
+    """Whether *exc* is the server giving up on a lock: waited past ``lock_timeout``
+    (``SET LOCAL lock_timeout``), or refused at once (``NOWAIT``)."""
+    asyncpg = sys.modules.get("asyncpg")
+    return asyncpg is not None and isinstance(exc, asyncpg.LockNotAvailableError)
 
 
 def cut_off(exc: BaseException) -> bool:

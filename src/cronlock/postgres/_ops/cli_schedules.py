@@ -1,6 +1,7 @@
-"""``python -m cronlock schedules list|add|update|remove``: the stored schedules from the
-command line, through :class:`~cronlock.postgres.FleetControl`'s verbs (the same checks,
-the same messages)."""
+"""``python -m cronlock schedules list|add|update|remove|put|sync``: the stored schedules
+from the command line, through :class:`~cronlock.postgres.FleetControl`'s verbs (the same
+checks, the same messages); ``put`` and ``sync`` read JSON lines
+(:mod:`cronlock._stored.lines`), which ``list --json`` prints."""
 
 from __future__ import annotations
 
@@ -12,9 +13,11 @@ from typing import Any
 from ..._errors import CronlockError
 from ..._schedules.schedule import Schedule
 from ..._stored.json import options_from_json, schedule_from_text
+from ..._stored.lines import read_lines, schedule_line
 from ..._stored.schedule import StoredSchedule
 from ..._terminal import printable
 from .._sql.tables import LedgerTable
+from .bulk import ScheduleChanges
 from .control import FleetControl
 
 __all__ = ("run_schedules",)
@@ -86,6 +89,12 @@ def _show(header: list[str], rows: list[list[str]]) -> None:
 async def run_schedules(args: argparse.Namespace, table: LedgerTable) -> int:
     """Run ``schedules ACTION``; a refused change exits 1 with the verb's message."""
     async with FleetControl(args.dsn, table=table.table, schema=table.schema) as control:
+        if args.action == "list" and args.json:
+            for stored_one in await control.schedules():
+                print(schedule_line(stored_one))
+            return 0
+        if args.action in ("put", "sync"):
+            return await _bulk(args, control)
         if args.action == "list":
             stored = await control.schedules()
             print(f"{len(stored)} stored schedule(s) in {table.schedules}")
@@ -117,3 +126,39 @@ async def run_schedules(args: argparse.Namespace, table: LedgerTable) -> int:
             return 1
         print(printable(f"{done.name}: stored as revision {done.revision} ({done.schedule})"))
         return 0
+
+
+def _read(path: str) -> list[str]:
+    if path == "-":
+        return sys.stdin.readlines()
+    try:
+        with open(path, encoding="utf-8") as file:
+            return file.readlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise CronlockError(f"{path}: cannot read it ({exc})") from None
+
+
+def _said(done: ScheduleChanges) -> str:
+    counts = f"{done.added} added, {done.updated} updated, "
+    counts += f"{done.removed} removed, " if done.removed else ""
+    counts += f"{done.unchanged} unchanged"
+    if done.revision is None:
+        return f"{counts}: nothing to change"
+    return f"{counts}: stored as revision {done.revision}; replicas pick it up at their next sync"
+
+
+async def _bulk(args: argparse.Namespace, control: FleetControl) -> int:
+    """``schedules put FILE`` and ``schedules sync --prefix P FILE``: refused whole (exit
+    1, naming the line or the schedule) or done in one transaction."""
+    source = "standard input" if args.file == "-" else args.file
+    try:
+        schedules = read_lines(_read(args.file), source=source)
+        if args.action == "put":
+            done = await control.put_schedules(schedules)
+        else:
+            done = await control.sync_schedules(args.prefix, schedules)
+    except CronlockError as exc:
+        print(printable(str(exc)), file=sys.stderr)
+        return 1
+    print(printable(f"{source}: {len(schedules)} schedule(s): {_said(done)}"))
+    return 0

@@ -41,6 +41,7 @@ from .._sql.fleet import JIT_OFF_SQL, jobs_sql
 from .._sql.runs import decode_run
 from .._sql.schema import migrate
 from .._sql.tables import DEFAULT_TABLE, LedgerTable
+from .bulk import BulkVerbs
 from .fleet import Status, job_status, read_jobs, read_paused, server_now
 from .rejected import refuse_rejected
 from .roster import read_roster
@@ -151,7 +152,7 @@ class Triggered:
             ) from None
 
 
-class FleetControl(ScheduleVerbs):
+class FleetControl(ScheduleVerbs, BulkVerbs):
     """Pause, resume and trigger jobs on every replica that shares a run ledger.
 
     ``async with FleetControl(pool_or_dsn) as control: await control.pause("nightly")``.
@@ -163,9 +164,10 @@ class FleetControl(ScheduleVerbs):
     reads it: no polling), and lasts until :meth:`resume`, across restarts and deploys.
     A trigger runs the job once, now, on exactly one replica (one that has the job
     registered and running), even while it is paused. Schedules the application keeps in
-    the ledger are added, changed and removed here too (:meth:`add_schedule`), held to the
-    limits of docs/guides/stored-schedules.md: *min_interval* is the shortest gap in seconds
-    two slots of a stored schedule may have (as the replicas' ``stored_min_interval``),
+    the ledger are added, changed and removed here too (:meth:`add_schedule`), or in
+    bulk (:meth:`put_schedules`, :meth:`sync_schedules`), held to the limits of
+    docs/guides/stored-schedules.md: *min_interval* is the shortest gap in seconds two slots
+    of a stored schedule may have (as the replicas' ``stored_min_interval``),
     *max_schedules* how many schedules the ledger may hold (checked when one is added).
 
     *who* is recorded as who made each change (a pause's ``paused_by``, a trigger's

@@ -1,9 +1,11 @@
 """Stored schedules' verbs of :class:`~cronlock.postgres.FleetControl`: add, update,
 remove and list the schedules the application keeps in the ledger.
 
-Each change is one transaction: the schedules' advisory lock (so revisions commit in
-order), the schedule's row, the next revision, the new row, and the job's schedule note
-(so that a schedule no replica runs, for want of its task, shows as overdue). Everything a
+Each change is one transaction (:func:`schedules_change`): the changes' lock (so revisions
+commit in order), the schedule's row, the next revision, the new row, and the job's
+schedule note (so that a schedule no replica runs, for want of its task, shows as overdue).
+No change waits more than :data:`LOCK_WAIT` seconds for a lock: past it, it fails saying
+so, and nothing is changed. Everything a
 replica would refuse that can be known here is refused here, with the schedule's name:
 a schedule that cannot be stored or never fires, kwargs that are not JSON, an option that
 is unknown, wrong or not storable, and a name a job defined in code has.
@@ -11,14 +13,15 @@ is unknown, wrong or not storable, and a name a job defined in code has.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import difflib
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from datetime import datetime
 from typing import Any
 
-from ..._errors import JobConflictError, JobLookupError, ScheduleError
+from ..._errors import JobConflictError, JobLookupError, LockError, ScheduleError
 from ..._names import check_job_name
 from ..._schedules.calendar import CalendarSchedule
 from ..._schedules.cron import CronSchedule
@@ -35,11 +38,12 @@ from ..._stored.json import (
     schedule_to_json,
 )
 from ..._stored.schedule import StoredSchedule
+from .._conn.errors import lock_not_available
 from .._locker.upkeep import tags_json
 from .._sql.fleet import SERVER_CLOCK_SQL
+from .._sql.schema import lock_timeout_sql
 from .._sql.stored import (
     NONE_REMOVED,
-    SCHEDULES_LOCK_SQL,
     count_schedules_sql,
     decode_stored,
     forget_job_sql,
@@ -49,12 +53,48 @@ from .._sql.stored import (
     put_schedule_sql,
     remove_schedule_sql,
     schedule_for_update_sql,
-    schedules_lock_key,
+    schedules_lock_sql,
 )
 from .._sql.tables import LedgerTable
 from .._sql.upkeep import note_sql
 
-__all__ = ("ScheduleVerbs",)
+__all__ = ("LOCK_WAIT", "ScheduleVerbs", "schedules_change")
+
+LOCK_WAIT = 5.0
+"""Seconds a change of the stored schedules waits at most for a lock: the changes' lock
+(another change in progress, or a session that took it and kept it) or a schedule's row
+(a replica noting a problem with it, a session editing it by hand)."""
+
+
+@contextlib.asynccontextmanager
+async def schedules_change(conn: Any, table: LedgerTable) -> AsyncIterator[None]:
+    """One change of *table*'s stored schedules: a transaction that waits at most
+    :data:`LOCK_WAIT` seconds for any lock (``SET LOCAL``: a pooler never hands it on) and
+    first takes the changes' lock, held to its commit. A lock not had in time raises
+    :class:`~cronlock.LockError` naming the ledger and the lock (the transaction is
+    rolled back: nothing changed)."""
+    try:
+        async with conn.transaction():
+            await conn.execute(lock_timeout_sql(LOCK_WAIT))
+            try:
+                await conn.execute(schedules_lock_sql(table))
+            except Exception as exc:
+                if not lock_not_available(exc):
+                    raise
+                raise LockError(
+                    f"ledger {table.runs}: another session holds the stored schedules' lock "
+                    f"(a change in progress, or a session that took it and kept it); gave up "
+                    f"after {LOCK_WAIT:g} s, nothing was changed: try again"
+                ) from exc
+            yield
+    except Exception as exc:
+        if not lock_not_available(exc):
+            raise
+        raise LockError(
+            f"ledger {table.runs}: another session holds a lock on a stored schedule's row "
+            f"(in {table.schedules}) or its job note; gave up after {LOCK_WAIT:g} s, "
+            "nothing was changed: try again"
+        ) from exc
 
 
 class _Checked:
@@ -180,8 +220,7 @@ class ScheduleVerbs:
         table = self._table
 
         async def remove(conn: Any) -> bool:
-            async with conn.transaction():
-                await conn.execute(SCHEDULES_LOCK_SQL, schedules_lock_key(table.runs))
+            async with schedules_change(conn, table):
                 revision = await conn.fetchval(next_revision_sql(table))
                 done = await conn.execute(remove_schedule_sql(table), name, revision, self._who)
                 if done == NONE_REMOVED:
@@ -218,8 +257,7 @@ class ScheduleVerbs:
         table = self._table
 
         async def change(conn: Any) -> StoredSchedule:
-            async with conn.transaction():
-                await conn.execute(SCHEDULES_LOCK_SQL, schedules_lock_key(table.runs))
+            async with schedules_change(conn, table):
                 row = await conn.fetchrow(schedule_for_update_sql(table), name)
                 old = None if row is None or row["removed"] else row
                 if adding:

@@ -1,14 +1,18 @@
 """Stored schedules in the ledger: their table, statements and decoding.
 
 One row per schedule in ``<table>_schedules``, keyed by name. Every change (an add, an
-update, a removal, which leaves a tombstone) takes the next *revision*, under a
-transaction advisory lock held to its commit: revisions commit in order, so a replica that
-read everything up to revision N never later finds a change numbered N or below. A sync
-is one statement, ``revision > N``, on the revision index, however many schedules there
-are. A replica's problem with a revision (no such task there, kwargs that do not fit) is
-noted in the row, keyed by the replica's holder (its members row's), and shown while the row
-is at that revision and its reporter is a live member (an unexpired members row): the blame
-of a process that exited goes with it (its row is deleted at a graceful close, or expires
+update, a removal, which leaves a tombstone; or a batch of them, which share one revision)
+takes the next *revision*, under the changes' lock (a row lock on the table's lock row,
+:func:`schedules_lock_sql`) held to its commit: revisions commit in order, so a replica
+that read everything up to revision N never later finds a change numbered N or below. A
+sync is one statement, ``revision > N``, on the revision index, however many schedules
+there are; a batch commits at once, so a sync reads all of it or none of it (a read cut
+into pages must not end inside a revision).
+
+A replica's problem with a revision (no such task there, kwargs that do not fit) is noted
+in the row, keyed by the replica's holder (its members row's), and shown while the row is
+at that revision and its reporter is a live member (an unexpired members row): the blame of
+a process that exited goes with it (its row is deleted at a graceful close, or expires
 ``MEMBER_TTL`` seconds after a kill). A schedule whose revision every live member reported
 a problem with (at least one live member) is *rejected everywhere*: no replica runs it.
 """
@@ -20,7 +24,6 @@ import json
 from datetime import datetime
 from typing import Any
 
-from ..._keys import job_lock_key
 from ..._stored.decode import MAX_REASON, decode_row
 from ..._stored.limits import MAX_JSON_BYTES, MAX_NAME, shortened
 from ..._stored.schedule import Change, StoredSchedule
@@ -28,23 +31,26 @@ from .runs import report_odd, sane
 from .tables import LedgerTable
 
 __all__ = (
+    "LOCK_ROW",
     "NONE_REMOVED",
-    "SCHEDULES_LOCK_SQL",
     "count_schedules_sql",
     "decode_changes",
     "decode_stored",
     "forget_job_sql",
+    "forget_jobs_sql",
     "job_in_code_sql",
     "list_schedules_sql",
     "next_revision_sql",
     "put_schedule_sql",
+    "put_schedules_sql",
     "rejected_sql",
+    "remove_missing_sql",
     "remove_schedule_sql",
     "schedule_changes_sql",
     "schedule_for_update_sql",
     "schedule_problem_sql",
     "schedules_count_sql",
-    "schedules_lock_key",
+    "schedules_lock_sql",
     "schedules_page_sql",
 )
 
@@ -75,14 +81,33 @@ def _live(table: LedgerTable) -> str:
                 WHERE m.expires_at > clock_timestamp()) l"""
 
 
-SCHEDULES_LOCK_SQL = "SELECT pg_advisory_xact_lock($1::bigint)"
-"""``$1`` :func:`schedules_lock_key`: the transaction lock every change of the stored
-schedules takes first, held to its commit, so that revisions commit in order."""
+LOCK_ROW = ""
+"""The name of the schedules table's lock row: no schedule's (a job's name is never empty),
+a tombstone at revision 0 that no read returns (a sync reads ``revision > N``, the lists
+leave tombstones out)."""
+
+
+@functools.cache
+def schedules_lock_sql(table: LedgerTable) -> str:
+    """No parameters: the lock every change of the stored schedules takes first, held to
+    its commit, so that revisions commit in order: the lock row's row lock, the row made by
+    the first change. An upsert that updates nothing still locks the row it finds, and
+    waits for a change that holds it (or that is inserting it) to end.
+
+    A row lock, not an advisory one: only a role that may write the schedules table can
+    take it (``FOR UPDATE`` and ``ON CONFLICT DO UPDATE`` need ``UPDATE`` on it), where any
+    session of any role can take any advisory key; and the changes wait for it at most
+    their ``lock_timeout``."""
+    return f"""
+            INSERT INTO {table.schedules} AS s (name, revision, removed, task, schedule,
+                                                updated_by)
+            VALUES ('{LOCK_ROW}', 0, true, '', '{{}}', 'cronlock: the lock of changes')
+            ON CONFLICT (name) DO UPDATE SET revision = s.revision WHERE false"""
 
 
 @functools.cache
 def next_revision_sql(table: LedgerTable) -> str:
-    """No parameters: the revision the next change takes (under :data:`SCHEDULES_LOCK_SQL`)."""
+    """No parameters: the revision the next change takes (under :func:`schedules_lock_sql`)."""
     return f"SELECT coalesce(max(revision), 0) + 1 FROM {table.schedules}"
 
 
@@ -220,9 +245,64 @@ def forget_job_sql(table: LedgerTable) -> str:
     return f"DELETE FROM {table.jobs} WHERE job = $1::text"
 
 
-def schedules_lock_key(runs: str) -> int:
-    """The transaction advisory lock key that orders the changes of *runs*' schedules."""
-    return job_lock_key(f"cronlock:schedules:{runs}")
+@functools.cache
+def forget_jobs_sql(table: LedgerTable) -> str:
+    """``$1`` jobs: delete their schedule notes (:func:`forget_job_sql` for a batch)."""
+    return f"DELETE FROM {table.jobs} WHERE job = ANY($1::text[])"
+
+
+@functools.cache
+def put_schedules_sql(table: LedgerTable) -> str:
+    """Arrays ``$1`` names, ``$2`` tasks, ``$3`` schedules, ``$4`` kwargs, ``$5`` options
+    (JSON texts), ``$6`` the revision, ``$7`` who: store each schedule that is not stored
+    as it is (added, or replaced: its problems go), all at revision ``$6``, in one
+    statement. Returns the rows it wrote (those already stored as given are left alone:
+    none, and the revision is not taken), each with ``added`` (not stored, or removed) and
+    ``in_code`` (not stored and a job of that name has runs in the ledger: a job defined in
+    code; the caller refuses the batch). Compared as JSON values, as :func:`put_schedule_sql`
+    writes them."""
+    return f"""
+            WITH u AS (
+                SELECT u.name, u.task, u.schedule::jsonb AS schedule,
+                       u.kwargs::jsonb AS kwargs, u.options::jsonb AS options
+                FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[])
+                     AS u(name, task, schedule, kwargs, options)),
+            d AS (
+                SELECT u.*, s.name IS NULL OR s.removed AS added,
+                       s.name IS NULL AND EXISTS (SELECT FROM {table.runs} r
+                                                  WHERE r.job = u.name) AS in_code
+                FROM u LEFT JOIN {table.schedules} s ON s.name = u.name
+                WHERE s.name IS NULL OR s.removed OR s.task IS DISTINCT FROM u.task
+                   OR s.schedule IS DISTINCT FROM u.schedule
+                   OR s.kwargs IS DISTINCT FROM u.kwargs
+                   OR s.options IS DISTINCT FROM u.options),
+            w AS (
+                INSERT INTO {table.schedules} AS s
+                    (name, revision, task, schedule, kwargs, options, updated_by)
+                SELECT d.name, $6::bigint, d.task, d.schedule, d.kwargs, d.options, $7::text
+                FROM d
+                ON CONFLICT (name) DO UPDATE
+                SET revision = EXCLUDED.revision, removed = false, task = EXCLUDED.task,
+                    schedule = EXCLUDED.schedule, kwargs = EXCLUDED.kwargs,
+                    options = EXCLUDED.options, updated_at = clock_timestamp(),
+                    updated_by = EXCLUDED.updated_by, problems = NULL,
+                    problem_revision = NULL)
+            SELECT d.name, d.added, d.in_code FROM d"""
+
+
+@functools.cache
+def remove_missing_sql(table: LedgerTable) -> str:
+    """``$1`` prefix, ``$2`` names, ``$3`` revision, ``$4`` who: a tombstone at revision
+    ``$3`` for every stored schedule whose name starts with ``$1`` and is not one of ``$2``
+    (the set sync's removals; an anti-join, not a scan of ``$2`` per row). Returns their
+    names."""
+    return f"""
+            UPDATE {table.schedules} s SET revision = $3::bigint, removed = true,
+                updated_at = clock_timestamp(), updated_by = $4::text, problems = NULL,
+                problem_revision = NULL
+            WHERE NOT s.removed AND starts_with(s.name, $1::text)
+              AND NOT EXISTS (SELECT FROM unnest($2::text[]) AS k(name) WHERE k.name = s.name)
+            RETURNING s.name"""
 
 
 def decode_stored(row: Any, *, table: str) -> StoredSchedule:
