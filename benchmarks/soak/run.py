@@ -404,6 +404,16 @@ def judge(evidence: Path) -> bool:
     return not (verdict.failures or run["problems"])
 
 
+def failures_of(evidence: Path) -> list[str]:
+    """What failed a judged soak (its verdict's failures and the run's problems), for the
+    last line of its output: a CI log cut in the middle still says why."""
+    try:
+        verdict = json.loads((evidence / "verdict.json").read_text())
+    except (OSError, ValueError):
+        return ["no verdict: the soak stopped before it was judged"]
+    return [str(f) for f in [*verdict.get("failures", []), *verdict.get("problems", [])]]
+
+
 def report(mode: str, seed: int, v: Verdict, problems: list[str]) -> None:
     faults = ", ".join(f"{kind} {n}" for kind, n in sorted(v.faults.items())) or "none"
     print(f"## soak, {mode} mode, seed {seed}, {v.judged_to - v.judged_from:.0f} s judged")
@@ -461,8 +471,9 @@ def main() -> int:
             shutil.rmtree(evidence, ignore_errors=True)
         elif not passed:
             print(
-                f"soak {mode} FAILED; evidence in {evidence}; rerun with: python "
-                f"benchmarks/soak/run.py --mode {mode} --seconds {seconds:.0f} --seed {seed}"
+                f"soak {mode} FAILED ({'; '.join(failures_of(evidence))}); evidence in "
+                f"{evidence}; rerun with: python benchmarks/soak/run.py --mode {mode} "
+                f"--seconds {seconds:.0f} --seed {seed}"
             )
         ok = ok and passed
     return 0 if ok else 1
