@@ -111,10 +111,15 @@ class ForeignHolders:
         holder = still[0]
         _logger.warning(
             "job %r: its lock is held by a session outside this fleet (%s), so its slots "
-            "are refused ('locked') and do not run here. Another service contends for the "
-            "same key: a Go service using the recipe, locked_run, or a cronlock service "
-            "with bare_keys=True in this database. Rename the job, or give the services "
-            "keys of their own (cronlock's default: keys namespaced by the ledger)",
+            "are refused ('locked') and do not run here. Advisory locks are database-wide: "
+            "a session of any role that may connect to this database can take any key, and "
+            "pg_locks shows every held key to every role. If that role is another service "
+            "of yours that shares the job's key (a Go service using the recipe, locked_run, "
+            "a cronlock service with bare_keys=True), give the services keys of their own "
+            "(cronlock's default: keys namespaced by the ledger). If you do not know it, "
+            "keyed lock keys do not help (the key is read, not computed): give this service "
+            "a database of its own, or use mode='lease', whose exclusion is rows of the "
+            "ledger that only roles with its grants can write",
             job,
             holder,
             extra=at(job, slot),
@@ -127,5 +132,8 @@ class ForeignHolders:
 
 
 def _describe(row: Any) -> str:
-    where = f" from {row['addr']}" if row["addr"] else ""
-    return f"pid {row['pid']} {row['app'] or '(no application_name)'}{where}"
+    """The holder as the server knows it (backend pid, role, address), then the
+    ``application_name`` it gave itself, marked as its own claim."""
+    where = f" from {row['addr']}" if row["addr"] else " (local socket)"
+    named = f"calls itself {row['app']!r}" if row["app"] else "no application_name"
+    return f"backend pid {row['pid']}, role {row['role'] or '?'}{where}, {named}"

@@ -12,8 +12,16 @@ transaction inserted after the statement began. An ``ON CONFLICT (job) DO UPDATE
 on one row per job is evaluated against the latest committed version of that row (the
 conflicting row is locked first), so two replicas can never both take a job's lease, even
 for different slots. A ``pg_try_advisory_xact_lock`` (released at commit, so it works through
-any pooler) makes a racing claimant give up at once instead of waiting for the other's
-commit; it also makes a claim wait for no session lock of the same key.
+any pooler) makes a racing claimant of the same slot give up at once instead of waiting for
+the other's commit; it also makes a claim wait for no session lock of the same key.
+
+That lock's key is the claim's own (``_claim_key``): the job's key mixed with the slot
+(and, for a takeover, the attempt), never the job's key alone. Advisory keys are
+database-wide and ``pg_locks`` shows every held key to every role: a session of any role
+that read a job's key there could take it and hold every later claim of the job off. A
+claim's key is held only for its statement and never used again (the next slot's differs),
+so a key read from ``pg_locks`` holds nothing off; exclusion itself is the leases row, which
+only roles with the ledger's grants can write or lock.
 
 Row locks on leases are always taken in job order (the claims' ``ORDER BY``, the ``FOR
 UPDATE`` before renewing or releasing), so statements of different replicas cannot deadlock.
@@ -39,6 +47,18 @@ __all__ = (
 _EXPIRES = "clock_timestamp() + $7::float8 * interval '1 second'"
 
 
+def _claim_key(key: str, slot: str, attempt: str = "1") -> str:
+    """SQL: the advisory key of one claim, the job's *key* (a bigint expression) mixed with
+    its *slot* (a timestamptz expression, as microseconds since the epoch, so the session's
+    TimeZone does not matter) and the *attempt* claimed (a takeover's differs from the
+    first claim's). Racing claimants of one slot and attempt compute the same key; a key
+    seen in ``pg_locks`` is never a later claim's."""
+    return (
+        f"hashtextextended((extract(epoch FROM {slot}) * 1000000)::int8::text || ':' || "
+        f"({attempt})::text, {key})"
+    )
+
+
 def lease_claim_many_sql(table: LedgerTable) -> str:
     """Take the lease and claim many (job, slot) pairs in one statement.
 
@@ -59,7 +79,8 @@ def lease_claim_many_sql(table: LedgerTable) -> str:
         ), l AS MATERIALIZED (
             SELECT u.i, u.job, u.slot, u.ran, u.paused, u.manual,
                    CASE WHEN u.ran OR u.paused THEN false
-                        ELSE pg_try_advisory_xact_lock(u.key) END AS free
+                        ELSE pg_try_advisory_xact_lock({_claim_key("u.key", "u.slot")})
+                   END AS free
             FROM u
         ), lease AS (
             INSERT INTO {leases} AS x (job, slot, holder, expires_at, attempt)
@@ -164,7 +185,9 @@ def lease_recover_sql(table: LedgerTable) -> str:
         ), l AS MATERIALIZED (
             SELECT p.paused,
                    CASE WHEN p.paused THEN false
-                        ELSE pg_try_advisory_xact_lock($1::bigint) END AS free
+                        ELSE pg_try_advisory_xact_lock({
+        _claim_key("$1::bigint", "$3::timestamptz", "$8::smallint")
+    }) END AS free
             FROM p
         ), lease AS (
             INSERT INTO {leases} AS x (job, slot, holder, expires_at, attempt)

@@ -150,9 +150,12 @@ def leave_sql(table: LedgerTable) -> str:
 
 
 def holders_sql(table: LedgerTable) -> str:
-    """``$1`` key, ``$2`` job: sessions holding the key that run none of the job's slots here."""
+    """``$1`` key, ``$2`` job: sessions holding the key that run none of the job's slots here:
+    their backend pid, role and address as the server knows them, and the
+    ``application_name`` they chose (a claim of the holder's, not proof)."""
     return f"""
-        SELECT a.pid, coalesce(a.application_name, '') AS app, host(a.client_addr) AS addr
+        SELECT a.pid, coalesce(a.application_name, '') AS app, host(a.client_addr) AS addr,
+               coalesce(a.usename::text, '') AS role
         FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
         WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted
           AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
