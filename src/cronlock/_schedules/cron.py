@@ -306,7 +306,7 @@ class CronSchedule:
         if after.tzinfo is None or after.utcoffset() is None:
             raise ScheduleError(f"{self}: next_after({after!r}) needs an aware datetime")
         zone = self.tz if self.tz is not None else resolve_tz(None)
-        return first_instant_after(after, zone, self._walls_from, fixed=self.fixed_time)
+        return _first_after(self, after, zone)
 
     def _walls_from(self, start: datetime) -> Iterator[datetime]:
         # A shallow copy shares the parsed expansion and costs ~1 µs; building a croniter
@@ -338,6 +338,16 @@ class CronSchedule:
     def __repr__(self) -> str:
         zone = repr(self.tz.key) if self.tz is not None else "None"
         return f"CronSchedule(expr={self.expr!r}, seconds={self.seconds}, tz={zone})"
+
+
+@lru_cache(maxsize=4096)
+def _first_after(schedule: CronSchedule, after: datetime, zone: ZoneInfo) -> datetime | None:
+    """``schedule.next_after(after)`` in *zone*, remembered: thousands of tenants' schedules
+    are often one expression (a report at 08:00), and a burst of them at one instant asks
+    each for its next slot after the same one. Keyed by what the answer depends on: the
+    expression (equal schedules share entries), the instant (equal instants hash alike,
+    whatever their zone) and the zone the walls are read in."""
+    return first_instant_after(after, zone, schedule._walls_from, fixed=schedule.fixed_time)
 
 
 def cron(expr: str, *, seconds: bool = False, tz: TimeZone | None = None) -> CronSchedule:
