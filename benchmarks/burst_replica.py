@@ -67,9 +67,9 @@ async def main() -> None:
         before = locker.statistics()
         batches = _claim_batches(locker)
         cpu = time.process_time()
-        # The CPU of the burst alone: from a second before the slot (the start's own work,
+        # The CPU of the burst alone: from 3 s before the slot (the start's own work,
         # such as catch-up, is done by then when the driver gives it the time).
-        await asyncio.sleep(max(0.0, args.slot - 1 - time.time()))
+        await asyncio.sleep(max(0.0, args.slot - 3 - time.time()))
         idle, cpu = time.process_time() - cpu, time.process_time()
         profile = os.environ.get("BURST_PROFILE")  # a directory: the burst's cProfile here
         if profile:

@@ -6,6 +6,14 @@ only code that changes the heap; the run loop (:mod:`cronlock._core.runloop`) re
 entry and asks the planner to drop it, replace it with the next (``Planner.replace``) or
 queue another (:meth:`Planner.push`). An entry names its job and the plan's generation: a
 job re-planned, paused or removed leaves stale entries, dropped when they come first.
+
+**Crowds.** Slots claimed ahead (:class:`~cronlock.ClaimAheadLocker`) go out a moment before
+their instant, so that a won claim's run starts on it. Thousands of them due at one instant
+(a tenant's report at 08:00, times ten thousand) take this replica longer than that moment
+to fire and claim: the planner counts the entries claimed ahead per fire instant, and a
+crowd of them opens earlier by :data:`CLAIM_COST` each (at most :data:`MAX_LEAD`, and never
+earlier than any of them may be claimed: a quarter of its period before its slot), so that
+their claims are answered by the instant and their runs start on it, as one job's does.
 """
 
 from __future__ import annotations
@@ -41,6 +49,14 @@ _ONE_MICROSECOND = timedelta(microseconds=1)
 # and the empty tuple, which the garbage collector does not track.
 UNKNOWN: Any = ()
 _UNPLANNED: Any = object()  # plan_all: no job of this schedule object planned yet
+_NO_LEAD = timedelta(0)
+CROWD = 256
+"""Entries claimed ahead due at one instant from which they are a crowd, opened early."""
+CLAIM_COST = timedelta(microseconds=250)
+"""How much earlier a crowd opens per entry in it: about what firing and claiming one slot
+costs a replica when its peers claim the same slots on the same cores (benchmarks/burst.py)."""
+MAX_LEAD = timedelta(seconds=5)
+"""The earliest a crowd opens before its entries' fire time (25,000 entries and more)."""
 
 
 class Planner:
@@ -54,27 +70,83 @@ class Planner:
         self._seq = itertools.count()
         self._draw = random.Random().getrandbits  # seeded from the OS: each replica its own
         self._poke = poke
+        # Entries claimed ahead, per fire instant: [planned, left in the heap, room], the
+        # room being how much earlier than the instant all of them may still be claimed.
+        self._crowds: dict[datetime, list[Any]] = {}
         # The fast path fired the earliest entry: replace it with the job's next (an entry
-        # made by entry()), one sift where a pop and a push take two, and one C call.
+        # made by entry()), one sift where a pop and a push take two, and one C call. (A
+        # fast entry is never in a crowd: its job is not gated.)
         self.replace: Callable[[Entry], Entry] = functools.partial(heapq.heapreplace, self.heap)
-        # Remove the earliest entry (fired by the general rules, or stale).
-        self.drop: Callable[[], Entry] = functools.partial(heapq.heappop, self.heap)
 
-    def entry(self, job: Job, fire: datetime, slot: datetime, fast: Fast | None) -> Entry:
+    def entry(
+        self,
+        job: Job,
+        fire: datetime,
+        slot: datetime,
+        fast: Fast | None,
+        gap: timedelta | None = None,
+    ) -> Entry:
         """The heap entry of *slot* of *job*, due at *fire*, in the job's current plan
-        generation (every entry is made here).
+        generation (every entry is made here). *gap*: the time from the job's previous slot
+        to this one, for a slot claimed ahead (:func:`.catchup.claim_time`), which may then
+        open early in a crowd (the module); an entry made with a gap must be queued.
 
         Its tie-breaker: first come, first served, except gated jobs, drawn per entry,
         so replicas go through a burst in different orders (in one, the first awake claims
-        all)."""
+        all). The draw's lowest bit marks an entry counted in a crowd."""
         seq = next(self._seq)
-        if not fast and job._wiring.gated:  # (a fast entry's job is never gated)
-            seq |= self._draw(64) << 64
+        wiring = job._wiring
+        if not fast and wiring.gated:  # (a fast entry's job is never gated)
+            draw = self._draw(63) << 1
+            if gap is not None and wiring.ahead:
+                draw |= 1
+                # How much earlier than *fire* its claim may go still: a quarter of the
+                # gap before its slot at the earliest (claim_time took up to `ahead` of it).
+                room = max(gap / 4 - wiring.ahead, _NO_LEAD)
+                crowd = self._crowds.get(fire)
+                if crowd is None:
+                    self._crowds[fire] = [1, 1, room]
+                else:
+                    crowd[0] += 1
+                    crowd[1] += 1
+                    if room < crowd[2]:
+                        crowd[2] = room
+            seq |= draw << 64
         return (fire, seq, job.name, job._generation, slot, fast)
 
-    def push(self, job: Job, fire: datetime, slot: datetime, fast: Fast | None) -> None:
+    def drop(self) -> Entry:
+        """Remove the earliest entry (fired by the general rules, or stale)."""
+        entry = heapq.heappop(self.heap)
+        if (entry[1] >> 64) & 1:  # counted in a crowd: one less left
+            fire = entry[0]
+            crowd = self._crowds[fire]
+            crowd[1] -= 1
+            if not crowd[1]:
+                del self._crowds[fire]
+        return entry
+
+    def opens(self, entry: Entry) -> datetime:
+        """When the run loop pops *entry*: at its fire time, or earlier when it is one of a
+        crowd of slots claimed ahead at that instant (see the module)."""
+        fire = entry[0]
+        if not (entry[1] >> 64) & 1:
+            return fire
+        planned, _, room = self._crowds[fire]
+        if planned < CROWD:
+            return fire
+        lead: timedelta = min(planned * CLAIM_COST, room, MAX_LEAD)
+        return fire - lead
+
+    def push(
+        self,
+        job: Job,
+        fire: datetime,
+        slot: datetime,
+        fast: Fast | None,
+        gap: timedelta | None = None,
+    ) -> None:
         """Queue *slot* of *job*, due at *fire* (:meth:`entry`)."""
-        entry = self.entry(job, fire, slot, fast)
+        entry = self.entry(job, fire, slot, fast, gap)
         heapq.heappush(self.heap, entry)
         if self.heap[0] is entry:
             self._poke()  # the new entry is the earliest: the loop sleeps too long
@@ -141,8 +213,11 @@ class Planner:
         if slot is None:
             return None
         fire = job.fire_time(slot) if job._settings.jitter else slot
+        gap = None
         if wiring.ahead:  # its claim goes out before the first slot too (ClaimAheadLocker)
             with contextlib.suppress(Exception):  # (a failing schedule fails at its slot)
                 following = job.following(slot)
-                fire = fire if following is None else claim_time(job, fire, following - slot)
-        return self.entry(job, fire, slot, UNKNOWN)
+                if following is not None:
+                    gap = following - slot
+                    fire = claim_time(job, fire, gap)
+        return self.entry(job, fire, slot, UNKNOWN, gap)

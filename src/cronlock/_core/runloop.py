@@ -174,7 +174,7 @@ class RunLoop:
             handle: asyncio.TimerHandle | None = None
             sleeper: asyncio.Task[None] | None = None
             if heap:
-                deadline = heap[0][0]
+                deadline = self._planner.opens(heap[0])
                 if self._loop_time:
                     delay = (deadline - self._clock.now()).total_seconds()
                     handle = loop.call_later(max(delay, 0.0), _set, wakeup)
@@ -196,13 +196,15 @@ class RunLoop:
         """One pass of the run loop: fire the slots due by *now* (at most *limit*: then True)."""
         heap = self._heap
         planner = self._planner
-        entry_of, replace, drop = planner.entry, planner.replace, planner.drop
+        entry_of, replace, drop, opens = planner.entry, planner.replace, planner.drop, planner.opens
         run_direct, spawn, ended = self._executor.run_direct, self._spawn_run, self._ended
         create_task: Callable[..., asyncio.Task[Any]] = self._loop.create_task
         if self._loop.get_task_factory() is None:  # what create_task() would do, one call less
             create_task = functools.partial(asyncio.Task, loop=self._loop)
         jobs = self._jobs
-        while heap and heap[0][0] <= now:
+        # An entry is due at its fire time; one of a crowd of slots claimed ahead opens
+        # earlier (Planner.opens), and is then handled as at its time (_fire).
+        while heap and (heap[0][0] <= now or opens(heap[0]) <= now):
             if not limit:
                 return True
             limit -= 1
@@ -268,9 +270,11 @@ class RunLoop:
         if next_fire is not None:
             assert following is not None
             fast = self._fast_of(job)
+            gap = None
             if job._wiring.ahead:  # claimed ahead: popped early (ClaimAheadLocker)
-                next_fire = claim_time(job, next_fire, following - latest)
-            self._planner.push(job, next_fire, following, fast)
+                gap = following - latest
+                next_fire = claim_time(job, next_fire, gap)
+            self._planner.push(job, next_fire, following, fast, gap)
         lateness = misfired(job.misfire_grace, fire, now)
         missed = "" if latest == slot else f" (and the missed slots from {slot.isoformat()})"
         if lateness is not None:
