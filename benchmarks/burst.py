@@ -161,9 +161,10 @@ async def one_mode(args: argparse.Namespace, dsn: str, schema: str, mode: str) -
         ],
         "replica CPU s": [round(r["cpu_s"], 2) for r in results],
         "replica CPU s before slot - 3 s": [round(r["cpu_before_s"], 2) for r in results],
+        "gc per replica (count, s, collected) per generation": [r["gc"] for r in results],
         "ready before slot s": [round(x, 1) for x in ready_before],
         "put s": round(put_s, 2),
-        "stderr": [p[-500:] for p in problems],
+        "stderr": [p[:1500] for p in problems],
     }
 
 

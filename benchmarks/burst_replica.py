@@ -24,6 +24,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from cronlock import RunContext, Scheduler
 from cronlock.postgres import PostgresLocker
@@ -47,6 +48,7 @@ async def main() -> None:
         format=f"%(created).3f r{args.id} %(levelname)s %(name)s: %(message)s",
     )
     runs: list[tuple[int, float, float]] = []
+    gc_stats: list[list[Any]] = []
     locker = PostgresLocker(
         args.dsn,
         schema=args.schema,
@@ -62,6 +64,27 @@ async def main() -> None:
 
     stop = asyncio.Event()
     await stop_at_end_of_stdin(stop)
+    if os.environ.get("BURST_GC"):  # an experiment: the collector's share of the burst
+        import gc
+
+        if os.environ["BURST_GC"] == "off":
+            gc.disable()
+        elif os.environ["BURST_GC"] == "freeze":
+            gc.freeze()
+        else:  # "count": collections and their time, per generation
+            gc_stats[:] = [[0, 0.0, 0] for _ in range(3)]
+            began = [0.0]
+
+            def timing(phase: str, info: dict[str, int]) -> None:
+                if phase == "start":
+                    began[0] = time.perf_counter()
+                else:
+                    entry = gc_stats[info["generation"]]
+                    entry[0] += 1
+                    entry[1] += time.perf_counter() - began[0]
+                    entry[2] += info["collected"]
+
+            gc.callbacks.append(timing)
     async with scheduler:
         print("ready", flush=True)
         before = locker.statistics()
@@ -71,6 +94,15 @@ async def main() -> None:
         # such as catch-up, is done by then when the driver gives it the time).
         await asyncio.sleep(max(0.0, args.slot - 3 - time.time()))
         idle, cpu = time.process_time() - cpu, time.process_time()
+        gc_before = [list(x) for x in gc_stats]
+        if gc_stats:
+            import gc
+            from collections import Counter
+
+            objects = gc.get_objects()
+            kinds = Counter(type(o).__name__ for o in objects)
+            print(len(objects), kinds.most_common(25), file=sys.stderr, flush=True)
+            del objects
         profile = os.environ.get("BURST_PROFILE")  # a directory: the burst's cProfile here
         if profile:
             import cProfile
@@ -97,6 +129,7 @@ async def main() -> None:
                 "standby": stats.standby - before.standby,
                 "cpu_s": cpu,
                 "cpu_before_s": idle,
+                "gc": [[n - m, round(t - u, 3), c - d] for (n, t, c), (m, u, d) in zip(gc_stats, gc_before, strict=True)],
             }
         ),
         flush=True,

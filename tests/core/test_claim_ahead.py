@@ -20,6 +20,7 @@ from cronlock import (
     Scheduler,
     every,
 )
+from cronlock._core.planner import CLAIM_COST, CROWD
 from cronlock.testing import FakeClock
 
 from .conftest import T0, Recorder
@@ -203,3 +204,58 @@ async def test_a_pause_during_the_claims_round_trip_stops_the_slot(clock: FakeCl
     assert started(recorder) == []
     skipped = [(e.slot, e.reason) for e in recorder.of(JobSkipped)]  # type: ignore[attr-defined]
     assert skipped == [(at(1), "paused")]
+
+
+# -- crowds: many slots claimed ahead due at one instant open earlier ---------------------
+
+
+def crowd_of(scheduler: Scheduler, count: int, interval: float) -> None:
+    """*count* jobs ``every(interval)``, all due at the same instants."""
+
+    async def tick() -> None:
+        pass
+
+    for i in range(count):
+        scheduler.add_job(tick, every(interval), name=f"crowd-{i}")
+
+
+async def test_a_crowd_is_claimed_earlier_and_each_run_starts_on_its_slot(
+    clock: FakeClock,
+) -> None:
+    locker, scheduler, recorder = ahead_scheduler(clock)
+    count = 400  # a crowd (CROWD and more): opened CLAIM_COST per entry earlier
+    crowd_of(scheduler, count, 3600)
+    lead = 0.1 + count * CLAIM_COST.total_seconds()
+    async with scheduler:
+        await clock.advance_to(at(3600 - lead - 0.001))
+        assert locker.claims == []
+        await clock.advance_to(at(3599.99))
+        # Every claim went out at the crowd's opening, none ran before the slot.
+        assert sorted({asked for asked, _ in locker.claims}) == [at(3600 - lead)]
+        assert len(locker.claims) == count
+        assert started(recorder) == []
+        await clock.advance_to(at(3600.5))
+    assert sorted(started(recorder)) == [(at(3600), at(3600))] * count
+    assert recorder.of(JobSkipped) == []
+
+
+async def test_a_few_slots_at_one_instant_are_not_a_crowd(clock: FakeClock) -> None:
+    locker, scheduler, _ = ahead_scheduler(clock)
+    crowd_of(scheduler, CROWD - 1, 3600)
+    async with scheduler:
+        await clock.advance_to(at(3600.5))
+    assert {asked for asked, _ in locker.claims} == {at(3599.9)}  # claim_ahead alone
+
+
+async def test_a_crowd_is_never_claimed_more_than_a_quarter_of_its_period_early(
+    clock: FakeClock,
+) -> None:
+    locker, scheduler, recorder = ahead_scheduler(clock)
+    count = 400  # its lead (0.1 s) would reach past a quarter of the period (0.125 s)
+    crowd_of(scheduler, count, 0.5)
+    async with scheduler:
+        await clock.advance_to(at(1.6))
+    asked = sorted({(asked, slot) for asked, slot in locker.claims})
+    assert asked == [(at(s - 0.125), at(s)) for s in (0.5, 1.0, 1.5)]
+    assert len(locker.claims) == 3 * count
+    assert sorted(started(recorder)) == sorted([(at(s), at(s)) for s in (0.5, 1.0, 1.5)] * count)
