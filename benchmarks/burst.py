@@ -2,29 +2,35 @@
 instant, run by 4 replica processes, in session mode and then in lease mode.
 
     CRONLOCK_TEST_DSN=postgresql://... python benchmarks/burst.py [--schedules 10000]
-        [--replicas 4] [--modes session,lease] [--lead 12] [--window 30]
+        [--replicas 4] [--modes session,lease] [--lead 15] [--window 30]
 
 Per mode, in a schema of its own (dropped at the end) and a ledger of its own:
 
-1. ``FleetControl.put_schedules`` stores N schedules, tenant *i*'s report, task
-   ``tenant-report`` with ``kwargs={"tenant": i}``, each ``cron("S M H D Mon *")``: the
-   same second of one date, in UTC, *lead* seconds ahead. A cron is what a tenant's "at
-   the hour I picked" is stored as, and one naming a date and a second is due at that
-   instant once (a year later next); ``once(instant)`` would do too, but a schedule with no
-   next slot is not claimed ahead (the claim goes out at the slot), and a tenant's
-   schedule always has a next one.
+1. ``FleetControl.put_schedules`` stores N schedules, tenant *i*'s daily report: task
+   ``tenant-report``, ``kwargs={"tenant": i}``, ``cron("S M H * * *", seconds=True)`` in
+   UTC, the same second of the day for all, *lead* seconds ahead. A daily cron at the hour
+   the tenant picked is what "a report per tenant" is stored as; every tenant picking the
+   same one makes the burst. (``once(instant)`` would be due at one instant too, but a
+   schedule with no next slot is not claimed ahead, and a tenant's always has one.)
 2. *R* replica processes (``burst_replica.py``) start, each a ``Scheduler`` with a
-   ``PostgresLocker`` in the mode (every other setting the default: 4 lock sessions,
-   3 racers, claims 0.1 s ahead), loading the N schedules at start.
+   ``PostgresLocker`` in the mode, every other setting the default (4 lock sessions, 3
+   racers, claims 0.1 s ahead), loading the N schedules at start.
 3. The slot passes; the driver waits until the ledger holds N finished runs of it (or
    *window* s after it), then closes the replicas' stdin: each prints its runs (the task's
    ``time.time()`` at its first line, true time) and its locker's counters.
 
+A replica races for every slot in its first 45 s (three members heartbeats), whatever
+the fleet's size: with ``--lead 15`` every replica of the 4 claims (a fleet just
+deployed: the hardest case); with ``--lead 50`` 3 claim and one stands by, as in a fleet
+that has run for a minute (``racers=3``, the default).
+
 Measured per mode: slot runs due, ran, duplicates (a tenant run more than once) and misses
-(never run), start lateness (start - slot) p50 / p99 / last, runs per replica, claim and
-end statements per replica (the batchers' statements, and the requests they carried), and
-every statement per replica. The target (issue 37): every slot once, the last start within
-1 s of the slot, in both modes. Prints JSON.
+(never run), start lateness (start - slot) p50 / p99 / first / last, runs per replica,
+every statement per replica, the batchers' statements and the requests they carried,
+refusals per replica, each replica's CPU seconds from 6 s before the slot to its stop and
+before that, and its garbage collections (count, wall seconds) per generation over the
+same span. The target (issue 37): every slot once, the last start within 1 s of the slot,
+in both modes. Prints JSON.
 """
 
 from __future__ import annotations
@@ -114,7 +120,7 @@ async def one_mode(args: argparse.Namespace, dsn: str, schema: str, mode: str) -
                 if line != "ready":
                     raise RuntimeError(f"a replica did not start: {line!r}")
                 ready_before.append(slot.timestamp() - time.time())
-            if min(ready_before) < 0.5:
+            if min(ready_before) < 7:  # the crowd opens up to 5 s early
                 raise RuntimeError(f"replicas ready too late (s before the slot: {ready_before})")
             deadline = slot.timestamp() + args.window
             while time.time() < deadline:
@@ -159,9 +165,9 @@ async def one_mode(args: argparse.Namespace, dsn: str, schema: str, mode: str) -
         "already_ran / contended / standby per replica": [
             [r["already_ran"], r["contended"], r["standby"]] for r in results
         ],
-        "replica CPU s": [round(r["cpu_s"], 2) for r in results],
-        "replica CPU s before slot - 3 s": [round(r["cpu_before_s"], 2) for r in results],
-        "gc per replica (count, s, collected) per generation": [r["gc"] for r in results],
+        "replica CPU s from slot - 6 s": [round(r["cpu_s"], 2) for r in results],
+        "replica CPU s before": [round(r["cpu_before_s"], 2) for r in results],
+        "collections per replica (count, s) per generation": [r["gc"] for r in results],
         "ready before slot s": [round(x, 1) for x in ready_before],
         "put s": round(put_s, 2),
         "stderr": [p[:1500] for p in problems],
@@ -173,7 +179,7 @@ async def main() -> None:
     parser.add_argument("--schedules", type=int, default=10_000)
     parser.add_argument("--replicas", type=int, default=4)
     parser.add_argument("--modes", default="session,lease")
-    parser.add_argument("--lead", type=float, default=12.0, help="s from the put to the slot")
+    parser.add_argument("--lead", type=float, default=15.0, help="s from the put to the slot")
     parser.add_argument("--window", type=float, default=30.0, help="s after the slot at most")
     args = parser.parse_args()
     dsn = os.environ.get("CRONLOCK_TEST_DSN", "postgresql://postgres@127.0.0.1:5432/test")

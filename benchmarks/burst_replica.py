@@ -2,6 +2,7 @@
 schedules are stored, all of them due at one instant.
 
     python benchmarks/burst_replica.py --dsn DSN --schema S --table T --mode lease --id 1
+        --slot EPOCH
 
 A service as users write it: a ``Scheduler`` with a ``PostgresLocker`` on *DSN* (the
 ledger *T* in *S*, in *mode*, every other setting cronlock's default), and one task,
@@ -11,26 +12,57 @@ the tenant, the slot and the true wall time (``time.time()``); nothing else.
 ``ready`` is printed on stdout once the scheduler runs (every stored schedule loaded:
 ``Scheduler.start`` reads them all). The end of stdin (the driver closed it or went away)
 stops it; it then prints one JSON line: its runs as ``[tenant, slot, start]``, the
-locker's counters (statements, claim batches) and its CPU seconds from ready to stop.
+locker's counters (statements, claim batches), its CPU seconds from :data:`WINDOW` s
+before the slot to the stop (a crowd of slots claimed ahead opens at most 5 s early) and
+before that, and its garbage collections over the same span.
+
+Two experiments, by environment variable: ``BURST_PROFILE=DIR`` writes a cProfile of the
+burst's span to *DIR*; ``BURST_GC=off`` (or ``freeze``) turns the collector off (or
+freezes what start-up made) for the whole run, to see its share of the burst's CPU.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import cProfile
+import gc
 import json
 import logging
 import os
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 from cronlock import RunContext, Scheduler
 from cronlock.postgres import PostgresLocker
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from failover_replica import stop_at_end_of_stdin
+
+WINDOW = 6.0
+"""Seconds before the slot from which the burst's CPU and collections are counted."""
+
+
+class Collections:
+    """Garbage collections per generation: how many, and their seconds (wall)."""
+
+    def __init__(self) -> None:
+        self.counts = [0, 0, 0]
+        self.seconds = [0.0, 0.0, 0.0]
+        self._began = 0.0
+        gc.callbacks.append(self._seen)
+
+    def _seen(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._began = time.perf_counter()
+        else:
+            generation = info["generation"]
+            self.counts[generation] += 1
+            self.seconds[generation] += time.perf_counter() - self._began
+
+    def snapshot(self) -> list[tuple[int, float]]:
+        return list(zip(self.counts, self.seconds, strict=True))
 
 
 async def main() -> None:
@@ -47,8 +79,11 @@ async def main() -> None:
         level=logging.WARNING,
         format=f"%(created).3f r{args.id} %(levelname)s %(name)s: %(message)s",
     )
+    experiment = os.environ.get("BURST_GC")
+    if experiment == "off":
+        gc.disable()
+    collections = Collections()
     runs: list[tuple[int, float, float]] = []
-    gc_stats: list[list[Any]] = []
     locker = PostgresLocker(
         args.dsn,
         schema=args.schema,
@@ -64,58 +99,28 @@ async def main() -> None:
 
     stop = asyncio.Event()
     await stop_at_end_of_stdin(stop)
-    if os.environ.get("BURST_GC"):  # an experiment: the collector's share of the burst
-        import gc
-
-        if os.environ["BURST_GC"] == "off":
-            gc.disable()
-        elif os.environ["BURST_GC"] == "freeze":
-            gc.freeze()
-        else:  # "count": collections and their time, per generation
-            gc_stats[:] = [[0, 0.0, 0] for _ in range(3)]
-            began = [0.0]
-
-            def timing(phase: str, info: dict[str, int]) -> None:
-                if phase == "start":
-                    began[0] = time.perf_counter()
-                else:
-                    entry = gc_stats[info["generation"]]
-                    entry[0] += 1
-                    entry[1] += time.perf_counter() - began[0]
-                    entry[2] += info["collected"]
-
-            gc.callbacks.append(timing)
     async with scheduler:
+        if experiment == "freeze":
+            gc.freeze()
         print("ready", flush=True)
         before = locker.statistics()
         batches = _claim_batches(locker)
         cpu = time.process_time()
-        # The CPU of the burst alone: from 3 s before the slot (the start's own work,
-        # such as catch-up, is done by then when the driver gives it the time).
-        await asyncio.sleep(max(0.0, args.slot - 3 - time.time()))
+        await asyncio.sleep(max(0.0, args.slot - WINDOW - time.time()))
         idle, cpu = time.process_time() - cpu, time.process_time()
-        gc_before = [list(x) for x in gc_stats]
-        if gc_stats:
-            import gc
-            from collections import Counter
-
-            objects = gc.get_objects()
-            kinds = Counter(type(o).__name__ for o in objects)
-            print(len(objects), kinds.most_common(25), file=sys.stderr, flush=True)
-            del objects
-        profile = os.environ.get("BURST_PROFILE")  # a directory: the burst's cProfile here
-        if profile:
-            import cProfile
-
-            profiler = cProfile.Profile()
+        collected = collections.snapshot()
+        profile = os.environ.get("BURST_PROFILE")
+        profiler = cProfile.Profile() if profile else None
+        if profiler is not None:
             profiler.enable()
         await stop.wait()
         cpu = time.process_time() - cpu
-        if profile:
+        if profiler is not None:
             profiler.disable()
             profiler.dump_stats(f"{profile}/replica-{args.id}-{args.mode}.prof")
         stats = locker.statistics()
         batched = [now - then for now, then in zip(_claim_batches(locker), batches, strict=True)]
+        collections_then = collections.snapshot()
     print(
         json.dumps(
             {
@@ -129,7 +134,10 @@ async def main() -> None:
                 "standby": stats.standby - before.standby,
                 "cpu_s": cpu,
                 "cpu_before_s": idle,
-                "gc": [[n - m, round(t - u, 3), c - d] for (n, t, c), (m, u, d) in zip(gc_stats, gc_before, strict=True)],
+                "gc": [
+                    [n - m, round(s - t, 3)]
+                    for (n, s), (m, t) in zip(collections_then, collected, strict=True)
+                ],
             }
         ),
         flush=True,

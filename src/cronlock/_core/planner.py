@@ -52,7 +52,7 @@ _UNPLANNED: Any = object()  # plan_all: no job of this schedule object planned y
 _NO_LEAD = timedelta(0)
 CROWD = 256
 """Entries claimed ahead due at one instant from which they are a crowd, opened early."""
-CLAIM_COST = timedelta(microseconds=250)
+CLAIM_COST = timedelta(microseconds=400)
 """How much earlier a crowd opens per entry in it: about what firing and claiming one slot
 costs a replica when its peers claim the same slots on the same cores (benchmarks/burst.py)."""
 MAX_LEAD = timedelta(seconds=5)
