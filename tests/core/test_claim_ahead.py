@@ -251,11 +251,13 @@ async def test_a_crowd_is_never_claimed_more_than_a_quarter_of_its_period_early(
     clock: FakeClock,
 ) -> None:
     locker, scheduler, recorder = ahead_scheduler(clock)
-    count = 400  # its lead (0.1 s) would reach past a quarter of the period (0.125 s)
+    # The crowd's lead (0.1 s + 0.16 s) reaches past a quarter of the period (0.125 s): its
+    # slots are claimed at their own time, claim_ahead (0.1 s) before each.
+    count = 400
     crowd_of(scheduler, count, 0.5)
     async with scheduler:
         await clock.advance_to(at(1.6))
     asked = sorted({(asked, slot) for asked, slot in locker.claims})
-    assert asked == [(at(s - 0.125), at(s)) for s in (0.5, 1.0, 1.5)]
+    assert asked == [(at(s - 0.1), at(s)) for s in (0.5, 1.0, 1.5)]
     assert len(locker.claims) == 3 * count
     assert sorted(started(recorder)) == sorted([(at(s), at(s)) for s in (0.5, 1.0, 1.5)] * count)

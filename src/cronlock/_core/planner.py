@@ -11,9 +11,10 @@ job re-planned, paused or removed leaves stale entries, dropped when they come f
 their instant, so that a won claim's run starts on it. Thousands of them due at one instant
 (a tenant's report at 08:00, times ten thousand) take this replica longer than that moment
 to fire and claim: the planner counts the entries claimed ahead per fire instant, and a
-crowd of them opens earlier by :data:`CLAIM_COST` each (at most :data:`MAX_LEAD`, and never
-earlier than any of them may be claimed: a quarter of its period before its slot), so that
-their claims are answered by the instant and their runs start on it, as one job's does.
+crowd of them opens earlier by :data:`CLAIM_COST` each (at most :data:`MAX_LEAD`), so that
+their claims are answered by the instant and their runs start on it, as one job's does. (A
+slot is never claimed earlier than a quarter of its period before it: the run loop queues
+one whose crowd opened earlier than that again, uncounted, at its own time.)
 """
 
 from __future__ import annotations
@@ -49,7 +50,6 @@ _ONE_MICROSECOND = timedelta(microseconds=1)
 # and the empty tuple, which the garbage collector does not track.
 UNKNOWN: Any = ()
 _UNPLANNED: Any = object()  # plan_all: no job of this schedule object planned yet
-_NO_LEAD = timedelta(0)
 CROWD = 256
 """Entries claimed ahead due at one instant from which they are a crowd, opened early."""
 CLAIM_COST = timedelta(microseconds=400)
@@ -70,9 +70,9 @@ class Planner:
         self._seq = itertools.count()
         self._draw = random.Random().getrandbits  # seeded from the OS: each replica its own
         self._poke = poke
-        # Entries claimed ahead, per fire instant: [planned, left in the heap, room], the
-        # room being how much earlier than the instant all of them may still be claimed.
-        self._crowds: dict[datetime, list[Any]] = {}
+        # Entries claimed ahead queued per fire instant (small ints: a singleton costs its
+        # dict slot alone); an instant is forgotten once the heap has gone past it.
+        self._crowds: dict[datetime, int] = {}
         # The fast path fired the earliest entry: replace it with the job's next (an entry
         # made by entry()), one sift where a pop and a push take two, and one C call. (A
         # fast entry is never in a crowd: its job is not gated.)
@@ -87,9 +87,9 @@ class Planner:
         gap: timedelta | None = None,
     ) -> Entry:
         """The heap entry of *slot* of *job*, due at *fire*, in the job's current plan
-        generation (every entry is made here). *gap*: the time from the job's previous slot
-        to this one, for a slot claimed ahead (:func:`.catchup.claim_time`), which may then
-        open early in a crowd (the module); an entry made with a gap must be queued.
+        generation (every entry is made here). *gap* (from the job's previous slot to this
+        one) marks a slot claimed ahead (:func:`.catchup.claim_time`), which may then open
+        early in a crowd (the module); an entry made with a gap must be queued.
 
         Its tie-breaker: first come, first served, except gated jobs, drawn per entry,
         so replicas go through a burst in different orders (in one, the first awake claims
@@ -100,41 +100,32 @@ class Planner:
             draw = self._draw(63) << 1
             if gap is not None and wiring.ahead:
                 draw |= 1
-                # How much earlier than *fire* its claim may go still: a quarter of the
-                # gap before its slot at the earliest (claim_time took up to `ahead` of it).
-                room = max(gap / 4 - wiring.ahead, _NO_LEAD)
-                crowd = self._crowds.get(fire)
-                if crowd is None:
-                    self._crowds[fire] = [1, 1, room]
-                else:
-                    crowd[0] += 1
-                    crowd[1] += 1
-                    if room < crowd[2]:
-                        crowd[2] = room
+                crowds = self._crowds
+                crowds[fire] = crowds.get(fire, 0) + 1
             seq |= draw << 64
         return (fire, seq, job.name, job._generation, slot, fast)
 
     def drop(self) -> Entry:
         """Remove the earliest entry (fired by the general rules, or stale)."""
-        entry = heapq.heappop(self.heap)
-        if (entry[1] >> 64) & 1:  # counted in a crowd: one less left
+        heap = self.heap
+        entry = heapq.heappop(heap)
+        if (entry[1] >> 64) & 1:  # counted in a crowd: forgotten once the heap is past it
             fire = entry[0]
-            crowd = self._crowds[fire]
-            crowd[1] -= 1
-            if not crowd[1]:
-                del self._crowds[fire]
+            if not heap or heap[0][0] != fire:
+                self._crowds.pop(fire, None)
         return entry
 
     def opens(self, entry: Entry) -> datetime:
         """When the run loop pops *entry*: at its fire time, or earlier when it is one of a
-        crowd of slots claimed ahead at that instant (see the module)."""
+        crowd of slots claimed ahead at that instant (see the module; the run loop claims
+        one at its own time still when the crowd's lead is more than it may take)."""
         fire = entry[0]
         if not (entry[1] >> 64) & 1:
             return fire
-        planned, _, room = self._crowds[fire]
+        planned = self._crowds.get(fire, 0)
         if planned < CROWD:
             return fire
-        lead: timedelta = min(planned * CLAIM_COST, room, MAX_LEAD)
+        lead: timedelta = min(planned * CLAIM_COST, MAX_LEAD)
         return fire - lead
 
     def push(

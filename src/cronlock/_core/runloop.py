@@ -244,6 +244,10 @@ class RunLoop:
             if at_slot > now and job._active:  # its own run goes on: claim at the slot
                 self._planner.push(job, at_slot, slot, None)
                 return
+            if fire > now and not _may_claim(job, slot, at_slot, now):
+                # Opened with its crowd, earlier than it may be claimed: at its own time.
+                self._planner.push(job, fire, slot, None)
+                return
             fire, now = at_slot, max(now, at_slot)
         latest = slot
         try:
@@ -454,6 +458,16 @@ class RunLoop:
         while self._waiting and (self._cap is None or self._running < self._cap):
             slot, _, waiting_job, waiter = heapq.heappop(self._waiting)
             self._start(waiting_job, slot, waiter)
+
+
+def _may_claim(job: Job, slot: datetime, at_slot: datetime, now: datetime) -> bool:
+    """Whether *slot* of *job* (firing *at_slot*) may be claimed at *now*: no earlier than
+    a quarter of its period before it, as any claim ahead (:func:`.catchup.claim_time`)."""
+    try:
+        following = job.following(slot)
+    except Exception:  # said where the slot is fired (_fire)
+        return True
+    return following is not None and at_slot - now <= (following - slot) / 4
 
 
 def _tell(waiter: asyncio.Future[JobEvent], event: JobEvent) -> None:
