@@ -71,8 +71,9 @@ class Planner:
         self._draw = random.Random().getrandbits  # seeded from the OS: each replica its own
         self._poke = poke
         # Entries claimed ahead queued per fire instant (small ints: a singleton costs its
-        # dict slot alone); an instant is forgotten once the heap has gone past it.
+        # dict slot alone); an instant is forgotten once the heap has gone past it (drop).
         self._crowds: dict[datetime, int] = {}
+        self._counted = 0  # entries counted there still queued (stale ones included)
         # The fast path fired the earliest entry: replace it with the job's next (an entry
         # made by entry()), one sift where a pop and a push take two, and one C call. (A
         # fast entry is never in a crowd: its job is not gated.)
@@ -93,26 +94,35 @@ class Planner:
 
         Its tie-breaker: first come, first served, except gated jobs, drawn per entry,
         so replicas go through a burst in different orders (in one, the first awake claims
-        all). The draw's lowest bit marks an entry counted in a crowd."""
+        all). An entry counted in a crowd has a negative one: first among the entries of
+        its instant, so that none of another kind holds the crowd back from opening."""
         seq = next(self._seq)
         wiring = job._wiring
         if not fast and wiring.gated:  # (a fast entry's job is never gated)
-            draw = self._draw(63) << 1
+            seq |= self._draw(64) << 64
             if gap is not None and wiring.ahead:
-                draw |= 1
+                seq = -seq - 1
                 crowds = self._crowds
                 crowds[fire] = crowds.get(fire, 0) + 1
-            seq |= draw << 64
+                self._counted += 1
         return (fire, seq, job.name, job._generation, slot, fast)
 
     def drop(self) -> Entry:
         """Remove the earliest entry (fired by the general rules, or stale)."""
         heap = self.heap
         entry = heapq.heappop(heap)
-        if (entry[1] >> 64) & 1:  # counted in a crowd: forgotten once the heap is past it
+        crowds = self._crowds
+        if crowds:
+            if entry[1] < 0:  # counted in a crowd
+                self._counted -= 1
             fire = entry[0]
-            if not heap or heap[0][0] != fire:
-                self._crowds.pop(fire, None)
+            if not heap or heap[0][0] != fire:  # the heap is past the instant: forget it
+                crowds.pop(fire, None)
+            if len(crowds) > self._counted + 1024:
+                # Instants the heap went past on the fast path (an ungated job's entry
+                # the last one of its instant): forgotten a thousand at a time.
+                top = heap[0][0] if heap else None
+                self._crowds = {f: n for f, n in crowds.items() if top is not None and f >= top}
         return entry
 
     def opens(self, entry: Entry) -> datetime:
@@ -120,7 +130,7 @@ class Planner:
         crowd of slots claimed ahead at that instant (see the module; the run loop claims
         one at its own time still when the crowd's lead is more than it may take)."""
         fire = entry[0]
-        if not (entry[1] >> 64) & 1:
+        if entry[1] >= 0:  # not counted in a crowd
             return fire
         planned = self._crowds.get(fire, 0)
         if planned < CROWD:
