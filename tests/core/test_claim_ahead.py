@@ -279,6 +279,7 @@ async def test_a_crowds_bookkeeping_is_forgotten_once_past(clock: FakeClock) -> 
     scheduler.add_job(tick, every(0.5, anchor=anchor), name="local", distributed=False)
     async with scheduler:
         await clock.advance_to(at(1500.2))
+        assert scheduler._loop is not None
         crowds = scheduler._loop._planner._crowds
         assert len(crowds) <= 1024 + 2, len(crowds)
     assert len(locker.claims) == 3000
