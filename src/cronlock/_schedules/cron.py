@@ -340,7 +340,7 @@ class CronSchedule:
         return f"CronSchedule(expr={self.expr!r}, seconds={self.seconds}, tz={zone})"
 
 
-_SPANS: dict[tuple[CronSchedule, ZoneInfo], list[tuple[datetime, datetime]]] = {}
+_SPANS: dict[tuple[str, bool, ZoneInfo], list[tuple[datetime, datetime]]] = {}
 """Answers of :func:`_first_after` as spans, per expression and zone: ``(low, slot)`` says
 that the first slot after any instant from *low* up to *slot* is *slot*."""
 _SPANS_KEPT = 4  # spans per expression and zone (the latest found)
@@ -357,7 +357,7 @@ def _first_after(schedule: CronSchedule, after: datetime, zone: ZoneInfo) -> dat
     smallest slot greater than it, so when ``(low, slot)`` is known, every instant in
     ``[low, slot)`` has it as answer too; equal schedules share spans, and threads may
     share them (each span is right on its own, whichever one a reader sees)."""
-    key = (schedule, zone)
+    key = (schedule.expr, schedule.seconds, zone)  # (what equal schedules share, hashed fast)
     spans = _SPANS.get(key)
     if spans is not None:
         for low, slot in spans:
