@@ -21,8 +21,9 @@ Per mode, in a schema of its own (dropped at the end) and a ledger of its own:
 
 A replica races for every slot in its first 45 s (three members heartbeats), whatever
 the fleet's size: with ``--lead 15`` every replica of the 4 claims (a fleet just
-deployed: the hardest case); with ``--lead 50`` 3 claim and one stands by, as in a fleet
-that has run for a minute (``racers=3``, the default).
+deployed: the hardest case); with ``--lead 60`` 3 claim and one stands by, as in a fleet
+that has run for a minute (``racers=3``, the default; the crowd's claims start up to 5 s
+before the slot, so the replicas must be 45 s old by then).
 
 Measured per mode: slot runs due, ran, duplicates (a tenant run more than once) and misses
 (never run), start lateness (start - slot) p50 / p99 / first / last, runs per replica,
