@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cronlock._keys import job_lock_key
+from cronlock._keys import job_lock_key, ledger_keys, ledger_lock_key
 
 
 def _as_int64(unsigned: int) -> int:
@@ -68,3 +68,12 @@ def test_matches_reference_and_fits_bigint(name: str) -> None:
     key = job_lock_key(name)
     assert -(2**63) <= key < 2**63
     assert key == _as_int64(_fnv1a64_reference(name.encode("utf-8")))
+
+
+@given(st.text(), st.lists(st.text(), min_size=1, max_size=5))
+def test_a_ledgers_keys_hashed_from_its_prefix_are_its_keys(ledger: str, names: list[str]) -> None:
+    # A locker hashes its ledger's part once and each job's name after it (FNV-1a reads
+    # its input in order): the same keys as ledger_lock_key, which FleetControl and the
+    # collision checks compute.
+    keys = ledger_keys(ledger)
+    assert [keys(name) for name in names] == [ledger_lock_key(ledger, name) for name in names]

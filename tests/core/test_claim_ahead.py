@@ -20,6 +20,7 @@ from cronlock import (
     Scheduler,
     every,
 )
+from cronlock._core.planner import CLAIM_COST, CROWD
 from cronlock.testing import FakeClock
 
 from .conftest import T0, Recorder
@@ -203,3 +204,103 @@ async def test_a_pause_during_the_claims_round_trip_stops_the_slot(clock: FakeCl
     assert started(recorder) == []
     skipped = [(e.slot, e.reason) for e in recorder.of(JobSkipped)]  # type: ignore[attr-defined]
     assert skipped == [(at(1), "paused")]
+
+
+# -- crowds: many slots claimed ahead due at one instant open earlier ---------------------
+
+
+def crowd_of(scheduler: Scheduler, count: int, interval: float) -> None:
+    """*count* jobs ``every(interval)``, all due at the same instants."""
+
+    async def tick() -> None:
+        pass
+
+    for i in range(count):
+        scheduler.add_job(tick, every(interval), name=f"crowd-{i}")
+
+
+async def test_a_crowd_is_claimed_earlier_and_each_run_starts_on_its_slot(
+    clock: FakeClock,
+) -> None:
+    locker, scheduler, recorder = ahead_scheduler(clock)
+    count = 400  # a crowd (CROWD and more): opened CLAIM_COST per entry earlier
+    crowd_of(scheduler, count, 3600)
+    lead = 0.1 + count * CLAIM_COST.total_seconds()
+    async with scheduler:
+        await clock.advance_to(at(3600 - lead - 0.001))
+        assert locker.claims == []
+        await clock.advance_to(at(3599.99))
+        # Every claim went out at the crowd's opening, none ran before the slot.
+        assert sorted({asked for asked, _ in locker.claims}) == [at(3600 - lead)]
+        assert len(locker.claims) == count
+        assert started(recorder) == []
+        await clock.advance_to(at(3600.5))
+    assert sorted(started(recorder)) == [(at(3600), at(3600))] * count
+    assert recorder.of(JobSkipped) == []
+
+
+async def test_a_few_slots_at_one_instant_are_not_a_crowd(clock: FakeClock) -> None:
+    locker, scheduler, _ = ahead_scheduler(clock)
+    crowd_of(scheduler, CROWD - 1, 3600)
+    async with scheduler:
+        await clock.advance_to(at(3600.5))
+    assert {asked for asked, _ in locker.claims} == {at(3599.9)}  # claim_ahead alone
+
+
+async def test_a_crowd_is_never_claimed_more_than_a_quarter_of_its_period_early(
+    clock: FakeClock,
+) -> None:
+    locker, scheduler, recorder = ahead_scheduler(clock)
+    # The crowd's lead (0.1 s + 0.16 s) reaches past a quarter of the period (0.125 s): its
+    # slots are claimed at their own time, claim_ahead (0.1 s) before each.
+    count = 400
+    crowd_of(scheduler, count, 0.5)
+    async with scheduler:
+        await clock.advance_to(at(1.6))
+    asked = sorted({(asked, slot) for asked, slot in locker.claims})
+    assert asked == [(at(s - 0.1), at(s)) for s in (0.5, 1.0, 1.5)]
+    assert len(locker.claims) == 3 * count
+    assert sorted(started(recorder)) == sorted([(at(s), at(s)) for s in (0.5, 1.0, 1.5)] * count)
+
+
+async def test_a_crowds_bookkeeping_is_forgotten_once_past(clock: FakeClock) -> None:
+    # The planner counts the slots claimed ahead of each instant; a job with nobody to ask
+    # firing at the same instants (the claim times) is the last of each one popped: what
+    # was counted of the instant still goes once the run loop is past it (a thousand at a
+    # time), else it would grow by one every slot.
+    locker, scheduler, recorder = ahead_scheduler(clock)
+    crowd_of(scheduler, 1, 0.5)
+    local: list[datetime] = []
+
+    async def tick() -> None:
+        local.append(clock.now())
+
+    anchor = at(0.4)  # slots at 0.4, 0.9, ...: the claims go out then
+    scheduler.add_job(tick, every(0.5, anchor=anchor), name="local", distributed=False)
+    async with scheduler:
+        await clock.advance_to(at(1500.2))
+        assert scheduler._loop is not None
+        crowds = scheduler._loop._planner._crowds
+        assert len(crowds) <= 1024 + 2, len(crowds)
+    assert len(locker.claims) == 3000
+    assert len(started(recorder)) == 2 * 3000
+    assert local == [at(0.4 + i / 2) for i in range(3000)]  # on time, beside the claims
+
+
+async def test_a_job_with_nobody_to_ask_does_not_hold_a_crowd_back(clock: FakeClock) -> None:
+    locker, scheduler, recorder = ahead_scheduler(clock)
+    count = 400
+    crowd_of(scheduler, count, 3600)
+    local: list[datetime] = []
+
+    async def tick() -> None:
+        local.append(clock.now())
+
+    # Due when the crowd's claims would go out without a crowd (0.1 s before the slot).
+    scheduler.add_job(tick, every(3600, anchor=at(3599.9)), name="local", distributed=False)
+    lead = 0.1 + count * CLAIM_COST.total_seconds()
+    async with scheduler:
+        await clock.advance_to(at(3600.5))
+    assert {asked for asked, _ in locker.claims} == {at(3600 - lead)}
+    assert local == [at(3599.9)]
+    assert len(started(recorder)) == count + 1

@@ -3,10 +3,10 @@
 Run as ``python stored_replica.py --dsn DSN --table T --id N [--without report]``. It
 registers the tasks ``report(ctx, tenant)`` and ``flaky(ctx)`` (which fails), syncs the
 stored schedules every ``--sync`` seconds, and prints ``{"event": "start", "job", "slot",
-"tenant"}`` per run it starts, ``{"event": "jobs", "names", "at"}`` whenever its stored
-jobs or their schedules change (``names``: name to schedule; ``at``: its clock),
-``{"event": "rejected", ...}`` per ``ScheduleRejected``, and ``{"event": "ready"}`` once
-started. It runs until killed.
+"tenant", "t"}`` per run it starts (``t``: its true start time), ``{"event": "jobs",
+"names", "at"}`` whenever its stored jobs or their schedules change (``names``: name to
+schedule; ``at``: its clock), ``{"event": "rejected", ...}`` per ``ScheduleRejected``,
+and ``{"event": "ready"}`` once started. It runs until killed.
 """
 
 from __future__ import annotations
@@ -41,7 +41,10 @@ async def main() -> None:
     scheduler = Scheduler(locker=locker, stop_timeout=0, sync_every=args.sync)
 
     async def report(ctx: RunContext, tenant: int) -> None:
-        emit(event="start", replica=args.id, job=ctx.job, slot=ctx.slot.timestamp(), tenant=tenant)
+        emit(
+            event="start", replica=args.id, job=ctx.job, slot=ctx.slot.timestamp(),
+            tenant=tenant, t=time.time(),
+        )  # fmt: skip
         await asyncio.sleep(0.05)
 
     async def flaky(ctx: RunContext) -> None:

@@ -12,6 +12,7 @@ from cronlock._schedules.calendar import daily, monthly, weekly
 from cronlock._schedules.cron import cron
 from cronlock._schedules.interval import every
 from cronlock._schedules.schedule import Schedule
+from cronlock._schedules.tz import first_instant_after
 
 ZONES = [
     ZoneInfo(name)
@@ -157,3 +158,31 @@ def test_slots_are_wall_matches_or_dst_moves(expr: str, tz: ZoneInfo, start: dat
         assert cron(expr, tz=UTC_ZONE).next_after(
             local.replace(tzinfo=UTC) - timedelta(microseconds=1)
         ) == local.replace(tzinfo=UTC)
+
+
+@given(
+    st.sampled_from(EXPRESSIONS),
+    zones,
+    st.lists(near_transitions | instants, min_size=1, max_size=6),
+    st.lists(st.floats(0, 1), min_size=1, max_size=4),
+)
+def test_a_crons_remembered_answers_are_its_answers(
+    expr: str, tz: ZoneInfo, starts: list[datetime], fractions: list[float]
+) -> None:
+    # next_after remembers spans (thousands of tenants share an expression): whatever was
+    # asked before, each answer is the one worked out afresh, at the instants asked and at
+    # instants inside the spans they made (the overdue verdict asks from such instants).
+    schedule = cron(expr, tz=tz)
+
+    def afresh(after: datetime) -> datetime | None:
+        return first_instant_after(after, tz, schedule._walls_from, fixed=schedule.fixed_time)
+
+    for start in starts:
+        slot = schedule.next_after(start)
+        assert slot == afresh(start)
+        assert slot is not None
+        for fraction in fractions:
+            inside = start + (slot - start) * fraction
+            assert schedule.next_after(inside) == afresh(inside)
+        assert schedule.next_after(slot) == afresh(slot)
+        assert cron(expr, tz=tz).next_after(start) == slot  # an equal schedule shares them

@@ -6,6 +6,15 @@ only code that changes the heap; the run loop (:mod:`cronlock._core.runloop`) re
 entry and asks the planner to drop it, replace it with the next (``Planner.replace``) or
 queue another (:meth:`Planner.push`). An entry names its job and the plan's generation: a
 job re-planned, paused or removed leaves stale entries, dropped when they come first.
+
+**Crowds.** Slots claimed ahead (:class:`~cronlock.ClaimAheadLocker`) go out a moment before
+their instant, so that a won claim's run starts on it. Thousands of them due at one instant
+(a tenant's report at 08:00, times ten thousand) take this replica longer than that moment
+to fire and claim: the planner counts the entries claimed ahead per fire instant, and a
+crowd of them opens earlier by :data:`CLAIM_COST` each (at most :data:`MAX_LEAD`), so that
+their claims are answered by the instant and their runs start on it, as one job's does. (A
+slot is never claimed earlier than a quarter of its period before it: the run loop queues
+one whose crowd opened earlier than that again, uncounted, at its own time.)
 """
 
 from __future__ import annotations
@@ -41,6 +50,13 @@ _ONE_MICROSECOND = timedelta(microseconds=1)
 # and the empty tuple, which the garbage collector does not track.
 UNKNOWN: Any = ()
 _UNPLANNED: Any = object()  # plan_all: no job of this schedule object planned yet
+CROWD = 256
+"""Entries claimed ahead due at one instant from which they are a crowd, opened early."""
+CLAIM_COST = timedelta(microseconds=400)
+"""How much earlier a crowd opens per entry in it: about what firing and claiming one slot
+costs a replica when its peers claim the same slots on the same cores (benchmarks/burst.py)."""
+MAX_LEAD = timedelta(seconds=5)
+"""The earliest a crowd opens before its entries' fire time (25,000 entries and more)."""
 
 
 class Planner:
@@ -54,27 +70,84 @@ class Planner:
         self._seq = itertools.count()
         self._draw = random.Random().getrandbits  # seeded from the OS: each replica its own
         self._poke = poke
+        # Entries claimed ahead queued per fire instant (small ints: a singleton costs its
+        # dict slot alone); an instant is forgotten once the heap has gone past it (drop).
+        self._crowds: dict[datetime, int] = {}
+        self._counted = 0  # entries counted there still queued (stale ones included)
         # The fast path fired the earliest entry: replace it with the job's next (an entry
-        # made by entry()), one sift where a pop and a push take two, and one C call.
+        # made by entry()), one sift where a pop and a push take two, and one C call. (A
+        # fast entry is never in a crowd: its job is not gated.)
         self.replace: Callable[[Entry], Entry] = functools.partial(heapq.heapreplace, self.heap)
-        # Remove the earliest entry (fired by the general rules, or stale).
-        self.drop: Callable[[], Entry] = functools.partial(heapq.heappop, self.heap)
 
-    def entry(self, job: Job, fire: datetime, slot: datetime, fast: Fast | None) -> Entry:
+    def entry(
+        self,
+        job: Job,
+        fire: datetime,
+        slot: datetime,
+        fast: Fast | None,
+        gap: timedelta | None = None,
+    ) -> Entry:
         """The heap entry of *slot* of *job*, due at *fire*, in the job's current plan
-        generation (every entry is made here).
+        generation (every entry is made here). *gap* (from the job's previous slot to this
+        one) marks a slot claimed ahead (:func:`.catchup.claim_time`), which may then open
+        early in a crowd (the module); an entry made with a gap must be queued.
 
         Its tie-breaker: first come, first served, except gated jobs, drawn per entry,
         so replicas go through a burst in different orders (in one, the first awake claims
-        all)."""
+        all). An entry counted in a crowd has a negative one: first among the entries of
+        its instant, so that none of another kind holds the crowd back from opening."""
         seq = next(self._seq)
-        if not fast and job._wiring.gated:  # (a fast entry's job is never gated)
+        wiring = job._wiring
+        if not fast and wiring.gated:  # (a fast entry's job is never gated)
             seq |= self._draw(64) << 64
+            if gap is not None and wiring.ahead:
+                seq = -seq - 1
+                crowds = self._crowds
+                crowds[fire] = crowds.get(fire, 0) + 1
+                self._counted += 1
         return (fire, seq, job.name, job._generation, slot, fast)
 
-    def push(self, job: Job, fire: datetime, slot: datetime, fast: Fast | None) -> None:
+    def drop(self) -> Entry:
+        """Remove the earliest entry (fired by the general rules, or stale)."""
+        heap = self.heap
+        entry = heapq.heappop(heap)
+        crowds = self._crowds
+        if crowds:
+            if entry[1] < 0:  # counted in a crowd
+                self._counted -= 1
+            fire = entry[0]
+            if not heap or heap[0][0] != fire:  # the heap is past the instant: forget it
+                crowds.pop(fire, None)
+            if len(crowds) > self._counted + 1024:
+                # Instants the heap went past on the fast path (an ungated job's entry
+                # the last one of its instant): forgotten a thousand at a time.
+                top = heap[0][0] if heap else None
+                self._crowds = {f: n for f, n in crowds.items() if top is not None and f >= top}
+        return entry
+
+    def opens(self, entry: Entry) -> datetime:
+        """When the run loop pops *entry*: at its fire time, or earlier when it is one of a
+        crowd of slots claimed ahead at that instant (see the module; the run loop claims
+        one at its own time still when the crowd's lead is more than it may take)."""
+        fire = entry[0]
+        if entry[1] >= 0:  # not counted in a crowd
+            return fire
+        planned = self._crowds.get(fire, 0)
+        if planned < CROWD:
+            return fire
+        lead: timedelta = min(planned * CLAIM_COST, MAX_LEAD)
+        return fire - lead
+
+    def push(
+        self,
+        job: Job,
+        fire: datetime,
+        slot: datetime,
+        fast: Fast | None,
+        gap: timedelta | None = None,
+    ) -> None:
         """Queue *slot* of *job*, due at *fire* (:meth:`entry`)."""
-        entry = self.entry(job, fire, slot, fast)
+        entry = self.entry(job, fire, slot, fast, gap)
         heapq.heappush(self.heap, entry)
         if self.heap[0] is entry:
             self._poke()  # the new entry is the earliest: the loop sleeps too long
@@ -141,8 +214,11 @@ class Planner:
         if slot is None:
             return None
         fire = job.fire_time(slot) if job._settings.jitter else slot
+        gap = None
         if wiring.ahead:  # its claim goes out before the first slot too (ClaimAheadLocker)
             with contextlib.suppress(Exception):  # (a failing schedule fails at its slot)
                 following = job.following(slot)
-                fire = fire if following is None else claim_time(job, fire, following - slot)
-        return self.entry(job, fire, slot, UNKNOWN)
+                if following is not None:
+                    gap = following - slot
+                    fire = claim_time(job, fire, gap)
+        return self.entry(job, fire, slot, UNKNOWN, gap)

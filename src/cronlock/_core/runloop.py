@@ -174,7 +174,7 @@ class RunLoop:
             handle: asyncio.TimerHandle | None = None
             sleeper: asyncio.Task[None] | None = None
             if heap:
-                deadline = heap[0][0]
+                deadline = self._planner.opens(heap[0])
                 if self._loop_time:
                     delay = (deadline - self._clock.now()).total_seconds()
                     handle = loop.call_later(max(delay, 0.0), _set, wakeup)
@@ -196,13 +196,15 @@ class RunLoop:
         """One pass of the run loop: fire the slots due by *now* (at most *limit*: then True)."""
         heap = self._heap
         planner = self._planner
-        entry_of, replace, drop = planner.entry, planner.replace, planner.drop
+        entry_of, replace, drop, opens = planner.entry, planner.replace, planner.drop, planner.opens
         run_direct, spawn, ended = self._executor.run_direct, self._spawn_run, self._ended
         create_task: Callable[..., asyncio.Task[Any]] = self._loop.create_task
         if self._loop.get_task_factory() is None:  # what create_task() would do, one call less
             create_task = functools.partial(asyncio.Task, loop=self._loop)
         jobs = self._jobs
-        while heap and heap[0][0] <= now:
+        # An entry is due at its fire time; one of a crowd of slots claimed ahead opens
+        # earlier (Planner.opens), and is then handled as at its time (_fire).
+        while heap and (heap[0][0] <= now or opens(heap[0]) <= now):
             if not limit:
                 return True
             limit -= 1
@@ -242,6 +244,10 @@ class RunLoop:
             if at_slot > now and job._active:  # its own run goes on: claim at the slot
                 self._planner.push(job, at_slot, slot, None)
                 return
+            if fire > now and not _may_claim(job, slot, at_slot, now):
+                # Opened with its crowd, earlier than it may be claimed: at its own time.
+                self._planner.push(job, fire, slot, None)
+                return
             fire, now = at_slot, max(now, at_slot)
         latest = slot
         try:
@@ -268,9 +274,11 @@ class RunLoop:
         if next_fire is not None:
             assert following is not None
             fast = self._fast_of(job)
+            gap = None
             if job._wiring.ahead:  # claimed ahead: popped early (ClaimAheadLocker)
-                next_fire = claim_time(job, next_fire, following - latest)
-            self._planner.push(job, next_fire, following, fast)
+                gap = following - latest
+                next_fire = claim_time(job, next_fire, gap)
+            self._planner.push(job, next_fire, following, fast, gap)
         lateness = misfired(job.misfire_grace, fire, now)
         missed = "" if latest == slot else f" (and the missed slots from {slot.isoformat()})"
         if lateness is not None:
@@ -450,6 +458,16 @@ class RunLoop:
         while self._waiting and (self._cap is None or self._running < self._cap):
             slot, _, waiting_job, waiter = heapq.heappop(self._waiting)
             self._start(waiting_job, slot, waiter)
+
+
+def _may_claim(job: Job, slot: datetime, at_slot: datetime, now: datetime) -> bool:
+    """Whether *slot* of *job* (firing *at_slot*) may be claimed at *now*: no earlier than
+    a quarter of its period before it, as any claim ahead (:func:`.catchup.claim_time`)."""
+    try:
+        following = job.following(slot)
+    except Exception:  # said where the slot is fired (_fire)
+        return True
+    return following is not None and at_slot - now <= (following - slot) / 4
 
 
 def _tell(waiter: asyncio.Future[JobEvent], event: JobEvent) -> None:

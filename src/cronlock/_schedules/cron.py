@@ -306,7 +306,7 @@ class CronSchedule:
         if after.tzinfo is None or after.utcoffset() is None:
             raise ScheduleError(f"{self}: next_after({after!r}) needs an aware datetime")
         zone = self.tz if self.tz is not None else resolve_tz(None)
-        return first_instant_after(after, zone, self._walls_from, fixed=self.fixed_time)
+        return _first_after(self, after, zone)
 
     def _walls_from(self, start: datetime) -> Iterator[datetime]:
         # A shallow copy shares the parsed expansion and costs ~1 µs; building a croniter
@@ -338,6 +338,47 @@ class CronSchedule:
     def __repr__(self) -> str:
         zone = repr(self.tz.key) if self.tz is not None else "None"
         return f"CronSchedule(expr={self.expr!r}, seconds={self.seconds}, tz={zone})"
+
+
+_SPANS: dict[tuple[str, bool, ZoneInfo], list[tuple[datetime, datetime]]] = {}
+"""Answers of :func:`_first_after` as spans, per expression and zone: ``(low, slot)`` says
+that the first slot after any instant from *low* up to *slot* is *slot*."""
+_SPANS_KEPT = 4  # spans per expression and zone (the latest found)
+_SPANS_MAX = 4096  # expressions and zones at most (then forgotten, all at once)
+
+
+def _first_after(schedule: CronSchedule, after: datetime, zone: ZoneInfo) -> datetime | None:
+    """``schedule.next_after(after)`` in *zone*, remembered as spans (:data:`_SPANS`).
+
+    Thousands of tenants' schedules are often one expression (a report at 08:00): a burst
+    of them asks each for its next slot after the same instant, and each one's overdue
+    verdict for the first slot after an instant of its own (when it was first seen, its
+    last success), most often in the same span. The first slot after *after* is the
+    smallest slot greater than it, so when ``(low, slot)`` is known, every instant in
+    ``[low, slot)`` has it as answer too; equal schedules share spans, and threads may
+    share them (each span is right on its own, whichever one a reader sees)."""
+    key = (schedule.expr, schedule.seconds, zone)  # (what equal schedules share, hashed fast)
+    spans = _SPANS.get(key)
+    if spans is not None:
+        for low, slot in spans:
+            if low <= after < slot:
+                return slot
+    found = first_instant_after(after, zone, schedule._walls_from, fixed=schedule.fixed_time)
+    if found is None:
+        return None
+    if spans is None:
+        if len(_SPANS) >= _SPANS_MAX:
+            _SPANS.clear()
+        spans = _SPANS.setdefault(key, [])
+    for i, (low, slot) in enumerate(spans):
+        if slot == found:
+            if after < low:
+                spans[i] = (after, found)
+            break
+    else:
+        spans.insert(0, (after, found))
+        del spans[_SPANS_KEPT:]
+    return found
 
 
 def cron(expr: str, *, seconds: bool = False, tz: TimeZone | None = None) -> CronSchedule:

@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 from ..._errors import ConfigError, LockError
-from ..._keys import job_lock_key, keyed_lock_key
+from ..._keys import job_lock_key, keyed_lock_key, ledger_keys
 from .._sql.tables import LedgerTable
 from .secrets import fleet_secret
 
@@ -44,7 +44,10 @@ class KeySource:
                 "keys are nobody else's: it takes neither ledger=False nor bare_keys=True"
             )
         self.namespace, self.kind = namespace, kind
-        self.fnv: Callable[[str], int] = job_lock_key if namespace is None else namespace.lock_key
+        # namespace.lock_key, with the ledger's name quoted and hashed once, not per claim.
+        self.fnv: Callable[[str], int] = (
+            job_lock_key if namespace is None else ledger_keys(namespace.runs)
+        )
         """FNV-1a keys, which need nothing read: what spreads jobs over the sessions too."""
         self._secret: bytes | None = None
         self._loading = asyncio.Lock()
