@@ -28,6 +28,7 @@ __all__ = (
     "kind_of",
     "ledger_missing",
     "lock_not_available",
+    "permission_denied",
     "prepared_statements_clash",
     "server_answered",
     "session_gone",
@@ -113,6 +114,17 @@ def ledger_missing(exc: BaseException) -> bool:
         asyncpg.InvalidSchemaNameError,
     )
     return isinstance(exc, missing) or isinstance(exc.__cause__, missing)
+
+
+def permission_denied(exc: BaseException) -> bool:
+    """Whether *exc* (or its cause) is the server refusing a statement for a privilege the
+    role lacks (SQLSTATE 42501): on a table, a column, a schema, the database; or a DDL
+    statement of a table the role does not own."""
+    asyncpg = sys.modules.get("asyncpg")
+    if asyncpg is None:
+        return False
+    denied = asyncpg.InsufficientPrivilegeError
+    return isinstance(exc, denied) or isinstance(exc.__cause__, denied)
 
 
 def lock_not_available(exc: BaseException) -> bool:

@@ -10,7 +10,7 @@ import json
 import sys
 from typing import Any
 
-from ..._errors import CronlockError
+from ..._errors import CronlockError, LockError
 from ..._schedules.schedule import Schedule
 from ..._stored.json import options_from_json, schedule_from_text
 from ..._stored.lines import read_lines, schedule_line
@@ -59,6 +59,8 @@ def _kwargs(text: str | None) -> dict[str, Any] | None:
         value = json.loads(text)
     except ValueError as exc:
         raise CronlockError(f"--kwargs: not JSON ({exc})") from None
+    except RecursionError:
+        raise CronlockError("--kwargs: nested too deeply") from None
     if not isinstance(value, dict):
         raise CronlockError(f"--kwargs: expected a JSON object, got {text!r}")
     return value
@@ -121,6 +123,8 @@ async def run_schedules(args: argparse.Namespace, table: LedgerTable) -> int:
                     args.name, task=args.task, schedule=schedule, kwargs=kwargs, **options
                 )
         except (CronlockError, KeyError) as exc:
+            if isinstance(exc, LockError):
+                raise  # the ledger could not be used (a privilege, the server): exit status 3
             text = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
             print(printable(str(text)), file=sys.stderr)
             return 1
@@ -158,6 +162,8 @@ async def _bulk(args: argparse.Namespace, control: FleetControl) -> int:
         else:
             done = await control.sync_schedules(args.prefix, schedules)
     except CronlockError as exc:
+        if isinstance(exc, LockError):
+            raise  # the ledger could not be used (a privilege, the server): exit status 3
         print(printable(str(exc)), file=sys.stderr)
         return 1
     print(printable(f"{source}: {len(schedules)} schedule(s): {_said(done)}"))
