@@ -15,7 +15,7 @@ from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any, TextIO
 
-from ..._dsn import connect_failure
+from ..._dsn import answered, connect_failure, target_of
 from ..._errors import (
     CronlockError,
     JobConflictError,
@@ -188,7 +188,9 @@ async def _connect(dsn: str | None, source: str) -> Any:
         return await asyncpg.connect(dsn, timeout=10, statement_cache_size=0)
     except Exception as exc:  # bad syntax, refused, auth, unknown database: one clear line
         reason = connect_failure(dsn, exc)  # never the password a parse error may quote
-        raise LedgerUnreadable(f"cannot connect to PostgreSQL with {source}: {reason}") from None
+        # A server or network's answer: exit status 3; a DSN asyncpg refused: 2 (usage).
+        kind = LedgerUnreadable if target_of(dsn).clean and answered(exc) else CronlockError
+        raise kind(f"cannot connect to PostgreSQL with {source}: {reason}") from None
 
 
 async def _migrate(conn: Any, table: LedgerTable) -> int:
