@@ -31,9 +31,8 @@ def cronlock(
 def test_help_lists_only_the_public_verbs() -> None:
     result = cronlock("--help")
     assert result.returncode == 0, result.stderr
-    assert "{next,demo,migrate,status,history,pause,resume,trigger,retire,schedules,grants,web}" in (
-        result.stdout
-    )
+    verbs = "{next,demo,migrate,status,history,pause,resume,trigger,retire,schedules,grants,web}"
+    assert verbs in result.stdout
     assert "_replica" not in result.stdout
     assert "SUPPRESS" not in result.stdout
     assert "--version" in result.stdout
