@@ -25,7 +25,7 @@ __all__ = (
     "DROP_LOCK_TIMEOUT_SQL",
     "LEDGER_STATE_SQL",
     "MIGRATE_LOCK_SQL",
-    "READABLE_TABLES_SQL",
+    "READABLE_TABLE_SQL",
     "SCHEMA_EXISTS_SQL",
     "TABLES_EXIST_SQL",
     "TABLE_EXISTS_SQL",
@@ -58,13 +58,13 @@ TABLE_EXISTS_SQL = "SELECT to_regclass($1) IS NOT NULL"
 TABLES_EXIST_SQL = "SELECT to_regclass($1) IS NOT NULL, to_regclass($2) IS NOT NULL"
 """``$1``, ``$2`` quoted, maybe qualified table names: whether each is a table here."""
 
-READABLE_TABLES_SQL = """
+READABLE_TABLE_SQL = """
     SELECT CASE WHEN to_regclass($1) IS NOT NULL
                 THEN has_table_privilege(to_regclass($1), 'SELECT') ELSE false END,
-           CASE WHEN to_regclass($2) IS NOT NULL
-                THEN has_table_privilege(to_regclass($2), 'SELECT') ELSE false END"""
-"""``$1``, ``$2`` quoted, maybe qualified table names: whether each is a table here that
-this session's role may read (a reader may not read the secrets table)."""
+           to_regclass($2) IS NOT NULL"""
+"""``$1``, ``$2`` quoted, maybe qualified table names: whether the first is a table here
+that this session's role may read (a reader may not read the secrets table), whether the
+second is a table here."""
 
 LEDGER_STATE_SQL = """
             SELECT CASE WHEN to_regclass($1) IS NULL OR to_regclass($2) IS NULL THEN NULL
