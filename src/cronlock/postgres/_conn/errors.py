@@ -21,6 +21,7 @@ __all__ = (
     "SessionGone",
     "backend_error_types",
     "backend_errors",
+    "backend_failure",
     "cut_off",
     "gone",
     "gone_or_failed_types",
@@ -50,6 +51,12 @@ def backend_error_types() -> tuple[type[BaseException], ...]:
     import asyncpg
 
     return (asyncpg.PostgresError, asyncpg.InterfaceError, asyncpg.InternalClientError, OSError)
+
+
+def backend_failure(exc: BaseException) -> bool:
+    """Whether *exc* is one of :func:`backend_error_types`: the server or the network
+    failed (for a boundary that decides what to say, not what to catch)."""
+    return isinstance(exc, backend_error_types())
 
 
 @functools.cache

@@ -28,7 +28,7 @@ from ..._errors import (
 from ..._names import unknown_job
 from ..._records import RunRecord
 from ..._terminal import printable
-from .._conn.errors import backend_error_types, ledger_missing, permission_denied
+from .._conn.errors import backend_failure, ledger_missing, permission_denied
 from .._sql.control import pause_sql, resume_sql, trigger_sql
 from .._sql.fleet import jobs_sql
 from .._sql.grants import Role, missing_privileges
@@ -68,7 +68,7 @@ def _role_of(args: argparse.Namespace) -> Role | None:
     """Whose grants (:mod:`.._sql.grants`) the verb needs; ``None``: the ledger owner's."""
     if args.verb == "migrate":
         return None
-    if args.verb in ("status", "history") or getattr(args, "action", None) == "list":
+    if args.verb in ("status", "history") or (args.verb == "schedules" and args.action == "list"):
         return "reader"
     return "operator"
 
@@ -79,8 +79,8 @@ async def _guarded(args: argparse.Namespace, table: LedgerTable, verb: Awaitable
     try:
         return await verb
     except Exception as exc:
-        if isinstance(exc, LedgerUnreadable) or not isinstance(
-            exc, (CronlockError, *backend_error_types())
+        if isinstance(exc, LedgerUnreadable) or not (
+            isinstance(exc, CronlockError) or backend_failure(exc)
         ):
             raise
         problem = await _unusable(args, table, exc)
@@ -101,7 +101,7 @@ async def _unusable(args: argparse.Namespace, table: LedgerTable, exc: BaseExcep
             f"the run ledger {table.runs} is missing or older than this cronlock ({exc}); "
             "create or upgrade it with 'python -m cronlock migrate --dsn ...'"
         )
-    if isinstance(exc, (LockError, *backend_error_types())):
+    if isinstance(exc, LockError) or backend_failure(exc):
         return f"the server failed or went away: {exc}"
     return None
 

@@ -47,6 +47,9 @@ ROLES: tuple[Role, ...] = ("replica", "operator", "reader")
 
 _ALL = ("SELECT", "INSERT", "UPDATE", "DELETE")
 _UPSERT = ("SELECT", "INSERT", "UPDATE")
+# What a replica does with the leases table in each mode: reads it (a session-mode replica
+# leaves lease-mode claims alone), or claims and renews leases in it.
+_LEASES: dict[str, tuple[str, ...]] = {"session": ("SELECT",), "lease": _UPSERT}
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,7 +93,7 @@ def role_grants(
         Grant(_ALL, table.runs),  # claims, outcomes, crash takeovers, retention's pruning
         Grant(_UPSERT, table.jobs),  # the jobs' notes
         Grant(("SELECT",), table.control),  # pauses and triggers
-        Grant(_UPSERT if mode == "lease" else ("SELECT",), table.leases),
+        Grant(_LEASES[mode], table.leases),
         Grant(_ALL, table.members),  # heartbeats; leaving; the expired ones' cleanup
         Grant(_ALL, table.definitions),  # its definitions; a gone replica's cleanup
         Grant(("SELECT",), table.schedules),  # the stored schedules' sync

@@ -10,10 +10,9 @@ be upgraded one at a time.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 from ..._errors import LockerMisconfigured
-from .._conn.errors import permission_denied
 from .runs import slot_in_range
 
 if TYPE_CHECKING:  # tables.py re-exports migrate and ledger_state from here, for now
@@ -49,6 +48,20 @@ _ADDED_COLUMNS = (
     *("holder", "attempts", "retired_at"),
     "retry_at",
 )
+
+
+@runtime_checkable
+class _Answer(Protocol):
+    """An error answer of the server: its SQLSTATE (this folder imports no backend)."""
+
+    sqlstate: str
+
+
+def _permission_denied(exc: BaseException) -> bool:
+    """Whether *exc* is the server refusing a privilege (SQLSTATE 42501): on the database, a
+    schema or a table, or a DDL statement of a table the role does not own."""
+    return isinstance(exc, _Answer) and exc.sqlstate == "42501"
+
 
 LedgerState = Literal["missing", "old", "current"]
 """A ledger's tables are missing, lack a table or column this cronlock uses, or are current."""
@@ -331,7 +344,7 @@ async def migrate(
             for statement in ledger_ddl(table):
                 await conn.execute(statement)
     except Exception as exc:
-        if not permission_denied(exc):
+        if not _permission_denied(exc):
             raise
         raise LockerMisconfigured(_denied(table, step, await _current_user(conn), exc)) from exc
     return "created" if state == "missing" else "upgraded"
@@ -380,7 +393,7 @@ async def ledger_state(conn: Any, table: LedgerTable) -> LedgerState:
     try:
         return await _ledger_state(conn, table)
     except Exception as exc:
-        if not permission_denied(exc):
+        if not _permission_denied(exc):
             raise
         raise LockerMisconfigured(_denied(table, "read", await _current_user(conn), exc)) from exc
 
