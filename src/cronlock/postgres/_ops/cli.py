@@ -110,7 +110,7 @@ async def _denied(args: argparse.Namespace, table: LedgerTable, exc: BaseExcepti
     """A privilege error, with the grants of the verb's role that the role lacks (read on a
     connection of its own: the verb's may be gone)."""
     cause = exc if exc.__cause__ is None else exc.__cause__
-    said = f"permission denied: the server said: {cause}"
+    said = f"the server refused: {cause}"
     role = _role_of(args)
     if role is None:
         return said
