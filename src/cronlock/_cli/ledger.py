@@ -237,6 +237,10 @@ def _grants(args: argparse.Namespace) -> int:
         ) from None
     table = LedgerTable(args.table or DEFAULT_TABLE, args.schema)
     chosen = {part: getattr(args, part) for part in ROLES if getattr(args, part)}
+    for name in (table.table, table.schema or "", *chosen.values()):
+        # A line break in a name would end a comment line and start a statement.
+        if any(ord(c) < 32 or ord(c) == 127 for c in name):
+            raise CronlockError(f"grants: a name with a control character: {name!r}")
     if not chosen:
         raise CronlockError("grants: every role was left out ('')")
     print(f"-- the grants on the run ledger {table.runs}, as its owner prints them:")
