@@ -16,6 +16,7 @@ from ..._stored.json import options_from_json, schedule_from_text
 from ..._stored.lines import read_lines, schedule_line
 from ..._stored.schedule import StoredSchedule
 from ..._terminal import printable
+from .._conn.errors import lock_not_available
 from .._sql.tables import LedgerTable
 from .bulk import ScheduleChanges
 from .control import FleetControl
@@ -64,6 +65,13 @@ def _kwargs(text: str | None) -> dict[str, Any] | None:
     if not isinstance(value, dict):
         raise CronlockError(f"--kwargs: expected a JSON object, got {text!r}")
     return value
+
+
+def _unusable(exc: BaseException) -> bool:
+    """Whether a change failed because the ledger could not be used (a privilege, the
+    server), not refused: a change that found the schedules' lock held is refused (exit
+    status 1, "try again"), as the verbs' other refusals are."""
+    return isinstance(exc, LockError) and not lock_not_available(exc.__cause__ or exc)
 
 
 def _line(stored: StoredSchedule) -> list[str]:
@@ -123,7 +131,7 @@ async def run_schedules(args: argparse.Namespace, table: LedgerTable) -> int:
                     args.name, task=args.task, schedule=schedule, kwargs=kwargs, **options
                 )
         except (CronlockError, KeyError) as exc:
-            if isinstance(exc, LockError):
+            if _unusable(exc):
                 raise  # the ledger could not be used (a privilege, the server): exit status 3
             text = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
             print(printable(str(text)), file=sys.stderr)
@@ -162,7 +170,7 @@ async def _bulk(args: argparse.Namespace, control: FleetControl) -> int:
         else:
             done = await control.sync_schedules(args.prefix, schedules)
     except CronlockError as exc:
-        if isinstance(exc, LockError):
+        if _unusable(exc):
             raise  # the ledger could not be used (a privilege, the server): exit status 3
         print(printable(str(exc)), file=sys.stderr)
         return 1
