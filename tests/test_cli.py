@@ -31,9 +31,8 @@ def cronlock(
 def test_help_lists_only_the_public_verbs() -> None:
     result = cronlock("--help")
     assert result.returncode == 0, result.stderr
-    assert "{next,demo,migrate,status,history,pause,resume,trigger,retire,schedules,web}" in (
-        result.stdout
-    )
+    verbs = "{next,demo,migrate,status,history,pause,resume,trigger,retire,schedules,grants,web}"
+    assert verbs in result.stdout
     assert "_replica" not in result.stdout
     assert "SUPPRESS" not in result.stdout
     assert "--version" in result.stdout
@@ -250,3 +249,30 @@ def test_a_reader_that_goes_away_is_not_an_error() -> None:
     proc.stderr.close()
     assert proc.wait(timeout=60) == 141
     assert b"Traceback" not in errors and b"BrokenPipeError" not in errors, errors
+
+
+def test_grants_prints_one_statement_a_line_for_each_role() -> None:
+    result = cronlock("grants", "--schema", "app", "--reader", 'ro "x"', "--mode", "lease")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert all(line.startswith("-- ") or (line.startswith("GRANT ") and line.endswith(";"))
+               for line in lines), lines  # fmt: skip
+    assert [line for line in lines if line in ("-- replica", "-- operator", "-- reader")] == [
+        "-- replica", "-- operator", "-- reader",
+    ]  # fmt: skip
+    assert 'GRANT SELECT ON TABLE "app"."cronlock_runs" TO "ro ""x""";' in lines
+    leases = (
+        'GRANT SELECT, INSERT, UPDATE ON TABLE "app"."cronlock_runs_leases" TO "cronlock_replica";'
+    )
+    assert leases in lines
+    # No role but the operator's (and, with --keyed, the replicas') reads the secrets.
+    secrets = [line for line in lines if "cronlock_runs_secrets" in line]
+    assert secrets == [
+        'GRANT SELECT, INSERT ON TABLE "app"."cronlock_runs_secrets" TO "cronlock_operator";'
+    ]
+
+
+def test_grants_refuses_a_name_that_would_break_out_of_a_line() -> None:
+    result = cronlock("grants", "--reader", "ro\nDROP TABLE x; --")
+    assert result.returncode == 2
+    assert result.stdout == "" and "control character" in result.stderr

@@ -16,6 +16,12 @@ FIXED = [
     # O(n^2) merging of a Range header's ranges in FileResponse, which serves the
     # dashboard's /static files: one unauthenticated request pegs a core.
     ("web", "starlette", "0.49.1", "CVE-2025-62727"),
+    # Sandbox escapes (and the xmlattr and compiler fixes before them); the dashboard uses
+    # no sandbox and ships its templates, but scanners flag the range all the same.
+    ("web", "jinja2", "3.1.6", "CVE-2025-27516"),
+    # Malformed chunked bodies accepted (request smuggling behind a lenient proxy): the
+    # HTTP parser of uvicorn's default protocol, which 'python -m cronlock web' serves on.
+    ("web", "h11", "0.16", "CVE-2025-43859"),
 ]
 
 

@@ -83,6 +83,13 @@ class LockerMisconfigured(LockError):
     """
 
 
+class LedgerUnreadable(CronlockError):
+    """The command line could not use the run ledger: the server refused a privilege (the
+    message names the grants the role lacks), the ledger or its schema is missing or older
+    than this cronlock, or the server cannot be reached or failed. ``python -m cronlock``
+    exits with status 3 for it (2 is a usage error, 1 a failed ``status --check``)."""
+
+
 class PoolerDetected(LockerMisconfigured):
     """A session advisory lock was asked for through a connection pooler or proxy.
 

@@ -115,10 +115,14 @@ async def test_status_and_history(pg_dsn: str, schema: str) -> None:
 
 
 @pytest.mark.parametrize("verb", [["status"], ["history", "j"], ["migrate"]])
-async def test_bad_dsn_is_one_line_and_status_2(verb: list[str], unreachable_dsn: str) -> None:
-    for dsn in (unreachable_dsn, "not a dsn"):
+async def test_bad_dsn_is_one_line_and_status_2_or_3(
+    verb: list[str], unreachable_dsn: str
+) -> None:
+    # A DSN that does not parse is a usage error (2); a server that is down, a ledger that
+    # cannot be read (3).
+    for dsn, status in ((unreachable_dsn, 3), ("not a dsn", 2)):
         result = await cli(*verb, "--dsn", dsn)
-        assert result.returncode == 2
+        assert result.returncode == status
         assert result.stdout == ""
         [line] = result.stderr.splitlines()
         assert line.startswith("cronlock: error: cannot connect to PostgreSQL with --dsn")
@@ -126,7 +130,7 @@ async def test_bad_dsn_is_one_line_and_status_2(verb: list[str], unreachable_dsn
 
 async def test_missing_ledger_is_a_clear_error(pg_dsn: str, schema: str) -> None:
     result = await cli("status", "--dsn", pg_dsn, "--schema", schema)
-    assert result.returncode == 2
+    assert result.returncode == 3
     assert "migrate" in result.stderr
     assert len(result.stderr.splitlines()) == 1
 

@@ -383,7 +383,7 @@ async def test_a_ledger_made_by_an_older_cronlock_is_upgraded_on_start(
         with pytest.raises(LockError, match=r"predates.*migrate"):
             await strict.acquire(new_job(), SLOT)
     refused = await cli("history", old, "--dsn", pg_dsn, "--table", ledger.table)
-    assert refused.returncode == 2 and "migrate" in refused.stderr
+    assert refused.returncode == 3 and "migrate" in refused.stderr
     async with PostgresLocker(pg_dsn, application_name=app_name, table=ledger.table) as locker:
         job = new_job()
         lease = await locker.acquire(job, SLOT)

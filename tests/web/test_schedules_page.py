@@ -312,3 +312,24 @@ async def test_fleet_control_records_who_it_is_told(pg_dsn: str, tenants: str) -
     for who in ("", "  ", 42):
         with pytest.raises(ConfigError, match="who must be a non-empty string"):
             FleetControl(pg_dsn, table=tenants, who=who)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("field", ["kwargs", "every", "cron", "tz", "anchor", "schedule", "job"])
+async def test_a_form_field_of_3kb_nested_brackets_is_never_a_500(
+    pg_dsn: str, tenants: str, field: str
+) -> None:
+    # Sent raw, as a script would (unencoded '['), 3,000 of them: under the form's 4 KiB
+    # limit, and deeper than Python's JSON parser goes. The kwargs of an update are a 400;
+    # no field of either action is ever a 500 (a field the action does not read is ignored).
+    app = cronlock.web.app(pg_dsn, table=tenants, authorize=lambda request: True)
+    async with client(app) as c:
+        token = _csrf((await c.get("/schedules")).text)
+        for verb in ("update-schedule", "pause"):
+            fields = {"csrf": token, "schedule": "acme%3Areport", "job": "acme%3Areport"}
+            fields[field] = "[" * 3000
+            body = "&".join(f"{name}={value}" for name, value in fields.items())
+            headers = {"content-type": "application/x-www-form-urlencoded"}
+            answer = await c.post(f"/actions/{verb}", content=body, headers=headers)
+            assert answer.status_code < 500, (verb, answer.status_code, answer.text[:300])
+            if verb == "update-schedule" and field == "kwargs":
+                assert answer.status_code == 400, answer.text[:300]

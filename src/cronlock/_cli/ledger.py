@@ -1,4 +1,4 @@
-"""``python -m cronlock migrate|status|history|pause|resume|trigger|schedules|web``: the
+"""``python -m cronlock migrate|status|history|pause|resume|trigger|schedules|web|grants``: the
 ledger verbs' arguments and dispatch.
 
 The verbs themselves run on asyncpg, in :mod:`cronlock.postgres._ops.cli`; this module only
@@ -18,7 +18,10 @@ from .._errors import CronlockError
 __all__ = ("PG_VERBS", "add_pg_parsers", "run_pg")
 
 PG_VERBS = frozenset(
-    {"migrate", "status", "history", "pause", "resume", "trigger", "retire", "schedules", "web"}
+    {
+        *("migrate", "status", "history", "pause", "resume", "trigger", "retire"),
+        *("schedules", "web", "grants"),
+    }
 )
 
 # `history -n` beyond this is a mistake rather than a question; a number past the server's
@@ -105,6 +108,7 @@ def add_pg_parsers(verbs: Any) -> None:
         )
 
     _add_schedules_parser(verbs, common)
+    _add_grants_parser(verbs)
 
     web = verbs.add_parser("web", help="serve the live dashboard of the fleet (read-only)")
     common(web)
@@ -112,6 +116,43 @@ def add_pg_parsers(verbs: Any) -> None:
     web.add_argument("--port", type=int, default=8080, help="port to listen on (default: 8080)")
     web.add_argument(
         "--refresh", type=float, default=3.0, help="seconds between live updates (default: 3)"
+    )
+
+
+def _add_grants_parser(verbs: Any) -> None:
+    """``grants``: the GRANT statements of the replica, operator and reader roles."""
+    grants = verbs.add_parser(
+        "grants",
+        help="print the GRANT statements each role needs: replica, operator, reader "
+        "(run them as the ledger's owner)",
+    )
+    grants.add_argument("--schema", help="schema of the ledger (default: search_path)")
+    grants.add_argument("--table", default=None, help="ledger table (cronlock_runs)")
+    for part, what in (
+        ("replica", "the replicas' (PostgresLocker)"),
+        (
+            "operator",
+            "the operators' (pause, resume, trigger, retire, schedule edits, "
+            "the dashboard's actions)",
+        ),
+        ("reader", "the readers' (status, history, schedules list, the read-only dashboard)"),
+    ):
+        grants.add_argument(
+            f"--{part}",
+            metavar="ROLE",
+            default=f"cronlock_{part}",
+            help=f"{what} role (default: cronlock_{part}); '' leaves its grants out",
+        )
+    grants.add_argument(
+        "--mode",
+        choices=("session", "lease"),
+        default="session",
+        help="the replicas' PostgresLocker mode (default: session; lease writes leases)",
+    )
+    grants.add_argument(
+        "--keyed",
+        action="store_true",
+        help="the replicas use lock_keys='keyed' (they read and make the ledger's secret)",
     )
 
 
@@ -184,8 +225,35 @@ def _add_schedules_parser(verbs: Any, common: Any) -> None:
     remove.add_argument("name", metavar="NAME", help="the schedule's name")
 
 
+def _grants(args: argparse.Namespace) -> int:
+    """Print the grants (no connection: the ledger's owner runs them)."""
+    try:
+        from ..postgres._sql.grants import ROLES, grant_statements
+        from ..postgres._sql.tables import DEFAULT_TABLE, LedgerTable
+    except ImportError:
+        raise CronlockError(
+            "grants needs asyncpg: pip install 'cronlock[postgres]' "
+            "(from a clone, until cronlock is on PyPI: pip install -e '.[postgres]')"
+        ) from None
+    table = LedgerTable(args.table or DEFAULT_TABLE, args.schema)
+    chosen = {part: getattr(args, part) for part in ROLES if getattr(args, part)}
+    for name in (table.table, table.schema or "", *chosen.values()):
+        # A line break in a name would end a comment line and start a statement.
+        if any(ord(c) < 32 or ord(c) == 127 for c in name):
+            raise CronlockError(f"grants: a name with a control character: {name!r}")
+    if not chosen:
+        raise CronlockError("grants: every role was left out ('')")
+    print(f"-- the grants on the run ledger {table.runs}, as its owner prints them:")
+    print("-- each role needs CONNECT on the database too (and no other right)")
+    for line in grant_statements(table, chosen, mode=args.mode, keyed=args.keyed):
+        print(line)
+    return 0
+
+
 def run_pg(args: argparse.Namespace) -> int:
     """Run one of the ledger verbs; errors are raised as :class:`CronlockError`."""
+    if args.verb == "grants":
+        return _grants(args)
     # Where the DSN comes from, for error messages ("with --dsn"): never the DSN itself.
     from_env = DSN_ENV if os.environ.get(DSN_ENV) else "the PG* variables"
     args.dsn_source = "--dsn" if args.dsn else from_env

@@ -10,12 +10,24 @@ from datetime import UTC, datetime
 from zoneinfo import ZoneInfo
 
 from .._clock import SystemClock
-from .._errors import CronlockError, ScheduleError
+from .._errors import CronlockError, LedgerUnreadable, ScheduleError
 from .._schedules.schedule import Schedule
 from .._schedules.tz import resolve_tz
 from .._terminal import printable
 
-__all__ = ("main",)
+__all__ = ("EXIT_CHECK", "EXIT_OK", "EXIT_UNREADABLE", "EXIT_USAGE", "main")
+
+EXIT_OK = 0
+"""The verb did what it was asked."""
+EXIT_CHECK = 1
+"""``status --check`` found jobs overdue, absent or rejected; or a job named is unknown, or a
+change was refused (the message says which)."""
+EXIT_USAGE = 2
+"""The command line or its input is wrong (an unknown option, a bad value, JSON nested too
+deeply): nothing was done."""
+EXIT_UNREADABLE = 3
+"""The run ledger could not be used: a privilege is missing (named), the ledger or its
+schema is missing or older, or the server is down or failed."""
 
 # `next -n` beyond this is a mistake rather than a question (and takes seconds to answer).
 MAX_SLOTS = 10_000
@@ -180,7 +192,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except CronlockError as exc:
         # Escaped: an error may quote the ledger's text (a job's name, a server's answer).
         print(f"cronlock: error: {printable(str(exc))}", file=sys.stderr)
-        return 2
+        return EXIT_UNREADABLE if isinstance(exc, LedgerUnreadable) else EXIT_USAGE
+    except RecursionError:
+        # Input nested deeper than Python's parsers go (JSON of 1,000 levels, say): bad input.
+        print("cronlock: error: the input is nested too deeply", file=sys.stderr)
+        return EXIT_USAGE
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:

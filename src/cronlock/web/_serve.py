@@ -13,8 +13,8 @@ import asyncio
 import asyncpg
 import uvicorn
 
-from .._dsn import connect_failure
-from .._errors import CronlockError
+from .._dsn import answered, connect_failure, target_of
+from .._errors import CronlockError, LedgerUnreadable
 from ..postgres._sql.tables import DEFAULT_TABLE
 from ._app import app
 
@@ -44,7 +44,9 @@ async def _serve(args: argparse.Namespace) -> int:
         # Never the DSN's password, which a parse error may quote (cronlock._dsn).
         reason = connect_failure(args.dsn, exc)
         source = args.dsn_source
-        raise CronlockError(f"cannot connect to PostgreSQL with {source}: {reason}") from None
+        # A server or network's answer: exit status 3; a DSN asyncpg refused: 2 (usage).
+        kind = LedgerUnreadable if target_of(args.dsn).clean and answered(exc) else CronlockError
+        raise kind(f"cannot connect to PostgreSQL with {source}: {reason}") from None
     try:
         dashboard = app(
             pool, table=args.table or DEFAULT_TABLE, schema=args.schema, refresh=args.refresh

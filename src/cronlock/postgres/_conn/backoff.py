@@ -19,6 +19,7 @@ import random
 from collections.abc import Callable
 from logging import DEBUG, ERROR
 
+from ..._errors import LockerMisconfigured
 from ..._logs import get_logger
 from .primary import NotPrimary
 
@@ -113,7 +114,7 @@ class Backoff:
                 DEBUG if said else ERROR,
                 "lock session: %s the %s (%s); the slots due meanwhile are claimed again until "
                 "their misfire_grace passes; retrying in %.2fs, backing off up to %gs",
-                "found no primary at" if isinstance(exc, NotPrimary) else "cannot connect to",
+                _failure(exc),
                 self._what,
                 exc,
                 delay,
@@ -152,3 +153,14 @@ class Backoff:
         self.retry_at = float("-inf")
         self.last_error = None
         self._down_since = None
+
+
+def _failure(exc: BaseException) -> str:
+    """How a failed connect is said: a server that is not the primary, a set-up refused as
+    configured (a privilege, the ledger missing: the message names the fix), or no
+    connection."""
+    if isinstance(exc, NotPrimary):
+        return "found no primary at"
+    if isinstance(exc, LockerMisconfigured):
+        return "cannot use, as configured,"
+    return "cannot connect to"

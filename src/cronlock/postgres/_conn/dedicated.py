@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 from ..._cancel import task_name, uncancellable
 from ..._clock import monotonic
-from ..._errors import LockError, LockUnavailable, PoolerDetected
+from ..._errors import LockerMisconfigured, LockError, LockUnavailable, PoolerDetected
 from ..._logs import get_logger
 from .backoff import Backoff
 from .errors import backend_error_types, session_gone, translated
@@ -228,7 +228,11 @@ class DedicatedConnection:
 
 
 def _cause(exc: BaseException) -> BaseException:
-    """The asyncpg or OS exception behind *exc*: the ``__cause__`` of every LockError."""
+    """The asyncpg or OS exception behind *exc*: the ``__cause__`` of every LockError; a
+    :class:`cronlock.LockerMisconfigured` itself (its message names the fix, which the
+    locker's check reports as it is)."""
+    if isinstance(exc, LockerMisconfigured):
+        return exc
     return exc.__cause__ or exc
 
 

@@ -21,6 +21,7 @@ __all__ = (
     "SessionGone",
     "backend_error_types",
     "backend_errors",
+    "backend_failure",
     "cut_off",
     "gone",
     "gone_or_failed_types",
@@ -28,6 +29,7 @@ __all__ = (
     "kind_of",
     "ledger_missing",
     "lock_not_available",
+    "permission_denied",
     "prepared_statements_clash",
     "server_answered",
     "session_gone",
@@ -49,6 +51,12 @@ def backend_error_types() -> tuple[type[BaseException], ...]:
     import asyncpg
 
     return (asyncpg.PostgresError, asyncpg.InterfaceError, asyncpg.InternalClientError, OSError)
+
+
+def backend_failure(exc: BaseException) -> bool:
+    """Whether *exc* is one of :func:`backend_error_types`: the server or the network
+    failed (for a boundary that decides what to say, not what to catch)."""
+    return isinstance(exc, backend_error_types())
 
 
 @functools.cache
@@ -113,6 +121,17 @@ def ledger_missing(exc: BaseException) -> bool:
         asyncpg.InvalidSchemaNameError,
     )
     return isinstance(exc, missing) or isinstance(exc.__cause__, missing)
+
+
+def permission_denied(exc: BaseException) -> bool:
+    """Whether *exc* (or its cause) is the server refusing a statement for a privilege the
+    role lacks (SQLSTATE 42501): on a table, a column, a schema, the database; or a DDL
+    statement of a table the role does not own."""
+    asyncpg = sys.modules.get("asyncpg")
+    if asyncpg is None:
+        return False
+    denied = asyncpg.InsufficientPrivilegeError
+    return isinstance(exc, denied) or isinstance(exc.__cause__, denied)
 
 
 def lock_not_available(exc: BaseException) -> bool:

@@ -25,7 +25,8 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
 from ..._errors import LockerMisconfigured
 from ..._logs import get_logger
 from ..._service import Service
-from .._sql.schema import ledger_state, migrate
+from .._sql.grants import missing_privileges
+from .._sql.schema import CURRENT_USER_SQL, ledger_state, migrate
 from .._sql.sessions import BACKEND_PID_SQL
 
 if TYPE_CHECKING:
@@ -283,12 +284,21 @@ class Ballot(abc.ABC):
         error (best effort)."""
 
 
-async def prepare_ledger(conn: Any, *, table: LedgerTable, create: bool, timeout: float) -> None:
+async def prepare_ledger(
+    conn: Any,
+    *,
+    table: LedgerTable,
+    create: bool,
+    timeout: float,
+    mode: Literal["session", "lease"] = "session",
+) -> None:
     """Make sure the run ledger *table* is current on *conn*: created (or upgraded from an
-    older cronlock's) when *create*, else refused with the command that does it. Once per
-    new session (or, borrowing, once per locker)."""
+    older cronlock's) when *create*, else refused with the command that does it; and that
+    the role has a replica's grants in *mode* (:mod:`.._sql.grants`), else refused naming
+    those it lacks. Once per new session (or, borrowing, once per locker)."""
     state = await ledger_state(conn, table)
     if state == "current":
+        await _refuse_missing_grants(conn, table, mode)
         return
     if not create:
         problem = "does not exist" if state == "missing" else "predates this cronlock"
@@ -301,3 +311,19 @@ async def prepare_ledger(conn: Any, *, table: LedgerTable, create: bool, timeout
     done = await migrate(conn, table, timeout=timeout)
     if done:
         _logger.info("%s the run ledger %s", done, table.runs)
+    await _refuse_missing_grants(conn, table, mode)
+
+
+async def _refuse_missing_grants(
+    conn: Any, table: LedgerTable, mode: Literal["session", "lease"]
+) -> None:
+    """Refuse a role that lacks a replica's grant: once, at the set-up, naming what to grant,
+    rather than one permission error a slot that names a table but not the privilege."""
+    missing = await missing_privileges(conn, table, "replica", mode=mode)
+    if missing:
+        user = await conn.fetchval(CURRENT_USER_SQL)
+        raise LockerMisconfigured(
+            f"role {user} lacks {'; '.join(missing)}, which a replica in {mode} mode needs on "
+            f"the run ledger {table.runs}: grant it ('python -m cronlock grants --mode "
+            f"{mode}' prints every grant a replica needs)"
+        )

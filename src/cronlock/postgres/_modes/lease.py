@@ -483,4 +483,4 @@ async def _set_up(conn: Any, *, table: LedgerTable, create: bool, timeout: float
     """A lease-mode channel's set-up: the primary's (a standby takes no lease), the ledger
     made current."""
     await refuse_read_only(conn)
-    await prepare_ledger(conn, table=table, create=create, timeout=timeout)
+    await prepare_ledger(conn, table=table, create=create, timeout=timeout, mode="lease")

@@ -178,7 +178,9 @@ class SessionLocks(SessionRules):
         return kept(self._table)
 
     async def _prepare(self, conn: Any, *, create: bool, timeout: float) -> None:
-        await prepare_ledger(conn, table=self._table, create=create, timeout=timeout)
+        await prepare_ledger(
+            conn, table=self._table, create=create, timeout=timeout, mode="session"
+        )
 
     def claim(
         self, keys: list[int], jobs: list[str], slots: list[datetime], host: str, pid: int

@@ -10,18 +10,28 @@ import argparse
 import asyncio
 import difflib
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Awaitable, Iterable, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any, TextIO
 
-from ..._dsn import connect_failure
-from ..._errors import CronlockError, JobConflictError, JobLookupError, ScheduleRejectedError
+from ..._dsn import answered, connect_failure, target_of
+from ..._errors import (
+    CronlockError,
+    JobConflictError,
+    JobLookupError,
+    LedgerUnreadable,
+    LockerMisconfigured,
+    LockError,
+    ScheduleRejectedError,
+)
 from ..._names import unknown_job
 from ..._records import RunRecord
 from ..._terminal import printable
+from .._conn.errors import backend_failure, ledger_missing, permission_denied
 from .._sql.control import pause_sql, resume_sql, trigger_sql
 from .._sql.fleet import jobs_sql
+from .._sql.grants import Role, missing_privileges
 from .._sql.schema import CURRENT_USER_SQL, ledger_state, migrate
 from .._sql.tables import DEFAULT_TABLE, LedgerTable
 from .control import refuse_unknown, retire_job
@@ -50,8 +60,75 @@ def run_verb(args: argparse.Namespace) -> int:
     if args.verb == "schedules":
         from .cli_schedules import run_schedules
 
-        return asyncio.run(run_schedules(args, table))
-    return asyncio.run(_run(args, table))
+        return asyncio.run(_guarded(args, table, run_schedules(args, table)))
+    return asyncio.run(_guarded(args, table, _run(args, table)))
+
+
+def _role_of(args: argparse.Namespace) -> Role | None:
+    """Whose grants (:mod:`.._sql.grants`) the verb needs; ``None``: the ledger owner's."""
+    if args.verb == "migrate":
+        return None
+    if args.verb in ("status", "history") or (args.verb == "schedules" and args.action == "list"):
+        return "reader"
+    return "operator"
+
+
+async def _guarded(args: argparse.Namespace, table: LedgerTable, verb: Awaitable[int]) -> int:
+    """Run *verb*; an error that says the ledger cannot be used (a privilege, a missing
+    ledger, a server gone) becomes one :class:`LedgerUnreadable` line, exit status 3."""
+    try:
+        return await verb
+    except Exception as exc:
+        if isinstance(exc, LedgerUnreadable) or not (
+            isinstance(exc, CronlockError) or backend_failure(exc)
+        ):
+            raise
+        problem = await _unusable(args, table, exc)
+        if problem is None:
+            raise
+        raise LedgerUnreadable(problem) from None
+
+
+async def _unusable(args: argparse.Namespace, table: LedgerTable, exc: BaseException) -> str | None:
+    """Why *exc* says the ledger cannot be used, or ``None`` (an input refused, say)."""
+    for cause in (exc, exc.__cause__):
+        if isinstance(cause, LockerMisconfigured):
+            return str(cause)  # names the fix (a privilege to grant, the migration to run)
+    if permission_denied(exc):
+        return await _denied(args, table, exc)
+    if ledger_missing(exc):
+        return (
+            f"the run ledger {table.runs} is missing or older than this cronlock ({exc}); "
+            "create or upgrade it with 'python -m cronlock migrate --dsn ...'"
+        )
+    if isinstance(exc, LockError) or backend_failure(exc):
+        return f"the server failed or went away: {exc}"
+    return None
+
+
+async def _denied(args: argparse.Namespace, table: LedgerTable, exc: BaseException) -> str:
+    """A privilege error, with the grants of the verb's role that the role lacks (read on a
+    connection of its own: the verb's may be gone)."""
+    cause = exc if exc.__cause__ is None else exc.__cause__
+    said = f"the server refused: {cause}"
+    role = _role_of(args)
+    if role is None:
+        return said
+    try:
+        conn = await _connect(args.dsn, args.dsn_source)
+        try:
+            user = await conn.fetchval(CURRENT_USER_SQL)
+            missing = await missing_privileges(conn, table, role)
+        finally:
+            await conn.close()
+    except Exception:  # the server went away meanwhile: what it said is all we know
+        return said
+    if not missing:
+        return said
+    return (
+        f"{said}; {args.verb} needs the {role}'s grants, and role {user} lacks "
+        f"{'; '.join(missing)}: grant them ('python -m cronlock grants' prints each role's)"
+    )
 
 
 def _states(given: Sequence[str]) -> frozenset[Status]:
@@ -75,12 +152,12 @@ async def _run(args: argparse.Namespace, table: LedgerTable) -> int:
             return await _migrate(conn, table)
         state = await ledger_state(conn, table)
         if state == "missing":
-            raise CronlockError(
+            raise LedgerUnreadable(
                 f"no run ledger {table.runs} in this database; create it with "
                 f"'python -m cronlock migrate --dsn ...' or start a PostgresLocker"
             )
         if state == "old":
-            raise CronlockError(
+            raise LedgerUnreadable(
                 f"the run ledger {table.runs} was made by an older cronlock; upgrade it with "
                 f"'python -m cronlock migrate --dsn ...' or start a PostgresLocker"
             )
@@ -111,14 +188,16 @@ async def _connect(dsn: str | None, source: str) -> Any:
         return await asyncpg.connect(dsn, timeout=10, statement_cache_size=0)
     except Exception as exc:  # bad syntax, refused, auth, unknown database: one clear line
         reason = connect_failure(dsn, exc)  # never the password a parse error may quote
-        raise CronlockError(f"cannot connect to PostgreSQL with {source}: {reason}") from None
+        # A server or network's answer: exit status 3; a DSN asyncpg refused: 2 (usage).
+        kind = LedgerUnreadable if target_of(dsn).clean and answered(exc) else CronlockError
+        raise kind(f"cannot connect to PostgreSQL with {source}: {reason}") from None
 
 
 async def _migrate(conn: Any, table: LedgerTable) -> int:
     try:
         done = await migrate(conn, table)
     except Exception as exc:
-        raise CronlockError(f"could not create the run ledger {table.runs}: {exc}") from None
+        raise LedgerUnreadable(f"could not create the run ledger {table.runs}: {exc}") from None
     _print(f"run ledger {table.runs} and {table.jobs}: {done or 'already there'}")
     return 0
 

@@ -10,12 +10,13 @@ import json
 import sys
 from typing import Any
 
-from ..._errors import CronlockError
+from ..._errors import CronlockError, LockError
 from ..._schedules.schedule import Schedule
 from ..._stored.json import options_from_json, schedule_from_text
 from ..._stored.lines import read_lines, schedule_line
 from ..._stored.schedule import StoredSchedule
 from ..._terminal import printable
+from .._conn.errors import lock_not_available
 from .._sql.tables import LedgerTable
 from .bulk import ScheduleChanges
 from .control import FleetControl
@@ -59,9 +60,18 @@ def _kwargs(text: str | None) -> dict[str, Any] | None:
         value = json.loads(text)
     except ValueError as exc:
         raise CronlockError(f"--kwargs: not JSON ({exc})") from None
+    except RecursionError:
+        raise CronlockError("--kwargs: nested too deeply") from None
     if not isinstance(value, dict):
         raise CronlockError(f"--kwargs: expected a JSON object, got {text!r}")
     return value
+
+
+def _unusable(exc: BaseException) -> bool:
+    """Whether a change failed because the ledger could not be used (a privilege, the
+    server), not refused: a change that found the schedules' lock held is refused (exit
+    status 1, "try again"), as the verbs' other refusals are."""
+    return isinstance(exc, LockError) and not lock_not_available(exc.__cause__ or exc)
 
 
 def _line(stored: StoredSchedule) -> list[str]:
@@ -121,6 +131,8 @@ async def run_schedules(args: argparse.Namespace, table: LedgerTable) -> int:
                     args.name, task=args.task, schedule=schedule, kwargs=kwargs, **options
                 )
         except (CronlockError, KeyError) as exc:
+            if _unusable(exc):
+                raise  # the ledger could not be used (a privilege, the server): exit status 3
             text = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
             print(printable(str(text)), file=sys.stderr)
             return 1
@@ -158,6 +170,8 @@ async def _bulk(args: argparse.Namespace, control: FleetControl) -> int:
         else:
             done = await control.sync_schedules(args.prefix, schedules)
     except CronlockError as exc:
+        if _unusable(exc):
+            raise  # the ledger could not be used (a privilege, the server): exit status 3
         print(printable(str(exc)), file=sys.stderr)
         return 1
     print(printable(f"{source}: {len(schedules)} schedule(s): {_said(done)}"))

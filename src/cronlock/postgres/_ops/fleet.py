@@ -32,7 +32,7 @@ from .._sql.runs import (
     report_odd,
     runs_page_sql,
 )
-from .._sql.schema import TABLES_EXIST_SQL
+from .._sql.schema import READABLE_TABLE_SQL, TABLES_EXIST_SQL
 from .._sql.tables import LedgerTable
 from .._sql.upkeep import read_secret_sql
 from .rejected import read_rejected
@@ -291,8 +291,9 @@ async def held_locks(
     secret: bytes | None = None
     secrets = leases = False
     if table is not None:
-        secrets, leases = await conn.fetchrow(TABLES_EXIST_SQL, table.secrets, table.leases)
-    # lock_keys="keyed": once a replica made the ledger's secret.
+        secrets, leases = await conn.fetchrow(READABLE_TABLE_SQL, table.secrets, table.leases)
+    # lock_keys="keyed": once a replica made the ledger's secret, for a role that may read it
+    # (a reader may not: the secrets table holds the dashboard's CSRF key too).
     if table is not None and secrets:
         value = await conn.fetchval(read_secret_sql(table), SECRET_NAME)
         secret = None if value is None else bytes(value)

@@ -10,8 +10,9 @@ be upgraded one at a time.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
+from ..._errors import LockerMisconfigured
 from .runs import slot_in_range
 
 if TYPE_CHECKING:  # tables.py re-exports migrate and ledger_state from here, for now
@@ -23,9 +24,12 @@ __all__ = (
     "DROP_LOCK_TIMEOUT_SQL",
     "LEDGER_STATE_SQL",
     "MIGRATE_LOCK_SQL",
+    "READABLE_TABLE_SQL",
+    "SCHEMA_EXISTS_SQL",
     "TABLES_EXIST_SQL",
     "TABLE_EXISTS_SQL",
     "LedgerState",
+    "create_schema_sql",
     "definitions_ddl",
     "drop_schema_sql",
     "first_seen_ddl",
@@ -45,6 +49,20 @@ _ADDED_COLUMNS = (
     "retry_at",
 )
 
+
+@runtime_checkable
+class _Answer(Protocol):
+    """An error answer of the server: its SQLSTATE (this folder imports no backend)."""
+
+    sqlstate: str
+
+
+def _permission_denied(exc: BaseException) -> bool:
+    """Whether *exc* is the server refusing a privilege (SQLSTATE 42501): on the database, a
+    schema or a table, or a DDL statement of a table the role does not own."""
+    return isinstance(exc, _Answer) and exc.sqlstate == "42501"
+
+
 LedgerState = Literal["missing", "old", "current"]
 """A ledger's tables are missing, lack a table or column this cronlock uses, or are current."""
 
@@ -52,6 +70,14 @@ TABLE_EXISTS_SQL = "SELECT to_regclass($1) IS NOT NULL"
 """``$1`` a quoted, maybe qualified table name: whether this session resolves it to a table."""
 TABLES_EXIST_SQL = "SELECT to_regclass($1) IS NOT NULL, to_regclass($2) IS NOT NULL"
 """``$1``, ``$2`` quoted, maybe qualified table names: whether each is a table here."""
+
+READABLE_TABLE_SQL = """
+    SELECT CASE WHEN to_regclass($1) IS NOT NULL
+                THEN has_table_privilege(to_regclass($1), 'SELECT') ELSE false END,
+           to_regclass($2) IS NOT NULL"""
+"""``$1``, ``$2`` quoted, maybe qualified table names: whether the first is a table here
+that this session's role may read (a reader may not read the secrets table), whether the
+second is a table here."""
 
 LEDGER_STATE_SQL = """
             SELECT CASE WHEN to_regclass($1) IS NULL OR to_regclass($2) IS NULL THEN NULL
@@ -80,6 +106,9 @@ DROP_LOCK_TIMEOUT_SQL = "SET LOCAL lock_timeout = '10s'"
 """No parameters: the transaction waits at most 10 s for a lock (before dropping a schema
 that a process may still use); local to it, so a pooler never hands it on."""
 
+SCHEMA_EXISTS_SQL = "SELECT EXISTS (SELECT FROM pg_namespace WHERE nspname = $1::text)"
+"""``$1`` a schema's name (unquoted): whether it exists (seen without any privilege)."""
+
 MIGRATE_LOCK_SQL = "SELECT pg_advisory_xact_lock($1::bigint)"
 """``$1`` :attr:`.tables.LedgerTable.migrate_key`: the transaction lock that serialises
 concurrent migrations of one ledger."""
@@ -91,6 +120,14 @@ def lock_timeout_sql(timeout: float) -> str:
     return f"SET LOCAL lock_timeout = {int(timeout * 1000)}"
 
 
+def create_schema_sql(table: LedgerTable) -> str:
+    """No parameters: create *table*'s schema (it must name one), sent only when
+    :data:`SCHEMA_EXISTS_SQL` says it is missing."""
+    if table.quoted_schema is None:
+        raise ValueError("create_schema_sql: the ledger names no schema")
+    return f"CREATE SCHEMA IF NOT EXISTS {table.quoted_schema}"
+
+
 def drop_schema_sql(table: LedgerTable) -> str:
     """No parameters: drop *table*'s schema (it must name one) and everything in it, the
     ledger included (the demo's throwaway ledger)."""
@@ -100,12 +137,12 @@ def drop_schema_sql(table: LedgerTable) -> str:
 
 
 def ledger_ddl(table: LedgerTable) -> list[str]:
-    """The statements that create *table*'s ledger, each idempotent (no parameters)."""
+    """The statements that create *table*'s ledger in its schema, each idempotent (no
+    parameters). Not the schema: :func:`migrate` makes it only when it is missing
+    (``CREATE SCHEMA IF NOT EXISTS`` needs CREATE on the database even when the schema is
+    there, which a role that owns its schema seldom has)."""
     runs, jobs = table.runs, table.jobs
-    statements = []
-    if table.schema is not None:
-        statements.append(f"CREATE SCHEMA IF NOT EXISTS {table.quoted_schema}")
-    statements += [
+    return [
         f"""CREATE TABLE IF NOT EXISTS {runs} (
                 job         text        NOT NULL,
                 slot        timestamptz NOT NULL,
@@ -199,7 +236,6 @@ def ledger_ddl(table: LedgerTable) -> list[str]:
         *schedules_ddl(table),
         *definitions_ddl(table),
     ]
-    return statements
 
 
 def definitions_ddl(table: LedgerTable) -> list[str]:
@@ -290,20 +326,79 @@ async def migrate(
     """
     if await ledger_state(conn, table) == "current":
         return None
-    async with conn.transaction():
-        await conn.execute(lock_timeout_sql(timeout))
-        await conn.execute(MIGRATE_LOCK_SQL, table.migrate_key)
-        state = await ledger_state(conn, table)
-        if state == "current":
-            return None  # another replica did it while we waited
-        for statement in ledger_ddl(table):
-            await conn.execute(statement)
+    step = "read"
+    state: LedgerState = "missing"
+    try:
+        async with conn.transaction():
+            await conn.execute(lock_timeout_sql(timeout))
+            await conn.execute(MIGRATE_LOCK_SQL, table.migrate_key)
+            state = await _ledger_state(conn, table)
+            if state == "current":
+                return None  # another replica did it while we waited
+            if table.schema is not None and not await conn.fetchval(
+                SCHEMA_EXISTS_SQL, table.schema
+            ):
+                step = "schema"
+                await conn.execute(create_schema_sql(table))
+            step = state
+            for statement in ledger_ddl(table):
+                await conn.execute(statement)
+    except Exception as exc:
+        if not _permission_denied(exc):
+            raise
+        raise LockerMisconfigured(_denied(table, step, await _current_user(conn), exc)) from exc
     return "created" if state == "missing" else "upgraded"
+
+
+async def _current_user(conn: Any) -> str:
+    try:
+        return str(await conn.fetchval(CURRENT_USER_SQL))
+    except Exception:  # the session is gone: the message does without the name
+        return "this role"
+
+
+def _denied(table: LedgerTable, step: str, user: str, exc: BaseException) -> str:
+    """What a migration refused at *step* (``read``: looking at the ledger; ``schema``:
+    creating its schema; ``missing``: creating its tables; ``old``: upgrading them) lacks."""
+    said = f"the server said: {exc}"
+    schema = table.quoted_schema or "the search path's first schema"
+    if step == "read":
+        return (
+            f"cannot look at the run ledger {table.runs}: role {user} lacks USAGE on schema "
+            f"{schema} ({said}); grant it ('python -m cronlock grants' prints what each role "
+            "needs)"
+        )
+    if step == "schema":
+        return (
+            f"cannot create schema {schema} for the run ledger: role {user} lacks CREATE on "
+            f"the database ({said}); have an administrator create it (CREATE SCHEMA {schema} "
+            f"AUTHORIZATION {user}) or grant CREATE on the database"
+        )
+    if step == "missing":
+        return (
+            f"cannot create the run ledger {table.runs}: role {user} lacks CREATE on schema "
+            f"{schema} ({said}); grant CREATE on it, or create the ledger with 'python -m "
+            "cronlock migrate' as a role that has it (the schema's owner)"
+        )
+    return (
+        f"cannot upgrade the run ledger {table.runs}: only the owner of its tables may, and "
+        f"role {user} is not ({said}); run 'python -m cronlock migrate' as their owner"
+    )
 
 
 async def ledger_state(conn: Any, table: LedgerTable) -> LedgerState:
     """Whether the ledger's tables are missing, of an older shape, or current, as this
-    session resolves their names: one catalog query."""
+    session resolves their names: one catalog query. A role without USAGE on the ledger's
+    schema is refused with :class:`cronlock.LockerMisconfigured`, naming the grant."""
+    try:
+        return await _ledger_state(conn, table)
+    except Exception as exc:
+        if not _permission_denied(exc):
+            raise
+        raise LockerMisconfigured(_denied(table, "read", await _current_user(conn), exc)) from exc
+
+
+async def _ledger_state(conn: Any, table: LedgerTable) -> LedgerState:
     current = await conn.fetchval(
         LEDGER_STATE_SQL,
         table.runs,
