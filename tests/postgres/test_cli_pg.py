@@ -115,9 +115,7 @@ async def test_status_and_history(pg_dsn: str, schema: str) -> None:
 
 
 @pytest.mark.parametrize("verb", [["status"], ["history", "j"], ["migrate"]])
-async def test_bad_dsn_is_one_line_and_status_2_or_3(
-    verb: list[str], unreachable_dsn: str
-) -> None:
+async def test_bad_dsn_is_one_line_and_status_2_or_3(verb: list[str], unreachable_dsn: str) -> None:
     # A DSN that does not parse is a usage error (2); a server that is down, a ledger that
     # cannot be read (3).
     for dsn, status in ((unreachable_dsn, 3), ("not a dsn", 2)):
