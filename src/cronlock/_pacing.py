@@ -19,14 +19,15 @@ SLICE = 0.01
 
 class Pacer:
     """Lets other tasks run whenever the work asking it has held the loop for *slice*
-    seconds (on the loop's monotonic clock). One per piece of work, made in its task."""
+    seconds (default :data:`SLICE`, on the loop's monotonic clock). One per piece of work,
+    made in its task."""
 
     __slots__ = ("_now", "_slice", "_until", "yields")
 
-    def __init__(self, slice: float = SLICE) -> None:
+    def __init__(self, slice: float | None = None) -> None:
         self._now = asyncio.get_running_loop().time
-        self._slice = slice
-        self._until = self._now() + slice
+        self._slice = SLICE if slice is None else slice
+        self._until = self._now() + self._slice
         self.yields = 0
         """How many times the work let others run."""
 
