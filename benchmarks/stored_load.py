@@ -19,7 +19,8 @@ Measured in the replica: **held** (seconds from the call of ``Scheduler.start()`
 every stored schedule is a job here), the start lateness (start - slot) of the job every
 second, as p50/p99/max, and the longest stall, in each phase: *load* (from the start call
 until all are held, plus 2 s), *kwargs* and *hours* (from the benchmark's put call until the
-replica applied that revision, plus 2 s); and the replica's peak RSS (``VmHWM``). Slots of
+replica applied that revision, plus 2 s), with the garbage collector's full passes
+(``full_gc``: how many milliseconds each took); and the replica's peak RSS (``VmHWM``). Slots of
 the job every second that did not run at all are counted (``missed``). Prints JSON.
 """
 
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import os
 import statistics
@@ -82,6 +84,19 @@ async def replica(args: argparse.Namespace) -> None:
     async def report(tenant: int, report: str) -> None:
         pass
 
+    collected: dict[str, float] = {}
+
+    def collections(phase: str, info: dict[str, int]) -> None:
+        # The garbage collector's passes over the oldest generation: how long each took.
+        if info["generation"] != 2:
+            return
+        if phase == "start":
+            collected["began"] = time.perf_counter()
+        elif "began" in collected:
+            took = time.perf_counter() - collected.pop("began")
+            emit(event="gc", at=time.time() - took, s=round(took, 4))
+
+    gc.callbacks.append(collections)
     prober = asyncio.create_task(probe())
     await asyncio.sleep(0.2)
     stored = None
@@ -101,7 +116,7 @@ async def replica(args: argparse.Namespace) -> None:
                 revision = stored._revision
                 emit(event="revision", revision=revision, at=time.time(), jobs=held)
             if turns % 10 == 0:
-                emit(event="rss", mb=peak_rss_mb())
+                emit(event="rss", mb=peak_rss_mb(), frozen=gc.get_freeze_count())
             await asyncio.sleep(0.1)
     prober.cancel()
 
@@ -186,6 +201,9 @@ def phase(replica: Replica, since: float, until: float) -> dict[str, Any]:
         "missed": sum(1 for second in due if second not in slots),
         "worst_stall_ms": round(max(stalls, default=0.0) * 1000, 1),
         "stalls_over_20ms": sum(1 for s in stalls if s > 0.02),
+        "full_gc": [
+            round(line["s"] * 1000) for line in replica.of("gc") if since <= line["at"] <= until
+        ],
     }
 
 
@@ -220,6 +238,7 @@ async def one_mode(dsn: str, schema: str, mode: str, size: int) -> dict[str, Any
                 result[what]["applied_s"] = round(applied["at"] - began, 2)
             rss = replica.of("rss")
             result["replica_peak_rss_mb"] = round(rss[-1]["mb"]) if rss else None
+            result["frozen_objects_at_end"] = rss[-1]["frozen"] if rss else None
         finally:
             await replica.stop()
     return result

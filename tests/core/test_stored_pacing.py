@@ -7,8 +7,9 @@ job that raises costing nothing to the others. (How long any of it takes is meas
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from datetime import datetime, timedelta
 
 import pytest
@@ -118,6 +119,52 @@ async def test_a_sync_that_changes_thousands_of_schedules_lets_other_tasks_run(
         # Seen with the first changed and the last not yet: the sync was applied in slices.
         assert 1 in mixed
         assert mixed[-1] == 2
+
+
+@pytest.fixture
+def thawed() -> Iterator[None]:
+    """Nothing frozen before or after (a test that freezes leaves the others as they were)."""
+    gc.unfreeze()
+    yield
+    gc.unfreeze()
+
+
+@pytest.mark.usefixtures("sliced", "thawed")
+async def test_a_bulk_load_freezes_what_it_registered_and_a_small_sync_does_not(
+    clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The full garbage collections of a bulk load would walk every job again and again;
+    # frozen, they are out of the collector's sight. A sync of a few changes freezes
+    # nothing more.
+    monkeypatch.setattr("cronlock._pacing.FREEZE_FROM", 500)
+    store = MemoryStore()
+    for tenant in range(MANY):
+        store.put(f"t:{tenant}", "report", every(3600), kwargs={"tenant": tenant})
+    scheduler = _scheduler(clock, store)
+    async with scheduler:
+        assert gc.get_freeze_count() >= MANY  # the jobs (and all else alive then)
+        assert all(seen is not scheduler for seen in gc.get_objects())  # out of sight
+        gc.unfreeze()
+        stored = scheduler._stored
+        assert stored is not None
+        for tenant in range(10):
+            store.put(f"t:{tenant}", "report", every(1800), kwargs={"tenant": tenant})
+        await stored.sync()
+        assert gc.get_freeze_count() == 0
+        assert scheduler.get_job("t:0").schedule == every(1800)
+
+
+@pytest.mark.usefixtures("sliced", "thawed")
+async def test_no_load_freezes_when_freezing_is_off(
+    clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("cronlock._pacing.FREEZE_FROM", None)
+    store = MemoryStore()
+    for tenant in range(MANY):
+        store.put(f"t:{tenant}", "report", every(3600), kwargs={"tenant": tenant})
+    async with _scheduler(clock, store) as scheduler:
+        assert len(scheduler.stored_jobs) == MANY
+        assert gc.get_freeze_count() == 0
 
 
 class BatchMemory(InMemoryLocker):

@@ -89,7 +89,7 @@ class StoredSync:
         tasks run in between: a sync of 100,000 changes never holds the loop for long)."""
         revision, changes = await self._store.stored_changes(self._revision)
         self.syncs += 1
-        pacer = Pacer()
+        pacer = Pacer(items=len(changes))
         for name, _, stored in changes:
             await pacer.pause()
             self._rejected.pop(name, None)
@@ -103,6 +103,7 @@ class StoredSync:
             if stored.task in self._tasks and stored.name in self._rejected:
                 del self._rejected[stored.name]
                 await self._applied_safely(stored)
+        pacer.done()
         self._revision = max(self._revision, revision)
 
     async def _applied_safely(self, stored: StoredSchedule) -> None:

@@ -132,7 +132,7 @@ class LedgerReads:
         rows = await self._read(_STORED_KEY, lambda s: s.fetch(sql, since))
         # Decoded a few rows at a time, other tasks running in between: 100,000 rows
         # take seconds to decode and check.
-        top, changes, pacer = since, [], Pacer()
+        top, changes, pacer = since, [], Pacer(items=len(rows))
         for start in range(0, len(rows), _DECODED):
             await pacer.pause()
             read, decoded = decode_changes(
