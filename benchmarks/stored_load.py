@@ -66,6 +66,40 @@ async def replica(args: argparse.Namespace) -> None:
     locker = PostgresLocker(args.dsn, table=args.table, schema=args.schema, mode=args.mode)
     scheduler = Scheduler(locker=locker, stop_timeout=0, sync_every=1.0)
     loop = asyncio.get_running_loop()
+    if os.environ.get("STALLSTACK"):
+        import threading
+        import traceback
+        from collections import Counter as _Counter
+
+        main_id = threading.get_ident()
+        beat = [time.monotonic()]
+        seen: _Counter[str] = _Counter()
+
+        def watchdog() -> None:
+            while True:
+                time.sleep(0.005)
+                if time.monotonic() - beat[0] > float(os.environ["STALLSTACK"]):
+                    frame = sys._current_frames().get(main_id)
+                    if frame is not None:
+                        stack = traceback.extract_stack(frame)[-8:]
+                        key = " | ".join(f"{Path(f.filename).name}:{f.lineno}:{f.name}" for f in stack)
+                        seen[key] += 1
+                        if sum(seen.values()) % 50 == 0:
+                            sys.stderr.write("STACKS " + json.dumps(seen.most_common(25)) + "\n")
+
+        threading.Thread(target=watchdog, daemon=True).start()
+
+        async def beater() -> None:
+            while True:
+                beat[0] = time.monotonic()
+                await asyncio.sleep(0.002)
+
+        asyncio.create_task(beater())
+    if os.environ.get("SLOWCB"):
+        import logging
+        logging.basicConfig(level=logging.WARNING)
+        loop.set_debug(True)
+        loop.slow_callback_duration = float(os.environ["SLOWCB"])
 
     async def probe() -> None:
         step = 0.005
@@ -207,7 +241,9 @@ def phase(replica: Replica, since: float, until: float) -> dict[str, Any]:
     }
 
 
-async def one_mode(dsn: str, schema: str, mode: str, size: int) -> dict[str, Any]:
+async def one_mode(
+    dsn: str, schema: str, mode: str, size: int, dump: str | None = None
+) -> dict[str, Any]:
     from stored_bulk import tenants
 
     from cronlock.postgres import FleetControl
@@ -241,6 +277,8 @@ async def one_mode(dsn: str, schema: str, mode: str, size: int) -> dict[str, Any
             result["frozen_objects_at_end"] = rss[-1]["frozen"] if rss else None
         finally:
             await replica.stop()
+            if dump:
+                Path(dump).write_text("".join(json.dumps(line) + "\n" for line in replica.lines))
     return result
 
 
@@ -268,6 +306,7 @@ async def main() -> None:
     parser.add_argument("--mode", default="session")
     parser.add_argument("--modes", default="session,lease")
     parser.add_argument("--size", type=int, default=100_000)
+    parser.add_argument("--dump", default=None, help="write the replica's lines here (MODE.jsonl)")
     args = parser.parse_args()
     if args.replica:
         await replica(args)
@@ -283,7 +322,8 @@ async def main() -> None:
     try:
         await admin.execute(f"CREATE SCHEMA {quote_ident(schema)}")
         for mode in args.modes.split(","):
-            report[mode] = await one_mode(dsn, schema, mode, args.size)
+            dump = args.dump and args.dump.replace("MODE", mode)
+            report[mode] = await one_mode(dsn, schema, mode, args.size, dump)
     finally:
         await admin.execute(f"DROP SCHEMA IF EXISTS {quote_ident(schema)} CASCADE")
         await admin.close()
