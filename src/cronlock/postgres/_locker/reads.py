@@ -27,13 +27,7 @@ from .._sql.runs import (
     last_runs_sql,
     report_odd,
 )
-from .._sql.stored import (
-    changes_extent_sql,
-    decode_changes,
-    schedule_changes_page_sql,
-    schedule_changes_sql,
-    schedule_problem_sql,
-)
+from .._sql.stored import decode_changes, schedule_changes_sql, schedule_problem_sql
 from .._sql.tables import LedgerTable
 
 if TYPE_CHECKING:
@@ -43,15 +37,13 @@ if TYPE_CHECKING:
     from .crashes import CrashWatch
     from .ledgerless import NoLedgerReads
 
-__all__ = ("CHANGES_PAGE", "READ_BATCH", "LedgerReads", "ReadsLedger")
+__all__ = ("READ_BATCH", "LedgerReads", "ReadsLedger")
 
 READ_BATCH = 2000
 """Jobs per statement of a many-job read (catch-up's, the fleet watch's, the check for
 retries left behind): a statement of a few tens of milliseconds, which a claim (that goes
 first, ``_conn/dedicated.Turns``) waits for at most; a read of 100,000 names at once held
 the session for a few hundred."""
-CHANGES_PAGE = 2000
-"""Stored schedules' changes read per statement when a sync has more."""
 _T = TypeVar("_T")
 _DECODED = 50  # stored rows decoded between two looks at the pacer
 _STORED_KEY = "cronlock:stored-schedules"  # the shard the stored schedules are read on
@@ -136,19 +128,11 @@ class LedgerReads:
         return found
 
     async def stored_changes(self, since: int) -> tuple[int, list[Change]]:
-        """The stored schedules' latest revision and changes after *since*, on the shard of
-        a fixed key: one statement for up to :data:`CHANGES_PAGE` changes (after one that
-        counts them), else a page of them a statement, up to the revision read first (a
-        claim goes in between: 100,000 rows at once held the session for 0.3-0.5 s)."""
+        """The stored schedules' latest revision and changes after *since* (one statement,
+        on the shard of a fixed key)."""
         table = self._table
-        extent = await self._read(
-            _STORED_KEY, lambda s: s.fetchrow(changes_extent_sql(table), since, CHANGES_PAGE)
-        )
-        if extent["many"] <= CHANGES_PAGE:
-            sql = schedule_changes_sql(table)
-            rows = await self._read(_STORED_KEY, lambda s: s.fetch(sql, since))
-        else:
-            rows = await self._changes_in_pages(since, extent["top"])
+        sql = schedule_changes_sql(table)
+        rows = await self._read(_STORED_KEY, lambda s: s.fetch(sql, since))
         # Decoded a few rows at a time, other tasks running in between: 100,000 rows
         # take seconds to decode and check.
         top, changes, pacer = since, [], Pacer(items=len(rows))
@@ -160,18 +144,6 @@ class LedgerReads:
             top = max(top, read)
             changes += decoded
         return top, changes
-
-    async def _changes_in_pages(self, since: int, top: int) -> list[Any]:
-        sql, rows, after = schedule_changes_page_sql(self._table), list[Any](), ""
-        while True:
-            page: list[Any] = await self._read(
-                _STORED_KEY,
-                functools.partial(_fetch_page, sql, since, top, after, CHANGES_PAGE),
-            )
-            rows += page
-            if len(page) < CHANGES_PAGE:
-                return rows
-            after = page[-1]["name"]
 
     async def report_problem(self, name: str, revision: int, problem: str) -> None:
         """Note *problem* in revision *revision* of stored schedule *name*, as this locker's
@@ -195,12 +167,6 @@ class LedgerReads:
             ),
             name=task_name("pg-read", job),
         )
-
-
-async def _fetch_page(sql: str, *args: Any) -> list[Any]:
-    *values, conn = args
-    rows: list[Any] = await conn.fetch(sql, *values)
-    return rows
 
 
 async def _fetch(sql: str, names: list[str], conn: Any) -> list[Any]:
@@ -240,8 +206,7 @@ class ReadsLedger:
 
     async def stored_changes(self, since: int) -> tuple[int, list[Change]]:
         """The stored schedules' latest revision and every change after revision *since*
-        (``FleetControl.add_schedule``...): oldest first, or by name when read in pages
-        (``_locker/reads.CHANGES_PAGE``)."""
+        (``FleetControl.add_schedule``...), oldest first: one statement per sync."""
         return await self._reads.stored_changes(since)
 
     async def report_problem(self, name: str, revision: int, problem: str) -> None:

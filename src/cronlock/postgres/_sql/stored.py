@@ -218,33 +218,6 @@ def schedule_changes_sql(table: LedgerTable) -> str:
 
 
 @functools.cache
-def changes_extent_sql(table: LedgerTable) -> str:
-    """``$1`` since, ``$2`` a page: the latest revision, and how many changes after *since*
-    there are, counted up to one more than a page (on the revision index: a sync with
-    few changes, the usual one, reads no more than those)."""
-    return f"""
-            SELECT (SELECT max(revision) FROM {table.schedules}) AS top,
-                   (SELECT count(*) FROM (SELECT FROM {table.schedules}
-                                          WHERE revision > $1::bigint
-                                          LIMIT $2::int + 1) AS x) AS many"""
-
-
-@functools.cache
-def schedule_changes_page_sql(table: LedgerTable) -> str:
-    """``$1`` since, ``$2`` top, ``$3`` the last name read (``''`` at first), ``$4`` a
-    page: :func:`schedule_changes_sql` for the changes after *since* up to revision
-    *top* (read first, so that pages read at different instants add up to the changes
-    up to *top*: a later change is left to the next sync), a page at a time in order of
-    name (on the primary key)."""
-    return f"""
-            SELECT {_COLUMNS}, c.paused_at IS NOT NULL AS paused, false AS rejected
-            FROM {table.schedules} s LEFT JOIN {table.control} c ON c.job = s.name
-            WHERE s.revision > $1::bigint AND s.revision <= $2::bigint
-              AND (NOT s.removed OR $1::bigint > 0) AND s.name > $3::text
-            ORDER BY s.name LIMIT $4::int"""
-
-
-@functools.cache
 def schedule_problem_sql(table: LedgerTable) -> str:
     """``$1`` name, ``$2`` revision, ``$3`` problem, ``$4`` who (the replica's holder, as
     in the members table): a replica's problem with that revision of the schedule, shown
