@@ -22,6 +22,11 @@ until all are held, plus 2 s), *kwargs* and *hours* (from the benchmark's put ca
 replica applied that revision, plus 2 s), with the garbage collector's full passes
 (``full_gc``: how many milliseconds each took); and the replica's peak RSS (``VmHWM``). Slots of
 the job every second that did not run at all are counted (``missed``). Prints JSON.
+
+To find what holds the loop: ``--dump /tmp/MODE.jsonl`` keeps the replica's lines;
+``STALLSTACK=0.025`` in the environment has a thread sample the replica's stack whenever
+the loop has been held that long (printed to stderr, most frequent first);
+``SLOWCB=0.04`` turns asyncio's debug mode on with that slow-callback threshold.
 """
 
 from __future__ import annotations
@@ -66,6 +71,7 @@ async def replica(args: argparse.Namespace) -> None:
     locker = PostgresLocker(args.dsn, table=args.table, schema=args.schema, mode=args.mode)
     scheduler = Scheduler(locker=locker, stop_timeout=0, sync_every=1.0)
     loop = asyncio.get_running_loop()
+    beating: list[asyncio.Task[None]] = []
     if os.environ.get("STALLSTACK"):
         import threading
         import traceback
@@ -82,7 +88,9 @@ async def replica(args: argparse.Namespace) -> None:
                     frame = sys._current_frames().get(main_id)
                     if frame is not None:
                         stack = traceback.extract_stack(frame)[-8:]
-                        key = " | ".join(f"{Path(f.filename).name}:{f.lineno}:{f.name}" for f in stack)
+                        key = " | ".join(
+                            f"{Path(f.filename).name}:{f.lineno}:{f.name}" for f in stack
+                        )
                         seen[key] += 1
                         if sum(seen.values()) % 50 == 0:
                             sys.stderr.write("STACKS " + json.dumps(seen.most_common(25)) + "\n")
@@ -94,9 +102,10 @@ async def replica(args: argparse.Namespace) -> None:
                 beat[0] = time.monotonic()
                 await asyncio.sleep(0.002)
 
-        asyncio.create_task(beater())
+        beating.append(asyncio.create_task(beater()))  # runs until the process ends
     if os.environ.get("SLOWCB"):
         import logging
+
         logging.basicConfig(level=logging.WARNING)
         loop.set_debug(True)
         loop.slow_callback_duration = float(os.environ["SLOWCB"])
