@@ -567,7 +567,7 @@ class Scheduler:
             raise SchedulerStateError("the scheduler is already running")
         self._resources.check_open()
         await self._check_lockers()
-        await self._load_stored()
+        store = self._stored_store()
         self._loop = RunLoop(
             clock=self._clock,
             # Decided once: the real clock sleeps on event-loop timers, a virtual one on itself.
@@ -585,8 +585,13 @@ class Scheduler:
         # Only jobs whose locker keeps a ledger catch up: none without such a wiring.
         ledgers = any(wiring.ledger is not None for wiring in self._wirings.values())
         self._loop.start(catch_up=active if ledgers else ())
-        if self._stored is not None:
-            self._stored.start()
+        if store is not None:
+            # The stored schedules are read and registered with the run loop going: the
+            # jobs in code keep their slots while 100,000 of them are (in slices), and
+            # each is planned as it is registered, then caught up like the others.
+            await self._load_stored(store, catch_up=ledgers)
+            if self._stored is not None:
+                self._stored.start()
         _logger.info("scheduler started with %d job(s)", len(self._jobs))
         self._bus.emit(SchedulerStarted())
 
@@ -610,14 +615,20 @@ class Scheduler:
                 await self._resources.close()
                 raise
 
-    async def _load_stored(self) -> None:
-        """With tasks and a locker that keeps stored schedules, register every stored one
-        (one read); a failed read is logged and the sync tries again."""
+    def _stored_store(self) -> ScheduleStore | None:
+        """The scheduler's locker when it keeps stored schedules and tasks may run them
+        (wired for the fleet's reads: rejected everywhere is read there); else None."""
         store = self._locker
         if not self._tasks or not isinstance(store, ScheduleStore):
-            return
+            return None
         # The fleet's reads, with no job of our own too: rejected everywhere is read there.
         self._wire(True, None)
+        return store
+
+    async def _load_stored(self, store: ScheduleStore, *, catch_up: bool) -> None:
+        """Register every stored schedule (one read, applied in slices while the run loop
+        goes on), then catch the new jobs up; a failed read is logged and the sync tries
+        again."""
         if self._stored is None:
             self._stored = StoredSync(
                 self,
@@ -628,10 +639,15 @@ class Scheduler:
                 self._sync_every,
                 self._stored_min_interval,
             )
+        stored = self._stored
+        stored.added = []
         try:
-            await self._stored.sync()
+            await stored.sync()
         except Exception as exc:  # the start goes on: the sync reads them again, alone
             _logger.error("reading the stored schedules failed: %r; retrying", exc)
+        added, stored.added = stored.added, None
+        if catch_up and added and self._loop is not None:
+            self._loop.catch_up(dict(added), self._clock.now())
 
     async def shutdown(self, timeout: Seconds | None = None) -> None:
         """Stop firing; wait up to *timeout* (default ``stop_timeout``) for runs in flight,

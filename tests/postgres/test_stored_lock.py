@@ -137,3 +137,66 @@ async def test_a_session_holding_a_schedules_row_gets_a_clear_error_in_time(
             assert added.revision == 2
         finally:
             await squatting.rollback()
+
+
+async def _waiting_on_a_lock(probe: Any, table: str) -> None:
+    """Until a session waits for a lock in a statement naming *table*'s notes."""
+    jobs = LedgerTable(table).jobs
+    for _ in range(int(LIVE / 0.02)):
+        waiting = await probe.fetchval(
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+            "AND pid <> pg_backend_pid() AND strpos(query, $1) > 0",
+            jobs,
+        )
+        if waiting:
+            return
+        await asyncio.sleep(0.02)
+    pytest.fail("the change never waited for the note's lock")
+
+
+async def _free(probe: Any, table: str, job: str) -> bool:
+    """Whether *job*'s note is locked by no other session."""
+    jobs = LedgerTable(table).jobs
+    try:
+        async with probe.transaction():
+            await probe.execute(f"SELECT 1 FROM {jobs} WHERE job = $1 FOR UPDATE NOWAIT", job)
+    except asyncpg.LockNotAvailableError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize("by", ["put", "sync"])
+async def test_a_batch_takes_the_notes_locks_in_name_order(
+    pg_dsn: str, table: str, squatter: Any, monkeypatch: pytest.MonkeyPatch, by: str
+) -> None:
+    # A replica writes its jobs' notes in name order, a thousand a statement: a batch
+    # that took them in another order (as given, or the removed ones' first) could hold
+    # one the replica waits for while it waits for one the replica holds: a deadlock.
+    # The squatter holds the first name's note as such a replica would; the batch, given
+    # in reverse, must then hold none of the later ones while it waits.
+    monkeypatch.setattr(stored, "LOCK_WAIT", LIVE)
+    jobs = LedgerTable(table).jobs
+    probe = await asyncpg.connect(pg_dsn)
+    try:
+        async with FleetControl(pg_dsn, table=table) as control:
+            first = [StoredSchedule(f"t:{c}", "report", every(60)) for c in "amz"]
+            await control.put_schedules(first)
+            changed = [StoredSchedule(f"t:{c}", "report", every(90)) for c in "za"]
+            squatting = squatter.transaction()
+            await squatting.start()
+            await squatter.execute(f"SELECT 1 FROM {jobs} WHERE job = 't:a' FOR UPDATE")
+            if by == "put":
+                change = asyncio.create_task(control.put_schedules(changed))
+            else:  # t:m removed, t:z and t:a changed
+                change = asyncio.create_task(control.sync_schedules("t:", changed))
+            try:
+                await _waiting_on_a_lock(probe, table)
+                assert await _free(probe, table, "t:z")
+                assert await _free(probe, table, "t:m")
+            finally:
+                await squatting.rollback()
+                done = await asyncio.wait_for(change, timeout=LIVE)
+            assert done.updated == 2
+            assert done.removed == (1 if by == "sync" else 0)
+    finally:
+        await probe.close()

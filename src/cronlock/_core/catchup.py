@@ -24,6 +24,7 @@ from .._clock import Clock
 from .._events import EventBus, JobSkipped
 from .._locking.protocols import BatchLedgerLocker
 from .._logs import at, get_logger
+from .._pacing import Pacer
 
 if TYPE_CHECKING:
     from .executor import Executor
@@ -97,7 +98,11 @@ class CatchUp:
         slots due by *started*.
 
         Jobs whose locker reads in batches are read together, one batch per locker; the
-        rest one at a time.
+        rest one at a time. Each job is decided on its own: one whose history or schedule
+        raises is logged, and the others are caught up. The decisions of many jobs are made
+        in slices (:class:`~cronlock._pacing.Pacer`), other tasks running in between; the
+        runs they call for are dispatched together once a batch is decided, so that their
+        claims, all due at once, still go out in batches.
         """
         batched: dict[BatchLedgerLocker, list[Job]] = {}
         single: list[Job] = []
@@ -107,6 +112,7 @@ class CatchUp:
                 batched.setdefault(batch, []).append(job)
             elif job._wiring.ledger is not None:
                 single.append(job)
+        pacer = Pacer()
         for locker, group in batched.items():
             try:
                 found = await locker.ledger_summaries([job.name for job in group])
@@ -119,24 +125,41 @@ class CatchUp:
                 )
                 continue
             now = self._clock.now()
+            due: list[tuple[Job, datetime]] = []
             for job in group:
+                await pacer.pause()
                 summary = found.get(job.name)
                 if summary is None or job._scheduler is None:
                     continue  # the ledger never saw it (a new job starts fresh), or removed
                 try:
                     job._checked(now)
                     job._learn(summary.last_run, summary.last_success)
-                    self.decide(job, summary.last_claimed, started, jobs[job])
+                    slot = self.decision(job, summary.last_claimed, started, jobs[job])
                 except Exception:
                     # One job's odd history (a bug, a row no check foresaw) must not cost
                     # the catch-up of the others.
                     _logger.exception("job %r: catch-up failed", job.name, extra=at(job.name))
+                    continue
+                if slot is not None:
+                    due.append((job, slot))
+            self._dispatch_all(due)
         for job in single:
             if job._scheduler is not None:  # still registered
                 try:
                     await self.one(job, started, jobs[job])
                 except Exception:
                     _logger.exception("job %r: catch-up failed", job.name, extra=at(job.name))
+
+    def _dispatch_all(self, due: list[tuple[Job, datetime]]) -> None:
+        """Dispatch the runs a batch's decisions called for, in one go (their claims are
+        batched); one that raises is logged and the others go on."""
+        for job, slot in due:
+            if job._scheduler is None:
+                continue  # removed while the batch was decided
+            try:
+                self._dispatch(job, slot)
+            except Exception:
+                _logger.exception("job %r: catch-up failed", job.name, extra=at(job.name))
 
     async def one(self, job: Job, started: datetime, planned: datetime | None) -> None:
         """Catch up on one *job* through its ledger, one read at a time."""
@@ -154,25 +177,28 @@ class CatchUp:
                 extra=at(job.name),
             )
             return
-        self.decide(job, last, started, planned)
+        slot = self.decision(job, last, started, planned)
+        if slot is not None:
+            self._dispatch(job, slot)
 
-    def decide(
+    def decision(
         self, job: Job, last: datetime | None, started: datetime, planned: datetime | None
-    ) -> None:
+    ) -> datetime | None:
         """Deal with the slots of *job* after *last* (latest claimed) due by *started* and
         before *planned* (the first slot the run loop planned).
 
-        The latest of them runs once when still within ``misfire_grace``, else it is
-        reported missed (``JobSkipped(reason="misfire")``). A job the ledger never saw
-        (*last* None) is not caught up: a new deployment starts fresh.
+        The latest of them runs once when still within ``misfire_grace`` (returned: the
+        slot to dispatch), else it is reported missed (``JobSkipped(reason="misfire")``).
+        A job the ledger never saw (*last* None) is not caught up: a new deployment starts
+        fresh.
         """
         if last is None:
-            return
+            return None
         first = job.slot_after(last)
         if first is None or job.fire_time(first) > started:
-            return  # nothing passed before the start: the run loop has every slot from here
+            return None  # nothing passed before the start: the run loop has every slot
         if planned is not None and first >= planned:
-            return  # planned by the run loop in the instant before *started*
+            return None  # planned by the run loop in the instant before *started*
         now = self._clock.now()
         latest, _ = latest_due(job, first, started)
         if planned is not None and latest >= planned:
@@ -190,7 +216,7 @@ class CatchUp:
                 extra=at(job.name, latest),
             )
             self._bus.emit(JobSkipped(job.name, latest, "misfire"))
-            return
+            return None
         # The latest slot is still within its grace: run it. Older ones whose grace has
         # passed are missed for good (no run loop fires them any more); those still within
         # it may be in flight on a replica that lags, and are not reported as missed.
@@ -213,7 +239,7 @@ class CatchUp:
                 latest.isoformat(),
                 extra=at(job.name, latest),
             )
-        self._dispatch(job, latest)
+        return latest
 
 
 def _span(first: datetime, last: datetime) -> str:

@@ -111,15 +111,20 @@ class RunLoop:
         # before the loop starts, so that the ledger tells of them, not of later ones.
         started = self._clock.now()
         self._main = self._loop.create_task(self._run_loop(), name=task_name("scheduler"))
-        jobs = {job: job._next_run for job in catch_up if job._wiring.ledger is not None}
+        self.catch_up({job: job._next_run for job in catch_up}, started)
+        if isinstance(self._clock, FleetClock):  # measures the offset to the server's clock
+            # After catch-up: its first read opens a session the clock can then share.
+            self._spawn(self._clock.keep(self._poke), name=task_name("fleet-clock"))
+
+    def catch_up(self, planned: Mapping[Job, datetime | None], started: datetime) -> None:
+        """Spawn a task catching up on the jobs of *planned* (each with the first slot
+        planned for it) that keep a ledger, for their slots due by *started*."""
+        jobs = {job: slot for job, slot in planned.items() if job._wiring.ledger is not None}
         if jobs:
             catching = CatchUp(
                 clock=self._clock, bus=self._bus, executor=self._executor, dispatch=self.dispatch
             )
             self._spawn(catching.all(jobs, started), name=task_name("catch-up"))
-        if isinstance(self._clock, FleetClock):  # measures the offset to the server's clock
-            # After catch-up: its first read opens a session the clock can then share.
-            self._spawn(self._clock.keep(self._poke), name=task_name("fleet-clock"))
 
     def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
         """Run a helper task owned by the loop: cancelled and awaited at stop."""

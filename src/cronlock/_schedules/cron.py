@@ -282,6 +282,13 @@ class CronSchedule:
     tz: ZoneInfo | None = None
     """The zone wall-clock fields are read in; ``None`` until bound to a scheduler."""
     _compiled: _Compiled = field(init=False, compare=False, hash=False)
+    # The last two answers of next_after, each (after, slot): every *after* from one until
+    # its slot has the same answer, found without a walk. Thousands of stored schedules
+    # share a few schedule objects (decoded once each), so most of their first slots (and
+    # the ones after those: two answers) are found here.
+    _last: tuple[tuple[datetime, datetime | None], ...] = field(
+        init=False, compare=False, hash=False, default=()
+    )
 
     def __post_init__(self) -> None:
         if not isinstance(self.expr, str):
@@ -305,8 +312,15 @@ class CronSchedule:
         """The first slot strictly after the aware datetime *after*, as aware UTC."""
         if after.tzinfo is None or after.utcoffset() is None:
             raise ScheduleError(f"{self}: next_after({after!r}) needs an aware datetime")
+        known = self._last
+        for since, slot in known:
+            if since <= after and (slot is None or after < slot):
+                return slot  # no slot between that call's *after* and its answer
         zone = self.tz if self.tz is not None else resolve_tz(None)
-        return _first_after(self, after, zone)
+        found = _first_after(self, after, zone)
+        # One tuple, replaced whole: threads read either the old or the new.
+        object.__setattr__(self, "_last", ((after, found), *known[:1]))
+        return found
 
     def _walls_from(self, start: datetime) -> Iterator[datetime]:
         # A shallow copy shares the parsed expansion and costs ~1 µs; building a croniter

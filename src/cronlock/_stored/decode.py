@@ -28,6 +28,10 @@ __all__ = ("MAX_REASON", "Decoded", "Unreadable", "decode_row")
 
 MAX_REASON = 300
 """Characters of a reason kept (a message may quote a value of kilobytes)."""
+_KEPT = 4096  # distinct schedule texts remembered (tenants share a few: a report at 3)
+# Each schedule text decoded, and its schedule: rows of one text share one (immutable)
+# schedule object, parsed once, whose first slot after an instant is found once too.
+_schedules: dict[str, Schedule] = {}
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,7 +80,10 @@ def _decode(name: str, task: str, schedule: str, kwargs: str, options: str) -> D
     check_job_name(name, field="schedule name")
     limits.check_task(name, task)
     values: dict[str, Any] = {}
+    made = _schedules.get(schedule) if isinstance(schedule, str) else None
     for field, text in (("schedule", schedule), ("kwargs", kwargs), ("options", options)):
+        if made is not None and field == "schedule":
+            continue  # read (and checked) before
         if not isinstance(text, str):
             raise TypeError(f"schedule {name!r}: {field} is not JSON text: {limits.shown(text)}")
         limits.check_json_text(name, field, text)
@@ -87,9 +94,13 @@ def _decode(name: str, task: str, schedule: str, kwargs: str, options: str) -> D
                 f"schedule {name!r}: {field} must be a JSON object, got {limits.shown(value)}"
             )
         values[field] = value
-    made = schedule_from_json(values["schedule"])
+    if made is None:
+        made = schedule_from_json(values["schedule"])
+        limits.check_rate(name, made, 0.0)  # the minimum interval is the replica's own
+        if len(_schedules) >= _KEPT:
+            _schedules.clear()
+        _schedules[schedule] = made
     stored_options = options_from_json(values["options"])
     limits.check_options(name, stored_options)
     check_stored(name, made, stored_options)  # as the replica's add_job will
-    limits.check_rate(name, made, 0.0)  # the minimum interval is the replica's own
     return Decoded(made, values["kwargs"], stored_options)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import difflib
 from collections.abc import Callable, Mapping
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any, Protocol, TypeVar
 
 from .._cancel import cancel_and_wait, task_name
@@ -25,6 +25,7 @@ from .._clock import Clock
 from .._errors import CronlockError, LockError
 from .._events import EventBus, ScheduleRejected
 from .._logs import get_logger
+from .._pacing import Pacer
 from .._schedules.schedule import Schedule
 from .limits import DEFAULT_MIN_INTERVAL, check_rate, shown
 from .schedule import ScheduleStore, StoredSchedule
@@ -33,12 +34,14 @@ __all__ = ("StoredSync",)
 
 _logger = get_logger("cronlock")
 _F = TypeVar("_F", bound=Callable[..., object])
+_RATED = 4096  # schedules remembered as checked
 
 
 class Registry(Protocol):
     """The scheduler's verbs the sync uses."""
 
-    _jobs: Mapping[str, Any]
+    @property
+    def _jobs(self) -> Mapping[str, Any]: ...
 
     def add_job(self, func: Callable[..., object], schedule: Schedule, **options: Any) -> Any: ...
 
@@ -74,12 +77,21 @@ class StoredSync:
         self._noted: dict[str, tuple[int, str]] = {}  # the problem said of each, and when
         self._task: asyncio.Task[None] | None = None
         self.syncs = 0
+        self.added: list[tuple[Any, datetime | None]] | None = None
+        """When a list (the scheduler's start sets one): the jobs registered, each with
+        the first slot planned for it then (caught up once the start's read is applied)."""
+        # The schedules that passed check_rate here: tenants' schedules are a few objects
+        # (decoded once each), and a cron's shortest gap is sampled, not free.
+        self._rated: set[Schedule] = set()
 
     async def sync(self) -> None:
-        """Read the store's changes since the last sync and apply them."""
+        """Read the store's changes since the last sync and apply them, in slices (other
+        tasks run in between: a sync of 100,000 changes never holds the loop for long)."""
         revision, changes = await self._store.stored_changes(self._revision)
         self.syncs += 1
+        pacer = Pacer(items=len(changes))
         for name, _, stored in changes:
+            await pacer.pause()
             self._rejected.pop(name, None)
             if stored is None:
                 self._noted.pop(name, None)
@@ -87,9 +99,11 @@ class StoredSync:
             else:
                 await self._applied_safely(stored)
         for stored in list(self._rejected.values()):  # a task registered since, say
-            if stored.task in self._tasks:
+            await pacer.pause()
+            if stored.task in self._tasks and stored.name in self._rejected:
                 del self._rejected[stored.name]
                 await self._applied_safely(stored)
+        pacer.done()
         self._revision = max(self._revision, revision)
 
     async def _applied_safely(self, stored: StoredSchedule) -> None:
@@ -119,7 +133,7 @@ class StoredSync:
             # Only the schedule changed: the job keeps its history, pause and run in flight.
             if old.schedule != stored.schedule:
                 try:
-                    check_rate(stored.name, stored.schedule, self._min_interval)
+                    self._check_rate(stored)
                     self._registry.update(stored.name, stored.schedule)
                 except CronlockError as exc:
                     self._drop(stored.name)
@@ -139,15 +153,26 @@ class StoredSync:
             await self._reject(stored, f"a job defined in code is named {stored.name!r}")
             return
         try:
-            check_rate(stored.name, stored.schedule, self._min_interval)
+            self._check_rate(stored)
             stored.schedule.next_after(self._clock.now())  # a schedule that cannot plan
-            self._registry.add_job(
+            job = self._registry.add_job(
                 task, stored.schedule, name=stored.name, kwargs=stored.kwargs, **stored.options
             )
         except (CronlockError, TypeError, ValueError, ArithmeticError) as exc:
             await self._reject(stored, str(exc))
             return
         self.applied[stored.name] = stored
+        if self.added is not None:
+            self.added.append((job, job._next_run))
+
+    def _check_rate(self, stored: StoredSchedule) -> None:
+        """:func:`.limits.check_rate` at this replica's minimum interval, once a schedule."""
+        schedule = stored.schedule
+        if schedule not in self._rated:
+            check_rate(stored.name, schedule, self._min_interval)
+            if len(self._rated) >= _RATED:
+                self._rated.clear()
+            self._rated.add(schedule)
 
     async def _reject(self, stored: StoredSchedule, reason: str) -> None:
         if self._noted.get(stored.name) == (stored.revision, reason):

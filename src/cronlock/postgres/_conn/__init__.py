@@ -63,10 +63,12 @@ class Channel(Protocol):
         *,
         what: str,
         keep_on_server_error: bool = False,
+        urgent: bool = False,
     ) -> _T:
         """Run one statement on *conn* of *generation*, bounded by the statement timeout:
         the error boundary, where a failure becomes a :class:`cronlock.LockError` naming
-        *what*."""
+        *what*. An *urgent* statement (a claim) goes before the others waiting for the
+        channel."""
         ...
 
     def drop(self, conn: Any, *, reason: str, kill: bool = True) -> None:

@@ -166,8 +166,10 @@ class BorrowedConnections:
         *,
         what: str,
         keep_on_server_error: bool = False,
+        urgent: bool = False,
     ) -> _T:
-        """Run one statement on a connection borrowed for it alone, bounded.
+        """Run one statement on a connection borrowed for it alone, bounded (*urgent*
+        changes nothing here: statements wait for a connection, not for each other).
 
         Raises :class:`cronlock.LockError` as a dedicated connection's :meth:`run` does
         (:func:`.errors.session_gone` once closed).

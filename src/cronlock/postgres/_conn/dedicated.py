@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable
+from collections import deque
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 from ..._cancel import task_name, uncancellable
@@ -29,6 +30,65 @@ __all__ = ("DedicatedConnection",)
 
 _logger = get_logger("cronlock.postgres")
 _T = TypeVar("_T")
+
+
+class Turns:
+    """The statements of one session, one at a time, in the order they asked, except that
+    an *urgent* one (a claim: a job waits to start) goes before every other still waiting.
+    A claim then waits at most for the statement in flight, not for a queue of catch-up
+    reads and note writes (a thousand jobs each) that a start or a big sync lines up."""
+
+    __slots__ = ("_busy", "_others", "_urgent")
+
+    def __init__(self) -> None:
+        self._busy = False
+        self._urgent: deque[asyncio.Future[None]] = deque()
+        self._others: deque[asyncio.Future[None]] = deque()
+
+    def locked(self) -> bool:
+        """Whether a statement has the session."""
+        return self._busy
+
+    @contextlib.asynccontextmanager
+    async def turn(self, *, urgent: bool = False) -> AsyncIterator[None]:
+        """The session, once the statements before this one are done."""
+        await self._acquire(urgent)
+        try:
+            yield
+        finally:
+            self._release()
+
+    async def __aenter__(self) -> None:
+        await self._acquire(False)
+
+    async def __aexit__(self, *exc: object) -> None:
+        self._release()
+
+    async def _acquire(self, urgent: bool) -> None:
+        if not self._busy and not self._urgent and not self._others:
+            self._busy = True
+            return
+        waiting: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        (self._urgent if urgent else self._others).append(waiting)
+        try:
+            await waiting
+        except BaseException:
+            if waiting.done() and not waiting.cancelled():
+                self._release()  # handed the session as the cancel came: pass it on
+            else:
+                with contextlib.suppress(ValueError):
+                    (self._urgent if urgent else self._others).remove(waiting)
+            raise
+
+    def _release(self) -> None:
+        """Hand the session to the next waiting (urgent ones first), or free it."""
+        for queue in (self._urgent, self._others):
+            while queue:
+                waiting = queue.popleft()
+                if not waiting.done():
+                    waiting.set_result(None)
+                    return
+        self._busy = False
 
 
 class DedicatedConnection:
@@ -69,8 +129,9 @@ class DedicatedConnection:
         self.generation = 0
         self.closed = False
         self.connect_lock = asyncio.Lock()
-        # One statement at a time on the shared session (asyncpg allows no more).
-        self.statement_lock = asyncio.Lock()
+        # One statement at a time on the shared session (asyncpg allows no more); claims
+        # before the others waiting.
+        self.statement_lock = Turns()
         self.opened = 0
         self.statements = 0
         self.last_ok = float("-inf")
@@ -184,8 +245,10 @@ class DedicatedConnection:
         *,
         what: str,
         keep_on_server_error: bool = False,
+        urgent: bool = False,
     ) -> _T:
-        """Run one statement on *conn*, bounded; on failure drop the session.
+        """Run one statement on *conn*, bounded; on failure drop the session (*urgent*: a
+        claim, which goes before the other statements waiting, :class:`Turns`).
 
         The one place a statement's failure becomes a :class:`cronlock.LockError`: of the
         kind :func:`.errors.kind_of` says, naming *what*, the backend's error its cause;
@@ -194,7 +257,7 @@ class DedicatedConnection:
         lock (a read, an upkeep write) and got an error answer from the server leaves the
         session sound.
         """
-        async with self.statement_lock:
+        async with self.statement_lock.turn(urgent=urgent):
             if conn is None or generation != self.generation or is_closed(conn):
                 raise session_gone(what)
             self.statements += 1

@@ -278,6 +278,7 @@ class Batcher:
             generation,
             lambda c: c.fetch(statement.sql, *statement.args),
             what="the claim statement",
+            urgent=True,
         )
         answers = [ClaimAnswer(None, generation)] * len(claims)
         for row in rows:

@@ -117,6 +117,7 @@ class Claims:
             generation,
             lambda c: c.fetchrow(takeover.sql, *takeover.args),
             what=f"job {job!r}: the claim statement",
+            urgent=True,
         )
         if self._exclusion.stray(row):
             # A lease taken for a row that could not be taken over goes back.

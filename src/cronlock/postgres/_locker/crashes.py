@@ -34,6 +34,7 @@ same guarded takeover, so each attempt is claimed once fleet-wide.
 
 from __future__ import annotations
 
+import functools
 from datetime import datetime
 from logging import INFO, WARNING
 from typing import TYPE_CHECKING, Any
@@ -48,8 +49,11 @@ if TYPE_CHECKING:
     from .._conn import Channel
     from .._modes.base import Statement
 
-__all__ = ("CHECK_EVERY", "RETRY_MARGIN", "CrashWatch")
+__all__ = ("CHECKED", "CHECK_EVERY", "RETRY_MARGIN", "CrashWatch")
 
+CHECKED = 2000
+"""Jobs per statement of the check for retries left behind (as ``reads.READ_BATCH``):
+a claim waits for one such statement at most, not for a read of 100,000 names."""
 _logger = get_logger("cronlock.postgres")
 
 CHECK_EVERY = 3.0
@@ -150,17 +154,21 @@ class CrashWatch:
     async def _take_retries(self, session: Channel, conn: Any, generation: int) -> None:
         """Take over the pending retries of this replica's jobs whose replica is gone."""
         sql, jobs = self._retries, list(self._jobs)
-        rows = await session.run(
-            conn,
-            generation,
-            lambda c: c.fetch(sql, jobs, RETRY_MARGIN, self._holder, upkeep.MEMBER_TTL),
-            what="checking for retries left by replicas gone",
-            keep_on_server_error=True,
-        )
-        for row in rows:
-            record = decode_run(row, table=self._runs, job=row["job"])
-            if record is not None:
-                self._report_retry(row["job"], record)
+        for start in range(0, len(jobs), CHECKED):  # a claim may go in between
+            chunk = jobs[start : start + CHECKED]
+            rows = await session.run(
+                conn,
+                generation,
+                functools.partial(
+                    _fetch_retries, sql, chunk, RETRY_MARGIN, self._holder, upkeep.MEMBER_TTL
+                ),
+                what="checking for retries left by replicas gone",
+                keep_on_server_error=True,
+            )
+            for row in rows:
+                record = decode_run(row, table=self._runs, job=row["job"])
+                if record is not None:
+                    self._report_retry(row["job"], record)
 
     def _report_retry(self, job: str, record: RunRecord) -> None:
         """*record*, attempt k of its slot, failed and its replica is gone before making
@@ -220,3 +228,10 @@ class CrashWatch:
             "; this replica runs it again" if rerun else "",
             extra=at(job, record.slot),
         )
+
+
+async def _fetch_retries(sql: str, *args: Any) -> list[Any]:
+    """``conn.fetch(sql, *args)``, the connection given last (as a session runs a call)."""
+    *values, conn = args
+    rows: list[Any] = await conn.fetch(sql, *values)
+    return rows

@@ -12,6 +12,7 @@ The operators' side writes what is read here (:mod:`.._ops.control`).
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections import ChainMap
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import datetime
@@ -31,6 +32,7 @@ from .._sql.schema import first_seen_sql
 from .._sql.stored import rejected_sql
 from .._sql.tables import LedgerTable
 from .conflicts import ConflictWatch
+from .reads import READ_BATCH
 
 __all__ = ("POLL_EVERY", "RUNS_EVERY", "TRIGGER_EXPIRES", "FleetWatch")
 
@@ -127,6 +129,16 @@ class FleetWatch(Service):
                         _logger.exception("fleet callback %r failed", callback)
             await asyncio.sleep(POLL_EVERY * self._spread())
 
+    async def _many(self, sql: str, names: list[str]) -> list[Any]:
+        """The rows of *sql* (``$1``: job names) for *names*, :data:`.reads.READ_BATCH`
+        names a statement: a claim goes in between (100,000 names at once held the session
+        for a few hundred milliseconds)."""
+        rows: list[Any] = []
+        for start in range(0, len(names), READ_BATCH):
+            chunk = names[start : start + READ_BATCH]
+            rows += await self._read(functools.partial(_fetch_names, sql, chunk))
+        return rows
+
     async def _read(self, call: Callable[[Any], Awaitable[Any]]) -> Any:
         """Run *call* on an open lock session; with none open, on the shard of a watched job
         (which that job's runs open anyway): the watch alone opens no extra session."""
@@ -160,7 +172,7 @@ class FleetWatch(Service):
         # standing by or not, and this read is one statement every RUNS_EVERY seconds.
         if now - self._runs_at >= RUNS_EVERY:
             names = self.names()
-            found = await self._read(lambda c: c.fetch(self._runs_sql, names))
+            found = await self._many(self._runs_sql, names)
             self._runs_at = now
             told: dict[tuple[str, str], RunRecord | None] = {
                 (row["kind"], row["job"]): decode_run(row, table=self._runs, job=row["job"])
@@ -170,7 +182,7 @@ class FleetWatch(Service):
             seen = self._first_seen
             unknown = [name for name in names if name not in seen]
             if unknown:
-                noted = await self._read(lambda c: c.fetch(self._first_seen_sql, unknown))
+                noted = await self._many(self._first_seen_sql, unknown)
                 seen.update((row["job"], row["first_seen"]) for row in noted)
             first_seen = {name: seen[name] for name in names if name in seen}
             conflicts = await self.conflicts.read(self._read, now)
@@ -184,3 +196,8 @@ class FleetWatch(Service):
             conflicts=conflicts,
             rejected=rejected,
         )
+
+
+async def _fetch_names(sql: str, names: list[str], conn: Any) -> list[Any]:
+    rows: list[Any] = await conn.fetch(sql, names)
+    return rows

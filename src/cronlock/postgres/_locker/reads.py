@@ -15,6 +15,7 @@ from ..._cancel import task_name, uncancellable
 from ..._errors import LockError
 from ..._keys import job_lock_key
 from ..._locking.protocols import LedgerSummary
+from ..._pacing import Pacer
 from .._sql.crashes import retry_due_sql
 from .._sql.runs import (
     Prefixed,
@@ -38,9 +39,13 @@ if TYPE_CHECKING:
 
 __all__ = ("READ_BATCH", "LedgerReads", "ReadsLedger")
 
-READ_BATCH = 5000
-"""Jobs per statement of a many-job read."""
+READ_BATCH = 2000
+"""Jobs per statement of a many-job read (catch-up's, the fleet watch's, the check for
+retries left behind): a statement of a few tens of milliseconds, which a claim (that goes
+first, ``_conn/dedicated.Turns``) waits for at most; a read of 100,000 names at once held
+the session for a few hundred."""
 _T = TypeVar("_T")
+_DECODED = 50  # stored rows decoded between two looks at the pacer
 _STORED_KEY = "cronlock:stored-schedules"  # the shard the stored schedules are read on
 
 
@@ -128,7 +133,17 @@ class LedgerReads:
         table = self._table
         sql = schedule_changes_sql(table)
         rows = await self._read(_STORED_KEY, lambda s: s.fetch(sql, since))
-        return decode_changes(rows, since, table=table.schedules)
+        # Decoded a few rows at a time, other tasks running in between: 100,000 rows
+        # take seconds to decode and check.
+        top, changes, pacer = since, [], Pacer(items=len(rows))
+        for start in range(0, len(rows), _DECODED):
+            await pacer.pause()
+            read, decoded = decode_changes(
+                rows[start : start + _DECODED], since, table=table.schedules
+            )
+            top = max(top, read)
+            changes += decoded
+        return top, changes
 
     async def report_problem(self, name: str, revision: int, problem: str) -> None:
         """Note *problem* in revision *revision* of stored schedule *name*, as this locker's

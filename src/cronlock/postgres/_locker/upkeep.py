@@ -10,6 +10,7 @@ session like any other statement would); writes, the check for crashed runs
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
 import random
@@ -41,6 +42,7 @@ __all__ = (
     "NOTE_LATEST",
     "PRUNE_BATCH",
     "PRUNE_EVERY",
+    "WRITTEN",
     "LedgerUpkeep",
     "Upkeep",
     "tags_json",
@@ -49,6 +51,9 @@ __all__ = (
 _logger = get_logger("cronlock.postgres")
 _T = TypeVar("_T")
 
+WRITTEN = 1000
+"""Jobs whose schedule notes (or definitions) one statement writes: a few milliseconds of
+the event loop's time to build and encode."""
 NOTE_EVERY = 5.0
 """Seconds between writes of changed job schedules (``note_schedule``) per locker."""
 NOTE_LATEST = 30.0
@@ -414,59 +419,72 @@ class LedgerUpkeep(Upkeep):
         self._report_lost(late)
 
     async def _write_notes(self, session: Channel, conn: Any, generation: int) -> None:
-        """Write changed job schedules (kept for the next try if that fails)."""
-        table = self._table
+        """Write changed job schedules, :data:`WRITTEN` a statement (those not written are
+        kept for the next try if one fails): the lists of 100,000 jobs, built and encoded
+        at once, would hold the event loop for long."""
         if not self._dirty:
             return
         dirty, self._dirty, self._dirty_at = self._dirty, set(), None
         names = sorted(dirty)
-        notes = [self._notes[name] for name in names]
         known = self.health()  # read once: each job's health is computed when looked up
-        health = [known.get(name) for name in names]
-        graces = [None if h is None else h[0] for h in health]
-        dues = [None if h is None else h[1] for h in health]
-        try:
-            await session.run(
-                conn,
-                generation,
-                lambda c: c.execute(
-                    note_sql(table),
-                    names,
-                    [schedule for schedule, _, _ in notes],
-                    [next_run for _, next_run, _ in notes],
-                    self._application_name,
-                    graces,
-                    dues,
-                    2 * self.note_delay(),
-                    [tags_json(tags) for _, _, tags in notes],
-                ),
-                what="writing schedules",
-                keep_on_server_error=True,
-            )
-        except BaseException:
-            self._dirty |= dirty
-            raise
+        delay = 2 * self.note_delay()
+        for start in range(0, len(names), WRITTEN):
+            chunk = names[start : start + WRITTEN]
+            health = [known.get(name) for name in chunk]
+            try:
+                await session.run(
+                    conn,
+                    generation,
+                    self._notes_statement(chunk, delay, health),
+                    what="writing schedules",
+                    keep_on_server_error=True,
+                )
+            except BaseException:
+                self._dirty.update(names[start:])
+                raise
         self._noted_at = asyncio.get_running_loop().time()
 
+    def _notes_statement(
+        self, names: list[str], delay: float, health: list[Any]
+    ) -> Callable[[Any], Coroutine[Any, Any, Any]]:
+        """The statement writing the notes of *names* (:func:`.._sql.upkeep.note_sql`)."""
+        notes = [self._notes[name] for name in names]
+        return functools.partial(
+            _execute,
+            note_sql(self._table),
+            names,
+            [schedule for schedule, _, _ in notes],
+            [next_run for _, next_run, _ in notes],
+            self._application_name,
+            [None if h is None else h[0] for h in health],
+            [None if h is None else h[1] for h in health],
+            delay,
+            [tags_json(tags) for _, _, tags in notes],
+        )
+
     async def _write_definitions(self, session: Channel, conn: Any, generation: int) -> None:
-        """Write the definitions changed since the last write, in one statement (kept for
-        the next try if that fails)."""
+        """Write the definitions changed since the last write, :data:`WRITTEN` a statement
+        (those not written are kept for the next try if one fails)."""
         if not self._undefined:
             return
         undefined, self._undefined = self._undefined, set()
         names = sorted(undefined)
-        definitions = [self._definitions[name] for name in names]
-        try:
-            await session.run(
-                conn,
-                generation,
-                lambda c: c.execute(define_sql(self._table), self._holder, names, definitions),
-                what="writing job definitions",
-                keep_on_server_error=True,
-            )
-        except BaseException:
-            self._undefined |= undefined
-            raise
+        for start in range(0, len(names), WRITTEN):
+            chunk = names[start : start + WRITTEN]
+            definitions = [self._definitions[name] for name in chunk]
+            try:
+                await session.run(
+                    conn,
+                    generation,
+                    functools.partial(
+                        _execute, define_sql(self._table), self._holder, chunk, definitions
+                    ),
+                    what="writing job definitions",
+                    keep_on_server_error=True,
+                )
+            except BaseException:
+                self._undefined.update(names[start:])
+                raise
 
     async def _prune_batch(self, session: Channel, conn: Any, generation: int) -> int:
         table = self._table
@@ -482,6 +500,13 @@ class LedgerUpkeep(Upkeep):
                 "pruned %d run(s) older than %gs from %s", deleted, self._retention, table.runs
             )
         return int(deleted)
+
+
+async def _execute(sql: str, *args: Any) -> Any:
+    """``conn.execute(sql, *args)``, with the connection given last (as a session runs a
+    call)."""
+    *values, conn = args
+    return await conn.execute(sql, *values)
 
 
 def tags_json(tags: Collection[str]) -> str:

@@ -195,6 +195,7 @@ class LeaseKeeper(Service):
                 lambda c: c.fetch(sql, jobs, slots, self._holder, self._lease),
                 what="renewing the leases",
                 keep_on_server_error=True,
+                urgent=True,  # before bulk reads and writes: a lease not renewed in time ends runs
             )
         except LockError as exc:
             _logger.info("renewing %d lease(s) failed: %s; trying again", len(leases), exc)

@@ -30,6 +30,7 @@ from .._sql.fleet import SERVER_CLOCK_SQL
 from .._sql.stored import (
     count_schedules_sql,
     forget_jobs_sql,
+    lock_notes_sql,
     next_revision_sql,
     put_schedules_sql,
     remove_missing_sql,
@@ -122,6 +123,10 @@ def _prepared(
     return schedules, options, firsts
 
 
+def _name(one: _Checked) -> str:
+    return one.name
+
+
 async def write_batch(
     conn: Any,
     table: LedgerTable,
@@ -133,7 +138,12 @@ async def write_batch(
     """Store *batch* (checked) in one transaction and, with *prefix*, remove the stored
     schedules under it that *batch* does not name; one revision for all of it, none when
     nothing changed. A batch that would leave more than *max_schedules* stored is refused
-    whole (``_stored/limits.check_count``)."""
+    whole (``_stored/limits.check_count``).
+
+    Rows are written in code point order of the names, the order in which a replica
+    writes its jobs' notes (``_locker/upkeep``), so that the two never wait for each
+    other crosswise (a deadlock, which the server resolves by failing one of them)."""
+    batch = sorted(batch, key=_name)
     names = [one.name for one in batch]
     # Prepared before the changes' lock, so that a large batch holds it only while it
     # writes (other changes wait for it at most LOCK_WAIT).
@@ -164,6 +174,9 @@ async def write_batch(
             gone = await conn.fetch(remove_missing_sql(table), prefix, names, revision, who)
             removed = [row["name"] for row in gone]
             if removed:
+                # The notes of the removed and the written, locked in one pass in order
+                # first: deleting some and then writing others would take two passes.
+                await conn.execute(lock_notes_sql(table), sorted({*removed, *added}))
                 await conn.execute(forget_jobs_sql(table), removed)
         if any(added.values()):  # the ledger's limit, counted with the batch's changes
             stored = await conn.fetchval(count_schedules_sql(table))

@@ -252,6 +252,18 @@ def forget_jobs_sql(table: LedgerTable) -> str:
 
 
 @functools.cache
+def lock_notes_sql(table: LedgerTable) -> str:
+    """``$1`` jobs: lock their schedule notes (those that exist), in code point order of
+    the names (``COLLATE "C"``: Python's order of ``str``, which every multi-row write of
+    the notes follows): a transaction that then deletes some and writes others holds them
+    in that one order, as a replica's note writes take them, and never deadlocks with
+    one."""
+    return f"""
+            SELECT 1 FROM {table.jobs} WHERE job = ANY($1::text[])
+            ORDER BY job COLLATE "C" FOR UPDATE"""
+
+
+@functools.cache
 def put_schedules_sql(table: LedgerTable) -> str:
     """Arrays ``$1`` names, ``$2`` tasks, ``$3`` schedules, ``$4`` kwargs, ``$5`` options
     (JSON texts), ``$6`` the revision, ``$7`` who: store each schedule that is not stored

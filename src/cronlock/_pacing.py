@@ -1,0 +1,73 @@
+"""Long work on the event loop, done in slices: :class:`Pacer`.
+
+A replica with 100,000 stored schedules decodes, registers and plans each of them, and a
+sync that changes them all does that again. Done in one go, that holds the event loop for
+seconds: no job fires, no lease is renewed, no lock session answers its heartbeat. Such
+work asks a pacer between two items; once it has held the loop for a slice (about 10 ms)
+the pacer lets every other ready task run before it goes on.
+
+Bulk work (:data:`FREEZE_FROM` items or more) also keeps the garbage collector's full
+passes short. Each full pass walks every object the process holds: over 100,000 jobs and
+the rows they were read from, 65 to 300 ms, several times during a load (a full pass comes
+each time the objects surviving grew by a quarter), each one a stall no slicing avoids. So
+at each pause and at its end such work freezes what the process holds (:func:`gc.freeze`:
+moved out of the collector's sight, in constant time): the full passes then walk only what
+was made since. The trade-off: a frozen object is still freed when its last reference
+goes, as every object is, but one that becomes part of an unreachable cycle is never
+collected (kept until the process ends or something calls :func:`gc.unfreeze`). Jobs,
+their schedules and the rows they come from form no such cycles when they go; what else
+the process drops in cycles during a bulk load or sync stays. Steady-state syncs (fewer
+changes) never freeze.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+
+__all__ = ("FREEZE_FROM", "SLICE", "Pacer")
+
+SLICE = 0.01
+"""Seconds a piece of long work holds the event loop before it lets others run."""
+FREEZE_FROM: int | None = 5000
+"""Items from which a piece of work is bulk work, which freezes the objects of the process
+at each pause and at its end (:func:`gc.freeze`); ``None``: no work does."""
+
+
+class Pacer:
+    """Lets other tasks run whenever the work asking it has held the loop for *slice*
+    seconds (default :data:`SLICE`, on the loop's monotonic clock). One per piece of work,
+    made in its task. Work of *items* (:data:`FREEZE_FROM` or more) is bulk work, which
+    freezes the process's objects at each pause and at :meth:`done`."""
+
+    __slots__ = ("_freeze", "_now", "_slice", "_until", "yields")
+
+    def __init__(self, slice: float | None = None, *, items: int = 0) -> None:
+        self._now = asyncio.get_running_loop().time
+        self._slice = SLICE if slice is None else slice
+        self._until = self._now() + self._slice
+        self._freeze = FREEZE_FROM is not None and items >= FREEZE_FROM
+        self.yields = 0
+        """How many times the work let others run."""
+
+    def done(self) -> None:
+        """The work is over: bulk work freezes what it leaves (the jobs it registered)."""
+        if self._freeze:
+            gc.freeze()
+
+    def due(self) -> bool:
+        """Whether the work has held the loop for its slice."""
+        return self._now() >= self._until
+
+    async def pause(self) -> None:
+        """Let the other ready tasks run if the work has held the loop for its slice."""
+        if self._now() >= self._until:
+            await self.yield_now()
+
+    async def yield_now(self) -> None:
+        """Let the other ready tasks run now; the next slice starts after them."""
+        if self._freeze:
+            gc.freeze()
+        await asyncio.sleep(0)
+        self.yields += 1
+        self._until = self._now() + self._slice
