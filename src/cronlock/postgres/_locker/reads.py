@@ -27,7 +27,13 @@ from .._sql.runs import (
     last_runs_sql,
     report_odd,
 )
-from .._sql.stored import decode_changes, schedule_changes_sql, schedule_problem_sql
+from .._sql.stored import (
+    decode_changes,
+    schedule_changes_sql,
+    schedule_page_sql,
+    schedule_problem_sql,
+    schedule_top_sql,
+)
 from .._sql.tables import LedgerTable
 
 if TYPE_CHECKING:
@@ -46,6 +52,8 @@ first, ``_conn/dedicated.Turns``) waits for at most; a read of 100,000 names at 
 the session for a few hundred."""
 _T = TypeVar("_T")
 _DECODED = 50  # stored rows decoded between two looks at the pacer
+_PAGE = 2000  # stored rows a statement of a sync reads
+_FREEZE_ITEMS = 1 << 30  # a paged read is bulk work (see cronlock._pacing.FREEZE_FROM)
 _STORED_KEY = "cronlock:stored-schedules"  # the shard the stored schedules are read on
 
 
@@ -128,22 +136,30 @@ class LedgerReads:
         return found
 
     async def stored_changes(self, since: int) -> tuple[int, list[Change]]:
-        """The stored schedules' latest revision and changes after *since* (one statement,
-        on the shard of a fixed key)."""
+        """The stored schedules' latest revision and changes after *since*: one statement
+        (on the shard of a fixed key) when there are fewer than :data:`_PAGE`; else pages
+        of that many, each its own statement (a claim goes in between: 100,000 rows at
+        once held the session for a few hundred milliseconds), up to the revision the
+        first page saw."""
         table = self._table
-        sql = schedule_changes_sql(table)
-        rows = await self._read(_STORED_KEY, lambda s: s.fetch(sql, since))
-        # Decoded a few rows at a time, other tasks running in between: 100,000 rows
-        # take seconds to decode and check.
-        top, changes, pacer = since, [], Pacer(items=len(rows))
-        for start in range(0, len(rows), _DECODED):
-            await pacer.pause()
-            read, decoded = decode_changes(
-                rows[start : start + _DECODED], since, table=table.schedules
+        rows: list[Any] = await self._read(
+            _STORED_KEY, lambda s: s.fetch(schedule_changes_sql(table), since, _PAGE)
+        )
+        pacer = Pacer(items=len(rows))
+        if len(rows) < _PAGE:
+            return await _decoded(rows, since, table, pacer)
+        top = await self._read(_STORED_KEY, lambda s: s.fetchval(schedule_top_sql(table)))
+        top, after, changes = int(top), "", []
+        pacer = Pacer(items=_FREEZE_ITEMS)  # bulk work: freezes what it decoded
+        while True:
+            page: list[Any] = await self._read(
+                _STORED_KEY,
+                functools.partial(_fetch_page, schedule_page_sql(table), since, top, after),
             )
-            top = max(top, read)
-            changes += decoded
-        return top, changes
+            changes += (await _decoded(page, since, table, pacer))[1]
+            if len(page) < _PAGE:
+                return top, changes
+            after = page[-1]["name"]
 
     async def report_problem(self, name: str, revision: int, problem: str) -> None:
         """Note *problem* in revision *revision* of stored schedule *name*, as this locker's
@@ -167,6 +183,25 @@ class LedgerReads:
             ),
             name=task_name("pg-read", job),
         )
+
+
+async def _decoded(
+    rows: list[Any], since: int, table: LedgerTable, pacer: Pacer
+) -> tuple[int, list[Change]]:
+    """:func:`.._sql.stored.decode_changes` of *rows*, a few at a time, other tasks running
+    in between: 100,000 rows take seconds to decode and check."""
+    top, changes = since, []
+    for start in range(0, len(rows), _DECODED):
+        await pacer.pause()
+        read, decoded = decode_changes(rows[start : start + _DECODED], since, table=table.schedules)
+        top = max(top, read)
+        changes += decoded
+    return top, changes
+
+
+async def _fetch_page(sql: str, since: int, top: int, after: str, conn: Any) -> list[Any]:
+    rows: list[Any] = await conn.fetch(sql, since, top, after, _PAGE)
+    return rows
 
 
 async def _fetch(sql: str, names: list[str], conn: Any) -> list[Any]:

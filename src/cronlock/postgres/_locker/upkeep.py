@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from ..._cancel import task_name, uncancellable
 from ..._errors import LockError
 from ..._logs import get_logger
+from ..._pacing import Pacer
 from ..._service import Service
 from .._conn import Channel
 from .._conn.errors import gone
@@ -54,6 +55,7 @@ _T = TypeVar("_T")
 WRITTEN = 1000
 """Jobs whose schedule notes (or definitions) one statement writes: a few milliseconds of
 the event loop's time to build and encode."""
+_HEALTH_SLICE = 100  # jobs whose health is computed between two looks at the pacer
 NOTE_EVERY = 5.0
 """Seconds between writes of changed job schedules (``note_schedule``) per locker."""
 NOTE_LATEST = 30.0
@@ -420,17 +422,25 @@ class LedgerUpkeep(Upkeep):
 
     async def _write_notes(self, session: Channel, conn: Any, generation: int) -> None:
         """Write changed job schedules, :data:`WRITTEN` a statement (those not written are
-        kept for the next try if one fails): the lists of 100,000 jobs, built and encoded
-        at once, would hold the event loop for long."""
+        kept for the next try if one fails), each statement's jobs in name order (two
+        replicas writing the same notes lock their rows in one order: no deadlock; each
+        statement is its own transaction). The 100,000 notes of a bulk change are built a
+        slice at a time (:class:`cronlock._pacing.Pacer`): each job's health is computed
+        when its note is written, and one sort of all the names held the loop for tens of
+        milliseconds."""
         if not self._dirty:
             return
         dirty, self._dirty, self._dirty_at = self._dirty, set(), None
-        names = sorted(dirty)
-        known = self.health()  # read once: each job's health is computed when looked up
+        names = list(dirty)
+        known = self.health()  # a view: each job's health is computed when looked up
         delay = 2 * self.note_delay()
+        pacer = Pacer()
         for start in range(0, len(names), WRITTEN):
-            chunk = names[start : start + WRITTEN]
-            health = [known.get(name) for name in chunk]
+            chunk = sorted(names[start : start + WRITTEN])
+            health: list[Any] = []
+            for at in range(0, len(chunk), _HEALTH_SLICE):
+                await pacer.pause()
+                health += [known.get(name) for name in chunk[at : at + _HEALTH_SLICE]]
             try:
                 await session.run(
                     conn,
@@ -468,9 +478,9 @@ class LedgerUpkeep(Upkeep):
         if not self._undefined:
             return
         undefined, self._undefined = self._undefined, set()
-        names = sorted(undefined)
+        names = list(undefined)
         for start in range(0, len(names), WRITTEN):
-            chunk = names[start : start + WRITTEN]
+            chunk = sorted(names[start : start + WRITTEN])  # in name order, as notes are
             definitions = [self._definitions[name] for name in chunk]
             try:
                 await session.run(

@@ -48,7 +48,9 @@ __all__ = (
     "remove_schedule_sql",
     "schedule_changes_sql",
     "schedule_for_update_sql",
+    "schedule_page_sql",
     "schedule_problem_sql",
+    "schedule_top_sql",
     "schedules_count_sql",
     "schedules_lock_sql",
     "schedules_page_sql",
@@ -208,13 +210,39 @@ def rejected_sql(table: LedgerTable) -> str:
 
 @functools.cache
 def schedule_changes_sql(table: LedgerTable) -> str:
-    """``$1`` since: the changes after that revision, oldest first (the first read, from 0,
-    leaves the tombstones out), each with its fleet-wide pause."""
+    """``$1`` since, ``$2`` at most: the first changes after that revision, oldest first
+    (the first read, from 0, leaves the tombstones out), each with its fleet-wide pause. A
+    sync reads that many first (on the revision index): fewer came back, it read them all;
+    else it reads the lot in pages (:func:`schedule_page_sql`)."""
     return f"""
             SELECT {_COLUMNS}, c.paused_at IS NOT NULL AS paused, false AS rejected
             FROM {table.schedules} s LEFT JOIN {table.control} c ON c.job = s.name
             WHERE s.revision > $1::bigint AND (NOT s.removed OR $1::bigint > 0)
-            ORDER BY s.revision"""
+            ORDER BY s.revision
+            LIMIT $2::int"""
+
+
+@functools.cache
+def schedule_top_sql(table: LedgerTable) -> str:
+    """The latest revision of the stored schedules (``NULL``: none yet)."""
+    return f"SELECT max(revision) FROM {table.schedules}"
+
+
+@functools.cache
+def schedule_page_sql(table: LedgerTable) -> str:
+    """``$1`` since, ``$2`` up to, ``$3`` after, ``$4`` at most: one page of the changes
+    after revision *since* and up to revision *up to*, in name order from after the name
+    *after* (on the primary key: every page costs the same; one statement for 100,000
+    changes held the session, and the claims waiting behind it, for a few hundred
+    milliseconds). A schedule changed again while the pages are read is past *up to*:
+    the next sync reads it."""
+    return f"""
+            SELECT {_COLUMNS}, c.paused_at IS NOT NULL AS paused, false AS rejected
+            FROM {table.schedules} s LEFT JOIN {table.control} c ON c.job = s.name
+            WHERE s.name > $3::text AND s.revision > $1::bigint AND s.revision <= $2::bigint
+              AND (NOT s.removed OR $1::bigint > 0)
+            ORDER BY s.name
+            LIMIT $4::int"""
 
 
 @functools.cache
