@@ -6,8 +6,8 @@ seconds: no job fires, no lease is renewed, no lock session answers its heartbea
 work asks a pacer between two items; once it has held the loop for a slice (about 10 ms)
 the pacer lets every other ready task run before it goes on. The slice is shared: all the
 paced work of one turn of the event loop holds it for about one slice together (several
-pieces of long work at once, each with a slice of its own, added up to 40-100 ms a turn),
-and each piece makes one step at least every turn, so none is starved.
+pieces of long work at once, each with a slice of its own, added up to 40-100 ms a turn):
+each piece goes on for an equal share of it, and for one step at least.
 
 Bulk work (:data:`FREEZE_FROM` items or more) also keeps the garbage collector's full
 passes short. Each full pass walks every object the process holds: over 100,000 jobs and
@@ -38,35 +38,44 @@ at each pause and at its end (:func:`gc.freeze`); ``None``: no work does."""
 
 
 class _Turn:
-    """The slice of paced work the current turn of an event loop still has: opened by the
-    first piece of work that goes on in a turn, closed by a callback that runs at the start
-    of the next turn (one scheduled with ``call_soon`` runs after what is ready now)."""
+    """The paced work of one turn of an event loop: each piece that goes on in a turn
+    gets an equal share of the slice, by how many pieces went on in the turn before. A
+    turn opens with the first piece that goes on in it and closes with a callback that
+    runs at the start of the next (one scheduled with ``call_soon`` runs after what is
+    ready now)."""
 
-    __slots__ = ("loop", "open", "until")
+    __slots__ = ("_close", "before", "loop", "open", "pieces")
 
     def __init__(self) -> None:
         self.loop: asyncio.AbstractEventLoop | None = None
         self.open = False
-        self.until = 0.0
+        self.pieces = 0  # pieces of work that went on in this turn so far
+        self.before = 1  # ... in the turn before
 
-    def deadline(self, loop: asyncio.AbstractEventLoop, now: float, slice: float) -> float:
-        """When the paced work of this turn must let others run."""
+        def close() -> None:
+            self.open, self.before = False, max(1, self.pieces)
+
+        self._close = close
+
+    def until(self, loop: asyncio.AbstractEventLoop, now: float, slice: float) -> float:
+        """Until when the piece of work going on now may hold the loop in this turn."""
         if not self.open or self.loop is not loop:
-            self.loop, self.open, self.until = loop, True, now + slice
+            if self.loop is not loop:
+                self.loop, self.before = loop, 1
+            self.open, self.pieces = True, 0
             loop.call_soon(self._close)
-        return self.until
-
-    def _close(self) -> None:
-        self.open = False
+        self.pieces += 1
+        return now + slice / self.before
 
 
 _turn = _Turn()
 
 
 class Pacer:
-    """Lets other tasks run whenever the paced work of this turn of the event loop (this
-    one's and any other's) has held it for *slice* seconds (default :data:`SLICE`, on the
-    loop's monotonic clock); after each pause it makes one step at least. One per piece of
+    """Lets other tasks run once this work has held the event loop for its share of
+    *slice* seconds (default :data:`SLICE`, on the loop's monotonic clock) in this turn of
+    the loop: the slice divided by the pieces of paced work that went on in the turn
+    before (:class:`_Turn`); after each pause it makes one step at least. One per piece of
     work, made in its task. Work of *items* (:data:`FREEZE_FROM` or more) is bulk work,
     which freezes the process's objects at each pause and at :meth:`done`."""
 
@@ -76,7 +85,7 @@ class Pacer:
         self._loop = loop = asyncio.get_running_loop()
         self._now = loop.time
         self._slice = SLICE if slice is None else slice
-        self._until = _turn.deadline(loop, self._now(), self._slice)
+        self._until = _turn.until(loop, self._now(), self._slice)
         self._fresh = True
         self._freeze = FREEZE_FROM is not None and items >= FREEZE_FROM
         self.yields = 0
@@ -93,7 +102,7 @@ class Pacer:
         return not self._fresh and self._now() >= self._until
 
     async def pause(self) -> None:
-        """Let the other ready tasks run if this turn's paced work held the loop for its
+        """Let the other ready tasks run if the work held the loop for its share of the
         slice (never before the first step after the last pause)."""
         if self._fresh:
             self._fresh = False
@@ -102,10 +111,11 @@ class Pacer:
             self._fresh = False
 
     async def yield_now(self) -> None:
-        """Let the other ready tasks run now; the next step goes on in this turn's slice."""
+        """Let the other ready tasks run now; the work goes on in the next turn, for its
+        share of the slice then."""
         if self._freeze:
             gc.freeze()
         await asyncio.sleep(0)
         self.yields += 1
-        self._until = _turn.deadline(self._loop, self._now(), self._slice)
+        self._until = _turn.until(self._loop, self._now(), self._slice)
         self._fresh = True

@@ -232,14 +232,23 @@ def schedule_top_sql(table: LedgerTable) -> str:
 def schedule_page_sql(table: LedgerTable) -> str:
     """``$1`` since, ``$2`` up to, ``$3`` after, ``$4`` at most: one page of the changes
     after revision *since* and up to revision *up to*, in name order from after the name
-    *after* (on the primary key: every page costs the same; one statement for 100,000
-    changes held the session, and the claims waiting behind it, for a few hundred
-    milliseconds). A schedule changed again while the pages are read is past *up to*:
-    the next sync reads it."""
+    *after*: one statement for 100,000 changes held the session, and the claims waiting
+    behind it, for a few hundred milliseconds. A schedule changed again while the pages
+    are read is past *up to*: the next sync reads it.
+
+    Every page costs the same (about 2 ms for 2,000 rows) on the primary key, in every
+    plan: the revision bounds are written so that no plan reads the revision index (the
+    generic plan of a prepared statement did, then sorted every row of the revision by
+    name, 70 ms a page), and the pause is a subquery (a join's plan, made while the
+    control table was empty, scanned it once a row)."""
     return f"""
-            SELECT {_COLUMNS}, c.paused_at IS NOT NULL AS paused, false AS rejected
-            FROM {table.schedules} s LEFT JOIN {table.control} c ON c.job = s.name
-            WHERE s.name > $3::text AND s.revision > $1::bigint AND s.revision <= $2::bigint
+            SELECT {_COLUMNS},
+                   EXISTS (SELECT FROM {table.control} c
+                           WHERE c.job = s.name AND c.paused_at IS NOT NULL) AS paused,
+                   false AS rejected
+            FROM {table.schedules} s
+            WHERE s.name > $3::text
+              AND s.revision + 0 > $1::bigint AND s.revision + 0 <= $2::bigint
               AND (NOT s.removed OR $1::bigint > 0)
             ORDER BY s.name
             LIMIT $4::int"""
