@@ -13,6 +13,8 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
+import subprocess
+import sys
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime, timedelta
@@ -155,9 +157,13 @@ async def test_a_broker_that_is_down_fails_the_run_and_its_retry_sends_the_slot(
     pg_dsn: str, redis: Any
 ) -> None:
     """Redis unreachable for the first attempt (a proxy that refuses connections): the run
-    fails and the ledger records the failed attempt; the retry sends with the same key."""
+    fails and the ledger records the failed attempt; the retry sends with the same key. The
+    metrics count the failure and the retry, and ``status`` reads the job as any other."""
     from arq import create_pool
     from arq.connections import RedisSettings
+    from prometheus_client import CollectorRegistry
+
+    from cronlock.prometheus import instrument
 
     url = redis_url()
     settings = RedisSettings.from_dsn(url)
@@ -182,6 +188,8 @@ async def test_a_broker_that_is_down_fails_the_run_and_its_retry_sends_the_slot(
             ended.append(event)
 
     scheduler.subscribe(tell)
+    registry = CollectorRegistry()
+    metrics = instrument(scheduler, registry)
     scheduler.add_job(
         arq_sender(through, "handoff", _queue_name=queue, slot_kwarg="slot"),
         once(slot),
@@ -203,7 +211,26 @@ async def test_a_broker_that_is_down_fails_the_run_and_its_retry_sends_the_slot(
         # Sent once, under the slot's key (the retry's key is the first attempt's).
         assert await redis.zcard(queue) == 1
         assert await redis.exists(f"arq:job:{key}") == 1
+
+        def runs(outcome: str) -> float | None:
+            labels = {"cronlock_job": job, "outcome": outcome}
+            return registry.get_sample_value("cronlock_runs_total", labels)
+
+        assert (runs("failed"), runs("succeeded")) == (1.0, 1.0)
+        assert registry.get_sample_value("cronlock_retries_total", {"cronlock_job": job}) == 1.0
+        status = await asyncio.to_thread(
+            subprocess.run,
+            [sys.executable, "-m", "cronlock", "status", job, "--dsn", pg_dsn],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert status.returncode == 0, status.stderr
+        [row] = [line.split() for line in status.stdout.splitlines() if line.startswith(job)]
+        assert row[1] == "ok", status.stdout
     finally:
+        metrics.close()
         await through.aclose()
         await proxy.close()
         await _clean(redis, queue, {key})
