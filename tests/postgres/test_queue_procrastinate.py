@@ -137,14 +137,17 @@ async def test_a_second_defer_of_a_waiting_slot_is_refused_and_taken_as_sent(
         raise AssertionError("never run here")
 
     send = procrastinate_sender(handoff, slot_kwarg="slot")
+    locked = procrastinate_sender(handoff, lock=True)
     slot = datetime(2030, 1, 1, tzinfo=UTC)
     later = datetime(2030, 1, 1, 0, 1, tzinfo=UTC)
     async with app.open_async():
         first = await send(RunContext("handoff", slot, slot, 1, namespace="svc"))
         again = await send(RunContext("handoff", slot, slot, 1, attempt=2, namespace="svc"))
-        other = await send(RunContext("handoff", later, later, 2, namespace="svc"))
+        other = await locked(RunContext("handoff", later, later, 2, namespace="svc"))
         jobs = await app.job_manager.list_jobs_async(queue="cronlock-test")
     assert (first.queued, again.queued, other.queued) == (True, False, True)
     assert first.key == again.key == idempotency_key("svc", "handoff", slot)
-    assert sorted(job.queueing_lock or "" for job in jobs) == sorted([first.key, other.key])
-    assert {job.task_kwargs["slot"] for job in jobs} == {slot.isoformat(), later.isoformat()}
+    assert other.key == idempotency_key("svc", "handoff", later)
+    assert sorted((job.queueing_lock, job.lock, job.task_kwargs) for job in jobs) == sorted(
+        [(first.key, None, {"slot": slot.isoformat()}), (other.key, other.key, {})]
+    )
