@@ -17,6 +17,10 @@ on the site) changes how it runs:
   throwaway schema of the test session, see ``tests/postgres/conftest.py``), ``pool`` (an
   asyncpg pool on it, closed after the block) and ``DATABASE_DSN`` in the environment (the
   same DSN). Needs ``CRONLOCK_TEST_DSN`` or another server the PostgreSQL tests can find.
+- ``<!-- snippet: redis -->``: the block gets ``redis_url`` (the Redis server of the queue
+  tests, ``tests/brokers.py``) and ``queue``, a queue name of its own; every key whose name
+  holds it (and the arq jobs waiting in it) is deleted after the block. Fails under ``CI``
+  when no Redis answers, else skips.
 - ``<!-- snippet: continue -->``: the block goes on from the one before it on the page: it
   runs after that one (and whatever that one continued), in the same namespace. Combine
   them as ``<!-- snippet: continue postgres -->``.
@@ -41,6 +45,7 @@ import pytest
 
 from cronlock.postgres import run_locked
 
+from .brokers import redis_url, unique
 from .postgres.conftest import pg_dsn, pg_server  # noqa: F401  (fixtures for postgres blocks)
 
 # The snippets of a page, and some of one page's with another's, share the session's
@@ -59,7 +64,7 @@ async def _nothing() -> None:
 SKIPPED_AT_MOST = 6
 _FENCE = re.compile(r"^(?P<indent> {0,3})(?P<fence>`{3,}|~{3,})\s*(?P<info>[^\n`]*)$")
 _MARKER = re.compile(r"^\s*<!--\s*snippet:\s*(?P<words>.*?)\s*-->\s*$")
-FLAGS = {"postgres", "continue"}
+FLAGS = {"postgres", "continue", "redis"}
 
 
 @dataclass(frozen=True)
@@ -87,6 +92,10 @@ class Snippet:
     @property
     def needs_postgres(self) -> bool:
         return any("postgres" in s.flags for s in self.chain)
+
+    @property
+    def needs_redis(self) -> bool:
+        return any("redis" in s.flags for s in self.chain)
 
 
 def markdown_files() -> list[Path]:
@@ -193,7 +202,31 @@ async def test_snippet_runs(snippet: Snippet) -> None:
         # signature must match the code's, anything else must still parse.
         check_shown_only(snippet)
         return
+    if snippet.needs_redis:
+        await run_with_redis(snippet)
+        return
     await run_chain(snippet, {})
+
+
+async def run_with_redis(snippet: Snippet) -> None:
+    """Run a ``redis`` block with ``redis_url`` and a ``queue`` of its own, then delete
+    what it left on the shared server: the keys that name its queue, the arq jobs in it."""
+    from redis.asyncio import Redis
+
+    url, queue = redis_url(), unique("docs")
+    try:
+        await run_chain(snippet, {"redis_url": url, "queue": queue})
+    finally:
+        client = Redis.from_url(url)
+        try:
+            names = [name async for name in client.scan_iter(match=f"*{queue}*")]
+            if await client.type(queue) == b"zset":  # arq's queue: its jobs' ids
+                ids = [i.decode() for i in await client.zrange(queue, 0, -1)]
+                names += [f"arq:{kind}:{i}" for i in ids for kind in ("job", "result")]
+            if names:
+                await client.delete(*names)
+        finally:
+            await client.aclose()
 
 
 @pytest.mark.postgres

@@ -73,6 +73,12 @@ _EXTRAS = {
             "PostgresLocker(dsn); PostgresElector(dsn); locked_run(dsn, 'job')",
             {"asyncpg", "croniter", *_EXTRAS},
         ),
+        # The queue senders take the queue's own objects: no queue library is imported.
+        (
+            "from cronlock.queues import arq_sender, procrastinate_sender, celery_sender, "
+            "taskiq_sender, dramatiq_sender",
+            {"arq", "procrastinate", "celery", "kombu", "taskiq", "dramatiq", "redis", *_EXTRAS},
+        ),
     ],
 )
 def test_imports_load_only_what_is_used(code: str, absent: set[str]) -> None:

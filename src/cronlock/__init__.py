@@ -80,6 +80,7 @@ if _TYPE_CHECKING:
     from ._records import Overlap as Overlap
     from ._records import RunContext as RunContext
     from ._records import RunRecord as RunRecord
+    from ._records import idempotency_key as idempotency_key
     from ._scheduler import JobOptions as JobOptions
     from ._scheduler import Scheduler as Scheduler
     from ._schedules.calendar import daily as daily
@@ -177,6 +178,7 @@ _WHERE = {
     "Overlap": "._records",
     "RunContext": "._records",
     "RunRecord": "._records",
+    "idempotency_key": "._records",
     "Schedule": "._schedules.schedule",
     "JobOptions": "._scheduler",
     "Scheduler": "._scheduler",
@@ -264,6 +266,7 @@ __all__ = (
     "cron",
     "daily",
     "every",
+    "idempotency_key",
     "job_lock_key",
     "monthly",
     "once",

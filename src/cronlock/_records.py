@@ -20,6 +20,7 @@ __all__ = (
     "RunContext",
     "RunRecord",
     "error_summary",
+    "idempotency_key",
     "run_context",
 )
 
@@ -48,6 +49,32 @@ FINAL_OUTCOMES: Final[frozenset[Outcome]] = frozenset(get_args(Outcome)) - {"unf
 DEFAULT_MISFIRE_GRACE: Final = 60.0
 """Seconds a slot may be late and still run (per job: ``misfire_grace``)."""
 
+# The UUID under which idempotency_key derives its keys (name-based, version 5): itself
+# uuid5(NAMESPACE_URL, "cronlock:idempotency-key"). Fixed for good, as is the text hashed: a
+# change would change every key, and a queue would take a resent slot for a new one.
+_IDEMPOTENCY_ROOT: Final = "2e26542d-3e24-5b24-a0c4-75c0c9961761"
+
+
+def idempotency_key(namespace: str, job: str, slot: datetime) -> str:
+    """The idempotency key of *slot* of *job* in *namespace*: what
+    :attr:`RunContext.idempotency_key` is, computed anywhere.
+
+    The name-based UUID (version 5, SHA-1) of the text ``namespace + "\\n" + job + "\\n" +
+    when`` under the root ``2e26542d-3e24-5b24-a0c4-75c0c9961761``, in its canonical
+    36-character form, which every queue's id field takes. *when* is the slot in UTC as ISO
+    8601 with a ``Z``, and a fraction only when it has microseconds
+    (``2026-12-05T03:00:00Z``, ``2026-12-05T03:00:00.250000Z``). A job's name holds no
+    line break (registration refuses control characters), nor does the slot's text, so no
+    two (namespace, job, slot) hash the same text. *slot* must be aware (``ValueError``).
+    """
+    import uuid  # here: `import cronlock` does not need it
+
+    offset = slot.utcoffset()
+    if offset is None:
+        raise ValueError(f"idempotency_key: slot {slot!r} is naive; give an aware datetime")
+    when = (slot - offset).replace(tzinfo=None).isoformat() + "Z"
+    return str(uuid.uuid5(uuid.UUID(_IDEMPOTENCY_ROOT), f"{namespace}\n{job}\n{when}"))
+
 
 @dataclass(frozen=True, slots=True)
 class RunContext:
@@ -68,27 +95,46 @@ class RunContext:
     """Which try at its slot this run is: 1 for the slot's first run, then 2, 3, ... for
     its retries (``retries=N``: at most ``1 + N``). The ledger records each attempt
     (:attr:`RunRecord.attempts`)."""
+    namespace: str = ""
+    """What keeps this service's :attr:`idempotency_key` apart from another's on a shared
+    broker: ``Scheduler(idempotency_namespace=...)`` when set, else the ledger's name of
+    the job's locker (``PostgresLocker``: its table, ``schema.table`` with a schema), else
+    ``""``."""
+
+    @property
+    def idempotency_key(self) -> str:
+        """A key for handing this slot off to a queue: the same on every replica and for
+        every attempt at the slot (a retry after a failed send), different for another job,
+        slot or :attr:`namespace`. :func:`cronlock.idempotency_key` of (``namespace``,
+        ``job``, ``slot``): a UUID's 36 characters (docs: guides/queues.md)."""
+        return idempotency_key(self.namespace, self.job, self.slot)
 
 
 _new = object.__new__
-_set_job, _set_slot, _set_started, _set_number, _set_attempt = (
+_set_job, _set_slot, _set_started, _set_number, _set_attempt, _set_namespace = (
     RunContext.__dict__[name].__set__
-    for name in ("job", "slot", "started_at", "run_number", "attempt")
+    for name in ("job", "slot", "started_at", "run_number", "attempt", "namespace")
 )
 
 
 def run_context(
-    job: str, slot: datetime, started_at: datetime, run_number: int, attempt: int = 1
+    job: str,
+    slot: datetime,
+    started_at: datetime,
+    run_number: int,
+    attempt: int = 1,
+    namespace: str = "",
 ) -> RunContext:
-    """``RunContext(job, slot, started_at, run_number, attempt)`` for the hot path: the
-    frozen dataclass's ``__init__`` sets each field through ``object.__setattr__``; this
-    sets the slots directly, at about half the cost."""
+    """``RunContext(job, slot, started_at, run_number, attempt, namespace)`` for the hot
+    path: the frozen dataclass's ``__init__`` sets each field through
+    ``object.__setattr__``; this sets the slots directly, at about half the cost."""
     context = _new(RunContext)
     _set_job(context, job)
     _set_slot(context, slot)
     _set_started(context, started_at)
     _set_number(context, run_number)
     _set_attempt(context, attempt)
+    _set_namespace(context, namespace)
     return context
 
 

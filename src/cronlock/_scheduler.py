@@ -95,6 +95,11 @@ class Scheduler:
     *stored_min_interval*: the shortest gap in seconds two slots of a stored schedule may
     have here; one with a shorter gap is rejected, as a row past any other limit is (set
     it as the ``FleetControl(min_interval=)`` that stores them; 1 s by default).
+    *idempotency_namespace*: what keeps this service's idempotency keys
+    (:attr:`RunContext.idempotency_key <cronlock.RunContext.idempotency_key>`, for handing
+    slots off to a queue) apart from another service's on a shared broker; by default the
+    name of each job's ledger (``PostgresLocker``: its table, ``schema.table`` with a
+    schema), or ``""`` without one (docs/guides/queues.md).
 
     **Naming a job.** The verbs on one job (:meth:`get_job`, :meth:`remove`,
     :meth:`update`, :meth:`pause_job`, :meth:`resume_job`, :meth:`run_job_now`, and the
@@ -122,8 +127,17 @@ class Scheduler:
         fleet_clock: bool | None = None,
         sync_every: Seconds = 2.0,
         stored_min_interval: Seconds = DEFAULT_MIN_INTERVAL,
+        idempotency_namespace: str | None = None,
     ) -> None:
         self._tz = resolve_tz(tz)
+        if idempotency_namespace is not None and not (
+            isinstance(idempotency_namespace, str) and idempotency_namespace.isprintable()
+        ):
+            raise ConfigError(
+                "Scheduler: idempotency_namespace must be a string of printable characters, "
+                f"got {idempotency_namespace!r}"
+            )
+        self._namespace = idempotency_namespace
         if max_concurrent is not None:
             max_concurrent = positive_int(max_concurrent, field="max_concurrent", owner="Scheduler")
         self._max_concurrent = max_concurrent
@@ -290,7 +304,11 @@ class Scheduler:
         if wiring is None:
             self._resources.add(locker)
             wiring = self._wirings[alike] = wire(
-                distributed=distributed, own=locker, default=self._locker, elector=self._elector
+                distributed=distributed,
+                own=locker,
+                default=self._locker,
+                elector=self._elector,
+                namespace=self._namespace,
             )
             # Once per Wiring: both register once per locker, and jobs alike share it.
             self._recovery.watch(wiring)

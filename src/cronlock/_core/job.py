@@ -324,7 +324,7 @@ class Job(RunState):
         args, kwargs = self.args, self.kwargs
         is_async, param, at = self._task
         if param is not None:
-            context = run_context(self.name, slot, started, number, attempt)
+            context = run_context(self.name, slot, started, number, attempt, self._wiring.namespace)
             if at is None:
                 kwargs = {**kwargs, param: context} if kwargs else {param: context}
             elif at == 0:

@@ -24,11 +24,12 @@ from .._locking.protocols import (
     KeyedLocker,
     LedgerLocker,
     Locker,
+    NamespacedLocker,
     PruningLocker,
     ScheduleNotingLocker,
 )
 
-__all__ = ("Note", "Wiring", "checkable", "tagged_note", "wire")
+__all__ = ("Note", "Wiring", "checkable", "namespace_of", "tagged_note", "wire")
 
 Note = Callable[[str, str, datetime | None, frozenset[str], str | None], None]
 """A locker's ``note_schedule`` as jobs call it: ``(job, schedule, next slot, tags, target)``,
@@ -70,18 +71,46 @@ class Wiring:
     """Whether its lock keys are FNV-1a of the name, checked for collisions (KeyedLocker)."""
     check: CheckableLocker | None = None
     """The same locker when it can check, at the scheduler's start, that it can work."""
+    namespace: str = ""
+    """What its runs' :attr:`~cronlock.RunContext.namespace` is (see :func:`namespace_of`)."""
+
+
+def namespace_of(locker: Locker | None, given: str | None) -> str:
+    """The namespace of a job's idempotency keys: the scheduler's *given* one, else the
+    ledger's name of its *locker* (a :class:`NamespacedLocker`: ``PostgresLocker``), else
+    ``""``."""
+    if given is not None:
+        return given
+    if locker is None or not _locker_kinds(type(locker))[-1]:
+        return ""
+    return typing.cast(NamespacedLocker, locker).idempotency_namespace()
 
 
 def wire(
-    *, distributed: bool, own: Locker | None, default: Locker | None, elector: Elector | None
+    *,
+    distributed: bool,
+    own: Locker | None,
+    default: Locker | None,
+    elector: Elector | None,
+    namespace: str | None = None,
 ) -> Wiring:
-    """The wiring of a job with its *own* locker (or the scheduler's *default*)."""
-    if not distributed:
-        return Wiring()
+    """The wiring of a job with its *own* locker (or the scheduler's *default*); *namespace*
+    the scheduler's ``idempotency_namespace``."""
     locker = own if own is not None else default
+    if not distributed:
+        # Not coordinated, but its keys are its ledger's all the same: every replica runs
+        # the slot, and a queue that de-duplicates by key takes it once.
+        named = namespace_of(locker, namespace)
+        return Wiring(namespace=named) if named else _UNCOORDINATED
     if locker is None:
-        return Wiring(elected=elector is not None, gated=elector is not None)
-    ledger, notes, crashes, batch, fleet, ahead, prunes, keyed, checks = _locker_kinds(type(locker))
+        return Wiring(
+            elected=elector is not None,
+            gated=elector is not None,
+            namespace=namespace_of(None, namespace),
+        )
+    ledger, notes, crashes, batch, fleet, ahead, prunes, keyed, checks, _ = _locker_kinds(
+        type(locker)
+    )
     return Wiring(
         locker=locker,
         ledger=typing.cast(LedgerLocker, locker) if ledger else None,
@@ -97,13 +126,17 @@ def wire(
         retention=typing.cast(PruningLocker, locker).retention() if prunes else None,
         fnv_keys=not (keyed and typing.cast(KeyedLocker, locker).keyed_keys()),
         check=typing.cast(CheckableLocker, locker) if checks else None,
+        namespace=namespace_of(locker, namespace),
     )
+
+
+_UNCOORDINATED = Wiring()
 
 
 def checkable(locker: Locker | None) -> CheckableLocker | None:
     """*locker* when it can check that it works (a scheduler's own locker, which no job's
     wiring may name yet: it is checked at start all the same)."""
-    if locker is None or not _locker_kinds(type(locker))[-1]:
+    if locker is None or not _locker_kinds(type(locker))[-2]:
         return None
     return typing.cast(CheckableLocker, locker)
 
@@ -117,7 +150,9 @@ def _ahead(seconds: float) -> timedelta:
 
 
 @functools.cache
-def _locker_kinds(kind: type) -> tuple[bool, bool, bool, bool, bool, bool, bool, bool, bool]:
+def _locker_kinds(
+    kind: type,
+) -> tuple[bool, bool, bool, bool, bool, bool, bool, bool, bool, bool]:
     # A runtime Protocol check walks every member (~20 us); registering 100,000 jobs on
     # one locker pays for it once.
     return (
@@ -130,6 +165,7 @@ def _locker_kinds(kind: type) -> tuple[bool, bool, bool, bool, bool, bool, bool,
         issubclass(kind, PruningLocker),
         issubclass(kind, KeyedLocker),
         issubclass(kind, CheckableLocker),
+        issubclass(kind, NamespacedLocker),
     )
 
 

@@ -49,6 +49,7 @@ __all__ = (
     "LedgerSummary",
     "Locker",
     "LosableHold",
+    "NamespacedLocker",
     "PruningLocker",
     "RecordingHold",
     "Refusal",
@@ -272,6 +273,16 @@ class KeyedLocker(Protocol):
 
     def keyed_keys(self) -> bool:
         """True when the keys are not FNV-1a of the job's name (no collision to refuse)."""
+        ...
+
+
+@runtime_checkable
+class NamespacedLocker(Protocol):
+    """A locker whose ledger has a name that keeps its jobs' idempotency keys apart from
+    another service's (:attr:`cronlock.RunContext.namespace`; ``PostgresLocker``)."""
+
+    def idempotency_namespace(self) -> str:
+        """The default namespace of its jobs' idempotency keys (``""``: none)."""
         ...
 
 

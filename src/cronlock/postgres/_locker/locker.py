@@ -277,6 +277,15 @@ class PostgresLocker(HeldOpenByBlocks, ReadsLedger):
         """Where the run ledger lives, or ``None`` in lock-only mode (``ledger=False``)."""
         return self._exclusion.ledger
 
+    def idempotency_namespace(self) -> str:
+        """The ledger's name, ``table`` or ``schema.table`` as given (``""`` without a
+        ledger): the default namespace of its jobs' idempotency keys
+        (:attr:`cronlock.RunContext.namespace`; ``Scheduler(idempotency_namespace=)``
+        overrides it)."""
+        return self._exclusion.ledger_or(
+            str, lambda t: t.table if t.schema is None else f"{t.schema}.{t.table}"
+        )
+
     def _shard(self, key: int) -> int:
         return key % len(self._shards)
 
