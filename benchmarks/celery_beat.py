@@ -141,6 +141,7 @@ def tick(self, entry):
         "received": time.time(),
         "sent_at": getattr(self.request, "bench_sent_at", None),
         "beat": getattr(self.request, "bench_beat", None),
+        "slot": getattr(self.request, "cronlock_slot", None),
     }
     fd = os.open(os.environ["BENCH_RECORDS"], os.O_WRONLY | os.O_APPEND | os.O_CREAT)
     try:
@@ -158,6 +159,8 @@ class Send:
     sent_at: float
     beat: str
     task_id: str
+    slot: float | None = None
+    """The slot the sender says the task is for (cronlock's ``cronlock_slot`` header)."""
 
 
 @dataclass
@@ -176,6 +179,12 @@ class Tally:
     period_s: float | None = None
 
 
+def _when(send: Send) -> float:
+    """The instant a send is counted at: its slot when the sender says it, else its
+    publish time."""
+    return send.sent_at if send.slot is None else send.slot
+
+
 def tally(
     sends: Iterable[Send],
     intervals: Mapping[str, float | None],
@@ -185,38 +194,34 @@ def tally(
 ) -> Tally:
     """Count *sends* published in [*start*, *end*) against *intervals* (entry -> seconds,
     ``None`` for an every-minute crontab). *kill* is (when, which beat) for rows with one."""
-    inside = [s for s in sends if start <= s.sent_at < end]
+    inside = [s for s in sends if start <= _when(s) < end]
     out = Tally(sends=len(inside))
     out.per_beat = dict(sorted(Counter(s.beat for s in inside).items()))
     out.ids_twice = sum(n - 1 for n in Counter(s.task_id for s in inside).values() if n > 1)
-    by_entry: dict[str, list[float]] = defaultdict(list)
+    by_entry: dict[str, list[Send]] = defaultdict(list)
     for s in inside:
-        by_entry[s.entry].append(s.sent_at)
+        by_entry[s.entry].append(s)
     periods: list[float] = []
     for entry, interval in intervals.items():
-        times = sorted(by_entry.get(entry, []))
-        if interval is None:
-            minutes = range(math.ceil(start / 60), math.ceil(end / 60))
-            counts = Counter(int(t // 60) for t in times)
-            out.due += len(minutes)
-            out.sent += sum(1 for m in minutes if counts[m])
-            out.missed += sum(1 for m in minutes if not counts[m])
-            out.duplicates += sum(n - 1 for n in counts.values())
-            continue
-        out.due += round((end - start) / interval)
-        slots = Counter(int(t // interval) for t in times)
-        out.sent += len(slots)
-        out.duplicates += sum(n - 1 for n in slots.values())
-        edges = [start, *times, end]
-        for a, b in pairwise(edges):
-            out.missed += max(0, round((b - a) / interval) - 1)
-        beats: dict[str, list[float]] = defaultdict(list)
-        for s in inside:
-            if s.entry == entry:
+        own = sorted(by_entry.get(entry, []), key=lambda s: s.sent_at)
+        step = 60.0 if interval is None else interval
+        due = range(math.ceil(start / step), math.ceil(end / step))
+        counts = Counter(int(_when(s) // step) for s in own)
+        out.due += len(due)
+        out.sent += sum(1 for k in due if counts[k])
+        out.duplicates += sum(counts[k] - 1 for k in due if counts[k] > 1)
+        if interval is None or all(s.slot is not None for s in own):
+            out.missed += sum(1 for k in due if not counts[k])
+        else:  # slots not on a grid: count the gaps between consecutive sends
+            edges = [start, *(s.sent_at for s in own), end]
+            for a, b in pairwise(edges):
+                out.missed += max(0, round((b - a) / interval) - 1)
+        if interval is not None:
+            beats: dict[str, list[float]] = defaultdict(list)
+            for s in own:
                 beats[s.beat].append(s.sent_at)
-        for own in beats.values():
-            own.sort()
-            periods += [b - a for a, b in pairwise(own) if b - a < 1.5 * interval]
+            for times in beats.values():
+                periods += [b - a for a, b in pairwise(times) if b - a < 1.5 * interval]
     if periods:
         out.period_s = sum(periods) / len(periods)
     if kill is not None:
@@ -229,7 +234,7 @@ def tally(
         for entry, interval in intervals.items():
             if interval is None:
                 continue
-            times = sorted(by_entry.get(entry, []))
+            times = sorted(s.sent_at for s in by_entry.get(entry, []))
             last = max((t for t in times if t <= at), default=start)
             tail = [last, *(t for t in times if t > at), end]
             gaps += [b - a for a, b in pairwise(tail)]
@@ -251,7 +256,7 @@ class Row:
     settings: str
 
 
-def rows(run: str, redis_url: str, dsn: str, ledger: str) -> dict[str, Row]:
+def rows(run: str, redis_url: str, dsn: str, schema: str, ledger: str) -> dict[str, Row]:
     redbeat = {"redbeat_redis_url": redis_url, "redbeat_key_prefix": f"{run}:redbeat"}
     return {
         "stock": Row(
@@ -287,8 +292,8 @@ def rows(run: str, redis_url: str, dsn: str, ledger: str) -> dict[str, Row]:
             3,
             "kill + restart",
             "cronlock.celery.BeatScheduler",
-            {"cronlock_dsn": dsn, "cronlock_ledger": ledger},
-            f"ledger {ledger}",
+            {"cronlock_dsn": dsn, "cronlock_ledger": ledger, "cronlock_schema": schema},
+            "session mode, the other settings the defaults",
         ),
     }
 
@@ -369,7 +374,9 @@ def read_sends(path: Path) -> list[Send]:
         rec = json.loads(line)
         if rec.get("sent_at") is None:
             continue
-        out.append(Send(rec["entry"], rec["sent_at"], rec["beat"] or "?", rec["id"]))
+        slot = rec.get("slot")
+        at = datetime.fromisoformat(slot).timestamp() if slot else None
+        out.append(Send(rec["entry"], rec["sent_at"], rec["beat"] or "?", rec["id"], at))
     return out
 
 
@@ -464,7 +471,12 @@ def run_row(
         for rec in map(json.loads, records.read_text().splitlines())
         if rec.get("sent_at") is not None
     )
+    ids = None
+    if row.key == "cronlock":
+        ledger = f"{row.conf['cronlock_schema']}.{row.conf['cronlock_ledger']}"
+        ids = check_ids(python, env, ledger, records)
     return {
+        "ids_derived": ids,
         "row": asdict(row) | {"conf": {k: v for k, v in row.conf.items() if "url" not in k}},
         "window": [start, end],
         "kill": kill,
@@ -493,6 +505,36 @@ def delete_keys(python: str, redis_url: str, run: str) -> int:
         check=True,
     )
     return int(done.stdout.strip())
+
+
+CHECK_IDS = """
+import json, sys
+from datetime import datetime
+from cronlock.celery import task_id
+ledger, path = sys.argv[1], sys.argv[2]
+same = total = 0
+for line in open(path):
+    rec = json.loads(line)
+    if rec.get("slot"):
+        total += 1
+        same += rec["id"] == task_id(ledger, rec["entry"], datetime.fromisoformat(rec["slot"]))
+print(json.dumps([same, total]))
+"""
+
+
+def check_ids(python: str, env: Mapping[str, str], ledger: str, records: Path) -> list[int]:
+    """How many of the tasks received with a slot header carry the id
+    ``cronlock.celery.task_id`` gives their (ledger, entry, slot), of how many."""
+    done = subprocess.run(
+        [python, "-c", CHECK_IDS, ledger, str(records)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+        env=dict(env),
+    )
+    counts: list[int] = json.loads(done.stdout)
+    return counts
 
 
 def postgres(dsn: str, statement: str) -> None:
@@ -534,6 +576,9 @@ def table(results: Sequence[dict[str, Any]], seconds: float, entries: int, cron:
             notes.append(f"a beat's period {t['period_s']:.3f} s")
         if t["ids_twice"]:
             notes.append(f"ids received twice {t['ids_twice']}")
+        if res.get("ids_derived"):
+            same, total = res["ids_derived"]
+            notes.append(f"{same:,} of {total:,} task ids = task_id(ledger, entry, slot)")
         lines.append(
             f"| {row['contender']} | {row['replicas']} | {row['kill']} | {t['due']:,} | "
             f"{t['sends']:,} | {t['sent']:,} | {t['duplicates']:,} | {t['missed']:,} | "
@@ -575,9 +620,7 @@ def main() -> None:
     redis_url = f"redis://{args.redis}/0"
     schema = f"cronlock_bench_beat_{uuid.uuid4().hex[:8]}"
     ledger = f"beat_{uuid.uuid4().hex[:8]}"
-    sep = "&" if "?" in args.dsn else "?"
-    dsn = f"{args.dsn}{sep}search_path={schema}"
-    chosen = rows(run, redis_url, dsn, ledger)
+    chosen = rows(run, redis_url, args.dsn, schema, ledger)
     wanted = [chosen[k] for k in args.rows.split(",")]
     signal.signal(signal.SIGTERM, _on_term)
     python = venv_python("celery")
