@@ -81,8 +81,6 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from run import venv_python
-
 HERE = Path(__file__).resolve().parent
 README = HERE / "README.md"
 MARKERS = ("<!-- celery-beat:start -->", "<!-- celery-beat:end -->")
@@ -587,14 +585,15 @@ def table(results: Sequence[dict[str, Any]], seconds: float, entries: int, cron:
     return "\n".join(lines)
 
 
-def write_readme(text: str) -> None:
-    body = README.read_text()
+def write_readme(text: str, readme: Path = README) -> None:
+    """Put *text* between the ``celery-beat`` markers of *readme*."""
+    body = readme.read_text()
     start, end = MARKERS
     head, found, rest = body.partition(start)
     if not found:
-        raise RuntimeError(f"{README} has no {start} marker")
+        raise RuntimeError(f"{readme} has no {start} marker")
     _, _, tail = rest.partition(end)
-    README.write_text(f"{head}{start}\n{text}\n{end}{tail}")
+    readme.write_text(f"{head}{start}\n{text}\n{end}{tail}")
 
 
 def main() -> None:
@@ -622,6 +621,8 @@ def main() -> None:
     ledger = f"beat_{uuid.uuid4().hex[:8]}"
     chosen = rows(run, redis_url, args.dsn, schema, ledger)
     wanted = [chosen[k] for k in args.rows.split(",")]
+    from run import venv_python  # here: the counting above imports without psutil
+
     signal.signal(signal.SIGTERM, _on_term)
     python = venv_python("celery")
     results = []
