@@ -255,7 +255,9 @@ class Row:
 
 
 def rows(run: str, redis_url: str, dsn: str, schema: str, ledger: str) -> dict[str, Row]:
-    redbeat = {"redbeat_redis_url": redis_url, "redbeat_key_prefix": f"{run}:redbeat"}
+    def redbeat(key: str) -> dict[str, Any]:  # a killed beat's lock outlives its row
+        return {"redbeat_redis_url": redis_url, "redbeat_key_prefix": f"{run}:{key}:redbeat"}
+
     return {
         "stock": Row(
             "stock",
@@ -272,7 +274,7 @@ def rows(run: str, redis_url: str, dsn: str, schema: str, ledger: str) -> dict[s
             2,
             "kill",
             "redbeat.RedBeatScheduler",
-            redbeat,
+            redbeat("redbeat"),
             "lock 1,500 s (5 x max interval 300 s), retried every 300 s",
         ),
         "redbeat-1s": Row(
@@ -281,7 +283,7 @@ def rows(run: str, redis_url: str, dsn: str, schema: str, ledger: str) -> dict[s
             2,
             "kill",
             "redbeat.RedBeatScheduler",
-            {**redbeat, "beat_max_loop_interval": 1},
+            {**redbeat("redbeat-1s"), "beat_max_loop_interval": 1},
             "lock 5 s (5 x max interval 1 s), retried every 1 s",
         ),
         "cronlock": Row(
@@ -428,8 +430,8 @@ def run_row(
 
         for name in beats:
             beat(name)
-        start = time.time() + WARMUP_S
-        end = start + args.seconds
+        start = float(math.ceil(time.time() + WARMUP_S))  # whole seconds: whole slots
+        end = start + round(args.seconds)
         kill_at = start + args.seconds / 3
         while time.time() < kill_at:
             time.sleep(0.2)
@@ -626,6 +628,7 @@ def main() -> None:
     signal.signal(signal.SIGTERM, _on_term)
     python = venv_python("celery")
     results = []
+    failed: list[str] = []
     made_schema = False
     with tempfile.TemporaryDirectory(prefix="beatbench-") as name:
         tmp = Path(name)
@@ -648,7 +651,12 @@ def main() -> None:
                     postgres(args.dsn, f'CREATE SCHEMA "{schema}"')
                     made_schema = True
                 print(f"{row.key}: {args.seconds:g} s ...", file=sys.stderr, flush=True)
-                res = run_row(row, args, python, run, tmp, env)
+                try:
+                    res = run_row(row, args, python, run, tmp, env)
+                except Exception as exc:  # the other rows still run; the table says so
+                    print(f"{row.key} failed: {exc}", file=sys.stderr, flush=True)
+                    failed.append(f"{row.key}: {str(exc).splitlines()[0]}")
+                    continue
                 results.append(res)
                 print(f"{row.key}: {json.dumps(res['tally'])}", file=sys.stderr, flush=True)
         finally:
@@ -657,11 +665,14 @@ def main() -> None:
             if made_schema:
                 postgres(args.dsn, f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
     text = table(results, args.seconds, args.entries, args.cron_entries)
+    text += "".join(f"\n\nNot measured: {line}" for line in failed)
     print(text)
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(results, indent=2) + "\n")
     if args.write:
         write_readme(text)
+    if failed:
+        sys.exit(1)
 
 
 if __name__ == "__main__":
