@@ -63,12 +63,14 @@ also on an error or Ctrl-C.
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import math
 import os
 import signal
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
 import uuid
@@ -295,6 +297,20 @@ def rows(run: str, redis_url: str, dsn: str, schema: str, ledger: str) -> dict[s
             {"cronlock_dsn": dsn, "cronlock_ledger": ledger, "cronlock_schema": schema},
             "session mode, the other settings the defaults",
         ),
+        "cronlock-lease": Row(
+            "cronlock-lease",
+            "cronlock.celery.BeatScheduler, lease mode",
+            3,
+            "kill + restart",
+            "cronlock.celery.BeatScheduler",
+            {
+                "cronlock_dsn": dsn,
+                "cronlock_ledger": f"{ledger}_lease",
+                "cronlock_schema": schema,
+                "cronlock_mode": "lease",
+            },
+            "lease mode, the other settings the defaults",
+        ),
     }
 
 
@@ -472,7 +488,7 @@ def run_row(
         if rec.get("sent_at") is not None
     )
     ids = None
-    if row.key == "cronlock":
+    if row.key.startswith("cronlock"):
         ledger = f"{row.conf['cronlock_schema']}.{row.conf['cronlock_ledger']}"
         ids = check_ids(python, env, ledger, records)
     return {
@@ -556,11 +572,52 @@ def fmt(value: float | None, digits: int = 1) -> str:
     return "-" if value is None else f"{value:,.{digits}f}"
 
 
-def table(results: Sequence[dict[str, Any]], seconds: float, entries: int, cron: int) -> str:
+VERSIONS = """
+from importlib.metadata import version
+print(", ".join(f"{n} {version(n)}" for n in ("celery", "kombu", "celery-redbeat", "redis")))
+"""
+
+
+def versions(python: str, commit: str) -> str:
+    """The peers' versions, and the commit cronlock was imported from."""
+    done = subprocess.run([python, "-c", VERSIONS], capture_output=True, text=True, timeout=60)
+    return f"{done.stdout.strip()}; cronlock at {commit}"
+
+
+def _git(repo: Path, *args: str) -> str:
+    done = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, timeout=60)
+    return done.stdout.decode().strip() if done.returncode == 0 else ""
+
+
+def cronlock_source(src: Path, rev: str | None, tmp: Path) -> tuple[Path, str]:
+    """Where the beats import cronlock from, and which commit that is: *src* as it is on
+    disk, or (*rev* given) *src* as of commit *rev* of its repository, exported to *tmp*
+    (so that a checkout being edited meanwhile changes nothing)."""
+    if rev is None:
+        commit = _git(src, "rev-parse", "--short", "HEAD") or "?"
+        if _git(src, "status", "--porcelain", "--", "."):
+            commit += " with changes not committed"
+        return src, commit
+    top = Path(_git(src, "rev-parse", "--show-toplevel"))
+    inside = src.relative_to(top).as_posix()
+    archive = subprocess.run(
+        ["git", "-C", str(top), "archive", "--format=tar", rev, "--", inside],
+        capture_output=True,
+        check=True,
+        timeout=120,
+    )
+    with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
+        tar.extractall(tmp / "cronlock-src", filter="data")
+    return tmp / "cronlock-src" / inside, _git(top, "rev-parse", "--short", rev)
+
+
+def table(
+    results: Sequence[dict[str, Any]], seconds: float, entries: int, cron: int, about: str = ""
+) -> str:
     when = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     lines = [
         f"{seconds:g} s a row, {entries} entries every second and {cron} every minute "
-        f"(`crontab()`), one worker; {when}.",
+        f"(`crontab()`), one worker; {about}; {when}.",
         "",
         "| contender | replicas | kill | slots due | sends | slots sent | duplicates | "
         "missed | takeover s | longest gap s | notes |",
@@ -601,7 +658,7 @@ def write_readme(text: str, readme: Path = README) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=60.0)
-    parser.add_argument("--rows", default="stock,redbeat,redbeat-1s,cronlock")
+    parser.add_argument("--rows", default="stock,redbeat,redbeat-1s,cronlock,cronlock-lease")
     parser.add_argument("--entries", type=int, default=15)
     parser.add_argument("--cron-entries", type=int, default=3)
     parser.add_argument(
@@ -613,6 +670,9 @@ def main() -> None:
         type=Path,
         default=HERE.parent / "src",
         help="where cronlock is imported from in the cronlock row (default: this checkout)",
+    )
+    parser.add_argument(
+        "--cronlock-rev", default=None, help="import cronlock as of this commit of its source"
     )
     parser.add_argument("--write", action="store_true", help="update benchmarks/README.md")
     parser.add_argument("--output", type=Path, default=HERE / "results" / "celery-beat.json")
@@ -633,12 +693,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="beatbench-") as name:
         tmp = Path(name)
         (tmp / "beatbench_app.py").write_text(APP)
+        src, commit = cronlock_source(args.cronlock_src.resolve(), args.cronlock_rev, tmp)
         env = dict(os.environ)
         env.update(
             {
-                "PYTHONPATH": os.pathsep.join(
-                    p for p in (str(tmp), str(args.cronlock_src.resolve())) if p
-                ),
+                "PYTHONPATH": os.pathsep.join(p for p in (str(tmp), str(src)) if p),
                 "BENCH_RUN": run,
                 "BENCH_BROKER": redis_url,
                 "BENCH_ENTRIES": str(args.entries),
@@ -647,7 +706,7 @@ def main() -> None:
         )
         try:
             for row in wanted:
-                if row.key == "cronlock" and not made_schema:
+                if row.key.startswith("cronlock") and not made_schema:
                     postgres(args.dsn, f'CREATE SCHEMA "{schema}"')
                     made_schema = True
                 print(f"{row.key}: {args.seconds:g} s ...", file=sys.stderr, flush=True)
@@ -664,7 +723,8 @@ def main() -> None:
             print(f"deleted {deleted} Redis keys", file=sys.stderr, flush=True)
             if made_schema:
                 postgres(args.dsn, f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
-    text = table(results, args.seconds, args.entries, args.cron_entries)
+    about = versions(python, commit)
+    text = table(results, args.seconds, args.entries, args.cron_entries, about)
     text += "".join(f"\n\nNot measured: {line}" for line in failed)
     print(text)
     args.output.parent.mkdir(parents=True, exist_ok=True)
