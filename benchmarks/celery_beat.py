@@ -1,9 +1,15 @@
 """Celery beat side by side (issue 39): stock ``celery beat`` twice, RedBeat twice with the
 active one killed, cronlock's beat three times with one killed and restarted.
 
-    pip install -r benchmarks/requirements-celery.txt
-    python benchmarks/celery_beat.py [--seconds 60] [--rows stock,redbeat,redbeat-1s,cronlock]
-        [--entries 15] [--cron-entries 3] [--write]
+    python benchmarks/celery_beat.py [--seconds 60]
+        [--rows stock,redbeat,redbeat-1s,cronlock,cronlock-lease] [--entries 15]
+        [--cron-entries 3] [--cronlock-src PATH [--cronlock-rev COMMIT]] [--write]
+
+Celery, kombu, RedBeat and redis-py run in a virtualenv of their own,
+benchmarks/.venvs/celery, made on first use from benchmarks/requirements-celery.txt (with
+cronlock's own dependencies; cronlock itself is imported from ``--cronlock-src``, by
+default this checkout's src/, or from that directory as of commit ``--cronlock-rev``,
+exported to the temporary directory). The driver needs asyncpg and psutil.
 
 Every row runs the same throwaway Celery app (written to a temporary directory): *entries*
 entries every second (``schedule(1.0)``) and *cron-entries* ``crontab()`` entries (every
@@ -29,15 +35,18 @@ lasts *seconds*):
   second.
 - ``cronlock``: ``celery beat -S cronlock.celery.BeatScheduler`` x3, ``cronlock_dsn``
   (``--dsn``, else ``CRONLOCK_BENCH_DSN``, else ``postgresql://postgres@127.0.0.1:5432/test``)
-  and a ledger of the run's own, in a schema of its own dropped at the end. The beat that
-  sent last is killed a third into the window and started again 10 s later.
+  and a ledger of the run's own, in a schema of its own dropped at the end, session mode.
+  The beat that sent last is killed a third into the window and started again 10 s later.
+- ``cronlock-lease``: the same in lease mode (``cronlock_mode = "lease"``).
 
 Counting (``tally``), per entry, over the sends published in the window:
 
-- An entry every *I* seconds: celery's ``schedule(I)`` counts from the last send, so its
-  slots are not on a grid, and a beat sends a little less often than every *I* s (the
-  time it takes to send is added to each period). A send's slot is its publish time
-  floored to *I* (for cronlock's beat as well, whose slots sit on the grid): *duplicates*
+- A send that names its slot (cronlock's beat: the ``cronlock_slot`` header) is counted
+  in that slot; *missed* are the slots in the window with no send.
+- Otherwise, an entry every *I* seconds: celery's ``schedule(I)`` counts from the last
+  send, so its slots are not on a grid, and a beat sends a little less often than every
+  *I* s (the time it takes to send is added to each period). A send's slot is its publish
+  time floored to *I*: *duplicates*
   are the sends beyond the first in a slot, *sent* the slots with a send. *Missed* comes
   from the gaps between an entry's consecutive sends (and from the window's edges to its
   first and last): a gap of *g* intervals (rounded) holds *g* - 1 missed slots, so the
@@ -50,7 +59,7 @@ Counting (``tally``), per entry, over the sends published in the window:
   begin in the window; a minute with no send is missed.
 - *Takeover* (rows with a kill): from the killed beat's last send to the first send of
   another beat after it. *Longest gap*: the longest time between two consecutive sends
-  of one entry every *I* s from the kill on (the kill's first send after included).
+  of one entry every *I* s, from its last send before the kill to the window's end.
 - *Ids sent twice*: task ids the worker received more than once (cronlock's beat derives a
   slot's task id from the ledger, the entry and the slot).
 
