@@ -323,7 +323,7 @@ def rows(run: str, redis_url: str, dsn: str, schema: str, ledger: str) -> dict[s
     }
 
 
-class Interrupted(Exception):
+class Interrupted(BaseException):
     """SIGTERM while running: unwinds like Ctrl-C so that everything is cleaned up."""
 
 
