@@ -34,6 +34,7 @@ if _TYPE_CHECKING:
     from ._ids import TASK_ID_NAMESPACE as TASK_ID_NAMESPACE
     from ._ids import task_id as task_id
     from ._runner import ATTEMPT_HEADER as ATTEMPT_HEADER
+    from ._runner import SEND_HEADER as SEND_HEADER
     from ._runner import SLOT_HEADER as SLOT_HEADER
     from ._runner import beat_scheduler as beat_scheduler
     from ._runner import run_beat as run_beat
@@ -49,6 +50,7 @@ _WHERE = {
     "TASK_ID_NAMESPACE": "._ids",
     "task_id": "._ids",
     "ATTEMPT_HEADER": "._runner",
+    "SEND_HEADER": "._runner",
     "SLOT_HEADER": "._runner",
     "beat_scheduler": "._runner",
     "run_beat": "._runner",
@@ -57,6 +59,7 @@ _WHERE = {
 
 __all__ = (
     "ATTEMPT_HEADER",
+    "SEND_HEADER",
     "SLOT_HEADER",
     "TASK_ID_NAMESPACE",
     "BeatEntry",

@@ -19,7 +19,7 @@ from typing import Any
 from celery.beat import Scheduler as _CeleryScheduler
 
 from ._entries import BeatEntry, beat_entries
-from ._runner import beat_scheduler
+from ._runner import announce, beat_scheduler
 from ._settings import BeatSettings
 
 __all__ = ("BeatScheduler",)
@@ -53,6 +53,7 @@ class _LoopThread(threading.Thread):
         self._stop_event = asyncio.Event()
         scheduler = beat_scheduler(self._app, self._settings, self._entries)
         async with scheduler:
+            announce(scheduler)
             self._ready.set()
             await self._stop_event.wait()
 

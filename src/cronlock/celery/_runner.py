@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import uuid
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -28,6 +29,9 @@ SLOT_HEADER = "cronlock_slot"
 """The message header that carries the slot (UTC ISO 8601) a task was sent for."""
 ATTEMPT_HEADER = "cronlock_attempt"
 """The message header that carries which attempt at its slot the send was (1, 2, ...)."""
+SEND_HEADER = "cronlock_send"
+"""The message header that carries a random id of its own per send: the same task id with
+two of these is a slot sent twice; the same one twice, one send delivered twice."""
 
 
 def _evaluated(value: Any) -> Any:
@@ -51,6 +55,7 @@ def sender(app: Any, entry: BeatEntry, ledger: str) -> Callable[[RunContext], No
             **headers,
             SLOT_HEADER: context.slot.isoformat(),
             ATTEMPT_HEADER: context.attempt,
+            SEND_HEADER: uuid.uuid4().hex,
         }
         # As Celery's beat does: the registered task's apply_async (its own defaults and
         # routes), else send_task by name (a task this process never imported).
@@ -90,11 +95,14 @@ def beat_scheduler(
     *settings* default to :meth:`BeatSettings.from_app`; *entries* to the app's
     (:func:`beat_entries`). Each job is named after its entry and sends the entry's task
     with :func:`task_id` of its slot, the entry's args, kwargs and options, and the headers
-    ``cronlock_slot`` and ``cronlock_attempt``.
+    ``cronlock_slot``, ``cronlock_attempt`` and ``cronlock_send``.
     """
     settings = settings if settings is not None else BeatSettings.from_app(app)
     entries = entries if entries is not None else beat_entries(app)
-    scheduler = Scheduler(locker=_locker(settings))
+    # A send runs in a thread, which cancelling cannot stop: a run whose lock is lost
+    # mid-send (the database restarting, say) goes on, so that its outcome says the task
+    # went out, rather than "cut off", which would have the slot sent again.
+    scheduler = Scheduler(locker=_locker(settings), on_lock_lost="continue")
     for entry in entries:
         own = entry.cronlock
         scheduler.add_job(
@@ -111,6 +119,12 @@ def beat_scheduler(
             recover=own.recover if own.recover is not None else settings.recover,
         )
     return scheduler
+
+
+def announce(scheduler: Scheduler) -> None:
+    """Log (INFO) that the beat's scheduler runs, and its entries."""
+    names = ", ".join(job.name for job in scheduler.jobs) or "none"
+    _logger.info("cronlock celery beat: %d entries (%s)", len(scheduler.jobs), names)
 
 
 async def run_beat(
@@ -130,11 +144,7 @@ async def run_beat(
     scheduler = beat_scheduler(app, settings)
     stop = stop if stop is not None else asyncio.Event()
     async with scheduler:
-        _logger.info(
-            "cronlock celery beat: %d entries (%s)",
-            len(scheduler.jobs),
-            ", ".join(job.name for job in scheduler.jobs) or "none",
-        )
+        announce(scheduler)
         if started is not None:
             started(scheduler)
         await stop.wait()
