@@ -150,7 +150,7 @@ class CeleryFleet:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait(timeout=30)
-                raise AssertionError(f"{name} did not stop on SIGTERM:\n{self.log(name)}")
+                raise AssertionError(f"{name} did not stop on SIGTERM:\n{self.log(name)}") from None
         return proc.returncode
 
     def stop(self) -> None:
