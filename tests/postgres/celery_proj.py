@@ -40,7 +40,7 @@ app.conf.update(
 )
 
 
-@app.task(name="cronlock_test.record", bind=True)
+@app.task(name="cronlock_test.record", bind=True)  # type: ignore[untyped-decorator]
 def record(self: Any, entry: str) -> None:
     request = self.request
     line = {
