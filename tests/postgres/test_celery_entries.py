@@ -326,7 +326,7 @@ def test_the_dsn_may_come_from_the_environment(monkeypatch: pytest.MonkeyPatch) 
     ("conf", "says"),
     [
         ({"cronlock_mdoe": "lease"}, "'cronlock_mdoe' is not a cronlock setting"),
-        ({"cronlock_mode": "advisory"}, "cronlock_mode must be 'session' or 'lease'"),
+        ({"cronlock_mode": "advisory"}, "cronlock_mode: .*mode must be 'session' or 'lease'"),
         ({"cronlock_retries": 1.5}, "cronlock_retries must be a whole number"),
         ({"cronlock_timeout": 0}, "cronlock_timeout must be seconds"),
         ({"cronlock_recover": "no"}, "cronlock_recover must be True or False"),

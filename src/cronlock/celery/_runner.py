@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from .. import RunContext, Scheduler
 from ._entries import BeatEntry, beat_entries
 from ._ids import task_id
-from ._settings import BeatSettings
+from ._settings import DEFAULT_LEASE, BeatSettings
 
 if TYPE_CHECKING:
     from ..postgres import PostgresLocker
@@ -80,7 +80,7 @@ def _locker(settings: BeatSettings) -> PostgresLocker:
         mode=settings.mode,
         table=settings.ledger,
         schema=settings.schema,
-        **dict(settings.locker_options),
+        **{"lease": DEFAULT_LEASE, **settings.locker_options},
     )
 
 

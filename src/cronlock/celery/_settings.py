@@ -22,6 +22,9 @@ Mode = Literal["session", "lease"]
 
 _TABLE = "cronlock_runs"  # cronlock.postgres.DEFAULT_TABLE, without importing the backend
 
+DEFAULT_LEASE = 5.0
+"""Seconds of a lease (lease mode) unless ``cronlock_locker_options`` sets ``lease``."""
+
 
 @dataclass(frozen=True, slots=True)
 class BeatSettings:
@@ -53,7 +56,9 @@ class BeatSettings:
     before recording the send (the send may or may not have reached the broker)."""
     locker_options: Mapping[str, Any] = field(default_factory=dict)
     """Further keyword arguments of :class:`cronlock.postgres.PostgresLocker`
-    (``cronlock_locker_options``), e.g. ``{"lease": 30, "statement_timeout": 5}``."""
+    (``cronlock_locker_options``), e.g. ``{"statement_timeout": 5}``. ``lease`` is 5 s
+    unless given here (the locker's own default is 20 s): in lease mode, a replica killed
+    mid-send holds its entries for that long (docs/guides/celery-beat.md)."""
 
     @property
     def ledger_name(self) -> str:
@@ -93,8 +98,12 @@ class BeatSettings:
     def _checked(cls, settings: BeatSettings) -> BeatSettings:
         if not isinstance(settings.dsn, str):
             raise ConfigError(f"cronlock_dsn must be a string, got {settings.dsn!r}")
-        if settings.mode not in ("session", "lease"):
-            raise ConfigError(f"cronlock_mode must be 'session' or 'lease', got {settings.mode!r}")
+        from ..postgres._modes import checked_mode  # the mode seam: it alone knows the modes
+
+        try:
+            checked_mode(settings.mode, ledger=True, lease=DEFAULT_LEASE)
+        except ConfigError as exc:
+            raise ConfigError(f"cronlock_mode: {exc}") from None
         if not isinstance(settings.ledger, str) or not settings.ledger:
             raise ConfigError(f"cronlock_ledger must be a table name, got {settings.ledger!r}")
         if settings.schema is not None and (
