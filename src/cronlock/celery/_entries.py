@@ -25,6 +25,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, cast
+from zoneinfo import ZoneInfo
 
 from .. import ConfigError, Schedule, cron, every
 
@@ -92,7 +93,7 @@ def app_zone(app: Any) -> str:
             "in the host's local zone, which replicas need not share; set "
             "app.conf.timezone to an IANA name (e.g. 'Europe/Berlin') or enable_utc=True"
         )
-    key = getattr(zone, "key", zone)  # a ZoneInfo given instead of its name
+    key = zone.key if isinstance(zone, ZoneInfo) else zone  # a ZoneInfo instead of its name
     if not isinstance(key, str):
         raise ConfigError(f"app.conf.timezone must be an IANA zone name, got {zone!r}")
     return key
