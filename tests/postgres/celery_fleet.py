@@ -86,29 +86,30 @@ class CeleryFleet:
         self.logs: dict[str, Path] = {}
         self._started = 0
 
-    def _spawn(self, name: str, args: list[str]) -> None:
+    def _spawn(self, name: str, args: list[str], **env: str) -> None:
         self._started += 1
         log = self.tmp / f"{name}-{self._started}.log"
         with log.open("wb") as out:
             self.procs[name] = subprocess.Popen(
                 args,
                 cwd=REPO,
-                env=self._env,
+                env={**self._env, **env},
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
         self.logs[name] = log
 
-    def beat(self, name: str, form: BeatForm = "celery") -> None:
+    def beat(self, name: str, form: BeatForm = "celery", metrics_port: int | None = None) -> None:
         """Start a beat replica: ``celery beat -S cronlock.celery.BeatScheduler`` or
-        ``python -m cronlock celery-beat``."""
+        ``python -m cronlock celery-beat`` (serving its metrics on *metrics_port*)."""
+        env = {} if metrics_port is None else {"CL_METRICS_PORT": str(metrics_port)}
         if form == "celery":
             args = [sys.executable, "-m", "celery", "-A", APP, "beat"]
             args += ["-S", "cronlock.celery.BeatScheduler", "-l", "info"]
         else:
             args = [sys.executable, "-m", "cronlock", "celery-beat", "-A", APP, "-l", "info"]
-        self._spawn(name, args)
+        self._spawn(name, args, **env)
 
     def worker(self, name: str) -> None:
         self._spawn(

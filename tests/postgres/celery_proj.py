@@ -21,6 +21,7 @@ QUEUE = os.environ.get("CL_QUEUE", "cronlock-test")
 ENTRIES = int(os.environ.get("CL_ENTRIES", "0"))
 INTERVAL = float(os.environ.get("CL_INTERVAL", "1"))
 RECORDS = os.environ.get("CL_RECORDS", "")
+METRICS = os.environ.get("CL_METRICS_PORT")
 
 app = Celery("celery_proj", broker=os.environ.get("CL_BROKER", "redis://127.0.0.1:6379/0"))
 app.conf.update(
@@ -33,6 +34,7 @@ app.conf.update(
     timezone="UTC",
     cronlock_ledger=os.environ.get("CL_LEDGER", "cronlock_runs"),
     cronlock_mode=os.environ.get("CL_MODE", "session"),
+    cronlock_metrics_port=int(METRICS) if METRICS else None,
     beat_schedule={
         f"e{i}": {"task": "cronlock_test.record", "schedule": INTERVAL, "args": (f"e{i}",)}
         for i in range(ENTRIES)

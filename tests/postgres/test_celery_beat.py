@@ -23,8 +23,10 @@ import asyncio
 import json
 import math
 import os
+import re
 import socket
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -34,7 +36,15 @@ import pytest
 from cronlock.celery._settings import DEFAULT_LEASE
 from cronlock.postgres._conn.backoff import RECONNECT_MAX
 
-from .celery_fleet import CeleryFleet, PrivateRabbit, RabbitUnavailable, Verdict, judge, wait_for
+from .celery_fleet import (
+    CeleryFleet,
+    PrivateRabbit,
+    RabbitUnavailable,
+    Verdict,
+    free_port,
+    judge,
+    wait_for,
+)
 from .cluster import Cluster
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow]
@@ -88,6 +98,22 @@ def rabbit() -> Iterator[PrivateRabbit]:
         yield server
     finally:
         server.stop()
+
+
+def scrape(port: int) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as answer:
+        text: str = answer.read().decode()
+        return text
+
+
+def succeeded(metrics: str, job: str) -> float:
+    """``cronlock_runs_total{cronlock_job=JOB, outcome="succeeded"}`` in *metrics*."""
+    found = re.search(
+        rf'^cronlock_runs_total\{{cronlock_job="{job}",outcome="succeeded"\}} (\S+)$',
+        metrics,
+        re.MULTILINE,
+    )
+    return float(found.group(1)) if found else 0.0
 
 
 def sleep_until(epoch: float) -> None:
@@ -220,15 +246,18 @@ def test_two_beats_over_rabbitmq_each_slot_delivered_once(
     rabbit: PrivateRabbit, pg_dsn: str, tmp_path: Path
 ) -> None:
     fleet = CeleryFleet(tmp_path, broker=rabbit.url, dsn=pg_dsn, entries=4)
+    ports = free_port(), free_port()
     try:
         fleet.worker("w1")
-        fleet.beat("b1")
-        fleet.beat("b2", form="cli")
+        fleet.beat("b1", metrics_port=ports[0])
+        fleet.beat("b2", form="cli", metrics_port=ports[1])
         fleet.wait_ready("b1", "b2")
         first = float(math.ceil(time.time()) + 2)
         last = first + 14
         sleep_until(last + 3)
         verdict = drain(fleet, first, last)
+        # Each replica's metrics count the sends it made, as runs of the entry's job.
+        scraped = [scrape(port) for port in ports]
         exits = {name: fleet.terminate(name) for name in ("b1", "b2")}
         fleet.terminate("w1")
     finally:
@@ -250,6 +279,9 @@ def test_two_beats_over_rabbitmq_each_slot_delivered_once(
     assert verdict.missing == []
     assert verdict.deliveries == verdict.slots
     assert exits == {"b1": 0, "b2": 0}
+    for entry in fleet.entries:
+        sends = sum(succeeded(text, entry) for text in scraped)
+        assert sends >= 15  # the window's slots, and any sent before it
 
 
 def test_the_private_rabbitmq_is_not_the_machines(rabbit: PrivateRabbit) -> None:

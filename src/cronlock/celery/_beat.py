@@ -53,7 +53,7 @@ class _LoopThread(threading.Thread):
         self._stop_event = asyncio.Event()
         scheduler = beat_scheduler(self._app, self._settings, self._entries)
         async with scheduler:
-            announce(scheduler)
+            announce(scheduler, self._settings)
             self._ready.set()
             await self._stop_event.wait()
 

@@ -121,8 +121,17 @@ def beat_scheduler(
     return scheduler
 
 
-def announce(scheduler: Scheduler) -> None:
-    """Log (INFO) that the beat's scheduler runs, and its entries."""
+def announce(scheduler: Scheduler, settings: BeatSettings) -> None:
+    """Once the beat's scheduler runs: serve its metrics if asked, and log (INFO) that it
+    runs, with its entries."""
+    if settings.metrics_port is not None:
+        from prometheus_client import start_http_server
+
+        from ..prometheus import instrument
+
+        instrument(scheduler)
+        start_http_server(settings.metrics_port)
+        _logger.info("metrics on http://0.0.0.0:%d/metrics", settings.metrics_port)
     names = ", ".join(job.name for job in scheduler.jobs) or "none"
     _logger.info("cronlock celery beat: %d entries (%s)", len(scheduler.jobs), names)
 
@@ -141,10 +150,11 @@ async def run_beat(
     Entries that cannot be honoured, and settings that are malformed, raise
     :class:`cronlock.ConfigError` before anything is sent.
     """
+    settings = settings if settings is not None else BeatSettings.from_app(app)
     scheduler = beat_scheduler(app, settings)
     stop = stop if stop is not None else asyncio.Event()
     async with scheduler:
-        announce(scheduler)
+        announce(scheduler, settings)
         if started is not None:
             started(scheduler)
         await stop.wait()

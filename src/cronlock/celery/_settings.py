@@ -54,6 +54,9 @@ class BeatSettings:
     recover: bool = True
     """Send a slot again, with the same task id, when the replica that claimed it died
     before recording the send (the send may or may not have reached the broker)."""
+    metrics_port: int | None = None
+    """Serve Prometheus metrics (:mod:`cronlock.prometheus`, the ``prometheus`` extra) of
+    this replica's scheduler on ``http://0.0.0.0:<port>/metrics``; ``None``: no server."""
     locker_options: Mapping[str, Any] = field(default_factory=dict)
     """Further keyword arguments of :class:`cronlock.postgres.PostgresLocker`
     (``cronlock_locker_options``), e.g. ``{"statement_timeout": 5}``. ``lease`` is 5 s
@@ -129,6 +132,11 @@ class BeatSettings:
             raise ConfigError(f"cronlock_retries must be a whole number >= 0, got {retries!r}")
         if not isinstance(settings.recover, bool):
             raise ConfigError(f"cronlock_recover must be True or False, got {settings.recover!r}")
+        port = settings.metrics_port
+        if port is not None and (
+            isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536
+        ):
+            raise ConfigError(f"cronlock_metrics_port must be a TCP port, got {port!r}")
         if not isinstance(settings.locker_options, Mapping):
             raise ConfigError(
                 f"cronlock_locker_options must be a mapping, got {settings.locker_options!r}"
