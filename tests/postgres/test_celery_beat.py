@@ -47,7 +47,8 @@ from .celery_fleet import (
 )
 from .cluster import Cluster
 
-pytestmark = [pytest.mark.postgres, pytest.mark.slow]
+# One worker runs them all, one after another: each is a fleet of processes of its own.
+pytestmark = [pytest.mark.postgres, pytest.mark.slow, pytest.mark.xdist_group("celery-fleet")]
 
 REDIS = os.environ.get("CRONLOCK_TEST_REDIS", "redis://127.0.0.1:6379/0")
 DURATION = 60  # seconds of slots the main test judges
