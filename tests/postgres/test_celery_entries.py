@@ -6,8 +6,12 @@ the settings read from the app's configuration, and what one send passes to Cele
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import uuid
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo
 
@@ -15,6 +19,7 @@ import pytest
 from celery import Celery
 from celery.schedules import crontab, schedule, solar
 
+import cronlock
 from cronlock import ConfigError, RunContext
 from cronlock.celery import (
     ATTEMPT_HEADER,
@@ -423,3 +428,58 @@ def test_a_registered_task_is_sent_through_its_apply_async() -> None:
     ((args, kwargs, options),) = calls
     assert (args, kwargs) == ([5], {})
     assert options["task_id"] == task_id("cronlock_runs", "nightly", T0)
+
+
+# -- refused at start, by both ways of running it -----------------------------------------
+
+BAD_APP = """
+from celery import Celery
+from celery.schedules import crontab
+
+app = Celery("badapp", broker="memory://")
+app.conf.cronlock_dsn = "postgresql://nobody@127.0.0.1:1/none"
+app.conf.beat_schedule = {
+    "fine": {"task": "t", "schedule": 60},
+    "payday": {"task": "t", "schedule": crontab(minute=0, day_of_month=1, day_of_week=5)},
+}
+"""
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["-m", "cronlock", "celery-beat", "-A", "badapp"],
+        ["-m", "celery", "-A", "badapp", "beat", "-S", "cronlock.celery.BeatScheduler"],
+    ],
+    ids=["cronlock-celery-beat", "celery-beat"],
+)
+def test_an_entry_that_cannot_be_honoured_stops_the_beat_at_start(
+    command: list[str], tmp_path: Path
+) -> None:
+    (tmp_path / "badapp.py").write_text(BAD_APP)
+    src = Path(cronlock.__file__).parents[1]
+    done = subprocess.run(
+        [sys.executable, *command],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(src), str(tmp_path)])},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode != 0
+    said = done.stdout + done.stderr
+    assert "beat_schedule entry 'payday': schedule <crontab: 0 * 1 * 5" in said
+    assert "restricts both day_of_month and day_of_week" in said
+
+
+def test_the_command_line_names_an_app_it_cannot_load(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "cronlock", "celery-beat", "-A", "no_such_app_here"],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(Path(cronlock.__file__).parents[1])},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2
+    assert "cronlock: error: -A no_such_app_here: cannot load the Celery app" in done.stderr
