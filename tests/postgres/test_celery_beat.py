@@ -4,14 +4,17 @@ Three real beat replicas (two ``celery beat -S cronlock.celery.BeatScheduler``, 
 ``python -m cronlock celery-beat``) and two real Celery workers on the machine's Redis
 (a queue and key prefix of the test's own), 20 entries every second, coordinating through
 a throwaway PostgreSQL cluster. Mid-run one beat replica is ``kill -9``'ed and started
-again, and the database crashes and restarts (``pg_ctl restart -m immediate``). The workers write down every task they execute; a
-task id is derived from (ledger, entry, slot), so the test tells a slot sent twice (one id,
-two attempts) from a send delivered twice (one id, one attempt, two executions) and from a
-slot never sent.
+again, and the database crashes and restarts (``pg_ctl restart -m immediate``). The
+workers write down every task they execute. A task id is derived from (ledger, entry,
+slot) and each send carries a random send id, so the test tells a slot sent twice (one
+task id, two send ids) from a send delivered twice (one send id, two executions) and from
+a slot never sent.
 
 What the incidents may cost, by cronlock's rules: slots that fell due while no replica
 could reach the database are owed and coalesce into one late send per entry when it is
-back (docs/guides/failover.md); every other slot is sent, and none twice.
+back (docs/guides/failover.md); in lease mode, the entries whose sends the killed replica
+had in flight are held until its leases expire (5 s), and their slots meanwhile are not
+sent (docs/guides/celery-beat.md). Every other slot is sent, and none twice.
 
 One shorter run goes through a RabbitMQ server of the test's own (Debian's
 rabbitmq-server on free ports, always stopped).
