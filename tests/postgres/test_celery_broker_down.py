@@ -1,7 +1,8 @@
-"""A broker that is down: each send fails, is retried per ``retries``, and the ledger says so.
+"""The beat in this process: a broker that is down (each send fails, is retried per
+``retries``, and the ledger says so), and the scheduler's thread inside Celery's beat.
 
-The beat runs in this process (``cronlock.celery.run_beat``) against a broker address
-nothing listens on; its run ledger is the test server's.
+The run ledger is the test server's; the broker an address nothing listens on, or
+kombu's in-memory transport.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import asyncpg
 import pytest
 from celery import Celery
 
-from cronlock import Event, JobFailed, JobRetrying, Scheduler
+from cronlock import ConfigError, Event, JobFailed, JobRetrying, Scheduler
 from cronlock.celery import BeatSettings, run_beat
 
 from .celery_fleet import free_port
@@ -79,3 +80,30 @@ async def test_a_send_to_a_broker_that_is_down_fails_and_is_retried(pg_dsn: str)
         await conn.close()
     assert (row["outcome"], row["attempt"]) == ("failed", 3)
     assert "OperationalError" in row["error"] or "Connection" in row["error"]
+
+
+def test_the_beat_scheduler_runs_its_loop_in_a_thread_and_stops_it(pg_dsn: str) -> None:
+    """Inside Celery's beat: started by its construction, checked by tick(), stopped by
+    close(); a scheduler that cannot start stops the beat at once."""
+    from cronlock.celery import BeatScheduler
+
+    app = Celery("in-process", broker="memory://", set_as_current=False)
+    app.conf.update(
+        cronlock_dsn=pg_dsn,
+        cronlock_ledger=f"celery_thread_{uuid.uuid4().hex[:8]}",
+        beat_schedule={"often": {"task": "proj.t", "schedule": 1.0}},
+    )
+    beat = BeatScheduler(app)
+    try:
+        thread = beat._thread
+        assert thread is not None and thread.is_alive()
+        assert beat.tick() == 1.0
+        assert "cronlock -> ledger celery_thread_" in beat.info
+    finally:
+        beat.close()
+    assert not thread.is_alive()
+    beat.close()  # twice: nothing left to stop
+
+    app.conf.cronlock_locker_options = {"sessions": 0}
+    with pytest.raises(ConfigError, match="sessions"):
+        BeatScheduler(app)
