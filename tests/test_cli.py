@@ -31,7 +31,10 @@ def cronlock(
 def test_help_lists_only_the_public_verbs() -> None:
     result = cronlock("--help")
     assert result.returncode == 0, result.stderr
-    verbs = "{next,demo,migrate,status,history,pause,resume,trigger,retire,schedules,grants,web}"
+    verbs = (
+        "{next,demo,migrate,status,history,pause,resume,trigger,retire,schedules,grants,web,"
+        "celery-beat}"
+    )
     assert verbs in result.stdout
     assert "_replica" not in result.stdout
     assert "SUPPRESS" not in result.stdout

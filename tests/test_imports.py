@@ -34,6 +34,9 @@ _EXTRAS = {
     "cronlock.prometheus",
     "cronlock.otel",
     "cronlock.web",
+    "celery",
+    "kombu",
+    "cronlock.celery",
 }
 
 

@@ -23,6 +23,7 @@ PAGES = {
     "cronlock.prometheus": "reference/prometheus.html",
     "cronlock.otel": "reference/otel.html",
     "cronlock.web": "reference/web.html",
+    "cronlock.celery": "reference/celery.html",
 }
 
 

@@ -1,4 +1,4 @@
-"""The command line: ``python -m cronlock next|demo|migrate|status|history ...``."""
+"""The command line: ``python -m cronlock next|demo|migrate|status|history|celery-beat ...``."""
 
 from __future__ import annotations
 
@@ -77,6 +77,9 @@ def _build_parser() -> argparse.ArgumentParser:
     from .ledger import add_pg_parsers
 
     add_pg_parsers(verbs)
+    from .celery_beat import add_celery_parser
+
+    add_celery_parser(verbs)
     return parser
 
 
@@ -182,6 +185,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = _build_parser().parse_args(arguments)
         if args.verb == "next":
             return _cmd_next(args)
+        if args.verb == "celery-beat":
+            from .celery_beat import run_celery_beat
+
+            return run_celery_beat(args)
         from .ledger import PG_VERBS, run_pg
 
         if args.verb in PG_VERBS:

@@ -1,0 +1,300 @@
+"""Beat replicas through incidents: each slot's task sent once, as real workers receive it.
+
+Three real beat replicas (two ``celery beat -S cronlock.celery.BeatScheduler``, one
+``python -m cronlock celery-beat``) and two real Celery workers on the machine's Redis
+(a queue and key prefix of the test's own), 20 entries every second, coordinating through
+a throwaway PostgreSQL cluster. Mid-run one beat replica is ``kill -9``'ed and started
+again, and the database crashes and restarts (``pg_ctl restart -m immediate``). The
+workers write down every task they execute. A task id is derived from (ledger, entry,
+slot) and each send carries a random send id, so the test tells a slot sent twice (one
+task id, two send ids) from a send delivered twice (one send id, two executions) and from
+a slot never sent.
+
+What the incidents may cost, by cronlock's rules: slots that fell due while no replica
+could reach the database are owed and coalesce into one late send per entry when it is
+back (docs/guides/failover.md); in lease mode, the entries whose sends the killed replica
+had in flight are held until its leases expire (5 s), and their slots meanwhile are not
+sent (docs/guides/celery-beat.md). Every other slot is sent, and none twice.
+
+One shorter run goes through a RabbitMQ server of the test's own (Debian's
+rabbitmq-server on free ports, always stopped).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import os
+import re
+import socket
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import asyncpg
+import pytest
+
+from cronlock.celery._settings import DEFAULT_LEASE
+from cronlock.postgres._conn.backoff import RECONNECT_MAX
+
+from .celery_fleet import (
+    CeleryFleet,
+    PrivateRabbit,
+    RabbitUnavailable,
+    Verdict,
+    free_port,
+    judge,
+    wait_for,
+)
+from .cluster import Cluster
+
+# One worker runs them all, one after another: each is a fleet of processes of its own.
+pytestmark = [pytest.mark.postgres, pytest.mark.slow, pytest.mark.xdist_group("celery-fleet")]
+
+REDIS = os.environ.get("CRONLOCK_TEST_REDIS", "redis://127.0.0.1:6379/0")
+DURATION = 60  # seconds of slots the main test judges
+ENTRIES = 20
+
+
+def _service_missing(message: str) -> None:
+    if os.environ.get("CI"):
+        pytest.fail(message, pytrace=False)
+    pytest.skip(message)
+
+
+@pytest.fixture
+def redis_broker() -> str:
+    """The machine's Redis (``CRONLOCK_TEST_REDIS``), answering; a test keeps to its prefix."""
+    import redis
+
+    client = redis.Redis.from_url(REDIS, socket_connect_timeout=3)
+    try:
+        client.ping()
+    except redis.RedisError as exc:
+        _service_missing(f"NO REDIS at {REDIS}: the Celery beat tests did not run ({exc})")
+    finally:
+        client.close()
+    return REDIS
+
+
+def _drop_keys(url: str, prefix: str) -> None:
+    import redis
+
+    client = redis.Redis.from_url(url)
+    try:
+        keys = list(client.scan_iter(match=f"{prefix}:*", count=1000))
+        if keys:
+            client.delete(*keys)
+    finally:
+        client.close()
+
+
+@pytest.fixture
+def rabbit() -> Iterator[PrivateRabbit]:
+    try:
+        server = PrivateRabbit()
+    except RabbitUnavailable as exc:
+        _service_missing(f"NO RABBITMQ SERVER: {exc}")
+    try:
+        server.start()
+        yield server
+    finally:
+        server.stop()
+
+
+def scrape(port: int) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as answer:
+        text: str = answer.read().decode()
+        return text
+
+
+def succeeded(metrics: str, job: str) -> float:
+    """``cronlock_runs_total{cronlock_job=JOB, outcome="succeeded"}`` in *metrics*."""
+    found = re.search(
+        rf'^cronlock_runs_total\{{cronlock_job="{job}",outcome="succeeded"\}} (\S+)$',
+        metrics,
+        re.MULTILINE,
+    )
+    return float(found.group(1)) if found else 0.0
+
+
+def sleep_until(epoch: float) -> None:
+    time.sleep(max(0.0, epoch - time.time()))
+
+
+def drain(fleet: CeleryFleet, first: float, last: float, timeout: float = 60) -> Verdict:
+    """The verdict once the workers have received all they will (3 s without news)."""
+    give_up = time.monotonic() + timeout
+    seen, quiet_since = -1, time.monotonic()
+    while True:
+        count = len(fleet.received())
+        if count != seen:
+            seen, quiet_since = count, time.monotonic()
+        elif time.monotonic() - quiet_since > 3 or time.monotonic() > give_up:
+            return judge(fleet, first, last)
+        time.sleep(0.5)
+
+
+async def ledger_rows(dsn: str, table: str, first: float, last: float) -> dict[str, int]:
+    """Outcomes the ledger recorded for the window's slots (attempts counted once each)."""
+    conn = await asyncpg.connect(dsn)
+    try:
+        rows = await conn.fetch(
+            f"SELECT outcome, count(*) AS n FROM {table} "  # (the test's own table)
+            "WHERE slot >= to_timestamp($1) AND slot <= to_timestamp($2) GROUP BY outcome",
+            first,
+            last,
+        )
+    finally:
+        await conn.close()
+    return {row["outcome"] or "unfinished": row["n"] for row in rows}
+
+
+def report(name: str, figures: dict[str, object]) -> None:
+    """Print the run's figures (``pytest -s`` shows them; CRONLOCK_CELERY_REPORT keeps them)."""
+    line = json.dumps({"test": name, **figures}, default=str)
+    print(line)
+    out = os.environ.get("CRONLOCK_CELERY_REPORT")
+    if out:
+        with open(out, "a") as sink:
+            sink.write(line + "\n")
+
+
+@pytest.mark.timeout(420)
+@pytest.mark.parametrize("mode", ["session", "lease"])
+def test_three_beats_two_workers_through_a_beat_kill_and_a_database_restart(
+    mode: str, restartable_pg: Cluster, redis_broker: str, tmp_path: Path
+) -> None:
+    cluster = restartable_pg
+    fleet = CeleryFleet(tmp_path, broker=redis_broker, dsn=cluster.dsn, mode=mode, entries=ENTRIES)
+    began = time.monotonic()
+    try:
+        fleet.worker("w1")
+        fleet.worker("w2")
+        fleet.beat("b1")
+        fleet.beat("b2")
+        fleet.beat("b3", form="cli")
+        fleet.wait_ready("b1", "b2", "b3")
+        first = float(math.ceil(time.time()) + 2)
+        last = first + DURATION - 1
+
+        sleep_until(first + 12)
+        killed = time.time()
+        fleet.kill("b1")  # kill -9, mid-run
+        sleep_until(first + 17)
+        fleet.beat("b1")
+        fleet.wait_ready("b1")
+
+        sleep_until(first + 32)
+        down = time.time()
+        cluster.restart("immediate")  # a crash: sessions cut, no checkpoint, then recovery
+        up = time.time()
+
+        sleep_until(last + 4)  # the last slots, and any late one, sent
+        verdict = drain(fleet, first, last)
+        exits = {name: fleet.terminate(name) for name in ("b1", "b2", "b3")}
+        for name in ("w1", "w2"):
+            fleet.terminate(name)
+        outcomes = asyncio.run(ledger_rows(cluster.dsn, fleet.ledger, first, last))
+    finally:
+        fleet.stop()
+        _drop_keys(redis_broker, fleet.queue)
+
+    # What an outage may cost: slots due from the restart until the replicas reconnected
+    # (their backoff, at most RECONNECT_MAX between tries) coalesce into one late send.
+    outage = (down - 1, up + RECONNECT_MAX + 2)
+    in_outage = [(e, s) for e, s in verdict.missing if outage[0] <= s <= outage[1]]
+    # Lease mode: a replica killed mid-send holds its entries until its lease (5 s for the
+    # beat) expires; their slots meanwhile are refused on every replica (docs/guides/
+    # celery-beat.md). Session mode has no such window: the server frees a dead session's
+    # locks at once.
+    held = (killed - 1, killed + DEFAULT_LEASE + 2) if mode == "lease" else (0.0, -1.0)
+    in_lease = [(e, s) for e, s in verdict.missing if held[0] <= s <= held[1]]
+    outside = [m for m in verdict.missing if m not in in_outage and m not in in_lease]
+    report(
+        f"celery-beat-redis-{mode}",
+        {
+            "slots": verdict.slots,
+            "sent": verdict.sent,
+            "delivered": verdict.deliveries,
+            "sent_twice": len(verdict.sent_twice),
+            "delivered_twice": len(verdict.delivered_twice),
+            "missed_outside_outage": len(outside),
+            "coalesced_in_outage": len(in_outage),
+            "held_by_killed_lease": len(in_lease),
+            "outage_s": round(up - down, 2),
+            "ledger": outcomes,
+            "run_s": round(time.monotonic() - began, 1),
+        },
+    )
+    assert verdict.wrong_id == []
+    assert verdict.sent_twice == [], "a slot was sent twice (two attempts, one id)"
+    assert verdict.delivered_twice == [], "a send was executed twice"
+    assert outside == [], f"slots never sent, outside the incidents' windows: {outside[:10]}"
+    # Each entry's slots around the outage end in a send: the owed slot, late, once.
+    for entry in fleet.entries:
+        after = [s for e, s in verdict.missing if e == entry]
+        if after:
+            assert max(after) < last, f"{entry}: the slots owed at the end were never sent"
+    # The ledger shows every send as a run that succeeded; nothing is left unfinished.
+    assert outcomes.get("succeeded", 0) == verdict.sent
+    assert outcomes.get("unfinished", 0) == 0
+    # The replicas stop cleanly on SIGTERM (b1 is the one started again).
+    assert exits == {"b1": 0, "b2": 0, "b3": 0}, {n: fleet.log(n)[-2000:] for n in exits}
+
+
+@pytest.mark.timeout(300)
+def test_two_beats_over_rabbitmq_each_slot_delivered_once(
+    rabbit: PrivateRabbit, pg_dsn: str, tmp_path: Path
+) -> None:
+    fleet = CeleryFleet(tmp_path, broker=rabbit.url, dsn=pg_dsn, entries=4)
+    ports = free_port(), free_port()
+    try:
+        fleet.worker("w1")
+        fleet.beat("b1", metrics_port=ports[0])
+        fleet.beat("b2", form="cli", metrics_port=ports[1])
+        fleet.wait_ready("b1", "b2")
+        first = float(math.ceil(time.time()) + 2)
+        last = first + 14
+        sleep_until(last + 3)
+        verdict = drain(fleet, first, last)
+        # Each replica's metrics count the sends it made, as runs of the entry's job.
+        scraped = [scrape(port) for port in ports]
+        exits = {name: fleet.terminate(name) for name in ("b1", "b2")}
+        fleet.terminate("w1")
+    finally:
+        fleet.stop()
+    report(
+        "celery-beat-rabbitmq",
+        {
+            "slots": verdict.slots,
+            "sent": verdict.sent,
+            "delivered": verdict.deliveries,
+            "sent_twice": len(verdict.sent_twice),
+            "delivered_twice": len(verdict.delivered_twice),
+            "missed": len(verdict.missing),
+        },
+    )
+    assert verdict.slots == 4 * 15
+    assert verdict.wrong_id == []
+    assert verdict.sent_twice == verdict.delivered_twice == []
+    assert verdict.missing == []
+    assert verdict.deliveries == verdict.slots
+    assert exits == {"b1": 0, "b2": 0}
+    for entry in fleet.entries:
+        sends = sum(succeeded(text, entry) for text in scraped)
+        assert sends >= 15  # the window's slots, and any sent before it
+
+
+def test_the_private_rabbitmq_is_not_the_machines(rabbit: PrivateRabbit) -> None:
+    """The test's server listens on its own port, and is gone once stopped."""
+    assert rabbit.port != 5672
+    rabbit.stop()
+
+    def closed() -> bool:
+        with socket.socket() as sock:
+            return sock.connect_ex(("127.0.0.1", rabbit.port)) != 0
+
+    wait_for(closed, 30, "the private RabbitMQ to stop")
