@@ -72,6 +72,7 @@ class CrashWatch:
         "_check",
         "_holder",
         "_jobs",
+        "_pending",
         "_recoverable",
         "_retries",
         "_runs",
@@ -81,15 +82,23 @@ class CrashWatch:
     )
 
     def __init__(
-        self, check: Statement | None, *, runs: str = "", retries: str = "", holder: str = ""
+        self,
+        check: Statement | None,
+        *,
+        runs: str = "",
+        retries: str = "",
+        pending: str = "",
+        holder: str = "",
     ) -> None:
         # The mode's check (session gone, or lease expired: Exclusion.crashed), None when
         # there is nothing to check (no ledger); *runs* names the table in what it logs.
         # *retries*: the statement that takes pending retries over (_sql/crashes.
-        # retries_due_sql; "" without a ledger), as *holder*, for the jobs of has().
+        # retries_due_sql; "" without a ledger), as *holder*, for the jobs of has(), sent
+        # the names of those among the jobs *pending* finds (retries_pending_sql).
         self._check = check
         self._runs = runs
         self._retries = retries
+        self._pending = pending
         self._holder = holder
         self._jobs: dict[str, None] = {}
         self.retried = 0
@@ -152,10 +161,22 @@ class CrashWatch:
         return len(rows)
 
     async def _take_retries(self, session: Channel, conn: Any, generation: int) -> None:
-        """Take over the pending retries of this replica's jobs whose replica is gone."""
-        sql, jobs = self._retries, list(self._jobs)
-        for start in range(0, len(jobs), CHECKED):  # a claim may go in between
-            chunk = jobs[start : start + CHECKED]
+        """Take over the pending retries of this replica's jobs whose replica is gone: a
+        look at which jobs have one first, then the take-over sent those names only."""
+        sql, jobs = self._retries, self._jobs
+        if self._pending:
+            pending = await session.run(
+                conn,
+                generation,
+                functools.partial(_fetch_retries, self._pending, RETRY_MARGIN),
+                what="checking for retries left by replicas gone",
+                keep_on_server_error=True,
+            )
+            names = [row["job"] for row in pending if row["job"] in jobs]
+        else:
+            names = list(jobs)
+        for start in range(0, len(names), CHECKED):  # a claim may go in between
+            chunk = names[start : start + CHECKED]
             rows = await session.run(
                 conn,
                 generation,

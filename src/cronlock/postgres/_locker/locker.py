@@ -30,7 +30,7 @@ from ..._service import Service
 from .._conn.source import Keepalives, default_application_name, watch_pool
 from .._modes import exclusion_for, source_for
 from .._modes.base import Channels, Mode
-from .._sql.crashes import retries_due_sql
+from .._sql.crashes import retries_due_sql, retries_pending_sql
 from .._sql.failover import reassert_sql
 from .._sql.tables import DEFAULT_TABLE, LedgerTable
 from .._statistics import LockerCounts, PostgresLockerStatistics
@@ -217,6 +217,7 @@ class PostgresLocker(HeldOpenByBlocks, ReadsLedger):
             self._exclusion.crashed(host, os.getpid()),
             runs=ledger_or(str, lambda t: t.runs),
             retries=ledger_or(str, retries_due_sql),
+            pending=ledger_or(str, retries_pending_sql),
             holder=self._holder,
         )
         self._foreign: ForeignHolders | NoForeignHolders = ledger_or(

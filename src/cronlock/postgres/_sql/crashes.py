@@ -16,6 +16,7 @@ __all__ = (
     "owner_gone",
     "recover_sql",
     "retries_due_sql",
+    "retries_pending_sql",
     "retry_due_sql",
 )
 
@@ -149,6 +150,15 @@ def retry_due_sql(table: LedgerTable) -> str:
         UPDATE {table.runs} AS r SET retry_at = $4::timestamptz
         WHERE r.job = $1::text AND r.slot = $2::timestamptz
           AND r.attempt = $3::smallint - 1 AND r.outcome IN ('failed', 'timed_out')"""
+
+
+def retries_pending_sql(table: LedgerTable) -> str:
+    """The jobs with a pending retry due ``$1`` seconds ago or more, of any replica: a
+    look at the retry index (usually nothing) before :func:`retries_due_sql` is sent the
+    names of the few of this replica's jobs among them, not all of its 100,000."""
+    return f"""
+        SELECT DISTINCT r.job FROM {table.runs} AS r
+        WHERE r.retry_at <= now() - $1::float8 * interval '1 second'"""
 
 
 def retries_due_sql(table: LedgerTable) -> str:
