@@ -55,7 +55,9 @@ async def test_a_large_sync_reads_its_changes_in_pages_and_misses_none(
     async with FleetControl(c.dsn, table=table, schema=c.schema) as control:
         changed_between: list[bool] = []
 
-        async def page(sql: str, since: int, top: int, after: str, conn: Any) -> list[Any]:
+        async def page(
+            window: str, sql: str, since: int, top: int, after: str, conn: Any
+        ) -> tuple[list[Any], str | None]:
             pages.append(after)
             if since > 0 and len(changed_between) == 0:
                 # While the second sync reads its pages: one schedule before this page and
@@ -67,7 +69,7 @@ async def test_a_large_sync_reads_its_changes_in_pages_and_misses_none(
                         StoredSchedule("t:050", "report", every(3600), kwargs={"tenant": -50}),
                     ]
                 )
-            return await fetch_page(sql, since, top, after, conn)
+            return await fetch_page(window, sql, since, top, after, conn)
 
         monkeypatch.setattr(reads, "_fetch_page", page)
         await control.put_schedules(tenants(range(60)))

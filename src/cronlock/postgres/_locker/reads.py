@@ -33,6 +33,7 @@ from .._sql.stored import (
     schedule_page_sql,
     schedule_problem_sql,
     schedule_top_sql,
+    schedule_window_sql,
 )
 from .._sql.tables import LedgerTable
 
@@ -151,15 +152,15 @@ class LedgerReads:
         top = await self._read(_STORED_KEY, lambda s: s.fetchval(schedule_top_sql(table)))
         top, after, changes = int(top), "", []
         pacer = Pacer(items=_FREEZE_ITEMS)  # bulk work: freezes what it decoded
+        page = functools.partial(
+            _fetch_page, schedule_window_sql(table), schedule_page_sql(table), since, top
+        )
         while True:
-            page: list[Any] = await self._read(
-                _STORED_KEY,
-                functools.partial(_fetch_page, schedule_page_sql(table), since, top, after),
-            )
-            changes += (await _decoded(page, since, table, pacer))[1]
-            if len(page) < _PAGE:
+            rows, end = await self._read(_STORED_KEY, functools.partial(page, after))
+            changes += (await _decoded(rows, since, table, pacer))[1]
+            if end is None:
                 return top, changes
-            after = page[-1]["name"]
+            after = end
 
     async def report_problem(self, name: str, revision: int, problem: str) -> None:
         """Note *problem* in revision *revision* of stored schedule *name*, as this locker's
@@ -199,9 +200,14 @@ async def _decoded(
     return top, changes
 
 
-async def _fetch_page(sql: str, since: int, top: int, after: str, conn: Any) -> list[Any]:
-    rows: list[Any] = await conn.fetch(sql, since, top, after, _PAGE)
-    return rows
+async def _fetch_page(
+    window: str, sql: str, since: int, top: int, after: str, conn: Any
+) -> tuple[list[Any], str | None]:
+    """The changes of the next :data:`_PAGE` names after *after* (:func:`.._sql.stored.
+    schedule_page_sql`), and the last of those names (``None``: no more)."""
+    end: str | None = await conn.fetchval(window, after, _PAGE - 1)
+    rows: list[Any] = await conn.fetch(sql, since, top, after, end)
+    return rows, end
 
 
 async def _fetch(sql: str, names: list[str], conn: Any) -> list[Any]:
