@@ -35,7 +35,8 @@ async def _noop() -> None:
 
 def test_all_matches_the_public_names() -> None:
     public = {name for name in dir(cronlock) if not name.startswith("_")}
-    modules = {"testing", "postgres", "prometheus", "otel", "queues", "celery", "web"}  # once imported
+    # The submodules, once imported:
+    modules = {"testing", "postgres", "prometheus", "otel", "queues", "celery", "web"}
     assert set(cronlock.__all__) == public - modules
     for name in cronlock.__all__:
         obj = getattr(cronlock, name)

@@ -54,11 +54,12 @@ class FleetWatch(Service):
 
     Every :data:`POLL_EVERY` seconds it reads the control table (pauses, pending triggers:
     one small statement), and every :data:`RUNS_EVERY` seconds the latest run and success of
-    every watched job (one statement for all of them, two index probes a job; and, while
-    some have none known yet, their first-seen instants, one more), their conflicts
+    every watched job (one statement per :data:`.reads.READ_BATCH` jobs, two index probes a
+    job; and, while some have none known yet, their first-seen instants, one more), their conflicts
     (:class:`.conflicts.ConflictWatch`, one more) and the names of the stored schedules
     rejected everywhere (one more, for ``cronlock_schedule_rejected``); it hands
-    each read to the callbacks as a :class:`~cronlock.FleetView`. It reads on the locker's
+    each read to the callbacks as :class:`~cronlock.FleetView` s: the control table's, then
+    one per statement of runs, then the conflicts and rejected schedules. It reads on the locker's
     lock *sessions*.
     """
 
