@@ -7,9 +7,7 @@ also when schedules change while the pages are read (those are read by the next 
 
 from __future__ import annotations
 
-import asyncio
 import uuid
-from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -19,6 +17,7 @@ from cronlock.postgres import FleetControl, PostgresLocker
 from cronlock.postgres._locker import reads
 
 from .conftest import Coordination
+from .test_stored_bulk import eventually
 
 pytestmark = pytest.mark.postgres
 
@@ -28,15 +27,6 @@ def tenants(names: range, plus: int = 0) -> list[StoredSchedule]:
         StoredSchedule(f"t:{i:03d}", "report", every(3600), kwargs={"tenant": i + plus})
         for i in names
     ]
-
-
-async def eventually(check: Callable[[], bool], what: str, limit: float = 60.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + limit
-    while not check():
-        if loop.time() > deadline:
-            pytest.fail(f"never happened: {what}")
-        await asyncio.sleep(0.05)
 
 
 def held(scheduler: Scheduler) -> dict[str, Any]:
