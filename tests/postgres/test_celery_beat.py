@@ -14,7 +14,9 @@ What the incidents may cost, by cronlock's rules: slots that fell due while no r
 could reach the database are owed and coalesce into one late send per entry when it is
 back (docs/guides/failover.md); in lease mode, the entries whose sends the killed replica
 had in flight are held until its leases expire (5 s), and their slots meanwhile are not
-sent (docs/guides/celery-beat.md). Every other slot is sent, and none twice.
+sent (docs/guides/celery-beat.md); a slot the killed replica sent but had not recorded is
+sent again under the same id once its claim lapses (``cronlock_recover``). Every other
+slot is sent, and none twice.
 
 One shorter run goes through a RabbitMQ server of the test's own (Debian's
 rabbitmq-server on free ports, always stopped).
@@ -31,6 +33,7 @@ import socket
 import time
 import urllib.request
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 
 import asyncpg
@@ -213,13 +216,24 @@ def test_three_beats_two_workers_through_a_beat_kill_and_a_database_restart(
     held = (killed - 1, killed + DEFAULT_LEASE + 2) if mode == "lease" else (0.0, -1.0)
     in_lease = [(e, s) for e, s in verdict.missing if held[0] <= s <= held[1]]
     outside = [m for m in verdict.missing if m not in in_outage and m not in in_lease]
+    # A slot the killed replica had sent but not yet recorded when it died is sent again,
+    # under the same id, once its claim lapses (cronlock_recover, the default: the guide's
+    # guarantee, which the id lets a worker recognise). Nothing else may be sent twice.
+    slot_of = {
+        r["id"]: datetime.fromisoformat(r["slot"]).timestamp()
+        for r in fleet.received()
+        if r.get("slot")
+    }
+    resent = [tid for tid in verdict.sent_twice if killed - 3 <= slot_of[tid] <= killed + 1]
+    twice = [tid for tid in verdict.sent_twice if tid not in resent]
     report(
         f"celery-beat-redis-{mode}",
         {
             "slots": verdict.slots,
             "sent": verdict.sent,
             "delivered": verdict.deliveries,
-            "sent_twice": len(verdict.sent_twice),
+            "sent_twice": len(twice),
+            "resent_after_kill": len(resent),
             "delivered_twice": len(verdict.delivered_twice),
             "missed_outside_outage": len(outside),
             "coalesced_in_outage": len(in_outage),
@@ -230,7 +244,7 @@ def test_three_beats_two_workers_through_a_beat_kill_and_a_database_restart(
         },
     )
     assert verdict.wrong_id == []
-    assert verdict.sent_twice == [], "a slot was sent twice (two attempts, one id)"
+    assert twice == [], "a slot was sent twice (two attempts, one id), not after the kill"
     assert verdict.delivered_twice == [], "a send was executed twice"
     assert outside == [], f"slots never sent, outside the incidents' windows: {outside[:10]}"
     # Each entry's slots around the outage end in a send: the owed slot, late, once.
