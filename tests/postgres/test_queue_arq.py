@@ -16,7 +16,7 @@ import signal
 import subprocess
 import sys
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -38,19 +38,13 @@ from cronlock.queues import arq_sender
 from ..brokers import library, redis_url, unique
 from .processes import Processes
 from .proxy import TcpProxy
+from .test_stored_bulk import eventually
 
 pytestmark = pytest.mark.postgres
 
 HERE = Path(__file__).parent
 REPLICAS = 3
 HANDING_OFF = 6.0  # seconds the replicas hand slots off (every(1)) before they stop
-
-
-async def _until(check: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
-    async with asyncio.timeout(timeout):
-        while not check():
-            await asyncio.sleep(0.05)
-    assert check(), what
 
 
 @pytest.fixture
@@ -95,8 +89,8 @@ async def test_replicas_hand_each_slot_off_once_and_the_worker_runs_it_once(
                 "--dsn", pg_dsn, "--kind", "arq", "--broker", url, "--queue", queue,
                 "--namespace", namespace, "--id", f"r{n}",
             )  # fmt: skip
-        await _until(lambda: len(worker.lines) == 1, "the worker started")
-        await _until(
+        await eventually(lambda: len(worker.lines) == 1, "the worker started")
+        await eventually(
             lambda: sum(line["event"] == "running" for line in replicas.lines) == REPLICAS,
             "the replicas started",
         )
@@ -201,7 +195,7 @@ async def test_a_broker_that_is_down_fails_the_run_and_its_retry_sends_the_slot(
         proxy.set_mode("refuse")
         proxy.cut()  # the pool's connection too: the broker is gone
         async with locker, scheduler:
-            await _until(lambda: any(isinstance(e, JobSucceeded) for e in ended), "a success")
+            await eventually(lambda: any(isinstance(e, JobSucceeded) for e in ended), "a success")
             [run] = await locker.history(job, 5)
         assert [type(e) for e in ended] == [JobFailed, JobSucceeded]
         assert (run.slot, run.outcome, run.attempt) == (slot, "succeeded", 2)

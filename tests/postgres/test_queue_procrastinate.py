@@ -16,7 +16,7 @@ import os
 import signal
 import uuid
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -30,19 +30,13 @@ from cronlock.queues import procrastinate_sender
 from ..brokers import library, missing, unique
 from ..throwaway import drop, make, prefix
 from .processes import Processes
+from .test_stored_bulk import eventually
 
 pytestmark = pytest.mark.postgres
 
 HERE = Path(__file__).parent
 REPLICAS = 3
 HANDING_OFF = 6.0  # seconds the replicas hand slots off (every(1)) before they stop
-
-
-async def _until(check: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
-    async with asyncio.timeout(timeout):
-        while not check():
-            await asyncio.sleep(0.05)
-    assert check(), what
 
 
 @pytest.fixture
@@ -76,8 +70,8 @@ async def test_replicas_defer_each_slot_once_and_the_worker_runs_it_once(databas
                 "--dsn", database, "--kind", "procrastinate", "--broker", database,
                 "--queue", queue, "--namespace", namespace, "--id", f"r{n}",
             )  # fmt: skip
-        await _until(lambda: worker.lines[:1] == [{"event": "running"}], "the worker started")
-        await _until(
+        await eventually(lambda: worker.lines[:1] == [{"event": "running"}], "the worker started")
+        await eventually(
             lambda: sum(line["event"] == "running" for line in replicas.lines) == REPLICAS,
             "the replicas started",
         )
@@ -100,7 +94,7 @@ async def test_replicas_defer_each_slot_once_and_the_worker_runs_it_once(databas
         def ran() -> list[dict[str, Any]]:
             return [line for line in worker.lines if line["event"] == "ran"]
 
-        await _until(lambda: len(ran()) >= len(slots), "the worker ran every slot")
+        await eventually(lambda: len(ran()) >= len(slots), "the worker ran every slot")
         executed = [line["key"] for line in ran()]
         assert sorted(executed) == sorted(keys)
         for line in ran():
