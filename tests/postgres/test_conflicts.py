@@ -237,3 +237,49 @@ async def test_one_definition_on_two_replicas_is_no_conflict(
             assert warnings_about(caplog, a.holder) == []
     finally:
         metrics.close()
+
+
+async def test_prune_deletes_the_definitions_of_replicas_gone_an_hour(
+    coordination: Coordination,
+    table: str,
+    replicas: Callable[[str, Callable[[], None], float], Replica],
+    admin: Any,
+) -> None:
+    """A killed replica's definitions stay an hour, then the next prune deletes them; a
+    live replica's rows, and a gone replica's rows written within the hour, stay. (The
+    cleanup ran in every definitions statement, and read the whole table each time.)"""
+    a = replicas("svcA", cleanup_a, 2.0)
+    ledger = coordination.table(table)
+    async with a.scheduler:
+        await eventually(lambda: a.locker._members.size == 1, "A is a member")
+        while not await admin.fetchval(
+            f"SELECT count(*) FROM {ledger.definitions} WHERE holder = $1", a.holder
+        ):
+            await asyncio.sleep(0.1)
+        # Replicas gone: one an hour and more ago (its members row expired then), one a
+        # minute ago, one whose members row was deleted (rows written two hours ago).
+        await admin.execute(
+            f"INSERT INTO {ledger.members} (holder, fleet, expires_at, since) VALUES"
+            " ('gone-long', 'f', now() - interval '2 hours', now() - interval '3 hours'),"
+            " ('gone-now', 'f', now() - interval '1 minute', now() - interval '3 hours')"
+        )
+        await admin.execute(
+            f"INSERT INTO {ledger.definitions} (job, holder, definition, noted_at)"
+            " SELECT 'job' || i, h, 'x', now() - interval '2 hours'"
+            " FROM generate_series(1, 3) i,"
+            " unnest(ARRAY['gone-long', 'gone-now', 'no-member']) h"
+        )
+        # A row of 'no-member' written just now (it has not beaten yet, say): kept.
+        await admin.execute(
+            f"INSERT INTO {ledger.definitions} (job, holder, definition)"
+            " VALUES ('fresh', 'no-member', 'x')"
+        )
+        await a.locker.prune()
+        left = await admin.fetch(
+            f"SELECT holder, count(*) AS n FROM {ledger.definitions} GROUP BY holder"
+        )
+        assert {row["holder"]: row["n"] for row in left} == {
+            a.holder: 1,
+            "gone-now": 3,
+            "no-member": 1,
+        }

@@ -38,14 +38,19 @@ class Schedule(Protocol):
         ...
 
 
+_ZONED = object()  # what a schedule without a tz attribute reads as: nothing to bind
+
+
 def bind_zone(schedule: Schedule, tz: ZoneInfo) -> Schedule:
     """Give a wall-clock schedule created without ``tz=`` the scheduler's zone."""
-    if type(schedule) is IntervalSchedule:  # the common case needs neither import below
+    if type(schedule) is IntervalSchedule:  # the common case needs no import
+        return schedule
+    if getattr(schedule, "tz", _ZONED) is not None:  # zoned already, or no zone to bind
         return schedule
     from .calendar import CalendarSchedule
     from .cron import CronSchedule
 
-    if isinstance(schedule, CronSchedule | CalendarSchedule) and schedule.tz is None:
+    if isinstance(schedule, CronSchedule | CalendarSchedule):
         return dataclasses.replace(schedule, tz=tz)
     return schedule
 

@@ -32,6 +32,13 @@ _KEPT = 4096  # distinct schedule texts remembered (tenants share a few: a repor
 # Each schedule text decoded, and its schedule: rows of one text share one (immutable)
 # schedule object, parsed once, whose first slot after an instant is found once too.
 _schedules: dict[str, Schedule] = {}
+# Each (schedule text, options text) that passed every check, and the options it gives:
+# tenants share a few (a report at 3 with a timeout of 600), so each pair is decoded and
+# checked once. Only the kwargs are the row's own.
+_checked: dict[tuple[str, str], tuple[Schedule, dict[str, Any]]] = {}
+# The options of each options text, one dict for all its rows: their values are then the
+# very objects, which a replica's add_job recognises (the last job's, checked already).
+_options: dict[str, dict[str, Any]] = {}
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +86,13 @@ def decode_row(name: str, task: str, schedule: str, kwargs: str, options: str) -
 def _decode(name: str, task: str, schedule: str, kwargs: str, options: str) -> Decoded:
     check_job_name(name, field="schedule name")
     limits.check_task(name, task)
+    checked = _checked.get((schedule, options)) if type(options) is str else None
+    if checked is not None and type(kwargs) is str:  # only the kwargs are new
+        limits.check_json_text(name, "kwargs", kwargs)
+        value = json.loads(kwargs)
+        limits.check_json_value(name, "kwargs", value)
+        if type(value) is dict:
+            return Decoded(checked[0], value, dict(checked[1]))
     values: dict[str, Any] = {}
     made = _schedules.get(schedule) if isinstance(schedule, str) else None
     for field, text in (("schedule", schedule), ("kwargs", kwargs), ("options", options)):
@@ -103,4 +117,9 @@ def _decode(name: str, task: str, schedule: str, kwargs: str, options: str) -> D
     stored_options = options_from_json(values["options"])
     limits.check_options(name, stored_options)
     check_stored(name, made, stored_options)  # as the replica's add_job will
+    if type(schedule) is str and type(options) is str:
+        if len(_checked) >= _KEPT:
+            _checked.clear()
+            _options.clear()
+        _checked[schedule, options] = (made, _options.setdefault(options, stored_options))
     return Decoded(made, values["kwargs"], stored_options)

@@ -130,9 +130,18 @@ def check_json_text(name: str, field: str, text: str) -> None:
         )
 
 
+_PLAIN = frozenset((str, int, float, bool, type(None)))
+
+
 def check_json_value(name: str, field: str, value: object) -> None:
     """Refuse *field* of schedule *name* whose arrays and objects nest deeper than
     :data:`MAX_JSON_DEPTH`. Walked without recursion, so any depth is measured safely."""
+    if type(value) is dict:  # the common case: an object of plain values, one level
+        for child in value.values():
+            if type(child) not in _PLAIN:
+                break
+        else:
+            return
     stack: list[tuple[object, int]] = [(value, 0)]
     while stack:
         item, depth = stack.pop()

@@ -153,8 +153,7 @@ class StoredSync:
             await self._reject(stored, f"a job defined in code is named {stored.name!r}")
             return
         try:
-            self._check_rate(stored)
-            stored.schedule.next_after(self._clock.now())  # a schedule that cannot plan
+            self._check_rate(stored)  # (and that it can plan)
             job = self._registry.add_job(
                 task, stored.schedule, name=stored.name, kwargs=stored.kwargs, **stored.options
             )
@@ -166,10 +165,12 @@ class StoredSync:
             self.added.append((job, job._next_run))
 
     def _check_rate(self, stored: StoredSchedule) -> None:
-        """:func:`.limits.check_rate` at this replica's minimum interval, once a schedule."""
+        """:func:`.limits.check_rate` at this replica's minimum interval, and that the
+        schedule can plan a slot from now (raises as ``add_job`` would), once a schedule."""
         schedule = stored.schedule
         if schedule not in self._rated:
             check_rate(stored.name, schedule, self._min_interval)
+            schedule.next_after(self._clock.now())  # a schedule that cannot plan
             if len(self._rated) >= _RATED:
                 self._rated.clear()
             self._rated.add(schedule)

@@ -20,6 +20,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from ..._logs import at, get_logger
+from .._conn.unjitted import fetch_without_jit
 from .._sql.definitions import CONFLICTS_LIMIT, conflicts_sql
 from .._sql.tables import LedgerTable
 
@@ -59,7 +60,9 @@ class ConflictWatch:
         window = _EVERYTHING if self._read_at is None else now - self._read_at + MARGIN
         known = list(self._known)
         sql, holder = self._sql, self._holder
-        rows = await fetch(lambda c: c.fetch(sql, holder, window, known, CONFLICTS_LIMIT))
+        rows = await fetch(
+            lambda c: fetch_without_jit(c, sql, holder, window, known, CONFLICTS_LIMIT)
+        )
         self._read_at = now
         self.reads += 1
         found: dict[str, dict[str, str]] = {}

@@ -27,7 +27,8 @@ from ..._service import Service
 from .._conn import Channel
 from .._conn.errors import gone
 from .._conn.source import is_closed
-from .._sql.definitions import define_sql
+from .._conn.unjitted import fetch_without_jit
+from .._sql.definitions import define_sql, stale_definitions_sql
 from .._sql.tables import LedgerTable
 from .._sql.upkeep import HEARTBEAT_SQL, note_sql, prune_sql
 from .crashes import CHECK_EVERY, CrashWatch
@@ -258,6 +259,7 @@ class LedgerUpkeep(Upkeep):
         self._complaints = _Complaints()
         self._noted_at = float("-inf")
         self._prune_at = PRUNE_EVERY * random.uniform(0.2, 0.4)  # relative until started
+        self._stale_full = False  # the last prune's batch of gone replicas' definitions
 
     def note(
         self,
@@ -315,7 +317,7 @@ class LedgerUpkeep(Upkeep):
                 self._prune_batch(session, conn, generation), name=task_name("pg-prune")
             )
             total += deleted
-            if deleted < PRUNE_BATCH:
+            if deleted < PRUNE_BATCH and not self._stale_full:
                 return total
 
     def _starting(self, now: float) -> None:
@@ -353,7 +355,7 @@ class LedgerUpkeep(Upkeep):
             await self._duty("crash check", self._crashes.check, session, conn, generation)
         if now >= self._prune_at:
             deleted = await self._duty("prune", self._prune_batch, session, conn, generation)
-            full = deleted is not None and deleted >= PRUNE_BATCH
+            full = (deleted is not None and deleted >= PRUNE_BATCH) or self._stale_full
             self._prune_at = now + (tick if full else PRUNE_EVERY * random.uniform(1, 1.2))
 
     async def _duty(
@@ -498,6 +500,9 @@ class LedgerUpkeep(Upkeep):
                 raise
 
     async def _prune_batch(self, session: Channel, conn: Any, generation: int) -> int:
+        """Delete a batch of old runs (return how many), and one of the definitions of
+        replicas gone an hour (:attr:`_stale_full` when that batch was full: the caller
+        prunes again soon, as after a full batch of runs)."""
         table = self._table
         deleted = await session.run(
             conn,
@@ -510,6 +515,17 @@ class LedgerUpkeep(Upkeep):
             _logger.debug(
                 "pruned %d run(s) older than %gs from %s", deleted, self._retention, table.runs
             )
+        rows = await session.run(
+            conn,
+            generation,
+            lambda c: fetch_without_jit(c, stale_definitions_sql(table), self._holder, PRUNE_BATCH),
+            what="pruning the definitions of replicas gone",
+            keep_on_server_error=True,
+        )
+        stale = int(rows[0][0]) if rows else 0
+        if stale:
+            _logger.debug("pruned %d definition(s) of gone replicas", stale)
+        self._stale_full = stale >= PRUNE_BATCH
         return int(deleted)
 
 

@@ -374,12 +374,13 @@ def decode_stored(row: Any, *, table: str) -> StoredSchedule:
     name: str = row["name"]
     decoded = decode_row(name, row["task"], row["schedule"], row["kwargs"], row["options"])
     problems: dict[str, str] = {}
-    try:
-        text = row["problems"] or "{}"
-        noted = json.loads(text) if len(text) <= MAX_JSON_BYTES else {}
-        problems = {str(by)[:MAX_NAME]: str(why)[:MAX_REASON] for by, why in noted.items()}
-    except Exception as exc:  # any text at all: the row's problems are then unknown
-        report_odd(table, name, f"problems: {type(exc).__name__}", kept=True)
+    text = row["problems"]
+    if text and text != "{}":  # (most rows: none)
+        try:
+            noted = json.loads(text) if len(text) <= MAX_JSON_BYTES else {}
+            problems = {str(by)[:MAX_NAME]: str(why)[:MAX_REASON] for by, why in noted.items()}
+        except Exception as exc:  # any text at all: the row's problems are then unknown
+            report_odd(table, name, f"problems: {type(exc).__name__}", kept=True)
     updated: datetime | None = row["updated_at"]
     return StoredSchedule(
         name=name,
