@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import itertools
 from collections import ChainMap
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import datetime
@@ -47,6 +48,7 @@ POLL_EVERY = 1.0
 RUNS_EVERY = 15.0
 """Seconds between two reads of the fleet's latest runs of this locker's jobs."""
 _DECODED = 100  # rows decoded between two looks at the pacer
+_LISTED = 1000  # job names listed between two looks at the pacer
 
 
 class FleetWatch(Service):
@@ -104,6 +106,17 @@ class FleetWatch(Service):
         if len(self._watchers) == 1:  # one scheduler on this locker (the usual case)
             return list(iter(self._watchers[0][1]()))  # (list(mapping) asks its len first)
         return list({name for _, jobs in self._watchers for name in jobs()})
+
+    async def _names_paced(self, pacer: Pacer) -> list[str]:
+        """:meth:`names`, gone through :data:`_LISTED` at a time between looks at *pacer*."""
+        if len(self._watchers) != 1:
+            return self.names()
+        names: list[str] = []
+        listed = iter(self._watchers[0][1]())
+        while chunk := list(itertools.islice(listed, _LISTED)):
+            names += chunk
+            await pacer.pause()
+        return names
 
     def health(self) -> Mapping[str, Health]:
         """Each watched job's overdue grace and the slot it is due by, computed when read."""
@@ -170,7 +183,8 @@ class FleetWatch(Service):
         # standing by or not, and this read is one statement every RUNS_EVERY seconds.
         if now - self._runs_at < RUNS_EVERY:
             return
-        names, seen, pacer = self.names(), self._first_seen, Pacer()
+        seen, pacer = self._first_seen, Pacer()
+        names = await self._names_paced(pacer)
         for start in range(0, len(names), READ_BATCH):
             chunk = sorted(names[start : start + READ_BATCH])
             found: list[Any] = await self._read(
