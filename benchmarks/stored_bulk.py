@@ -65,7 +65,9 @@ async def one_round(dsn: str, schema: str, size: int, one_by_one: int) -> dict[s
     """One round of each measure at *size*: schedules per second."""
     table = f"bulk_{uuid.uuid4().hex[:8]}"
     rates: dict[str, float] = {}
-    async with FleetControl(dsn, table=table, schema=schema) as control:
+    # Room for the one-by-one adds beside 100,000 (the default limit is 100,000 a ledger).
+    limit = size + one_by_one
+    async with FleetControl(dsn, table=table, schema=schema, max_schedules=limit) as control:
         batch = tenants(size)
         took, done = await timed(lambda: control.put_schedules(batch))
         assert done.added == size, done

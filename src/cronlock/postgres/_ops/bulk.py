@@ -114,8 +114,16 @@ def _prepared(
     """Each schedule's and options' JSON text, and the first slot after *now* of each
     distinct pair, as add_schedule finds it (refused if it never fires): tenants share a
     handful of schedules, so each is worked out once."""
-    schedules = [json.dumps(one.schedule_json, sort_keys=True) for one in batch]
-    options = [json.dumps(one.options_json, sort_keys=True) for one in batch]
+    texts: dict[int, str] = {}  # schedules checked alike share their JSON: made once
+
+    def text(data: dict[str, Any]) -> str:
+        made = texts.get(id(data))
+        if made is None:
+            made = texts[id(data)] = json.dumps(data, sort_keys=True)
+        return made
+
+    schedules = [text(one.schedule_json) for one in batch]
+    options = [text(one.options_json) for one in batch]
     firsts: dict[tuple[str, str], datetime] = {}
     for one, schedule, option in zip(batch, schedules, options, strict=True):
         if (schedule, option) not in firsts:

@@ -97,6 +97,33 @@ async def schedules_change(conn: Any, table: LedgerTable) -> AsyncIterator[None]
         ) from exc
 
 
+_SHARED = 1024  # distinct (schedule, options) checked results remembered
+# Each (schedule, options, min_interval) checked, and what it gave: the tenants of a batch
+# share a few (a report at one of 24 hours), and a schedule's checks (its JSON both ways,
+# its rate sampled, its options settled) cost ~100 us each. Successes only: a refusal is
+# raised for each schedule that has it, naming that schedule.
+_shared: dict[Any, tuple[Any, ...]] = {}
+
+
+def _schedule_part(
+    name: str, schedule: Schedule, options: Mapping[str, Any], min_interval: float
+) -> tuple[Any, ...]:
+    """Schedule *name*'s schedule and options checked, as a replica will read them back
+    (:mod:`cronlock._stored.decode`) and check them (add_job there): their JSON, the
+    schedule and options read back from it, the schedule as its job will have it (zone
+    bound) and the job's settings."""
+    schedule_json = schedule_to_json(schedule, owner=name)
+    options_json = options_to_json(options, owner=name)
+    limits.check_json_text(name, "schedule", json.dumps(schedule_json))
+    limits.check_json_text(name, "options", json.dumps(options_json))
+    read = schedule_from_json(schedule_json)
+    read_options = options_from_json(options_json)
+    limits.check_options(name, read_options)
+    bound, settings = check_stored(name, read, read_options)
+    limits.check_rate(name, read, min_interval)
+    return schedule_json, options_json, read, read_options, bound, settings
+
+
 class _Checked:
     """A schedule and its options as they will be stored, checked."""
 
@@ -111,25 +138,26 @@ class _Checked:
     ) -> None:
         self.name = check_job_name(name, field="schedule name")
         self.task = limits.check_task(name, task)
-        self.schedule_json = schedule_to_json(schedule, owner=name)
         limits.check_json_value(name, "kwargs", kwargs)  # before it is made JSON
         self.kwargs_json = kwargs_to_json(kwargs, owner=name)
-        self.options_json = options_to_json(options, owner=name)
-        for field, text in (
-            ("schedule", json.dumps(self.schedule_json)),
-            ("kwargs", self.kwargs_json),
-            ("options", json.dumps(self.options_json)),
-        ):
-            limits.check_json_text(name, field, text)
-        # What a replica will make of it, checked the way add_job checks it there (its
-        # kwargs are the replica's to check: only it has the task), and held to the limits
-        # a replica holds a row to (:mod:`cronlock._stored.decode`).
-        self.schedule = schedule_from_json(self.schedule_json)
+        limits.check_json_text(name, "kwargs", self.kwargs_json)
         self.kwargs: dict[str, Any] = json.loads(self.kwargs_json)
-        self.options = options_from_json(self.options_json)
-        limits.check_options(name, self.options)
-        self._bound, self.settings = check_stored(name, self.schedule, self.options)
-        limits.check_rate(name, self.schedule, min_interval)
+        try:
+            # The values with their types: True == 1, and recover=1 is refused.
+            given = tuple(sorted((k, type(v), v) for k, v in options.items()))
+            key: Any = (schedule, given, min_interval)
+            shared = _shared.get(key)
+        except TypeError:  # an unhashable option (tags as a list) or schedule
+            key, shared = None, None
+        if shared is None:
+            shared = _schedule_part(name, schedule, options, min_interval)
+            if key is not None:
+                if len(_shared) >= _SHARED:
+                    _shared.clear()
+                _shared[key] = shared
+        self.schedule_json, self.options_json, self.schedule, options_read = shared[:4]
+        self.options = dict(options_read)
+        self._bound, self.settings = shared[4:]
 
     def first_slot(self, now: datetime) -> datetime:
         """The first slot after *now* (the server's time); raises if it never fires."""
