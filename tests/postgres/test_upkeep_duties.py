@@ -108,3 +108,53 @@ async def test_a_failing_duty_is_told_once_then_again_later_and_its_recovery(
         ("WARNING", "PostgresLocker upkeep (prune)"),
         ("INFO", "PostgresLocker upkeep (prune) works again"),
     ]
+
+
+async def test_a_note_write_gives_up_on_a_locked_row_and_leaves_the_session_free(
+    pg_dsn: str,
+    admin: Any,
+    ledger: LedgerTable,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A lease-mode locker has one connection for its claims, reads and upkeep. A bulk
+    change holding the job notes' rows (until it commits) made a note write wait for it,
+    and every claim and read behind it; now the write gives up after a moment (quietly),
+    the session answers meanwhile, and the note is written once the rows are free."""
+    monkeypatch.setattr(_upkeep, "NOTE_EVERY", 0.05)
+    caplog.set_level(logging.DEBUG, logger="cronlock.postgres")
+    job = f"noted-{uuid.uuid4().hex[:8]}"
+    locker = PostgresLocker(pg_dsn, table=ledger.table, schema=ledger.schema, mode="lease")
+    async with locker:
+        assert await locker.last_claimed(job) is None  # the ledger made
+        locker.note_schedule(job, "every 1m", SLOT)
+
+        async def noted() -> str | None:
+            found: str | None = await admin.fetchval(
+                f"SELECT schedule FROM {ledger.jobs} WHERE job = $1", job
+            )
+            return found
+
+        for _ in range(400):
+            if await noted() == "every 1m":
+                break
+            await asyncio.sleep(0.05)
+        assert await noted() == "every 1m"
+        async with admin.transaction():  # an operator's bulk change, say, not committed yet
+            await admin.execute(f"SELECT * FROM {ledger.jobs} WHERE job = $1 FOR UPDATE", job)
+            caplog.clear()
+            locker.note_schedule(job, "every 2m", SLOT)
+            for _ in range(400):
+                if any("waits for a lock" in r.getMessage() for r in caplog.records):
+                    break
+                await asyncio.sleep(0.05)
+            # The write tried and gave up; the one connection answers while the row is held.
+            assert any("waits for a lock" in r.getMessage() for r in caplog.records)
+            assert await asyncio.wait_for(locker.last_claimed(job), 20) is None
+            assert await noted() == "every 1m"
+        for _ in range(400):  # committed: the next try writes it
+            if await noted() == "every 2m":
+                break
+            await asyncio.sleep(0.05)
+        assert await noted() == "every 2m"
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text

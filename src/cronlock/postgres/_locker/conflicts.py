@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from ..._logs import at, get_logger
-from .._conn.unjitted import fetch_without_jit
+from .._conn.background import fetch_without_jit
 from .._sql.definitions import CONFLICTS_LIMIT, conflicts_sql
 from .._sql.tables import LedgerTable
 

@@ -25,9 +25,9 @@ from ..._logs import get_logger
 from ..._pacing import Pacer
 from ..._service import Service
 from .._conn import Channel
-from .._conn.errors import gone
+from .._conn.background import execute_briefly, fetch_without_jit
+from .._conn.errors import gone, lock_not_available
 from .._conn.source import is_closed
-from .._conn.unjitted import fetch_without_jit
 from .._sql.definitions import define_sql, stale_definitions_sql
 from .._sql.tables import LedgerTable
 from .._sql.upkeep import HEARTBEAT_SQL, note_sql, prune_sql
@@ -82,6 +82,11 @@ class _Complaints:
     def failed(self, duty: str, exc: BaseException) -> None:
         if gone(exc):
             _logger.debug("upkeep (%s) skipped: the lock session is gone", duty)
+            return
+        if exc.__cause__ is not None and lock_not_available(exc.__cause__):
+            # Rows another transaction holds (a bulk change, until it commits): the write
+            # gave up at once, so as not to hold the session; written at the next try.
+            _logger.debug("upkeep (%s) waits for a lock another transaction holds", duty)
             return
         now = asyncio.get_running_loop().time()
         kind = type(exc).__name__
@@ -463,7 +468,7 @@ class LedgerUpkeep(Upkeep):
         """The statement writing the notes of *names* (:func:`.._sql.upkeep.note_sql`)."""
         notes = [self._notes[name] for name in names]
         return functools.partial(
-            _execute,
+            execute_briefly,
             note_sql(self._table),
             names,
             [schedule for schedule, _, _ in notes],
@@ -490,7 +495,7 @@ class LedgerUpkeep(Upkeep):
                     conn,
                     generation,
                     functools.partial(
-                        _execute, define_sql(self._table), self._holder, chunk, definitions
+                        execute_briefly, define_sql(self._table), self._holder, chunk, definitions
                     ),
                     what="writing job definitions",
                     keep_on_server_error=True,
@@ -527,13 +532,6 @@ class LedgerUpkeep(Upkeep):
             _logger.debug("pruned %d definition(s) of gone replicas", stale)
         self._stale_full = stale >= PRUNE_BATCH
         return int(deleted)
-
-
-async def _execute(sql: str, *args: Any) -> Any:
-    """``conn.execute(sql, *args)``, with the connection given last (as a session runs a
-    call)."""
-    *values, conn = args
-    return await conn.execute(sql, *values)
 
 
 def tags_json(tags: Collection[str]) -> str:
