@@ -119,12 +119,11 @@ class RunLoop:
     def catch_up(self, planned: Mapping[Job, datetime | None], started: datetime) -> None:
         """Spawn a task catching up on the jobs of *planned* (each with the first slot
         planned for it) that keep a ledger, for their slots due by *started*."""
-        jobs = {job: slot for job, slot in planned.items() if job._wiring.ledger is not None}
-        if jobs:
+        if planned:  # (those without a ledger are left out by the task, in slices)
             catching = CatchUp(
                 clock=self._clock, bus=self._bus, executor=self._executor, dispatch=self.dispatch
             )
-            self._spawn(catching.all(jobs, started), name=task_name("catch-up"))
+            self._spawn(catching.all(planned, started), name=task_name("catch-up"))
 
     def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
         """Run a helper task owned by the loop: cancelled and awaited at stop."""
