@@ -28,6 +28,7 @@ __all__ = (
     "STORED_OPTIONS",
     "check_stored",
     "first_slot",
+    "kwargs_read_back",
     "kwargs_to_json",
     "options_from_json",
     "options_to_json",
@@ -178,8 +179,14 @@ def _instant(text: str, name: str) -> datetime:
 def kwargs_to_json(kwargs: Mapping[str, Any] | None, *, owner: str) -> str:
     """*kwargs* as JSON text; raises :class:`~cronlock.ScheduleError` naming *owner* and the
     value when it is not a mapping of names to JSON data that reads back equal."""
+    return kwargs_read_back(kwargs, owner=owner)[0]
+
+
+def kwargs_read_back(kwargs: Mapping[str, Any] | None, *, owner: str) -> tuple[str, dict[str, Any]]:
+    """:func:`kwargs_to_json`'s text, and the kwargs as read back from it (what a replica
+    will pass the task)."""
     if kwargs is None:
-        return "{}"
+        return "{}", {}
     if not isinstance(kwargs, Mapping) or not all(isinstance(k, str) for k in kwargs):
         raise ScheduleError(
             f"schedule {owner!r}: kwargs must be a mapping of names to values, got {kwargs!r}"
@@ -188,12 +195,13 @@ def kwargs_to_json(kwargs: Mapping[str, Any] | None, *, owner: str) -> str:
         text = json.dumps(dict(kwargs), allow_nan=False, sort_keys=True)
     except (TypeError, ValueError) as exc:
         raise ScheduleError(f"schedule {owner!r}: kwargs are not JSON ({exc})") from None
-    if json.loads(text) != kwargs:  # a tuple would come back a list, an int key a string
+    read: dict[str, Any] = json.loads(text)
+    if read != kwargs:  # a tuple would come back a list, an int key a string
         raise ScheduleError(
             f"schedule {owner!r}: kwargs {kwargs!r} would not read back the same from JSON "
             "(use lists, dicts, strings, numbers, booleans and None)"
         )
-    return text
+    return text, read
 
 
 def options_to_json(options: Mapping[str, Any], *, owner: str) -> dict[str, Any]:

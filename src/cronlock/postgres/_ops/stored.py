@@ -30,7 +30,7 @@ from ..._stored import limits
 from ..._stored.json import (
     check_stored,
     first_slot,
-    kwargs_to_json,
+    kwargs_read_back,
     options_from_json,
     options_to_json,
     overdue_grace,
@@ -139,9 +139,8 @@ class _Checked:
         self.name = check_job_name(name, field="schedule name")
         self.task = limits.check_task(name, task)
         limits.check_json_value(name, "kwargs", kwargs)  # before it is made JSON
-        self.kwargs_json = kwargs_to_json(kwargs, owner=name)
+        self.kwargs_json, self.kwargs = kwargs_read_back(kwargs, owner=name)
         limits.check_json_text(name, "kwargs", self.kwargs_json)
-        self.kwargs: dict[str, Any] = json.loads(self.kwargs_json)
         try:
             # The values with their types: True == 1, and recover=1 is refused.
             given = tuple(sorted((k, type(v), v) for k, v in options.items()))
