@@ -250,6 +250,11 @@ def test_a_claim_whose_lock_was_lost_before_it_began_may_coalesce_into_a_later_s
     claims = [checker.Claim("quick", MISSED, pid=100, outcome="lock_lost")]
     verdict = judge(lines, ledger=claims)
     assert (verdict.lost_claims, verdict.lost_then_coalesced) == ([], 1)
+    # Inside a fault's window, the miss is explained the same way (the other replicas were
+    # told already_ran: only the claimer's loss and its later slots explain it).
+    verdict = judge(lines, [RESTART], ledger=claims)
+    assert (verdict.unexplained, verdict.failures) == ([], [])
+    assert verdict.explained["restart"]["coalesced"] == 1
     # It fired no later slot (the others ran them): the slot was lost, a failure.
     others = [line for line in missing() if line["slot"] <= MISSED]
     others += [{**line, "rep": 1, "pid": 101} for line in every_slot(QUICK, MISSED + 1, T0 + 10)]

@@ -34,8 +34,11 @@ soak left it (``cronlock_runs``: which process's claim of each slot stands), and
     keeps only the latest slot of a job owed across an outage (one run of the latest slot
     within the grace); or no replica said a word of it, it fell due while a claim of an
     earlier slot of the job hung on the server (that claim failed after it: cronlock owes
-    such a slot without an event) and a later slot of the job was fired. The later slot is
-    judged on its own;
+    such a slot without an event) and a later slot of the job was fired; or the ledger's
+    claim of it is ``lock_lost`` by a replica that lost the lock before the run began (a
+    ``lost`` line) and fired a later slot of the job since (the loss is known once the
+    server answers again: the slot coalesced into the later one). The later slot is judged
+    on its own;
   - **behind a late run**: every replica that spoke of it skipped it by the overlap rule,
     and a run of an earlier slot of the job began after it (that run's claim was in flight
     across the outage, and a claim in flight counts as the job running): the outage's
@@ -497,7 +500,11 @@ def _explained(job: Job, slot: float, owed: bool, runs: Sequence[Run], said: _Sa
         return "claimed by a killed replica"  # and it wrote no start line: no run did
     if said.skipped(job.name, slot, "locked"):
         return "held"
-    if said.coalesced(job.name, slot):
+    if said.coalesced(job.name, slot) or (
+        claim is not None
+        and claim.outcome == "lock_lost"
+        and said.coalesced_after_loss(job.name, slot, claim.pid)
+    ):
         return "coalesced"
     if said.behind_late_run(job.name, slot, runs):
         return "behind a late run"

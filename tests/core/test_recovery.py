@@ -209,3 +209,35 @@ async def test_a_run_whose_lock_was_lost_before_it_began_runs_again_without_reco
     assert runs == [SLOT]
     # The run that began is reported as any run cut off is; the one that never began not.
     assert [e.recovered for e in recorder.of(JobCrashed)] == [False]  # type: ignore[attr-defined]
+
+
+async def test_a_run_lost_before_it_began_coalesces_into_a_later_slot_fired_since(
+    clock: FakeClock,
+) -> None:
+    """Its loss is written (and told) once the server answers again, after an outage: the
+    job fired later slots meanwhile, so the lost slot coalesces into them, as a slot owed
+    across an outage does; it is not run after them, nor skipped "while running"."""
+    from cronlock import JobSkipped
+    from cronlock._records import NEVER_BEGAN
+
+    locker = _Watching()
+    runs: list[datetime] = []
+    scheduler = Scheduler(clock=clock, locker=locker)
+
+    async def work(ctx: RunContext) -> None:
+        runs.append(ctx.slot)
+
+    scheduler.add_job(work, every(10), name="job", misfire_grace=60)
+    recorder = Recorder()
+    scheduler.subscribe(recorder)
+    lost = T0 + timedelta(seconds=10)
+    async with scheduler:
+        await clock.advance_to(T0 + timedelta(seconds=35))
+        assert runs == [lost, lost + timedelta(seconds=10), lost + timedelta(seconds=20)]
+        told = len(recorder.events)
+        never = RunRecord(lost, lost, lost, "lock_lost", NEVER_BEGAN, "me:1", 1)
+        assert [cb("job", never) for cb in locker.callbacks] == [False]
+        await clock.advance(1)
+    assert runs == [lost, lost + timedelta(seconds=10), lost + timedelta(seconds=20)]
+    assert [e for e in recorder.events[told:] if getattr(e, "slot", None) == lost] == []
+    assert recorder.of(JobSkipped) == []

@@ -6,7 +6,9 @@ The one rule of a rerun is here: the job is registered with this scheduler, opte
 (``recover=True``), is not paused, the run was not itself a rerun, and the slot is still
 within ``misfire_grace`` (the run loop's one misfire rule). A run of this replica whose
 lock was lost before its body began (``NEVER_BEGAN``) is claimed again without opting in:
-nothing ran, so running the slot is exactly once. The rerun goes through the run
+nothing ran, so running the slot is exactly once; unless a later slot of the job was fired
+since (its loss is known only once the server answers again), into which it coalesces, as a
+slot owed across an outage does (:mod:`.outage`). The rerun goes through the run
 loop like any other run: overlap policy, concurrency cap, elector and locker.
 
 A locker that keeps pending retries also reports, with the failed attempt's record, a
@@ -98,6 +100,20 @@ class Recovery:
             # This replica's own run, whose lock was lost before its body began: nothing
             # ran, so the slot is claimed again (taking the row over), recover or not.
             if self._why_not(job, record) is not None:
+                return False
+            if job._dispatched is not None and job._dispatched > record.slot:
+                # A later slot of the job was fired since the lock was lost (the loss is
+                # written once the server answers again, after an outage): this slot is
+                # owed no more than one whose claim failed, and coalesces into the later
+                # one (_core/outage.py), rather than running after it.
+                _logger.debug(
+                    "job %r slot %s: its lock was lost before the run began; coalesced "
+                    "into slot %s, fired since",
+                    name,
+                    record.slot.isoformat(),
+                    job._dispatched.isoformat(),
+                    extra=at(name, record.slot),
+                )
                 return False
             loop.dispatch(job, record.slot)
             return True
