@@ -43,6 +43,7 @@ from ._resources import Resources
 from ._schedules.interval import IntervalSchedule
 from ._schedules.schedule import MIN_INTERVAL, Schedule, bind_zone, check_interval, check_jitter
 from ._schedules.tz import TimeZone, resolve_tz
+from ._stored.decode import warm_up
 from ._stored.limits import DEFAULT_MIN_INTERVAL
 from ._stored.schedule import ScheduleStore
 from ._stored.sync import StoredSync
@@ -659,13 +660,14 @@ class Scheduler:
             )
         stored = self._stored
         stored.added = []
+        await asyncio.to_thread(warm_up)  # the imports decoding may need, off the loop
         try:
             await stored.sync()
         except Exception as exc:  # the start goes on: the sync reads them again, alone
             _logger.error("reading the stored schedules failed: %r; retrying", exc)
         added, stored.added = stored.added, None
         if catch_up and added and self._loop is not None:
-            self._loop.catch_up(dict(added), self._clock.now())
+            self._loop.catch_up(added, self._clock.now())
 
     async def shutdown(self, timeout: Seconds | None = None) -> None:
         """Stop firing; wait up to *timeout* (default ``stop_timeout``) for runs in flight,

@@ -16,7 +16,7 @@ no replica's run loop fires any more, are logged as missed, at WARNING.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
@@ -93,9 +93,9 @@ class CatchUp:
         self._executor = executor
         self._dispatch = dispatch
 
-    async def all(self, jobs: Mapping[Job, datetime | None], started: datetime) -> None:
-        """Catch up on *jobs*, each with the first slot the run loop planned for it, for the
-        slots due by *started*.
+    async def all(self, planned: Sequence[tuple[Job, datetime | None]], started: datetime) -> None:
+        """Catch up on the jobs of *planned*, each with the first slot the run loop planned
+        for it, for the slots due by *started*.
 
         Jobs whose locker reads in batches are read together, one batch per locker; the
         rest one at a time. Each job is decided on its own: one whose history or schedule
@@ -104,21 +104,25 @@ class CatchUp:
         runs they call for are dispatched together once a batch is decided, so that their
         claims, all due at once, still go out in batches.
         """
-        batched: dict[BatchLedgerLocker, list[Job]] = {}
-        single: list[Job] = []
+        batched: dict[BatchLedgerLocker, tuple[list[tuple[Job, datetime | None]], list[str]]]
+        batched = {}
+        single: list[tuple[Job, datetime | None]] = []
         pacer = Pacer()
-        for job in jobs:  # (100,000 stored schedules' jobs at a start: in slices too)
+        for pair in planned:  # (100,000 stored schedules' jobs at a start: in slices too)
             await pacer.pause()
+            job = pair[0]
             wiring = job._wiring
             if wiring.ledger is None:
                 continue  # nothing to catch up from
             if wiring.batch is not None:
-                batched.setdefault(wiring.batch, []).append(job)
+                group, names = batched.setdefault(wiring.batch, ([], []))
+                group.append(pair)
+                names.append(job.name)
             else:
-                single.append(job)
-        for locker, group in batched.items():
+                single.append(pair)
+        for locker, (group, names) in batched.items():
             try:
-                found = await locker.ledger_summaries([job.name for job in group])
+                found = await locker.ledger_summaries(names)
             except Exception as exc:
                 _logger.error(
                     "reading the run ledger for catch-up of %d job(s) failed: %r",
@@ -129,7 +133,7 @@ class CatchUp:
                 continue
             now = self._clock.now()
             due: list[tuple[Job, datetime]] = []
-            for job in group:
+            for job, first in group:
                 await pacer.pause()
                 summary = found.get(job.name)
                 if summary is None or job._scheduler is None:
@@ -137,7 +141,7 @@ class CatchUp:
                 try:
                     job._checked(now)
                     job._learn(summary.last_run, summary.last_success)
-                    slot = self.decision(job, summary.last_claimed, started, jobs[job])
+                    slot = self.decision(job, summary.last_claimed, started, first)
                 except Exception:
                     # One job's odd history (a bug, a row no check foresaw) must not cost
                     # the catch-up of the others.
@@ -146,10 +150,10 @@ class CatchUp:
                 if slot is not None:
                     due.append((job, slot))
             self._dispatch_all(due)
-        for job in single:
+        for job, first in single:
             if job._scheduler is not None:  # still registered
                 try:
-                    await self.one(job, started, jobs[job])
+                    await self.one(job, started, first)
                 except Exception:
                     _logger.exception("job %r: catch-up failed", job.name, extra=at(job.name))
 

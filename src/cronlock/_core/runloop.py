@@ -7,7 +7,7 @@ import asyncio
 import functools
 import heapq
 import itertools
-from collections.abc import Callable, Coroutine, Iterable, Mapping
+from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -111,12 +111,12 @@ class RunLoop:
         # before the loop starts, so that the ledger tells of them, not of later ones.
         started = self._clock.now()
         self._main = self._loop.create_task(self._run_loop(), name=task_name("scheduler"))
-        self.catch_up({job: job._next_run for job in catch_up}, started)
+        self.catch_up([(job, job._next_run) for job in catch_up], started)
         if isinstance(self._clock, FleetClock):  # measures the offset to the server's clock
             # After catch-up: its first read opens a session the clock can then share.
             self._spawn(self._clock.keep(self._poke), name=task_name("fleet-clock"))
 
-    def catch_up(self, planned: Mapping[Job, datetime | None], started: datetime) -> None:
+    def catch_up(self, planned: Sequence[tuple[Job, datetime | None]], started: datetime) -> None:
         """Spawn a task catching up on the jobs of *planned* (each with the first slot
         planned for it) that keep a ledger, for their slots due by *started*."""
         if planned:  # (those without a ledger are left out by the task, in slices)

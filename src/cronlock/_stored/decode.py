@@ -24,7 +24,7 @@ from .._schedules.schedule import Schedule
 from . import limits
 from .json import check_stored, options_from_json, schedule_from_json
 
-__all__ = ("MAX_REASON", "Decoded", "Unreadable", "decode_row")
+__all__ = ("MAX_REASON", "Decoded", "Unreadable", "decode_row", "warm_up")
 
 MAX_REASON = 300
 """Characters of a reason kept (a message may quote a value of kilobytes)."""
@@ -123,3 +123,14 @@ def _decode(name: str, task: str, schedule: str, kwargs: str, options: str) -> D
             _options.clear()
         _checked[schedule, options] = (made, _options.setdefault(options, stored_options))
     return Decoded(made, values["kwargs"], stored_options)
+
+
+def warm_up() -> None:
+    """Import what decoding stored rows may need, ahead of the first read: croniter (whose
+    import runs ``file`` in a subprocess to learn the word size, 15-30 ms) and the calendar
+    schedules. A replica's start calls it in a worker thread, so that no import holds the
+    event loop while the jobs in code run (most of it waits on the subprocess and the disk,
+    without the GIL); once imported, it costs nothing."""
+    import croniter  # noqa: F401
+
+    from .._schedules import calendar  # noqa: F401

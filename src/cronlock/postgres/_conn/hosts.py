@@ -24,7 +24,7 @@ import inspect
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ("Address", "HostOrder", "addresses", "shown")
+__all__ = ("Address", "HostOrder", "addresses", "shown", "warm_up")
 
 Address = tuple[str, int] | str
 """What asyncpg connects to: ``(host, port)``, or a Unix socket's path."""
@@ -47,6 +47,13 @@ def _parser() -> tuple[Any, frozenset[str], dict[str, Any]]:
         if name in names and parameter.default is not inspect.Parameter.empty
     }
     return parse, names, defaults
+
+
+def warm_up() -> None:
+    """Import asyncpg and read its connect parser ahead of the first connect (15-20 ms of
+    imports): a locker's check calls it in a worker thread, so that the event loop goes on
+    meanwhile (a service's other tasks, a scheduler started late)."""
+    _parser()
 
 
 def addresses(dsn: str, connect_kwargs: Mapping[str, Any]) -> list[Address]:

@@ -27,6 +27,7 @@ from ..._locking.protocols import ASKED, Refusal, remember_claim
 from ..._logs import get_logger, say
 from ..._resources import HeldOpenByBlocks
 from ..._service import Service
+from .._conn.hosts import warm_up
 from .._conn.source import Keepalives, default_application_name, watch_pool
 from .._modes import exclusion_for, source_for
 from .._modes.base import Channels, Mode
@@ -404,6 +405,7 @@ class PostgresLocker(HeldOpenByBlocks, ReadsLedger):
         """
         if self._closed:
             raise LockError(_CLOSED)
+        await asyncio.to_thread(warm_up)  # asyncpg's imports, off the loop (once)
         await check_channel(self._exclusion, self._shards[0])
 
     def fleet_pace(self) -> float:

@@ -113,28 +113,39 @@ class LedgerReads:
         One statement per :data:`READ_BATCH` jobs, on the first job's shard. Jobs without
         a row are left out.
         """
-        sql, table = self._catch_up_sql, self._table
-        if not jobs:
-            return {}
         found: dict[str, LedgerSummary] = {}
-        names = list(dict.fromkeys(jobs))
-        for start in range(0, len(names), READ_BATCH):
-            chunk = names[start : start + READ_BATCH]
-            rows: list[Any] = await self._read(chunk[0], functools.partial(_fetch, sql, chunk))
-            for row in rows:
-                job = row["job"]
-                if row["odd_slot"] is not None:
-                    report_odd(table.runs, job, row["odd_slot"])
-                if row["claimed"] is None:
-                    continue
-                last, ok = (
-                    None
-                    if row[f"{prefix}slot"] is None
-                    else decode_run(Prefixed(row, prefix), table=table.runs, job=job)
-                    for prefix in ("l_", "s_")
-                )
-                found[job] = LedgerSummary(row["claimed"], last, ok)
+        seen: set[str] = set()
+        chunk: list[str] = []
+        # Gathered a batch at a time, between the reads: a pass over 100,000 names in one
+        # go would hold the loop for tens of milliseconds.
+        for name in jobs:
+            if name not in seen:
+                seen.add(name)
+                chunk.append(name)
+                if len(chunk) == READ_BATCH:
+                    await self._summarise(chunk, found)
+                    chunk = []
+        if chunk:
+            await self._summarise(chunk, found)
         return found
+
+    async def _summarise(self, chunk: list[str], found: dict[str, LedgerSummary]) -> None:
+        """Read the summaries of the jobs named in *chunk* into *found* (one statement)."""
+        sql, table = self._catch_up_sql, self._table
+        rows: list[Any] = await self._read(chunk[0], functools.partial(_fetch, sql, chunk))
+        for row in rows:
+            job = row["job"]
+            if row["odd_slot"] is not None:
+                report_odd(table.runs, job, row["odd_slot"])
+            if row["claimed"] is None:
+                continue
+            last, ok = (
+                None
+                if row[f"{prefix}slot"] is None
+                else decode_run(Prefixed(row, prefix), table=table.runs, job=job)
+                for prefix in ("l_", "s_")
+            )
+            found[job] = LedgerSummary(row["claimed"], last, ok)
 
     async def stored_changes(self, since: int) -> tuple[int, list[Change]]:
         """The stored schedules' latest revision and changes after *since*: one statement
