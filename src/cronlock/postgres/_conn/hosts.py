@@ -19,6 +19,7 @@ handed to ``asyncpg.connect`` whole, as before.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import inspect
 from collections.abc import Mapping, Sequence
@@ -49,11 +50,12 @@ def _parser() -> tuple[Any, frozenset[str], dict[str, Any]]:
     return parse, names, defaults
 
 
-def warm_up() -> None:
+async def warm_up() -> None:
     """Import asyncpg and read its connect parser ahead of the first connect (15-20 ms of
-    imports): a locker's check calls it in a worker thread, so that the event loop goes on
-    meanwhile (a service's other tasks, a scheduler started late)."""
-    _parser()
+    imports), in a worker thread, so that the event loop goes on meanwhile (a service's
+    other tasks, a scheduler started late); at once once done (a readiness probe's checks)."""
+    if not _parser.cache_info().currsize:
+        await asyncio.to_thread(_parser)
 
 
 def addresses(dsn: str, connect_kwargs: Mapping[str, Any]) -> list[Address]:

@@ -405,7 +405,7 @@ class PostgresLocker(HeldOpenByBlocks, ReadsLedger):
         """
         if self._closed:
             raise LockError(_CLOSED)
-        await asyncio.to_thread(warm_up)  # asyncpg's imports, off the loop (once)
+        await warm_up()  # asyncpg's imports, off the loop (once)
         await check_channel(self._exclusion, self._shards[0])
 
     def fleet_pace(self) -> float:
