@@ -358,6 +358,12 @@ def test_a_slot_due_while_a_claim_of_the_one_before_hung_is_coalesced() -> None:
     lines = [line for line in missing() if line["slot"] != MISSED - 1]
     hung = said("lockfailed", "quick", MISSED - 1, 0, MISSED + 0.7, why="StatementTimeout")
     assert dict(judge([*lines, hung], [RESTART]).explained) == {"restart": {"coalesced": 2}}
+    # A standby's skip of the slot changes nothing: it left the slot to the racers, whose
+    # claims hung (lease mode, seed 182497113: seven slots judged missed).
+    standby = said("skip", "quick", MISSED, 1, MISSED - 0.1, reason="standby")
+    verdict = judge([*lines, hung, standby], [RESTART])
+    assert (dict(verdict.explained), verdict.unexplained) == ({"restart": {"coalesced": 2}}, [])
     # The claim failed before the slot: nothing hung across it, the slot is a miss.
     early = {**hung, "t": MISSED - 0.5}
     assert judge([*lines, early], [RESTART]).unexplained
+    assert judge([*lines, early, standby], [RESTART]).unexplained

@@ -32,7 +32,8 @@ soak left it (``cronlock_runs``: which process's claim of each slot stands), and
     ``LockUnavailable``, ``SessionLost`` or ``StatementTimeout``) and was not tried again
     because the replica fired a later slot of the job (owed too, or claimed): cronlock
     keeps only the latest slot of a job owed across an outage (one run of the latest slot
-    within the grace); or no replica said a word of it, it fell due while a claim of an
+    within the grace); or no replica said a word of it (but a standby's skip: it leaves
+    the slot to the racers), it fell due while a claim of an
     earlier slot of the job hung on the server (that claim failed after it: cronlock owes
     such a slot without an event) and a later slot of the job was fired; or the ledger's
     claim of it is ``lock_lost`` by a replica that lost the lock before the run began (a
@@ -348,11 +349,13 @@ class _Said:
         older, whether it failed or got through (cronlock's ``_core/outage.py``)."""
         last: dict[int, dict[str, Any]] = {}
         for r in self.lines.get((job, slot), ()):
-            last[r["pid"]] = r
+            if not (r["e"] == "skip" and r.get("reason") == "standby"):
+                last[r["pid"]] = r
         if not last:
-            # No replica said a word of it: it fell due while a claim of an earlier slot of
-            # the job hung on the server (the failure came after it), which owes it without
-            # an event; a later slot was fired since.
+            # No racing replica said a word of it (a standby's skip says only that it left
+            # the slot to the racers): it fell due while a claim of an earlier slot of the
+            # job hung on the server (the failure came after it), which owes it without an
+            # event; a later slot was fired since.
             hung = any(earlier < slot < t for earlier, t in self.hung.get(job, ()))
             return hung and any(
                 later > slot
