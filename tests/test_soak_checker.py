@@ -262,6 +262,24 @@ def test_a_claim_whose_lock_was_lost_before_it_began_may_coalesce_into_a_later_s
     assert len(verdict.lost_claims) == 1 and verdict.failures
 
 
+def test_a_claim_recorded_whose_answer_never_came_may_coalesce_into_a_later_slot() -> None:
+    # r0's claim reached the server but its answer did not (a partition: StatementTimeout),
+    # and r0 fired the next slots: the slot was owed and coalesced (seed 2410212484).
+    failed = said("lockfailed", "quick", MISSED, 0, MISSED + 2, why="StatementTimeout")
+    lines = [*missing(), failed, said("skip", "quick", MISSED, 1, MISSED, reason="already_ran")]
+    claims = [checker.Claim("quick", MISSED, pid=100, outcome=None)]
+    verdict = judge(lines, ledger=claims)
+    assert (verdict.lost_claims, verdict.unanswered_then_coalesced) == ([], 1)
+    # Claimed again by r0 and told already_ran (its own claim): lost, a failure.
+    again = said("skip", "quick", MISSED, 0, MISSED + 2.5, reason="already_ran")
+    verdict = judge([*lines, again], ledger=claims)
+    assert len(verdict.lost_claims) == 1 and verdict.failures
+    # A failure for another reason than the server (LockHeldElsewhere, say) excuses nothing.
+    other = {**failed, "why": "LockError"}
+    verdict = judge([*missing(), other], ledger=claims)
+    assert len(verdict.lost_claims) == 1 and verdict.failures
+
+
 def test_slots_that_ran_without_a_claim_in_the_ledger_are_reported() -> None:
     # After a failover, claims the standby had not received are gone: reported, no failure.
     claims = [checker.Claim("quick", T0 + k, pid=100) for k in range(9)]

@@ -52,7 +52,12 @@ soak left it (``cronlock_runs``: which process's claim of each slot stands), and
   wrote no start line for it (the fleet took the slot for run, and it never ran). Must be
   0, but for a claim whose lock its claimer lost before the run began (a ``lost`` line,
   outcome ``lock_lost``) and which then fired a later slot of the job: cronlock owes such
-  a slot again, and it coalesced into the later one (counted apart).
+  a slot again, and it coalesced into the later one (counted apart); and for a claim the
+  server recorded whose answer never reached its claimer (its last word on the slot a
+  ``LockFailed`` for want of the server, the claim unfinished) and which then fired a
+  later slot of the job: owed, then coalesced (counted apart too). One whose claimer
+  claimed it again instead (and was told ``already_ran`` by its own claim) is still a
+  lost claim.
 - **unrecovered**: slots of a ``recover=True`` job whose only runs never finished.
 - **unledgered**: slots that ran but have no claim in the ledger (reported: after a
   failover, claims the standby had not received are gone).
@@ -187,6 +192,10 @@ class Verdict:
     """The same, counted by the fault's kind."""
     lost_claims: list[str] = dataclasses.field(default_factory=list)
     lost_then_coalesced: int = 0
+    unanswered_then_coalesced: int = 0
+    """Claims the server recorded whose answer never reached their claimer (its last word
+    on the slot a claim that failed for want of the server), which fired a later slot of
+    the job since: owed, then coalesced, as a claim that never got through is."""
     unledgered: list[str] = dataclasses.field(default_factory=list)
     ledger: bool = False
     """Whether the ledger was read (the evidence of an older soak has none)."""
@@ -378,6 +387,18 @@ class _Said:
         lost = [r["t"] for r in lines if r["pid"] == pid and r["e"] == "lost"]
         return bool(lost) and any(later > slot for later in self.fired[(pid, job)])
 
+    def unanswered(self, job: str, slot: float, pid: int) -> bool:
+        """Whether *pid*'s last word on *slot* is a claim that failed for want of the server
+        (it may have been recorded, its answer lost: a partition, a statement timed out)
+        and *pid* fired a later slot of *job* since: the slot was owed and coalesced."""
+        mine = [r for r in self.lines.get((job, slot), ()) if r["pid"] == pid]
+        return (
+            bool(mine)
+            and mine[-1]["e"] == "lockfailed"
+            and mine[-1].get("why") in UNREACHABLE
+            and any(later > slot for later in self.fired[(pid, job)])
+        )
+
     def behind_late_run(self, job: str, slot: float, runs: Sequence[Run]) -> bool:
         """Whether every replica that spoke of *slot* skipped it by the overlap rule, and a
         run of an earlier slot of *job* began after it: that run's claim was in flight
@@ -531,6 +552,9 @@ def _claim(job: Job, slot: float, runs: Sequence[Run], owed: bool, said: _Said, 
         and said.coalesced_after_loss(job.name, slot, claim.pid)
     ):
         v.lost_then_coalesced += 1
+        return
+    if not runs and claim.outcome is None and said.unanswered(job.name, slot, claim.pid):
+        v.unanswered_then_coalesced += 1
         return
     ran = ", ".join(f"r{r.replica}/pid {r.pid}" for r in runs) or "nobody"
     v.lost_claims.append(

@@ -437,7 +437,8 @@ def report(mode: str, seed: int, v: Verdict, problems: list[str]) -> None:
         print(
             f"- claims in the ledger never started by their live claimer: {len(v.lost_claims)}"
             f" (lost before they began, then coalesced into a later slot: "
-            f"{v.lost_then_coalesced})"
+            f"{v.lost_then_coalesced}; recorded, their answer lost, then coalesced: "
+            f"{v.unanswered_then_coalesced})"
         )
         print(f"- slots run but not in the ledger: {len(v.unledgered)}")
     else:
