@@ -370,6 +370,20 @@ def test_a_recovered_slot_finished_twice_inside_a_fault_window_is_its_documented
     assert len(verdict.duplicates) == 1 and verdict.failures
 
 
+def test_a_slot_whose_outage_outlasted_the_soak_is_not_owed() -> None:
+    # A failover in the soak's last seconds: its outage is over after the replicas were
+    # stopped, so the slot due in it could not run (seed 1415912310: twelve slots).
+    lines = [line for line in every_slot(QUICK, T0, T0 + 10) if line["slot"] != T0 + 9]
+    failed = said("lockfailed", "quick", T0 + 9, 0, T0 + 9.4, why="LockUnavailable")
+    late = checker.Fault("failover", None, T0 + 8.5, T0 + 9.5, T0 + 30.0, outage_end=T0 + 20.0)
+    verdict = judge([*lines, failed], [late])
+    assert (verdict.unexplained, verdict.failures) == ([], [])
+    assert verdict.explained["failover"]["outage outlasted the soak"] == 1
+    # Over before the soak stopped, the same slot is owed: a failure.
+    early = checker.Fault("failover", None, T0 + 8.5, T0 + 9.5, T0 + 30.0, outage_end=T0 + 9.8)
+    assert judge([*lines, failed], [early]).unexplained
+
+
 def test_a_slot_due_while_a_claim_of_the_one_before_hung_is_coalesced() -> None:
     # The claim of the slot before hung on the server across this slot (it failed after
     # it): cronlock owed this slot without a word; a later slot was fired.

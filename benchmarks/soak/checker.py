@@ -24,6 +24,8 @@ soak left it (``cronlock_runs``: which process's claim of each slot stands), and
   by the fault's kind and the explanation:
 
   - **grace ran out**: the slot's grace ended before the fault's outage did;
+  - **outage outlasted the soak**: the fault's outage was not over when the soak stopped
+    the replicas (a fault in its last seconds): nothing could run the slot;
   - **claimed by a killed replica**: the ledger's claim of the slot is a process the
     nemesis killed, which never wrote its start line (claimed, then killed);
   - **held**: a replica's claim found the job ``locked`` (``JobSkipped(reason="locked")``):
@@ -469,8 +471,11 @@ def _slots(job: Job, runs: Sequence[Run], faults: Sequence[Fault], said: _Said, 
         v.slots += 1
         mine = for_slot.get(slot, [])
         covering = [f for f in faults if f.covers(slot)]
-        # The grace outlasted the faults' outage (no fault: nothing to outlast).
-        owed = slot + job.grace >= max((f.over for f in covering), default=-math.inf)
+        # The grace outlasted the faults' outage (no fault: nothing to outlast), and the
+        # outage was over before the soak stopped the replicas (else they had no chance).
+        over = max((f.over for f in covering), default=-math.inf)
+        outlasted = over >= v.judged_to
+        owed = slot + job.grace >= over and not outlasted
         _claim(job, slot, mine, owed, said, v)
         if mine:
             v.ran += 1
@@ -497,7 +502,7 @@ def _slots(job: Job, runs: Sequence[Run], faults: Sequence[Fault], said: _Said, 
             continue
         kind = max(covering, key=lambda f: f.start).kind  # the latest to begin before it
         v.misses_inside[kind] += 1
-        why = _explained(job, slot, owed, runs, said)
+        why = "outage outlasted the soak" if outlasted else _explained(job, slot, owed, runs, said)
         if why is not None:
             v.explained[kind][why] += 1
             v.explained_slots.append(
