@@ -20,9 +20,14 @@ __all__ = (
 )
 
 
+_monotonic: Callable[[], float] = time.monotonic
+"""What :func:`monotonic` reads; the fleet simulation (``cronlock._sim``) sets its virtual
+time here, so that leases, fences and back-offs follow the simulated processes' time."""
+
+
 def monotonic() -> float:
     """Seconds on the monotonic clock: for leases and durations, never for slots."""
-    return time.monotonic()
+    return _monotonic()
 
 
 def loop_clock(loop: asyncio.AbstractEventLoop) -> Callable[[], float]:

@@ -14,7 +14,7 @@ import sys
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from ..._cancel import finish_uncancellably, task_name
 from ..._dsn import connect_failure, target_of
@@ -30,6 +30,7 @@ _logger = get_logger("cronlock.postgres")
 __all__ = (
     "POOL_WATCH_INTERVAL",
     "ConnectionSource",
+    "Connector",
     "Keepalives",
     "configure_session",
     "default_application_name",
@@ -119,18 +120,42 @@ def terminate(conn: Any) -> None:
         conn.terminate()
 
 
+@runtime_checkable
+class Connector(Protocol):
+    """Something else to connect to: the simulated server of ``cronlock._sim`` (its
+    connections answer what the backend asks of asyncpg's, and raise asyncpg's errors)."""
+
+    def describe(self) -> str:
+        """What it is, for error messages (never a password)."""
+        ...
+
+    async def connect(self, timeout: float) -> Any:
+        """A new connection within *timeout* seconds."""
+        ...
+
+
 class ConnectionSource:
-    """Where dedicated connections come from: an asyncpg pool, or a DSN to connect to.
+    """Where dedicated connections come from: an asyncpg pool, a DSN to connect to, or a
+    :class:`Connector`.
 
     A DSN that lists several hosts is tried host by host (:mod:`.hosts`), each with a share
     of the connect timeout, the host that worked last first.
     """
 
-    __slots__ = ("_address_of", "_connect_kwargs", "_dsn", "_hosts", "_pool", "_told")
+    __slots__ = (
+        "_address_of",
+        "_connect_kwargs",
+        "_connector",
+        "_dsn",
+        "_hosts",
+        "_pool",
+        "_told",
+    )
 
     def __init__(self, pool_or_dsn: Any, connect_kwargs: Mapping[str, Any] | None = None) -> None:
         # Whoever made a pool imported asyncpg: no need to import it to recognise one.
         asyncpg = sys.modules.get("asyncpg")
+        self._connector: Connector | None = None
         if isinstance(pool_or_dsn, str):
             self._dsn: str | None = pool_or_dsn
             self._pool: Any = None
@@ -139,6 +164,8 @@ class ConnectionSource:
                 raise TypeError("connect_kwargs only apply when a DSN is given, not a pool")
             self._dsn = None
             self._pool = pool_or_dsn
+        elif isinstance(pool_or_dsn, Connector):
+            self._dsn, self._pool, self._connector = None, None, pool_or_dsn
         else:
             raise TypeError(
                 f"expected an asyncpg.Pool or a DSN string, got {type(pool_or_dsn).__name__}"
@@ -174,6 +201,8 @@ class ConnectionSource:
         """A short description for error messages; never includes a password."""
         if self._pool is not None:
             return f"asyncpg pool (max_size={self._pool.get_max_size()})"
+        if self._connector is not None:
+            return self._connector.describe()
         return "PostgreSQL server"
 
     async def checkout(self, *, timeout: float) -> Any:
@@ -234,6 +263,8 @@ class ConnectionSource:
 
     async def _connect(self, timeout: float) -> Any:
         """A new connection of the DSN; a failure is said without the password (:mod:`._dsn`)."""
+        if self._connector is not None:
+            return await self._connector.connect(timeout)
         assert self._dsn is not None
         found = addresses(self._dsn, self._connect_kwargs) if target_of(self._dsn).clean else []
         if len(found) > 1:

@@ -1,0 +1,117 @@
+"""The simulated server's data: the ledger's tables as dictionaries, every change undoable.
+
+A table is a dict from its primary key to a row (a dict of column values). Each statement
+runs atomically at one virtual instant (the server serialises them); its changes go through
+:meth:`Database.put` / :meth:`Database.delete`, which log the old value, so that a commit can
+be lost again (a failover to a standby missing the last *k* commits) and a snapshot restored.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+__all__ = ("TABLES", "Commit", "Database")
+
+TABLES = ("runs", "jobs", "control", "leases", "members", "secrets", "definitions", "schedules")
+"""The ledger's tables, by the names of :class:`cronlock.postgres._sql.tables.LedgerTable`'s
+properties. Keys: runs (job, slot); definitions (job, holder); the others their first column."""
+
+_Key = Any
+_Row = dict[str, Any]
+_MISSING = object()
+
+
+@dataclass(slots=True)
+class Commit:
+    """One committed statement: when, and how to take it back."""
+
+    at: datetime
+    undo: list[tuple[str, _Key, Any]] = field(default_factory=list)
+
+
+class Database:
+    """The tables and the log of commits (only their undo records are kept)."""
+
+    def __init__(self) -> None:
+        self.tables: dict[str, dict[_Key, _Row]] = {name: {} for name in TABLES}
+        self.log: list[Commit] = []
+        self._open: Commit | None = None
+
+    def begin(self, at: datetime) -> None:
+        """Start one statement's changes."""
+        self._open = Commit(at)
+
+    def commit(self) -> None:
+        """Keep the open statement's changes (logged only if it changed something)."""
+        if self._open is not None and self._open.undo:
+            self.log.append(self._open)
+        self._open = None
+
+    def rollback(self) -> None:
+        """Undo the open statement's changes (it failed half way)."""
+        if self._open is not None:
+            self._undo(self._open)
+        self._open = None
+
+    def table(self, name: str) -> dict[_Key, _Row]:
+        """The rows of table *name*, by key (read only: change them with :meth:`put`)."""
+        return self.tables[name]
+
+    def get(self, name: str, key: _Key) -> _Row | None:
+        """The row of *name* at *key*, or ``None``."""
+        return self.tables[name].get(key)
+
+    def put(self, name: str, key: _Key, row: _Row) -> None:
+        """Insert or replace the row of *name* at *key*."""
+        rows = self.tables[name]
+        self._remember(name, key, rows.get(key, _MISSING))
+        rows[key] = row
+
+    def update(self, name: str, key: _Key, **changes: Any) -> _Row:
+        """Change some columns of the row at *key* (which must exist); return the new row."""
+        old = self.tables[name][key]
+        new = {**old, **changes}
+        self.put(name, key, new)
+        return new
+
+    def delete(self, name: str, key: _Key) -> _Row | None:
+        """Delete the row at *key*; return it (``None``: there was none)."""
+        rows = self.tables[name]
+        old = rows.pop(key, None)
+        if old is not None:
+            self._remember(name, key, old)
+        return old
+
+    def _remember(self, name: str, key: _Key, old: Any) -> None:
+        if self._open is None:
+            raise RuntimeError("a change outside a statement")
+        self._open.undo.append((name, key, old))
+
+    def _undo(self, commit: Commit) -> None:
+        for name, key, old in reversed(commit.undo):
+            if old is _MISSING:
+                self.tables[name].pop(key, None)
+            else:
+                self.tables[name][key] = old
+
+    def lose_last(self, k: int) -> int:
+        """Take back the last *k* commits (a standby promoted without them); return how many
+        were taken back."""
+        lost = 0
+        while lost < k and self.log:
+            self._undo(self.log.pop())
+            lost += 1
+        return lost
+
+    def snapshot(self) -> tuple[dict[str, dict[_Key, _Row]], int]:
+        """A copy of every table, and the log's length then (for :meth:`restore`)."""
+        return copy.deepcopy(self.tables), len(self.log)
+
+    def restore(self, snapshot: tuple[dict[str, dict[_Key, _Row]], int]) -> None:
+        """Go back to *snapshot* (a storage snapshot restored under the same identity)."""
+        tables, length = snapshot
+        self.tables = copy.deepcopy(tables)
+        del self.log[length:]

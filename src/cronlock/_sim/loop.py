@@ -1,0 +1,121 @@
+"""Event loops on virtual time, one per simulated process, stepped by one world.
+
+Each replica runs on a loop of its own, as a process would: freezing a replica is not
+stepping its loop; killing it is dropping its loop with whatever it was doing. Every loop
+reads the world's one virtual clock (:attr:`VirtualTime.now`), so ``asyncio.sleep``,
+``asyncio.timeout`` and every timer of the library fire at exact virtual instants, and a
+run never waits on real time.
+
+Why a loop of our own rather than ``looptime`` or ``async-solipsism``: both fast-forward
+one loop, and the simulation needs several loops that share one clock and are stepped in
+the world's order (a frozen process keeps its timers while the others go on). What is
+needed of asyncio is its base loop's ``_run_once`` (run what is ready, then the timers due);
+the selector never blocks, and nothing here does real I/O.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from asyncio import events
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ("SimLoop", "VirtualTime")
+
+
+class VirtualTime:
+    """The world's clock: seconds since the simulation began, moved only by the world."""
+
+    __slots__ = ("now",)
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+
+class _NoSelector:
+    """A selector with nothing to select: virtual time is moved by the world, not here."""
+
+    def select(self, timeout: float | None = None) -> list[Any]:
+        return []
+
+    def register(self, *args: Any) -> None:
+        pass
+
+    def unregister(self, *args: Any) -> None:
+        pass
+
+    def get_map(self) -> dict[Any, Any]:
+        return {}
+
+    def close(self) -> None:
+        pass
+
+
+class SimLoop(asyncio.BaseEventLoop):
+    """An asyncio loop whose :meth:`time` is the world's virtual time, run a step at a time."""
+
+    def __init__(self, clock: VirtualTime, name: str, on_error: Callable[[str], None]) -> None:
+        super().__init__()
+        self._selector = _NoSelector()  # read by BaseEventLoop._run_once
+        self._virtual = clock
+        self.name = name
+        self._on_error = on_error
+        self.set_exception_handler(self._exception)
+
+    def time(self) -> float:
+        """The world's virtual time."""
+        return self._virtual.now
+
+    def _process_events(self, event_list: list[Any]) -> None:
+        pass
+
+    def _write_to_self(self) -> None:
+        pass
+
+    def _exception(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        # asyncio's own report of an exception nobody retrieved: a task that failed
+        # unawaited is a bug of the library (nothing a job does may escape its run).
+        message = context.get("message", "")
+        exc = context.get("exception")
+        self._on_error(f"{self.name}: {message} {exc!r}")
+
+    def run_in_executor(self, executor: Any, func: Callable[..., Any], *args: Any) -> Any:
+        """Run *func* here and now (``asyncio.to_thread`` included): a worker thread would
+        finish in real time, outside the world's order."""
+        future = self.create_future()
+        try:
+            future.set_result(func(*args))
+        except BaseException as exc:  # delivered to the awaiting task, as a thread's would be
+            future.set_exception(exc)
+        return future
+
+    def ready(self) -> bool:
+        """Whether a callback is ready to run now."""
+        return bool(self._ready)
+
+    def next_timer(self) -> float | None:
+        """When the earliest live timer of this loop is due (``None``: no timer)."""
+        scheduled = self._scheduled
+        while scheduled and scheduled[0]._cancelled:
+            import heapq
+
+            heapq.heappop(scheduled)
+            self._timer_cancelled_count = max(0, self._timer_cancelled_count - 1)
+        return scheduled[0]._when if scheduled else None
+
+    def step(self) -> None:
+        """Run what is ready now, and the timers due now: one turn of this loop."""
+        self._thread_id = threading.get_ident()  # is_running() while stepping
+        events._set_running_loop(self)
+        try:
+            self._run_once()
+        finally:
+            events._set_running_loop(None)
+            self._thread_id = None
+
+    def abandon(self) -> None:
+        """Forget everything this loop was doing (a killed process): no callback runs again,
+        no task is cancelled, no ``finally`` runs."""
+        self._ready.clear()
+        self._scheduled.clear()

@@ -1,0 +1,89 @@
+"""Statements about a session and the schema: settings, transactions, identity, the
+catalog reads a locker makes at connect (the ledger always exists, current, in the model)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ...postgres._sql import schema, sessions
+from ...postgres._sql.failover import SERVER_SQL
+from ..rows import Row, rows
+
+if TYPE_CHECKING:
+    from ...postgres._sql.tables import LedgerTable
+    from ..server import Exec
+    from . import Statements
+
+__all__ = ("register",)
+
+
+def register(statements: Statements, table: LedgerTable) -> None:
+    """Add this module's handlers."""
+    add, prefix = statements.add, statements.add_prefix
+    add("BEGIN;", _begin)
+    add("COMMIT;", _end)
+    add("ROLLBACK;", _end)
+    prefix("SET LOCAL lock_timeout =", _lock_timeout)
+    add("SET LOCAL jit = off", _status("SET"))
+    prefix("SELECT set_config(", _set_config)
+    prefix("SELECT pg_backend_pid() /* cronlock: is the statement cache on?", _backend_pid)
+    add(sessions.BACKEND_PID_SQL, _backend_pid)
+    add(sessions.SAME_BACKEND_SQL, lambda x, a: rows(["case"], (True if a[0] == x.pid else None,)))
+    add(sessions.PREPARED_AS_SQL, lambda x, a: rows(["coalesce"], ([],)))
+    add(sessions.READ_ONLY_SQL, lambda x, a: rows(["recovery", "read_only"], (False, False)))
+    add(SERVER_SQL, _server)
+    add("SELECT clock_timestamp()", lambda x, a: rows(["clock_timestamp"], (x.now,)))
+    add(schema.MIGRATE_LOCK_SQL, _xact_lock)
+    add(schema.LEDGER_STATE_SQL, lambda x, a: rows(["state"], (True,)))
+    prefix("SELECT t.privilege, t.name, t.col FROM unnest(", lambda x, a: [])
+    prefix("CREATE ", _status("CREATE"))
+    prefix("ALTER TABLE ", _status("ALTER TABLE"))
+
+
+def _status(text: str) -> Any:
+    return lambda x, a: text
+
+
+def _begin(x: Exec, args: tuple[Any, ...]) -> str:
+    x.session.in_transaction = True
+    return "BEGIN"
+
+
+def _end(x: Exec, args: tuple[Any, ...]) -> str:
+    session = x.session
+    session.in_transaction = False
+    session.lock_timeout = None
+    for key in session.xact_locks:
+        x.unlock(key)
+    session.xact_locks.clear()
+    return "COMMIT"
+
+
+def _lock_timeout(x: Exec, args: tuple[Any, ...]) -> str:
+    # Only the statements after it in the transaction see it; the text says the value.
+    x.session.lock_timeout = 0.05
+    return "SET"
+
+
+def _set_config(x: Exec, args: tuple[Any, ...]) -> list[Row]:
+    values = args[1::2]
+    for name, value in zip(args[0::2], values, strict=True):
+        if name == "application_name":
+            x.session.application_name = value
+    return rows([f"set_config{i}" for i in range(len(values))], tuple(values))
+
+
+def _backend_pid(x: Exec, args: tuple[Any, ...]) -> list[Row]:
+    return rows(["pg_backend_pid"], (x.pid,))
+
+
+def _server(x: Exec, args: tuple[Any, ...]) -> list[Row]:
+    server = x.server
+    return rows(["system", "timeline"], (server.system, f"{server.timeline:08X}"))
+
+
+def _xact_lock(x: Exec, args: tuple[Any, ...]) -> str:
+    # A transaction's migration lock: the ledger exists in the model, so nobody contends.
+    x.try_lock(args[0])
+    x.session.xact_locks.append(args[0])
+    return "SELECT 1"

@@ -1,0 +1,273 @@
+"""The simulated world: one virtual clock, one server, processes stepped in time order.
+
+:meth:`World.run_until` is the whole scheduler of the simulation: at each instant every
+live, unfrozen process runs what is ready (in a fixed order), then the world's own events
+due now (statements reaching the server, faults); when nothing is left at this instant,
+time jumps to the earliest timer of any process or the world. Nothing reads real time,
+nothing waits on real I/O, and every random draw comes from one seeded generator, so a
+seed replays a run exactly.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import logging
+import os
+import random
+import secrets
+import socket
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from .loop import SimLoop, VirtualTime
+
+if TYPE_CHECKING:
+    from .server import Request, Session, SimServer
+
+__all__ = ("Process", "SimClock", "World", "WorldStuck")
+
+_EPOCH = datetime(2026, 3, 1, 9, 0, tzinfo=UTC)
+_STEPS_AT_ONE_INSTANT = 200_000
+"""Turns at one virtual instant before the world calls it a livelock."""
+
+
+class WorldStuck(RuntimeError):
+    """The simulation cannot go on: a livelock at one instant, or a bug of the model."""
+
+
+@dataclass(eq=False)
+class Process:
+    """One simulated process: its loop, identity, clock skew, life."""
+
+    name: str
+    pid: int
+    host: str
+    loop: SimLoop
+    world: World
+    alive: bool = True
+    frozen_until: float = 0.0
+    skew: float = 0.0
+    connections: list[Any] = field(default_factory=list)
+    keep: list[Any] = field(default_factory=list)
+    """Tasks of a killed process, kept so that nobody closes their coroutines (a killed
+    process runs no ``finally``)."""
+
+    def runnable(self) -> bool:
+        """Alive and not frozen now."""
+        return self.alive and self.frozen_until <= self.world.now
+
+    def deliver(self, fn: Callable[[], None], *, delay: float | None = None) -> None:
+        """Run *fn* on this process's loop after *delay* (a network hop by default)."""
+        if not self.alive:
+            return
+        wait = self.world.latency() if delay is None else delay
+        self.loop.call_at(self.world.now + wait, fn)
+
+
+class SimClock:
+    """A process's wall clock: true virtual time plus its skew (a stepped clock); it follows
+    real time, as a host's clock does, so fleet time measures it against the server's."""
+
+    def __init__(self, process: Process) -> None:
+        self._process = process
+
+    @property
+    def real_time(self) -> bool:
+        """True: this clock moves with (virtual) real time."""
+        return True
+
+    def now(self) -> datetime:
+        """The process's wall time."""
+        world = self._process.world
+        return world.epoch + timedelta(seconds=world.now + self._process.skew)
+
+    async def sleep_until(self, deadline: datetime) -> None:
+        """Sleep until this clock reads *deadline* (it may have been stepped meanwhile)."""
+        import asyncio
+
+        while True:
+            left = (deadline - self.now()).total_seconds()
+            if left <= 0:
+                return
+            await asyncio.sleep(min(left, 60.0))
+
+
+class World:
+    """The virtual clock, the processes, the server, and the log of what happened."""
+
+    def __init__(self, seed: int, *, epoch: datetime = _EPOCH) -> None:
+        self.seed = seed
+        self.rng = random.Random(seed)
+        self.clock = VirtualTime()
+        self.epoch = epoch
+        self.processes: list[Process] = []
+        self.server: SimServer = None  # type: ignore[assignment]  # set by the caller
+        self._events: list[tuple[float, int, Callable[..., None], tuple[Any, ...]]] = []
+        self._seq = itertools.count()
+        self.current: Process | None = None
+        self.errors: list[str] = []
+        self.trace: list[str] = []
+        self.latency_range = (0.0005, 0.002)
+
+    @property
+    def now(self) -> float:
+        """Virtual seconds since the start."""
+        return self.clock.now
+
+    def at(self, seconds: float) -> datetime:
+        """The true instant *seconds* into the run."""
+        return self.epoch + timedelta(seconds=seconds)
+
+    def latency(self) -> float:
+        """One network hop's delay, drawn from the seed."""
+        low, high = self.latency_range
+        return low + (high - low) * self.rng.random()
+
+    def log(self, text: str) -> None:
+        """Note *text* in the run's trace (printed for a failure)."""
+        self.trace.append(f"{self.now:10.4f} {text}")
+
+    def error(self, text: str) -> None:
+        """Something the library must never do happened (an exception escaped a task)."""
+        self.errors.append(f"{self.now:.4f} {text}")
+
+    # -- processes ----------------------------------------------------------------------
+
+    def spawn(self, name: str) -> Process:
+        """A new process with a loop of its own."""
+        index = len(self.processes)
+        loop = SimLoop(self.clock, name, self.error)
+        process = Process(name, 40000 + index, f"sim-host-{index}", loop, self)
+        self.processes.append(process)
+        return process
+
+    def kill(self, process: Process) -> None:
+        """SIGKILL: the process stops at once; the kernel closes its sockets (the server
+        notices each session's end as soon as the FIN arrives)."""
+        if not process.alive:
+            return
+        process.alive = False
+        process.keep.extend(process.loop._ready)  # noqa: SLF001 - see Process.keep
+        process.keep.extend(process.loop._scheduled)  # noqa: SLF001
+        import asyncio
+
+        process.keep.extend(t for t in asyncio.all_tasks(process.loop))
+        process.loop.abandon()
+        for conn in process.connections:
+            if not conn.is_closed():
+                self.server.client_gone(conn._session)  # noqa: SLF001
+        self.log(f"{process.name} killed")
+
+    def freeze(self, process: Process, seconds: float) -> None:
+        """SIGSTOP for *seconds*: nothing of the process runs; its sessions stay open."""
+        process.frozen_until = max(process.frozen_until, self.now + seconds)
+        self.log(f"{process.name} frozen for {seconds}s")
+
+    # -- the world's own events ---------------------------------------------------------
+
+    def call_at(self, when: float, fn: Callable[..., None], *args: Any) -> None:
+        """Run *fn(*args)* at virtual time *when* (not before now)."""
+        heapq.heappush(self._events, (max(when, self.now), next(self._seq), fn, args))
+
+    def send(self, session: Session, request: Request) -> None:
+        """A statement leaves its client; it reaches the server after a hop."""
+        self.call_at(self.now + self.latency(), self.server.arrive, session, request)
+
+    # -- running ------------------------------------------------------------------------
+
+    def run_until(self, until: float) -> None:
+        """Run the world up to virtual time *until*."""
+        turns = 0
+        while True:
+            progressed = False
+            for process in self.processes:
+                if not process.runnable():
+                    continue
+                loop = process.loop
+                timer = loop.next_timer()
+                if loop.ready() or (timer is not None and timer <= self.now):
+                    self.current = process
+                    try:
+                        loop.step()
+                    finally:
+                        self.current = None
+                    progressed = True
+            while self._events and self._events[0][0] <= self.now:
+                _, _, fn, args = heapq.heappop(self._events)
+                fn(*args)
+                progressed = True
+            if progressed:
+                turns += 1
+                if turns > _STEPS_AT_ONE_INSTANT:
+                    raise WorldStuck(f"no progress of time at {self.now:.6f}s (a livelock)")
+                continue
+            turns = 0
+            upcoming = self._next_instant()
+            if upcoming is None or upcoming > until:
+                self.clock.now = max(self.now, until)
+                return
+            self.clock.now = upcoming
+
+    def _next_instant(self) -> float | None:
+        candidates = []
+        if self._events:
+            candidates.append(self._events[0][0])
+        for process in self.processes:
+            if not process.alive:
+                continue
+            timer = process.loop.next_timer()
+            if process.frozen_until > self.now:
+                candidates.append(process.frozen_until)
+            elif timer is not None:
+                candidates.append(timer)
+        return min(candidates) if candidates else None
+
+    # -- the process-wide patches a run needs -------------------------------------------
+
+    @contextmanager
+    def installed(self) -> Iterator[None]:
+        """Make this process's globals deterministic and per simulated process while the
+        world runs: the pid and host name each simulated process sees, the random draws,
+        the tokens, and the monotonic clock the library's leases read."""
+        from .. import _clock
+        from .._core import planner
+        from ..postgres._locker import failover
+
+        saved: list[tuple[Any, str, Any]] = []
+
+        def patch(owner: Any, name: str, value: Any) -> None:
+            saved.append((owner, name, getattr(owner, name)))
+            setattr(owner, name, value)
+
+        real_pid = os.getpid
+        rng = self.rng
+
+        def pid() -> int:
+            return self.current.pid if self.current is not None else real_pid()
+
+        def host() -> str:
+            return self.current.host if self.current is not None else "sim-world"
+
+        class _Random:
+            Random = staticmethod(lambda: random.Random(rng.getrandbits(64)))
+
+        patch(os, "getpid", pid)
+        patch(socket, "gethostname", host)
+        patch(secrets, "token_hex", lambda n=16: rng.getrandbits(8 * n).to_bytes(n, "big").hex())
+        patch(secrets, "token_bytes", lambda n=16: rng.getrandbits(8 * n).to_bytes(n, "big"))
+        patch(_clock, "_monotonic", lambda: self.clock.now)
+        patch(failover, "_now", lambda: self.epoch + timedelta(seconds=self.clock.now))
+        patch(planner, "random", _Random)
+        state = random.getstate()
+        random.seed(rng.getrandbits(64))
+        logging.raiseExceptions = False
+        try:
+            yield
+        finally:
+            random.setstate(state)
+            for owner, name, value in reversed(saved):
+                setattr(owner, name, value)
