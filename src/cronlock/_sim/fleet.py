@@ -174,9 +174,28 @@ class Fleet:
         self.table = LedgerTable(LEDGER)
         world.server = SimServer(world, statements_for(self.table))
         self.effects: list[Effect] = []
+        self.ledger: list[dict[str, Any]] = []
+        """The ledger's rows once the replicas stopped (before the world ended)."""
         self.said: list[Said] = []
         self.replicas = [Replica(self, world.spawn(f"r{i}")) for i in range(replicas)]
         self._heard = _Heard(self)
+
+    def running(self, job: str) -> Process | None:
+        """The process whose body of *job* started last and has not ended, if any."""
+        open_: dict[tuple[str, datetime, int], str] = {}
+        for effect in self.effects:
+            if effect.job != job:
+                continue
+            key = (effect.replica, effect.slot, effect.attempt)
+            if effect.kind == "start":
+                open_[key] = effect.replica
+            else:
+                open_.pop(key, None)
+        names = list(open_.values())
+        for replica in self.replicas:
+            if names and replica.name == names[-1] and replica.process.alive:
+                return replica.process
+        return None
 
     def run(self, seconds: float, *, quiet: float = 0.0, stop: bool = True) -> None:
         """Start every replica, run the world for *seconds*, then *quiet* more seconds, and
@@ -196,8 +215,13 @@ class Fleet:
                 self.world.run_until(seconds + quiet)
                 if stop:
                     for replica in self.replicas:
-                        replica.process.loop.call_soon(replica.stop.set)
+                        if replica.process.alive:
+                            replica.process.loop.call_soon(replica.stop.set)
                     self.world.run_until(self.world.now + 30.0)
+                self.ledger = list(self.world.server.db.table("runs").values())
+                logger.removeHandler(self._heard)
+                logger.setLevel(logging.CRITICAL + 1)  # the end of the world is not news
+                self.world.close()
         finally:
             logger.removeHandler(self._heard)
             logger.setLevel(level)

@@ -53,8 +53,7 @@ class Process:
     skew: float = 0.0
     connections: list[Any] = field(default_factory=list)
     keep: list[Any] = field(default_factory=list)
-    """Tasks of a killed process, kept so that nobody closes their coroutines (a killed
-    process runs no ``finally``)."""
+    """Tasks that would not end when the world did (kept from the garbage collector)."""
 
     def runnable(self) -> bool:
         """Alive and not frozen now."""
@@ -150,13 +149,7 @@ class World:
         notices each session's end as soon as the FIN arrives)."""
         if not process.alive:
             return
-        process.alive = False
-        process.keep.extend(process.loop._ready)  # noqa: SLF001 - see Process.keep
-        process.keep.extend(process.loop._scheduled)  # noqa: SLF001
-        import asyncio
-
-        process.keep.extend(t for t in asyncio.all_tasks(process.loop))
-        process.loop.abandon()
+        process.alive = False  # never stepped again; what it was doing stays where it was
         for conn in process.connections:
             if not conn.is_closed():
                 self.server.client_gone(conn._session)  # noqa: SLF001
@@ -166,6 +159,29 @@ class World:
         """SIGSTOP for *seconds*: nothing of the process runs; its sessions stay open."""
         process.frozen_until = max(process.frozen_until, self.now + seconds)
         self.log(f"{process.name} frozen for {seconds}s")
+
+    def close(self) -> None:
+        """End the world: the server goes away, every process (the killed ones too: their
+        coroutines must end somewhere) has its tasks cancelled and run to their end, with
+        time moving on, so nothing is left for the garbage collector to close outside a
+        loop. What happens now is not judged."""
+        import asyncio
+
+        server = self.server
+        server.up = False
+        for session in list(server.sessions.values()):
+            server.end_session(session, "the world ends")
+        for process in self.processes:
+            process.alive, process.frozen_until = True, 0.0
+            for task in asyncio.all_tasks(process.loop):
+                task.cancel()
+        self.errors_closed = len(self.errors)
+        self.run_until(self.now + 300.0)
+        for process in self.processes:
+            pending = asyncio.all_tasks(process.loop)
+            if pending:  # still not done: drop them where no finally can run any more
+                process.keep.extend(pending)
+            process.loop.abandon()
 
     # -- the world's own events ---------------------------------------------------------
 

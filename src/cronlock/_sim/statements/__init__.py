@@ -51,10 +51,15 @@ class Statements:
         self._exact: dict[str, Handler] = {}
         self._prefixes: list[tuple[str, Handler]] = []
         self._memo: dict[str, Handler] = {}
+        self.claims: set[Handler] = set()
+        """The handlers of the statements that claim slots (faults strike their answers)."""
 
-    def add(self, sql: str, handler: Handler) -> None:
-        """Answer *sql* (exactly, white space aside) with *handler*."""
+    def add(self, sql: str, handler: Handler, *, claim: bool = False) -> None:
+        """Answer *sql* (exactly, white space aside) with *handler*; *claim*: it claims
+        slots (a fault that loses "the answer to a claim" strikes it)."""
         self._exact[normalise(sql)] = handler
+        if claim:
+            self.claims.add(handler)
 
     def add_prefix(self, prefix: str, handler: Handler) -> None:
         """Answer every statement starting with *prefix* with *handler*."""

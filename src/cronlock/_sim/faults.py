@@ -1,0 +1,193 @@
+"""Faults as data: what goes wrong, when, for how long, to whom; drawn from a seed or
+written in a scenario.
+
+A fault is a frozen value with a one-line text (:meth:`Fault.text`) that
+:func:`parse_fault` reads back, so that a failing run can be replayed from its line. Each
+seed draws its own mix of fault kinds and their number ("swarm testing": some seeds only
+kill, some only lose answers, some everything), which finds more than one uniform mix.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, fields, replace
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from .fleet import Fleet
+
+__all__ = ("KINDS", "Fault", "apply", "draw", "parse_fault")
+
+Kind = Literal[
+    "reset",
+    "reply_lost",
+    "hang",
+    "table_lock",
+    "stall",
+    "crash",
+    "failover",
+    "restore",
+    "kill",
+    "freeze",
+    "clock_step",
+    "stop",
+]
+
+KINDS: tuple[Kind, ...] = (
+    "reset",
+    "reply_lost",
+    "hang",
+    "table_lock",
+    "stall",
+    "crash",
+    "failover",
+    "restore",
+    "kill",
+    "freeze",
+    "clock_step",
+)
+"""The kinds a random schedule draws from (``stop``, the whole fleet stopped, ends a run:
+scenarios use it)."""
+
+_PER_REPLICA = {"reset", "reply_lost", "hang", "kill", "freeze", "clock_step"}
+
+
+@dataclass(frozen=True, slots=True)
+class Fault:
+    """One fault: *kind* at *at* seconds into the run, lasting *seconds*, to replica
+    *replica* (for the kinds that strike one), losing *commits* (a failover), stepping a
+    clock by *step* seconds, or restoring the snapshot taken *back* seconds earlier."""
+
+    kind: Kind
+    at: float
+    seconds: float = 0.0
+    replica: int = 0
+    commits: int = 0
+    step: float = 0.0
+    back: float = 0.0
+    job: str = ""
+    """For ``kill``/``freeze``: strike the replica running this job then, whichever it is."""
+
+    def text(self) -> str:
+        """``kind@at`` and the fields that differ from their defaults: ``stall@12.5,seconds=10``."""
+        parts = [f"{self.kind}@{self.at:g}"]
+        for f in fields(self)[2:]:
+            value = getattr(self, f.name)
+            if value != f.default:
+                parts.append(f"{f.name}={value}" if isinstance(value, str) else f"{f.name}={value:g}")
+        return ",".join(parts)
+
+    def window(self) -> tuple[float, float]:
+        """When the disruption lasts, as far as the fault itself goes (a dead holder's
+        session or lease may outlive it: the oracle does not assume how long)."""
+        return (self.at, self.at + self.seconds)
+
+
+def parse_fault(text: str) -> Fault:
+    """Read back :meth:`Fault.text`."""
+    head, *rest = text.strip().split(",")
+    kind, _, at = head.partition("@")
+    if kind not in (*KINDS, "stop"):
+        raise ValueError(f"unknown fault kind {kind!r} in {text!r}")
+    fault = Fault(kind, float(at))  # type: ignore[arg-type]
+    for item in rest:
+        name, _, value = item.partition("=")
+        default = getattr(fault, name)
+        parsed = value if isinstance(default, str) else type(default)(float(value))
+        fault = replace(fault, **{name: parsed})
+    return fault
+
+
+def draw(rng: random.Random, *, replicas: int, seconds: float) -> list[Fault]:
+    """1-5 faults of a mix of 1-4 kinds this seed chose, within the first *seconds*."""
+    kinds = rng.sample(KINDS, rng.randint(1, 4))
+    faults = []
+    for _ in range(rng.randint(1, 5)):
+        kind = rng.choice(kinds)
+        at = round(rng.uniform(5.0, seconds - 10.0), 3)
+        replica = rng.randrange(replicas) if kind in _PER_REPLICA else 0
+        fault = Fault(kind, at, replica=replica)
+        if kind in ("table_lock", "stall"):
+            fault = replace(fault, seconds=round(rng.uniform(1.0, 15.0), 3))
+        elif kind == "hang":
+            fault = replace(fault, seconds=round(rng.uniform(1.0, 10.0), 3))
+        elif kind == "crash":
+            fault = replace(fault, seconds=round(rng.uniform(0.5, 5.0), 3))
+        elif kind == "failover":
+            fault = replace(
+                fault, seconds=round(rng.uniform(1.0, 5.0), 3), commits=rng.randint(0, 20)
+            )
+        elif kind == "restore":
+            fault = replace(
+                fault, seconds=round(rng.uniform(0.2, 1.0), 3), back=round(rng.uniform(2, 15), 3)
+            )
+        elif kind == "freeze":
+            fault = replace(fault, seconds=round(rng.uniform(1.0, 40.0), 3))
+        elif kind == "clock_step":
+            fault = replace(fault, step=round(rng.choice((-1, 1)) * rng.uniform(1.0, 30.0), 3))
+        faults.append(fault)
+    return sorted(faults, key=lambda f: f.at)
+
+
+def apply(fault: Fault, fleet: Fleet) -> None:
+    """Schedule *fault* in *fleet*'s world."""
+    world = fleet.world
+    server = world.server
+    process = fleet.replicas[fault.replica % len(fleet.replicas)].process
+
+    def claim_of(name: str) -> object:
+        # The next claim of the struck replica: a statement its handler module says is one.
+        def armed(request: object, session: object) -> bool:
+            statements = server.statements
+            handler = statements.lookup(request.sql)  # type: ignore[attr-defined]
+            return session.client == name and handler in statements.claims  # type: ignore[attr-defined]
+
+        return armed
+
+    def strike() -> None:
+        nonlocal process
+        world.log(f"fault {fault.text()}")
+        kind = fault.kind
+        if fault.job:
+            running = fleet.running(fault.job)
+            if running is None:
+                world.log(f"fault {fault.text()}: nobody runs {fault.job!r} now; not struck")
+                return
+            process = running
+        if kind == "reset":
+            for session in list(server.sessions.values()):
+                if session.client == process.name:
+                    server.end_session(session, "the connection was reset")
+        elif kind == "reply_lost":
+            server.reply_lost.append(claim_of(process.name))  # type: ignore[arg-type]
+        elif kind == "hang":
+            server.reply_hang.append((claim_of(process.name), fault.seconds))  # type: ignore[arg-type]
+        elif kind == "table_lock":
+            server.table_locks[fleet.table.runs] = world.now + fault.seconds
+        elif kind == "stall":
+            server.stalled_until = max(server.stalled_until, world.now + fault.seconds)
+        elif kind == "crash":
+            server.crash(fault.seconds)
+        elif kind == "failover":
+            server.crash(fault.seconds, lose=fault.commits, new_identity=True)
+        elif kind == "restore":
+            server.crash(fault.seconds)
+            if snapshots:
+                server.db.restore(snapshots[0])
+        elif kind == "kill":
+            world.kill(process)
+        elif kind == "freeze":
+            world.freeze(process, fault.seconds)
+        elif kind == "clock_step":
+            process.skew += fault.step
+        elif kind == "stop":
+            for replica in fleet.replicas:
+                replica.process.loop.call_soon(replica.stop.set)
+
+    snapshots: list[object] = []
+    if fault.kind == "restore":
+        world.call_at(
+            max(0.0, fault.at - fault.back),
+            lambda: snapshots.append(server.db.snapshot()),
+        )
+    world.call_at(fault.at, strike)

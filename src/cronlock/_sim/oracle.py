@@ -1,0 +1,304 @@
+"""The oracle of the promise (DESIGN.md §3a): every slot runs once across the fleet, or
+says why — judged from what a user can see, never from cronlock's own rules.
+
+It reads the jobs' own effects (a body writes ``start`` and ``end`` itself), the events the
+replicas emitted and the lines they logged (matched by class name and text, as a
+listener or a log search would), and the ledger's rows as ``history`` shows them. It knows
+the jobs' schedules (it computes their slots itself, by plain arithmetic) and the faults
+that were staged; it does not import the library's rules: not its grace checks, not its
+coalescing, not its notion of owed. What it checks:
+
+- ``twice``: a (job, slot, attempt) started more than once, or more attempts than retries allow;
+- ``overlap``: two runs of one job ran at the same time (spans from the bodies' effects);
+- ``silent``: a slot in the judged window neither started nor has a fate a user can see;
+- ``late``: a slot that did not run, whose disruption ended within its grace, was given up
+  (not run late, nor coalesced into a later slot that ran);
+- ``unfinished``: a ledger row without an outcome once everything settled;
+- ``lie``: a replica said it reruns a crashed run (``JobCrashed(recovered=True)``) and no
+  later attempt of that slot started;
+- ``error``: an exception escaped a task of the library.
+
+A fate a user can see: a ledger row for the slot with an outcome; a ``JobSkipped`` event for
+it with a reason that is a fate (``overlap``, ``misfire``, ``paused``, ``standby``,
+``not_leader``: not ``locked`` or ``already_ran``, which say someone else ran it); or a
+WARNING (or worse) naming the job and the slot, or a range of slots holding it.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+__all__ = ("RULES", "Judged", "JobView", "Violation", "judge")
+
+RULES = ("twice", "overlap", "silent", "late", "unfinished", "lie", "error")
+
+_FATES = {"overlap", "misfire", "paused", "standby", "not_leader"}
+_ISO = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:[+-]\d\d:\d\d|Z)?")
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+@dataclass(frozen=True, slots=True)
+class JobView:
+    """What the oracle knows of a job: its name, its schedule, the options a user set."""
+
+    name: str
+    schedule: str
+    """``every:<seconds>`` or ``cron:* * * * *`` (the forms the simulation's jobs use)."""
+    grace: float = 60.0
+    retries: int = 0
+    overlap: str = "skip"
+
+    def slots(self, start: datetime, end: datetime) -> list[datetime]:
+        """The job's slots in [start, end), computed here, not by the library."""
+        kind, _, value = self.schedule.partition(":")
+        if kind == "every":
+            step = float(value)
+        elif value.split()[0] == "*":
+            step = 60.0
+        else:
+            raise ValueError(f"the oracle computes 'every:N' and '* * * * *' only, not {value!r}")
+        first = -(-(start - _EPOCH).total_seconds() // step) * step
+        slots = []
+        t = first
+        while _EPOCH + timedelta(seconds=t) < end:
+            slots.append(_EPOCH + timedelta(seconds=t))
+            t += step
+        return slots
+
+
+@dataclass(frozen=True, slots=True)
+class Violation:
+    """One broken promise: the rule, the job and slot, and what was seen."""
+
+    rule: str
+    job: str
+    slot: datetime | None
+    detail: str
+
+    def text(self) -> str:
+        """One line."""
+        at = "" if self.slot is None else f" slot {self.slot:%H:%M:%S.%f}"[:-3]
+        return f"{self.rule}: job {self.job!r}{at}: {self.detail}"
+
+
+@dataclass(slots=True)
+class Judged:
+    """The verdict of one run."""
+
+    slots: int = 0
+    ran: int = 0
+    explained: int = 0
+    violations: list[Violation] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class _Start:
+    slot: datetime
+    attempt: int
+    replica: str
+    begin: float
+    end: float | None
+
+
+def judge(
+    *,
+    jobs: Sequence[JobView],
+    epoch: datetime,
+    window: tuple[float, float],
+    settled: float,
+    effects: Iterable[Any],
+    said: Iterable[Any],
+    ledger: Iterable[dict[str, Any]],
+    disruptions: Sequence[tuple[float, float]],
+    gone: dict[str, float],
+    errors: Sequence[str] = (),
+) -> Judged:
+    """Judge a run.
+
+    *window*: seconds into the run whose slots are judged; *settled*: when the run ended
+    (every slot of the window has had its chance, every owed thing its time);
+    *disruptions*: the staged faults' spans (seconds); *gone*: replicas killed, and when
+    (a body started there and never ended is taken to have ended then).
+    """
+    verdict = Judged()
+    at = lambda seconds: epoch + timedelta(seconds=seconds)  # noqa: E731
+    starts: dict[str, list[_Start]] = defaultdict(list)
+    open_: dict[tuple[str, datetime, int, str], float] = {}
+    for effect in effects:
+        key = (effect.job, effect.slot, effect.attempt, effect.replica)
+        if effect.kind == "start":
+            open_[key] = effect.at
+        else:
+            begin = open_.pop(key, effect.at)
+            starts[effect.job].append(
+                _Start(effect.slot, effect.attempt, effect.replica, begin, effect.at)
+            )
+    for (job, slot, attempt, replica), begin in open_.items():
+        starts[job].append(_Start(slot, attempt, replica, begin, gone.get(replica)))
+
+    skipped: dict[tuple[str, datetime], set[str]] = defaultdict(set)
+    recovered: list[tuple[str, datetime, str]] = []
+    warnings: list[tuple[float, str]] = []
+    for item in said:
+        what = item.what
+        if isinstance(what, logging.LogRecord):
+            if what.levelno >= logging.WARNING:
+                warnings.append((item.at, what.getMessage()))
+            continue
+        kind = type(what).__name__
+        if kind == "JobSkipped":
+            skipped[(what.job, what.slot)].add(what.reason)
+        elif kind == "JobCrashed" and what.recovered:
+            recovered.append((what.job, what.slot, item.replica))
+    rows = {(row["job"], row["slot"]): row for row in ledger}
+
+    for message in errors:
+        verdict.violations.append(Violation("error", "-", None, message))
+
+    for job in jobs:
+        runs = starts.get(job.name, [])
+        _twice(job, runs, verdict)
+        if job.overlap != "allow":
+            _overlaps(job, runs, verdict, settled)
+        ran = {run.slot for run in runs}
+        attempts: dict[datetime, int] = defaultdict(int)
+        for run in runs:
+            attempts[run.slot] = max(attempts[run.slot], run.attempt)
+        for job_name, slot, replica in recovered:
+            if job_name == job.name and attempts.get(slot, 0) < 2:
+                verdict.violations.append(
+                    Violation("lie", job.name, slot, f"{replica} said it reruns it; no rerun began")
+                )
+        for slot in job.slots(at(window[0]), at(window[1])):
+            verdict.slots += 1
+            if slot in ran:
+                verdict.ran += 1
+                continue
+            fate = _fate(job, slot, skipped, rows, warnings)
+            if fate is None:
+                seen = sorted(skipped.get((job.name, slot), ()))
+                verdict.violations.append(
+                    Violation(
+                        "silent",
+                        job.name,
+                        slot,
+                        "never ran and nothing a user can see says why"
+                        + (f" (skips seen: {', '.join(seen)})" if seen else ""),
+                    )
+                )
+                continue
+            verdict.explained += 1
+            due = (slot - epoch).total_seconds()
+            ended = _disruption_end(due, disruptions)
+            later = [s for s in ran if slot < s <= slot + timedelta(seconds=job.grace)]
+            if fate == "coalesced" and not later:
+                verdict.violations.append(
+                    Violation("late", job.name, slot, "coalesced into a later slot, none of which ran")
+                )
+            elif fate in ("misfire", "missed") and ended is not None and ended < due + job.grace - 5:
+                if not later:
+                    verdict.violations.append(
+                        Violation(
+                            "late",
+                            job.name,
+                            slot,
+                            f"given up ({fate}) though its disruption ended "
+                            f"{ended - due:.1f}s after it, within its grace of {job.grace:g}s",
+                        )
+                    )
+    for (job_name, slot), row in rows.items():
+        if row.get("outcome") is None:
+            verdict.violations.append(
+                Violation(
+                    "unfinished",
+                    job_name,
+                    slot,
+                    f"its ledger row has no outcome once the fleet settled (claimed by "
+                    f"{row.get('host')}:{row.get('pid')})",
+                )
+            )
+    return verdict
+
+
+def _twice(job: JobView, runs: list[_Start], verdict: Judged) -> None:
+    seen: dict[tuple[datetime, int], _Start] = {}
+    for run in runs:
+        key = (run.slot, run.attempt)
+        if key in seen:
+            verdict.violations.append(
+                Violation(
+                    "twice",
+                    job.name,
+                    run.slot,
+                    f"attempt {run.attempt} started on {seen[key].replica} and on {run.replica}",
+                )
+            )
+        seen[key] = run
+        if run.attempt > 1 + job.retries:
+            verdict.violations.append(
+                Violation("twice", job.name, run.slot, f"attempt {run.attempt} of {1 + job.retries}")
+            )
+
+
+def _overlaps(job: JobView, runs: list[_Start], verdict: Judged, settled: float) -> None:
+    spans = sorted((run.begin, run.end if run.end is not None else settled, run) for run in runs)
+    for i, (begin, end, run) in enumerate(spans):
+        for other_begin, _other_end, other in spans[i + 1 :]:
+            if other_begin >= end:
+                break
+            if other_begin == end:
+                continue
+            verdict.violations.append(
+                Violation(
+                    "overlap",
+                    job.name,
+                    other.slot,
+                    f"started on {other.replica} at {other_begin:.3f}s while the run of "
+                    f"slot {run.slot:%H:%M:%S} on {run.replica} ran ({begin:.3f}-{end:.3f}s)",
+                )
+            )
+
+
+def _fate(
+    job: JobView,
+    slot: datetime,
+    skipped: dict[tuple[str, datetime], set[str]],
+    rows: dict[tuple[str, datetime], dict[str, Any]],
+    warnings: list[tuple[float, str]],
+) -> str | None:
+    """What a user can see became of a slot that did not start, or ``None``."""
+    row = rows.get((job.name, slot))
+    if row is not None and row.get("outcome") is not None:
+        return str(row["outcome"])
+    reasons = skipped.get((job.name, slot), set()) & _FATES
+    if reasons:
+        return sorted(reasons)[0]
+    quoted = repr(job.name)
+    for _, message in warnings:
+        if quoted not in message and f"'{job.name}'" not in message:
+            continue
+        stamps = [_parse(text) for text in _ISO.findall(message)]
+        stamps = [s for s in stamps if s is not None]
+        if slot in stamps or (len(stamps) >= 2 and stamps[0] <= slot <= stamps[1]):
+            return "coalesced" if "coalesc" in message else "missed"
+    return None
+
+
+def _parse(text: str) -> datetime | None:
+    try:
+        value = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
+
+
+def _disruption_end(due: float, disruptions: Sequence[tuple[float, float]]) -> float | None:
+    """When the staged disruption the slot fell due in ended (``None``: none did)."""
+    ends = [end for begin, end in disruptions if begin - 1.0 <= due <= end + 1.0]
+    return max(ends) if ends else None

@@ -1,0 +1,106 @@
+"""One simulated run: a fleet, its faults, the run, the verdict, and the line that replays it.
+
+A run has a fault phase (the staged faults fall in it) and a quiet phase after it, in which
+nothing goes wrong and everything owed must happen ("safety, then liveness"): the slots
+judged are those due in the fault phase and the start of the quiet one, and the verdict is
+read once the quiet phase is over.
+"""
+
+from __future__ import annotations
+
+import random
+import shlex
+from dataclasses import dataclass, field
+from typing import Literal
+
+from .faults import Fault, apply, draw
+from .fleet import JOBS, Fleet, JobSpec
+from .oracle import Judged, JobView, judge
+from .world import World
+
+__all__ = ("Plan", "Result", "plan_for_seed", "run_plan")
+
+Mode = Literal["session", "lease"]
+WARMUP = 3.0
+"""Seconds after the start before slots are judged (the replicas are starting)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """What to run: the mode, the seed, the replicas, the faults and the phases."""
+
+    mode: Mode
+    seed: int
+    faults: tuple[Fault, ...] = ()
+    replicas: int = 3
+    seconds: float = 120.0
+    quiet: float = 90.0
+    jobs: tuple[JobSpec, ...] = JOBS
+    name: str = ""
+
+    def command(self) -> str:
+        """The one-line command that replays this run."""
+        if self.name:
+            return f"python benchmarks/simulate.py --mode {self.mode} --scenario {self.name}"
+        faults = " ".join(f"--fault {shlex.quote(f.text())}" for f in self.faults)
+        return f"python benchmarks/simulate.py --mode {self.mode} --seed {self.seed} {faults}".strip()
+
+
+@dataclass(slots=True)
+class Result:
+    """A run's verdict and what explains it."""
+
+    plan: Plan
+    judged: Judged
+    trace: list[str] = field(default_factory=list)
+    statements: int = 0
+
+    @property
+    def ok(self) -> bool:
+        """No violation."""
+        return not self.judged.violations
+
+
+def plan_for_seed(seed: int, mode: Mode, *, replicas: int = 3, seconds: float = 120.0) -> Plan:
+    """The random schedule of *seed*: its faults drawn from the seed alone."""
+    faults = draw(random.Random(seed), replicas=replicas, seconds=seconds)
+    return Plan(mode, seed, tuple(faults), replicas=replicas, seconds=seconds)
+
+
+def run_plan(plan: Plan) -> Result:
+    """Run *plan* in a world of its own and judge it."""
+    world = World(plan.seed)
+    fleet = Fleet(world, mode=plan.mode, replicas=plan.replicas, jobs=plan.jobs)
+    for fault in plan.faults:
+        apply(fault, fleet)
+    fleet.run(plan.seconds, quiet=plan.quiet)
+    gone = {p.name: 0.0 for p in world.processes if not p.alive}
+    for line in world.trace:
+        for p in world.processes:
+            if line.endswith(f"{p.name} killed"):
+                gone[p.name] = float(line.split()[0])
+    disruptions = [f.window() for f in plan.faults if f.kind not in ("clock_step",)]
+    views = [
+        JobView(
+            spec.name,
+            spec.schedule,
+            grace=float(spec.options.get("misfire_grace", 60.0)),
+            retries=int(spec.options.get("retries", 0)),
+            overlap=str(spec.options.get("overlap", "skip")),
+        )
+        for spec in plan.jobs
+    ]
+    ledger = fleet.ledger
+    judged = judge(
+        jobs=views,
+        epoch=world.epoch,
+        window=(WARMUP, plan.seconds + min(plan.quiet, 10.0)),
+        settled=world.now,
+        effects=fleet.effects,
+        said=fleet.said,
+        ledger=ledger,
+        disruptions=disruptions,
+        gone=gone,
+        errors=world.errors[: getattr(world, "errors_closed", len(world.errors))],
+    )
+    return Result(plan, judged, world.trace, world.server.statements_run)
