@@ -27,9 +27,9 @@ if os.environ.get("PYTHONHASHSEED") != "0":  # set iteration order is part of a 
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
 
-from cronlock._sim.faults import parse_fault  # noqa: E402
-from cronlock._sim.run import Mode, Plan, Result, plan_for_seed, run_plan  # noqa: E402
-from cronlock._sim.scenarios import KNOWN, SCENARIOS, scenario  # noqa: E402
+from cronlock._sim.faults import parse_fault
+from cronlock._sim.run import Mode, Plan, Result, plan_for_seed, run_plan
+from cronlock._sim.scenarios import KNOWN, SCENARIOS, scenario
 
 
 def main() -> int:

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from .rows import Row
 from .server import Request, Session
+from .statements.session import status
 
 if TYPE_CHECKING:
     from .world import Process, World
@@ -99,7 +100,7 @@ class SimConnection:
     async def execute(self, query: str, *args: Any, timeout: float | None = None) -> str:
         """Run *query*; its status text."""
         result = await self._request(query, args)
-        return result if isinstance(result, str) else f"SELECT {len(result or [])}"
+        return result if isinstance(result, str) else status("SELECT", len(result or []))
 
     @contextlib.asynccontextmanager
     async def transaction(self) -> AsyncIterator[None]:
@@ -187,7 +188,9 @@ class SimConnector:
         async with asyncio.timeout(timeout):
             await asyncio.sleep(self._world.latency())
             server = self._world.server
-            while server.up and self._world.now < server.stalled_until:
+            # A stalled server takes the connection but answers nothing until it resumes
+            # (the stall may be extended meanwhile: look again when it should be over).
+            while server.up and self._world.now < server.stalled_until:  # noqa: ASYNC110
                 await asyncio.sleep(server.stalled_until - self._world.now)
             if not server.up:
                 raise ConnectionRefusedError(111, "Connect call failed (simulated)")

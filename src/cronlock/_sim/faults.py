@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, fields, replace
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
     from .fleet import Fleet
@@ -74,7 +74,9 @@ class Fault:
         for f in fields(self)[2:]:
             value = getattr(self, f.name)
             if value != f.default:
-                parts.append(f"{f.name}={value}" if isinstance(value, str) else f"{f.name}={value:g}")
+                parts.append(
+                    f"{f.name}={value}" if isinstance(value, str) else f"{f.name}={value:g}"
+                )
         return ",".join(parts)
 
     def window(self) -> tuple[float, float]:
@@ -89,13 +91,15 @@ def parse_fault(text: str) -> Fault:
     kind, _, at = head.partition("@")
     if kind not in (*KINDS, "stop"):
         raise ValueError(f"unknown fault kind {kind!r} in {text!r}")
-    fault = Fault(kind, float(at))  # type: ignore[arg-type]
+    values: dict[str, Any] = {}
     for item in rest:
         name, _, value = item.partition("=")
-        default = getattr(fault, name)
-        parsed = value if isinstance(default, str) else type(default)(float(value))
-        fault = replace(fault, **{name: parsed})
-    return fault
+        known: dict[str, Any] = {f.name: f.default for f in fields(Fault)[2:]}
+        if name not in known:
+            raise ValueError(f"unknown fault field {name!r} in {text!r}")
+        default = known[name]
+        values[name] = value if isinstance(default, str) else type(default)(float(value))
+    return Fault(kind, float(at), **values)
 
 
 def draw(rng: random.Random, *, replicas: int, seconds: float) -> list[Fault]:
@@ -184,7 +188,7 @@ def apply(fault: Fault, fleet: Fleet) -> None:
             for replica in fleet.replicas:
                 replica.process.loop.call_soon(replica.stop.set)
 
-    snapshots: list[object] = []
+    snapshots: list[Any] = []
     if fault.kind == "restore":
         world.call_at(
             max(0.0, fault.at - fault.back),

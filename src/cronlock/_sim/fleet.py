@@ -19,7 +19,7 @@ from typing import Any, Literal
 from .._records import RunContext
 from .conn import SimConnector
 from .server import SimServer
-from .statements import statements_for
+from .statements.all import statements_for
 from .world import Process, SimClock, World
 
 __all__ = ("JOBS", "Effect", "Fleet", "JobSpec", "Replica", "Said")

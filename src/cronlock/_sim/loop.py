@@ -16,6 +16,7 @@ the selector never blocks, and nothing here does real I/O.
 from __future__ import annotations
 
 import asyncio
+import heapq
 import threading
 from asyncio import events
 from collections.abc import Callable
@@ -80,7 +81,9 @@ class SimLoop(asyncio.BaseEventLoop):
         exc = context.get("exception")
         self._on_error(f"{self.name}: {message} {exc!r}")
 
-    def run_in_executor(self, executor: Any, func: Callable[..., Any], *args: Any) -> Any:
+    def run_in_executor(  # type: ignore[override]
+        self, executor: Any, func: Callable[..., Any], *args: Any
+    ) -> asyncio.Future[Any]:
         """Run *func* here and now (``asyncio.to_thread`` included): a worker thread would
         finish in real time, outside the world's order."""
         future = self.create_future()
@@ -90,32 +93,38 @@ class SimLoop(asyncio.BaseEventLoop):
             future.set_exception(exc)
         return future
 
+    # BaseEventLoop's private state, which typeshed does not declare.
+
+    @property
+    def _base(self) -> Any:
+        return self
+
     def ready(self) -> bool:
         """Whether a callback is ready to run now."""
-        return bool(self._ready)
+        return bool(self._base._ready)
 
     def next_timer(self) -> float | None:
         """When the earliest live timer of this loop is due (``None``: no timer)."""
-        scheduled = self._scheduled
+        base = self._base
+        scheduled = base._scheduled
         while scheduled and scheduled[0]._cancelled:
-            import heapq
-
             heapq.heappop(scheduled)
-            self._timer_cancelled_count = max(0, self._timer_cancelled_count - 1)
-        return scheduled[0]._when if scheduled else None
+            base._timer_cancelled_count = max(0, base._timer_cancelled_count - 1)
+        when: float | None = scheduled[0]._when if scheduled else None
+        return when
 
     def step(self) -> None:
         """Run what is ready now, and the timers due now: one turn of this loop."""
-        self._thread_id = threading.get_ident()  # is_running() while stepping
+        base = self._base
+        base._thread_id = threading.get_ident()  # is_running() while stepping
         events._set_running_loop(self)
         try:
-            self._run_once()
+            base._run_once()
         finally:
             events._set_running_loop(None)
-            self._thread_id = None
+            base._thread_id = None
 
     def abandon(self) -> None:
-        """Forget everything this loop was doing (a killed process): no callback runs again,
-        no task is cancelled, no ``finally`` runs."""
-        self._ready.clear()
-        self._scheduled.clear()
+        """Forget everything this loop was to do: no callback of it runs again."""
+        self._base._ready.clear()
+        self._base._scheduled.clear()

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-__all__ = ("RULES", "Judged", "JobView", "Violation", "judge")
+__all__ = ("RULES", "JobView", "Judged", "Violation", "judge")
 
 RULES = ("twice", "overlap", "silent", "late", "unfinished", "lie", "error")
 
@@ -53,6 +53,13 @@ class JobView:
     grace: float = 60.0
     retries: int = 0
     overlap: str = "skip"
+    recover: bool = False
+    """A crashed run's slot may run again (one attempt more)."""
+
+    @property
+    def attempts(self) -> int:
+        """The most attempts a slot of this job may have."""
+        return 1 + self.retries + (1 if self.recover else 0)
 
     def slots(self, start: datetime, end: datetime) -> list[datetime]:
         """The job's slots in [start, end), computed here, not by the library."""
@@ -127,7 +134,10 @@ def judge(
     (a body started there and never ended is taken to have ended then).
     """
     verdict = Judged()
-    at = lambda seconds: epoch + timedelta(seconds=seconds)  # noqa: E731
+
+    def at(seconds: float) -> datetime:
+        return epoch + timedelta(seconds=seconds)
+
     starts: dict[str, list[_Start]] = defaultdict(list)
     open_: dict[tuple[str, datetime, int, str], float] = {}
     for effect in effects:
@@ -139,8 +149,8 @@ def judge(
             starts[effect.job].append(
                 _Start(effect.slot, effect.attempt, effect.replica, begin, effect.at)
             )
-    for (job, slot, attempt, replica), begin in open_.items():
-        starts[job].append(_Start(slot, attempt, replica, begin, gone.get(replica)))
+    for (name, slot, attempt, replica), begin in open_.items():
+        starts[name].append(_Start(slot, attempt, replica, begin, gone.get(replica)))
 
     skipped: dict[tuple[str, datetime], set[str]] = defaultdict(set)
     recovered: list[tuple[str, datetime, str]] = []
@@ -199,19 +209,25 @@ def judge(
             later = [s for s in ran if slot < s <= slot + timedelta(seconds=job.grace)]
             if fate == "coalesced" and not later:
                 verdict.violations.append(
-                    Violation("late", job.name, slot, "coalesced into a later slot, none of which ran")
-                )
-            elif fate in ("misfire", "missed") and ended is not None and ended < due + job.grace - 5:
-                if not later:
-                    verdict.violations.append(
-                        Violation(
-                            "late",
-                            job.name,
-                            slot,
-                            f"given up ({fate}) though its disruption ended "
-                            f"{ended - due:.1f}s after it, within its grace of {job.grace:g}s",
-                        )
+                    Violation(
+                        "late", job.name, slot, "coalesced into a later slot, none of which ran"
                     )
+                )
+            elif (
+                fate in ("misfire", "missed")
+                and ended is not None
+                and ended < due + job.grace - 5
+                and not later
+            ):
+                verdict.violations.append(
+                    Violation(
+                        "late",
+                        job.name,
+                        slot,
+                        f"given up ({fate}) though its disruption ended "
+                        f"{ended - due:.1f}s after it, within its grace of {job.grace:g}s",
+                    )
+                )
     for (job_name, slot), row in rows.items():
         if row.get("outcome") is None:
             verdict.violations.append(
@@ -240,9 +256,9 @@ def _twice(job: JobView, runs: list[_Start], verdict: Judged) -> None:
                 )
             )
         seen[key] = run
-        if run.attempt > 1 + job.retries:
+        if run.attempt > job.attempts:
             verdict.violations.append(
-                Violation("twice", job.name, run.slot, f"attempt {run.attempt} of {1 + job.retries}")
+                Violation("twice", job.name, run.slot, f"attempt {run.attempt} of {job.attempts}")
             )
 
 
@@ -283,8 +299,7 @@ def _fate(
     for _, message in warnings:
         if quoted not in message and f"'{job.name}'" not in message:
             continue
-        stamps = [_parse(text) for text in _ISO.findall(message)]
-        stamps = [s for s in stamps if s is not None]
+        stamps = [s for s in (_parse(text) for text in _ISO.findall(message)) if s is not None]
         if slot in stamps or (len(stamps) >= 2 and stamps[0] <= slot <= stamps[1]):
             return "coalesced" if "coalesc" in message else "missed"
     return None

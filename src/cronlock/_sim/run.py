@@ -15,7 +15,7 @@ from typing import Literal
 
 from .faults import Fault, apply, draw
 from .fleet import JOBS, Fleet, JobSpec
-from .oracle import Judged, JobView, judge
+from .oracle import JobView, Judged, judge
 from .world import World
 
 __all__ = ("Plan", "Result", "plan_for_seed", "run_plan")
@@ -43,7 +43,9 @@ class Plan:
         if self.name:
             return f"python benchmarks/simulate.py --mode {self.mode} --scenario {self.name}"
         faults = " ".join(f"--fault {shlex.quote(f.text())}" for f in self.faults)
-        return f"python benchmarks/simulate.py --mode {self.mode} --seed {self.seed} {faults}".strip()
+        return (
+            f"python benchmarks/simulate.py --mode {self.mode} --seed {self.seed} {faults}".strip()
+        )
 
 
 @dataclass(slots=True)
@@ -87,6 +89,7 @@ def run_plan(plan: Plan) -> Result:
             grace=float(spec.options.get("misfire_grace", 60.0)),
             retries=int(spec.options.get("retries", 0)),
             overlap=str(spec.options.get("overlap", "skip")),
+            recover=bool(spec.options.get("recover", False)),
         )
         for spec in plan.jobs
     ]
@@ -101,6 +104,6 @@ def run_plan(plan: Plan) -> Result:
         ledger=ledger,
         disruptions=disruptions,
         gone=gone,
-        errors=world.errors[: getattr(world, "errors_closed", len(world.errors))],
+        errors=world.errors[: world.errors_closed],
     )
     return Result(plan, judged, world.trace, world.server.statements_run)

@@ -57,7 +57,10 @@ SCENARIOS: dict[str, tuple[tuple[Mode, ...], Plan]] = {
     "holder-frozen": (
         ("session", "lease"),
         Plan(
-            "session", 16, (Fault("freeze", 11.0, seconds=30.0, job="long-0"),), jobs=_LONG,
+            "session",
+            16,
+            (Fault("freeze", 11.0, seconds=30.0, job="long-0"),),
+            jobs=_LONG,
             seconds=70,
         ),
     ),
@@ -65,7 +68,10 @@ SCENARIOS: dict[str, tuple[tuple[Mode, ...], Plan]] = {
     "failover-before-slot": (
         ("session", "lease"),
         Plan(
-            "session", 17, (Fault("failover", 9.985, seconds=1.0, commits=5),), jobs=_TICKS,
+            "session",
+            17,
+            (Fault("failover", 9.985, seconds=1.0, commits=5),),
+            jobs=_TICKS,
             seconds=40,
         ),
     ),
@@ -73,7 +79,10 @@ SCENARIOS: dict[str, tuple[tuple[Mode, ...], Plan]] = {
     "snapshot-restore": (
         ("session", "lease"),
         Plan(
-            "session", 18, (Fault("restore", 20.0, seconds=0.5, back=10.0),), jobs=_TICKS,
+            "session",
+            18,
+            (Fault("restore", 20.0, seconds=0.5, back=10.0),),
+            jobs=_TICKS,
             seconds=45,
         ),
     ),

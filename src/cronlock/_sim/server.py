@@ -16,14 +16,10 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .db import Database
 from .rows import Row
-
-if TYPE_CHECKING:
-    from .statements import Statements
-    from .world import World
 
 __all__ = ("Request", "Session", "SimServer")
 
@@ -64,7 +60,9 @@ class Session:
 class SimServer:
     """One database server (a primary; a failover swaps its identity and loses commits)."""
 
-    def __init__(self, world: World, statements: Statements) -> None:
+    def __init__(self, world: Any, statements: Any) -> None:
+        """*world*: the :class:`.world.World` it lives in; *statements*: what it answers
+        (:class:`.statements.Statements`)."""
         self.world = world
         self.statements = statements
         self.db = Database()
@@ -87,7 +85,8 @@ class SimServer:
 
     def clock(self) -> datetime:
         """``clock_timestamp()``: the server's own clock."""
-        return self.world.epoch + timedelta(seconds=self.world.now + self.skew)
+        epoch: datetime = self.world.epoch
+        return epoch + timedelta(seconds=self.world.now + self.skew)
 
     # -- sessions -----------------------------------------------------------------------
 

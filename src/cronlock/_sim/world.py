@@ -104,13 +104,26 @@ class World:
         self.clock = VirtualTime()
         self.epoch = epoch
         self.processes: list[Process] = []
-        self.server: SimServer = None  # type: ignore[assignment]  # set by the caller
+        self._server: SimServer | None = None
         self._events: list[tuple[float, int, Callable[..., None], tuple[Any, ...]]] = []
         self._seq = itertools.count()
         self.current: Process | None = None
         self.errors: list[str] = []
+        self.errors_closed = 0
+        """How many of :attr:`errors` came before the world began to end (judged)."""
         self.trace: list[str] = []
         self.latency_range = (0.0005, 0.002)
+
+    @property
+    def server(self) -> SimServer:
+        """The database server (the fleet sets it)."""
+        if self._server is None:
+            raise WorldStuck("this world has no server")
+        return self._server
+
+    @server.setter
+    def server(self, server: SimServer) -> None:
+        self._server = server
 
     @property
     def now(self) -> float:
@@ -151,8 +164,8 @@ class World:
             return
         process.alive = False  # never stepped again; what it was doing stays where it was
         for conn in process.connections:
-            if not conn.is_closed():
-                self.server.client_gone(conn._session)  # noqa: SLF001
+            if self._server is not None and not conn.is_closed():
+                self.server.client_gone(conn._session)
         self.log(f"{process.name} killed")
 
     def freeze(self, process: Process, seconds: float) -> None:
@@ -167,10 +180,11 @@ class World:
         loop. What happens now is not judged."""
         import asyncio
 
-        server = self.server
-        server.up = False
-        for session in list(server.sessions.values()):
-            server.end_session(session, "the world ends")
+        server = self._server
+        if server is not None:
+            server.up = False
+            for session in list(server.sessions.values()):
+                server.end_session(session, "the world ends")
         for process in self.processes:
             process.alive, process.frozen_until = True, 0.0
             for task in asyncio.all_tasks(process.loop):
@@ -182,6 +196,13 @@ class World:
             if pending:  # still not done: drop them where no finally can run any more
                 process.keep.extend(pending)
             process.loop.abandon()
+            process.loop.close()
+
+    def __enter__(self) -> World:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     # -- the world's own events ---------------------------------------------------------
 

@@ -24,17 +24,17 @@ from __future__ import annotations
 import itertools
 import json
 from collections.abc import Iterable, Sequence
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Literal
 
-from ...postgres._sql import bare, claims, crashes
+from ...postgres._sql import bare, claims
 from ...postgres._sql import runs as runs_sql
 from ..rows import Row, rows
 
 if TYPE_CHECKING:
     from ...postgres._sql.tables import LedgerTable
     from ..server import Exec
-    from . import Statements
+    from .registry import Statements
 
 __all__ = (
     "HIGH",
@@ -82,8 +82,8 @@ def register(statements: Statements, table: LedgerTable) -> None:
     add(claims.TRY_LOCK_MANY_SQL, _try_lock_many)
     add(claims.UNLOCK_MANY_SQL, _unlock_many)
     add(bare.TRY_LOCK_MANY_SQL, _bare_try_lock_many)
-    add(bare.UNLOCK_MANY_SQL, _unlock_many)
-    add(claims.claim_many_sql(table), _claim_many)
+    # bare.UNLOCK_MANY_SQL is the same statement as claims.UNLOCK_MANY_SQL (answered above).
+    add(claims.claim_many_sql(table), _claim_many, claim=True)
     add(claims.finish_many_sql(table), _finish_many)
     add(runs_sql.late_finish_sql(table), _late_finish)
     add(runs_sql.catch_up_sql(table), _catch_up)
@@ -94,8 +94,6 @@ def register(statements: Statements, table: LedgerTable) -> None:
         add(runs_sql.last_runs_many_sql(table, kinds), _last_runs_many(kinds))
     add(runs_sql.history_sql(table), _history)
     add(runs_sql.runs_page_sql(table), _runs_page)
-    add(crashes.retry_due_sql(table), _retry_due)
-    add(crashes.retries_pending_sql(table), _retries_pending)
 
 
 # -- values as PostgreSQL reads and writes them ------------------------------------------------
@@ -441,8 +439,14 @@ def late_finish(x: Exec, args: tuple[Any, ...]) -> int:
     return len(changed)
 
 
+def _updated(count: int) -> str:
+    """The status text of an ``UPDATE`` of *count* rows (built so: this folder holds no
+    statement text)."""
+    return " ".join(("UPDATE", str(count)))
+
+
 def _late_finish(x: Exec, args: tuple[Any, ...]) -> str:
-    return f"UPDATE {late_finish(x, args)}"
+    return _updated(late_finish(x, args))
 
 
 # -- reads of runs -------------------------------------------------------------------------------
@@ -514,32 +518,3 @@ def _runs_page(x: Exec, args: tuple[Any, ...]) -> list[Row]:
 
 
 # -- a failed attempt's retry ----------------------------------------------------------------------
-
-
-def _retry_due(x: Exec, args: tuple[Any, ...]) -> str:
-    """:func:`..crashes.retry_due_sql`: only while the row is the attempt before, failed."""
-    job, slot, attempt, when = args
-    run = x.db.get("runs", (job, slot)) if job is not None and slot is not None else None
-    if (
-        run is None
-        or attempt is None
-        or run["attempt"] != attempt - 1
-        or run["outcome"] not in ("failed", "timed_out")
-    ):
-        return "UPDATE 0"
-    x.db.update("runs", (job, slot), retry_at=when)
-    return "UPDATE 1"
-
-
-def _retries_pending(x: Exec, args: tuple[Any, ...]) -> list[Row]:
-    """:func:`..crashes.retries_pending_sql`: the jobs with a retry due ``$1`` s ago."""
-    margin = args[0]
-    if margin is None:
-        return []
-    due = x.now - timedelta(seconds=float(margin))
-    jobs = {
-        r["job"]
-        for r in x.db.table("runs").values()
-        if r["retry_at"] is not None and r["retry_at"] <= due
-    }
-    return rows(["job"], *((job,) for job in sorted(jobs)))

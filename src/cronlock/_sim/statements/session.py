@@ -5,14 +5,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ...postgres._sql import schema, sessions
+from ...postgres._conn.background import NO_JIT_SQL
+from ...postgres._sql import grants, schema, sessions
 from ...postgres._sql.failover import SERVER_SQL
+from ...postgres._sql.fleet import SERVER_CLOCK_SQL
 from ..rows import Row, rows
 
 if TYPE_CHECKING:
     from ...postgres._sql.tables import LedgerTable
     from ..server import Exec
-    from . import Statements
+    from .registry import Statements
 
 __all__ = ("register",)
 
@@ -20,24 +22,30 @@ __all__ = ("register",)
 def register(statements: Statements, table: LedgerTable) -> None:
     """Add this module's handlers."""
     add, prefix = statements.add, statements.add_prefix
+    # asyncpg's own transaction statements (conn.transaction()), not the library's.
     add("BEGIN;", _begin)
     add("COMMIT;", _end)
     add("ROLLBACK;", _end)
-    prefix("SET LOCAL lock_timeout =", _lock_timeout)
-    add("SET LOCAL jit = off", _status("SET"))
-    prefix("SELECT set_config(", _set_config)
-    prefix("SELECT pg_backend_pid() /* cronlock: is the statement cache on?", _backend_pid)
+    prefix(schema.lock_timeout_sql(0).partition("=")[0], _lock_timeout)
+    add(NO_JIT_SQL, _status("SET"))
+    prefix(sessions.set_config_sql(1).partition("(")[0], _set_config)
+    prefix(sessions.cache_probe_sql("0")[: -len("0 */")], _backend_pid)
     add(sessions.BACKEND_PID_SQL, _backend_pid)
     add(sessions.SAME_BACKEND_SQL, lambda x, a: rows(["case"], (True if a[0] == x.pid else None,)))
     add(sessions.PREPARED_AS_SQL, lambda x, a: rows(["coalesce"], ([],)))
     add(sessions.READ_ONLY_SQL, lambda x, a: rows(["recovery", "read_only"], (False, False)))
     add(SERVER_SQL, _server)
-    add("SELECT clock_timestamp()", lambda x, a: rows(["clock_timestamp"], (x.now,)))
+    add(SERVER_CLOCK_SQL, lambda x, a: rows(["clock_timestamp"], (x.now,)))
     add(schema.MIGRATE_LOCK_SQL, _xact_lock)
     add(schema.LEDGER_STATE_SQL, lambda x, a: rows(["state"], (True,)))
-    prefix("SELECT t.privilege, t.name, t.col FROM unnest(", lambda x, a: [])
-    prefix("CREATE ", _status("CREATE"))
-    prefix("ALTER TABLE ", _status("ALTER TABLE"))
+    add(grants.MISSING_PRIVILEGES_SQL, lambda x, a: [])  # the model's role may do anything
+    for ddl in schema.ledger_ddl(table):  # the ledger exists: its DDL changes nothing
+        add(ddl, _status("CREATE"))
+
+
+def status(tag: str, count: int | None = None) -> str:
+    """The status text of a statement sent with ``execute``: ``"UPDATE 3"``."""
+    return tag if count is None else f"{tag} {count}"
 
 
 def _status(text: str) -> Any:
@@ -86,4 +94,4 @@ def _xact_lock(x: Exec, args: tuple[Any, ...]) -> str:
     # A transaction's migration lock: the ledger exists in the model, so nobody contends.
     x.try_lock(args[0])
     x.session.xact_locks.append(args[0])
-    return "SELECT 1"
+    return status("SELECT", 1)

@@ -1,0 +1,133 @@
+"""The oracle judges from what a user sees, and each of its rules can fail."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from cronlock import JobCrashed, JobSkipped
+from cronlock._sim.fleet import Effect, Said
+from cronlock._sim.oracle import JobView, Judged, judge
+
+EPOCH = datetime(2026, 3, 1, 9, 0, tzinfo=UTC)
+TICK = JobView("tick", "every:1", grace=60.0)
+
+
+def at(seconds: float) -> datetime:
+    return EPOCH + timedelta(seconds=seconds)
+
+
+def ran(
+    job: str, slot: float, begin: float, end: float, replica: str = "r0", attempt: int = 1
+) -> list[Effect]:
+    return [
+        Effect("start", job, at(slot), attempt, replica, begin),
+        Effect("end", job, at(slot), attempt, replica, end),
+    ]
+
+
+@dataclass
+class Case:
+    effects: list[Effect]
+    said: list[Said]
+    ledger: list[dict[str, Any]]
+
+    def judge(
+        self,
+        jobs: tuple[JobView, ...] = (TICK,),
+        window: tuple[float, float] = (0.0, 5.0),
+        disruptions: tuple[tuple[float, float], ...] = (),
+    ) -> Judged:
+        return judge(
+            jobs=jobs,
+            epoch=EPOCH,
+            window=window,
+            settled=100.0,
+            effects=self.effects,
+            said=self.said,
+            ledger=self.ledger,
+            disruptions=disruptions,
+            gone={},
+        )
+
+
+def all_ran() -> list[Effect]:
+    return [e for s in range(5) for e in ran("tick", s, s + 0.001, s + 0.2)]
+
+
+def rules(judged: Judged) -> list[str]:
+    return [v.rule for v in judged.violations]
+
+
+def test_every_slot_ran_once_is_clean() -> None:
+    judged = Case(all_ran(), [], []).judge()
+    assert judged.slots == 5 and judged.ran == 5 and not judged.violations
+
+
+def test_a_slot_run_twice_is_a_violation() -> None:
+    effects = all_ran() + ran("tick", 2, 2.5, 2.6, replica="r1")
+    assert "twice" in rules(Case(effects, [], []).judge())
+
+
+def test_two_runs_at_once_are_a_violation() -> None:
+    effects = [e for s in range(5) for e in ran("tick", s, s, s + 1.5)]
+    assert "overlap" in rules(Case(effects, [], []).judge())
+
+
+def test_a_slot_lost_without_a_word_is_a_violation() -> None:
+    effects = [e for e in all_ran() if e.slot != at(3)]
+    judged = Case(effects, [], []).judge()
+    assert rules(judged) == ["silent"]
+
+
+def test_a_locked_skip_is_not_a_fate() -> None:
+    effects = [e for e in all_ran() if e.slot != at(3)]
+    said = [Said("r1", 3.0, JobSkipped("tick", at(3), "locked"))]
+    assert rules(Case(effects, said, []).judge()) == ["silent"]
+
+
+def test_an_overlap_skip_is_a_fate() -> None:
+    effects = [e for e in all_ran() if e.slot != at(3)]
+    said = [Said("r0", 3.0, JobSkipped("tick", at(3), "overlap"))]
+    assert not Case(effects, said, []).judge().violations
+
+
+def test_a_ledger_outcome_is_a_fate_and_an_unfinished_row_is_a_violation() -> None:
+    effects = [e for e in all_ran() if e.slot != at(3)]
+    crashed = {"job": "tick", "slot": at(3), "outcome": "crashed", "host": "h", "pid": 1}
+    assert not Case(effects, [], [crashed]).judge().violations
+    unfinished = {**crashed, "outcome": None}
+    assert sorted(rules(Case(effects, [], [unfinished]).judge())) == ["silent", "unfinished"]
+
+
+def test_a_warning_naming_a_range_is_a_fate_but_coalescing_needs_a_later_run() -> None:
+    line = logging.LogRecord(
+        "cronlock", logging.WARNING, __file__, 1,
+        "job %r: missed slots from %s to %s coalesced into one run",
+        ("tick", at(1).isoformat(), at(3).isoformat()), None,
+    )  # fmt: skip
+    effects = [e for e in all_ran() if e.slot not in (at(1), at(2), at(3))]
+    assert not Case(effects, [Said("r0", 3.5, line)], []).judge().violations
+    nothing_later = [e for e in effects if e.slot < at(1)]
+    judged = Case(nothing_later, [Said("r0", 3.5, line)], []).judge()
+    assert "late" in rules(judged)
+
+
+def test_a_slot_given_up_though_its_disruption_ended_within_grace_is_late() -> None:
+    effects = [e for e in all_ran() if e.slot != at(3)]
+    said = [Said("r0", 3.0, JobSkipped("tick", at(3), "misfire"))]
+    case = Case([e for e in effects if e.slot < at(3)], said, [])
+    assert "late" in rules(case.judge(disruptions=((2.5, 3.5),)))
+    assert not case.judge(window=(0.0, 4.0)).violations  # no disruption staged: a fate
+
+
+def test_a_rerun_said_but_not_begun_is_a_lie() -> None:
+    said = [Said("r1", 50.0, JobCrashed("tick", at(2), "h:1", at(2), True))]
+    assert "lie" in rules(Case(all_ran(), said, []).judge())
+    rerun = ran("tick", 2, 51.0, 51.2, replica="r1", attempt=2)
+    judged = Case(all_ran() + rerun, said, []).judge(
+        jobs=(JobView("tick", "every:1", recover=True),)
+    )
+    assert "lie" not in rules(judged)
