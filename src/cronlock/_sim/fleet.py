@@ -122,8 +122,13 @@ class Replica:
 
         async def body(ctx: RunContext) -> None:
             fleet.effects.append(Effect("start", spec.name, ctx.slot, ctx.attempt, name, world.now))
-            await asyncio.sleep(spec.body)
-            fleet.effects.append(Effect("end", spec.name, ctx.slot, ctx.attempt, name, world.now))
+            try:
+                await asyncio.sleep(spec.body)
+            finally:  # a cancelled body ends too (a killed process runs no finally)
+                if not fleet.ended:  # the end of the world is not judged
+                    fleet.effects.append(
+                        Effect("end", spec.name, ctx.slot, ctx.attempt, name, world.now)
+                    )
             if ctx.attempt <= spec.fails:
                 raise RuntimeError(f"attempt {ctx.attempt} fails, as this job's do")
 
@@ -174,6 +179,8 @@ class Fleet:
         self.table = LedgerTable(LEDGER)
         world.server = SimServer(world, statements_for(self.table))
         self.effects: list[Effect] = []
+        self.ended = False
+        """The run is over: the world is ending (nothing the jobs do now is judged)."""
         self.ledger: list[dict[str, Any]] = []
         """The ledger's rows once the replicas stopped (before the world ended)."""
         self.said: list[Said] = []
@@ -219,6 +226,7 @@ class Fleet:
                             replica.process.loop.call_soon(replica.stop.set)
                     self.world.run_until(self.world.now + 30.0)
                 self.ledger = list(self.world.server.db.table("runs").values())
+                self.ended = True
                 logger.removeHandler(self._heard)
                 logger.setLevel(logging.CRITICAL + 1)  # the end of the world is not news
                 self.world.close()

@@ -99,6 +99,14 @@ class SimLoop(asyncio.BaseEventLoop):
     def _base(self) -> Any:
         return self
 
+    def due(self, now: float) -> bool:
+        """Whether a callback is ready, or a timer due at *now* (one turn has work)."""
+        base: Any = self
+        if base._ready:
+            return True
+        scheduled = base._scheduled
+        return bool(scheduled) and scheduled[0]._when <= now
+
     def ready(self) -> bool:
         """Whether a callback is ready to run now."""
         return bool(self._base._ready)

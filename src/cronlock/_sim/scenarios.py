@@ -89,8 +89,33 @@ SCENARIOS: dict[str, tuple[tuple[Mode, ...], Plan]] = {
 }
 """Each scenario: the modes it runs in, and its plan (its mode is set per run)."""
 
-KNOWN: dict[tuple[str, Mode], frozenset[str]] = {}
-"""(scenario, mode) -> the oracle's rules it breaks on today's code (filled from the runs)."""
+KNOWN: dict[tuple[str, Mode], frozenset[str]] = {
+    # E2: slots due while the ledger is locked or the server stalled vanish without a word;
+    # E1: in lease mode, two replicas then run one job at once.
+    ("table-lock", "session"): frozenset({"silent"}),
+    ("table-lock", "lease"): frozenset({"overlap", "silent"}),
+    ("stall", "session"): frozenset({"silent"}),
+    ("stall", "lease"): frozenset({"overlap", "silent"}),
+    # E3/E9: JobCrashed(recovered=True) and a WARNING say a rerun; the rerun is skipped.
+    ("recover-kill", "session"): frozenset({"lie"}),
+    ("recover-kill", "lease"): frozenset({"lie"}),
+    # E5: the claim committed, its answer lost: never runs, its row stays unfinished.
+    ("answer-lost", "session"): frozenset({"silent", "unfinished"}),
+    ("answer-lost", "lease"): frozenset({"silent", "unfinished"}),
+    # E6: a killed lease holder's jobs lose their next slots as ordinary 'locked' skips.
+    ("holder-killed", "lease"): frozenset({"silent"}),
+    # E10: runs frozen past their lease finish after others ran the job's later slots.
+    ("holder-frozen", "lease"): frozenset({"overlap"}),
+    # E8/E12: a failover just before a slot loses that slot of the jobs claimed ahead.
+    ("failover-before-slot", "session"): frozenset({"silent"}),
+    ("failover-before-slot", "lease"): frozenset({"silent"}),
+    # E13: a snapshot restored under the same identity goes unnoticed.
+    ("snapshot-restore", "session"): frozenset({"silent", "unfinished"}),
+    ("snapshot-restore", "lease"): frozenset({"unfinished"}),
+}
+"""(scenario, mode) -> the oracle's rules it breaks on today's code (main at 60f70fc and
+this simulator): known failures until the next issue fixes them. A scenario not listed
+must pass."""
 
 
 def scenario(name: str, mode: Mode) -> Plan:

@@ -218,50 +218,48 @@ class World:
 
     def run_until(self, until: float) -> None:
         """Run the world up to virtual time *until*."""
+        clock, events, processes = self.clock, self._events, self.processes
         turns = 0
         while True:
+            now = clock.now
             progressed = False
-            for process in self.processes:
-                if not process.runnable():
+            for process in processes:
+                if not process.alive or process.frozen_until > now:
                     continue
                 loop = process.loop
-                timer = loop.next_timer()
-                if loop.ready() or (timer is not None and timer <= self.now):
+                if loop.due(now):
                     self.current = process
                     try:
                         loop.step()
                     finally:
                         self.current = None
                     progressed = True
-            while self._events and self._events[0][0] <= self.now:
-                _, _, fn, args = heapq.heappop(self._events)
+            while events and events[0][0] <= now:
+                _, _, fn, args = heapq.heappop(events)
                 fn(*args)
                 progressed = True
             if progressed:
                 turns += 1
                 if turns > _STEPS_AT_ONE_INSTANT:
-                    raise WorldStuck(f"no progress of time at {self.now:.6f}s (a livelock)")
+                    raise WorldStuck(f"no progress of time at {now:.6f}s (a livelock)")
                 continue
             turns = 0
             upcoming = self._next_instant()
             if upcoming is None or upcoming > until:
-                self.clock.now = max(self.now, until)
+                clock.now = max(now, until)
                 return
-            self.clock.now = upcoming
+            clock.now = upcoming
 
     def _next_instant(self) -> float | None:
-        candidates = []
-        if self._events:
-            candidates.append(self._events[0][0])
+        now = self.clock.now
+        best = self._events[0][0] if self._events else None
         for process in self.processes:
             if not process.alive:
                 continue
-            timer = process.loop.next_timer()
-            if process.frozen_until > self.now:
-                candidates.append(process.frozen_until)
-            elif timer is not None:
-                candidates.append(timer)
-        return min(candidates) if candidates else None
+            when = process.frozen_until if process.frozen_until > now else process.loop.next_timer()
+            if when is not None and (best is None or when < best):
+                best = when
+        return best
 
     # -- the process-wide patches a run needs -------------------------------------------
 
