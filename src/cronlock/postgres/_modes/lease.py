@@ -166,10 +166,17 @@ class LeaseKeeper(Service):
                             self._renew(), name=task_name("pg-renew-statement")
                         )
                         renewal.add_done_callback(lambda _: self._wake.set())
-                wake_at = min((next_renewal, *self._trusted.values()))
+                # While a renewal is in flight its end wakes us (the done callback): waking
+                # for the renewal already due would spin the loop until the statement ends
+                # (up to its statement timeout, on a hung server).
+                in_flight = renewal is not None and not renewal.done()
+                due = () if in_flight else (next_renewal,)
+                wake_at = min((*due, *self._trusted.values()), default=None)
                 self._wake.clear()
                 try:
-                    async with asyncio.timeout(max(0.0, wake_at - loop.time())):
+                    async with asyncio.timeout(
+                        None if wake_at is None else max(0.0, wake_at - loop.time())
+                    ):
                         await self._wake.wait()
                 except TimeoutError:
                     pass
