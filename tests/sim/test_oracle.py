@@ -131,3 +131,29 @@ def test_a_rerun_said_but_not_begun_is_a_lie() -> None:
         jobs=(JobView("tick", "every:1", recover=True),)
     )
     assert "lie" not in rules(judged)
+
+
+def test_a_gone_fleet_read_ok_past_its_alert_grace_is_a_violation() -> None:
+    # The fleet ran slots 0-4 and was gone at 4.5 s: slot 5 did not run; alert_after 10.
+    job = JobView("tick", "every:1", alert_after=10.0)
+    case = Case(all_ran(), [], [])
+
+    def judged(*readings: tuple[float, str]) -> Judged:
+        return judge(
+            jobs=(job,),
+            epoch=EPOCH,
+            window=(0.0, 5.0),
+            settled=100.0,
+            effects=case.effects,
+            said=[],
+            ledger=[],
+            disruptions=(),
+            gone={},
+            readings=[(at, {"tick": said}) for at, said in readings],
+            fleet_gone=4.5,
+        )
+
+    assert rules(judged((20.0, "ok"))) == ["gone-ok"]
+    assert rules(judged((30.0, "failing"))) == ["gone-ok"]
+    # Before the grace has passed, anything goes; after it, overdue (or absent) is right.
+    assert not judged((12.0, "ok"), (20.0, "overdue"), (200.0, "absent")).violations

@@ -83,6 +83,8 @@ class Replica:
         self.stop = asyncio.Event()
         self.scheduler: Any = None
         self.stopped = False
+        self.stopped_at: float | None = None
+        """When its scheduler's ``async with`` ended (seconds into the run)."""
 
     @property
     def name(self) -> str:
@@ -116,6 +118,7 @@ class Replica:
         async with scheduler:
             await self.stop.wait()
         self.stopped = True
+        self.stopped_at = world.now
 
     def _body(self, spec: JobSpec) -> Callable[..., Any]:
         fleet, world, name = self.fleet, self.fleet.world, self.name

@@ -16,7 +16,13 @@ coalescing, not its notion of owed. What it checks:
 - ``unfinished``: a ledger row without an outcome once everything settled;
 - ``lie``: a replica said it reruns a crashed run (``JobCrashed(recovered=True)``) and no
   later attempt of that slot started;
-- ``error``: an exception escaped a task of the library.
+- ``error``: an exception escaped a task of the library;
+- ``livelock``: a replica kept its loop busy without time moving (the world could not go on);
+- ``gone-ok``: every replica had stopped and a job's alert grace (``alert_after``) had
+  passed since its first slot that did not run, and ``status --check`` did not say it is
+  overdue (DESIGN.md §5: that verdict comes from the ledger alone, fleet gone or not). The
+  oracle gets the verdict texts the command printed, per job; ``absent`` (no live replica
+  runs it) is the other word ``--check`` fails a gone fleet's job with.
 
 A fate a user can see: a ledger row for the slot with an outcome; a ``JobSkipped`` event for
 it with a reason that is a fate (``overlap``, ``misfire``, ``paused``, ``standby``,
@@ -29,14 +35,14 @@ from __future__ import annotations
 import logging
 import re
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 __all__ = ("RULES", "JobView", "Judged", "Violation", "judge")
 
-RULES = ("twice", "overlap", "silent", "late", "unfinished", "lie", "error")
+RULES = ("twice", "overlap", "silent", "late", "unfinished", "lie", "error", "livelock", "gone-ok")
 
 _FATES = {"overlap", "misfire", "paused", "standby", "not_leader"}
 _ISO = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:[+-]\d\d:\d\d|Z)?")
@@ -55,6 +61,9 @@ class JobView:
     overlap: str = "skip"
     recover: bool = False
     """A crashed run's slot may run again (one attempt more)."""
+    alert_after: float | None = None
+    """Seconds after a slot that did not run by which the fleet's status must say the job
+    is overdue (the ``alert_after`` its user set; ``None``: not judged)."""
 
     @property
     def attempts(self) -> int:
@@ -125,13 +134,17 @@ def judge(
     disruptions: Sequence[tuple[float, float]],
     gone: dict[str, float],
     errors: Sequence[str] = (),
+    readings: Sequence[tuple[float, Mapping[str, str]]] = (),
+    fleet_gone: float | None = None,
 ) -> Judged:
     """Judge a run.
 
     *window*: seconds into the run whose slots are judged; *settled*: when the run ended
     (every slot of the window has had its chance, every owed thing its time);
     *disruptions*: the staged faults' spans (seconds); *gone*: replicas killed, and when
-    (a body started there and never ended is taken to have ended then).
+    (a body started there and never ended is taken to have ended then); *readings*: what
+    ``status --check`` said of each job (``overdue``, ``ok``...), and when (seconds);
+    *fleet_gone*: when every replica had stopped (``None``: the fleet never did).
     """
     verdict = Judged()
 
@@ -228,6 +241,8 @@ def judge(
                         f"{ended - due:.1f}s after it, within its grace of {job.grace:g}s",
                     )
                 )
+    if fleet_gone is not None:
+        _gone_ok(jobs, starts, readings, fleet_gone, at, verdict)
     for (job_name, slot), row in rows.items():
         if row.get("outcome") is None:
             verdict.violations.append(
@@ -240,6 +255,47 @@ def judge(
                 )
             )
     return verdict
+
+
+_SAID_OVERDUE = frozenset({"overdue", "absent"})
+_SLACK = 1.0
+"""Seconds past a grace before the status must say it (the oracle does not know how the
+library compares instants, nor how long its reads take)."""
+
+
+def _gone_ok(
+    jobs: Sequence[JobView],
+    starts: Mapping[str, list[_Start]],
+    readings: Sequence[tuple[float, Mapping[str, str]]],
+    gone: float,
+    at: Callable[[float], datetime],
+    verdict: Judged,
+) -> None:
+    """``gone-ok``: once the fleet is gone and a job's alert grace passed since its first
+    slot that did not run (the first after the last that started), each reading of the
+    status must say the job is overdue."""
+    for job in jobs:
+        if job.alert_after is None:
+            continue
+        began = [run.slot for run in starts.get(job.name, [])]
+        after = max(began) + timedelta(microseconds=1) if began else at(0.0)
+        missed = job.slots(after, after + timedelta(days=1))[0]
+        due = (missed - at(0.0)).total_seconds() + job.alert_after
+        for when, said in readings:
+            if when < gone or when <= due + _SLACK:
+                continue
+            word = said.get(job.name, "unknown")
+            if word not in _SAID_OVERDUE:
+                verdict.violations.append(
+                    Violation(
+                        "gone-ok",
+                        job.name,
+                        missed,
+                        f"the fleet was gone at {gone:.3f}s; at {when:.3f}s, "
+                        f"{when - due + job.alert_after:.1f}s after this slot that did not run "
+                        f"(alert_after {job.alert_after:g}s), status --check said {word!r}",
+                    )
+                )
 
 
 def _twice(job: JobView, runs: list[_Start], verdict: Judged) -> None:

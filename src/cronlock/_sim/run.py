@@ -15,8 +15,9 @@ from typing import Literal
 
 from .faults import Fault, apply, draw
 from .fleet import JOBS, Fleet, JobSpec
-from .oracle import JobView, Judged, judge
-from .world import World
+from .oracle import JobView, Judged, Violation, judge
+from .verdict import Verdicts
+from .world import World, WorldStuck
 
 __all__ = ("Plan", "Result", "plan_for_seed", "run_plan")
 
@@ -37,6 +38,9 @@ class Plan:
     quiet: float = 90.0
     jobs: tuple[JobSpec, ...] = JOBS
     name: str = ""
+    readings: tuple[float, ...] = ()
+    """Instants (seconds into the run) at which an operator runs ``status --check``
+    (:mod:`.verdict`); the run lasts until the last one."""
 
     def command(self) -> str:
         """The one-line command that replays this run."""
@@ -75,7 +79,14 @@ def run_plan(plan: Plan) -> Result:
     fleet = Fleet(world, mode=plan.mode, replicas=plan.replicas, jobs=plan.jobs)
     for fault in plan.faults:
         apply(fault, fleet)
-    fleet.run(plan.seconds, quiet=plan.quiet)
+    verdicts = Verdicts(fleet, plan.readings) if plan.readings else None
+    quiet = max(plan.quiet, max(plan.readings, default=0.0) + 5.0 - plan.seconds)
+    stuck: str | None = None
+    try:
+        fleet.run(plan.seconds, quiet=quiet)
+    except WorldStuck as exc:  # a busy loop of the library: time could not go on
+        stuck = f"{exc}; at {world.now:.3f}s"
+        world.abandon()
     gone = {p.name: 0.0 for p in world.processes if not p.alive}
     for line in world.trace:
         for p in world.processes:
@@ -90,14 +101,21 @@ def run_plan(plan: Plan) -> Result:
             retries=int(spec.options.get("retries", 0)),
             overlap=str(spec.options.get("overlap", "skip")),
             recover=bool(spec.options.get("recover", False)),
+            alert_after=spec.options.get("alert_after"),
         )
         for spec in plan.jobs
     ]
+    # A fleet stopped (the "stop" fault) owes no slot after it; it is gone once every
+    # replica has stopped or been killed.
+    end = plan.seconds + min(plan.quiet, 10.0)
+    end = min([end, *(f.at for f in plan.faults if f.kind == "stop")])
+    ends = [r.stopped_at if r.stopped_at is not None else gone.get(r.name) for r in fleet.replicas]
+    fleet_gone = None if None in ends else max(e for e in ends if e is not None)
     ledger = fleet.ledger
     judged = judge(
         jobs=views,
         epoch=world.epoch,
-        window=(WARMUP, plan.seconds + min(plan.quiet, 10.0)),
+        window=(WARMUP, end),
         settled=world.now,
         effects=fleet.effects,
         said=fleet.said,
@@ -105,5 +123,9 @@ def run_plan(plan: Plan) -> Result:
         disruptions=disruptions,
         gone=gone,
         errors=world.errors[: world.errors_closed],
+        readings=[] if verdicts is None else [(r.at, r.verdicts()) for r in verdicts.readings],
+        fleet_gone=fleet_gone,
     )
+    if stuck is not None:
+        judged.violations.insert(0, Violation("livelock", "-", None, stuck))
     return Result(plan, judged, world.trace, world.server.statements_run)

@@ -35,6 +35,10 @@ _STEPS_AT_ONE_INSTANT = 200_000
 """Turns at one virtual instant before the world calls it a livelock."""
 
 
+_ABANDONED: list[Process] = []
+"""Processes of worlds that got stuck: kept for the life of the interpreter (rare)."""
+
+
 class WorldStuck(RuntimeError):
     """The simulation cannot go on: a livelock at one instant, or a bug of the model."""
 
@@ -197,6 +201,18 @@ class World:
                 process.keep.extend(pending)
             process.loop.abandon()
             process.loop.close()
+
+    def abandon(self) -> None:
+        """End a world that cannot go on (:class:`WorldStuck`): every loop is dropped as it
+        is (their tasks are kept from the garbage collector, which would run their
+        ``finally`` outside any loop)."""
+        import asyncio
+
+        for process in self.processes:
+            process.keep.extend(asyncio.all_tasks(process.loop))
+            process.loop.abandon()
+            process.loop.close()
+        _ABANDONED.extend(self.processes)
 
     def __enter__(self) -> World:
         return self

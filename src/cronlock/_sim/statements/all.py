@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from . import claims, crashes, failover, leases, session, upkeep
+from . import claims, crashes, failover, fleet, leases, session, upkeep
 from .registry import Statements
 
 if TYPE_CHECKING:
@@ -16,6 +16,6 @@ __all__ = ("statements_for",)
 def statements_for(table: LedgerTable) -> Statements:
     """Every statement of a ledger at *table* the simulated server answers."""
     statements = Statements(table)
-    for module in (session, claims, leases, upkeep, crashes, failover):
+    for module in (session, claims, leases, upkeep, crashes, failover, fleet):
         module.register(statements, table)
     return statements
