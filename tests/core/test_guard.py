@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 
 import pytest
 
@@ -18,6 +17,7 @@ from cronlock import (
 )
 from cronlock._core.guard import Deadlines, RunGuard
 
+from ..eventually import eventually
 from .conftest import Recorder
 
 
@@ -91,12 +91,6 @@ async def test_scheduler_timeouts_on_the_real_clock() -> None:
     assert timed_out.timeout == 0.05  # type: ignore[attr-defined]
 
 
-async def _until(check: Callable[[], bool]) -> None:
-    async with asyncio.timeout(60):  # a liveness guard, not a timing
-        while not check():
-            await asyncio.sleep(0.02)
-
-
 async def test_direct_runs_end_as_guarded_runs_do() -> None:
     # Runs with no locker take the executor's direct path (one coroutine, the deadline
     # on the shared timer): each way out must give the same record and event as before.
@@ -126,7 +120,7 @@ async def test_direct_runs_end_as_guarded_runs_do() -> None:
         await asyncio.sleep(30)
 
     await scheduler.start()
-    await _until(lambda: len(rec.of(JobSucceeded)) + len(rec.of(JobFailed)) >= 3)
+    await eventually(lambda: len(rec.of(JobSucceeded)) + len(rec.of(JobFailed)) >= 3, every=0.02)
     assert scheduler.get_job("long").running
     await scheduler.shutdown(timeout=0.01)  # cancels the long run
     failures = [e for e in rec.events if isinstance(e, JobFailed)]

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import Callable
 from datetime import datetime, timedelta
 
 import pytest
@@ -30,6 +29,7 @@ from cronlock import (
 )
 from cronlock.testing import FakeClock
 
+from ..eventually import eventually
 from .conftest import T0, Recorder
 
 
@@ -48,15 +48,8 @@ class ThreadBlindClock(FakeClock):
             quiet = 0 if ready else quiet + 1
 
 
-async def _until(check: Callable[[], object]) -> None:
-    """Wait for what a worker thread does (it takes real time, however short)."""
-    async with asyncio.timeout(30):  # a liveness guard, not a timing
-        while not check():
-            await asyncio.sleep(0.005)
-
-
 async def _until_overran(rec: Recorder, clock: FakeClock) -> None:
-    await _until(lambda: rec.of(RunOverran))
+    await eventually(lambda: rec.of(RunOverran), limit=30, every=0.005)
     await clock.settle()  # the run's release, after its event
 
 
@@ -79,7 +72,7 @@ async def test_a_timed_out_thread_keeps_its_run_in_flight_and_its_claim(locked: 
     try:
         async with scheduler:
             await clock.advance(10)
-            await _until(lambda: copies)  # slot 10's thread began
+            await eventually(lambda: copies, limit=30, every=0.005)  # slot 10's thread began
             await clock.advance(15)  # it times out at 15; slot 20 falls due
             [timed_out] = rec.of(JobTimedOut)
             assert (timed_out.slot, timed_out.finished_at) == (at(10), at(15))  # type: ignore[attr-defined]
@@ -100,7 +93,7 @@ async def test_a_timed_out_thread_keeps_its_run_in_flight_and_its_claim(locked: 
                 assert hold is not None and not isinstance(hold, str)
                 await hold.release()
             await clock.advance(5)  # slot 30 runs: one copy at a time
-            await _until(lambda: rec.of(JobSucceeded))
+            await eventually(lambda: rec.of(JobSucceeded), limit=30, every=0.005)
             assert copies == [at(10), at(30)]
     finally:
         release.set()
@@ -129,12 +122,12 @@ async def test_queue_runs_the_pending_slot_once_the_thread_returns() -> None:
     try:
         async with scheduler:
             await clock.advance(10)
-            await _until(lambda: copies)
+            await eventually(lambda: copies, limit=30, every=0.005)
             await clock.advance(15)
             assert copies == [at(10)]  # slot 20 waits in the queue
             release.set()
             await _until_overran(rec, clock)
-            await _until(lambda: rec.of(JobSucceeded))
+            await eventually(lambda: rec.of(JobSucceeded), limit=30, every=0.005)
             assert copies == [at(10), at(20)]
     finally:
         release.set()
@@ -159,7 +152,7 @@ async def test_run_now_returns_the_timeout_while_the_thread_goes_on() -> None:
     try:
         async with scheduler:
             asked = asyncio.create_task(job.run_now())
-            await _until(began.is_set)
+            await eventually(began.is_set, limit=30, every=0.005)
             await clock.advance(5)
             event = await asked
             assert isinstance(event, JobTimedOut)
@@ -192,7 +185,7 @@ async def test_shutdown_does_not_wait_for_a_stuck_thread_past_stop_timeout(
         with caplog.at_level(logging.WARNING, logger="cronlock"):
             async with scheduler:
                 await clock.advance(10)
-                await _until(began.is_set)
+                await eventually(began.is_set, limit=30, every=0.005)
                 await clock.advance(6)
                 assert await locker.acquire("stuck", at(100)) == "locked"
             # Shut down: stop_timeout passed (virtual), the wait for the thread is given up

@@ -19,7 +19,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
 import uuid
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -27,6 +26,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from cronlock.celery import task_id
+
+from ..eventually import eventually_blocking
 
 REPO = Path(__file__).resolve().parents[2]
 APP = "tests.postgres.celery_proj"
@@ -40,14 +41,6 @@ def free_port() -> int:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
         return port
-
-
-def wait_for(predicate: Any, timeout: float, what: str, interval: float = 0.2) -> None:
-    give_up = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > give_up:
-            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
-        time.sleep(interval)
 
 
 class CeleryFleet:
@@ -133,7 +126,7 @@ class CeleryFleet:
                     raise AssertionError(f"{name} exited ({proc.returncode}):\n{self.log(name)}")
                 return READY in self.log(name)
 
-            wait_for(ready, timeout, f"{name} to start")
+            eventually_blocking(ready, f"{name} to start", timeout, every=0.2)
 
     def kill(self, name: str) -> None:
         """``kill -9`` the process."""
@@ -286,7 +279,7 @@ class PrivateRabbit:
             with socket.socket() as sock:
                 return sock.connect_ex(("127.0.0.1", self.port)) == 0
 
-        wait_for(listening, timeout, "rabbitmq-server to listen", interval=0.5)
+        eventually_blocking(listening, "rabbitmq-server to listen", timeout, every=0.5)
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:

@@ -42,6 +42,7 @@ import pytest
 from cronlock.celery._settings import DEFAULT_LEASE
 from cronlock.postgres._conn.backoff import RECONNECT_MAX
 
+from ..eventually import eventually_blocking
 from .celery_fleet import (
     CeleryFleet,
     PrivateRabbit,
@@ -49,7 +50,6 @@ from .celery_fleet import (
     Verdict,
     free_port,
     judge,
-    wait_for,
 )
 from .cluster import Cluster
 
@@ -311,4 +311,4 @@ def test_the_private_rabbitmq_is_not_the_machines(rabbit: PrivateRabbit) -> None
         with socket.socket() as sock:
             return sock.connect_ex(("127.0.0.1", rabbit.port)) != 0
 
-    wait_for(closed, 30, "the private RabbitMQ to stop")
+    eventually_blocking(closed, "the private RabbitMQ to stop", 30, every=0.2)

@@ -29,6 +29,7 @@ from cronlock.postgres._ops.roster import read_roster
 from cronlock.postgres._sql.tables import LedgerTable
 from cronlock.prometheus import instrument
 
+from ..eventually import eventually
 from .conftest import Coordination
 from .test_cli_pg import cli
 
@@ -105,16 +106,6 @@ async def replicas(
             f" {ledger.leases}, {ledger.members}, {ledger.secrets}, {ledger.schedules},"
             f" {ledger.definitions}"
         )
-
-
-async def eventually(check: Callable[[], bool], what: str, limit: float = 60.0) -> None:
-    """Wait until *check()* is true; fail naming *what* after *limit* seconds (liveness)."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + limit
-    while not check():
-        if loop.time() > deadline:
-            pytest.fail(f"never happened: {what}")
-        await asyncio.sleep(0.05)
 
 
 async def reads(*replicas: Replica, more: int = 3) -> None:

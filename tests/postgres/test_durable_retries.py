@@ -18,7 +18,7 @@ import asyncio
 import math
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Literal
@@ -33,6 +33,7 @@ from cronlock.postgres._ops.fleet import read_runs
 from cronlock.postgres._sql import upkeep
 from cronlock.postgres._sql.tables import DEFAULT_TABLE, LedgerTable, quote_ident
 
+from ..eventually import eventually
 from .processes import Processes
 
 pytestmark = [pytest.mark.postgres, pytest.mark.xdist_group("durable-retries")]
@@ -49,13 +50,6 @@ async def schema(admin: Any) -> AsyncIterator[str]:
         yield name
     finally:
         await admin.execute(f"DROP SCHEMA IF EXISTS {quote_ident(name)} CASCADE")
-
-
-async def _until(what: str, check: Callable[[], Awaitable[bool]]) -> None:
-    deadline = time.monotonic() + LIVENESS
-    while not await check():
-        assert time.monotonic() < deadline, f"not seen within {LIVENESS:g}s: {what}"
-        await asyncio.sleep(0.05)
 
 
 def _tries(run: RunRecord) -> list[tuple[int, str, int]]:
@@ -86,7 +80,7 @@ async def _retry_left_behind(
             running = [line for line in fleet.lines if line["event"] == "running"]
             return len(running) == 2
 
-        await _until("both replicas running", both_running)
+        await eventually(both_running, "both replicas running", LIVENESS)
         assert time.time() < at, "the replicas started too slowly for this test's slot"
 
         async def first_failed() -> bool:
@@ -98,7 +92,7 @@ async def _retry_left_behind(
 
         # Attempt 1 failed, and its replica wrote down when attempt 2 is due (retry_delay=6:
         # 3 to 6 seconds from the failure): it goes now, during its backoff.
-        await _until("attempt 1 failed, its retry written down", first_failed)
+        await eventually(first_failed, "attempt 1 failed, its retry written down", LIVENESS)
         [first] = [line for line in fleet.lines if line["event"] == "attempt"]
         assert first["attempt"] == 1
         gone = fleet.procs[("A", "B").index(first["replica"])]
@@ -116,7 +110,7 @@ async def _retry_left_behind(
             )
             return row is not None and (row["attempt"], row["outcome"]) == (last, final)
 
-        await _until(f"attempt {last} {final}", settled)
+        await eventually(settled, f"attempt {last} {final}", LIVENESS)
         # Nothing more comes: two crash checks (every 3 s) past a retry's margin (5 s).
         await asyncio.sleep(12)
         made = [(line["replica"], line["attempt"]) for line in fleet.lines

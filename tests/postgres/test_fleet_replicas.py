@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Callable
 from datetime import datetime
 from functools import partial
 from pathlib import Path
@@ -24,6 +23,7 @@ from cronlock.postgres import FleetControl, PostgresLocker
 from cronlock.postgres._locker import fleetwatch as _control
 from cronlock.prometheus import instrument
 
+from ..eventually import eventually
 from .conftest import Coordination
 from .processes import Processes
 from .test_cli_pg import cli
@@ -65,16 +65,6 @@ class Replicas(Processes):
         )
 
 
-async def eventually(check: Callable[[], object], what: str, limit: float = 90.0) -> None:
-    """Wait (polling) until *check()* is true; fail naming *what* after *limit* seconds."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + limit
-    while not check():
-        if loop.time() > deadline:
-            pytest.fail(f"never happened: {what}")
-        await asyncio.sleep(0.05)
-
-
 async def test_pause_resume_trigger_across_three_replicas(
     coordination: Coordination, admin: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -104,7 +94,7 @@ async def test_pause_resume_trigger_across_three_replicas(
     try:
         async with observer, FleetControl(dsn, table=table, schema=schema) as control:
             await replicas.start(dsn, table, 3, *coordination.args)
-            await eventually(lambda: len(replicas.starts()) >= 3, "three runs")
+            await eventually(lambda: len(replicas.starts()) >= 3, "three runs", limit=90)
 
             # The observer never ran the job, yet reports the fleet's last success.
             ran: datetime = await admin.fetchval(
@@ -113,6 +103,7 @@ async def test_pause_resume_trigger_across_three_replicas(
             await eventually(
                 lambda: (gauge("last_success_timestamp_seconds") or 0) >= ran.timestamp(),
                 "the fleet's last success in the observer's gauge",
+                limit=90,
             )
             assert job.run_count == 0
             assert gauge("overdue") == 0
@@ -122,10 +113,12 @@ async def test_pause_resume_trigger_across_three_replicas(
             paused_at = await server_now()
             for rid in (1, 2, 3):
                 await eventually(
-                    partial(lambda r: replicas.paused_skips(r) >= 2, rid), f"replica {rid} paused"
+                    partial(lambda r: replicas.paused_skips(r) >= 2, rid),
+                    f"replica {rid} paused",
+                    limit=90,
                 )
             assert replicas.starts(after=paused_at + INTERVAL) == []
-            await eventually(lambda: gauge("paused") == 1, "the paused gauge")
+            await eventually(lambda: gauge("paused") == 1, "the paused gauge", limit=90)
             status = await cli("status", *where)
             [line] = [x for x in status.stdout.splitlines() if x.startswith("pulse ")]
             assert line.split()[1] == "paused"
@@ -137,13 +130,16 @@ async def test_pause_resume_trigger_across_three_replicas(
             )
             slot = triggered.timestamp()
             await eventually(
-                lambda: any(x["slot"] == slot for x in replicas.starts()), "the triggered run"
+                lambda: any(x["slot"] == slot for x in replicas.starts()),
+                "the triggered run",
+                limit=90,
             )
             seen = {rid: replicas.paused_skips(rid) for rid in (1, 2, 3)}
             for rid in (1, 2, 3):  # every replica polled again several times since
                 await eventually(
                     partial(lambda r: replicas.paused_skips(r) >= seen[r] + 3, rid),
                     f"replica {rid} polled",
+                    limit=90,
                 )
             assert [x["slot"] for x in replicas.starts()].count(slot) == 1
             assert replicas.starts(after=paused_at + INTERVAL) == [
@@ -153,10 +149,12 @@ async def test_pause_resume_trigger_across_three_replicas(
             # Resume: the job runs again, every slot once.
             await control.resume("pulse")
             resumed_at = await server_now()
-            await eventually(lambda: len(replicas.starts(after=resumed_at)) >= 3, "runs again")
+            await eventually(
+                lambda: len(replicas.starts(after=resumed_at)) >= 3, "runs again", limit=90
+            )
             later = [x["slot"] for x in replicas.starts(after=resumed_at)]
             assert len(later) == len(set(later))
-            await eventually(lambda: gauge("paused") == 0, "the paused gauge back to 0")
+            await eventually(lambda: gauge("paused") == 0, "the paused gauge back to 0", limit=90)
             healthy = await cli(
                 "status", "--check", "--dsn", dsn, "--table", table, *coordination.schema_args
             )
@@ -164,7 +162,7 @@ async def test_pause_resume_trigger_across_three_replicas(
 
             # Every replica gone: the job stops; the observer sees it overdue.
             await replicas.stop()
-            await eventually(lambda: gauge("overdue") == 1, "the overdue gauge")
+            await eventually(lambda: gauge("overdue") == 1, "the overdue gauge", limit=90)
             assert [j.name for j in observer.overdue()] == ["pulse"]
             for _ in range(120):
                 check = await cli(

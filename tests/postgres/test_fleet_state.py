@@ -27,22 +27,14 @@ from cronlock.postgres._locker import fleetwatch as _control
 from cronlock.postgres._locker.fleetwatch import FleetWatch
 from cronlock.prometheus import instrument as instrument_metrics
 
+from ..eventually import eventually
+
 pytestmark = pytest.mark.postgres
 
 
 @pytest.fixture
 def table() -> str:
     return f"fleet_{uuid.uuid4().hex[:10]}"
-
-
-async def eventually(check: object, what: str, limit: float = 60.0) -> None:
-    """Wait (polling) until *check()* is true; fail naming *what* after *limit* seconds."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + limit
-    while not check():  # type: ignore[operator]
-        if loop.time() > deadline:
-            pytest.fail(f"never happened: {what}")
-        await asyncio.sleep(0.05)
 
 
 async def test_a_trigger_runs_once_on_one_of_two_replicas(pg_dsn: str, table: str) -> None:

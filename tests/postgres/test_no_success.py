@@ -22,7 +22,7 @@ from cronlock.postgres._sql.schema import ledger_state, migrate
 from cronlock.postgres._sql.tables import LedgerTable, quote_ident
 from cronlock.prometheus import instrument
 
-from .test_fleet_replicas import eventually
+from ..eventually import eventually
 
 pytestmark = pytest.mark.postgres
 
@@ -80,7 +80,9 @@ async def test_a_job_that_never_succeeded_counts_from_its_first_note_across_rest
         noted = await note(admin, table)
         seen = noted["first_seen"]
         assert seen is not None
-        await eventually(lambda: first.without_success_since("nightly") == seen, "first seen")
+        await eventually(
+            lambda: first.without_success_since("nightly") == seen, "first seen", limit=90
+        )
     # A restart, later, with another schedule (so its note is written again): it still
     # counts from the first note, not from its own start.
     restarted = datetime.now(UTC)
@@ -90,7 +92,9 @@ async def test_a_job_that_never_succeeded_counts_from_its_first_note_across_rest
     instrument(second, registry)
     async with second:
         await eventually(
-            lambda: second.without_success_since("nightly") == seen, "first seen after a restart"
+            lambda: second.without_success_since("nightly") == seen,
+            "first seen after a restart",
+            limit=90,
         )
         assert registry.get_sample_value(GAUGE, {"cronlock_job": "nightly"}) == seen.timestamp()
         while (row := await note(admin, table))["schedule"] == noted["schedule"]:
@@ -107,7 +111,9 @@ async def test_after_a_success_every_replica_counts_from_its_end(
     instrument(watcher, registry)
     async with runner, watcher:
         seen = (await note(admin, table))["first_seen"]
-        await eventually(lambda: watcher.without_success_since("nightly") == seen, "first seen")
+        await eventually(
+            lambda: watcher.without_success_since("nightly") == seen, "first seen", limit=90
+        )
         event = await runner.get_job("nightly").run_now()
         assert isinstance(event, JobSucceeded)
         assert runner.without_success_since("nightly") == event.finished_at  # its own record
@@ -115,7 +121,9 @@ async def test_after_a_success_every_replica_counts_from_its_end(
         ended = await admin.fetchval(
             f"SELECT finished_at FROM {table.runs} WHERE job = 'nightly' AND outcome = 'succeeded'"
         )
-        await eventually(lambda: watcher.without_success_since("nightly") == ended, "the success")
+        await eventually(
+            lambda: watcher.without_success_since("nightly") == ended, "the success", limit=90
+        )
         assert watcher.get_job("nightly").run_count == 0  # it never ran the job itself
         assert registry.get_sample_value(GAUGE, {"cronlock_job": "nightly"}) == ended.timestamp()
 

@@ -36,9 +36,9 @@ from cronlock.postgres import PostgresLocker
 from cronlock.queues import arq_sender
 
 from ..brokers import library, redis_url, unique
+from ..eventually import eventually
 from .processes import Processes
 from .proxy import TcpProxy
-from .test_stored_bulk import eventually
 
 pytestmark = pytest.mark.postgres
 
@@ -89,10 +89,11 @@ async def test_replicas_hand_each_slot_off_once_and_the_worker_runs_it_once(
                 "--dsn", pg_dsn, "--kind", "arq", "--broker", url, "--queue", queue,
                 "--namespace", namespace, "--id", f"r{n}",
             )  # fmt: skip
-        await eventually(lambda: len(worker.lines) == 1, "the worker started")
+        await eventually(lambda: len(worker.lines) == 1, "the worker started", every=0.1)
         await eventually(
             lambda: sum(line["event"] == "running" for line in replicas.lines) == REPLICAS,
             "the replicas started",
+            every=0.1,
         )
         await asyncio.sleep(HANDING_OFF)
         for proc in replicas.procs:
@@ -195,7 +196,9 @@ async def test_a_broker_that_is_down_fails_the_run_and_its_retry_sends_the_slot(
         proxy.set_mode("refuse")
         proxy.cut()  # the pool's connection too: the broker is gone
         async with locker, scheduler:
-            await eventually(lambda: any(isinstance(e, JobSucceeded) for e in ended), "a success")
+            await eventually(
+                lambda: any(isinstance(e, JobSucceeded) for e in ended), "a success", every=0.1
+            )
             [run] = await locker.history(job, 5)
         assert [type(e) for e in ended] == [JobFailed, JobSucceeded]
         assert (run.slot, run.outcome, run.attempt) == (slot, "succeeded", 2)

@@ -28,9 +28,9 @@ from cronlock import RunContext, idempotency_key
 from cronlock.queues import procrastinate_sender
 
 from ..brokers import library, missing, unique
+from ..eventually import eventually
 from ..throwaway import drop, make, prefix
 from .processes import Processes
-from .test_stored_bulk import eventually
 
 pytestmark = pytest.mark.postgres
 
@@ -70,10 +70,13 @@ async def test_replicas_defer_each_slot_once_and_the_worker_runs_it_once(databas
                 "--dsn", database, "--kind", "procrastinate", "--broker", database,
                 "--queue", queue, "--namespace", namespace, "--id", f"r{n}",
             )  # fmt: skip
-        await eventually(lambda: worker.lines[:1] == [{"event": "running"}], "the worker started")
+        await eventually(
+            lambda: worker.lines[:1] == [{"event": "running"}], "the worker started", every=0.1
+        )
         await eventually(
             lambda: sum(line["event"] == "running" for line in replicas.lines) == REPLICAS,
             "the replicas started",
+            every=0.1,
         )
         await asyncio.sleep(HANDING_OFF)
         for proc in replicas.procs:
@@ -94,7 +97,7 @@ async def test_replicas_defer_each_slot_once_and_the_worker_runs_it_once(databas
         def ran() -> list[dict[str, Any]]:
             return [line for line in worker.lines if line["event"] == "ran"]
 
-        await eventually(lambda: len(ran()) >= len(slots), "the worker ran every slot")
+        await eventually(lambda: len(ran()) >= len(slots), "the worker ran every slot", every=0.1)
         executed = [line["key"] for line in ran()]
         assert sorted(executed) == sorted(keys)
         for line in ran():

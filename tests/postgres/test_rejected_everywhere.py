@@ -11,9 +11,8 @@ exits, and its blame goes with it while a replica that has the task runs them.
 
 from __future__ import annotations
 
-import asyncio
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any
 
@@ -27,6 +26,7 @@ from cronlock.postgres._locker import fleetwatch, members
 from cronlock.postgres._sql import upkeep
 from cronlock.prometheus import instrument
 
+from ..eventually import eventually
 from .conftest import Coordination
 from .test_cli_pg import cli
 
@@ -42,21 +42,6 @@ def quick_fleet(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.setattr(module, "MEMBERS_EVERY", 1.0)
         monkeypatch.setattr(module, "MEMBER_TTL", 3.0)
     monkeypatch.setattr(fleetwatch, "RUNS_EVERY", 0.5)
-
-
-async def eventually(check: Callable[[], Any], what: str, limit: float = 60.0) -> None:
-    """Wait (polling) until *check()* (sync or async) is true; fail naming *what*."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + limit
-    while True:
-        found = check()
-        if asyncio.iscoroutine(found):
-            found = await found
-        if found:
-            return
-        if loop.time() > deadline:
-            pytest.fail(f"never happened: {what}")
-        await asyncio.sleep(0.1)
 
 
 class Fleet:
@@ -136,17 +121,20 @@ async def test_a_schedule_whose_task_no_replica_has_is_rejected_everywhere(
                 found = {s.name: s.rejected for s in await control.schedules()}
                 return found == {"orphan": True, "half": False}
 
-            await eventually(rejected, "orphan rejected by both live replicas, half not")
+            await eventually(rejected, "orphan rejected by both live replicas, half not", every=0.1)
             await eventually(
                 lambda: 'cronlock_schedule_rejected{schedule="orphan"} 1.0' in scraped(registry),
                 "the gauge on the scrape of a replica",
+                every=0.1,
             )
             assert lacking.rejected_schedules() == frozenset({"orphan"})
             assert (
                 'schedule="half"' not in scraped(registry).split("cronlock_schedule_rejected")[-1]
             )
             assert "# HELP cronlock_schedule_rejected " in scraped(registry)
-            await eventually(lambda: "half" in fleet.runs, "half runs on the replica with its task")
+            await eventually(
+                lambda: "half" in fleet.runs, "half runs on the replica with its task", every=0.1
+            )
 
             status = await cli("status", "--check", *fleet.where)
             states = {line.split()[0]: line.split()[1] for line in status.stdout.splitlines()[2:]}
@@ -186,21 +174,23 @@ async def test_a_gone_process_no_longer_blames_the_schedules(coordination: Coord
                     found = await control.schedules()
                     return all("no task 'report'" in (s.problem or "") for s in found)
 
-                await eventually(blamed, "the short-lived process blames every schedule")
+                await eventually(blamed, "the short-lived process blames every schedule", every=0.1)
                 # A replica counts once its first heartbeat is in: then it runs them, so
                 # they are not rejected everywhere.
                 await eventually(
-                    lambda: _equal(fleet.members(), 2), "both replicas are live members"
+                    lambda: _equal(fleet.members(), 2), "both replicas are live members", every=0.1
                 )
                 assert not any(s.rejected for s in await control.schedules())
             # Closed gracefully: its members row is gone, and its blame with it.
-            await eventually(lambda: fleet.members(), "the live replica is a member")
+            await eventually(lambda: fleet.members(), "the live replica is a member", every=0.1)
             assert await fleet.members() == 1
             listed = await control.schedules()
             shown = await cli("schedules", "list", *fleet.where)
             status = await cli("status", *fleet.where)
             await eventually(
-                lambda: set(names) <= set(fleet.runs), "the live replica runs every schedule"
+                lambda: set(names) <= set(fleet.runs),
+                "the live replica runs every schedule",
+                every=0.1,
             )
     assert [(s.name, s.problems, s.rejected) for s in listed] == [(n, {}, False) for n in names]
     assert shown.returncode == 0 and "no task" not in shown.stdout, shown.stdout

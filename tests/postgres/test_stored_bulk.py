@@ -10,7 +10,6 @@ anything is written, and a refusal names the schedule.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import uuid
 from collections import Counter
@@ -37,6 +36,7 @@ from cronlock import (
 from cronlock.postgres import FleetControl, PostgresLocker, ScheduleChanges
 from cronlock.postgres._ops.bulk import OFF_LOOP_FROM
 
+from ..eventually import eventually
 from .conftest import Coordination
 from .events import Events
 from .test_cli_pg import cli
@@ -57,15 +57,6 @@ def tenants(names: range, *, prefix: str = "t:", plus: int = 0) -> list[StoredSc
         StoredSchedule(f"{prefix}{i}", "report", every(1), kwargs={"tenant": i + plus})
         for i in names
     ]
-
-
-async def eventually(check: Callable[[], bool], what: str, limit: float = 60.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + limit
-    while not check():
-        if loop.time() > deadline:
-            pytest.fail(f"never happened: {what}")
-        await asyncio.sleep(0.1)
 
 
 class Fleet:
@@ -110,6 +101,7 @@ async def test_a_batch_is_one_revision_that_replicas_pick_up_whole(
         await eventually(
             lambda: fleet.ran_with({f"t:{i}": i for i in range(60)}, 0),
             "every schedule of the first batch ran",
+            every=0.1,
         )
         # Every one changed and 20 more, in one batch: one revision for all 80 rows.
         since = len(fleet.runs)
@@ -121,6 +113,7 @@ async def test_a_batch_is_one_revision_that_replicas_pick_up_whole(
         await eventually(
             lambda: fleet.ran_with({f"t:{i}": i + 1000 for i in range(80)}, since),
             "every schedule of the second batch ran with its new kwargs",
+            every=0.1,
         )
         for replica in replicas:
             assert len(replica.stored_jobs) == 80

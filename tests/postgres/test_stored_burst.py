@@ -22,8 +22,9 @@ from cronlock import StoredSchedule, cron
 from cronlock._core.planner import CROWD
 from cronlock.postgres import FleetControl
 
+from ..eventually import eventually
 from .conftest import Coordination
-from .test_stored_replicas import Replicas, eventually
+from .test_stored_replicas import Replicas
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow]
 

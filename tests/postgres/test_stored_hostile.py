@@ -19,7 +19,6 @@ import logging
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable
 from typing import Any
 
 import asyncpg
@@ -31,6 +30,7 @@ from cronlock.postgres import FleetControl, PostgresLocker
 from cronlock.postgres._locker import members
 from cronlock.postgres._sql.tables import LedgerTable
 
+from ..eventually import eventually
 from ..web.test_app import client
 from .conftest import Coordination
 from .test_cli_pg import cli
@@ -202,14 +202,6 @@ class Replica:
         self.scheduler.subscribe(rejected, ScheduleRejected)
 
 
-async def eventually(check: Callable[[], object], what: str, limit: float = 30.0) -> None:
-    deadline = time.monotonic() + limit
-    while not check():
-        if time.monotonic() > deadline:
-            pytest.fail(f"never happened: {what}")
-        await asyncio.sleep(0.05)
-
-
 def _trouble(caplog: pytest.LogCaptureFixture) -> list[str]:
     """What cronlock logged at ERROR, or with a traceback."""
     return [
@@ -257,7 +249,9 @@ async def test_hostile_rows_are_rejected_alone_and_every_reader_answers(
             for replica in replicas:
                 await replica.scheduler.start()  # raises nothing
                 running.append(replica)
-            await eventually(lambda: "victim" in replicas[0].scheduler.stored_jobs, "victim runs")
+            await eventually(
+                lambda: "victim" in replicas[0].scheduler.stored_jobs, "victim runs", limit=30
+            )
             # While they run: a bad row replaces a good one, another bad row is added, and
             # a good schedule added after both still reaches the replicas.
             await hand_write(admin, ledger, "victim", HOSTILE["bad:micros-1e20"])
@@ -267,16 +261,18 @@ async def test_hostile_rows_are_rejected_alone_and_every_reader_answers(
             await eventually(
                 lambda: all(good <= set(r.scheduler.stored_jobs) for r in replicas),
                 "good jobs applied",
+                limit=30,
             )
 
             def ran(job: str) -> int:
                 return len({slot for name, slot, _ in starts if name == job})
 
-            await eventually(lambda: all(ran(job) >= 3 for job in good), "good slots ran")
+            await eventually(lambda: all(ran(job) >= 3 for job in good), "good slots ran", limit=30)
             bad = {*HOSTILE, "victim", "bad:late"}
             await eventually(
                 lambda: all({e.schedule for e in r.rejected} >= bad for r in replicas),
                 "every replica rejects every bad row",
+                limit=30,
             )
             listed: dict[str, Any] = {}
 

@@ -16,8 +16,8 @@ from cronlock import Scheduler, StoredSchedule, every
 from cronlock.postgres import FleetControl, PostgresLocker
 from cronlock.postgres._locker import reads
 
+from ..eventually import eventually
 from .conftest import Coordination
-from .test_stored_bulk import eventually
 
 pytestmark = pytest.mark.postgres
 
@@ -80,5 +80,7 @@ async def test_a_large_sync_reads_its_changes_in_pages_and_misses_none(
             wanted = {f"t:{i:03d}": i + 1000 for i in range(50)}
             wanted |= {"t:001": -1}  # changed while the pages were read; t:050 came back
             wanted |= {"t:050": -50}
-            await eventually(lambda: held(scheduler) == wanted, f"the replica holds {wanted}")
+            await eventually(
+                lambda: held(scheduler) == wanted, f"the replica holds {wanted}", every=0.1
+            )
             assert changed_between == [True] and len(pages) >= 8

@@ -25,6 +25,7 @@ from cronlock import every
 from cronlock.postgres import FleetControl
 from cronlock.postgres._locker.servertime import DEFAULT_AHEAD
 
+from ..eventually import eventually
 from .conftest import Coordination
 from .processes import Processes
 from .test_cli_pg import cli
@@ -65,14 +66,6 @@ class Replicas(Processes):
         at = found()
         assert at is not None
         return at - since
-
-
-async def eventually(check: Callable[[], object], what: str, limit: float = 60.0) -> None:
-    deadline = time.monotonic() + limit
-    while not check():
-        if time.monotonic() > deadline:
-            pytest.fail(f"never happened: {what}")
-        await asyncio.sleep(0.05)
 
 
 async def test_add_update_remove_while_three_replicas_run(coordination: Coordination) -> None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import Any, Literal
 
@@ -23,6 +23,8 @@ import pytest
 from cronlock import Event, JobSkipped, JobTimedOut, RunContext, RunOverran, Scheduler
 from cronlock.postgres import PostgresHold, PostgresLocker
 from cronlock.postgres._sql.tables import LedgerTable
+
+from ..eventually import eventually
 
 pytestmark = pytest.mark.postgres
 
@@ -41,12 +43,6 @@ async def ledger(admin: Any) -> AsyncIterator[LedgerTable]:
             f" {table.leases}, {table.members}, {table.secrets}, {table.schedules},"
             f" {table.definitions}"
         )
-
-
-async def _until(check: Callable[[], object]) -> None:
-    async with asyncio.timeout(60):  # a liveness guard, not a timing
-        while not check():
-            await asyncio.sleep(0.02)
 
 
 @pytest.mark.parametrize("mode", ["session", "lease"])
@@ -80,7 +76,9 @@ async def test_a_timed_out_threads_claim_is_held_until_the_thread_returns(
     try:
         async with locker() as other, scheduler:
             # Until its next slot fell due while its thread still runs: skipped or started.
-            await _until(lambda: of(JobTimedOut) and (of(JobSkipped) or len(copies) > 1))
+            await eventually(
+                lambda: of(JobTimedOut) and (of(JobSkipped) or len(copies) > 1), every=0.02
+            )
             timed_out = of(JobTimedOut)[0]
             assert isinstance(timed_out, JobTimedOut)
             assert copies == [timed_out.slot]  # skipped as an overlap: no second copy here
@@ -99,8 +97,8 @@ async def test_a_timed_out_threads_claim_is_held_until_the_thread_returns(
 
             scheduler.get_job(job).pause()
             release.set()
-            await _until(lambda: of(RunOverran))
-            await _until(lambda: not scheduler.get_job(job).running)  # released
+            await eventually(lambda: of(RunOverran), every=0.02)
+            await eventually(lambda: not scheduler.get_job(job).running, every=0.02)  # released
             hold = await other.acquire(job, LATER)
             assert isinstance(hold, PostgresHold)
             await hold.release()

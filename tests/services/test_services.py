@@ -41,6 +41,7 @@ from typing import Any
 
 import pytest
 
+from ..eventually import eventually
 from .conftest import free_port
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow, pytest.mark.usefixtures("examples_extra")]
@@ -141,18 +142,6 @@ def get_json(port: int, path: str) -> Any:
         return json.load(response)
 
 
-async def poll(what: str, bound: float, check: Any) -> Any:
-    """Await ``check()`` every 0.1 s until it returns something truthy; fail after *bound*."""
-    deadline = time.monotonic() + bound
-    while True:
-        found = await check()
-        if found:
-            return found
-        if time.monotonic() > deadline:
-            pytest.fail(f"{what}: not within {bound:.0f}s")
-        await asyncio.sleep(0.1)
-
-
 async def watch_it_run(
     seen: Observed,
     port: int,
@@ -172,7 +161,7 @@ async def watch_it_run(
         except OSError:
             return None
 
-    view = await poll("GET /jobs answered", STARTUP_BOUND, answering)
+    view = await eventually(answering, "GET /jobs answered", STARTUP_BOUND, every=0.1)
     assert {job["name"] for job in view["jobs"]} == {f"{prefix}heartbeat", f"{prefix}report"}
     assert all(job["next_run"] is not None for job in view["jobs"])
     for _ in range(6):  # served by whichever worker the kernel hands the connection
@@ -195,7 +184,9 @@ async def watch_it_run(
         )
         return None if row is None else dict(row)
 
-    seen.in_flight = await poll("a report run started", RUNNING_BOUND, report_just_started)
+    seen.in_flight = await eventually(
+        report_just_started, "a report run started", RUNNING_BOUND, every=0.1
+    )
     recent = await asyncio.to_thread(get_json, port, "/heartbeats?limit=5")
     assert len(recent["rows"]) == 5
     seen.cronlock_sessions = await admin.fetchval(SESSIONS_SQL, f"{app_name}:cronlock:%")
@@ -268,9 +259,13 @@ async def exercise(
                 return {row[0] for row in await admin.fetch(WORKERS_SQL, f"{app_name}:app:%")}
 
             if booting:
-                seen.worker_pids = await poll("a worker booting", STARTUP_BOUND, a_worker_booting)
+                seen.worker_pids = await eventually(
+                    a_worker_booting, "a worker booting", STARTUP_BOUND, every=0.1
+                )
             else:
-                seen.worker_pids = await poll(f"{WORKERS} workers up", STARTUP_BOUND, workers_up)
+                seen.worker_pids = await eventually(
+                    workers_up, f"{WORKERS} workers up", STARTUP_BOUND, every=0.1
+                )
                 await watch_it_run(
                     seen, port, admin, table, app_name, prefix, alive=lambda: alive(proc)
                 )
@@ -294,7 +289,7 @@ async def exercise(
         left: int = await admin.fetchval(SESSIONS_SQL, f"{app_name}:%")
         return left == 0
 
-    await poll("the service's sessions closed", SESSIONS_BOUND, sessions_gone)
+    await eventually(sessions_gone, "the service's sessions closed", SESSIONS_BOUND, every=0.1)
     seen.sessions_left = await admin.fetchval(SESSIONS_SQL, f"{app_name}:%")
 
     async def rows_of(name: str, columns: str) -> list[dict[str, Any]]:

@@ -12,7 +12,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
@@ -23,6 +22,7 @@ import pytest
 
 from cronlock.postgres import FleetControl
 
+from ..eventually import eventually_blocking
 from ..postgres.conftest import free_port
 from .seed import table_name
 
@@ -141,23 +141,13 @@ def _answers(url: str) -> bool:
         return False
 
 
-def wait_for(check: Callable[[], T], what: str, timeout: float = WAIT) -> T:
-    """Poll *check* until it is true; an element the live update replaced meanwhile
-    (stale) or one not there yet only means "not yet"."""
+def wait_for(check: Callable[[], T | None], what: str, timeout: float = WAIT) -> T:
+    """:func:`eventually_blocking` for the page: an element the live update replaced
+    meanwhile (stale) or one not there yet only means "not yet"."""
     from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
 
-    deadline = time.monotonic() + timeout
-    while True:
-        value: T | None
-        try:
-            value = check()
-        except (StaleElementReferenceException, NoSuchElementException, KeyError):
-            value = None
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"waited {timeout:g}s for {what}")
-        time.sleep(0.2)
+    not_yet = (StaleElementReferenceException, NoSuchElementException, KeyError)
+    return eventually_blocking(check, what, timeout, every=0.2, ignoring=not_yet)
 
 
 @pytest.fixture(scope="module")
