@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
 
 from cronlock._sim.faults import parse_fault
 from cronlock._sim.run import Mode, Plan, Result, plan_for_seed, run_plan
-from cronlock._sim.scenarios import KNOWN, SCENARIOS, scenario
+from cronlock._sim.scenarios import KNOWN, SCENARIOS, known_rules, scenario
 
 
 def main() -> int:
@@ -95,13 +95,7 @@ def _known(result: Result) -> bool:
     rules = {v.rule for v in result.judged.violations}
     if plan.name:
         return rules <= KNOWN.get((plan.name, plan.mode), frozenset())
-    kinds = {fault.kind for fault in plan.faults}
-    allowed: set[str] = set()
-    for (name, mode), broken in KNOWN.items():
-        staged = {fault.kind for fault in SCENARIOS[name][1].faults}
-        if mode == plan.mode and staged & kinds:
-            allowed |= broken
-    return rules <= allowed
+    return rules <= known_rules(plan.mode, {fault.kind for fault in plan.faults})
 
 
 def _report(result: Result, *, excused: bool, trace: bool) -> None:

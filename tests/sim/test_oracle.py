@@ -157,3 +157,12 @@ def test_a_gone_fleet_read_ok_past_its_alert_grace_is_a_violation() -> None:
     assert rules(judged((30.0, "failing"))) == ["gone-ok"]
     # Before the grace has passed, anything goes; after it, overdue (or absent) is right.
     assert not judged((12.0, "ok"), (20.0, "overdue"), (200.0, "absent")).violations
+
+
+def test_a_rerun_told_the_attempt_of_the_run_it_reruns_is_an_attempt_violation() -> None:
+    said = [Said("r1", 50.0, JobCrashed("tick", at(2), "h:1", at(2), True))]
+    rerun = ran("tick", 2, 51.0, 51.2, replica="r1", attempt=1)
+    judged = Case(all_ran() + rerun, said, []).judge(
+        jobs=(JobView("tick", "every:1", recover=True),)
+    )
+    assert rules(judged) == ["attempt"]  # the rerun itself is not "twice": it was announced

@@ -19,7 +19,7 @@ from .statements.session import status
 if TYPE_CHECKING:
     from .world import Process, World
 
-__all__ = ("SimConnection", "SimConnector")
+__all__ = ("SimConnection", "SimConnector", "TrackedConnector")
 
 
 class _Version(NamedTuple):
@@ -36,8 +36,12 @@ _VERSION = _Version(15, 10, 0, "final", 0)
 class SimConnection:
     """One client connection to the simulated server, on its process's loop."""
 
-    def __init__(self, world: World, process: Process, session: Session) -> None:
+    def __init__(
+        self, world: World, process: Process, session: Session, *, cache: bool = True
+    ) -> None:
         self._world = world
+        self._cache = cache
+        self._prepared: set[str] = set()
         self._process = process
         self._session = session
         self._closed = False
@@ -138,12 +142,17 @@ class SimConnection:
 
             self._process.deliver(deliver)
 
-        request = Request(sql, args, answer)
+        # asyncpg prepares a statement (a round trip of its own) before it executes it,
+        # unless it kept it prepared from an earlier run on this connection (its cache).
+        request = Request(sql, args, answer, prepared=sql in self._prepared)
         self._world.send(self._session, request)
         try:
-            return await future
+            result = await future
+            if self._cache:
+                self._prepared.add(sql)
+            return result
         except asyncio.CancelledError:
-            request.cancelled = True  # asyncpg sends a cancel request; the server drops it
+            request.cancelled = True  # we stop waiting; the server runs it all the same
             raise
         finally:
             self._pending.discard(future)
@@ -183,8 +192,9 @@ class SimConnector:
         """For error messages."""
         return "simulated PostgreSQL server"
 
-    async def connect(self, timeout: float) -> SimConnection:
-        """A new session, within *timeout* seconds (an error as asyncpg's connect raises)."""
+    async def connect(self, timeout: float, **kwargs: Any) -> SimConnection:
+        """A new session, within *timeout* seconds (an error as asyncpg's connect raises);
+        ``statement_cache_size=0`` among *kwargs*: no statement stays prepared."""
         async with asyncio.timeout(timeout):
             await asyncio.sleep(self._world.latency())
             server = self._world.server
@@ -198,4 +208,14 @@ class SimConnector:
             await asyncio.sleep(self._world.latency())
             if not session.alive:
                 raise ConnectionRefusedError(111, "Connect call failed (simulated)")
-            return SimConnection(self._world, self._process, session)
+            cache = int(kwargs.get("statement_cache_size", 100)) > 0
+            return SimConnection(self._world, self._process, session, cache=cache)
+
+
+class TrackedConnector(SimConnector):
+    """The connector, remembering its process's connections (a kill closes them)."""
+
+    async def connect(self, timeout: float, **kwargs: Any) -> Any:
+        conn = await super().connect(timeout, **kwargs)
+        self._process.connections.append(conn)
+        return conn

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Literal
 if TYPE_CHECKING:
     from .fleet import Fleet
 
-__all__ = ("KINDS", "Fault", "apply", "draw", "parse_fault")
+__all__ = ("KINDS", "POOLED_KINDS", "Fault", "apply", "draw", "parse_fault")
 
 Kind = Literal[
     "reset",
@@ -31,6 +31,7 @@ Kind = Literal[
     "freeze",
     "clock_step",
     "stop",
+    "pool_exhaustion",
 ]
 
 KINDS: tuple[Kind, ...] = (
@@ -47,9 +48,13 @@ KINDS: tuple[Kind, ...] = (
     "clock_step",
 )
 """The kinds a random schedule draws from (``stop``, the whole fleet stopped, ends a run:
-scenarios use it)."""
+scenarios use it; a pooled plan draws ``pool_exhaustion`` too: :data:`POOLED_KINDS`)."""
 
-_PER_REPLICA = {"reset", "reply_lost", "hang", "kill", "freeze", "clock_step"}
+POOLED_KINDS: tuple[Kind, ...] = (*KINDS, "pool_exhaustion")
+"""The kinds a random schedule of a fleet on asyncpg pools draws from: the user's own code
+may also hold every connection of a replica's pool for a while."""
+
+_PER_REPLICA = {"reset", "reply_lost", "hang", "kill", "freeze", "clock_step", "pool_exhaustion"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,7 +94,7 @@ def parse_fault(text: str) -> Fault:
     """Read back :meth:`Fault.text`."""
     head, *rest = text.strip().split(",")
     kind, _, at = head.partition("@")
-    if kind not in (*KINDS, "stop"):
+    if kind not in (*POOLED_KINDS, "stop"):
         raise ValueError(f"unknown fault kind {kind!r} in {text!r}")
     values: dict[str, Any] = {}
     for item in rest:
@@ -102,16 +107,17 @@ def parse_fault(text: str) -> Fault:
     return Fault(kind, float(at), **values)
 
 
-def draw(rng: random.Random, *, replicas: int, seconds: float) -> list[Fault]:
-    """1-5 faults of a mix of 1-4 kinds this seed chose, within the first *seconds*."""
-    kinds = rng.sample(KINDS, rng.randint(1, 4))
+def draw(rng: random.Random, *, replicas: int, seconds: float, pool: bool = False) -> list[Fault]:
+    """1-5 faults of a mix of 1-4 kinds this seed chose, within the first *seconds*
+    (*pool*: the replicas run on asyncpg pools, which their users may exhaust)."""
+    kinds = rng.sample(POOLED_KINDS if pool else KINDS, rng.randint(1, 4))
     faults = []
     for _ in range(rng.randint(1, 5)):
         kind = rng.choice(kinds)
         at = round(rng.uniform(5.0, seconds - 10.0), 3)
         replica = rng.randrange(replicas) if kind in _PER_REPLICA else 0
         fault = Fault(kind, at, replica=replica)
-        if kind in ("table_lock", "stall"):
+        if kind in ("table_lock", "stall", "pool_exhaustion"):
             fault = replace(fault, seconds=round(rng.uniform(1.0, 15.0), 3))
         elif kind == "hang":
             fault = replace(fault, seconds=round(rng.uniform(1.0, 10.0), 3))
@@ -184,9 +190,41 @@ def apply(fault: Fault, fleet: Fleet) -> None:
             world.freeze(process, fault.seconds)
         elif kind == "clock_step":
             process.skew += fault.step
+        elif kind == "pool_exhaustion":
+            exhaust(process)
         elif kind == "stop":
             for replica in fleet.replicas:
                 replica.process.loop.call_soon(replica.stop.set)
+
+    def exhaust(process: Any) -> None:
+        # The user's own code on that replica takes every connection of its pool (waiting
+        # for those lent to the locker) and holds them until the fault's end.
+        pool = next((r.pool for r in fleet.replicas if r.process is process), None)
+        if pool is None or not process.alive or pool.is_closing():
+            world.log(f"fault {fault.text()}: {process.name} has no open pool; not struck")
+            return
+        until = fault.at + fault.seconds
+
+        async def hog() -> None:
+            import asyncio
+
+            import asyncpg
+
+            held: list[Any] = []
+            try:
+                while len(held) < pool.get_max_size() and world.now < until:
+                    try:
+                        held.append(await pool.acquire(timeout=until - world.now))
+                    except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
+                        await asyncio.sleep(0.5)  # the server is away: the user's code retries
+                if world.now < until:
+                    world.log(f"{process.name}: the user's code holds all {len(held)} connections")
+                    await asyncio.sleep(until - world.now)
+            finally:
+                for conn in held:
+                    await pool.release(conn)
+
+        process.loop.create_task(hog(), name="user-holds-the-pool")
 
     snapshots: list[Any] = []
     if fault.kind == "restore":

@@ -17,7 +17,8 @@ from datetime import datetime
 from typing import Any, Literal
 
 from .._records import RunContext
-from .conn import SimConnector
+from .conn import TrackedConnector
+from .pool import SimPool
 from .server import SimServer
 from .statements.all import statements_for
 from .world import Process, SimClock, World
@@ -85,6 +86,8 @@ class Replica:
         self.stopped = False
         self.stopped_at: float | None = None
         """When its scheduler's ``async with`` ended (seconds into the run)."""
+        self.pool: SimPool | None = None
+        """The replica's asyncpg pool (a fleet with ``pool=True``), once open."""
 
     @property
     def name(self) -> str:
@@ -100,9 +103,12 @@ class Replica:
         from ..postgres import PostgresLocker
 
         fleet, world = self.fleet, self.fleet.world
-        connector = _Tracked(world, self.process)
+        connector = TrackedConnector(world, self.process)
+        given: Any = connector
+        if fleet.pool:  # the user's own pool (min 1, max 4), handed to the locker
+            self.pool = given = await SimPool(connector, min_size=1, max_size=4).open()
         locker = PostgresLocker(
-            connector,
+            given,
             mode=fleet.mode,
             table=LEDGER,
             application_name=f"sim:{self.name}",
@@ -119,6 +125,8 @@ class Replica:
             await self.stop.wait()
         self.stopped = True
         self.stopped_at = world.now
+        if self.pool is not None:  # as `async with asyncpg.create_pool(...)` would
+            await self.pool.close()
 
     def _body(self, spec: JobSpec) -> Callable[..., Any]:
         fleet, world, name = self.fleet, self.fleet.world, self.name
@@ -137,15 +145,6 @@ class Replica:
 
         body.__name__ = spec.name
         return body
-
-
-class _Tracked(SimConnector):
-    """The connector, remembering its process's connections (a kill closes them)."""
-
-    async def connect(self, timeout: float) -> Any:
-        conn = await super().connect(timeout)
-        self._process.connections.append(conn)
-        return conn
 
 
 class _Heard(logging.Handler):
@@ -172,6 +171,7 @@ class Fleet:
         replicas: int = 3,
         jobs: tuple[JobSpec, ...] = JOBS,
         locker_options: dict[str, Any] | None = None,
+        pool: bool = False,
     ) -> None:
         from ..postgres._sql.tables import LedgerTable
 
@@ -179,6 +179,10 @@ class Fleet:
         self.mode = mode
         self.jobs = jobs
         self.locker_options = dict(locker_options or {})
+        self.pool = pool
+        """Each replica hands its locker an asyncpg pool of its own (min 1, max 4), as
+        ``PostgresLocker(pool, ...)``, rather than a connector (as a DSN). Lease mode only:
+        the library refuses a pool of max_size 4 in session mode (``check_pool_room``)."""
         self.table = LedgerTable(LEDGER)
         world.server = SimServer(world, statements_for(self.table))
         self.effects: list[Effect] = []

@@ -125,11 +125,12 @@ class SimLoop(asyncio.BaseEventLoop):
         """Run what is ready now, and the timers due now: one turn of this loop."""
         base = self._base
         base._thread_id = threading.get_ident()  # is_running() while stepping
+        outer = events._get_running_loop()  # a test's own loop, driving the world
         events._set_running_loop(self)
         try:
             base._run_once()
         finally:
-            events._set_running_loop(None)
+            events._set_running_loop(outer)
             base._thread_id = None
 
     def abandon(self) -> None:

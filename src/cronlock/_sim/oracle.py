@@ -15,7 +15,8 @@ coalescing, not its notion of owed. What it checks:
   (not run late, nor coalesced into a later slot that ran);
 - ``unfinished``: a ledger row without an outcome once everything settled;
 - ``lie``: a replica said it reruns a crashed run (``JobCrashed(recovered=True)``) and no
-  later attempt of that slot started;
+  start of that slot followed;
+- ``attempt``: that rerun was told the same attempt number as the run it reruns;
 - ``error``: an exception escaped a task of the library;
 - ``livelock``: a replica kept its loop busy without time moving (the world could not go on);
 - ``gone-ok``: every replica had stopped and a job's alert grace (``alert_after``) had
@@ -42,7 +43,18 @@ from typing import Any
 
 __all__ = ("RULES", "JobView", "Judged", "Violation", "judge")
 
-RULES = ("twice", "overlap", "silent", "late", "unfinished", "lie", "error", "livelock", "gone-ok")
+RULES = (
+    "twice",
+    "overlap",
+    "silent",
+    "late",
+    "unfinished",
+    "lie",
+    "attempt",
+    "error",
+    "livelock",
+    "gone-ok",
+)
 
 _FATES = {"overlap", "misfire", "paused", "standby", "not_leader"}
 _ISO = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:[+-]\d\d:\d\d|Z)?")
@@ -166,7 +178,7 @@ def judge(
         starts[name].append(_Start(slot, attempt, replica, begin, gone.get(replica)))
 
     skipped: dict[tuple[str, datetime], set[str]] = defaultdict(set)
-    recovered: list[tuple[str, datetime, str]] = []
+    recovered: list[tuple[str, datetime, str, float, int | None]] = []
     warnings: list[tuple[float, str]] = []
     for item in said:
         what = item.what
@@ -178,7 +190,9 @@ def judge(
         if kind == "JobSkipped":
             skipped[(what.job, what.slot)].add(what.reason)
         elif kind == "JobCrashed" and what.recovered:
-            recovered.append((what.job, what.slot, item.replica))
+            recovered.append((what.job, what.slot, item.replica, item.at, None))
+        elif kind == "JobRetrying":
+            recovered.append((what.job, what.slot, item.replica, item.at, what.attempt))
     rows = {(row["job"], row["slot"]): row for row in ledger}
 
     for message in errors:
@@ -186,18 +200,11 @@ def judge(
 
     for job in jobs:
         runs = starts.get(job.name, [])
-        _twice(job, runs, verdict)
+        reruns = _reruns(job, runs, recovered, verdict)
+        _twice(job, [run for run in runs if id(run) not in reruns], verdict)
         if job.overlap != "allow":
             _overlaps(job, runs, verdict, settled)
         ran = {run.slot for run in runs}
-        attempts: dict[datetime, int] = defaultdict(int)
-        for run in runs:
-            attempts[run.slot] = max(attempts[run.slot], run.attempt)
-        for job_name, slot, replica in recovered:
-            if job_name == job.name and attempts.get(slot, 0) < 2:
-                verdict.violations.append(
-                    Violation("lie", job.name, slot, f"{replica} said it reruns it; no rerun began")
-                )
         for slot in job.slots(at(window[0]), at(window[1])):
             verdict.slots += 1
             if slot in ran:
@@ -296,6 +303,53 @@ def _gone_ok(
                         f"(alert_after {job.alert_after:g}s), status --check said {word!r}",
                     )
                 )
+
+
+def _reruns(
+    job: JobView,
+    runs: list[_Start],
+    announced: list[tuple[str, datetime, str, float, int | None]],
+    verdict: Judged,
+) -> set[int]:
+    """The runs a replica announced: a crashed run's rerun (``JobCrashed(recovered=True)``,
+    attempt *None*: the one after the run it reruns) or a retry (``JobRetrying``, its
+    attempt), each the first start of the slot at or after the announcement. A rerun
+    announced that never starts is a ``lie``; an announced run told a lower attempt than
+    announced is an ``attempt`` violation (its body cannot tell it from the first, nor can
+    a key made of the two). Returns those runs (by ``id``), which are judged here, not as a
+    slot started twice."""
+    found: set[int] = set()
+    for name, slot, replica, said_at, attempt in announced:
+        if name != job.name:
+            continue
+        before = [run for run in runs if run.slot == slot and run.begin < said_at]
+        after = sorted(
+            (run for run in runs if run.slot == slot and run.begin >= said_at),
+            key=lambda run: run.begin,
+        )
+        if not after:
+            if attempt is None:  # a retry may be refused (the next slot came first)
+                verdict.violations.append(
+                    Violation("lie", job.name, slot, f"{replica} said it reruns it; no rerun began")
+                )
+            continue
+        rerun = after[0]
+        found.add(id(rerun))
+        expected = (
+            attempt if attempt is not None else 1 + max((run.attempt for run in before), default=0)
+        )
+        if rerun.attempt < expected:
+            what = "rerun" if attempt is None else "retry"
+            verdict.violations.append(
+                Violation(
+                    "attempt",
+                    job.name,
+                    slot,
+                    f"the {what} {replica} announced (attempt {expected}) was told attempt "
+                    f"{rerun.attempt}",
+                )
+            )
+    return found
 
 
 def _twice(job: JobView, runs: list[_Start], verdict: Judged) -> None:

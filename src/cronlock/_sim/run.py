@@ -19,7 +19,7 @@ from .oracle import JobView, Judged, Violation, judge
 from .verdict import Verdicts
 from .world import World, WorldStuck
 
-__all__ = ("Plan", "Result", "plan_for_seed", "run_plan")
+__all__ = ("Plan", "Result", "plan_for_seed", "run_plan", "views_of")
 
 Mode = Literal["session", "lease"]
 WARMUP = 3.0
@@ -41,15 +41,18 @@ class Plan:
     readings: tuple[float, ...] = ()
     """Instants (seconds into the run) at which an operator runs ``status --check``
     (:mod:`.verdict`); the run lasts until the last one."""
+    pool: bool = False
+    """Each replica's locker is given an asyncpg pool (min 1, max 4) rather than a DSN."""
 
     def command(self) -> str:
         """The one-line command that replays this run."""
         if self.name:
             return f"python benchmarks/simulate.py --mode {self.mode} --scenario {self.name}"
         faults = " ".join(f"--fault {shlex.quote(f.text())}" for f in self.faults)
+        pool = " --pool" if self.pool else ""
         return (
-            f"python benchmarks/simulate.py --mode {self.mode} --seed {self.seed} {faults}".strip()
-        )
+            f"python benchmarks/simulate.py --mode {self.mode}{pool} --seed {self.seed} {faults}"
+        ).strip()
 
 
 @dataclass(slots=True)
@@ -67,16 +70,35 @@ class Result:
         return not self.judged.violations
 
 
-def plan_for_seed(seed: int, mode: Mode, *, replicas: int = 3, seconds: float = 120.0) -> Plan:
-    """The random schedule of *seed*: its faults drawn from the seed alone."""
-    faults = draw(random.Random(seed), replicas=replicas, seconds=seconds)
-    return Plan(mode, seed, tuple(faults), replicas=replicas, seconds=seconds)
+def views_of(jobs: tuple[JobSpec, ...]) -> list[JobView]:
+    """What the oracle is told of *jobs*: their names, schedules and the options a user set."""
+    return [
+        JobView(
+            spec.name,
+            spec.schedule,
+            grace=float(spec.options.get("misfire_grace", 60.0)),
+            retries=int(spec.options.get("retries", 0)),
+            overlap=str(spec.options.get("overlap", "skip")),
+            recover=bool(spec.options.get("recover", False)),
+            alert_after=spec.options.get("alert_after"),
+        )
+        for spec in jobs
+    ]
+
+
+def plan_for_seed(
+    seed: int, mode: Mode, *, replicas: int = 3, seconds: float = 120.0, pool: bool = False
+) -> Plan:
+    """The random schedule of *seed*: its faults drawn from the seed alone (a pooled plan
+    may draw ``pool_exhaustion`` too)."""
+    faults = draw(random.Random(seed), replicas=replicas, seconds=seconds, pool=pool)
+    return Plan(mode, seed, tuple(faults), replicas=replicas, seconds=seconds, pool=pool)
 
 
 def run_plan(plan: Plan) -> Result:
     """Run *plan* in a world of its own and judge it."""
     world = World(plan.seed)
-    fleet = Fleet(world, mode=plan.mode, replicas=plan.replicas, jobs=plan.jobs)
+    fleet = Fleet(world, mode=plan.mode, replicas=plan.replicas, jobs=plan.jobs, pool=plan.pool)
     for fault in plan.faults:
         apply(fault, fleet)
     verdicts = Verdicts(fleet, plan.readings) if plan.readings else None
@@ -93,18 +115,7 @@ def run_plan(plan: Plan) -> Result:
             if line.endswith(f"{p.name} killed"):
                 gone[p.name] = float(line.split()[0])
     disruptions = [f.window() for f in plan.faults if f.kind not in ("clock_step",)]
-    views = [
-        JobView(
-            spec.name,
-            spec.schedule,
-            grace=float(spec.options.get("misfire_grace", 60.0)),
-            retries=int(spec.options.get("retries", 0)),
-            overlap=str(spec.options.get("overlap", "skip")),
-            recover=bool(spec.options.get("recover", False)),
-            alert_after=spec.options.get("alert_after"),
-        )
-        for spec in plan.jobs
-    ]
+    views = views_of(plan.jobs)
     # A fleet stopped (the "stop" fault) owes no slot after it; it is gone once every
     # replica has stopped or been killed.
     end = plan.seconds + min(plan.quiet, 10.0)

@@ -18,7 +18,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .conn import SimConnector
+from .conn import SimConnector, TrackedConnector
 
 if TYPE_CHECKING:
     from .fleet import Fleet
@@ -83,15 +83,6 @@ def parse_status(output: str) -> tuple[dict[str, str], dict[str, str]]:
     return states, check
 
 
-class _Operator(SimConnector):
-    """The operator's connections: tracked (the world's end closes them)."""
-
-    async def connect(self, timeout: float) -> Any:
-        conn = await super().connect(timeout)
-        self._process.connections.append(conn)
-        return conn
-
-
 @dataclass(slots=True)
 class Verdicts:
     """``status --check`` read at each of *at* (seconds into the run) in *fleet*'s world,
@@ -119,7 +110,7 @@ class Verdicts:
         from ..postgres._sql.tables import LedgerTable
 
         assert self.process is not None
-        connector = _Operator(self.fleet.world, self.process)
+        connector = TrackedConnector(self.fleet.world, self.process)
         args = _build_parser().parse_args([*COMMAND, "--table", self.fleet.table.table])
         # What run_pg and run_verb do before the verb (its DSN, its --state).
         args.dsn, args.dsn_source = "postgresql://simulated", "--dsn"

@@ -129,8 +129,9 @@ class Connector(Protocol):
         """What it is, for error messages (never a password)."""
         ...
 
-    async def connect(self, timeout: float) -> Any:
-        """A new connection within *timeout* seconds."""
+    async def connect(self, timeout: float, **kwargs: Any) -> Any:
+        """A new connection within *timeout* seconds (*kwargs*: what ``asyncpg.connect``
+        would be given, as ``statement_cache_size``)."""
         ...
 
 
@@ -264,7 +265,7 @@ class ConnectionSource:
     async def _connect(self, timeout: float) -> Any:
         """A new connection of the DSN; a failure is said without the password (:mod:`._dsn`)."""
         if self._connector is not None:
-            return await self._connector.connect(timeout)
+            return await self._connector.connect(timeout, **self._connect_kwargs)
         assert self._dsn is not None
         found = addresses(self._dsn, self._connect_kwargs) if target_of(self._dsn).clean else []
         if len(found) > 1:

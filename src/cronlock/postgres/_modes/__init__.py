@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from ..._durations import Seconds, to_seconds
 from ..._errors import ConfigError, PoolerDetected
 from ..._logs import get_logger
-from .._conn.source import ConnectionSource
+from .._conn.source import ConnectionSource, Connector
 
 if TYPE_CHECKING:
     from .._conn.source import Keepalives
@@ -141,7 +141,7 @@ def source_for(
     which poolers accept, and asyncpg keeps no named prepared statements (which a
     transaction pooler cannot route), unless *connect_kwargs* say otherwise.
     """
-    if mode == "lease" and isinstance(pool_or_dsn, str):
+    if mode == "lease" and isinstance(pool_or_dsn, str | Connector):
         settings = dict((connect_kwargs or {}).get("server_settings") or {})
         settings.setdefault("application_name", application_name)
         connect_kwargs = {
