@@ -2,14 +2,18 @@
 
     python benchmarks/soak/replica.py --dsn DSN --mode lease --id 1 --effects FILE
 
-Each run appends a ``start`` line to *FILE* (JSON: job, slot, replica, pid, true wall
-time) as its first act and an ``end`` line as its last (``cancel`` when it was cancelled):
-an append-only file written with one ``write(2)`` per line, so what a run did outlives a
-SIGKILL of its process. Skipped slots (``JobSkipped``) and lost locks (``LockLost``) are
-appended too, for the post-mortem. The jobs are :data:`JOBS` (the checker reads the same
-table). ``ready`` is printed on stdout once the scheduler runs; SIGTERM stops it cleanly
-(``stopped`` is printed, exit status 0). SIGUSR1 steps the replica's clock to the offset
-written in ``FILE.clock`` (seconds), as a host clock step would.
+Each run appends a ``start`` line to *FILE* (JSON: job, slot, attempt, replica, pid, true
+wall time) as its first act and an ``end`` line as its last (``cancel`` when it was
+cancelled): an append-only file written with one ``write(2)`` per line, so what a run did
+outlives a SIGKILL of its process. What a user of the replica sees is appended the same
+way, for the checker's oracle (``cronlock._sim.oracle``): an ``event`` line per event the
+scheduler emitted (its class name and its job, slot, reason, recovered and attempt fields),
+a ``log`` line per record of the ``cronlock`` logger at WARNING or above (its formatted
+message), and an ``error`` line per exception that escaped a task of the loop. The jobs are
+:data:`JOBS` (the checker reads the same table). ``ready`` is printed on stdout once the
+scheduler runs; SIGTERM stops it cleanly (``stopped`` is printed, exit status 0). SIGUSR1
+steps the replica's clock to the offset written in ``FILE.clock`` (seconds), as a host
+clock step would.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import timedelta
 
-from cronlock import Event, JobEvent, JobSkipped, LockFailed, LockLost, RunContext, Scheduler, every
+from cronlock import Event, RunContext, Scheduler, every
 from cronlock.postgres import Keepalives, PostgresLocker
 from cronlock.testing import OffsetClock
 
@@ -75,25 +79,60 @@ class Effects:
         self._replica = replica
         self._pid = os.getpid()
 
-    def write(self, kind: str, job: str, slot: float, **more: object) -> None:
-        fields = {"e": kind, "job": job, "slot": slot, "rep": self._replica, "pid": self._pid}
+    def write(self, kind: str, **more: object) -> None:
+        fields: dict[str, object] = {"e": kind, "rep": self._replica, "pid": self._pid}
         fields["t"] = time.time()  # true time: the effects are judged against one clock
         fields.update(more)
-        os.write(self._fd, (json.dumps(fields) + "\n").encode())
+        os.write(self._fd, (json.dumps(fields, default=str) + "\n").encode())
+
+
+EVENT_FIELDS = ("job", "slot", "reason", "recovered", "attempt")
+"""The fields of an event the checker's oracle reads (those the event has)."""
+
+
+def event_line(effects: Effects, event: Event) -> None:
+    """An ``event`` line: the event's class name and its :data:`EVENT_FIELDS`; the slot as
+    ISO 8601, an exception by its class name (``why``), for the post-mortem."""
+    fields: dict[str, object] = {"name": type(event).__name__}
+    for name in EVENT_FIELDS:
+        if hasattr(event, name):
+            value = getattr(event, name)
+            fields[name] = value.isoformat() if name == "slot" else value
+    exception = getattr(event, "exception", None)
+    if exception is not None:
+        fields["why"] = type(exception).__name__
+    effects.write("event", **fields)
+
+
+class Heard(logging.Handler):
+    """Every record of the ``cronlock`` logger at WARNING or above, as a ``log`` line."""
+
+    def __init__(self, effects: Effects) -> None:
+        super().__init__(logging.WARNING)
+        self._effects = effects
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            message = record.getMessage()
+        except Exception:  # a record that cannot be formatted is still heard
+            message = f"{record.msg!r} % {record.args!r}"
+        self._effects.write(
+            "log", level=record.levelno, logger=record.name, msg=message, at=record.created
+        )
 
 
 def job_body(effects: Effects, spec: JobSpec) -> Callable[[RunContext], Awaitable[None]]:
     """The task of *spec*: record the start, work for its duration, record the end."""
 
     async def run(context: RunContext) -> None:
-        slot = context.slot.timestamp()
-        effects.write("start", spec.name, slot)
+        this = {"job": spec.name, "slot": context.slot.isoformat(), "attempt": context.attempt}
+        effects.write("start", **this)
         try:
             await asyncio.sleep(spec.duration)
         except asyncio.CancelledError:
-            effects.write("cancel", spec.name, slot)
+            effects.write("cancel", **this)
             raise
-        effects.write("end", spec.name, slot)
+        effects.write("end", **this)
 
     run.__name__ = spec.name.replace("-", "_")
     return run
@@ -112,6 +151,7 @@ async def main() -> None:
         format=f"%(created).3f r{args.id} %(levelname)s %(name)s: %(message)s",
     )
     effects = Effects(args.effects, args.id)
+    logging.getLogger("cronlock").addHandler(Heard(effects))
     clock = OffsetClock(0)
     locker = PostgresLocker(
         args.dsn,
@@ -131,18 +171,7 @@ async def main() -> None:
             misfire_grace=MISFIRE_GRACE,
         )
 
-    def report(event: Event) -> None:
-        if not isinstance(event, JobEvent):
-            return
-        slot = event.slot.timestamp()
-        if isinstance(event, JobSkipped):
-            effects.write("skip", event.job, slot, reason=event.reason)
-        elif isinstance(event, LockLost):
-            effects.write("lost", event.job, slot, why=repr(event.exception))
-        elif isinstance(event, LockFailed):
-            effects.write("lockfailed", event.job, slot, why=type(event.exception).__name__)
-
-    scheduler.subscribe(report, JobSkipped, LockLost, LockFailed)
+    scheduler.subscribe(lambda event: event_line(effects, event))
 
     def step_clock() -> None:
         with open(args.effects + ".clock") as f:
@@ -151,6 +180,14 @@ async def main() -> None:
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
+
+    def escaped(loop: asyncio.AbstractEventLoop, context: dict[str, object]) -> None:
+        exception = context.get("exception")
+        what = repr(exception) if exception is not None else str(context.get("message"))
+        effects.write("error", msg=f"{context.get('message')}: {what}")
+        loop.default_exception_handler(context)
+
+    loop.set_exception_handler(escaped)
     loop.add_signal_handler(signal.SIGTERM, stop.set)
     loop.add_signal_handler(signal.SIGUSR1, step_clock)
     async with scheduler:
