@@ -39,6 +39,9 @@ def main() -> int:
     parser.add_argument("--seed", type=int, help="first seed (default: drawn, and printed)")
     parser.add_argument("--scenario", help="run this named scenario ('all': every one)")
     parser.add_argument("--fault", action="append", default=[], help="a fault, as printed")
+    parser.add_argument(
+        "--pool", action="store_true", help="lease mode: each locker on an asyncpg pool (max 4)"
+    )
     parser.add_argument("--list", action="store_true", help="name the scenarios and stop")
     parser.add_argument("--allow-known", action="store_true", help="known defects do not fail")
     parser.add_argument("--trace", action="store_true", help="print a failing run's trace")
@@ -60,11 +63,15 @@ def main() -> int:
     elif args.fault:
         seed = args.seed if args.seed is not None else 1
         faults = tuple(parse_fault(text) for text in args.fault)
-        plans = [Plan(mode, seed, faults) for mode in modes]
+        plans = [Plan(mode, seed, faults, pool=args.pool and mode == "lease") for mode in modes]
     else:
         first = args.seed if args.seed is not None else random.randrange(1, 2**31)
         print(f"simulate: seeds {first}..{first + args.schedules - 1}", flush=True)
-        plans = [plan_for_seed(first + i, mode) for mode in modes for i in range(args.schedules)]
+        plans = [
+            plan_for_seed(first + i, mode, pool=args.pool and mode == "lease")
+            for mode in modes
+            for i in range(args.schedules)
+        ]
 
     began = time.perf_counter()
     slots = violations = known = failed = 0

@@ -57,7 +57,7 @@ RULES = (
 )
 
 _FATES = {"overlap", "misfire", "paused", "standby", "not_leader"}
-_ISO = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:[+-]\d\d:\d\d|Z)?")
+_ISO = re.compile(r"\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:\.\d+)?(?:[+-]\d\d:\d\d|Z)?")
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
