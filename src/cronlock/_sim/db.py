@@ -39,6 +39,10 @@ class Database:
         self.tables: dict[str, dict[_Key, _Row]] = {name: {} for name in TABLES}
         self.log: list[Commit] = []
         self._open: Commit | None = None
+        # The runs table's two indexes (the server has them too: the primary key's first
+        # column, and the partial index of unfinished runs), kept by _set.
+        self._by_job: dict[Any, dict[_Key, _Row]] = {}
+        self._unfinished: dict[_Key, _Row] = {}
 
     def begin(self, at: datetime) -> None:
         """Start one statement's changes."""
@@ -64,11 +68,38 @@ class Database:
         """The row of *name* at *key*, or ``None``."""
         return self.tables[name].get(key)
 
+    def runs_of(self, job: Any) -> dict[_Key, _Row]:
+        """The runs of *job*, by key (read only)."""
+        return self._by_job.get(job, {})
+
+    def unfinished(self) -> dict[_Key, _Row]:
+        """The runs with no ``finished_at``, by key (read only)."""
+        return self._unfinished
+
     def put(self, name: str, key: _Key, row: _Row) -> None:
         """Insert or replace the row of *name* at *key*."""
         rows = self.tables[name]
         self._remember(name, key, rows.get(key, _MISSING))
-        rows[key] = row
+        self._set(name, key, row)
+
+    def _set(self, name: str, key: _Key, row: Any) -> None:
+        """Make the row of *name* at *key* be *row* (``_MISSING``: none), indexes too."""
+        if row is _MISSING:
+            self.tables[name].pop(key, None)
+        else:
+            self.tables[name][key] = row
+        if name != "runs":
+            return
+        job_rows = self._by_job.setdefault(key[0], {})
+        if row is _MISSING:
+            job_rows.pop(key, None)
+            self._unfinished.pop(key, None)
+            return
+        job_rows[key] = row
+        if row.get("finished_at") is None:
+            self._unfinished[key] = row
+        else:
+            self._unfinished.pop(key, None)
 
     def update(self, name: str, key: _Key, **changes: Any) -> _Row:
         """Change some columns of the row at *key* (which must exist); return the new row."""
@@ -79,10 +110,10 @@ class Database:
 
     def delete(self, name: str, key: _Key) -> _Row | None:
         """Delete the row at *key*; return it (``None``: there was none)."""
-        rows = self.tables[name]
-        old = rows.pop(key, None)
+        old = self.tables[name].get(key)
         if old is not None:
             self._remember(name, key, old)
+            self._set(name, key, _MISSING)
         return old
 
     def _remember(self, name: str, key: _Key, old: Any) -> None:
@@ -92,10 +123,7 @@ class Database:
 
     def _undo(self, commit: Commit) -> None:
         for name, key, old in reversed(commit.undo):
-            if old is _MISSING:
-                self.tables[name].pop(key, None)
-            else:
-                self.tables[name][key] = old
+            self._set(name, key, old)
 
     def lose_last(self, k: int) -> int:
         """Take back the last *k* commits (a standby promoted without them); return how many
@@ -115,3 +143,7 @@ class Database:
         tables, length = snapshot
         self.tables = copy.deepcopy(tables)
         del self.log[length:]
+        self._by_job.clear()
+        self._unfinished.clear()
+        for key, row in self.tables["runs"].items():
+            self._set("runs", key, row)

@@ -162,7 +162,7 @@ KNOWN: dict[tuple[str, Mode], frozenset[str]] = {
     ("failover-before-slot", "session"): frozenset({"silent"}),
     ("failover-before-slot", "lease"): frozenset({"silent"}),
     # E13: a snapshot restored under the same identity goes unnoticed.
-    ("snapshot-restore", "session"): frozenset({"silent", "unfinished"}),
+    ("snapshot-restore", "session"): frozenset({"unfinished"}),
     ("snapshot-restore", "lease"): frozenset({"unfinished"}),
     # E2/E1 again, over four long stalls; E3 (a rerun announced, then dropped); and a rerun
     # or a retry that tells its body it is attempt 1 (the ledger says 2; C3's cause).
@@ -188,15 +188,18 @@ _RELABEL = frozenset({"attempt", "lie"})
 KNOWN_BY_KIND: dict[tuple[Mode, str], frozenset[str]] = {
     # E5: a claim whose answer is lost (or hangs past the statement timeout) never runs
     # and its row stays unfinished.
-    **{(mode, "reply_lost"): _SILENT_LOST for mode in ("session", "lease")},
-    **{(mode, "hang"): _SILENT_LOST for mode in ("session", "lease")},
+    # A run those cut short is marked crashed, and its rerun told attempt 1 (C3's cause).
+    **{(mode, "reply_lost"): _SILENT_LOST | _RELABEL for mode in ("session", "lease")},
+    **{(mode, "hang"): _SILENT_LOST | _RELABEL for mode in ("session", "lease")},
     # E2 (and E1 in lease mode): the slots due in a table lock or a stall vanish; in lease
     # mode two replicas then run one job at once; reruns and retries across them are told
     # attempt 1 (C3's cause), or announced and dropped (E3).
     ("session", "table_lock"): _SILENT_LOST | _RELABEL,
     ("session", "stall"): _SILENT_LOST | _RELABEL,
-    ("lease", "table_lock"): frozenset({"silent", "overlap"}) | _RELABEL,
-    ("lease", "stall"): frozenset({"silent", "overlap"}) | _RELABEL,
+    # (on a pool, whose connections keep statements prepared, the waiting claim commits
+    # after its replica gave up, as in session mode: unfinished).
+    ("lease", "table_lock"): _SILENT_LOST | {"overlap"} | _RELABEL,
+    ("lease", "stall"): _SILENT_LOST | {"overlap"} | _RELABEL,
     # E15/E8/E12: a restart or failover coalesces or loses the slots due across it with
     # only an INFO line; reruns and retries across it are told attempt 1 or dropped; a
     # retry across a restart also starts its body as attempt 1 again (seen as twice).

@@ -165,7 +165,7 @@ def _job_runs(x: Exec, job: Any) -> list[_Row]:
     """The runs of *job* (a probe of the primary key by job)."""
     if job is None:
         return []
-    return [run for (j, _), run in x.db.table("runs").items() if j == job]
+    return list(x.db.runs_of(job).values())
 
 
 _KINDS: dict[str, Any] = {

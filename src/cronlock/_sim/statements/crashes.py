@@ -127,7 +127,7 @@ def _crashed(x: Exec, args: tuple[Any, ...]) -> list[Row]:
     session is gone and whose owner is gone (:func:`owner_gone`); answer them."""
     host, pid, holder, ttl = args
     marked = []
-    for key, r in sorted(x.db.table("runs").items()):
+    for key, r in sorted(x.db.unfinished().items()):
         if r["finished_at"] is not None or r["session"] is None:
             continue
         if _own(r, host, pid) or x.session_alive(r["session"]):
@@ -260,7 +260,8 @@ def _retries_due(x: Exec, args: tuple[Any, ...]) -> list[Row]:
     wanted = set(jobs or ())
     before = x.now - seconds(margin)
     taken = []
-    for key, r in sorted(x.db.table("runs").items()):
+    mine = [item for job in sorted(wanted) for item in x.db.runs_of(job).items()]
+    for key, r in sorted(mine):
         if key[0] not in wanted or r["retry_at"] is None or not r["retry_at"] <= before:
             continue
         if r["finished_at"] is None or r["outcome"] not in _RETRIED:

@@ -390,7 +390,7 @@ def _crashed(x: Exec, args: tuple[Any, ...]) -> list[Row]:
         return []
     leases, now = x.db.table("leases"), x.now
     marked = []
-    for key, run in list(x.db.table("runs").items()):
+    for key, run in sorted(x.db.unfinished().items()):
         if run["finished_at"] is not None or run["session"] is not None:
             continue
         lease = leases.get(run["job"])
