@@ -79,7 +79,12 @@ class SimLoop(asyncio.BaseEventLoop):
         # unawaited is a bug of the library (nothing a job does may escape its run).
         message = context.get("message", "")
         exc = context.get("exception")
-        self._on_error(f"{self.name}: {message} {exc!r}")
+        future = context.get("future")
+        where = ""
+        if isinstance(future, asyncio.Task):
+            coro = future.get_coro()
+            where = f" in task {future.get_name()!r} ({getattr(coro, '__qualname__', coro)})"
+        self._on_error(f"{self.name}: {message}{where} {exc!r}")
 
     def run_in_executor(  # type: ignore[override]
         self, executor: Any, func: Callable[..., Any], *args: Any

@@ -358,11 +358,16 @@ class ConnectionSource:
             terminate(conn)  # lets a pool reclaim the holder of a connection that died
             return
         try:
-            async with asyncio.timeout(timeout):
-                if self._pool is not None:
-                    # The pool's reset also runs pg_advisory_unlock_all(): a backstop only.
-                    await self._pool.release(conn, timeout=timeout)
-                else:
+            if self._pool is not None:
+                # The pool's reset also runs pg_advisory_unlock_all(): a backstop only. The
+                # release is bounded by its own timeout, not by ours around it: asyncpg
+                # shields it, so a deadline of ours at the same instant would cancel only
+                # the wait, and the release's own TimeoutError would go unretrieved
+                # ("Task exception was never retrieved", found by the fleet simulation on a
+                # stalled server, lease mode on a pool).
+                await self._pool.release(conn, timeout=timeout)
+            else:
+                async with asyncio.timeout(timeout):
                     await conn.close()
         except backend_error_types():
             terminate(conn)
