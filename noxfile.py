@@ -1,6 +1,6 @@
 """The project's workflow: ``nox -s tests lint typing docs``.
 
-``bench``, ``fleet`` and ``soak`` are separate.
+``bench``, ``simulate``, ``fleet`` and ``soak`` are separate.
 """
 
 from __future__ import annotations
@@ -63,6 +63,13 @@ def bench(session: nox.Session) -> None:
     """Benchmarks side by side with the peers (not part of the test run)."""
     session.install("-e", ".[postgres]", "-r", "benchmarks/requirements.txt")
     session.run("python", "benchmarks/run.py", *session.posargs)
+
+
+@nox.session
+def simulate(session: nox.Session) -> None:
+    """The fleet simulation: random fault schedules judged by the oracle (docs/testing.md)."""
+    session.install("-e", ".[postgres]")
+    session.run("python", "benchmarks/simulate.py", *(session.posargs or ["--schedules", "200"]))
 
 
 @nox.session

@@ -210,8 +210,8 @@ def judge(
             if slot in ran:
                 verdict.ran += 1
                 continue
-            fate = _fate(job, slot, skipped, rows, warnings)
-            if fate is None:
+            found = _fate(job, slot, skipped, rows, warnings)
+            if found is None:
                 seen = sorted(skipped.get((job.name, slot), ()))
                 verdict.violations.append(
                     Violation(
@@ -224,10 +224,20 @@ def judge(
                 )
                 continue
             verdict.explained += 1
+            fate, into = found
             due = (slot - epoch).total_seconds()
             ended = _disruption_end(due, disruptions)
             later = [s for s in ran if slot < s <= slot + timedelta(seconds=job.grace)]
-            if fate == "coalesced" and not later:
+            if fate == "coalesced" and into is not None and into not in ran:
+                verdict.violations.append(
+                    Violation(
+                        "late",
+                        job.name,
+                        slot,
+                        f"coalesced into slot {into:%H:%M:%S}, which did not run",
+                    )
+                )
+            elif fate == "coalesced" and not later:
                 verdict.violations.append(
                     Violation(
                         "late", job.name, slot, "coalesced into a later slot, none of which ran"
@@ -397,21 +407,30 @@ def _fate(
     skipped: dict[tuple[str, datetime], set[str]],
     rows: dict[tuple[str, datetime], dict[str, Any]],
     warnings: list[tuple[float, str]],
-) -> str | None:
-    """What a user can see became of a slot that did not start, or ``None``."""
+) -> tuple[str, datetime | None] | None:
+    """What a user can see became of a slot that did not start, or ``None``; with, for a
+    slot said coalesced into a range's last slot ("missed slots from A to B coalesced into
+    one run"), that slot B (the one run, which must have run)."""
     row = rows.get((job.name, slot))
     if row is not None and row.get("outcome") is not None:
-        return str(row["outcome"])
+        return str(row["outcome"]), None
     reasons = skipped.get((job.name, slot), set()) & _FATES
     if reasons:
-        return sorted(reasons)[0]
+        return sorted(reasons)[0], None
     quoted = repr(job.name)
     for _, message in warnings:
         if quoted not in message and f"'{job.name}'" not in message:
             continue
         stamps = [s for s in (_parse(text) for text in _ISO.findall(message)) if s is not None]
-        if slot in stamps or (len(stamps) >= 2 and stamps[0] <= slot <= stamps[1]):
-            return "coalesced" if "coalesc" in message else "missed"
+        coalesced = "coalesc" in message
+        if len(stamps) >= 2 and stamps[0] <= slot <= stamps[1]:
+            if not coalesced:
+                return "missed", None
+            if slot < stamps[1]:
+                return "coalesced", stamps[1]
+            continue  # the one run itself: said of it, not a fate of it
+        if slot in stamps:
+            return ("coalesced" if coalesced else "missed"), None
     return None
 
 
