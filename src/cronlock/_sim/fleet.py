@@ -148,10 +148,11 @@ class Replica:
 
 
 class _Heard(logging.Handler):
-    """Every record the library logs at INFO and above, with the replica that logged it."""
+    """Every record the library logs at WARNING and above (what the oracle reads), with the
+    replica that logged it."""
 
     def __init__(self, fleet: Fleet) -> None:
-        super().__init__(logging.INFO)
+        super().__init__(logging.WARNING)
         self._fleet = fleet
 
     def emit(self, record: logging.LogRecord) -> None:
@@ -217,7 +218,7 @@ class Fleet:
         logger = logging.getLogger("cronlock")
         logger.addHandler(self._heard)
         level = logger.level
-        logger.setLevel(logging.INFO)
+        logger.setLevel(logging.WARNING)
         try:
             with self.world.installed():
                 for replica in self.replicas:
