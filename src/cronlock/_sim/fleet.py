@@ -148,11 +148,10 @@ class Replica:
 
 
 class _Heard(logging.Handler):
-    """Every record the library logs at WARNING and above (what the oracle reads), with the
-    replica that logged it."""
+    """Every record the library logs at INFO and above, with the replica that logged it."""
 
     def __init__(self, fleet: Fleet) -> None:
-        super().__init__(logging.WARNING)
+        super().__init__(logging.INFO)
         self._fleet = fleet
 
     def emit(self, record: logging.LogRecord) -> None:
@@ -218,7 +217,7 @@ class Fleet:
         logger = logging.getLogger("cronlock")
         logger.addHandler(self._heard)
         level = logger.level
-        logger.setLevel(logging.WARNING)
+        logger.setLevel(logging.INFO)
         try:
             with self.world.installed():
                 for replica in self.replicas:
