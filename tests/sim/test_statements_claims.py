@@ -10,9 +10,7 @@ claiming backend's pid as ``ME``, the other backend's as ``OTHER``.
 from __future__ import annotations
 
 import json
-import os
 import random
-import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -24,8 +22,9 @@ from cronlock._sim.server import Exec, SimServer
 from cronlock._sim.statements.all import statements_for
 from cronlock._sim.world import World
 from cronlock.postgres._sql import bare, claims, crashes, runs
-from cronlock.postgres._sql.schema import ledger_ddl
 from cronlock.postgres._sql.tables import LedgerTable
+
+from .realserver import throwaway_ledger
 
 pytestmark = pytest.mark.postgres
 
@@ -36,15 +35,6 @@ _COLUMNS = (
     "job", "slot", "host", "pid", "started_at", "finished_at", "outcome", "error", "session",
     "attempt", "manual", "holder", "attempts", "retry_at",
 )  # fmt: skip
-
-
-def _dsn() -> str:
-    dsn = os.environ.get("CRONLOCK_TEST_DSN")
-    if not dsn:
-        if os.environ.get("CI"):
-            pytest.fail("CRONLOCK_TEST_DSN is not set", pytrace=False)
-        pytest.skip("CRONLOCK_TEST_DSN is not set: the agreement tests need a real server")
-    return dsn
 
 
 class Pair:
@@ -221,21 +211,8 @@ def _json(value: Any) -> Any:
 
 @pytest.fixture
 async def pair() -> AsyncIterator[Pair]:
-    dsn = _dsn()
-    schema = f"agree_claims_{uuid.uuid4().hex[:10]}"
-    settings = {"timezone": "UTC"}
-    a = await asyncpg.connect(dsn, server_settings=settings)
-    b = await asyncpg.connect(dsn, server_settings=settings)
-    try:
-        await a.execute(f'CREATE SCHEMA "{schema}"')
-        table = LedgerTable("runs", schema=schema)
-        for statement in ledger_ddl(table):
-            await a.execute(statement)
+    async with throwaway_ledger("agree_claims") as (table, (a, b)):
         yield Pair(table, a, b)
-    finally:
-        await b.close()
-        await a.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
-        await a.close()
 
 
 HOUR = timedelta(hours=1)

@@ -9,20 +9,17 @@ harness of ``test_statements_upkeep.py``).
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-import asyncpg
 import pytest
 
 from cronlock._sim.server import Exec
 from cronlock.postgres._sql import control, definitions, fleet, schema, stored
-from cronlock.postgres._sql.schema import ledger_ddl
-from cronlock.postgres._sql.tables import LedgerTable
 
-from .test_statements_upkeep import Pair, _dsn
+from .realserver import throwaway_ledger
+from .test_statements_upkeep import Pair
 
 pytestmark = pytest.mark.postgres
 
@@ -33,21 +30,8 @@ ODD = datetime(1, 1, 1, 12, tzinfo=UTC)
 
 @pytest.fixture
 async def pair() -> AsyncIterator[Pair]:
-    dsn = _dsn()
-    name = f"agree_fleet_{uuid.uuid4().hex[:10]}"
-    settings = {"timezone": "UTC"}
-    a = await asyncpg.connect(dsn, server_settings=settings)
-    b = await asyncpg.connect(dsn, server_settings=settings)
-    try:
-        await a.execute(f'CREATE SCHEMA "{name}"')
-        table = LedgerTable("runs", schema=name)
-        for statement in ledger_ddl(table):
-            await a.execute(statement)
+    async with throwaway_ledger("agree_fleet") as (table, (a, b)):
         yield Pair(table, a, b)
-    finally:
-        await b.close()
-        await a.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
-        await a.close()
 
 
 async def test_catalog_probes_find_the_ledgers_tables(pair: Pair) -> None:

@@ -9,7 +9,6 @@ statement, so instants the statements compute agree within a second.
 from __future__ import annotations
 
 import json
-import os
 import secrets
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
@@ -31,8 +30,9 @@ from cronlock.postgres._sql.leases import (
     lease_recover_sql,
     renew_sql,
 )
-from cronlock.postgres._sql.schema import ledger_ddl
 from cronlock.postgres._sql.tables import LedgerTable
+
+from .realserver import throwaway_ledger
 
 pytestmark = pytest.mark.postgres
 
@@ -140,24 +140,13 @@ class Both:
 
 @pytest.fixture
 async def both() -> AsyncIterator[Both]:
-    dsn = os.environ.get("CRONLOCK_TEST_DSN")
-    if not dsn:
-        pytest.skip("CRONLOCK_TEST_DSN is not set")
-    conn = await asyncpg.connect(dsn, server_settings={"timezone": "UTC"})
     name = f"agree_leases_{secrets.token_hex(4)}"
-    table = LedgerTable(name, schema=name)
-    await conn.execute(f'CREATE SCHEMA "{name}"')
-    try:
-        for statement in ledger_ddl(table):
-            await conn.execute(statement)
+    async with throwaway_ledger(name, sessions=1, table=name) as (table, (conn,)):
         world = World(1)
         world.server = server = SimServer(world, statements_for(table))
         pair = Both(conn, table, server, server.open_session("t", lambda reason: None))
         await pair.sync()
         yield pair
-    finally:
-        await conn.execute(f'DROP SCHEMA "{name}" CASCADE')
-        await conn.close()
 
 
 def _slot(both: Both, seconds: int) -> datetime:

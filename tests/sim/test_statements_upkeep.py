@@ -14,21 +14,19 @@ has.
 from __future__ import annotations
 
 import json
-import os
-import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-import asyncpg
 import pytest
 
 from cronlock._sim.server import Exec, Session, SimServer
 from cronlock._sim.statements.all import statements_for
 from cronlock._sim.world import World
 from cronlock.postgres._sql import control, crashes, definitions, failover, schema, stored, upkeep
-from cronlock.postgres._sql.schema import ledger_ddl
 from cronlock.postgres._sql.tables import LedgerTable
+
+from .realserver import throwaway_ledger
 
 pytestmark = pytest.mark.postgres
 
@@ -89,15 +87,6 @@ _JSONB = {
     *(("schedules", c) for c in ("schedule", "kwargs", "options", "problems")),
 }
 _NOW_DEFAULTS = {"started_at", "updated_at", "noted_at", "created_at", "since", "first_seen"}
-
-
-def _dsn() -> str:
-    dsn = os.environ.get("CRONLOCK_TEST_DSN")
-    if not dsn:
-        if os.environ.get("CI"):
-            pytest.fail("CRONLOCK_TEST_DSN is not set", pytrace=False)
-        pytest.skip("CRONLOCK_TEST_DSN is not set: the agreement tests need a real server")
-    return dsn
 
 
 class Pair:
@@ -251,21 +240,8 @@ def _same(a: Any, b: Any) -> bool:
 
 @pytest.fixture
 async def pair() -> AsyncIterator[Pair]:
-    dsn = _dsn()
-    name = f"agree_upkeep_{uuid.uuid4().hex[:10]}"
-    settings = {"timezone": "UTC"}
-    a = await asyncpg.connect(dsn, server_settings=settings)
-    b = await asyncpg.connect(dsn, server_settings=settings)
-    try:
-        await a.execute(f'CREATE SCHEMA "{name}"')
-        table = LedgerTable("runs", schema=name)
-        for statement in ledger_ddl(table):
-            await a.execute(statement)
+    async with throwaway_ledger("agree_upkeep") as (table, (a, b)):
         yield Pair(table, a, b)
-    finally:
-        await b.close()
-        await a.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
-        await a.close()
 
 
 # -- members -----------------------------------------------------------------------------------

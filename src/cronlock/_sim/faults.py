@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, fields, replace
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
 if TYPE_CHECKING:
     from .fleet import Fleet
@@ -34,19 +34,7 @@ Kind = Literal[
     "pool_exhaustion",
 ]
 
-KINDS: tuple[Kind, ...] = (
-    "reset",
-    "reply_lost",
-    "hang",
-    "table_lock",
-    "stall",
-    "crash",
-    "failover",
-    "restore",
-    "kill",
-    "freeze",
-    "clock_step",
-)
+KINDS: tuple[Kind, ...] = tuple(k for k in get_args(Kind) if k not in ("stop", "pool_exhaustion"))
 """The kinds a random schedule draws from (``stop``, the whole fleet stopped, ends a run:
 scenarios use it; a pooled plan draws ``pool_exhaustion`` too: :data:`POOLED_KINDS`)."""
 

@@ -13,7 +13,7 @@ columns in the statement's order. What the model leaves out:
   hash of job, slot and attempt, which no other statement uses).
 - Rows are returned in key order where the statement has no ``ORDER BY`` (the callers read
   them by ``i`` or by job); ``ORDER BY job`` sorts as the ``C`` collation does.
-- ``attempts`` (jsonb) is stored as its JSON value (:func:`kept_attempts`), as
+- ``attempts`` (jsonb) is stored as its JSON value (:func:`.crashes.kept_attempts`), as
   :mod:`.crashes` stores it; the reads render it as PostgreSQL prints jsonb.
 
 The runs' part of an end, the late outcomes and the told run are :mod:`.claims`'s (the
@@ -23,7 +23,6 @@ statements embed the same ``_sql`` fragments as session mode's).
 from __future__ import annotations
 
 import itertools
-import json
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
@@ -48,16 +47,16 @@ from .claims import (
     late_finish,
     latest,
     new_run,
-    pg_text,
     run_values,
 )
+from .crashes import kept_attempts, owner_gone, taken_over
 
 if TYPE_CHECKING:
     from ...postgres._sql.tables import LedgerTable
     from ..server import Exec
     from .registry import Statements
 
-__all__ = ("NEG_INFINITY", "kept_attempts", "owner_gone", "register")
+__all__ = ("NEG_INFINITY", "register")
 
 _Row = dict[str, Any]
 
@@ -119,54 +118,6 @@ def _not_null(table: str, row: _Row, *columns: str) -> None:
                 f'null value in column "{column}" of relation "{table}" violates not-null '
                 "constraint"
             )
-
-
-def _json_time(value: datetime | None) -> str | None:
-    """``to_jsonb(timestamptz)`` in a UTC session: ISO 8601 with its offset."""
-    if value is None:
-        return None
-    text = pg_text(value)
-    return text if "infinity" in text else text.replace(" ", "T", 1) + ":00"
-
-
-def kept_attempts(run: _Row) -> list[Any]:
-    """``crashes.KEPT_ATTEMPTS`` of *run* (its values before the takeover): its earlier
-    attempts (kept only when a JSON array) with the attempt taken over appended, as the
-    JSON value stored (a row may hold jsonb as its text, or as the value)."""
-    earlier = run["attempts"]
-    if isinstance(earlier, str):
-        earlier = json.loads(earlier)
-    kept = list(earlier) if isinstance(earlier, list) else []
-    kept.append(
-        {
-            "attempt": run["attempt"],
-            "started_at": _json_time(run["started_at"]),
-            "finished_at": _json_time(run["finished_at"]),
-            "outcome": run["outcome"],
-            "error": run["error"],
-            "host": run["host"],
-            "pid": run["pid"],
-        }
-    )
-    return kept
-
-
-def owner_gone(x: Exec, run: _Row, holder: str | None, ttl: float | None) -> bool:
-    """``crashes.owner_gone`` of *run*, checked by the locker *holder* with the members'
-    time to live *ttl* seconds (a NULL makes it false, as in SQL)."""
-    if run["holder"] is None:
-        return True
-    if holder is None or ttl is None or run["holder"] == holder:
-        return False
-    since = x.now - timedelta(seconds=ttl)
-    if not run["started_at"] < since:
-        return False
-    members = x.db.table("members")
-    theirs = members.get(run["holder"])
-    if theirs is not None and theirs["expires_at"] > x.now:
-        return False
-    mine = members.get(holder)
-    return mine is not None and mine["expires_at"] > x.now and mine["since"] <= since
 
 
 def _take_leases(
@@ -277,7 +228,7 @@ def _recover(x: Exec, args: tuple[Any, ...]) -> list[Row]:
         taken = _take_leases(x, [proposed], lambda old, new: old["expires_at"] <= now)
     started = None
     run = x.db.get("runs", (job, slot))
-    if run is not None and taken and _taken_over(run, attempt):
+    if run is not None and taken and attempt is not None and taken_over(run, attempt):
         x.db.update(
             "runs",
             (job, slot),
@@ -299,17 +250,6 @@ def _recover(x: Exec, args: tuple[Any, ...]) -> list[Row]:
     return rows(
         ["ran", "paused", "got", "started_at", "stray"],
         (False, paused, got, started, got and started is None),
-    )
-
-
-def _taken_over(run: _Row, attempt: int | None) -> bool:
-    """``crashes.TAKEN_OVER``: the row is the attempt before *attempt*, failed or timed out,
-    or crashed or cut off on its first attempt."""
-    if attempt is None or run["attempt"] != attempt - 1:
-        return False
-    outcome = run["outcome"]
-    return outcome in ("failed", "timed_out") or (
-        outcome in ("crashed", "lock_lost") and run["attempt"] == 1
     )
 
 
