@@ -228,7 +228,9 @@ KNOWN_BY_KIND: dict[tuple[Mode, str], frozenset[str]] = {
     # +23 s, then -19 s: its fleet time stays ahead, it claims slots early and holds their
     # jobs while it waits for them, and the other replicas' claims of the slots between
     # are refused 'locked' (nobody runs them).
-    **{(mode, "clock_step"): frozenset({"silent"}) for mode in ("session", "lease")},
+    # E11 too: the replica whose clock stepped back says the slots since were "coalesced
+    # into one run", and that run is skipped or refused (slots coalesced into nothing).
+    **{(mode, "clock_step"): frozenset({"silent", "late"}) for mode in ("session", "lease")},
     # A reset's rerun of a run cut short is told attempt 1 (C3's cause).
     **{(mode, "reset"): _RELABEL | {"silent"} for mode in ("session", "lease")},
     # E2 again, on a pool (lease mode only): while the user's code holds every connection
