@@ -27,6 +27,7 @@ import asyncpg
 
 from ...postgres._sql import control, definitions, schema, stored, upkeep
 from ..rows import Row, rows
+from .claims import HIGH, LOW, in_range
 from .session import status
 
 if TYPE_CHECKING:
@@ -47,10 +48,6 @@ __all__ = (
     "unnest",
 )
 
-LOW = datetime(1, 1, 2, tzinfo=UTC)
-"""``.runs.LOW``: the earliest instant a replica reads."""
-HIGH = datetime(9999, 12, 30, tzinfo=UTC)
-"""``.runs.HIGH``: the latest instant a replica reads."""
 _MIN = datetime.min.replace(tzinfo=UTC)  # stands for -infinity (see the brief)
 _MAX = datetime.max.replace(tzinfo=UTC)  # stands for infinity
 _HOUR = timedelta(hours=1)
@@ -64,11 +61,6 @@ def seconds(value: float) -> timedelta:
     """``value::float8 * interval '1 second'``: PostgreSQL multiplies the microseconds and
     rounds half to even (``rint``), as Python's ``round`` does."""
     return timedelta(microseconds=round(1_000_000 * float(value)))
-
-
-def in_range(value: datetime | None) -> bool:
-    """``value BETWEEN LOW AND HIGH`` (NULL: false)."""
-    return value is not None and LOW <= value <= HIGH
 
 
 def sane(value: datetime | None) -> datetime | None:
