@@ -9,8 +9,9 @@ run never waits on real time.
 Why a loop of our own rather than ``looptime`` or ``async-solipsism``: both fast-forward
 one loop, and the simulation needs several loops that share one clock and are stepped in
 the world's order (a frozen process keeps its timers while the others go on). What is
-needed of asyncio is its base loop's ``_run_once`` (run what is ready, then the timers due);
-the selector never blocks, and nothing here does real I/O.
+needed of asyncio is its base loop's turn (the timers due join the ready callbacks, then
+those run), which :meth:`SimLoop.step` repeats without a selector: nothing here does real
+I/O.
 """
 
 from __future__ import annotations
@@ -126,17 +127,47 @@ class SimLoop(asyncio.BaseEventLoop):
         when: float | None = scheduled[0]._when if scheduled else None
         return when
 
-    def step(self) -> None:
-        """Run what is ready now, and the timers due now: one turn of this loop."""
+    def step(self, limit: int) -> int:
+        """Run this loop at the current instant until nothing is ready and no timer is due:
+        asyncio's own turn (``BaseEventLoop._run_once``: the timers due join the ready
+        callbacks, then those run), repeated, without the selector. Returns the turns taken,
+        at most *limit* (a loop still busy then is left for its caller to judge)."""
         base = self._base
+        ready = base._ready
+        scheduled = base._scheduled
+        end = self._virtual.now + base._clock_resolution
         base._thread_id = threading.get_ident()  # is_running() while stepping
         outer = events._get_running_loop()  # a test's own loop, driving the world
         events._set_running_loop(self)
+        turns = 0
         try:
-            base._run_once()
+            while turns < limit:
+                if len(scheduled) > 100 and base._timer_cancelled_count * 2 > len(scheduled):
+                    live = [handle for handle in scheduled if not handle._cancelled]
+                    for handle in scheduled:
+                        if handle._cancelled:
+                            handle._scheduled = False
+                    heapq.heapify(live)
+                    scheduled[:] = live
+                    base._timer_cancelled_count = 0
+                while scheduled and scheduled[0]._when < end:
+                    handle = heapq.heappop(scheduled)
+                    handle._scheduled = False
+                    if handle._cancelled:
+                        base._timer_cancelled_count -= 1
+                    else:
+                        ready.append(handle)
+                if not ready:
+                    break
+                turns += 1
+                for _ in range(len(ready)):
+                    handle = ready.popleft()
+                    if not handle._cancelled:
+                        handle._run()
         finally:
             events._set_running_loop(outer)
             base._thread_id = None
+        return turns
 
     def abandon(self) -> None:
         """Forget everything this loop was to do: no callback of it runs again."""

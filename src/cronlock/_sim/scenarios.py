@@ -65,6 +65,21 @@ SCENARIOS: dict[str, tuple[tuple[Mode, ...], Plan]] = {
             seconds=70,
         ),
     ),
+    # E7: a session-mode holder frozen (SIGSTOP) and not woken within the run: its kernel
+    # keeps the connections, the server its locks; the live replicas skip the jobs it held
+    # as 'locked' and say nothing. (Woken after 30 s, as in the finding, it says itself
+    # that the slots it slept through were coalesced into one run, and that run happens:
+    # the oracle cannot tell who spoke; frozen for good, nobody does.)
+    "holder-frozen-long": (
+        ("session", "lease"),
+        Plan(
+            "session",
+            17,
+            (Fault("freeze", 11.0, seconds=600.0, job="long-0"),),
+            jobs=_LONG,
+            seconds=70,
+        ),
+    ),
     # E8/E12: a failover just before a slot, the standby missing the last commits.
     "failover-before-slot": (
         ("session", "lease"),
@@ -158,6 +173,11 @@ KNOWN: dict[tuple[str, Mode], frozenset[str]] = {
     ("holder-killed", "lease"): frozenset({"silent"}),
     # E10: runs frozen past their lease finish after others ran the job's later slots.
     ("holder-frozen", "lease"): frozenset({"overlap"}),
+    # E7: a session-mode holder frozen for good keeps its jobs' locks and its runs' rows
+    # unfinished. In lease mode its leases expire and others run its jobs while its runs
+    # stand (E10); the slots due before the leases expire vanish (E6).
+    ("holder-frozen-long", "session"): frozenset({"silent", "unfinished"}),
+    ("holder-frozen-long", "lease"): frozenset({"overlap", "silent"}),
     # E8/E12: a failover just before a slot loses that slot of the jobs claimed ahead.
     ("failover-before-slot", "session"): frozenset({"silent"}),
     ("failover-before-slot", "lease"): frozenset({"silent"}),

@@ -246,7 +246,7 @@ class World:
                 if loop.due(now):
                     self.current = process
                     try:
-                        loop.step()
+                        turns += loop.step(_STEPS_AT_ONE_INSTANT)
                     finally:
                         self.current = None
                     progressed = True
