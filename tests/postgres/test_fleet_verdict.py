@@ -28,11 +28,13 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from cronlock import cron
+from cronlock import every
 from cronlock.postgres import FleetControl
+from cronlock.postgres._locker.upkeep import NOTE_EVERY
 from cronlock.postgres._modes.base import Mode
 from cronlock.postgres._ops.fleet import Status, job_status, read_jobs, read_paused, server_now
 from cronlock.postgres._ops.roster import read_roster
+from cronlock.postgres._sql.fleet import ABSENT_AFTER
 from cronlock.postgres._sql.tables import LedgerTable
 
 from .test_cli_pg import cli
@@ -152,6 +154,31 @@ async def succeeded(dsn: str, table: str, job: str) -> datetime:
         await conn.close()
 
 
+async def aged(dsn: str, table: str, job: str) -> None:
+    """Move *job*'s note in the ledger back past ``ABSENT_AFTER``, as it stands once that
+    long has passed without a replica noting the job again (what the tests would otherwise
+    wait 90 s for); a replica that still runs the job notes it afresh within seconds, which
+    :func:`stays` then sees."""
+    conn = await asyncpg.connect(dsn)
+    try:
+        back = f"interval '{ABSENT_AFTER + 10:g} seconds'"
+        await conn.execute(
+            f"UPDATE {LedgerTable(table).jobs} SET next_run = next_run - {back}, "
+            f"updated_at = updated_at - {back}, due = due - {back} WHERE job = $1",
+            job,
+        )
+    finally:
+        await conn.close()
+
+
+async def stays(dsn: str, table: str, job: str, wanted: Status) -> None:
+    """*job*'s state is *wanted* now and still is once every live replica has noted its
+    jobs again (``NOTE_EVERY`` and a second)."""
+    assert await state(dsn, table, job) == wanted
+    await asyncio.sleep(NOTE_EVERY + 1)
+    assert await state(dsn, table, job) == wanted
+
+
 async def noted(dsn: str, table: str, job: str) -> None:
     """Wait until a replica noted *job*'s schedule in the ledger."""
     conn = await asyncpg.connect(dsn)
@@ -217,7 +244,8 @@ async def test_a_job_a_deploy_removed_is_absent_until_retired(
     replicas.append(new)
     await new.started()
     await old.stop()
-    assert await becomes(pg_dsn, table, "dropped", {"absent"}) == "absent"
+    await aged(pg_dsn, table, "dropped")  # ABSENT_AFTER since its last note
+    await stays(pg_dsn, table, "dropped", "absent")  # the new replica does not note it
     assert await state(pg_dsn, table, "keep") == "ok"  # the fleet runs on
     assert (await roster(pg_dsn, table))["dropped"] == "absent"
     check = await cli("status", "--check", "--dsn", pg_dsn, "--table", table)
@@ -252,7 +280,8 @@ async def test_fleet_control_retires_an_absent_job_only(
             await control.retire("gone")
         assert (await control.statuses())["gone"] in {"ok", "running"}
         await replica.stop()
-        assert await becomes(pg_dsn, table, "gone", {"absent"}) == "absent"
+        await aged(pg_dsn, table, "gone")  # ABSENT_AFTER since its last note
+        assert await state(pg_dsn, table, "gone") == "absent"
         assert (await control.statuses())["gone"] == "absent"  # the one rule here too
         await control.retire("gone")
         assert "gone" not in await control.statuses()
@@ -268,18 +297,20 @@ async def test_a_schedule_added_at_runtime_is_due_from_its_creation(
     replicas.append(replica)
     await replica.started()
     await succeeded(pg_dsn, table, "beat")
-    # A minute's slot passes between the replica's start and the schedule's creation: the
-    # slot the replica would count from (its start) is before the schedule existed.
+    # A slot of the schedule passes between the replica's start and the schedule's
+    # creation: the slot the replica would count from (its start) is before the schedule
+    # existed.
+    period = 10
     started = datetime.now(UTC)
-    boundary = started.replace(second=0, microsecond=0) + timedelta(minutes=1)
+    boundary = datetime.fromtimestamp((started.timestamp() // period + 1) * period, UTC)
     await asyncio.sleep((boundary - started).total_seconds() + 1)
     async with FleetControl(pg_dsn, table=table) as control:
-        await control.add_schedule("late:1", "send-report", cron("* * * * *"), alert_after=1)
-    first = boundary + timedelta(minutes=1)
-    # Until its first slot (a minute after the last one), never overdue: not even once
+        await control.add_schedule("late:1", "send-report", every(period), alert_after=1)
+    first = boundary + timedelta(seconds=period)
+    # Until its first slot (a period after the last one), never overdue: not even once
     # the replica noted it (it does within a second or two of its sync).
     seen = set()
-    while datetime.now(UTC) < first - timedelta(seconds=20):
+    while datetime.now(UTC) < first - timedelta(seconds=1):
         seen.add(await state(pg_dsn, table, "late:1"))
         await asyncio.sleep(0.5)
     assert seen == {"new"}, seen
