@@ -376,15 +376,27 @@ async def test_reassert_releases_lost_releases_and_takes_back_runs_in_flight(bot
     s = _slot(both, -5)
     live, dead = both.now + timedelta(hours=1), both.now - timedelta(hours=1)
     await both.put("leases", job="a", slot=s, holder=OTHER, expires_at=live)
-    await both.put("leases", job="b", slot=s, holder=ME, expires_at=live)  # not in flight
+    await both.put("leases", job="b", slot=s, holder=ME, expires_at=live)  # ended here
     await both.put("leases", job="d", slot=s, holder=ME, expires_at=dead)
     await both.put("leases", job="e", slot=s, holder=OTHER, expires_at=dead)
     await both.put("leases", job="f", slot=s - timedelta(seconds=1), holder=ME, expires_at=live)
+    # Granted since the lists were made: a live run stands on it (not in flight yet, nor
+    # ended), and on "h" a later attempt than the one that ended.
+    await both.put("leases", job="g", slot=s, holder=ME, expires_at=live)
+    await both.put("leases", job="h", slot=s, holder=ME, expires_at=live, attempt=2)
     jobs = ["f", "a", "c", "d", "e"]
+    ended = (["b", "f", "g", "h"], [s, s, s - timedelta(seconds=9), s], [1, 1, 1, 1])
     sql = lease_reassert_sql(both.table)
-    [row] = await both.run(sql, ME, jobs, [s] * 5, [1, 1, 2, 1, 1], LEASE, by=None)
+    [row] = await both.run(sql, ME, jobs, [s] * 5, [1, 1, 2, 1, 1], LEASE, *ended, by=None)
     assert row["released"] == 1 and row["kept"] == ["c", "d", "e", "f"]
-    # One job twice: refused twice, fine; inserted, then met again, an error.
-    [row] = await both.run(sql, ME, ["a", "a"], [s, s], [1, 1], LEASE, by=None)
+    expiry = f"SELECT job, expires_at FROM {both.table.leases} WHERE job = ANY($1)"
+    found = {job: _value(at) for job, at in await both.conn.fetch(expiry, ["b", "g", "h"])}
+    assert found == {"b": _NEG, "g": live, "h": live}  # (and the model agrees)
+    # Nothing ended: nothing is released. One job twice: refused twice, fine; inserted,
+    # then met again, an error.
+    [row] = await both.run(sql, ME, ["a", "a"], [s, s], [1, 1], LEASE, [], [], [], by=None)
+    assert row["released"] == 0 and row["kept"] == []
+    ended = (["c", "d", "e", "f"], [s, s, s, s], [2, 1, 1, 1])
+    [row] = await both.run(sql, ME, ["a"], [s], [1], LEASE, *ended, by=None)
     assert row["released"] == 4 and row["kept"] == []
-    assert await both.run(sql, ME, ["g", "g"], [s, s], [1, 1], LEASE, by=None) == []
+    assert await both.run(sql, ME, ["g", "g"], [s, s], [1, 1], LEASE, [], [], [], by=None) == []

@@ -24,7 +24,14 @@ from .._events import (
     LockLost,
     RunOverran,
 )
-from .._locking.protocols import Elector, Hold, LosableHold, RecordingHold, hold_hooks
+from .._locking.protocols import (
+    GRANTED_ATTEMPT,
+    Elector,
+    Hold,
+    LosableHold,
+    RecordingHold,
+    hold_hooks,
+)
 from .._logs import at, get_logger, say
 from .._records import NEVER_BEGAN, PAUSED_BEFORE_START, RunRecord, error_summary, timed_out_error
 from .._schedules.interval import IntervalSchedule
@@ -125,7 +132,9 @@ class Executor:
                 if job._paused:  # paused while its claim was out: checked at the instant
                     return self._withdrawn(job, slot, gate)
             # A timed-out thread's run returns only once the thread has: the claim is
-            # released below, never while the work still goes on.
+            # released below, never while the work still goes on. A hold granted for a
+            # later try (the ledger's takeover of a crashed run's slot: 2) tells the body.
+            attempt = max(attempt, GRANTED_ATTEMPT.get())
             return await self._execute(job, slot, gate, report, tell, attempt)
         finally:
             job._waits(True)

@@ -115,7 +115,7 @@ class Recovery:
                     extra=at(name, record.slot),
                 )
                 return False
-            loop.dispatch(job, record.slot)
+            loop.rerun(job, record.slot)
             return True
         why_not = self._why_not(job, record) if job.recover else "recover=False"
         owner = record.owner or "?"
@@ -130,7 +130,7 @@ class Recovery:
                     extra=at(name, record.slot),
                 )
             return False
-        loop.dispatch(job, record.slot)
+        loop.rerun(job, record.slot)
         return True
 
     def _retry(self, loop: RunLoop, job: Job, record: RunRecord) -> bool:

@@ -81,6 +81,7 @@ class RunLoop:
         self._queued: dict[
             Job, tuple[datetime, asyncio.Future[JobEvent] | None]
         ] = {}  # overlap="queue": one pending slot per job
+        self._reruns: dict[Job, datetime] = {}  # reruns waiting for the job's run here
         self._tasks: dict[asyncio.Task[Any], Job] = {}  # every run in flight, and its job
         self._running = 0
         self._wakeup: asyncio.Future[None] | None = None
@@ -104,6 +105,7 @@ class RunLoop:
         job._invalidate()
         job._forget_plan()
         self._queued.pop(job, None)
+        self._reruns.pop(job, None)
 
     def start(self, catch_up: Iterable[Job] = ()) -> None:
         """Spawn the loop task, and one task catching up on the jobs in *catch_up*."""
@@ -322,6 +324,16 @@ class RunLoop:
         the ledger (:meth:`.retries.Retries.resume`); False when it is not made."""
         return self._retries.resume(job, slot, attempt)
 
+    def rerun(self, job: Job, slot: datetime) -> None:
+        """Run *slot* of *job* again (a crashed run's rerun, a claim lost before its body
+        began). While this replica runs the job and its overlap policy would skip the
+        slot, the slot is owed, not skipped: it runs once that run has ended, if its grace
+        still lasts then (:meth:`_finished`)."""
+        if job._active and job.overlap in ("skip", "queue") and not job._only_waiting():
+            self._reruns.setdefault(job, slot)
+            return
+        self.dispatch(job, slot)
+
     def dispatch(
         self, job: Job, slot: datetime, waiter: asyncio.Future[JobEvent] | None = None
     ) -> None:
@@ -455,6 +467,10 @@ class RunLoop:
         self._running -= 1
         if self._stopping:
             return
+        if self._reruns and not job._active:
+            slot = self._reruns.pop(job, None)
+            if slot is not None:
+                self._rerun_owed(job, slot)
         if self._queued:
             queued = self._queued.pop(job, None)
             if queued is not None:
@@ -462,6 +478,23 @@ class RunLoop:
         while self._waiting and (self._cap is None or self._running < self._cap):
             slot, _, waiting_job, waiter = heapq.heappop(self._waiting)
             self._start(waiting_job, slot, waiter)
+
+    def _rerun_owed(self, job: Job, slot: datetime) -> None:
+        """The run that held back the rerun of *slot* ended: run it, within its grace."""
+        lateness = misfired(job.misfire_grace, job.fire_time(slot), self._clock.now())
+        if lateness is not None:
+            _logger.warning(
+                "job %r slot %s: the crashed run is not run again: this replica ran the "
+                "job until %.1fs after the slot, past misfire_grace (%ss)",
+                job.name,
+                slot.isoformat(),
+                lateness,
+                job.misfire_grace,
+                extra=at(job.name, slot),
+            )
+            self._bus.emit(JobSkipped(job.name, slot, "misfire"))
+            return
+        self.dispatch(job, slot)
 
 
 def _may_claim(job: Job, slot: datetime, at_slot: datetime, now: datetime) -> bool:

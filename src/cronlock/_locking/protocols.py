@@ -335,6 +335,11 @@ ASKED: ContextVar[bool] = ContextVar("cronlock_asked", default=False)
 """True inside a run someone asked for (``run_now()``), not one the schedule fired: a
 locker of a large fleet that stands by for scheduled slots still claims such a run."""
 
+GRANTED_ATTEMPT: ContextVar[int] = ContextVar("cronlock_granted_attempt", default=1)
+"""Set by a locker's :meth:`~Locker.acquire`, in the run's own context, when the hold it
+grants is for a later try at the slot than the first (a run ledger's takeover of a crashed
+run's slot: 2): the scheduler tells the body that attempt (``RunContext.attempt``)."""
+
 ForeignCallback = Callable[[str, datetime, str], None]
 """Told of a job whose lock key a session outside the fleet holds: ``(job, slot, holder)``."""
 

@@ -127,15 +127,20 @@ class SimLoop(asyncio.BaseEventLoop):
         when: float | None = scheduled[0]._when if scheduled else None
         return when
 
-    def step(self, limit: int) -> int:
+    def step(self, limit: int, interrupted: Callable[[], bool]) -> int:
         """Run this loop at the current instant until nothing is ready and no timer is due:
         asyncio's own turn (``BaseEventLoop._run_once``: the timers due join the ready
-        callbacks, then those run), repeated, without the selector. Returns the turns taken,
-        at most *limit* (a loop still busy then is left for its caller to judge)."""
+        callbacks, then those run), repeated, without the selector; or until
+        *interrupted()* says the world has something to deliver at this instant first (a
+        task may be polling for it). Returns the turns taken, at most *limit* (a loop still
+        busy then is left for its caller to judge)."""
         base = self._base
         ready = base._ready
         scheduled = base._scheduled
-        end = self._virtual.now + base._clock_resolution
+        # Due: at or before now, as :meth:`due` says (not asyncio's "within the clock's
+        # resolution": a timer a hair ahead is the world's to reach, by moving its clock;
+        # run now, a task that sleeps until an instant would wake before it, again and again).
+        now = self._virtual.now
         base._thread_id = threading.get_ident()  # is_running() while stepping
         outer = events._get_running_loop()  # a test's own loop, driving the world
         events._set_running_loop(self)
@@ -150,7 +155,7 @@ class SimLoop(asyncio.BaseEventLoop):
                     heapq.heapify(live)
                     scheduled[:] = live
                     base._timer_cancelled_count = 0
-                while scheduled and scheduled[0]._when < end:
+                while scheduled and scheduled[0]._when <= now:
                     handle = heapq.heappop(scheduled)
                     handle._scheduled = False
                     if handle._cancelled:
@@ -164,6 +169,8 @@ class SimLoop(asyncio.BaseEventLoop):
                     handle = ready.popleft()
                     if not handle._cancelled:
                         handle._run()
+                if interrupted():
+                    break
         finally:
             events._set_running_loop(outer)
             base._thread_id = None

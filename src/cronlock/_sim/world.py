@@ -236,6 +236,10 @@ class World:
         """Run the world up to virtual time *until*."""
         clock, events, processes = self.clock, self._events, self.processes
         turns = 0
+
+        def delivering() -> bool:  # something of the world's own is due at this instant
+            return bool(events) and events[0][0] <= clock.now
+
         while True:
             now = clock.now
             progressed = False
@@ -246,7 +250,7 @@ class World:
                 if loop.due(now):
                     self.current = process
                     try:
-                        turns += loop.step(_STEPS_AT_ONE_INSTANT)
+                        turns += loop.step(_STEPS_AT_ONE_INSTANT, delivering)
                     finally:
                         self.current = None
                     progressed = True

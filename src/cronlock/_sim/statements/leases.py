@@ -379,16 +379,21 @@ def _holders(x: Exec, args: tuple[Any, ...]) -> list[Row]:
 
 def _reassert(x: Exec, args: tuple[Any, ...]) -> list[Row]:
     """``failover.lease_reassert_sql``: ``$1`` holder, ``$2`` jobs, ``$3`` slots, ``$4``
-    attempts in flight here, ``$5`` lease seconds."""
-    holder, jobs, slots, attempts, seconds = args
+    attempts in flight here, ``$5`` lease seconds, ``$6``-``$8`` the runs that ended here."""
+    holder, jobs, slots, attempts, seconds, ended_jobs, ended_slots, ended_attempts = args
     now = x.now
     held = list(_unnest(jobs, slots, attempts))
     in_flight = {job for job, _, _ in held if job is not None}
-    # freed: this holder's live leases of jobs not in flight here.
+    ended = set(_unnest(ended_jobs, ended_slots, ended_attempts))
+    # freed: this holder's live leases of the very runs that ended here, when not in
+    # flight here.
     freed = [
         job
         for job, lease in list(x.db.table("leases").items())
-        if _eq(lease["holder"], holder) and lease["expires_at"] > now and job not in in_flight
+        if _eq(lease["holder"], holder)
+        and lease["expires_at"] > now
+        and job not in in_flight
+        and (job, lease["slot"], lease["attempt"]) in ended
     ]
     for job in freed:
         x.db.update("leases", job, expires_at=NEG_INFINITY)

@@ -87,6 +87,9 @@ class BorrowedConnections:
         self.generation = 1
         """Never changes: nothing of a lease depends on a connection."""
         self.closed = False
+        """Set at the locker's close: no new start (:meth:`ensure`); the statements of the
+        close itself (its last notes) still go, as on a dedicated connection still open."""
+        self._handed_back = False
         self.connect_lock = asyncio.Lock()
         self.opened = 0
         self.statements = 0
@@ -155,8 +158,8 @@ class BorrowedConnections:
         """Nothing to drop: no connection is kept between statements."""
 
     async def hand_back(self, conn: Any) -> None:
-        """Stop sending statements (at close); nothing is held."""
-        self.closed = True
+        """Stop sending statements (the close's last step); nothing is held."""
+        self.closed = self._handed_back = True
 
     async def run(
         self,
@@ -174,7 +177,7 @@ class BorrowedConnections:
         Raises :class:`cronlock.LockError` as a dedicated connection's :meth:`run` does
         (:func:`.errors.session_gone` once closed).
         """
-        if self.closed:
+        if self._handed_back:
             raise session_gone(what)
         self._refuse_while_not_primary()
         self.statements += 1

@@ -241,9 +241,16 @@ class NewPrimary:
                 await asyncio.sleep(1.0)
 
     async def _leases(self, shard: Channel) -> None:
-        """Lease mode: release this replica's leases of jobs it no longer runs (their
-        release was lost) and take back those of its runs in flight; else nothing."""
-        leases = self._exclusion.after_failover(list(self._in_flight()))
+        """Lease mode: release this replica's leases of the runs that ended here (their
+        release may have been lost) and take back those of its runs in flight; else
+        nothing."""
+        ended = [
+            (job, slot, ran.attempt)
+            for job, runs in self._runs.items()
+            for slot, ran in runs.items()
+            if ran.finished is not None
+        ]
+        leases = self._exclusion.after_failover(list(self._in_flight()), ended)
         if leases is None:
             return
         row = await self._run(shard, leases, "putting the leases right")

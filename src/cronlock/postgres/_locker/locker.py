@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from ..._cancel import cancel_and_wait, task_name, uncancellable
 from ..._durations import Seconds
 from ..._errors import LockError
-from ..._locking.protocols import ASKED, Refusal, remember_claim
+from ..._locking.protocols import ASKED, GRANTED_ATTEMPT, Refusal, remember_claim
 from ..._logs import get_logger, say
 from ..._resources import HeldOpenByBlocks
 from ..._service import Service
@@ -369,6 +369,7 @@ class PostgresLocker(HeldOpenByBlocks, ReadsLedger):
         if rerun:
             self._count.reran += 1
             say(_logger, INFO, job, slot, f"took the slot over for attempt {rerun}")
+            GRANTED_ATTEMPT.set(rerun)  # in the run's context: its body is told so
         remember_claim(self._claimed.setdefault(job, {}), slot, None, remember=self._remember)
         claims, attempt = self._claims[self._shard(key)], rerun or 1
         self._failover.claimed(job, slot, attempt)

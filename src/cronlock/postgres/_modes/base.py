@@ -247,9 +247,14 @@ class Exclusion(abc.ABC):
     def services(self) -> Sequence[Service]:
         """The mode's background services, in the order they start (stopped in reverse)."""
 
-    def after_failover(self, held: Sequence[tuple[str, datetime, int]]) -> Statement | None:
-        """What to put right on a new primary besides the runs (``_locker/failover.py``),
-        given the runs in flight here as (job, slot, attempt); ``None``: nothing."""
+    def after_failover(
+        self,
+        held: Sequence[tuple[str, datetime, int]],
+        ended: Sequence[tuple[str, datetime, int]] = (),
+    ) -> Statement | None:
+        """What to put right on a new primary or after a reconnect besides the runs
+        (``_locker/failover.py``), given the runs in flight here and the recent runs that
+        ended here, each as (job, slot, attempt); ``None``: nothing."""
         return None
 
     def renewals(self) -> tuple[int, int]:

@@ -382,14 +382,23 @@ class LeaseRows(Exclusion):
         """The lease keeper."""
         return () if self._keeper is None else (self._keeper,)
 
-    def after_failover(self, held: Sequence[tuple[str, datetime, int]]) -> Statement | None:
-        """Release this holder's leases whose release the failover lost, and take back the
-        leases of the runs in flight here (:func:`.._sql.failover.lease_reassert_sql`)."""
-        jobs = [job for job, _, _ in held]
-        slots = [slot for _, slot, _ in held]
-        attempts = [attempt for _, _, attempt in held]
+    def after_failover(
+        self,
+        held: Sequence[tuple[str, datetime, int]],
+        ended: Sequence[tuple[str, datetime, int]] = (),
+    ) -> Statement | None:
+        """Release this holder's leases of the runs that *ended* here whose release the
+        outage lost (those only: a lease granted since stands on a live run), and take
+        back the leases of the runs in flight here
+        (:func:`.._sql.failover.lease_reassert_sql`)."""
         return Statement(
-            lease_reassert_sql(self._table), (self._holder, jobs, slots, attempts, self._lease)
+            lease_reassert_sql(self._table),
+            (
+                self._holder,
+                *([run[i] for run in held] for i in range(3)),
+                self._lease,
+                *([run[i] for run in ended] for i in range(3)),
+            ),
         )
 
     def renewals(self) -> tuple[int, int]:

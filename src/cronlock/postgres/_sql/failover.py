@@ -80,10 +80,14 @@ def lease_reassert_sql(table: LedgerTable) -> str:
     """Lease mode: put this replica's lease rows right on a new primary.
 
     ``$1`` holder; arrays ``$2`` jobs, ``$3`` slots, ``$4`` attempts of the runs in flight
-    here; ``$5`` lease seconds. A live lease of this holder for a job not in flight is
-    released (its release was lost: it would hold the job off until it expired); the runs
-    in flight get their lease back, unless another holder has a live one. Answers
-    ``released`` (how many) and ``kept`` (the jobs whose lease is this holder's now).
+    here; ``$5`` lease seconds; arrays ``$6`` jobs, ``$7`` slots, ``$8`` attempts of the
+    runs that ended here. A live lease of this holder for the very run that ended here
+    (job, slot and attempt) is released (its release was lost: it would hold the job off
+    until it expired); no other lease is: one granted after the lists were made (a claim
+    answered while this statement waited, its run started since) stands on a live run.
+    The runs in flight get their lease back, unless another holder has a live one.
+    Answers ``released`` (how many) and ``kept`` (the jobs whose lease is this holder's
+    now).
     """
     leases = table.leases
     return f"""
@@ -92,7 +96,9 @@ def lease_reassert_sql(table: LedgerTable) -> str:
                 AS h(job, slot, attempt)
         ), freed AS (
             UPDATE {leases} x SET expires_at = '-infinity'
+            FROM unnest($6::text[], $7::timestamptz[], $8::smallint[]) AS e(job, slot, attempt)
             WHERE x.holder = $1::text AND x.expires_at > clock_timestamp()
+              AND x.job = e.job AND x.slot = e.slot AND x.attempt = e.attempt
               AND NOT EXISTS (SELECT 1 FROM held WHERE held.job = x.job)
             RETURNING x.job
         ), kept AS (
