@@ -40,6 +40,7 @@ from logging import INFO, WARNING
 from typing import TYPE_CHECKING, Any
 
 from ..._logs import at, get_logger
+from ..._records import NEVER_BEGAN
 from .._sql import upkeep
 from .._sql.runs import decode_run
 
@@ -104,7 +105,9 @@ class CrashWatch:
         self.retried = 0
         """Pending retries of gone replicas a callback said it would make."""
         self._callbacks: list[CrashCallback] = []
-        self._recoverable: dict[tuple[str, datetime], int] = {}  # the attempt to claim
+        # The attempt to claim, and the one its body is told (the same, but for a run
+        # whose lock was lost before its body began: its body's first try is told 1).
+        self._recoverable: dict[tuple[str, datetime], tuple[int, int]] = {}
         self.marked = 0
         """Rows this locker marked ``crashed``."""
         self.rerun = 0
@@ -124,19 +127,20 @@ class CrashWatch:
         """*job* is one of this replica's: its pending retries may be taken over here."""
         self._jobs[job] = None
 
-    def take(self, job: str, slot: datetime) -> int:
+    def take(self, job: str, slot: datetime) -> tuple[int, int]:
         """The attempt *slot* of *job* is to be claimed as, by taking its row over (a rerun
-        or a retry), and forgets it (one claim); 0: a plain claim."""
+        or a retry), and the attempt its body is told; forgets them (one claim). ``(0,
+        1)``: a plain claim."""
         if not self._recoverable:  # the usual case, asked once per claim
-            return 0
-        return self._recoverable.pop((job, slot), 0)
+            return 0, 1
+        return self._recoverable.pop((job, slot), (0, 1))
 
     def retry(self, job: str, slot: datetime, attempt: int) -> None:
         """The next claim of *slot* of *job* takes its failed row over as *attempt*."""
         self._remember(job, slot, attempt)
 
-    def _remember(self, job: str, slot: datetime, attempt: int) -> None:
-        self._recoverable[job, slot] = attempt
+    def _remember(self, job: str, slot: datetime, attempt: int, told: int | None = None) -> None:
+        self._recoverable[job, slot] = (attempt, attempt if told is None else told)
         if len(self._recoverable) > _REMEMBER:
             del self._recoverable[next(iter(self._recoverable))]
 
@@ -233,7 +237,8 @@ class CrashWatch:
         rerun = self._tell(job, record)
         if rerun:
             self.rerun += 1
-            self._remember(job, record.slot, 2)
+            # A run whose lock was lost before its body began: its rerun is the body's first.
+            self._remember(job, record.slot, 2, 1 if record.error == NEVER_BEGAN else 2)
         # This replica's own run cut off by a lost lock was said at ERROR when it was
         # cancelled: its record reaching the ledger is news only if it is run again.
         _logger.log(

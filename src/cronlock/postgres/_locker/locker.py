@@ -320,7 +320,7 @@ class PostgresLocker(HeldOpenByBlocks, ReadsLedger):
             return "locked"
         # A slot whose crashed run this replica said it would rerun, or whose failed attempt
         # it retries, is claimed by taking that row over (the attempt after it), ours or not.
-        rerun = self._crashes.take(job, slot)
+        rerun, told = self._crashes.take(job, slot)
         claimed = self._claimed.get(job)
         if claimed and slot in claimed and not rerun:
             self._count.busy_here += 1
@@ -369,7 +369,7 @@ class PostgresLocker(HeldOpenByBlocks, ReadsLedger):
         if rerun:
             self._count.reran += 1
             say(_logger, INFO, job, slot, f"took the slot over for attempt {rerun}")
-            GRANTED_ATTEMPT.set(rerun)  # in the run's context: its body is told so
+            GRANTED_ATTEMPT.set(told)  # in the run's context: its body is told so
         remember_claim(self._claimed.setdefault(job, {}), slot, None, remember=self._remember)
         claims, attempt = self._claims[self._shard(key)], rerun or 1
         self._failover.claimed(job, slot, attempt)
