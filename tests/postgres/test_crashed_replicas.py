@@ -76,7 +76,9 @@ async def _crash(
     kill_after: float = 0.0,
 ) -> Outcome:
     job = f"crash-{uuid.uuid4()}"
-    start = float(math.ceil(time.time()) + 5)
+    # The slot leaves a replica process time to start on a busy machine (an import and a
+    # connection can take seconds there): one that came up after it would never run it.
+    start = float(math.ceil(time.time()) + 10)
     # Lease mode: the replicas hand the locker a pool of their own, through PgBouncer.
     pooled = ("--pool",) if coordination.mode == "lease" else ()
     # Heartbeats every second: a killed replica's members row expires 3 s after its last
