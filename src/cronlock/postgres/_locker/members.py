@@ -109,13 +109,15 @@ class Membership(Service):
     def standing_by(self) -> bool:
         """Whether this replica stands by: the fleet has more than *racers* members and
         *racers* of them hash lower. False while the members are not known, and while this
-        replica is young (its first three heartbeat periods: see the module)."""
+        replica is young (its first three heartbeat periods: see the module) — judged by a
+        view of the members read after its youth: one read before may still list members
+        whose rows expired since (a crash loop's dead predecessors)."""
         racers = self._racers
         return (
             racers is not None
             and self.size > racers
             and self._rank >= racers
-            and monotonic() - self._born >= 3 * MEMBERS_EVERY
+            and self._seen_at - self._born >= 3 * MEMBERS_EVERY
         )
 
     def spread(self) -> float:
