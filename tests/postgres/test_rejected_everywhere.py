@@ -127,7 +127,12 @@ async def test_a_schedule_whose_task_no_replica_has_is_rejected_everywhere(
                 "the gauge on the scrape of a replica",
                 every=0.1,
             )
-            assert lacking.rejected_schedules() == frozenset({"orphan"})
+            # The replica's own view follows the fleet's at its next sync (every 0.2 s).
+            await eventually(
+                lambda: lacking.rejected_schedules() == frozenset({"orphan"}),
+                "the replica lacking the task to see half accepted elsewhere",
+                every=0.1,
+            )
             assert (
                 'schedule="half"' not in scraped(registry).split("cronlock_schedule_rejected")[-1]
             )
