@@ -7,10 +7,10 @@ answered ``"locked"``, and its slots are lost without any error. So a ``"locked"
 sets off a look at who holds the key: at most once per job every :data:`LOOK_EVERY`
 seconds, and one look every :data:`LOOK_SPACING` seconds per locker. A holder with no
 unfinished run of the job in this ledger and no live lease of it, seen twice
-:data:`CONFIRM_AFTER` seconds apart (a racing claimant of our own holds its lock without an
-unfinished row only for its claim statement, or between its outcome and its unlock), is
-reported: a WARNING once per job, the locker's ``foreign_holders`` counter, and the
-callbacks (the scheduler emits :class:`cronlock.LockHeldElsewhere`).
+:data:`CONFIRM_AFTER` seconds apart (a racing claimant of our own holds its lock only for
+its claim statement, and its row is committed by then), is reported: a WARNING once per
+job, the locker's ``foreign_holders`` counter, and the callbacks (the scheduler emits
+:class:`cronlock.LockHeldElsewhere`).
 """
 
 from __future__ import annotations
@@ -35,10 +35,8 @@ LOOK_EVERY = 60.0
 LOOK_SPACING = 5.0
 """Seconds between two looks of one locker, whatever the job: a burst's thousands of
 refusals cost one look, and claims never queue behind looks."""
-CONFIRM_AFTER = 1.0
-"""Seconds between the two sightings of a holder outside the fleet before it is reported:
-longer than a busy server takes between a run's outcome and its unlock (0.2 s was not: a
-replica of the fleet was reported, seen between the two under load)."""
+CONFIRM_AFTER = 0.2
+"""Seconds between the two sightings of a holder outside the fleet before it is reported."""
 
 
 class ForeignHolders:
