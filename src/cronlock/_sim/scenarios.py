@@ -24,6 +24,13 @@ _CRASHY = (
 _LONG = tuple(JobSpec(f"long-{i}", "every:5", 3.0) for i in range(3))
 _ALERTED = (JobSpec("tick", "every:5", 0.2, {"alert_after": 10}),)
 
+
+def _frozen(seed: int, seconds: float) -> Plan:
+    """The replica running ``long-0`` frozen 11 s in, for *seconds*, in a 70 s run."""
+    freeze = Fault("freeze", 11.0, seconds=seconds, job="long-0")
+    return Plan("session", seed, (freeze,), jobs=_LONG, seconds=70)
+
+
 SCENARIOS: dict[str, tuple[tuple[Mode, ...], Plan]] = {
     # E1: another session holds the ledger table for 10 s; in lease mode two replicas then
     # ran one job at once.
@@ -57,31 +64,13 @@ SCENARIOS: dict[str, tuple[tuple[Mode, ...], Plan]] = {
         Plan("session", 15, (Fault("kill", 11.0, job="long-0"),), jobs=_LONG, seconds=60),
     ),
     # E6/E7: a replica frozen 30 s while its bodies run.
-    "holder-frozen": (
-        ("session", "lease"),
-        Plan(
-            "session",
-            16,
-            (Fault("freeze", 11.0, seconds=30.0, job="long-0"),),
-            jobs=_LONG,
-            seconds=70,
-        ),
-    ),
+    "holder-frozen": (("session", "lease"), _frozen(16, 30.0)),
     # E7: a session-mode holder frozen (SIGSTOP) and not woken within the run: its kernel
     # keeps the connections, the server its locks; the live replicas skip the jobs it held
     # as 'locked' and say nothing. (Woken after 30 s, as in the finding, it says itself
     # that the slots it slept through were coalesced into one run, and that run happens:
     # the oracle cannot tell who spoke; frozen for good, nobody does.)
-    "holder-frozen-long": (
-        ("session", "lease"),
-        Plan(
-            "session",
-            17,
-            (Fault("freeze", 11.0, seconds=600.0, job="long-0"),),
-            jobs=_LONG,
-            seconds=70,
-        ),
-    ),
+    "holder-frozen-long": (("session", "lease"), _frozen(17, 600.0)),
     # E8/E12: a failover just before a slot, the standby missing the last commits.
     "failover-before-slot": (
         ("session", "lease"),
