@@ -51,7 +51,9 @@ if _TYPE_CHECKING:
     from ._events import SchedulerStarted as SchedulerStarted
     from ._events import SchedulerStopped as SchedulerStopped
     from ._events import SkipReason as SkipReason
+    from ._events import SlotFate as SlotFate
     from ._events import SlotRanTwice as SlotRanTwice
+    from ._events import SlotsDecided as SlotsDecided
     from ._events import Subscription as Subscription
     from ._keys import job_lock_key as job_lock_key
     from ._locking.files import FileLocker as FileLocker
@@ -128,6 +130,8 @@ _WHERE = {
     "RunOverran": "._events",
     "RunRestored": "._events",
     "SlotRanTwice": "._events",
+    "SlotFate": "._events",
+    "SlotsDecided": "._events",
     "ScheduleRejected": "._events",
     "ScheduleStore": "._stored.schedule",
     "StoredSchedule": "._stored.schedule",
@@ -258,7 +262,9 @@ __all__ = (
     "ServerError",
     "SessionLost",
     "SkipReason",
+    "SlotFate",
     "SlotRanTwice",
+    "SlotsDecided",
     "StatementTimeout",
     "StoredSchedule",
     "Subscription",

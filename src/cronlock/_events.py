@@ -34,6 +34,8 @@ __all__ = (
     "SchedulerStarted",
     "SchedulerStopped",
     "SkipReason",
+    "SlotFate",
+    "SlotsDecided",
     "Subscription",
 )
 
@@ -140,6 +142,32 @@ class JobSkipped(JobEvent):
     """A slot was not run here; *reason* says why."""
 
     reason: SkipReason
+
+
+SlotFate = Literal["ran", "ran_late", "coalesced", "missed", "skipped"]
+"""What became of a slot (DESIGN.md §3a): it ran; it was owed and ran late; it was folded
+into the run of a later slot of its job (``coalesced``); its grace ran out before it could
+run (``missed``); or it was not run for a named reason (``skipped``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class SlotsDecided(JobEvent):
+    """The slots of the job from *slot* to *last* (both included; *count* of them) did not
+    run, and this replica decided their *fate*: ``"coalesced"`` into the run of slot *into*,
+    ``"missed"`` or ``"skipped"``, for *reason* (words: "the server could not be reached",
+    "still running", "paused fleet-wide", ...).
+
+    The one account of a slot that did not simply run: the ledger records the same fate
+    (``python -m cronlock history JOB --slots``), and ``cronlock_slots_total{fate}`` counts
+    it. A slot another replica ran meanwhile ran all the same: the ledger's run wins. A
+    run's own fate (``ran``, ``ran_late``) is told by its row in the ledger.
+    """
+
+    last: datetime
+    count: int
+    fate: SlotFate
+    reason: str
+    into: datetime | None = None
 
 
 @dataclass(frozen=True, slots=True)

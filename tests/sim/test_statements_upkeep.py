@@ -23,7 +23,16 @@ import pytest
 from cronlock._sim.server import Exec, Session, SimServer
 from cronlock._sim.statements.all import statements_for
 from cronlock._sim.world import World
-from cronlock.postgres._sql import control, crashes, definitions, failover, schema, stored, upkeep
+from cronlock.postgres._sql import (
+    control,
+    crashes,
+    definitions,
+    failover,
+    schema,
+    slots,
+    stored,
+    upkeep,
+)
 from cronlock.postgres._sql.tables import LedgerTable
 
 from .realserver import throwaway_ledger
@@ -54,6 +63,7 @@ _TABLES: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {
             "job": None, "schedule": "every 10s", "next_run": None, "updated_at": None,
             "updated_by": None, "grace": None, "due": None, "grace_until": None,
             "first_seen": None, "tags": None, "retired_at": None, "retired_by": None,
+            "spec": None,
         },
     ),
     "members": (("holder",), {"holder": None, "fleet": "f", "expires_at": None, "since": None}),
@@ -73,6 +83,13 @@ _TABLES: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {
         {"job": None, "slot": None, "holder": "x", "expires_at": None, "attempt": 1},
     ),
     "secrets": (("name",), {"name": None, "value": b"", "created_at": None}),
+    "slots": (
+        ("job", "slot"),
+        {
+            "job": None, "slot": None, "last_slot": None, "fate": "missed", "reason": "r",
+            "into_slot": None, "holder": None, "recorded_at": None,
+        },
+    ),
     "schedules": (
         ("name",),
         {
@@ -84,9 +101,13 @@ _TABLES: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {
 }  # fmt: skip
 _JSONB = {
     ("runs", "attempts"),
+    ("jobs", "spec"),
     *(("schedules", c) for c in ("schedule", "kwargs", "options", "problems")),
 }
-_NOW_DEFAULTS = {"started_at", "updated_at", "noted_at", "created_at", "since", "first_seen"}
+_NOW_DEFAULTS = {
+    *("started_at", "updated_at", "noted_at", "created_at", "since", "first_seen"),
+    "recorded_at",
+}
 
 
 class Pair:
@@ -303,13 +324,15 @@ async def test_notes_are_written_kept_and_replaced(pair: Pair) -> None:
         [t, t, None, None, t, None, t],
         7.25,
         ['["b","a"]', "[]", '["x"]', "[]", '["a"]', "[]", None],
+        ['{"jitter": null}', None, '{"a": 1}', None, None, None, None],
         execute=True,
     )
     assert answer == "INSERT 0 6"
     # Written again as they are: nothing changes.
     assert (
         await pair.agree(
-            sql, ["unchanged"], ["s"], [nxt], "w", [None], [None], 1.0, ["[]"], execute=True
+            sql, ["unchanged"], ["s"], [nxt], "w", [None], [None], 1.0, ["[]"], [None],
+            execute=True,
         )
         == "INSERT 0 0"
     )
@@ -649,3 +672,32 @@ async def test_reassert_writes_back_what_the_ledger_lacks(pair: Pair) -> None:
         {"i": 5, "restored": False, "finished": False, "other": "them"},
         {"i": 7, "restored": False, "finished": False, "other": "h9:99"},
     ]
+
+
+# -- slots' fates ------------------------------------------------------------------------------
+
+
+async def test_slot_records_first_of_a_range_stands(pair: Pair) -> None:
+    t = pair.base - timedelta(hours=1)
+    await pair.put("slots", job="a", slot=t, last_slot=t + 10 * S, fate="missed", reason="old")
+    answer = await pair.agree(
+        slots.record_slots_sql(pair.table),
+        ["a", "a", "b", "b"],
+        [t, t + 20 * S, t, t],
+        [t + 5 * S, t + 20 * S, t + 9 * S, t + 9 * S],
+        ["coalesced", "skipped", "coalesced", "missed"],
+        ["new", "still running", "fleet down", "twice in one statement"],
+        [t + 10 * S, None, t + 10 * S, None],
+        "holder-1",
+        execute=True,
+    )
+    assert answer == "INSERT 0 2"  # a's first range was recorded; b's second is the same slot
+
+
+async def test_slot_records_are_pruned_by_their_last_slot(pair: Pair) -> None:
+    old = pair.base - timedelta(days=10)
+    await pair.put("slots", job="a", slot=old, last_slot=old + S)
+    await pair.put("slots", job="a", slot=old + 2 * S, last_slot=pair.base)
+    await pair.put("slots", job="b", slot=old, last_slot=old)
+    assert await pair.agree(slots.prune_slots_sql(pair.table), 86400.0, 1) == [{"count": 1}]
+    assert await pair.agree(slots.prune_slots_sql(pair.table), 86400.0, 10) == [{"count": 1}]

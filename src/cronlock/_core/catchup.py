@@ -25,6 +25,8 @@ from .._events import EventBus, JobSkipped
 from .._locking.protocols import BatchLedgerLocker
 from .._logs import at, get_logger
 from .._pacing import Pacer
+from .slots.account import account
+from .slots.fate import ONE_MICROSECOND
 
 if TYPE_CHECKING:
     from .executor import Executor
@@ -223,7 +225,12 @@ class CatchUp:
                 extra=at(job.name, latest),
             )
             self._bus.emit(JobSkipped(job.name, latest, "misfire"))
+            reason = f"no replica ran; past misfire_grace ({grace}s) when one started"
+            account(self._bus, job, "missed", first, latest, reason)
             return None
+        if latest > first:
+            reason = "no replica ran them; caught up by one run of the latest"
+            account(self._bus, job, "coalesced", first, latest - ONE_MICROSECOND, reason, latest)
         # The latest slot is still within its grace: run it. Older ones whose grace has
         # passed are missed for good (no run loop fires them any more); those still within
         # it may be in flight on a replica that lags, and are not reported as missed.

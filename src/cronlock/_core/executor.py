@@ -39,6 +39,7 @@ from .._threads import ThreadRun
 from .admission import Admission
 from .guard import Deadlines, Lane, RunGuard, take_back
 from .job import Job
+from .slots.account import account
 
 __all__ = ("BEGUN", "Executor")
 
@@ -113,6 +114,8 @@ class Executor:
             job._waits(False)
         if isinstance(gate, JobEvent):
             self._bus.emit(gate)
+            if type(gate) is JobSkipped and gate.reason == "paused":
+                account(self._bus, job, "skipped", slot, slot, "paused fleet-wide")
             if isinstance(gate, JobSkipped) and gate.reason in ("already_ran", "locked"):
                 # Another replica ran it: learn how the fleet's runs went, from what the
                 # refusal said when the locker tells (no read), else from a throttled read.

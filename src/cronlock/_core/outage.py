@@ -28,6 +28,7 @@ from .._errors import LockUnavailable, SessionLost, StatementTimeout
 from .._events import EventBus, JobSkipped
 from .._logs import at, get_logger
 from .catchup import misfired
+from .slots.account import account
 
 if TYPE_CHECKING:
     from .job import Job
@@ -40,6 +41,8 @@ RETRY_EVERY = 0.5
 """Seconds between two claims of the slots owed across an outage (a claim made while the
 locker waits before reconnecting is refused at once, without a statement)."""
 
+
+_UNREACHABLE = "owed: the locker's server could not be reached"
 
 _QUIET = 2.0
 """Seconds with nothing owed after which an outage is taken to be over (and summed up)."""
@@ -89,6 +92,7 @@ class Owed:
             self._since = self._clock.now()
         if known is not None:
             self._fate[(job.name, known)] = "coalesced"
+            account(self._bus, job, "coalesced", known, known, _UNREACHABLE, slot)
         first = (job.name, slot) not in self._fate
         self._fate.setdefault((job.name, slot), "owed")
         if first:
@@ -154,6 +158,7 @@ class Owed:
             # A later slot of the job was fired since (its claim got through, or it is
             # owed instead): this one coalesces into it, as missed slots do at start.
             self._fate[(job.name, slot)] = "coalesced"
+            account(self._bus, job, "coalesced", slot, slot, _UNREACHABLE, job._dispatched)
             _logger.debug(
                 "job %r slot %s: coalesced into a later slot fired since",
                 job.name,
@@ -174,6 +179,8 @@ class Owed:
                 extra=at(job.name, slot),
             )
             self._bus.emit(JobSkipped(job.name, slot, "misfire"))
+            reason = f"{_UNREACHABLE} until past misfire_grace ({grace}s)"
+            account(self._bus, job, "missed", slot, slot, reason)
             self._fate[(job.name, slot)] = "missed"
             return
         self._fate[(job.name, slot)] = "claimed"

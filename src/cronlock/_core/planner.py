@@ -35,6 +35,7 @@ from .catchup import claim_time
 from .guard import Lane
 from .job import Job, default_name
 from .settings import schedule_text
+from .slots.fate import job_spec
 
 __all__ = ("UNKNOWN", "Entry", "Fast", "Planner")
 
@@ -211,6 +212,8 @@ class Planner:
             # With its function: what it runs and when is its definition in the fleet.
             tags, target = job._settings.tags, default_name(job.func)
             wiring.note(job.name, schedule_text(job._schedule), slot, tags, target)
+        if wiring.describe is not None:  # how a reader of the ledger rebuilds its slots
+            wiring.describe(job.name, job_spec(job))
         if slot is None:
             return None
         fire = job.fire_time(slot) if job._settings.jitter else slot

@@ -24,6 +24,8 @@ from .outage import Owed, unreachable
 from .planner import Fast, Planner
 from .retries import Retries
 from .settings import schedule_text
+from .slots.account import account
+from .slots.fate import ONE_MICROSECOND
 
 __all__ = ("RunLoop", "misfired")
 
@@ -298,6 +300,7 @@ class RunLoop:
                 extra=at(job.name, latest),
             )
             self._bus.emit(JobSkipped(job.name, latest, "misfire"))
+            account(self._bus, job, "missed", slot, latest, _late_here(lateness, job))
             return
         if missed:  # said once the run is sure to be tried (not when it is skipped, above)
             _logger.warning(
@@ -307,6 +310,8 @@ class RunLoop:
                 latest.isoformat(),
                 extra=at(job.name, latest),
             )
+            reason = "this replica fired them late, all at once (its event loop was held)"
+            account(self._bus, job, "coalesced", slot, latest - ONE_MICROSECOND, reason, latest)
         if job.max_runs is not None and job._uses >= job.max_runs:
             return
         self.dispatch(job, latest)
@@ -358,6 +363,7 @@ class RunLoop:
                 )
                 event = JobSkipped(job.name, slot, "overlap")
                 self._bus.emit(event)
+                account(self._bus, job, "skipped", slot, slot, _BUSY[policy == "queue"])
                 if waiter is not None and not waiter.done():
                     waiter.set_result(event)
                 return
@@ -495,6 +501,16 @@ class RunLoop:
             self._bus.emit(JobSkipped(job.name, slot, "misfire"))
             return
         self.dispatch(job, slot)
+
+
+_BUSY = (
+    "overlap='skip': the job was still running",
+    "overlap='queue': the job was still running and a slot already waited",
+)
+
+
+def _late_here(lateness: float, job: Job) -> str:
+    return f"fired {lateness:.1f}s late here, past misfire_grace ({job.misfire_grace}s)"
 
 
 def _may_claim(job: Job, slot: datetime, at_slot: datetime, now: datetime) -> bool:

@@ -27,13 +27,28 @@ from .._locking.protocols import (
     NamespacedLocker,
     PruningLocker,
     ScheduleNotingLocker,
+    SlotRecordingLocker,
 )
 
-__all__ = ("Note", "Wiring", "checkable", "namespace_of", "tagged_note", "wire")
+__all__ = (
+    "Describe",
+    "Note",
+    "Record",
+    "Wiring",
+    "checkable",
+    "namespace_of",
+    "tagged_note",
+    "wire",
+)
 
 Note = Callable[[str, str, datetime | None, frozenset[str], str | None], None]
 """A locker's ``note_schedule`` as jobs call it: ``(job, schedule, next slot, tags, target)``,
 *target* the job's function (``module.qualname``) or ``None`` when it did not change."""
+
+Describe = Callable[[str, "str | None"], None]
+"""A locker's ``describe_slots``: ``(job, spec)`` (:class:`SlotRecordingLocker`)."""
+Record = Callable[[str, datetime, datetime, str, str, "datetime | None"], None]
+"""A locker's ``record_slots``: ``(job, first, last, fate, reason, into)``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +86,10 @@ class Wiring:
     """Whether its lock keys are FNV-1a of the name, checked for collisions (KeyedLocker)."""
     check: CheckableLocker | None = None
     """The same locker when it can check, at the scheduler's start, that it can work."""
+    describe: Describe | None = None
+    """The locker's ``describe_slots`` when its ledger tells slots' fates."""
+    record: Record | None = None
+    """The locker's ``record_slots`` when its ledger tells slots' fates."""
     namespace: str = ""
     """What its runs' :attr:`~cronlock.RunContext.namespace` is (see :func:`namespace_of`)."""
 
@@ -108,9 +127,10 @@ def wire(
             gated=elector is not None,
             namespace=namespace_of(None, namespace),
         )
-    ledger, notes, crashes, batch, fleet, ahead, prunes, keyed, checks, _ = _locker_kinds(
+    fates, ledger, notes, crashes, batch, fleet, ahead, prunes, keyed, checks, _ = _locker_kinds(
         type(locker)
     )
+    recorder = typing.cast(SlotRecordingLocker, locker) if fates else None
     return Wiring(
         locker=locker,
         ledger=typing.cast(LedgerLocker, locker) if ledger else None,
@@ -126,6 +146,8 @@ def wire(
         retention=typing.cast(PruningLocker, locker).retention() if prunes else None,
         fnv_keys=not (keyed and typing.cast(KeyedLocker, locker).keyed_keys()),
         check=typing.cast(CheckableLocker, locker) if checks else None,
+        describe=None if recorder is None else recorder.describe_slots,
+        record=None if recorder is None else recorder.record_slots,
         namespace=namespace_of(locker, namespace),
     )
 
@@ -152,10 +174,11 @@ def _ahead(seconds: float) -> timedelta:
 @functools.cache
 def _locker_kinds(
     kind: type,
-) -> tuple[bool, bool, bool, bool, bool, bool, bool, bool, bool, bool]:
+) -> tuple[bool, bool, bool, bool, bool, bool, bool, bool, bool, bool, bool]:
     # A runtime Protocol check walks every member (~20 us); registering 100,000 jobs on
     # one locker pays for it once.
-    return (
+    return (  # (read from the end by namespace_of and checkable)
+        issubclass(kind, SlotRecordingLocker),
         issubclass(kind, LedgerLocker),
         issubclass(kind, ScheduleNotingLocker),
         issubclass(kind, CrashWatchingLocker),

@@ -56,6 +56,7 @@ __all__ = (
     "Resource",
     "ScheduleNotingLocker",
     "ServerClockLocker",
+    "SlotRecordingLocker",
     "check_retention",
     "hold_hooks",
     "remember_claim",
@@ -181,6 +182,33 @@ class ScheduleNotingLocker(Locker, Protocol):
 
     def note_schedule(self, job: str, schedule: str, next_run: datetime | None) -> None:
         """Called whenever this replica plans a job's next slot: synchronous, no I/O."""
+        ...
+
+
+@runtime_checkable
+class SlotRecordingLocker(Locker, Protocol):
+    """A locker whose ledger tells every slot's fate (DESIGN.md §3a): it is told how to
+    rebuild each job's slots, and records the slots that did not run with their fate and
+    reason, so that ``python -m cronlock history JOB --slots`` reads them from the ledger
+    alone. Both calls are synchronous and do no I/O (written batched, as notes are).
+    """
+
+    def describe_slots(self, job: str, spec: str | None) -> None:
+        """*spec*: JSON text naming *job*'s schedule, jitter, ``misfire_grace``,
+        ``start_at`` and ``stop_at`` (``None``: a schedule that cannot be written down)."""
+        ...
+
+    def record_slots(
+        self,
+        job: str,
+        first: datetime,
+        last: datetime,
+        fate: str,
+        reason: str,
+        into: datetime | None,
+    ) -> None:
+        """The slots of *job* from *first* to *last* (both included) met *fate*
+        (``"coalesced"`` into *into*, ``"missed"``, ``"skipped"``) for *reason*."""
         ...
 
 

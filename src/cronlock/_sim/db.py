@@ -15,9 +15,20 @@ from typing import Any
 
 __all__ = ("TABLES", "Commit", "Database")
 
-TABLES = ("runs", "jobs", "control", "leases", "members", "secrets", "definitions", "schedules")
+TABLES = (
+    "runs",
+    "jobs",
+    "control",
+    "leases",
+    "members",
+    "secrets",
+    "definitions",
+    "schedules",
+    "slots",
+)
 """The ledger's tables, by the names of :class:`cronlock.postgres._sql.tables.LedgerTable`'s
-properties. Keys: runs (job, slot); definitions (job, holder); the others their first column."""
+properties. Keys: runs and slots (job, slot); definitions (job, holder); the others their first
+column."""
 
 _Key = Any
 _Row = dict[str, Any]

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import asyncpg
 
-from ...postgres._sql import control, definitions, schema, stored, upkeep
+from ...postgres._sql import control, definitions, schema, slots, stored, upkeep
 from ..rows import Row, rows
 from .claims import HIGH, LOW, in_range
 from .session import status
@@ -126,6 +126,8 @@ def register(statements: Statements, table: LedgerTable) -> None:
     add(upkeep.leave_sql(table), _leave)
     add(upkeep.note_sql(table), _note)
     add(upkeep.prune_sql(table), _prune)
+    add(slots.record_slots_sql(table), _record_slots)
+    add(slots.prune_slots_sql(table), _prune_slots)
     add(upkeep.holders_sql(table), _holders)
     add(upkeep.read_secret_sql(table), _read_secret)
     add(upkeep.make_secret_sql(table), _make_secret)
@@ -206,13 +208,14 @@ def _greatest(*values: Any) -> Any:
 
 def _note(x: Exec, args: tuple[Any, ...]) -> str:
     """``note_sql``: upsert job notes; a row already up to date is left alone."""
-    jobs, schedules, next_runs, who, graces, dues, margin, tags = args
+    jobs, schedules, next_runs, who, graces, dues, margin, tags, specs = args
     now = x.now
     written = 0
     done: set[str] = set()
-    for job, schedule, next_run, grace, due, tag_text in unnest(
-        jobs, schedules, next_runs, graces, dues, tags
+    for job, schedule, next_run, grace, due, tag_text, spec_text in unnest(
+        jobs, schedules, next_runs, graces, dues, tags, specs
     ):
+        spec = None if spec_text is None else json.loads(spec_text)
         if job is None or schedule is None:
             raise asyncpg.NotNullViolationError(
                 'null value in column "job" or "schedule" violates not-null constraint'
@@ -241,6 +244,7 @@ def _note(x: Exec, args: tuple[Any, ...]) -> str:
                     "tags": new_tags,
                     "retired_at": None,
                     "retired_by": None,
+                    "spec": spec,
                 },
             )
             written += 1
@@ -271,6 +275,7 @@ def _note(x: Exec, args: tuple[Any, ...]) -> str:
             or old["grace_until"] != until_set
             or old["due"] != due
             or old["tags"] != new_tags
+            or (spec is not None and old.get("spec") != spec)
         )
         if not changed:
             continue
@@ -287,6 +292,7 @@ def _note(x: Exec, args: tuple[Any, ...]) -> str:
             tags=new_tags,
             retired_at=None,
             retired_by=None,
+            spec=old.get("spec") if spec is None else spec,
         )
         written += 1
     return _status("INSERT", written)
@@ -330,6 +336,39 @@ def _prune(x: Exec, args: tuple[Any, ...]) -> list[Row]:
         doomed = doomed[: max(int(limit), 0)]
     for key in doomed:
         x.db.delete("runs", key)
+    return rows(["count"], (len(doomed),))
+
+
+# -- slots' fates -----------------------------------------------------------------------------
+
+
+def _record_slots(x: Exec, args: tuple[Any, ...]) -> str:
+    """``record_slots_sql``: insert fate records; a range whose first slot has one stays."""
+    jobs, firsts, lasts, fates, reasons, intos, holder = args
+    written = 0
+    for job, first, last, fate, reason, into in unnest(jobs, firsts, lasts, fates, reasons, intos):
+        if job is None or first is None or last is None or fate is None or reason is None:
+            raise asyncpg.NotNullViolationError(
+                'null value in column of relation "slots" violates not-null constraint'
+            )
+        if x.db.get("slots", (job, first)) is not None:
+            continue
+        row = {"job": job, "slot": first, "last_slot": last, "fate": fate, "reason": reason,
+               "into_slot": into, "holder": holder, "recorded_at": x.now}  # fmt: skip
+        x.db.put("slots", (job, first), row)
+        written += 1
+    return _status("INSERT", written)
+
+
+def _prune_slots(x: Exec, args: tuple[Any, ...]) -> list[Row]:
+    """``prune_slots_sql``: delete up to ``$2`` records whose last slot is older than ``$1``
+    seconds ago."""
+    retention, limit = args
+    cutoff = x.now - seconds(retention)
+    doomed = [key for key, row in sorted(x.db.table("slots").items()) if row["last_slot"] < cutoff]
+    doomed = doomed[: max(int(limit), 0)]
+    for key in doomed:
+        x.db.delete("slots", key)
     return rows(["count"], (len(doomed),))
 
 

@@ -482,6 +482,25 @@ class PostgresLocker(HeldOpenByBlocks, ReadsLedger):
             self._members.has(job)  # a new job of ours: our group is the replicas with it
             self._crashes.has(job)  # and its retries left by a replica gone are ours too
 
+    def describe_slots(self, job: str, spec: str | None) -> None:
+        """Remember how *job*'s slots are rebuilt (JSON text; ``None``: they cannot be
+        written down), written with its note; no I/O. ``history --slots`` reads it."""
+        self._upkeep.describe(job, spec)
+
+    def record_slots(
+        self,
+        job: str,
+        first: datetime,
+        last: datetime,
+        fate: str,
+        reason: str,
+        into: datetime | None,
+    ) -> None:
+        """Record that the slots of *job* from *first* to *last* did not run, with their
+        *fate* and *reason* (*into*: the slot they coalesced into); no I/O (written at the
+        next upkeep tick, or at close, and kept while the server cannot be reached)."""
+        self._upkeep.record((job, first, last, fate, reason, into))
+
     async def prune(self) -> int:
         """Delete ledger rows older than *retention* now; return how many (it runs by
         itself every few minutes: this is pruning on demand)."""

@@ -29,6 +29,7 @@ from .._conn.background import execute_briefly, fetch_without_jit
 from .._conn.errors import gone, lock_not_available
 from .._conn.source import is_closed
 from .._sql.definitions import define_sql, stale_definitions_sql
+from .._sql.slots import prune_slots_sql, record_slots_sql
 from .._sql.tables import LedgerTable
 from .._sql.upkeep import HEARTBEAT_SQL, note_sql, prune_sql
 from .crashes import CHECK_EVERY, CrashWatch
@@ -51,6 +52,8 @@ __all__ = (
 )
 
 _logger = get_logger("cronlock.postgres")
+Fate = tuple[str, datetime, datetime, str, str, "datetime | None"]
+"""A record of slots that did not run: (job, first, last, fate, reason, into)."""
 _T = TypeVar("_T")
 
 WRITTEN = 250
@@ -148,6 +151,14 @@ class Upkeep(Service):
     def write_late(self, job: str, slot: datetime, record: RunRecord, attempt: int = 1) -> None:
         """Keep the outcome of a hold whose session died, to write once a session is back
         (without a ledger: nowhere to write it)."""
+
+    def describe(self, job: str, spec: str | None) -> None:
+        """Remember how *job*'s slots are rebuilt, written with its note (without a
+        ledger: nowhere to write it)."""
+
+    def record(self, fate: Fate) -> None:
+        """Keep the record of a range of slots that did not run, to write batched (without
+        a ledger: nowhere to write it)."""
 
     async def prune(self) -> int:
         """Prune the ledger now; return how many rows went (without a ledger: none)."""
@@ -253,6 +264,8 @@ class LedgerUpkeep(Upkeep):
         self._dirty: set[str] = set()
         self._dirty_at: float | None = None  # loop time a tick first saw unwritten notes
         self._late: list[tuple[str, datetime, RunRecord, int]] = []
+        self._specs: dict[str, str | None] = {}  # how each job's slots are rebuilt
+        self._fates: list[Fate] = []  # records of slots that did not run, to write
         self._host = host
         self._crashes = crashes
         # Fleet-wide chores (crash checks, schedule notes) run N / racers times less often
@@ -311,6 +324,18 @@ class LedgerUpkeep(Upkeep):
         """Keep the outcome of a hold whose session died, to write once a session is back."""
         self._late.append((job, slot, record, attempt))
 
+    def describe(self, job: str, spec: str | None) -> None:
+        """Remember how *job*'s slots are rebuilt; its note is written again if it changed."""
+        if spec is not None and self._specs.get(job) != spec:
+            self._specs[job] = spec
+            if job in self._notes:
+                self._dirty.add(job)
+
+    def record(self, fate: Fate) -> None:
+        """Keep the record of a range of slots that did not run (written at the next tick,
+        kept while the server cannot be reached)."""
+        self._fates.append(fate)
+
     async def prune(self) -> int:
         """Prune batches now, connecting if needed, until one is not full; return the total."""
         total = 0
@@ -337,6 +362,8 @@ class LedgerUpkeep(Upkeep):
         # not stop the others, a failing note must not stop pruning or the crash check.
         if self._late:
             await self._duty("late outcomes", self._write_late, session, conn, generation)
+        if self._fates:
+            await self._duty("slots' fates", self._write_fates, session, conn, generation)
         # Written at once, whatever runs: only at start and when a definition changes, and
         # the fleet's conflict check (._fleetwatch) waits for them.
         if self._undefined:
@@ -399,7 +426,7 @@ class LedgerUpkeep(Upkeep):
         """Write changed job schedules and outcomes of lost leases, on *session*; each is
         tried even if the other fails (the first failure is raised after both)."""
         failure: BaseException | None = None
-        for write in (self._write_late, self._write_notes):
+        for write in (self._write_late, self._write_notes, self._write_fates):
             try:
                 await write(session, conn, generation)
             except LockError as exc:
@@ -427,6 +454,26 @@ class LedgerUpkeep(Upkeep):
             self._late[:0] = late
             raise
         self._report_lost(late)
+
+    async def _write_fates(self, session: Channel, conn: Any, generation: int) -> None:
+        """Write the records of slots that did not run, :data:`WRITTEN` a statement (those
+        not written are kept for the next try if one fails)."""
+        while self._fates:
+            chunk, self._fates = self._fates[:WRITTEN], self._fates[WRITTEN:]
+            columns = list(zip(*chunk, strict=True))
+            try:
+                await session.run(
+                    conn,
+                    generation,
+                    functools.partial(
+                        execute_briefly, record_slots_sql(self._table), *columns, self._holder
+                    ),
+                    what="recording slots' fates",
+                    keep_on_server_error=True,
+                )
+            except BaseException:
+                self._fates[:0] = chunk
+                raise
 
     async def _write_notes(self, session: Channel, conn: Any, generation: int) -> None:
         """Write changed job schedules, :data:`WRITTEN` a statement (those not written are
@@ -478,6 +525,7 @@ class LedgerUpkeep(Upkeep):
             [None if h is None else h[1] for h in health],
             delay,
             [tags_json(tags) for _, _, tags in notes],
+            [self._specs.get(name) for name in names],
         )
 
     async def _write_definitions(self, session: Channel, conn: Any, generation: int) -> None:
@@ -505,9 +553,10 @@ class LedgerUpkeep(Upkeep):
                 raise
 
     async def _prune_batch(self, session: Channel, conn: Any, generation: int) -> int:
-        """Delete a batch of old runs (return how many), and one of the definitions of
-        replicas gone an hour (:attr:`_stale_full` when that batch was full: the caller
-        prunes again soon, as after a full batch of runs)."""
+        """Delete a batch of old runs (return how many), one of the definitions of
+        replicas gone an hour and one of the slots' fates as old as the runs pruned
+        (:attr:`_stale_full` when either batch was full: the caller prunes again soon, as
+        after a full batch of runs)."""
         table = self._table
         deleted = await session.run(
             conn,
@@ -530,7 +579,14 @@ class LedgerUpkeep(Upkeep):
         stale = int(rows[0][0]) if rows else 0
         if stale:
             _logger.debug("pruned %d definition(s) of gone replicas", stale)
-        self._stale_full = stale >= PRUNE_BATCH
+        fates = await session.run(
+            conn,
+            generation,
+            lambda c: c.fetchval(prune_slots_sql(table), self._retention, PRUNE_BATCH),
+            what="pruning the slots' fates",
+            keep_on_server_error=True,
+        )
+        self._stale_full = stale >= PRUNE_BATCH or (fates or 0) >= PRUNE_BATCH
         return int(deleted)
 
 

@@ -209,6 +209,7 @@ async def write_batch(
                 [first for _, first in written],
                 0.0,
                 [tags_json(one.settings.tags) for one, _ in written],
+                [None] * len(written),  # how its slots are rebuilt: the replicas say
             )
     new = sum(added.values())
     return ScheduleChanges(

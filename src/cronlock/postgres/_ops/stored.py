@@ -334,6 +334,7 @@ class ScheduleVerbs:
                     [first],
                     0.0,
                     [tags_json(new.settings.tags)],
+                    [None],  # how its slots are rebuilt: the replicas running it say
                 )
                 return new.stored(revision)
 

@@ -66,7 +66,8 @@ def _reads(table: LedgerTable) -> list[Grant]:
     """SELECT on every table but the secrets: what status, history, the schedules' list and
     the dashboard read (the conflicts from the definitions, the holders from the leases)."""
     names = (table.runs, table.jobs, table.control, table.leases, table.members)
-    return [Grant(("SELECT",), name) for name in (*names, table.schedules, table.definitions)]
+    others = (table.schedules, table.definitions, table.slots)
+    return [Grant(("SELECT",), name) for name in (*names, *others)]
 
 
 def role_grants(
@@ -96,6 +97,7 @@ def role_grants(
         Grant(_LEASES[mode], table.leases),
         Grant(_ALL, table.members),  # heartbeats; leaving; the expired ones' cleanup
         Grant(_ALL, table.definitions),  # its definitions; a gone replica's cleanup
+        Grant(_ALL, table.slots),  # the fates of slots that did not run; their pruning
         Grant(("SELECT",), table.schedules),  # the stored schedules' sync
         Grant(("UPDATE",), table.schedules, ("problems", "problem_revision")),
     ]

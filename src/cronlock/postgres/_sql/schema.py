@@ -47,6 +47,7 @@ _ADDED_COLUMNS = (
     *("session", "attempt", "manual", "grace", "due", "grace_until", "first_seen", "tags"),
     *("holder", "attempts", "retired_at"),
     "retry_at",
+    "spec",
 )
 
 
@@ -89,7 +90,7 @@ LEDGER_STATE_SQL = """
                                         WHERE to_regclass(t.name) IS NULL) END"""
 """``$1``, ``$2``: the quoted names of the runs and jobs tables, ``$3`` the columns a
 current ledger has in them that an old one lacks, ``$4`` the tables an older ledger lacks
-(control, leases, members, secrets, schedules, definitions). NULL when a table is missing,
+(control, leases, members, secrets, schedules, definitions, slots). NULL when a table is missing,
 else whether it is current."""
 
 CURRENT_USER_SQL = "SELECT current_user"
@@ -228,6 +229,24 @@ def ledger_ddl(table: LedgerTable) -> list[str]:
                 fleet      text        NOT NULL,
                 expires_at timestamptz NOT NULL,
                 since      timestamptz NOT NULL DEFAULT clock_timestamp()
+            )""",
+        # How a reader of the ledger rebuilds each job's slots (history --slots): its
+        # schedule, jitter, misfire_grace, start_at and stop_at as JSON (_core/slots/fate.py);
+        # NULL for a schedule that cannot be written down, or in a row an older cronlock wrote.
+        f"ALTER TABLE {jobs} ADD COLUMN IF NOT EXISTS spec jsonb",
+        # The slots that did not run, a range a row, with their fate (coalesced into
+        # into_slot, missed, skipped) and its reason, recorded by the replica that decided
+        # it (_sql/slots.py); the first record of a range's first slot stands.
+        f"""CREATE TABLE IF NOT EXISTS {table.slots} (
+                job         text        NOT NULL,
+                slot        timestamptz NOT NULL,
+                last_slot   timestamptz NOT NULL,
+                fate        text        NOT NULL,
+                reason      text        NOT NULL,
+                into_slot   timestamptz,
+                holder      text,
+                recorded_at timestamptz NOT NULL DEFAULT clock_timestamp(),
+                PRIMARY KEY (job, slot)
             )""",
         # Keys every process of the fleet shares (_locker/secrets.py), made once by the first.
         f"""CREATE TABLE IF NOT EXISTS {table.secrets} (name text PRIMARY KEY,
@@ -407,6 +426,7 @@ async def _ledger_state(conn: Any, table: LedgerTable) -> LedgerState:
         [
             *(table.control, table.leases, table.members, table.secrets, table.schedules),
             table.definitions,
+            table.slots,
         ],
     )
     return "missing" if current is None else "current" if current else "old"

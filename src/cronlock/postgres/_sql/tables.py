@@ -125,6 +125,12 @@ class LedgerTable:
         """The stored schedules' table (``<table>_schedules``), quoted and qualified."""
         return self._qualified(_derived(self.table, "_schedules"))
 
+    @property
+    def slots(self) -> str:
+        """The slots' fates table (``<table>_slots``): the slots that did not run, each
+        range with its fate and reason (:mod:`.slots`), quoted and qualified."""
+        return self._qualified(_derived(self.table, "_slots"))
+
     def lock_key(self, job: str) -> int:
         """*job*'s advisory-lock key in this ledger's namespace (:func:`ledger_lock_key` of
         the qualified runs table): two ledgers in one database never share a key."""

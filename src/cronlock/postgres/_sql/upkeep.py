@@ -36,7 +36,9 @@ HEARTBEAT_SQL = "SELECT 1"
 def note_sql(table: LedgerTable) -> str:
     """Upsert job schedules; arrays ``$1`` jobs, ``$2`` schedules, ``$3`` next slots,
     ``$5`` overdue graces in seconds, ``$6`` the slots they are due by, ``$8`` their tags
-    (``_locker/upkeep.tags_json``); ``$4`` who writes, ``$7`` its margin in seconds (below).
+    (``_locker/upkeep.tags_json``), ``$9`` how their slots are rebuilt (JSON text,
+    ``_core/slots/fate.job_spec``; NULL keeps the row's); ``$4`` who writes, ``$7`` its
+    margin in seconds (below).
     Rows already up to date are left alone; a retired job's row is written (a replica that
     notes the job announces it again: it is no longer retired).
 
@@ -59,20 +61,23 @@ def note_sql(table: LedgerTable) -> str:
                      ELSE EXCLUDED.grace_until END"""
     return f"""
         INSERT INTO {table.jobs} AS j
-            (job, schedule, next_run, updated_at, updated_by, grace, due, grace_until, tags)
+            (job, schedule, next_run, updated_at, updated_by, grace, due, grace_until, tags,
+             spec)
         SELECT u.job, u.schedule, u.next_run, clock_timestamp(), $4::text, u.grace, u.due,
                greatest(u.next_run, now())
                + (u.grace + $7::float8) * interval '1 second',
-               ARRAY(SELECT jsonb_array_elements_text(u.tags::jsonb))
+               ARRAY(SELECT jsonb_array_elements_text(u.tags::jsonb)), u.spec::jsonb
         FROM unnest($1::text[], $2::text[], $3::timestamptz[], $5::float8[],
-                    $6::timestamptz[], $8::text[])
-             AS u(job, schedule, next_run, grace, due, tags)
+                    $6::timestamptz[], $8::text[], $9::text[])
+             AS u(job, schedule, next_run, grace, due, tags, spec)
         ON CONFLICT (job) DO UPDATE
         SET schedule = EXCLUDED.schedule, next_run = EXCLUDED.next_run,
             updated_at = EXCLUDED.updated_at, updated_by = EXCLUDED.updated_by,
             grace = {grace}, grace_until = {until}, due = EXCLUDED.due,
-            tags = EXCLUDED.tags, retired_at = NULL, retired_by = NULL
+            tags = EXCLUDED.tags, retired_at = NULL, retired_by = NULL,
+            spec = coalesce(EXCLUDED.spec, j.spec)
         WHERE j.schedule IS DISTINCT FROM EXCLUDED.schedule
+           OR (EXCLUDED.spec IS NOT NULL AND j.spec IS DISTINCT FROM EXCLUDED.spec)
            OR j.retired_at IS NOT NULL
            OR j.next_run IS DISTINCT FROM EXCLUDED.next_run
            OR j.grace IS DISTINCT FROM {grace}

@@ -1,0 +1,104 @@
+"""The fates of a slot and the rules every teller of them shares.
+
+``ran``: claimed once, its run ended with an outcome. ``ran_late``: the same, begun later
+than its fire time allows (:func:`started_late`). ``coalesced``: owed with later slots of
+its job, and folded into the run of a later one (``into``). ``missed``: its grace ran out
+before it could run. ``skipped``: not run for a named reason (paused, still running).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any, Final, Literal
+
+if TYPE_CHECKING:
+    from ..job import Job
+
+__all__ = ("FATES", "LATE_AFTER", "Fate", "count_slots", "job_spec", "started_late")
+
+Fate = Literal["ran", "ran_late", "coalesced", "missed", "skipped"]
+"""What became of a slot (DESIGN.md §3a)."""
+
+FATES: Final[tuple[Fate, ...]] = ("ran", "ran_late", "coalesced", "missed", "skipped")
+
+LATE_AFTER: Final = 1.0
+"""Seconds after its fire time (the slot plus its jitter) by which a run that began later
+began late: its slot was owed (the server away, the job busy, the fleet down) and ran
+late. The same figure for the metric, the events and ``history --slots``."""
+
+COUNT_AT_MOST: Final = 100_000
+"""Slots a range is counted up to (a week of a one-second schedule is 604,800)."""
+
+
+def started_late(fire: datetime, started: datetime, jitter: float | None = None) -> bool:
+    """Whether a run of a slot firing at *fire* that began at *started* began late. With
+    *jitter* (seconds), *fire* is the slot itself and any start within the jitter counts
+    as on time (``history --slots`` reads the slot, not its jittered fire time)."""
+    allowed = LATE_AFTER + (jitter or 0.0)
+    return (started - fire).total_seconds() > allowed
+
+
+def count_slots(job: Job, first: datetime, last: datetime) -> int:
+    """How many slots of *job* lie from *first* to *last*, both included (at most
+    :data:`COUNT_AT_MOST`; a schedule that fails counts the ends it was given)."""
+    if last < first:
+        return 0
+    try:
+        count, slot = 1, job.following(first)
+        while slot is not None and slot <= last and count < COUNT_AT_MOST:
+            count += 1
+            slot = job.following(slot)
+    except Exception:
+        return 1 if first == last else 2
+    return count
+
+
+_SPECS: dict[tuple[Any, ...], str | None] = {}
+
+
+def job_spec(job: Job) -> str | None:
+    """*job*'s slots as JSON text a reader of the ledger rebuilds them from (its schedule,
+    jitter, ``misfire_grace``, ``start_at``, ``stop_at``); ``None`` for a schedule that
+    cannot be written down (a custom class, ``once()`` at start). Made once for jobs alike."""
+    settings = job._settings
+    schedule = job._schedule
+    key = (schedule, settings.jitter, settings.misfire_grace, settings.start_at,
+           settings.stop_at)  # fmt: skip
+    try:
+        return _SPECS[key]
+    except KeyError:
+        pass
+    except TypeError:  # an unhashable schedule of the user's
+        return None
+    from ..._errors import ScheduleError
+    from ..._stored.json import schedule_to_json
+
+    try:
+        data: Mapping[str, Any] | None = schedule_to_json(schedule, owner=job.name)
+    except ScheduleError:
+        data = None
+    spec = None
+    if data is not None:
+        spec = json.dumps(
+            {
+                "schedule": data,
+                "jitter": settings.jitter,
+                "misfire_grace": settings.misfire_grace,
+                "start_at": _iso(settings.start_at),
+                "stop_at": _iso(settings.stop_at),
+            },
+            sort_keys=True,
+        )
+    if len(_SPECS) >= 256:
+        _SPECS.clear()
+    _SPECS[key] = spec
+    return spec
+
+
+def _iso(value: datetime | None) -> str | None:
+    return None if value is None else value.isoformat()
+
+
+ONE_MICROSECOND: Final = timedelta(microseconds=1)
