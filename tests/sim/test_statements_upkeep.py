@@ -331,7 +331,16 @@ async def test_notes_are_written_kept_and_replaced(pair: Pair) -> None:
     # Written again as they are: nothing changes.
     assert (
         await pair.agree(
-            sql, ["unchanged"], ["s"], [nxt], "w", [None], [None], 1.0, ["[]"], [None],
+            sql,
+            ["unchanged"],
+            ["s"],
+            [nxt],
+            "w",
+            [None],
+            [None],
+            1.0,
+            ["[]"],
+            [None],
             execute=True,
         )
         == "INSERT 0 0"

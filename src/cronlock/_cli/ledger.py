@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from .._dsn import DSN_ENV, cli_dsn
@@ -39,6 +40,27 @@ def _history_count(text: str) -> int:
     if not 1 <= count <= MAX_HISTORY:
         raise argparse.ArgumentTypeError(f"must be from 1 to {MAX_HISTORY}, got {shown}")
     return count
+
+
+_SPAN_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def _instant(text: str) -> datetime | timedelta:
+    """``--since``/``--until``: an ISO 8601 instant with its offset, or a span before the
+    server's now (a ``timedelta``, resolved against the server's clock)."""
+    shown = repr(text) if len(text) <= 40 else f"{text[:40]!r}..."
+    unit = _SPAN_UNITS.get(text[-1:])
+    if unit is not None and text[:-1].replace(".", "", 1).isdigit():
+        return timedelta(seconds=float(text[:-1]) * unit)
+    try:
+        value = datetime.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"not an ISO 8601 instant nor a span (90s, 15m, 2h, 1d): {shown}"
+        ) from None
+    if value.utcoffset() is None:
+        raise argparse.ArgumentTypeError(f"{shown} names no zone (add +00:00 or Z)")
+    return value.astimezone(UTC)
 
 
 def add_pg_parsers(verbs: Any) -> None:
@@ -89,6 +111,26 @@ def add_pg_parsers(verbs: Any) -> None:
         type=_history_count,
         default=20,
         help=f"how many runs, 1 to {MAX_HISTORY} (default: 20)",
+    )
+    history.add_argument(
+        "--slots",
+        action="store_true",
+        help="every slot of the job's schedule in a window, with its fate (ran, ran_late, "
+        "coalesced, missed, skipped) and why, from the ledger alone",
+    )
+    history.add_argument(
+        "--since",
+        type=_instant,
+        help="with --slots: from this instant (ISO 8601 with its offset, or a span ago: "
+        "90s, 15m, 2h, 1d; default: a day before --until)",
+    )
+    history.add_argument(
+        "--until",
+        type=_instant,
+        help="with --slots: up to this instant (as --since; default: now)",
+    )
+    history.add_argument(
+        "--json", action="store_true", help="with --slots: a JSON array, one object a slot"
     )
     for verb, what in (
         ("pause", "pause a job on every replica (until resume)"),

@@ -9,12 +9,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import difflib
+import json
 import sys
 from collections.abc import Awaitable, Iterable, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any, TextIO
 
+from ..._core.slots.fate import FATES
 from ..._dsn import answered, connect_failure, target_of
 from ..._errors import (
     CronlockError,
@@ -46,6 +48,7 @@ from .fleet import (
     server_now,
 )
 from .rejected import refuse_rejected
+from .slots import read_slots
 
 __all__ = ("run_verb",)
 
@@ -174,6 +177,8 @@ async def _run(args: argparse.Namespace, table: LedgerTable) -> int:
             return await _retire(conn, table, args.job, force=args.force)
         if args.verb in ("pause", "resume", "trigger"):
             return await _control(conn, table, args.verb, args.job, force=args.force)
+        if args.slots:
+            return await _slots(conn, table, args)
         return await _history(conn, table, args.job, args.n)
     finally:
         await conn.close()
@@ -378,6 +383,37 @@ def _unknown(names: Sequence[str], known: Iterable[str]) -> int:
     for name in names:
         _print(unknown_job(name, known), file=sys.stderr)
     return 1 if names else 0
+
+
+async def _slots(conn: Any, table: LedgerTable, args: argparse.Namespace) -> int:
+    """``history JOB --slots``: each slot of the window and its fate (:mod:`.slots`)."""
+    found = await read_slots(conn, table, args.job, args.since, args.until)
+    if found is None:
+        known = {row["job"] for row in await conn.fetch(jobs_sql(table))}
+        return _unknown([args.job], known)
+    entries, still_open = found
+    if args.json:
+        print(json.dumps([entry.as_json() for entry in entries], indent=1))
+        return 0
+    counts = {fate: sum(1 for e in entries if e.fate == fate) for fate in FATES}
+    summary = ", ".join(f"{n} {fate.replace('_', ' ')}" for fate, n in counts.items())
+    pending = f"; {still_open} more may still run" if still_open else ""
+    _print(f"{len(entries)} slot(s) of {args.job!r}, oldest first: {summary}{pending}")
+    _table(
+        ["SLOT", "FATE", "OUTCOME", "STARTED", "BY", "WHY"],
+        [
+            [
+                _when(e.slot),
+                e.fate if e.into is None else f"{e.fate} into {_when(e.into)}",
+                e.outcome or "-",
+                _when(e.started_at),
+                e.by or "-",
+                e.reason,
+            ]
+            for e in entries
+        ],
+    )
+    return 0
 
 
 async def _history(conn: Any, table: LedgerTable, job: str, limit: int) -> int:
