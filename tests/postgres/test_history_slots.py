@@ -163,7 +163,7 @@ async def test_a_replica_tells_the_slots_its_busy_job_skipped(pg_dsn: str, schem
     locker = PostgresLocker(pg_dsn, schema=schema, application_name="slots-test")
     scheduler = Scheduler(locker=locker)
     decided: list[SlotsDecided] = []
-    scheduler.subscribe(decided.append, SlotsDecided)
+    scheduler.subscribe(lambda e: decided.append(e) if isinstance(e, SlotsDecided) else None)
 
     @scheduler.every(1, name="busy", overlap="skip")
     async def busy() -> None:
