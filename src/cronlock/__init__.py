@@ -78,6 +78,7 @@ if _TYPE_CHECKING:
     from ._locking.protocols import Resource as Resource
     from ._locking.protocols import ScheduleNotingLocker as ScheduleNotingLocker
     from ._locking.protocols import ServerClockLocker as ServerClockLocker
+    from ._records import CatchUpPolicy as CatchUpPolicy
     from ._records import Outcome as Outcome
     from ._records import Overlap as Overlap
     from ._records import RunContext as RunContext
@@ -180,6 +181,7 @@ _WHERE = {
     "once": "._schedules.once",
     "Outcome": "._records",
     "Overlap": "._records",
+    "CatchUpPolicy": "._records",
     "RunContext": "._records",
     "RunRecord": "._records",
     "idempotency_key": "._records",
@@ -192,6 +194,7 @@ __version__ = "0.1.0.dev0"
 
 __all__ = (
     "BatchLedgerLocker",
+    "CatchUpPolicy",
     "CheckableLocker",
     "ClaimAheadLocker",
     "Clock",

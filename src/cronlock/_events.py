@@ -10,6 +10,7 @@ from datetime import datetime
 from typing import Literal
 
 from ._cancel import task_name
+from ._fates import Fate
 from ._logs import at, get_logger
 
 __all__ = (
@@ -144,7 +145,7 @@ class JobSkipped(JobEvent):
     reason: SkipReason
 
 
-SlotFate = Literal["ran", "ran_late", "coalesced", "missed", "skipped"]
+SlotFate = Fate
 """What became of a slot (DESIGN.md §3a): it ran; it was owed and ran late; it was folded
 into the run of a later slot of its job (``coalesced``); its grace ran out before it could
 run (``missed``); or it was not run for a named reason (``skipped``)."""

@@ -15,6 +15,7 @@ __all__ = (
     "NEVER_BEGAN",
     "OVERLAPS",
     "PAUSED_BEFORE_START",
+    "CatchUpPolicy",
     "Outcome",
     "Overlap",
     "RunContext",
@@ -26,6 +27,10 @@ __all__ = (
 
 Overlap = Literal["skip", "queue", "allow", "replace"]
 """What a job does when its next slot comes while a run is still going."""
+CatchUpPolicy = Literal["latest", "all"]
+"""What runs of the slots a job owes (several due at once after a stall, an outage, the
+fleet down): ``"latest"`` (the default) runs the latest within its grace and the older ones
+coalesce into it; ``"all"`` runs every owed slot within its grace once, in order."""
 
 NEVER_BEGAN = "its lock was lost before the run began"
 """The ``error`` of a ``lock_lost`` run whose body never started (claimed ahead, its lock

@@ -15,7 +15,14 @@ from ._core.fleetstate import FleetState
 from ._core.job import Job, default_name, new_job
 from ._core.recovery import Recovery
 from ._core.runloop import RunLoop
-from ._core.settings import DEFAULT_DELAY, JobOptions, Recall, check_option_names, with_retries
+from ._core.settings import (
+    DEFAULT_DELAY,
+    JobOptions,
+    Recall,
+    check_option_names,
+    with_catch_up,
+    with_retries,
+)
 from ._core.wiring import Wiring, checkable, wire
 from ._durations import Seconds, optional_seconds, positive_int, to_seconds
 from ._errors import (
@@ -38,7 +45,7 @@ from ._keys import job_lock_key
 from ._locking.protocols import CheckableLocker, Elector, Locker, check_retention
 from ._logs import get_logger
 from ._names import unknown_job
-from ._records import DEFAULT_MISFIRE_GRACE, Overlap
+from ._records import DEFAULT_MISFIRE_GRACE, CatchUpPolicy, Overlap
 from ._resources import Resources
 from ._schedules.interval import IntervalSchedule
 from ._schedules.schedule import MIN_INTERVAL, Schedule, bind_zone, check_interval, check_jitter
@@ -228,6 +235,7 @@ class Scheduler:
         alert_after: Seconds | None = None,
         retries: int = 0,
         retry_delay: Seconds = DEFAULT_DELAY,
+        catch_up: CatchUpPolicy = "latest",
         **unknown: Never,
     ) -> Job:
         """Register *func* to run on *schedule*; return the :class:`~cronlock.Job`.
@@ -267,6 +275,8 @@ class Scheduler:
         )
         if retries or retry_delay is not DEFAULT_DELAY:  # (most jobs have none: one test)
             job._settings = with_retries(job._settings, name, retries, retry_delay)
+        if catch_up != "latest":  # (most jobs coalesce: one test)
+            job._settings = with_catch_up(job._settings, name, catch_up)
         settings = job._settings
         if settings.jitter:  # shorter than the gap between two slots, or the job is not kept
             check_jitter(name, schedule, settings.jitter)

@@ -30,7 +30,11 @@ every scraped series: the scrape job, the target):
   (timed-out runs of plain functions whose worker thread ran on past the deadline, counted
   when it returned: :class:`~cronlock.RunOverran`), ``cronlock_slots_ran_twice_total``
   (slots this replica ran that another replica ran too after a failover:
-  :class:`~cronlock.SlotRanTwice`), ``cronlock_schedules_rejected_total{schedule}``
+  :class:`~cronlock.SlotRanTwice`), ``cronlock_slots_total{fate}`` (slots by fate, DESIGN.md
+  §3a: ``ran`` and ``ran_late`` counted by the replica that ran them, when the run began;
+  ``coalesced``, ``missed`` and ``skipped`` by the replica that decided it,
+  :class:`~cronlock.SlotsDecided`; ``history JOB --slots`` lists them from the ledger),
+  ``cronlock_schedules_rejected_total{schedule}``
   (revisions of stored schedules this replica could not register, once a revision and
   reason: :class:`~cronlock.ScheduleRejected`; a label ``schedule``, no ``cronlock_job``:
   the schedule is no job here),
@@ -84,8 +88,10 @@ from ._events import (
     SchedulerStarted,
     SchedulerStopped,
     SlotRanTwice,
+    SlotsDecided,
     Subscription,
 )
+from ._fates import started_late
 from ._prometheus_workers import Mirror, multiprocess_dir
 from ._prometheus_workers import scrape_registry as _merged
 
@@ -154,6 +160,13 @@ class Instrumentation:
             ["cronlock_job"],
             registry=None,
         )
+        self.slots = Counter(
+            "cronlock_slots",
+            "Slots by fate: those this replica ran (ran, ran_late) and those whose fate it "
+            "decided (coalesced, missed, skipped)",
+            ["cronlock_job", "fate"],
+            registry=None,
+        )
         self.ran_twice = Counter(
             "cronlock_slots_ran_twice",
             "Slots this replica ran that another replica ran too, after a failover",
@@ -190,6 +203,7 @@ class Instrumentation:
             self.retries,
             self.restored,
             self.overran,
+            self.slots,
             self.ran_twice,
             self.rejected,
             self.duration,
@@ -243,6 +257,9 @@ class Instrumentation:
         elif kind is SlotRanTwice:
             assert isinstance(event, SlotRanTwice)
             self.ran_twice.labels(event.job).inc()
+        elif kind is SlotsDecided:
+            assert isinstance(event, SlotsDecided)
+            self.slots.labels(event.job, event.fate).inc(event.count)
         elif kind is ScheduleRejected:
             assert isinstance(event, ScheduleRejected)
             self.rejected.labels(event.schedule).inc()
@@ -257,6 +274,8 @@ class Instrumentation:
                 fire = event.slot
             late = (event.started_at - fire).total_seconds()
             self.lateness.labels(event.job).observe(max(late, 0.0))
+            fate = "ran_late" if started_late(fire, event.started_at) else "ran"
+            self.slots.labels(event.job, fate).inc()
 
     def close(self) -> None:
         """Stop counting and unregister every metric (idempotent)."""

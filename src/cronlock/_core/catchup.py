@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from .executor import Executor
     from .job import Job
 
-__all__ = ("CatchUp", "latest_due", "misfired")
+__all__ = ("MAX_OWED", "CatchUp", "latest_due", "misfired", "owed_slots")
 
 _logger = get_logger("cronlock")
 
@@ -76,6 +76,39 @@ def latest_due(job: Job, slot: datetime, now: datetime) -> tuple[datetime, datet
     return latest, following
 
 
+MAX_OWED = 1000
+"""Slots a ``catch_up="all"`` job owes at most: older ones are missed."""
+
+
+def owed_slots(
+    job: Job, first: datetime, last: datetime, now: datetime
+) -> tuple[list[datetime], datetime | None]:
+    """The slots of *job* from *first* to *last* still within their grace at *now*, oldest
+    first (at most :data:`MAX_OWED`), and the last of those before them, past it (``None``:
+    none is). Galloped to the grace's edge, not walked, for a long outage."""
+    grace = job.misfire_grace
+    start = first
+    if grace is not None and misfired(grace, job.fire_time(first), now) is not None:
+        edge = now - timedelta(seconds=grace)
+        probe = job.slot_after(edge - timedelta(seconds=job.jitter or 0.0) - _MICRO)
+        while probe is not None and probe <= last and job.fire_time(probe) < edge:
+            probe = job.following(probe)
+        start = last + _MICRO if probe is None or probe > last else max(probe, first)
+    owed: list[datetime] = []
+    slot: datetime | None = start
+    while slot is not None and slot <= last:
+        owed.append(slot)
+        slot = job.following(slot)
+    if len(owed) > MAX_OWED:
+        start = owed[-MAX_OWED]
+        del owed[:-MAX_OWED]
+    return owed, (None if start <= first else start - _MICRO)
+
+
+_MICRO = timedelta(microseconds=1)
+_NO_REPLICA = "no replica ran them"
+
+
 class CatchUp:
     """The run loop's catch-up at start: reads the ledger, then dispatches or reports.
 
@@ -89,11 +122,13 @@ class CatchUp:
         bus: EventBus,
         executor: Executor,
         dispatch: Callable[[Job, datetime], None],
+        owe_each: Callable[[Job, datetime, datetime, str], None],
     ) -> None:
         self._clock = clock
         self._bus = bus
         self._executor = executor
         self._dispatch = dispatch
+        self._owe_each = owe_each  # catch_up="all": each slot, in order
 
     async def all(self, planned: Sequence[tuple[Job, datetime | None]], started: datetime) -> None:
         """Catch up on the jobs of *planned*, each with the first slot the run loop planned
@@ -212,6 +247,16 @@ class CatchUp:
         latest, _ = latest_due(job, first, started)
         if planned is not None and latest >= planned:
             latest = first  # (only a sub-millisecond schedule gets here)
+        if job._settings.catch_up == "all":
+            _logger.info(
+                "job %r: slot(s) %s not claimed when this replica started; catching up "
+                "with a run of each within misfire_grace, in order",
+                job.name,
+                _span(first, latest),
+                extra=at(job.name, latest),
+            )
+            self._owe_each(job, first, latest, _NO_REPLICA)
+            return None
         grace = job.misfire_grace
         lateness = misfired(grace, job.fire_time(latest), now)
         if lateness is not None:

@@ -19,7 +19,7 @@ from .._errors import ScheduleError, SchedulerStateError
 from .._events import JobEvent
 from .._locking.protocols import Locker
 from .._names import check_job_name
-from .._records import Overlap, RunRecord, run_context
+from .._records import CatchUpPolicy, Overlap, RunRecord, run_context
 from .._schedules.interval import IntervalSchedule
 from .._schedules.schedule import Schedule
 from .._threads import in_thread
@@ -192,6 +192,12 @@ class Job(RunState):
     def retry_delay(self) -> float:
         """Seconds before the first retry, doubled for each one after (jittered, capped)."""
         return self._settings.retry_delay
+
+    @property
+    def catch_up(self) -> CatchUpPolicy:
+        """What runs of the slots it owes (several due at once): ``"latest"``, the latest
+        within its grace (the older coalesce into it), or ``"all"``, each, in order."""
+        return self._settings.catch_up
 
     @property
     def recover(self) -> bool:

@@ -67,13 +67,16 @@ class Owed:
         clock: Clock,
         bus: EventBus,
         dispatch: Callable[[Job, datetime], None],
+        owe_these: Callable[[Job, list[datetime]], None],
         spawn: Callable[[Coroutine[Any, Any, None]], None],
     ) -> None:
         self._clock = clock
         self._bus = bus
         self._dispatch = dispatch
+        self._owe_these = owe_these  # catch_up="all": every owed slot, in order
         self._spawn = spawn
         self._owed: dict[Job, datetime] = {}
+        self._each: dict[Job, set[datetime]] = {}  # catch_up="all" jobs' owed slots
         self._retrying = False
         # What became of the slots owed since nothing was: (job name, slot) -> "claimed",
         # "missed" or "coalesced", and when the first was owed (for the summary).
@@ -81,15 +84,22 @@ class Owed:
         self._since: datetime | None = None
 
     def __len__(self) -> int:
-        return len(self._owed)
+        return len(self._owed) + len(self._each)
 
     def owe(self, job: Job, slot: datetime) -> None:
         """*slot* of *job* could not be claimed for want of the server: claim it later."""
+        if self._since is None:
+            self._since = self._clock.now()
+        if job._settings.catch_up == "all":
+            self._each.setdefault(job, set()).add(slot)
+            self._fate[(job.name, slot)] = "owed"
+            if not self._retrying:
+                self._retrying = True
+                self._spawn(self.retry())
+            return
         known = self._owed.get(job)
         if known is not None and known >= slot:
             return
-        if self._since is None:
-            self._since = self._clock.now()
         if known is not None:
             self._fate[(job.name, known)] = "coalesced"
             account(self._bus, job, "coalesced", known, known, _UNREACHABLE, slot)
@@ -117,16 +127,22 @@ class Owed:
             idle = 0.0
             while idle < _QUIET:
                 await self._sleep(RETRY_EVERY)
-                if not self._owed:
+                if not self._owed and not self._each:
                     idle += RETRY_EVERY
                     continue
                 idle = 0.0
                 owed, self._owed = self._owed, {}
+                each, self._each = self._each, {}
                 now = self._clock.now()
                 for job, slot in owed.items():
                     if job._scheduler is None:
                         continue  # removed meanwhile
                     self._again(job, slot, now)
+                for job, slots in each.items():
+                    if job._scheduler is not None:
+                        for slot in slots:
+                            self._fate[(job.name, slot)] = "claimed"
+                        self._owe_these(job, sorted(slots))
             self._sum_up()
         finally:
             self._retrying = False

@@ -4,6 +4,7 @@ policies and the cap (the plan itself: :mod:`cronlock._core.planner`)."""
 from __future__ import annotations
 
 import asyncio
+import collections
 import functools
 import heapq
 import itertools
@@ -16,7 +17,7 @@ from .._clock import Clock, wait_tasks
 from .._events import EventBus, JobEvent, JobSkipped, LockFailed
 from .._locking.protocols import ASKED, Elector, FencedElector
 from .._logs import at, get_logger
-from .catchup import CatchUp, claim_time, latest_due, misfired
+from .catchup import CatchUp, claim_time, latest_due, misfired, owed_slots
 from .executor import BEGUN, Executor
 from .fleetclock import FleetClock
 from .job import Job
@@ -84,6 +85,8 @@ class RunLoop:
             Job, tuple[datetime, asyncio.Future[JobEvent] | None]
         ] = {}  # overlap="queue": one pending slot per job
         self._reruns: dict[Job, datetime] = {}  # reruns waiting for the job's run here
+        # catch_up="all": the slots each job owes, oldest first, run one after another.
+        self._backlog: dict[Job, collections.deque[datetime]] = {}
         self._tasks: dict[asyncio.Task[Any], Job] = {}  # every run in flight, and its job
         self._running = 0
         self._wakeup: asyncio.Future[None] | None = None
@@ -99,6 +102,7 @@ class RunLoop:
             clock=clock,
             bus=bus,
             dispatch=self.dispatch,
+            owe_these=self.owe_these,
             spawn=lambda coro: self._spawn(coro, name=task_name("owed")),
         )
 
@@ -108,6 +112,7 @@ class RunLoop:
         job._forget_plan()
         self._queued.pop(job, None)
         self._reruns.pop(job, None)
+        self._backlog.pop(job, None)
 
     def start(self, catch_up: Iterable[Job] = ()) -> None:
         """Spawn the loop task, and one task catching up on the jobs in *catch_up*."""
@@ -125,7 +130,11 @@ class RunLoop:
         planned for it) that keep a ledger, for their slots due by *started*."""
         if planned:  # (those without a ledger are left out by the task, in slices)
             catching = CatchUp(
-                clock=self._clock, bus=self._bus, executor=self._executor, dispatch=self.dispatch
+                clock=self._clock,
+                bus=self._bus,
+                executor=self._executor,
+                dispatch=self.dispatch,
+                owe_each=self.owe_each,
             )
             self._spawn(catching.all(planned, started), name=task_name("catch-up"))
 
@@ -287,6 +296,9 @@ class RunLoop:
                 gap = following - latest
                 next_fire = claim_time(job, next_fire, gap)
             self._planner.push(job, next_fire, following, fast, gap)
+        if job._settings.catch_up == "all" and (latest != slot or job in self._backlog):
+            self.owe_each(job, slot, latest, _FELL_BEHIND)  # each owed slot, in order
+            return
         lateness = misfired(job.misfire_grace, fire, now)
         missed = "" if latest == slot else f" (and the missed slots from {slot.isoformat()})"
         if lateness is not None:
@@ -310,13 +322,52 @@ class RunLoop:
                 latest.isoformat(),
                 extra=at(job.name, latest),
             )
-            reason = "this replica fired them late, all at once (its event loop was held)"
-            account(self._bus, job, "coalesced", slot, latest - ONE_MICROSECOND, reason, latest)
+            account(self._bus, job, "coalesced", slot, latest - ONE_MICROSECOND, _FELL_BEHIND,
+                    latest)  # fmt: skip
         if job.max_runs is not None and job._uses >= job.max_runs:
             return
         self.dispatch(job, latest)
         if job.max_runs is not None and job._uses >= job.max_runs:
             self.unschedule(job)
+
+    def owe_each(self, job: Job, first: datetime, last: datetime, why: str) -> None:
+        """``catch_up="all"``: *job* owes its slots from *first* to *last*; each within its
+        grace runs once, in order, one after another (:meth:`_next_owed`); those past it
+        are missed. *why* says how they came to be owed."""
+        try:
+            owed, gone = owed_slots(job, first, last, self._clock.now())
+        except Exception:
+            _logger.exception(
+                "job %r: its schedule failed; the job will not fire", job.name, extra=at(job.name)
+            )
+            return
+        if gone is not None:
+            account(self._bus, job, "missed", first, gone, f"{why}; past misfire_grace")
+            self._bus.emit(JobSkipped(job.name, gone, "misfire"))
+        self.owe_these(job, owed)
+
+    def owe_these(self, job: Job, slots: Iterable[datetime]) -> None:
+        """``catch_up="all"``: *job* owes *slots* (oldest first) as well: each runs once,
+        in order, while its grace lasts."""
+        known = self._backlog.get(job, ())
+        self._backlog[job] = collections.deque(sorted({*known, *slots}))
+        self._next_owed(job)
+
+    def _next_owed(self, job: Job) -> None:
+        """Start the oldest slot *job* owes, unless its run goes on (then its end does)."""
+        backlog = self._backlog.get(job)
+        while backlog and not job._active:
+            slot = backlog.popleft()
+            lateness = misfired(job.misfire_grace, job.fire_time(slot), self._clock.now())
+            if lateness is not None:
+                reason = f"owed; {lateness:.1f}s late when its turn came, past misfire_grace"
+                account(self._bus, job, "missed", slot, slot, reason)
+                self._bus.emit(JobSkipped(job.name, slot, "misfire"))
+                continue
+            self.dispatch(job, slot)
+        # Kept while the last owed run goes on: a slot due meanwhile waits its turn too.
+        if backlog is not None and not backlog and not job._active:
+            del self._backlog[job]
 
     def _fast_of(self, job: Job) -> Fast | None:
         """What the fast path needs to fire *job* (:meth:`Executor.fast_of`), one tuple for
@@ -477,6 +528,8 @@ class RunLoop:
             slot = self._reruns.pop(job, None)
             if slot is not None:
                 self._rerun_owed(job, slot)
+        if self._backlog and not job._active and job in self._backlog:
+            self._next_owed(job)
         if self._queued:
             queued = self._queued.pop(job, None)
             if queued is not None:
@@ -502,6 +555,8 @@ class RunLoop:
             return
         self.dispatch(job, slot)
 
+
+_FELL_BEHIND = "this replica fired them late, all at once (its event loop was held)"
 
 _BUSY = (
     "overlap='skip': the job was still running",

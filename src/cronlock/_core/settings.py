@@ -22,7 +22,7 @@ from typing import Any, TypedDict
 from .._durations import Seconds, optional_seconds, positive_int, to_seconds
 from .._errors import ScheduleError
 from .._locking.protocols import Locker
-from .._records import DEFAULT_MISFIRE_GRACE, OVERLAPS, Overlap
+from .._records import DEFAULT_MISFIRE_GRACE, OVERLAPS, CatchUpPolicy, Overlap
 from .._schedules.interval import IntervalSchedule
 from .._schedules.schedule import (
     MIN_INTERVAL,
@@ -50,6 +50,7 @@ __all__ = (
     "schedule_text",
     "settle",
     "slot_after",
+    "with_catch_up",
     "with_retries",
 )
 
@@ -89,6 +90,7 @@ class JobOptions(TypedDict, total=False):
     alert_after: Seconds | None
     retries: int
     retry_delay: Seconds
+    catch_up: CatchUpPolicy
 
 
 OPTION_NAMES = frozenset(JobOptions.__annotations__)
@@ -179,6 +181,7 @@ class JobSettings:
 
     __slots__ = (
         "alert_after",
+        "catch_up",
         "distributed",
         "jitter",
         "locker",
@@ -226,6 +229,8 @@ class JobSettings:
         # Set on a copy when a job has retries (with_retries): most have none.
         self.retries = 0
         self.retry_delay = 1.0
+        # Set on a copy when a job asks for every owed slot (with_catch_up).
+        self.catch_up: CatchUpPolicy = "latest"
 
     def _key(self) -> tuple[Any, ...]:
         # By value (the durations are floats by now), distributed with its type (True == 1,
@@ -246,6 +251,7 @@ class JobSettings:
             self.alert_after,
             self.retries,
             self.retry_delay,
+            self.catch_up,
         )
 
 
@@ -341,6 +347,26 @@ def with_retries(
     return made
 
 
+def with_catch_up(settings: JobSettings, name: str, catch_up: object) -> JobSettings:
+    """*settings*, or a copy with ``catch_up`` checked (raises :class:`~cronlock.ScheduleError`
+    naming the job, the option and the value): ``"latest"`` (the default: owed slots
+    coalesce into the latest) or ``"all"`` (each owed slot within its grace runs, in
+    order), which ``overlap="replace"`` cannot keep (each run would cancel the one before)."""
+    if catch_up == "latest":
+        return settings
+    if catch_up != "all" or not isinstance(catch_up, str):
+        raise ScheduleError(f"job {name!r}: catch_up must be 'latest' or 'all', got {catch_up!r}")
+    if settings.overlap == "replace":
+        raise ScheduleError(
+            f"job {name!r}: catch_up='all' cannot hold with overlap='replace' (each owed "
+            "slot's run would cancel the one before it); use overlap='skip', 'queue' or "
+            "'allow'"
+        )
+    made = copy.copy(settings)
+    made.catch_up = "all"
+    return made
+
+
 def check_options(
     name: str, schedule: Schedule, options: Mapping[str, Any]
 ) -> tuple[Schedule, JobSettings]:
@@ -379,6 +405,9 @@ def check_options(
     retries, retry_delay = get("retries", 0), get("retry_delay", DEFAULT_DELAY)
     if retries or retry_delay is not DEFAULT_DELAY:
         settings = with_retries(settings, name, retries, retry_delay)
+    catch_up = get("catch_up", "latest")
+    if catch_up != "latest":
+        settings = with_catch_up(settings, name, catch_up)
     if settings.jitter:
         check_jitter(name, schedule, settings.jitter)
     return schedule, settings

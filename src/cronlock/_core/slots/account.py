@@ -14,8 +14,9 @@ from datetime import datetime
 from typing import TYPE_CHECKING
 
 from ..._events import EventBus, SlotsDecided
+from ..._fates import Fate
 from ..._logs import at, get_logger
-from .fate import Fate, count_slots
+from .fate import count_slots
 
 if TYPE_CHECKING:
     from ..job import Job

@@ -1,43 +1,21 @@
-"""The fates of a slot and the rules every teller of them shares.
-
-``ran``: claimed once, its run ended with an outcome. ``ran_late``: the same, begun later
-than its fire time allows (:func:`started_late`). ``coalesced``: owed with later slots of
-its job, and folded into the run of a later one (``into``). ``missed``: its grace ran out
-before it could run. ``skipped``: not run for a named reason (paused, still running).
-"""
+"""What the account of a slot needs of its job: how many slots a range holds, and how a
+reader of the ledger rebuilds the job's slots (the fates and the lateness rule:
+:mod:`cronlock._fates`)."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, Final, Literal
+from typing import TYPE_CHECKING, Any, Final
 
 if TYPE_CHECKING:
     from ..job import Job
 
-__all__ = ("FATES", "LATE_AFTER", "Fate", "count_slots", "job_spec", "started_late")
-
-Fate = Literal["ran", "ran_late", "coalesced", "missed", "skipped"]
-"""What became of a slot (DESIGN.md §3a)."""
-
-FATES: Final[tuple[Fate, ...]] = ("ran", "ran_late", "coalesced", "missed", "skipped")
-
-LATE_AFTER: Final = 1.0
-"""Seconds after its fire time (the slot plus its jitter) by which a run that began later
-began late: its slot was owed (the server away, the job busy, the fleet down) and ran
-late. The same figure for the metric, the events and ``history --slots``."""
+__all__ = ("COUNT_AT_MOST", "ONE_MICROSECOND", "count_slots", "job_spec")
 
 COUNT_AT_MOST: Final = 100_000
 """Slots a range is counted up to (a week of a one-second schedule is 604,800)."""
-
-
-def started_late(fire: datetime, started: datetime, jitter: float | None = None) -> bool:
-    """Whether a run of a slot firing at *fire* that began at *started* began late. With
-    *jitter* (seconds), *fire* is the slot itself and any start within the jitter counts
-    as on time (``history --slots`` reads the slot, not its jittered fire time)."""
-    allowed = LATE_AFTER + (jitter or 0.0)
-    return (started - fire).total_seconds() > allowed
 
 
 def count_slots(job: Job, first: datetime, last: datetime) -> int:

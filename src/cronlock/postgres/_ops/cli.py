@@ -16,7 +16,6 @@ from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any, TextIO
 
-from ..._core.slots.fate import FATES
 from ..._dsn import answered, connect_failure, target_of
 from ..._errors import (
     CronlockError,
@@ -27,6 +26,7 @@ from ..._errors import (
     LockError,
     ScheduleRejectedError,
 )
+from ..._fates import FATES
 from ..._names import unknown_job
 from ..._records import RunRecord
 from ..._terminal import printable
@@ -48,7 +48,7 @@ from .fleet import (
     server_now,
 )
 from .rejected import refuse_rejected
-from .slots import read_slots
+from .slots import SlotsUnknown, read_slots
 
 __all__ = ("run_verb",)
 
@@ -387,7 +387,11 @@ def _unknown(names: Sequence[str], known: Iterable[str]) -> int:
 
 async def _slots(conn: Any, table: LedgerTable, args: argparse.Namespace) -> int:
     """``history JOB --slots``: each slot of the window and its fate (:mod:`.slots`)."""
-    found = await read_slots(conn, table, args.job, args.since, args.until)
+    try:
+        found = await read_slots(conn, table, args.job, args.since, args.until)
+    except SlotsUnknown as exc:  # the job is known, its slots are not: as an unknown job
+        _print(f"cronlock: {exc}", file=sys.stderr)
+        return 1
     if found is None:
         known = {row["job"] for row in await conn.fetch(jobs_sql(table))}
         return _unknown([args.job], known)

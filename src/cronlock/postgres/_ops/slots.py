@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from ..._core.slots.fate import LATE_AFTER, Fate, started_late
 from ..._errors import CronlockError, ScheduleError
+from ..._fates import LATE_AFTER, Fate, started_late
 from ..._records import DEFAULT_MISFIRE_GRACE, PAUSED_BEFORE_START
 from ..._schedules.schedule import Schedule
 from ..._stored.json import schedule_from_json
