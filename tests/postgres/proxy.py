@@ -2,7 +2,9 @@
 
 Modes: ``pass`` forwards bytes; ``refuse`` closes new connections at once; ``freeze``
 holds bytes in both directions (a hung network or a frozen peer) until thawed. ``cut()``
-drops every open connection, as a broken network path would. ``accepted`` counts the
+drops every open connection, as a broken network path would. ``deafen()`` drops, for good,
+whatever the server sends on the connections open now (new ones pass): a statement reaches
+the server and commits, its answer is lost. ``accepted`` counts the
 connections clients opened to the proxy: an outside count of connect attempts.
 """
 
@@ -28,6 +30,8 @@ class TcpProxy:
         self._tasks: set[asyncio.Task[None]] = set()
         self.port = 0
         self.accepted = 0
+        self._clients: set[asyncio.StreamWriter] = set()
+        self._deaf: set[asyncio.StreamWriter] = set()
 
     async def start(self) -> int:
         self._server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
@@ -40,6 +44,10 @@ class TcpProxy:
             self._thawed.clear()
         else:
             self._thawed.set()
+
+    def deafen(self) -> None:
+        """Lose every answer the server sends on the connections open now."""
+        self._deaf.update(self._clients)
 
     def cut(self) -> None:
         for writer in tuple(self._writers):
@@ -66,6 +74,7 @@ class TcpProxy:
             return
         up_reader, up_writer = upstream
         self._writers.update((writer, up_writer))
+        self._clients.add(writer)
         for src, dst in ((reader, up_writer), (up_reader, writer)):
             self._spawn(self._pipe(src, dst))
 
@@ -89,6 +98,8 @@ class TcpProxy:
         try:
             while data := await src.read(65536):
                 await self._thawed.wait()
+                if dst in self._deaf:
+                    continue  # an answer lost
                 dst.write(data)
                 await dst.drain()
         except (ConnectionError, OSError):

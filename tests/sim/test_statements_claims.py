@@ -69,6 +69,10 @@ class Pair:
         }  # fmt: skip
         row.update(values)
         real = dict(row)
+        if row["session"] in ("ME", "OTHER"):  # session a's backend, or b's, on each side
+            me = row["session"] == "ME"
+            real["session"] = self.a_pid if me else int(self.b.get_server_pid())
+            row["session"] = self.sa.pid if me else self.sb.pid
         if real["attempts"] is not None:
             real["attempts"] = json.dumps(real["attempts"], default=str)
         marks = ", ".join(
@@ -414,6 +418,23 @@ async def test_claim_then_finish_then_claim_again(pair: Pair) -> None:
     )  # fmt: skip
     # y's claim was undone: claimable again, by the other session; x ran.
     await pair.agree(claim, *args, on="b", sim_args=args)
+
+
+async def test_undo_lost_gives_back_this_processs_unanswered_first_claims(pair: Pair) -> None:
+    base = _base()
+    await pair.put("lost", base, session="OTHER")  # claimed on the session since lost
+    await pair.put("no-session", base)
+    await pair.put("here", base, session="ME")  # claimed on this very session
+    await pair.put("done", base, session="OTHER", finished_at=base, outcome="succeeded")
+    await pair.put("rerun", base, session="OTHER", attempt=2)
+    await pair.put("theirs", base, session="OTHER", host="h2")
+    await pair.put("other-pid", base, session="OTHER", pid=2)
+    jobs = ["lost", "no-session", "here", "done", "rerun", "theirs", "other-pid", "missing"]
+    answer = await pair.agree(claims.undo_lost_sql(pair.table), jobs, [base] * 8, "h1", 1)
+    assert answer == [{"undone": 2}]
+    assert [r["job"] for r in await pair.real_runs()] == [
+        "done", "here", "other-pid", "rerun", "theirs",
+    ]  # fmt: skip
 
 
 # -- late outcomes ------------------------------------------------------------------------------

@@ -28,6 +28,7 @@ from cronlock.postgres._sql.leases import (
     lease_holders_sql,
     lease_late_finish_sql,
     lease_recover_sql,
+    lease_undo_lost_sql,
     renew_sql,
 )
 from cronlock.postgres._sql.tables import LedgerTable
@@ -314,6 +315,23 @@ async def test_finish_writes_outcomes_undoes_claims_and_releases(both: Both) -> 
     args = (jobs, [s] * 5, outcomes, errors, [1, 2, 3, 4, 5], undo, "h1", 11, started, ME)
     answers = await both.run(sql, *args)
     assert [row["released"] for row in answers] == [True, True, False, True, False]
+
+
+async def test_undo_lost_deletes_unanswered_claims_and_frees_their_leases(both: Both) -> None:
+    s = _slot(both, -5)
+    live = both.now + timedelta(seconds=10)
+    for job in "abcd":
+        await both.put("runs", job=job, slot=s, host="h1", pid=11, started_at=s, holder=ME,
+                       attempt=2 if job == "c" else 1)  # fmt: skip
+    await both.put("runs", job="e", slot=s, host="h1", pid=11, started_at=s, holder=ME,
+                   finished_at=s, outcome="succeeded")  # fmt: skip
+    await both.put("leases", job="a", slot=s, holder=ME, expires_at=live)  # freed
+    await both.put("leases", job="b", slot=s, holder=OTHER, expires_at=live)  # not ours
+    await both.put("leases", job="c", slot=s, holder=ME, expires_at=live)  # a rerun's
+    await both.put("leases", job="d", slot=s - timedelta(seconds=1), holder=ME, expires_at=live)
+    sql = lease_undo_lost_sql(both.table)
+    answers = await both.run(sql, ["a", "b", "c", "d", "e", "f"], [s] * 6, "h1", 11, ME, by=None)
+    assert answers == [{"undone": 3}]  # a, b and d; not c (a rerun), e (finished), f (none)
 
 
 async def test_late_finish_writes_over_a_crash_and_releases(both: Both) -> None:

@@ -99,6 +99,10 @@ class Owed:
             return
         known = self._owed.get(job)
         if known is not None and known >= slot:
+            if known > slot and self._fate.get((job.name, slot)) != "coalesced":
+                # An older slot's claim failed after a later one was owed: it coalesces.
+                self._fate[(job.name, slot)] = "coalesced"
+                account(self._bus, job, "coalesced", slot, slot, _UNREACHABLE, known)
             return
         if known is not None:
             self._fate[(job.name, known)] = "coalesced"

@@ -25,7 +25,9 @@ coalescing, not its notion of owed. What it checks:
   oracle gets the verdict texts the command printed, per job; ``absent`` (no live replica
   runs it) is the other word ``--check`` fails a gone fleet's job with.
 
-A fate a user can see: a ledger row for the slot with an outcome; a ``JobSkipped`` event for
+A fate a user can see: a ledger row for the slot with an outcome; a ``SlotsDecided`` event
+naming it (its fate, and the slot it coalesced into, followed while that one was coalesced
+in turn); a ``JobSkipped`` event for
 it with a reason that is a fate (``overlap``, ``misfire``, ``paused``, ``standby``,
 ``not_leader``: not ``locked`` or ``already_ran``, which say someone else ran it); or a
 WARNING (or worse) naming the job and the slot, or a range of slots holding it.
@@ -178,6 +180,8 @@ def judge(
         starts[name].append(_Start(slot, attempt, replica, begin, gone.get(replica)))
 
     skipped: dict[tuple[str, datetime], set[str]] = defaultdict(set)
+    told: list[Any] = []  # SlotsDecided events
+    decided: dict[tuple[str, datetime], tuple[str, datetime | None]] = {}
     recovered: list[tuple[str, datetime, str, float, int | None]] = []
     warnings: list[tuple[float, str]] = []
     for item in said:
@@ -193,7 +197,15 @@ def judge(
             recovered.append((what.job, what.slot, item.replica, item.at, None))
         elif kind == "JobRetrying":
             recovered.append((what.job, what.slot, item.replica, item.at, what.attempt))
+        elif kind == "SlotsDecided":
+            told.append(what)
     rows = {(row["job"], row["slot"]): row for row in ledger}
+    by_name = {job.name: job for job in jobs}
+    for what in told:  # a range of slots, each with the fate told (the first told stands)
+        job = by_name.get(what.job)
+        end = what.last + timedelta(microseconds=1)  # (slots() is half-open; a range is not)
+        for slot in () if job is None else job.slots(what.slot, end):
+            decided.setdefault((what.job, slot), (what.fate, what.into))
 
     for message in errors:
         verdict.violations.append(Violation("error", "-", None, message))
@@ -210,7 +222,7 @@ def judge(
             if slot in ran:
                 verdict.ran += 1
                 continue
-            found = _fate(job, slot, skipped, rows, warnings)
+            found = _fate(job, slot, skipped, rows, warnings, decided)
             if found is None:
                 seen = sorted(skipped.get((job.name, slot), ()))
                 verdict.violations.append(
@@ -228,6 +240,7 @@ def judge(
             due = (slot - epoch).total_seconds()
             ended = _disruption_end(due, disruptions)
             later = [s for s in ran if slot < s <= slot + timedelta(seconds=job.grace)]
+            into = _follow(job.name, into, ran, decided)
             if fate == "coalesced" and into is not None and into not in ran:
                 verdict.violations.append(
                     Violation(
@@ -401,19 +414,42 @@ def _overlaps(job: JobView, runs: list[_Start], verdict: Judged, settled: float)
             )
 
 
+def _follow(
+    name: str,
+    into: datetime | None,
+    ran: set[datetime],
+    decided: Mapping[tuple[str, datetime], tuple[str, datetime | None]],
+) -> datetime | None:
+    """The slot a coalesced slot's run is: *into*, or, when *into* did not run and was told
+    coalesced in turn, the slot that one was coalesced into, and so on."""
+    for _ in range(100):
+        if into is None or into in ran:
+            return into
+        fate, further = decided.get((name, into), ("", None))
+        if fate != "coalesced" or further is None or further <= into:
+            return into
+        into = further
+    return into
+
+
 def _fate(
     job: JobView,
     slot: datetime,
     skipped: dict[tuple[str, datetime], set[str]],
     rows: dict[tuple[str, datetime], dict[str, Any]],
     warnings: list[tuple[float, str]],
+    decided: Mapping[tuple[str, datetime], tuple[str, datetime | None]] = {},
 ) -> tuple[str, datetime | None] | None:
     """What a user can see became of a slot that did not start, or ``None``; with, for a
     slot said coalesced into a range's last slot ("missed slots from A to B coalesced into
-    one run"), that slot B (the one run, which must have run)."""
+    one run"), that slot B (the one run, which must have run). A ``SlotsDecided`` event
+    names the fate and the slot coalesced into as data."""
     row = rows.get((job.name, slot))
     if row is not None and row.get("outcome") is not None:
         return str(row["outcome"]), None
+    told = decided.get((job.name, slot))
+    if told is not None:
+        return told
     reasons = skipped.get((job.name, slot), set()) & _FATES
     if reasons:
         return sorted(reasons)[0], None

@@ -85,6 +85,7 @@ def register(statements: Statements, table: LedgerTable) -> None:
     # bare.UNLOCK_MANY_SQL is the same statement as claims.UNLOCK_MANY_SQL (answered above).
     add(claims.claim_many_sql(table), _claim_many, claim=True)
     add(claims.finish_many_sql(table), _finish_many)
+    add(claims.undo_lost_sql(table), _undo_lost)
     add(runs_sql.late_finish_sql(table), _late_finish)
     add(runs_sql.catch_up_sql(table), _catch_up)
     add(runs_sql.last_claimed_sql(table), _last_claimed)
@@ -401,6 +402,37 @@ def end_runs(
         )
         changed.add(key)
     return len(changed)
+
+
+def undo_lost(
+    x: Exec, jobs: Sequence[str] | None, slots: Sequence[datetime] | None, host: str, pid: int,
+    *, other_session: bool,
+) -> list[tuple[str, datetime]]:  # fmt: skip
+    """The ``DELETE`` of :func:`..claims.undo_lost_sql` (and its lease form): this process's
+    unfinished first attempts among (*jobs*, *slots*), with *other_session*: claimed on
+    another session than this one (NULL counts as another). Returns the keys deleted."""
+    gone: list[tuple[str, datetime]] = []
+    for key in itertools.zip_longest(jobs or (), slots or ()):
+        run = x.db.get("runs", key)
+        if (
+            run is None
+            or key in gone
+            or run["finished_at"] is not None
+            or run["attempt"] != 1
+            or run["host"] != host
+            or run["pid"] != pid
+            or (other_session and run["session"] == x.pid)
+        ):
+            continue
+        x.db.delete("runs", key)
+        gone.append(key)
+    return gone
+
+
+def _undo_lost(x: Exec, args: tuple[Any, ...]) -> list[Row]:
+    """:func:`..claims.undo_lost_sql`: delete lost claims of this process; how many."""
+    jobs, slots, host, pid = args
+    return rows(["undone"], (len(undo_lost(x, jobs, slots, host, pid, other_session=True)),))
 
 
 def _finish_many(x: Exec, args: tuple[Any, ...]) -> list[Row]:

@@ -37,6 +37,7 @@ from ...postgres._sql.leases import (
     lease_holders_sql,
     lease_late_finish_sql,
     lease_recover_sql,
+    lease_undo_lost_sql,
     renew_sql,
 )
 from ..rows import Row, rows
@@ -48,6 +49,7 @@ from .claims import (
     latest,
     new_run,
     run_values,
+    undo_lost,
 )
 from .crashes import kept_attempts, owner_gone, taken_over
 
@@ -84,6 +86,7 @@ def register(statements: Statements, table: LedgerTable) -> None:
     add(lease_late_finish_sql(table), _late_finish)
     add(lease_holders_sql(table), _holders)
     add(lease_reassert_sql(table), _reassert)
+    add(lease_undo_lost_sql(table), _undo_lost)
 
 
 # -- SQL's values, in Python ----------------------------------------------------------------
@@ -407,3 +410,15 @@ def _reassert(x: Exec, args: tuple[Any, ...]) -> list[Row]:
         lambda old, new: _eq(old["holder"], new["holder"]) or old["expires_at"] <= now,
     )
     return rows(["released", "kept"], (len(freed), kept))
+
+
+def _undo_lost(x: Exec, args: tuple[Any, ...]) -> list[Row]:
+    """``lease_undo_lost_sql``: delete lost claims of this process, and release the leases
+    this holder has for those very slots; how many claims."""
+    jobs, slots, host, pid, holder = args
+    gone = undo_lost(x, jobs, slots, host, pid, other_session=False)
+    for job, slot in gone:
+        lease = x.db.get("leases", job)
+        if lease is not None and lease["slot"] == slot and lease["holder"] == holder:
+            x.db.update("leases", job, expires_at=NEG_INFINITY, slot=NEG_INFINITY)
+    return rows(["undone"], (len(gone),))

@@ -31,6 +31,8 @@ def register(statements: Statements, table: LedgerTable) -> None:
     prefix(sessions.set_config_sql(1).partition("(")[0], _set_config)
     prefix(sessions.cache_probe_sql("0")[: -len("0 */")], _backend_pid)
     add(sessions.BACKEND_PID_SQL, _backend_pid)
+    add(sessions.END_LOST_BACKEND_SQL, _end_lost_backend)
+    add(sessions.END_LOST_BACKEND_OLD_SQL, _end_lost_backend)
     add(sessions.SAME_BACKEND_SQL, lambda x, a: rows(["case"], (True if a[0] == x.pid else None,)))
     add(sessions.PREPARED_AS_SQL, lambda x, a: rows(["coalesce"], ([],)))
     add(sessions.READ_ONLY_SQL, lambda x, a: rows(["recovery", "read_only"], (False, False)))
@@ -41,6 +43,17 @@ def register(statements: Statements, table: LedgerTable) -> None:
     add(grants.MISSING_PRIVILEGES_SQL, lambda x, a: [])  # the model's role may do anything
     for ddl in schema.ledger_ddl(table):  # the ledger exists: its DDL changes nothing
         add(ddl, _status("CREATE"))
+
+
+def _end_lost_backend(x: Exec, args: tuple[Any, ...]) -> list[Row]:
+    """``END_LOST_BACKEND_SQL``: end backend ``$1`` if it is another one of application
+    name ``$2`` (the model has one role); a row (``ended``) when it was there."""
+    pid, application_name = args[0], args[1]
+    other = x.server.sessions.get(pid)
+    if other is None or pid == x.pid or other.application_name != application_name:
+        return []
+    x.server.end_session(other, "terminated by pg_terminate_backend")
+    return rows(["ended"], (True,))
 
 
 def status(tag: str, count: int | None = None) -> str:

@@ -21,6 +21,7 @@ claim whose session died is retried once on a fresh one, as a single claim is.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -129,6 +130,10 @@ class Batcher:
         self._claims: list[_Claim] = []
         self._ends: list[_End] = []
         self._flush: asyncio.Task[None] | None = None
+        # Claims sent on a session that died before they were answered: each may have
+        # committed, its row then standing for a run that never began. Given back
+        # (Exclusion.undo_lost) before the slot is claimed again; bounded.
+        self._in_doubt: dict[tuple[str, datetime], None] = {}
         self.batches = 0
         self.batched = 0
 
@@ -185,6 +190,10 @@ class Batcher:
     async def _flushing(self) -> None:
         sending: Sequence[_Claim | _End] = ()  # the batch whose statement is in flight
         try:
+            conn = self._session.conn
+            if self._in_doubt and conn is not None:  # on the session open now, if it is
+                with contextlib.suppress(LockError):  # (else: before the next claim)
+                    await self._undo_lost(conn, self._session.generation)
             in_a_row = 0  # claim statements sent since the last end statement
             while self._ends or self._claims:
                 # Claims first: a claim stands between a due slot and the start of its run,
@@ -249,6 +258,8 @@ class Batcher:
         try:
             return await self._claim_once(conn, generation, claims)
         except LockError as exc:
+            # Sent, unanswered: each claim may have committed (the answer lost with it).
+            self._doubt(claims)
             if isinstance(exc.__cause__, TimeoutError):
                 raise  # a slow server: retrying would only double the wait
         # The session died under us (killed, network cut, server restart). Its locks died
@@ -259,13 +270,56 @@ class Batcher:
             extra=_about([(claim.job, claim.slot) for claim in claims]),
         )
         conn, generation = await session.ensure()
-        return await self._claim_once(conn, generation, self._hold_back(claims))
+        again = self._hold_back(claims)
+        try:
+            return await self._claim_once(conn, generation, again)
+        except LockError:
+            self._doubt(again)
+            raise
+
+    def _doubt(self, claims: list[_Claim]) -> None:
+        for claim in claims:
+            self._in_doubt[claim.job, claim.slot] = None
+        while len(self._in_doubt) > _DOUBTS_KEPT:
+            del self._in_doubt[next(iter(self._in_doubt))]
+
+    def settle_doubts(self) -> None:
+        """A session is open again: give back the claims in doubt now (not only when their
+        slots are claimed again, which may be never: a slot owed coalesces into a later one)."""
+        if self._in_doubt:
+            self._kick()
+
+    async def _undo_lost(self, conn: Any, generation: int) -> None:
+        """Give back the claims that went out unanswered (each may have committed: its row
+        would stand for a run that never began, and its slot, claimed again, be refused as
+        run already), so that their slots are claimed afresh, or coalesce truly."""
+        doubtful = list(self._in_doubt)
+        jobs, slots = [job for job, _ in doubtful], [slot for _, slot in doubtful]
+        statement = self._exclusion.undo_lost(jobs, slots, self._host, self._pid)
+        if statement is not None:
+            undone = await self._session.run(
+                conn,
+                generation,
+                lambda c: c.fetchval(statement.sql, *statement.args),
+                what="giving back claims whose answer was lost",
+                urgent=True,
+            )
+            if undone:
+                _logger.info(
+                    "%d claim(s) whose answer was lost had reached the ledger: given back",
+                    undone,
+                    extra=_about(doubtful),
+                )
+        for key in doubtful:
+            self._in_doubt.pop(key, None)
 
     async def _claim_once(
         self, conn: Any, generation: int, claims: list[_Claim]
     ) -> list[tuple[_Claim, ClaimAnswer]]:
         if not claims:
             return []
+        if self._in_doubt:
+            await self._undo_lost(conn, generation)
         self.batches += 1
         self.batched += len(claims)
         keys = [claim.key for claim in claims]
@@ -353,6 +407,10 @@ def _about(items: list[tuple[str, datetime]]) -> dict[str, object]:
 def _settle(future: asyncio.Future[Any], value: object) -> None:
     if not future.done():  # a caller cancelled out of a release (shutdown) gave up on it
         future.set_result(value)
+
+
+_DOUBTS_KEPT = 4096
+"""Claims in doubt (sent, unanswered) a batcher remembers; older ones are forgotten."""
 
 
 def held_back(job: str, slot: datetime, wait: float) -> LockUnavailable:

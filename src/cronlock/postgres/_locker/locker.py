@@ -548,6 +548,8 @@ class PostgresLocker(HeldOpenByBlocks, ReadsLedger):
         if not self._closed:
             for service in self._services():
                 service.start()  # each starts once it has work (lease renewal: a lease)
+            for claims in self._claims:  # claims sent on a session lost, unanswered
+                claims.batcher.settle_doubts()
         if self._pool_watch is None and not self._closed:
             self._pool_watch = watch_pool(self._source, self.close)
 

@@ -195,6 +195,14 @@ class Exclusion(abc.ABC):
     def finish(self, ends: Sequence[End], host: str, pid: int) -> Statement:
         """Record many outcomes (or undo claims) and release; answers ``i``, ``released``."""
 
+    def undo_lost(
+        self, jobs: list[str], slots: list[datetime], host: str, pid: int
+    ) -> Statement | None:
+        """Give back claims of this process whose answer was lost (the session died with
+        the claim in flight): their rows, if they committed, stand for runs that never
+        began; answers ``undone``. ``None``: nothing to give back (no ledger)."""
+        return None
+
     @abc.abstractmethod
     def takeover(
         self, key: int, job: str, slot: datetime, host: str, pid: int, attempt: int

@@ -62,6 +62,7 @@ from .._sql.leases import (
     lease_finish_many_sql,
     lease_late_finish_sql,
     lease_recover_sql,
+    lease_undo_lost_sql,
     renew_sql,
 )
 from .._sql.sessions import PREPARED_AS_SQL, cache_probe_sql
@@ -236,6 +237,7 @@ class LeaseRows(Exclusion):
         self._recover_sql = lease_recover_sql(table)
         self._crashed_sql = lease_crashed_sql(table)
         self._late_sql = lease_late_finish_sql(table)
+        self._undo_sql = lease_undo_lost_sql(table)
         self._keeper: LeaseKeeper | None = None
         self._where = "PostgreSQL server"
         # A probe of our own: another client's statement on a pooled backend is not ours.
@@ -324,6 +326,13 @@ class LeaseRows(Exclusion):
     def finish(self, ends: Sequence[End], host: str, pid: int) -> Statement:
         """Record and release the leases (:func:`.._sql.leases.lease_finish_many_sql`)."""
         return Statement(self._finish_sql, (*_end_args(ends, host, pid), self._holder))
+
+    def undo_lost(
+        self, jobs: list[str], slots: list[datetime], host: str, pid: int
+    ) -> Statement | None:
+        """Delete the rows of lost claims and release their leases
+        (:func:`.._sql.leases.lease_undo_lost_sql`)."""
+        return Statement(self._undo_sql, (jobs, slots, host, pid, self._holder))
 
     def takeover(
         self, key: int, job: str, slot: datetime, host: str, pid: int, attempt: int

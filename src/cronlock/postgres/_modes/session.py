@@ -26,16 +26,16 @@ from ..._logs import get_logger
 from ..._service import Service
 from .._conn import Channel
 from .._conn.dedicated import DedicatedConnection
-from .._conn.errors import prepared_statements_clash
+from .._conn.errors import prepared_statements_clash, server_answered
 from .._conn.primary import refuse_read_only
 from .._conn.source import Keepalives, configure_session
 from .._sql import upkeep
-from .._sql.claims import TRY_LOCK_SQL, claim_many_sql, finish_many_sql
+from .._sql.claims import TRY_LOCK_SQL, claim_many_sql, finish_many_sql, undo_lost_sql
 from .._sql.crashes import crashed_sql, recover_sql
 from .._sql.elector import ACQUIRE_SQL
 from .._sql.elector import HEARTBEAT_SQL as LEADER_HELD_SQL
 from .._sql.runs import late_finish_sql
-from .._sql.sessions import BACKEND_PID_SQL
+from .._sql.sessions import BACKEND_PID_SQL, END_LOST_BACKEND_OLD_SQL, END_LOST_BACKEND_SQL
 from .._sql.tables import LedgerTable
 from .base import (
     Ballot,
@@ -79,6 +79,7 @@ class SessionRules(Exclusion):
     def channels(self, given: Channels) -> tuple[Channel, ...]:
         """*sessions* dedicated sessions, set up as lock sessions; a job's lock on
         ``key % sessions``."""
+        self._backends: dict[int, int] = {}  # each shard's backend pid, the latest
         set_up = functools.partial(
             self._set_up,
             where=given.source.describe(),
@@ -95,7 +96,7 @@ class SessionRules(Exclusion):
                 on_open=given.on_open,
                 on_server=given.on_server,
                 on_drop=functools.partial(given.on_drop, shard),
-                set_up=set_up,
+                set_up=functools.partial(set_up, shard=shard),
             )
             for shard in range(given.sessions)
         )
@@ -104,6 +105,7 @@ class SessionRules(Exclusion):
         self,
         conn: Any,
         *,
+        shard: int,
         where: str,
         application_name: str,
         keepalives: Keepalives | None,
@@ -111,12 +113,17 @@ class SessionRules(Exclusion):
         timeout: float,
     ) -> None:
         """A new session: set up to hold session locks on the primary (and, with a ledger,
-        the ledger made current)."""
+        the ledger made current); the backend of the shard's session before it ended, if
+        the server still keeps it (:func:`_end_lost_backend`)."""
         await set_up_session(
             conn, where=where, application_name=application_name, keepalives=keepalives
         )
         # A standby grants advisory locks too, but only against its own sessions.
         await refuse_read_only(conn)
+        backends = self._backends
+        lost, backends[shard] = backends.get(shard), conn.get_server_pid()
+        if lost is not None and lost != backends[shard]:
+            await _end_lost_backend(conn, lost, application_name)
         await self._prepare(conn, create=create, timeout=timeout)
 
     async def _prepare(self, conn: Any, *, create: bool, timeout: float) -> None:
@@ -172,6 +179,7 @@ class SessionLocks(SessionRules):
         self._recover_sql = recover_sql(table)
         self._crashed_sql = crashed_sql(table)
         self._late_sql = late_finish_sql(table)
+        self._undo_sql = undo_lost_sql(table)
 
     def ledger_or(self, without: Callable[[], _A], kept: Callable[[LedgerTable], _B]) -> _A | _B:
         """*kept* of the ledger."""
@@ -192,6 +200,12 @@ class SessionLocks(SessionRules):
         """Record and unlock (:func:`.._sql.claims.finish_many_sql`)."""
         return Statement(self._finish_sql, _end_args(ends, host, pid))
 
+    def undo_lost(
+        self, jobs: list[str], slots: list[datetime], host: str, pid: int
+    ) -> Statement | None:
+        """Delete the rows of lost claims (:func:`.._sql.claims.undo_lost_sql`)."""
+        return Statement(self._undo_sql, (jobs, slots, host, pid))
+
     def takeover(
         self, key: int, job: str, slot: datetime, host: str, pid: int, attempt: int
     ) -> Statement | None:
@@ -208,6 +222,37 @@ class SessionLocks(SessionRules):
     ) -> Statement | None:
         """The outcomes of runs whose session died (:func:`.._sql.runs.late_finish_sql`)."""
         return Statement(self._late_sql, _late_args(late, host, pid))
+
+
+async def _end_lost_backend(conn: Any, pid: int, application_name: str) -> None:
+    """End backend *pid*, a lock session of this replica whose connection was lost, if the
+    server still keeps it: a session whose client was cut off (a network cut, an answer
+    lost) lives on until the server's keepalives fail, minutes or hours, holding its
+    advisory locks, and no replica could run those jobs meanwhile; this replica already
+    counts its holds lost. Waits up to :data:`_END_WAIT` for it to exit (PostgreSQL >= 14).
+    A refusal (a role that may not signal it) is logged and set-up goes on."""
+    try:
+        if conn.get_server_version().major >= 14:
+            ended = await conn.fetchval(
+                END_LOST_BACKEND_SQL, pid, application_name, int(_END_WAIT * 1000)
+            )
+        else:
+            ended = await conn.fetchval(END_LOST_BACKEND_OLD_SQL, pid, application_name)
+    except Exception as exc:
+        if not server_answered(exc):
+            raise  # the new session failed too: set-up fails as any would
+        _logger.warning("could not end backend %d, a lock session lost: %r", pid, exc)
+        return
+    if ended:
+        _logger.warning(
+            "ended backend %d, a lock session of this replica the server still kept after "
+            "its connection was lost (its locks were held meanwhile)",
+            pid,
+        )
+
+
+_END_WAIT = 5.0
+"""Seconds a new lock session waits for the lost one's backend to exit."""
 
 
 def _end_args(ends: Sequence[End], host: str, pid: int) -> tuple[object, ...]:

@@ -23,6 +23,7 @@ __all__ = (
     "claim_many_sql",
     "end_ctes",
     "finish_many_sql",
+    "undo_lost_sql",
 )
 
 # The two session advisory lock statements, in the form every part of the backend uses:
@@ -96,6 +97,29 @@ def claim_many_sql(table: LedgerTable) -> str:
                CASE WHEN c.got AND c.started_at IS NULL
                     THEN pg_advisory_unlock(c.key) END AS undone,
                {told_columns(runs)}"""
+
+
+def undo_lost_sql(table: LedgerTable) -> str:
+    """Give back this process's claims whose answer was lost (session mode).
+
+    A claim sent on a session that died before its answer came may have committed: its row
+    then stands, unfinished, for a run that never began, and the slot's next claim would be
+    told ``"already_ran"``. Arrays ``$1`` jobs, ``$2`` slots (the claims in doubt); ``$3``
+    host, ``$4`` pid. Deletes each such row that is this process's first attempt, unfinished
+    and claimed on another session than this one (the lost one), so that the slot is claimed
+    again. Answers the count deleted. The lost session's lock went with it (ended by
+    :data:`.sessions.END_LOST_BACKEND_SQL` if the server did not notice yet).
+    """
+    return f"""
+        WITH gone AS (
+            DELETE FROM {table.runs} r
+            USING unnest($1::text[], $2::timestamptz[]) AS u(job, slot)
+            WHERE r.job = u.job AND r.slot = u.slot AND r.finished_at IS NULL
+              AND r.attempt = 1 AND r.host = $3::text AND r.pid = $4::integer
+              AND r.session IS DISTINCT FROM pg_backend_pid()
+            RETURNING 1
+        )
+        SELECT count(*) AS undone FROM gone"""
 
 
 def claim_inputs(table: LedgerTable) -> str:

@@ -41,6 +41,7 @@ __all__ = (
     "lease_holders_sql",
     "lease_late_finish_sql",
     "lease_recover_sql",
+    "lease_undo_lost_sql",
     "renew_sql",
 )
 
@@ -57,6 +58,27 @@ def _claim_key(key: str, slot: str, attempt: str = "1") -> str:
         f"hashtextextended((extract(epoch FROM {slot}) * 1000000)::int8::text || ':' || "
         f"({attempt})::text, {key})"
     )
+
+
+def lease_undo_lost_sql(table: LedgerTable) -> str:
+    """Give back this process's claims whose answer was lost (lease mode): as
+    :func:`.claims.undo_lost_sql`, and the lease of each is released for no slot, as an
+    undone claim's (:func:`lease_finish_many_sql`). Arrays ``$1`` jobs, ``$2`` slots; ``$3``
+    host, ``$4`` pid, ``$5`` holder. Answers the count deleted."""
+    runs, leases = table.runs, table.leases
+    return f"""
+        WITH gone AS (
+            DELETE FROM {runs} r
+            USING unnest($1::text[], $2::timestamptz[]) AS u(job, slot)
+            WHERE r.job = u.job AND r.slot = u.slot AND r.finished_at IS NULL
+              AND r.attempt = 1 AND r.host = $3::text AND r.pid = $4::integer
+            RETURNING r.job, r.slot
+        ), freed AS (
+            UPDATE {leases} x SET expires_at = '-infinity', slot = '-infinity'
+            FROM gone WHERE x.job = gone.job AND x.slot = gone.slot AND x.holder = $5::text
+            RETURNING 1
+        )
+        SELECT count(*) AS undone FROM gone"""
 
 
 def lease_claim_many_sql(table: LedgerTable) -> str:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 __all__ = (
     "BACKEND_PID_SQL",
+    "END_LOST_BACKEND_OLD_SQL",
+    "END_LOST_BACKEND_SQL",
     "PREPARED_AS_SQL",
     "READ_ONLY_SQL",
     "SAME_BACKEND_SQL",
@@ -13,6 +15,23 @@ __all__ = (
 
 BACKEND_PID_SQL = "SELECT pg_backend_pid()"
 """The pid of the backend serving this statement (a pooler's changes between statements)."""
+
+END_LOST_BACKEND_SQL = """
+    SELECT pg_terminate_backend(a.pid, $3::bigint) AS ended FROM pg_stat_activity a
+    WHERE a.pid = $1::integer AND a.pid <> pg_backend_pid()
+      AND a.usename = current_user AND a.application_name = $2::text"""
+"""End the backend of a lock session this client lost (``$1`` its pid, ``$2`` the
+application name it was given), waiting up to ``$3`` milliseconds for it to exit (PostgreSQL
+>= 14; before, :data:`END_LOST_BACKEND_OLD_SQL`). A session whose client was cut off
+(a network cut, an answer lost) lives on the server until its keepalives fail, holding its
+advisory locks: no replica could run those jobs meanwhile. Only a backend of this role and
+of this replica's application name is ended; none: no row."""
+
+END_LOST_BACKEND_OLD_SQL = """
+    SELECT pg_terminate_backend(a.pid) AS ended FROM pg_stat_activity a
+    WHERE a.pid = $1::integer AND a.pid <> pg_backend_pid()
+      AND a.usename = current_user AND a.application_name = $2::text"""
+""":data:`END_LOST_BACKEND_SQL` before PostgreSQL 14 (no waiting: ``$1``, ``$2`` only)."""
 
 READ_ONLY_SQL = (
     "SELECT pg_is_in_recovery() AS recovery, "
