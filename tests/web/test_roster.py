@@ -22,6 +22,7 @@ pytestmark = pytest.mark.postgres
 
 NOW = datetime.now(UTC).replace(microsecond=0)
 HOUR = timedelta(hours=1)
+SECOND = timedelta(seconds=1)
 
 
 async def judged(dsn: str, ledger: LedgerTable) -> tuple[dict[str, Status], dict[str, Status]]:
@@ -61,6 +62,9 @@ async def test_the_roster_judges_every_job_as_its_row_does(pg_dsn: str, ledgers:
     noted = ["b-ok", "c-failing", "d-running", "e-overdue", "e-overdue-failed", "f-caught-up"]
     noted += ["g-new", "h-paused", "h-paused-ok", "i-odd", "j-no-outcome", "k-slot-infinity"]
     noted += ["d-running-ok"]  # its latest run succeeded, a replica holds its lock now
+    # A fleet killed between a success and its next note: the note names the slot that ran.
+    noted += ["l-killed", "l-killed-no-spec"]
+    ran = datetime.now(UTC).replace(microsecond=0) - 65 * SECOND  # (NOW is the module's)
     runs = [
         *runs_of("a-before-every-note", "succeeded"),
         *runs_of("b-ok", "failed", "succeeded"),
@@ -75,6 +79,8 @@ async def test_the_roster_judges_every_job_as_its_row_does(pg_dsn: str, ledgers:
         *runs_of("h-paused", "failed"),
         *runs_of("h-paused-ok", "succeeded"),
         *runs_of("k-slot-infinity", "succeeded"),
+        *runs_of("l-killed", "succeeded", last=ran),
+        *runs_of("l-killed-no-spec", "succeeded", last=ran),
         *runs_of("zz-after-every-note", "failed", "succeeded"),
     ]
     ledger = await seed(pg_dsn, table, [(job, "every 1h", NOW + HOUR) for job in noted], runs)
@@ -92,6 +98,21 @@ async def test_the_roster_judges_every_job_as_its_row_does(pg_dsn: str, ledgers:
                 "b-ok": (60.0, NOW + HOUR),
             },
         )
+        # Every minute, its last success 65 s ago, noted as its next slot (not absent
+        # yet: that takes 90 s); a grace of 2 s: the slot after it is 3 s overdue.
+        every_minute = (
+            '{"schedule": {"kind": "every", "micros": 60000000, "anchor": '
+            f'"{ran.isoformat()}"}}, "jitter": null, "misfire_grace": 60.0, '
+            '"start_at": null, "stop_at": null}'
+        )
+        for job in ("l-killed", "l-killed-no-spec"):
+            await conn.execute(
+                f"UPDATE {ledger.jobs} SET grace = 2, due = $2, next_run = $2, "
+                "spec = CASE WHEN job = 'l-killed' THEN $3::jsonb END WHERE job = $1",
+                job,
+                ran,
+                every_minute,
+            )
         await conn.execute(
             f"INSERT INTO {ledger.control} (job, paused_at) VALUES ('h-paused', now()), "
             "('h-paused-ok', now())"
@@ -135,6 +156,8 @@ async def test_the_roster_judges_every_job_as_its_row_does(pg_dsn: str, ledgers:
         "i-odd": "new",
         "j-no-outcome": "failing",
         "k-slot-infinity": "ok",  # a slot Python cannot hold is no latest run
+        "l-killed": "overdue",  # its slot after the success (rebuilt from its spec) passed
+        "l-killed-no-spec": "ok",  # nothing to rebuild it from: absent says it, 25 s later
         "zz-after-every-note": "ok",
     }
 

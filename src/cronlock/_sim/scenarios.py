@@ -189,9 +189,8 @@ KNOWN: dict[tuple[str, Mode], frozenset[str]] = {
     # but that slot is refused 'locked' (a claim stuck in the stall runs late meanwhile,
     # holding the job) and skipped by the overlap policy on the replica running it (E6).
     ("stalls", "lease"): frozenset({"late"}),
-    # A killed fleet's job reads ok until it is absent (the note names the slot that ran).
-    ("fleet-killed", "session"): frozenset({"gone-ok"}),
-    ("fleet-killed", "lease"): frozenset({"gone-ok"}),
+    # (A killed fleet's job read ok until it was absent, the note naming the slot that ran:
+    # fixed, the verdict rebuilds the slot after the latest success from the job's spec.)
 }
 """(scenario, mode) -> the oracle's rules it breaks on today's code (main at 60f70fc and
 this simulator, updated as issue 48 fixes them): known failures until they are fixed. A

@@ -33,6 +33,9 @@ __all__ = ("ERROR_PREFIX", "SafeReads")
 ERROR_PREFIX = 2000
 """Characters of a run's error text fetched (the pages show at most its first line)."""
 _NOTE_PREFIX = 500  # a schedule note is one short line; a longer one is shown cut
+# How a job's slots are rebuilt: a few hundred characters as cronlock writes it; a longer
+# one (a hostile row) is cut, so not read, and the job judged by its note alone.
+_SPEC_PREFIX = 4000
 # A slot's earlier attempts, as JSON text: a few hundred characters per attempt as cronlock
 # writes them; a longer text (a hostile row) is cut, so not read, and the run shown alone.
 _ATTEMPTS_PREFIX = 200_000
@@ -51,7 +54,12 @@ def _wrapped(sql: str, columns: tuple[str, ...], order: str = "") -> str:
         instants=_INSTANTS,
         earliest=_EARLIEST,
         latest=_LATEST,
-        prefixes={"error": ERROR_PREFIX, "schedule": _NOTE_PREFIX, "attempts": _ATTEMPTS_PREFIX},
+        prefixes={
+            "error": ERROR_PREFIX,
+            "schedule": _NOTE_PREFIX,
+            "attempts": _ATTEMPTS_PREFIX,
+            "spec": _SPEC_PREFIX,
+        },
     )
 
 
@@ -59,7 +67,7 @@ def _wrapped(sql: str, columns: tuple[str, ...], order: str = "") -> str:
 def rewrites(table: LedgerTable) -> dict[str, str]:
     """Each fleet read of *table* that returns instants or error texts, and what runs
     instead (made once per table). Another statement is run as it is."""
-    jobs = ("job", "schedule", "tags", "next_run", "updated_at", "grace", "due", "odd")
+    jobs = ("job", "schedule", "tags", "next_run", "updated_at", "grace", "due", "odd", "spec")
     every, named = jobs_sql(table), named_jobs_sql(table)
     last, many = last_runs_sql(table), last_runs_many_sql(table)
     history, page = history_sql(table), runs_page_sql(table)

@@ -34,7 +34,10 @@ if TYPE_CHECKING:
 
 __all__ = ("register",)
 
-_JOB_COLUMNS = ("job", "schedule", "tags", "next_run", "updated_at", "grace", "due", "odd")
+_JOB_COLUMNS = (
+    *("job", "schedule", "tags", "next_run", "updated_at", "grace", "due", "odd"),
+    "spec",
+)
 _STORED_COLUMNS = (
     *("name", "revision", "removed", "task", "schedule", "kwargs", "options", "updated_at"),
     *("problems", "paused", "rejected"),
@@ -95,7 +98,7 @@ def _odd(note: dict[str, Any] | None) -> str | None:
 def _job_row(name: str, note: dict[str, Any] | None) -> tuple[Any, ...]:
     """A row of ``jobs_sql``: the job's note (all NULL without one), its instants guarded."""
     if note is None:
-        return (name, None, None, None, None, None, None, None)
+        return (name, None, None, None, None, None, None, None, None)
     return (
         name,
         note["schedule"],
@@ -105,6 +108,7 @@ def _job_row(name: str, note: dict[str, Any] | None) -> tuple[Any, ...]:
         note["grace"],
         sane(note["due"]),
         _odd(note),
+        None if note.get("spec") is None else jsonb_text(note["spec"]),
     )
 
 

@@ -6,7 +6,7 @@ here, so the command line and the page never disagree. Read-only: nothing here w
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal, get_args
@@ -36,6 +36,7 @@ from .._sql.schema import READABLE_TABLE_SQL, TABLES_EXIST_SQL
 from .._sql.tables import LedgerTable
 from .._sql.upkeep import read_secret_sql
 from .rejected import read_rejected
+from .slots import next_slot_of
 
 __all__ = (
     "ABSENT_AFTER",
@@ -107,6 +108,8 @@ class FleetJob:
     """Whether live replicas gave it different definitions (:func:`read_conflicts`)."""
     rejected: bool = False
     """A stored schedule every live replica rejected (``_ops/rejected.py``): none runs it."""
+    spec: str | None = None
+    """How its slots are rebuilt, as its replicas noted (JSON text; ``None``: they did not)."""
 
     def overdue_since(self, now: datetime) -> datetime | None:
         """The late slot when the job is overdue at *now* (server time), else ``None``.
@@ -118,7 +121,7 @@ class FleetJob:
         """
         ok = self.last_success
         success = None if ok is None else ok.slot
-        return overdue_slot(self.grace, self.due, self.next_run, success, now)
+        return overdue_slot(self.grace, self.due, self.next_run, success, now, self.spec)
 
     def absent(self, now: datetime) -> bool:
         """Whether no live replica runs the job at *now* (server time): :func:`absent`."""
@@ -162,7 +165,10 @@ def job_status(job: FleetJob, now: datetime, *, paused: bool) -> Status:
 
 
 def due_slot(
-    due: datetime | None, next_run: datetime | None, success: datetime | None
+    due: datetime | None,
+    next_run: datetime | None,
+    success: datetime | None,
+    following: Callable[[datetime], datetime | None] | None = None,
 ) -> datetime | None:
     """The slot a job should have run by, from its note alone (*due*: the first slot after
     its latest success, as its replicas last said; *next_run*: the next slot they noted)
@@ -170,15 +176,18 @@ def due_slot(
     succeeded; else the noted next slot, while nothing at or after that one succeeded (a
     note written before the success it was due by: so a fleet that is gone, whose note
     no replica will write again, is judged by the slots it left); else ``None`` (a run
-    after the note: a live replica writes the next one within seconds). ``None`` too
-    when the replicas said nothing is due (*due* ``None``: paused, finished)."""
+    after the note: a live replica writes the next one within seconds), unless the job's
+    slots can be rebuilt (*following*, from its ``spec``): then the slot after that
+    success, so that a fleet killed between a run and its next note is judged by the slot
+    it should have run next. ``None`` too when the replicas said nothing is due (*due*
+    ``None``: paused, finished)."""
     if due is None:
         return None
     if success is None or success < due:
         return due
     if next_run is not None and success < next_run:
         return next_run
-    return None
+    return None if following is None else following(success)
 
 
 def overdue_slot(
@@ -187,13 +196,14 @@ def overdue_slot(
     next_run: datetime | None,
     success: datetime | None,
     now: datetime,
+    spec: str | None = None,
 ) -> datetime | None:
     """The rule of :meth:`FleetJob.overdue_since`, over its facts: the slot the job
     should have run by (:func:`due_slot`) when it fell due more than *grace* seconds
     before *now*, else ``None``."""
     if grace is None:
         return None
-    slot = due_slot(due, next_run, success)
+    slot = due_slot(due, next_run, success, next_slot_of(spec))
     if slot is None:
         return None
     return slot if (now - slot).total_seconds() > grace else None
@@ -383,6 +393,7 @@ async def read_jobs(
                 tags=tuple(row["tags"] or ()),
                 conflict=name in conflicts,
                 rejected=name in rejected,
+                spec=row["spec"],
             )
         )
     return jobs
@@ -390,9 +401,8 @@ async def read_jobs(
 
 def _unnoted(name: str) -> dict[str, Any]:
     """The row of :func:`.._sql.fleet.jobs_sql` of a job without a note or a run."""
-    return dict.fromkeys(("schedule", "next_run", "updated_at", "grace", "due", "tags", "odd")) | {
-        "job": name
-    }
+    columns = ("schedule", "next_run", "updated_at", "grace", "due", "tags", "odd", "spec")
+    return dict.fromkeys(columns) | {"job": name}
 
 
 async def read_runs(

@@ -70,7 +70,7 @@ async def read_roster(
     those of thousands of index probes, which JIT compiles for longer than they take.
     """
     # name: [grace, due, next slot, its latest finished run's outcome, its latest
-    # success's slot]
+    # success's slot, how its slots are rebuilt]
     facts: dict[str, list[Any]] = {}
     asked: list[str] = []
     gaps: list[tuple[str | None, str | None]] = []
@@ -79,7 +79,7 @@ async def read_roster(
     rows = await conn.fetch(roster_sql(table), now, list(tags))
     for row in rows:
         name, has_tags, grace, due, nxt, last, below, mine, gap, done, outcome, slot = row[:12]
-        retired, settled, names = row[12:]
+        retired, spec, settled, names = row[12:]
         if names is not None:
             plain.append((settled, names))
             if has_tags and tags:
@@ -89,7 +89,7 @@ async def read_roster(
             if last or gap:
                 gaps.append((name, below))
             continue
-        facts[name] = known = [grace, due, nxt, None, None]
+        facts[name] = known = [grace, due, nxt, None, None, spec]
         if has_tags:
             tagged.add(name)
         if last or gap:  # the last note's runs are not probed; or a gap
@@ -99,7 +99,7 @@ async def read_roster(
             known[3] = outcome
             if outcome == "succeeded":
                 known[4] = slot
-            elif overdue_slot(grace, due, nxt, None, now) is not None:
+            elif overdue_slot(grace, due, nxt, None, now, spec) is not None:
                 asked.append(name)  # overdue unless a success since: which one is it?
         elif mine:  # running, or unreadable
             asked.append(name)
@@ -110,9 +110,9 @@ async def read_roster(
         asked_sql(table), asked, list(after), list(before)
     ):
         if noted:
-            facts[name][3:] = outcome, success
+            facts[name][3:5] = outcome, success
         else:
-            facts[name] = [None, None, None, outcome, success]
+            facts[name] = [None, None, None, outcome, success, None]
             if not tags:  # no note, no tags
                 tagged.add(name)
     everyone = list(facts)
@@ -130,8 +130,8 @@ async def read_roster(
             statuses[name] = _judge(
                 name in paused, outcome, False, name in held, conflict=name in conflicts
             )
-    for name, (grace, due, nxt, outcome, success) in facts.items():
-        overdue = overdue_slot(grace, due, nxt, success, now) is not None
+    for name, (grace, due, nxt, outcome, success, spec) in facts.items():
+        overdue = overdue_slot(grace, due, nxt, success, now, spec) is not None
         gone = absent(nxt, now)
         statuses[name] = _judge(
             name in paused, outcome, overdue, name in held, gone, conflict=name in conflicts

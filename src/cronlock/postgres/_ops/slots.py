@@ -12,7 +12,9 @@ said why. A slot still within its grace with neither is left out: it may yet run
 
 from __future__ import annotations
 
+import functools
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -25,7 +27,7 @@ from ..._stored.json import schedule_from_json
 from .._sql.slots import job_spec_sql, slot_records_sql, slot_runs_sql
 from .._sql.tables import LedgerTable
 
-__all__ = ("MAX_SLOTS", "SlotEntry", "SlotsUnknown", "read_slots")
+__all__ = ("MAX_SLOTS", "SlotEntry", "SlotsUnknown", "next_slot_of", "read_slots")
 
 MAX_SLOTS = 100_000
 """Slots one answer lists at most (a window with more is refused: narrow it)."""
@@ -124,6 +126,31 @@ async def read_slots(
         else:
             entries.append(SlotEntry(slot, "missed", "no replica claimed it, nor said why"))
     return entries, still_open
+
+
+@functools.lru_cache(maxsize=256)
+def next_slot_of(spec: str | None) -> Callable[[datetime], datetime | None] | None:
+    """The slot after an instant, for jobs whose slots *spec* (the jobs table's ``spec``)
+    describes; ``None`` when it does not (no spec, or one this cronlock cannot read).
+    Made once per spec: a fleet's jobs share a few."""
+    if spec is None:
+        return None
+    try:
+        rebuilt = _spec("", spec, "")
+    except CronlockError:
+        return None
+
+    def following(after: datetime) -> datetime | None:
+        start_at, stop_at = rebuilt.start_at, rebuilt.stop_at
+        if start_at is not None and after < start_at:
+            after = start_at - timedelta(microseconds=1)
+        try:
+            slot = rebuilt.schedule.next_after(after)
+        except Exception:  # a schedule that fails says nothing
+            return None
+        return None if slot is None or (stop_at is not None and slot > stop_at) else slot
+
+    return following
 
 
 def _spec(job: str, text: str | None, schedule: str) -> _Spec:

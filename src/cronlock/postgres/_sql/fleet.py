@@ -56,8 +56,8 @@ WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted
 
 
 def jobs_sql(table: LedgerTable) -> str:
-    """Every job with a schedule note or a run: its schedule, tags, next slot, grace and
-    due slot.
+    """Every job with a schedule note or a run: its schedule, tags, next slot, grace, due
+    slot, and how its slots are rebuilt (``spec``, JSON text).
 
     Distinct jobs of the runs table come from a recursive skip scan of the primary
     key: one index probe per job, however many runs each has.
@@ -73,7 +73,8 @@ def jobs_sql(table: LedgerTable) -> str:
         SELECT coalesce(j.job, s.job) AS job, j.schedule, j.tags,
                {sane("j.next_run", "next_run")},
                {sane("j.updated_at", "updated_at")}, j.grace, {sane("j.due", "due")},
-               {odd_list((f"j.{c}", c) for c in ("next_run", "updated_at", "due"))} AS odd
+               {odd_list((f"j.{c}", c) for c in ("next_run", "updated_at", "due"))} AS odd,
+               j.spec::text AS spec
         FROM {table.jobs} j
         FULL JOIN (SELECT job FROM seen WHERE job IS NOT NULL) s ON s.job = j.job
         WHERE j.retired_at IS NULL
@@ -90,7 +91,8 @@ def named_jobs_sql(table: LedgerTable) -> str:
     return f"""
         SELECT u.job, j.schedule, j.tags, {sane("j.next_run", "next_run")},
                {sane("j.updated_at", "updated_at")}, j.grace, {sane("j.due", "due")},
-               {odd_list((f"j.{c}", c) for c in ("next_run", "updated_at", "due"))} AS odd
+               {odd_list((f"j.{c}", c) for c in ("next_run", "updated_at", "due"))} AS odd,
+               j.spec::text AS spec
         FROM unnest($1::text[]) AS u(job)
         LEFT JOIN LATERAL (SELECT * FROM {table.jobs} n WHERE n.job = u.job LIMIT 1) j ON true
         WHERE (j.job IS NOT NULL
@@ -174,6 +176,7 @@ def roster_sql(table: LedgerTable) -> str:
             ("min", "k.outcome", "outcome"),
             ("min", f"CASE WHEN k.late AND {slot_in_range('k.slot')} THEN k.slot END", "slot"),
             ("bool_and", "k.retired", "retired"),
+            ("min", "CASE WHEN k.late THEN k.spec END", "spec"),
         )
     )
     return f"""
@@ -182,10 +185,11 @@ def roster_sql(table: LedgerTable) -> str:
                CASE WHEN k.plain THEN k.outcome END AS settled,
                CASE WHEN k.plain THEN array_agg(k.job) END AS names
         FROM (SELECT n.job, n.tagged, n.grace, n.due, n.next_run, n.late, n.below, p.top, p.done,
-                     p.outcome, p.slot, n.retired,
+                     p.outcome, p.slot, n.retired, n.spec,
                      coalesce(p.top = n.job AND p.done AND NOT n.late AND NOT n.retired,
                               false) AS plain
               FROM (SELECT j.job, j.grace, j.due, j.next_run, coalesce({late}, false) AS late,
+                           j.spec::text AS spec,
                            j.retired_at IS NOT NULL AS retired,
                            cardinality($2::text[]) = 0
                                OR coalesce(j.tags @> $2::text[], false) AS tagged,
