@@ -3,6 +3,8 @@ its own, at given virtual instants; what it printed read back as a user reads it
 
 from __future__ import annotations
 
+import pytest
+
 from cronlock._sim.faults import Fault, apply
 from cronlock._sim.fleet import Fleet, JobSpec
 from cronlock._sim.verdict import Reading, Verdicts, parse_status
@@ -48,9 +50,14 @@ def test_status_check_is_read_at_the_instants_asked_for() -> None:
     assert not world.errors
 
 
-def test_a_note_that_owes_nothing_reads_ok_and_the_oracle_says_so() -> None:
+@pytest.mark.parametrize("spec", [True, False])
+def test_a_note_that_owes_nothing_is_judged_by_the_spec_or_the_oracle_says_so(
+    spec: bool,
+) -> None:
     # E4's proximate cause, staged by hand: once the fleet is gone its job's note says the
-    # next slot is the last one that succeeded, so status --check finds nothing owed.
+    # next slot is the last one that succeeded. With the job's spec the verdict rebuilds the
+    # slot after it and finds it owed; without (a note an older cronlock wrote), status
+    # --check finds nothing owed, and the oracle says so.
     from cronlock._sim.oracle import JobView, judge
 
     world = World(5)
@@ -61,12 +68,16 @@ def test_a_note_that_owes_nothing_reads_ok_and_the_oracle_says_so() -> None:
     def owe_nothing() -> None:
         db = world.server.db
         db.begin(world.at(20.0))
-        db.update("jobs", "tick", next_run=world.at(10.0), due=world.at(10.0))
+        kept = {} if spec else {"spec": None}
+        db.update("jobs", "tick", next_run=world.at(10.0), due=world.at(10.0), **kept)
         db.commit()
 
     world.call_at(20.0, owe_nothing)
     verdicts = Verdicts(fleet, (27.0, 42.0))
     fleet.run(12.0, quiet=35.0)
+    if spec:
+        assert [r.verdict("tick") for r in verdicts.readings] == ["overdue", "overdue"]
+        return
     assert [r.verdict("tick") for r in verdicts.readings] == ["ok", "ok"]
     judged = judge(
         jobs=(JobView("tick", "every:5", alert_after=10.0),),
