@@ -13,6 +13,7 @@ has.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
@@ -539,6 +540,27 @@ async def test_crashed_marks_runs_whose_session_and_owner_are_gone(pair: Pair) -
     answer = await pair.agree(sql, "here", 42, "me", TTL)
     assert sorted(r["job"] for r in answer) == ["absent", "expired", "no-holder"]
     assert await pair.agree(sql, "here", 42, "me", TTL) == []
+
+
+async def test_crashed_ends_a_frozen_holders_session_then_marks_its_run(pair: Pair) -> None:
+    t = pair.base
+    old = t - 100 * S
+    await pair.put("members", holder="me", expires_at=t + 40 * S, since=t - 60 * S)
+    await pair.put("members", holder="frozen", expires_at=t - 10 * S)  # stopped beating
+    await pair.put("members", holder="slow", expires_at=t + 40 * S)  # beats: a slow run
+    await pair.put("runs", job="slow", slot=old, started_at=old, session=pair.sa.pid,
+                   holder="slow", host="h2")  # fmt: skip
+    await pair.put("runs", job="frozen", slot=old, started_at=old, session=pair.sb.pid,
+                   holder="frozen", host="h3")  # fmt: skip
+    sql = crashes.crashed_sql(pair.table)
+    b = pair.b.get_server_pid()
+    assert await pair.agree(sql, "here", 42, "me", TTL) == []  # its session is ended...
+    async with asyncio.timeout(10):  # (the backend exits after the statement)
+        while await pair.a.fetchval("SELECT count(*) FROM pg_stat_activity WHERE pid = $1", b):
+            await asyncio.sleep(0.05)
+    assert pair.sb.pid not in pair.server.sessions
+    answer = await pair.agree(sql, "here", 42, "me", TTL)  # ... and its run marked next
+    assert [r["job"] for r in answer] == ["frozen"]
 
 
 async def test_crashed_waits_for_its_own_row_to_stand(pair: Pair) -> None:

@@ -177,10 +177,12 @@ KNOWN: dict[tuple[str, Mode], frozenset[str]] = {
     ("holder-killed", "lease"): frozenset({"silent"}),
     # E10: runs frozen past their lease finish after others ran the job's later slots.
     ("holder-frozen", "lease"): frozenset({"overlap"}),
-    # E7: a session-mode holder frozen for good keeps its jobs' locks and its runs' rows
-    # unfinished. In lease mode its leases expire and others run its jobs while its runs
-    # stand (E10); the slots due before the leases expire vanish (E6).
-    ("holder-frozen-long", "session"): frozenset({"silent", "unfinished"}),
+    # E7: a holder frozen for good. Session mode: its lock session is ended once its
+    # membership expired (the crash check), its runs marked crashed and its jobs run again
+    # (no longer 'unfinished'). Both modes: others run its jobs while its frozen runs stand
+    # (E10: the oracle counts a frozen body's span as in progress); the slots due before
+    # its locks or leases were freed vanish as 'locked' skips (E6).
+    ("holder-frozen-long", "session"): frozenset({"overlap", "silent"}),
     ("holder-frozen-long", "lease"): frozenset({"overlap", "silent"}),
     # E13: a snapshot restored under the same identity goes unnoticed.
     ("snapshot-restore", "session"): frozenset({"unfinished"}),

@@ -127,10 +127,15 @@ def _crashed(x: Exec, args: tuple[Any, ...]) -> list[Row]:
     session is gone and whose owner is gone (:func:`owner_gone`); answer them."""
     host, pid, holder, ttl = args
     marked = []
+    frozen: list[int] = []  # a frozen holder's sessions: ended, marked at the next check
     for key, r in sorted(x.db.unfinished().items()):
         if r["finished_at"] is not None or r["session"] is None:
             continue
-        if _own(r, host, pid) or x.session_alive(r["session"]):
+        if _own(r, host, pid):
+            continue
+        if x.session_alive(r["session"]):
+            if r["holder"] is not None and r["session"] != x.pid and owner_gone(x, r, holder, ttl):
+                frozen.append(r["session"])
             continue
         if not owner_gone(x, r, holder, ttl):
             continue
@@ -143,6 +148,10 @@ def _crashed(x: Exec, args: tuple[Any, ...]) -> list[Row]:
             error=f"its replica ({r['host']}:{r['pid']}) died mid-run: {why}",
         )
         marked.append((key[0], *run_answer(new)))
+    for pid in frozen:  # pg_terminate_backend: the backend exits (its run marked next time)
+        session = x.server.sessions.get(pid)
+        if session is not None:
+            x.server.end_session(session, "terminated by pg_terminate_backend")
     return rows(["job", *RUN_COLUMNS], *marked)
 
 

@@ -62,8 +62,27 @@ def crashed_sql(table: LedgerTable) -> str:
     live in seconds: a run whose owner is alive (its members row, :func:`owner_gone`) is
     not crashed, however unknown its session pid is to this server (a failover). Concurrent
     checks by several replicas mark each row once: the second one finds it finished.
+
+    A run whose owner is gone but whose session is still there is a frozen holder's (a
+    process stopped, or its host frozen: the kernel keeps its TCP session alive, so the
+    server keeps its locks, for good): the statement ends that session
+    (``pg_terminate_backend``, only a backend of this role) so that its locks are released
+    and its jobs run again, and the next check, its session gone, marks the run crashed.
+    The membership heartbeat tells a frozen holder from a slow run: a slow run's replica
+    keeps beating. So a frozen holder's runs end about ``MEMBER_TTL`` plus two checks after
+    its last heartbeat. A holder that wakes finds its lock session gone: its runs end
+    ``lock_lost``.
     """
+    gone = owner_gone(table, "$3::text", "$4::float8")
     return f"""
+        WITH frozen AS MATERIALIZED (
+            SELECT pg_terminate_backend(a.pid) AS ended
+            FROM {table.runs} r JOIN pg_stat_activity a ON a.pid = r.session
+            WHERE r.finished_at IS NULL AND r.holder IS NOT NULL
+              AND NOT (r.host = $1::text AND r.pid = $2::integer)
+              AND a.usename = current_user AND a.pid <> pg_backend_pid()
+              AND {gone}
+        )
         UPDATE {table.runs} AS r
         SET outcome = 'crashed', finished_at = clock_timestamp(),
             error = 'its replica (' || r.host || ':' || r.pid || ') died mid-run: '
@@ -72,7 +91,8 @@ def crashed_sql(table: LedgerTable) -> str:
         WHERE r.finished_at IS NULL AND r.session IS NOT NULL
           AND NOT (r.host = $1::text AND r.pid = $2::integer)
           AND NOT EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.pid = r.session)
-          AND {owner_gone(table, "$3::text", "$4::float8")}
+          AND {gone}
+          AND (SELECT count(*) FROM frozen) >= 0
         RETURNING r.job, {R_RUN}"""
 
 
