@@ -39,7 +39,8 @@ async def drop_ledger(dsn: str, table: str) -> None:
         for name in (ledger.runs, ledger.jobs, ledger.control, ledger.leases, ledger.members):
             await conn.execute(f"DROP TABLE IF EXISTS {name}")
         await conn.execute(
-            f"DROP TABLE IF EXISTS {ledger.secrets}, {ledger.schedules}, {ledger.definitions}"
+            f"DROP TABLE IF EXISTS {ledger.secrets}, {ledger.schedules}, {ledger.definitions}, "
+            f"{ledger.slots}"
         )
     finally:
         await conn.close()

@@ -18,6 +18,7 @@ from starlette.requests import Request
 
 import cronlock.web
 from cronlock.postgres import FleetControl
+from cronlock.postgres._sql.tables import LedgerTable
 
 from .seed import Run, seed, table_name
 
@@ -165,6 +166,33 @@ async def test_job_page_has_history_chart_and_pager(read_only: httpx.AsyncClient
     assert page.count('<tr class="run ') == 5
     assert page.count("<rect ") == 5
     assert 'class="older"' in page
+
+
+async def test_job_page_shows_the_slots_that_did_not_run_and_why(pg_dsn: str, ledger: str) -> None:
+    table = LedgerTable(ledger)
+    conn: Any = await asyncpg.connect(pg_dsn)
+    try:
+        await conn.execute(
+            f"""INSERT INTO {table.slots} (job, slot, last_slot, fate, reason, into_slot, holder)
+                VALUES ('flaky', $1, $2, 'coalesced', 'no replica ran them <b>', $3, 'web-1'),
+                       ('flaky', $4, $4, 'missed', 'past misfire_grace', NULL, NULL),
+                       ('nightly', $4, $4, 'skipped', 'paused fleet-wide', NULL, NULL),
+                       ('flaky', 'infinity', 'infinity', 'missed', 'odd', NULL, NULL)""",
+            NOW - timedelta(minutes=50),
+            NOW - timedelta(minutes=40, microseconds=1),
+            NOW - timedelta(minutes=40),
+            NOW - timedelta(minutes=10),
+        )
+    finally:
+        await conn.close()
+    async with client(cronlock.web.app(pg_dsn, table=ledger)) as c:
+        page = (await c.get("/jobs/flaky")).text
+        quiet = (await c.get("/jobs/stalled")).text
+    assert page.count('<tr class="gap ') == 2  # the row Python cannot hold is left out
+    assert page.index("fate-missed") < page.index("fate-coalesced")  # latest first
+    assert "no replica ran them &lt;b&gt;" in page  # text, never markup
+    assert "web-1" in page and "paused fleet-wide" not in page  # this job's only
+    assert "None recorded" in quiet
 
 
 async def test_processes_without_a_key_share_the_ledgers_and_a_given_key_wins(

@@ -39,6 +39,7 @@ from ..postgres._ops.control import FleetControl
 from ..postgres._ops.fleet import STATUSES, read_jobs, read_paused, read_runs, server_now
 from ..postgres._ops.roster import read_roster
 from ..postgres._sql.fleet import JIT_OFF_SQL
+from ..postgres._sql.slots import recent_slot_records_sql
 from ..postgres._sql.tables import DEFAULT_TABLE, LedgerTable
 from ._authorize import Action, Authorize, Gate, ReadRefused, client
 from ._csrf import COOKIE, Csrf
@@ -72,6 +73,7 @@ __all__ = ("Action", "Authorize", "Redact", "app")
 _logger = logging.getLogger("cronlock.web")
 _HERE = Path(__file__).parent
 _CSRF_KEY = "web.csrf"  # its row in the ledger's secrets table
+_GAPS_SHOWN = 20  # a job page's latest records of slots that did not run
 
 # The dashboard writes nothing itself: pause, resume and trigger are FleetControl's, so a
 # button does exactly what ``python -m cronlock pause JOB`` does.
@@ -212,9 +214,11 @@ class _Dashboard:
             runs = await read_runs(reads, self.table, name, limit + 1, before)
             paused = await read_paused(conn, self.table)
             now = await server_now(conn)
+            gaps = await conn.fetch(recent_slot_records_sql(self.table), name, _GAPS_SHOWN)
         views = [run_view(r) for r in runs[:limit]]
         return {
             "job": job_view(found[0], now, paused=name in paused),
+            "gaps": [dict(row.items()) for row in gaps if row["slot"] is not None],
             "runs": views,
             "more": views[-1].slot if len(runs) > limit else None,
             "chart": chart(views),

@@ -10,11 +10,13 @@ record says (a replica that fell behind may record slots the fleet ran meanwhile
 
 from __future__ import annotations
 
+from .runs import sane
 from .tables import LedgerTable
 
 __all__ = (
     "job_spec_sql",
     "prune_slots_sql",
+    "recent_slot_records_sql",
     "record_slots_sql",
     "slot_records_sql",
     "slot_runs_sql",
@@ -77,3 +79,17 @@ def slot_records_sql(table: LedgerTable) -> str:
         FROM {table.slots}
         WHERE job = $1 AND last_slot >= $2 AND slot <= $3
         ORDER BY recorded_at, slot"""
+
+
+def recent_slot_records_sql(table: LedgerTable) -> str:
+    """``$1`` a job, ``$2`` how many: its latest records of slots that did not run, the
+    latest slot first (the dashboard's job page), every instant Python cannot hold read as
+    NULL and the reason cut to 500 characters."""
+    return f"""
+        SELECT {sane("s.slot", "slot")}, {sane("s.last_slot", "last_slot")}, s.fate,
+               substr(s.reason, 1, 500) AS reason, {sane("s.into_slot", "into_slot")},
+               substr(s.holder, 1, 200) AS holder
+        FROM {table.slots} s
+        WHERE s.job = $1
+        ORDER BY s.slot DESC
+        LIMIT $2"""
