@@ -539,6 +539,11 @@ async def test_crashed_marks_runs_whose_session_and_owner_are_gone(pair: Pair) -
     sql = crashes.crashed_sql(pair.table)
     answer = await pair.agree(sql, "here", 42, "me", TTL)
     assert sorted(r["job"] for r in answer) == ["absent", "expired", "no-holder"]
+    # A crashed run ends at its owner's last heartbeat (its row's expiry less the time to
+    # live), not at its detection; with no members row to tell, at its detection.
+    ended = {r["job"]: r["finished_at"] for r in answer}
+    assert ended["expired"] == t - 10 * S - TTL * S
+    assert ended["absent"] == ended["no-holder"] == "NOW"
     assert await pair.agree(sql, "here", 42, "me", TTL) == []
 
 

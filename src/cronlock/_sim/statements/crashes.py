@@ -83,6 +83,16 @@ def owner_gone(x: Exec, run: dict[str, Any], holder: str | None, ttl: float | No
     return mine is not None and mine["expires_at"] > now and mine["since"] <= before
 
 
+def last_sign_of_life(x: Exec, run: dict[str, Any], ttl: float | None) -> Any:
+    """``crashes.last_sign_of_life`` of *run*: its owner's last heartbeat (its members row's
+    expiry less *ttl*), within [its claim, now]; now without a members row."""
+    now = x.now
+    member = None if run["holder"] is None else x.db.table("members").get(run["holder"])
+    if member is None or ttl is None:
+        return max(run["started_at"], now)
+    return max(run["started_at"], min(now, member["expires_at"] - seconds(ttl)))
+
+
 def json_instant(value: Any) -> str | None:
     """``to_jsonb`` of a ``timestamptz`` in a UTC session (``2026-03-01T09:00:05.3+00:00``)."""
     if value is None:
@@ -144,7 +154,7 @@ def _crashed(x: Exec, args: tuple[Any, ...]) -> list[Row]:
             "runs",
             key,
             outcome="crashed",
-            finished_at=x.now,
+            finished_at=last_sign_of_life(x, r, ttl),
             error=f"its replica ({r['host']}:{r['pid']}) died mid-run: {why}",
         )
         marked.append((key[0], *run_answer(new)))

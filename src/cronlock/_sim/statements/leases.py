@@ -51,7 +51,7 @@ from .claims import (
     run_values,
     undo_lost,
 )
-from .crashes import kept_attempts, owner_gone, taken_over
+from .crashes import kept_attempts, last_sign_of_life, owner_gone, taken_over
 
 if TYPE_CHECKING:
     from ...postgres._sql.tables import LedgerTable
@@ -354,7 +354,7 @@ def _crashed(x: Exec, args: tuple[Any, ...]) -> list[Row]:
             "runs",
             key,
             outcome="crashed",
-            finished_at=now,
+            finished_at=last_sign_of_life(x, run, ttl),
             error=f"its replica ({run['host']}:{run['pid']}) died mid-run: {why}",
         )
         marked.append((new["job"], *run_values(new)))

@@ -13,6 +13,7 @@ __all__ = (
     "KEPT_ATTEMPTS",
     "TAKEN_OVER",
     "crashed_sql",
+    "last_sign_of_life",
     "owner_gone",
     "recover_sql",
     "retries_due_sql",
@@ -52,6 +53,16 @@ def owner_gone(table: LedgerTable, holder: str, ttl: str) -> str:
                               AND me.since <= now() - {ttl} * interval '1 second')))"""
 
 
+def last_sign_of_life(table: LedgerTable, ttl: str) -> str:
+    """When a crashed run ``r`` ended, as well as the ledger knows: its owner's last
+    heartbeat (its members row's expiry less the time to live *ttl*, a ``$n``), not the
+    check that noticed it; never before the run's claim nor after now. Without a members
+    row (an older cronlock's claim, or a row deleted an hour after it expired): now."""
+    beat = f"""(SELECT m.expires_at - {ttl} * interval '1 second' FROM {table.members} m
+                WHERE m.holder = r.holder)"""
+    return f"greatest(r.started_at, least(clock_timestamp(), coalesce({beat}, clock_timestamp())))"
+
+
 def crashed_sql(table: LedgerTable) -> str:
     """Mark unfinished runs whose claiming session is gone, and their owner with it,
     ``crashed``; return them.
@@ -62,6 +73,9 @@ def crashed_sql(table: LedgerTable) -> str:
     live in seconds: a run whose owner is alive (its members row, :func:`owner_gone`) is
     not crashed, however unknown its session pid is to this server (a failover). Concurrent
     checks by several replicas mark each row once: the second one finds it finished.
+
+    Its ``finished_at`` is its last sign of life (:func:`last_sign_of_life`), so that its
+    duration is the run's, not the detection's delay.
 
     A run whose owner is gone but whose session is still there is a frozen holder's (a
     process stopped, or its host frozen: the kernel keeps its TCP session alive, so the
@@ -84,7 +98,7 @@ def crashed_sql(table: LedgerTable) -> str:
               AND {gone}
         )
         UPDATE {table.runs} AS r
-        SET outcome = 'crashed', finished_at = clock_timestamp(),
+        SET outcome = 'crashed', finished_at = {last_sign_of_life(table, "$4::float8")},
             error = 'its replica (' || r.host || ':' || r.pid || ') died mid-run: '
                     || CASE WHEN r.holder IS NULL THEN 'lock session gone'
                             ELSE 'lock session and membership gone' END

@@ -30,7 +30,7 @@ UPDATE`` before renewing or releasing), so statements of different replicas cann
 from __future__ import annotations
 
 from .claims import claim_inputs, end_ctes
-from .crashes import KEPT_ATTEMPTS, TAKEN_OVER, owner_gone
+from .crashes import KEPT_ATTEMPTS, TAKEN_OVER, last_sign_of_life, owner_gone
 from .runs import CLAIMED_START, R_RUN, late_finish_sql, sane, told_columns
 from .tables import LedgerTable
 
@@ -248,6 +248,7 @@ def lease_crashed_sql(table: LedgerTable) -> str:
     alive (its members row, :func:`.crashes.owner_gone`) is not crashed, even once its
     lease expired (a release lost at a failover; the owner writes the outcome itself). A
     lease-mode run has no session (``session`` NULL, which the session form leaves alone).
+    Its ``finished_at`` is its owner's last sign of life (``.crashes.last_sign_of_life``).
     The time is the statement's start (``now()``), the instant of its snapshot, so a
     renewal committed after the snapshot cannot be missed. ``$1``, ``$2`` (host, pid) are
     accepted for the same call as the session form.
@@ -255,7 +256,7 @@ def lease_crashed_sql(table: LedgerTable) -> str:
     runs, leases = table.runs, table.leases
     return f"""
         UPDATE {runs} AS r
-        SET outcome = 'crashed', finished_at = clock_timestamp(),
+        SET outcome = 'crashed', finished_at = {last_sign_of_life(table, "$4::float8")},
             error = 'its replica (' || r.host || ':' || r.pid || ') died mid-run: '
                     || CASE WHEN r.holder IS NULL THEN 'its lease expired'
                             ELSE 'its lease expired and its membership is gone' END
