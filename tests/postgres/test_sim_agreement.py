@@ -160,7 +160,13 @@ async def test_a_table_lock_agrees(pg_dsn: str, mode: Mode) -> None:
     simulated = sorted({v.rule for v in run_plan(plan).judged.violations})
     real, slots = await run_for_real(plan, pg_dsn)
     assert slots > 100
-    assert real == simulated == [], f"real server: {real}, simulation: {simulated}"
+    assert simulated == [], f"simulation: {simulated}"
+    # On the real server a claim stuck behind the lock may be answered late, after the
+    # slots due meanwhile were told coalesced into a later one; that claim's run then holds
+    # the job while the later slot is due, and the later slot is skipped (E6's kin, listed
+    # for table locks in KNOWN_BY_KIND; seen under CI's load, 2026-12-07): 'late' is the
+    # one rule it may break. Nothing silent, unfinished, twice or overlapping.
+    assert set(real) <= {"late"}, f"real server: {real}, simulation: {simulated}"
 
 
 _ = contextlib
