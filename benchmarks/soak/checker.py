@@ -205,9 +205,10 @@ def evidence(
                 )
             )
         elif kind == "event":
-            fields = {k: v for k, v in line.items() if k in ("job", "reason", "recovered")}
-            if "slot" in line:
-                fields["slot"] = slot_of(line["slot"])
+            fields = {k: v for k, v in line.items() if k in ("job", "reason", "recovered", "fate")}
+            for instant in ("slot", "last", "into"):  # (a SlotsDecided's range and target)
+                if instant in line:
+                    fields[instant] = None if line[instant] is None else slot_of(line[instant])
             if "attempt" in line:
                 fields["attempt"] = int(line["attempt"])
             out.said.append(Said(who, at, event(line["name"], **fields)))

@@ -29,7 +29,7 @@ import sys
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from cronlock import Event, RunContext, Scheduler, every
 from cronlock.postgres import Keepalives, PostgresLocker
@@ -86,18 +86,19 @@ class Effects:
         os.write(self._fd, (json.dumps(fields, default=str) + "\n").encode())
 
 
-EVENT_FIELDS = ("job", "slot", "reason", "recovered", "attempt")
+EVENT_FIELDS = ("job", "slot", "reason", "recovered", "attempt", "last", "fate", "into")
 """The fields of an event the checker's oracle reads (those the event has)."""
 
 
 def event_line(effects: Effects, event: Event) -> None:
     """An ``event`` line: the event's class name and its :data:`EVENT_FIELDS`; the slot as
-    ISO 8601, an exception by its class name (``why``), for the post-mortem."""
+    ISO 8601 (every instant: a ``SlotsDecided``'s ``last`` and ``into`` too), an exception
+    by its class name (``why``), for the post-mortem."""
     fields: dict[str, object] = {"name": type(event).__name__}
     for name in EVENT_FIELDS:
         if hasattr(event, name):
             value = getattr(event, name)
-            fields[name] = value.isoformat() if name == "slot" else value
+            fields[name] = value.isoformat() if isinstance(value, datetime) else value
     exception = getattr(event, "exception", None)
     if exception is not None:
         fields["why"] = type(exception).__name__
