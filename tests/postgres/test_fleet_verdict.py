@@ -246,7 +246,7 @@ async def test_a_job_a_deploy_removed_is_absent_until_retired(
     await old.stop()
     await aged(pg_dsn, table, "dropped")  # ABSENT_AFTER since its last note
     await stays(pg_dsn, table, "dropped", "absent")  # the new replica does not note it
-    assert await state(pg_dsn, table, "keep") == "ok"  # the fleet runs on
+    assert await state(pg_dsn, table, "keep") in {"ok", "running"}  # the fleet runs on
     assert (await roster(pg_dsn, table))["dropped"] == "absent"
     check = await cli("status", "--check", "--dsn", pg_dsn, "--table", table)
     assert check.returncode == 1 and "absent: dropped" in check.stdout, check.stdout
