@@ -63,11 +63,32 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ["CRONLOCK_TEST_DSN"] = own
 
 
+@pytest.hookimpl(trylast=True)  # after xdist's own (see below)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Under xdist, the tests marked ``slow`` are handed out first (their order otherwise
-    kept), so that no worker starts a two-minute test when the others are nearly done."""
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+    kept), so that no worker starts a two-minute test when the others are nearly done.
+
+    And under ``--dist loadgroup`` each test marked ``xdist_group(NAME)`` is named
+    ``NODEID@NAME``, the name xdist's scheduler groups by, so that one worker runs a group
+    (a costly fleet or browser made once; tests that must not run beside each other).
+    pytest-xdist 3.8 appends the suffix to ``item._nodeid``, which pytest 9.2 no longer
+    reads (a node's id is ``item._id``): there its groups were silently ignored. Where
+    xdist's own suffix took, this does nothing."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+    if not config.getvalue("loadgroup"):
+        return
+    for item in items:
+        groups = {
+            str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
+            for mark in item.iter_markers("xdist_group")
+        }
+        suffix = "@" + "_".join(sorted(groups))
+        if groups and not item.nodeid.endswith(suffix):
+            from _pytest.nodeid import NodeId  # pytest >= 9.2 only, where it is needed
+
+            item._id = NodeId.parse(item.nodeid + suffix)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

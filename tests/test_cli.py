@@ -1,15 +1,29 @@
-"""The command line, run as users run it: ``python -m cronlock ...`` in a subprocess."""
+"""The command line: ``python -m cronlock ...``.
+
+Run as users run it, in a process of its own (:func:`cronlock`), where the process is the
+point: the exit status a shell sees, a reader that goes away, live output, one case of each
+verb family's usage errors. Elsewhere its ``main()`` is called in this process
+(:func:`cronlock_here`): the same arguments, stdout, stderr, log and exit status, without
+an interpreter start and its imports (most of a second each).
+"""
 
 from __future__ import annotations
 
+import contextlib
+import io
+import logging
 import os
 import re
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Iterator, Mapping
 from importlib.metadata import version
 
 import pytest
+
+from cronlock._cli.main import main
 
 # Nothing listens on port 9 (discard) here: a DSN that fails at once.
 UNREACHABLE = "postgresql://nobody@127.0.0.1:9/none"
@@ -28,6 +42,72 @@ def cronlock(
     )
 
 
+class _ThisThread(logging.Handler):
+    """What a process of its own prints of its log (Python's last resort: WARNING and up,
+    the bare message, on stderr), for the records of one thread only: the command line's,
+    not those of anything else running in this process meanwhile."""
+
+    def __init__(self, stream: io.StringIO) -> None:
+        super().__init__(logging.WARNING)
+        self.setFormatter(logging.Formatter())
+        self._stream = stream
+        self._thread = threading.get_ident()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.thread == self._thread:
+            self._stream.write(self.format(record) + "\n")  # with a traceback, if any
+
+
+@contextlib.contextmanager
+def _environment(env: Mapping[str, str] | None) -> Iterator[None]:
+    if env is None:
+        yield
+        return
+    saved = dict(os.environ)
+    os.environ.clear()
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+_ONE_AT_A_TIME = threading.Lock()  # sys.stdout, sys.stderr and os.environ are the process's
+
+
+def main_here(
+    args: tuple[str, ...] | list[str], env: Mapping[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``main(args)`` in this thread, as a process of its own would show it: exit status,
+    stdout, stderr (with its log's warnings); *env*, if given, the whole environment
+    meanwhile. Not on a running event loop (the ledger verbs run one of their own), and not
+    for ``web`` or ``celery-beat`` (they wait for a signal). What a process says once (a
+    ledger row it cannot read, say) it may have said already here; and pytest's live log
+    (``--log-cli-level``) swaps ``sys.stdout`` while others log: neither for those."""
+    out, err = io.StringIO(), io.StringIO()
+    log = _ThisThread(err)
+    with _ONE_AT_A_TIME, _environment(env):
+        logging.getLogger().addHandler(log)
+        try:
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+                try:
+                    status = main(list(args))
+                except SystemExit as exc:  # argparse: --help, --version, a usage error
+                    code = exc.code
+                    status = code if isinstance(code, int) else (0 if code is None else 1)
+        finally:
+            logging.getLogger().removeHandler(log)
+    return subprocess.CompletedProcess(["cronlock", *args], status, out.getvalue(), err.getvalue())
+
+
+def cronlock_here(
+    *args: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """:func:`cronlock`'s answer from ``main()`` in this process (*env* added to it)."""
+    return main_here(args, None if env is None else {**os.environ, **env})
+
+
 def test_help_lists_only_the_public_verbs() -> None:
     result = cronlock("--help")
     assert result.returncode == 0, result.stderr
@@ -42,13 +122,13 @@ def test_help_lists_only_the_public_verbs() -> None:
 
 
 def test_version() -> None:
-    result = cronlock("--version")
+    result = cronlock_here("--version")
     assert result.returncode == 0, result.stderr
     assert result.stdout == f"cronlock {version('cronlock')}\n"
 
 
 def test_next_prints_local_and_utc_slots() -> None:
-    result = cronlock(
+    result = cronlock_here(
         "next",
         "30 2 * * *",
         "--tz",
@@ -69,7 +149,7 @@ def test_next_prints_local_and_utc_slots() -> None:
 
 
 def test_next_with_seconds_field_first() -> None:
-    result = cronlock(
+    result = cronlock_here(
         "next", "15 0 3 * * *", "--seconds", "-n", "1", "--after", "2026-01-01T00:00:00+00:00"
     )
     assert result.returncode == 0, result.stderr
@@ -96,7 +176,7 @@ def test_next_with_seconds_field_first() -> None:
     ],
 )
 def test_bad_input_is_one_clear_line_and_status_2(args: tuple[str, ...], needle: str) -> None:
-    result = cronlock(*args)
+    result = cronlock_here(*args)
     assert result.returncode == 2
     assert result.stdout == ""
     [line] = result.stderr.splitlines()
@@ -107,10 +187,27 @@ def test_bad_input_is_one_clear_line_and_status_2(args: tuple[str, ...], needle:
     assert line.count("--after:") <= 1
 
 
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (("next", "0 25 * * *"), "cronlock: error: "),
+        (("history", "j", "--dsn", UNREACHABLE, "-n", "0"), "cronlock history: error: argument -n"),
+    ],
+    ids=["next", "history"],
+)
+def test_a_usage_error_in_a_process_of_its_own(args: tuple[str, ...], said: str) -> None:
+    """The exit status a shell sees, and one line on stderr (the other cases call main())."""
+    result = cronlock(*args)
+    assert result.returncode == 2
+    assert result.stdout == ""
+    [line] = result.stderr.splitlines()
+    assert line.startswith(said), line
+
+
 def test_naive_after_is_a_wall_time_in_tz() -> None:
     # 00:30 in Berlin is 23:30 UTC the day before: the 01:00 slot half an hour later is next.
     # (Read as UTC, 00:30 would be 01:30 in Berlin, and the next slot a day later.)
-    result = cronlock(
+    result = cronlock_here(
         "next", "0 1 * * *", "--tz", "Europe/Berlin", "-n", "1", "--after", "2026-03-29T00:30"
     )
     assert result.returncode == 0, result.stderr
@@ -120,7 +217,7 @@ def test_naive_after_is_a_wall_time_in_tz() -> None:
 
 
 def test_naive_after_defaults_to_utc() -> None:
-    result = cronlock("next", "@daily", "-n", "1", "--after", "2026-03-29T01:00")
+    result = cronlock_here("next", "@daily", "-n", "1", "--after", "2026-03-29T01:00")
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines()[1:] == [
         "  2026-03-30 00:00 UTC    (+0000)  =  2026-03-30 00:00 UTC"
@@ -137,7 +234,7 @@ def test_naive_after_defaults_to_utc() -> None:
     ],
 )
 def test_the_end_of_the_calendar_stops_cleanly(args: tuple[str, ...], printed: int) -> None:
-    result = cronlock("next", *args)
+    result = cronlock_here("next", *args)
     assert result.returncode == 0, result.stderr
     assert result.stderr == ""
     lines = result.stdout.splitlines()
@@ -184,7 +281,7 @@ def test_demo_with_file_locks_prints_each_slot_as_it_happens() -> None:
 
 
 def test_demo_with_skewed_clocks_and_file_locks_runs_each_slot_once() -> None:
-    result = cronlock(
+    result = cronlock_here(
         "demo", "--replicas", "3", "--duration", "3", "--locker", "file", "--skew", "0.3"
     )
     assert result.returncode == 0, result.stdout + result.stderr
@@ -197,7 +294,7 @@ def test_demo_with_skewed_clocks_and_file_locks_runs_each_slot_once() -> None:
 
 
 def test_demo_falls_back_to_file_locks_and_says_why() -> None:
-    result = cronlock(
+    result = cronlock_here(
         "demo", "--replicas", "2", "--duration", "2", env={"CRONLOCK_DSN": UNREACHABLE}
     )
     assert result.returncode == 0, result.stdout + result.stderr
@@ -228,7 +325,7 @@ def test_demo_with_unreachable_database_is_one_line_and_status_2() -> None:
 def test_history_n_out_of_bounds_is_a_usage_error_before_connecting(given: str, said: str) -> None:
     """Exit status 2 and one line naming -n and the value; not a traceback from the driver
     (2**63 is past the server's bigint), and not a connection attempt."""
-    result = cronlock("history", "j", "--dsn", UNREACHABLE, "-n", given)
+    result = cronlock_here("history", "j", "--dsn", UNREACHABLE, "-n", given)
     assert result.returncode == 2
     assert result.stderr == f"cronlock history: error: argument -n: {said}\n"
     assert result.stdout == ""
@@ -255,7 +352,7 @@ def test_a_reader_that_goes_away_is_not_an_error() -> None:
 
 
 def test_grants_prints_one_statement_a_line_for_each_role() -> None:
-    result = cronlock("grants", "--schema", "app", "--reader", 'ro "x"', "--mode", "lease")
+    result = cronlock_here("grants", "--schema", "app", "--reader", 'ro "x"', "--mode", "lease")
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert all(line.startswith("-- ") or (line.startswith("GRANT ") and line.endswith(";"))
@@ -276,6 +373,7 @@ def test_grants_prints_one_statement_a_line_for_each_role() -> None:
 
 
 def test_grants_refuses_a_name_that_would_break_out_of_a_line() -> None:
+    # In a process of its own: the exit status and the escaped name as a shell sees them.
     result = cronlock("grants", "--reader", "ro\nDROP TABLE x; --")
     assert result.returncode == 2
     assert result.stdout == "" and "control character" in result.stderr

@@ -13,6 +13,7 @@ import pytest
 
 from cronlock import (
     InMemoryLocker,
+    JobSkipped,
     LockUnavailable,
     RunContext,
     ScheduleError,
@@ -309,3 +310,39 @@ def test_catch_up_is_checked_where_the_job_is_defined() -> None:
     job = scheduler.add_job(print, every(10), name="rollup", catch_up="all")
     assert job.catch_up == "all"
     assert scheduler.add_job(print, every(10), name="other").catch_up == "latest"
+
+
+async def test_a_slot_falling_due_between_planning_and_catch_up_leaves_the_older_one_caught_up(
+    clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first slots are planned an instant before catch-up reads the time: a slot that
+    falls due in between is the run loop's, and the slots before it are caught up by its
+    run (they were reported missed, as a gap past misfire_grace, and nothing ran them)."""
+    from cronlock._core.runloop import RunLoop
+
+    locker = _Recording()
+    first, _, _ = _each(clock, locker, misfire_grace=3600)
+    async with first:
+        await clock.advance(11)  # runs 10
+    await clock.advance_to(at(39.9))  # the fleet is down over 20 and 30
+    start = RunLoop.start
+
+    def planned_then_late(self: RunLoop, catch_up: Any = ()) -> None:
+        clock._now += timedelta(seconds=0.2)  # slot 40 falls due after it was planned
+        start(self, catch_up)
+
+    monkeypatch.setattr(RunLoop, "start", planned_then_late)
+    again = Scheduler(clock=clock, locker=locker)
+    latest: list[datetime] = []
+
+    async def rollup(ctx: RunContext) -> None:
+        latest.append(ctx.slot)
+
+    again.add_job(rollup, every(10), name="rollup", misfire_grace=3600)
+    rec = Recorder()
+    again.subscribe(rec)
+    async with again:
+        await clock.advance(1)
+    assert latest == [at(40)]  # on time, and catching up on 20 and 30
+    assert _told(rec) == [(at(20), at(40) - MICRO, 2, "coalesced", at(40))]
+    assert not [e for e in rec.events if isinstance(e, JobSkipped)]

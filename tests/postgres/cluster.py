@@ -19,6 +19,7 @@ Only the standard library is imported here, so the watchdog starts quickly.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import glob
 import os
@@ -27,6 +28,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from types import TracebackType
 from typing import Literal
@@ -78,8 +80,88 @@ def postmaster_pid(data: str) -> int | None:
     return pid
 
 
-def _run(args: list[str], run_as: str | None, timeout: float = 120) -> None:
-    subprocess.run(args, check=True, capture_output=True, user=run_as, timeout=timeout)
+def _run(args: list[str], run_as: str | None, timeout: float = 120) -> str:
+    done = subprocess.run(args, check=True, capture_output=True, user=run_as, timeout=timeout)
+    return done.stdout.decode()
+
+
+TEMPLATE_ENV = "CRONLOCK_PG_TEMPLATE"
+"""Where this process's template cluster is (its subprocesses copy it too)."""
+
+
+class _Template:
+    """An ``initdb``'d cluster, never started, that each new cluster is a copy of.
+
+    ``initdb`` takes seconds; ``cp -a`` of its result a fraction of one. One per process
+    (made at the first need, under the ``PREFIX`` with an owner file, so a sweep removes
+    it should this process die without removing it at exit), or the one of the process
+    that started this one (:data:`TEMPLATE_ENV`), while it lasts.
+    """
+
+    def __init__(self, root: str, bindir: str, redo_file: str) -> None:
+        self.root = root
+        self.bindir = bindir
+        self.redo_file = redo_file
+        """The WAL file of the template's (shutdown) checkpoint: a copy's WAL starts there."""
+
+    @property
+    def data(self) -> str:
+        return os.path.join(self.root, "data")
+
+    def copy(self, data: str) -> None:
+        _run(["cp", "-a", self.data, data], None)
+
+    @classmethod
+    def inherited(cls, bindir: str) -> _Template | None:
+        root = os.environ.get(TEMPLATE_ENV)
+        if not root:
+            return None
+        try:
+            with open(os.path.join(root, "template")) as f:
+                made_by, redo_file = f.read().split()
+        except (OSError, ValueError):
+            return None  # gone with the process that made it, or not for us
+        return cls(root, bindir, redo_file) if made_by == bindir else None
+
+    @classmethod
+    def make(cls, bindir: str, run_as: str | None) -> _Template:
+        root = tempfile.mkdtemp(prefix=PREFIX)
+        throwaway.write_owner(root, run_as)
+        owner = os.getpid()
+
+        def remove() -> None:
+            if os.getpid() == owner:  # not in a forked child
+                shutil.rmtree(root, ignore_errors=True)
+
+        atexit.register(remove)
+        data = os.path.join(root, "data")
+        _run(
+            [f"{bindir}/initdb", "-D", data, "-U", "postgres", "--auth=trust", "-E", "UTF8",
+             "--no-sync"],
+            run_as,
+        )  # fmt: skip
+        control = _run([f"{bindir}/pg_controldata", "-D", data], run_as)
+        redo_file = next(
+            line.split(":", 1)[1].strip()
+            for line in control.splitlines()
+            if line.startswith("Latest checkpoint's REDO WAL file:")
+        )
+        with open(os.path.join(root, "template"), "w") as f:
+            f.write(f"{bindir} {redo_file}\n")
+        os.environ[TEMPLATE_ENV] = root
+        return cls(root, bindir, redo_file)
+
+
+_template: _Template | None = None
+_template_lock = threading.Lock()
+
+
+def _the_template(bindir: str, run_as: str | None) -> _Template:
+    global _template
+    with _template_lock:
+        if _template is None or not os.path.isdir(_template.data):
+            _template = _Template.inherited(bindir) or _Template.make(bindir, run_as)
+        return _template
 
 
 def _dispose(root: str, bindir: str, run_as: str | None, *, grace: float = 1.0) -> None:
@@ -130,10 +212,13 @@ _swept = False
 class Cluster:
     """A PostgreSQL cluster of its own on a free port of 127.0.0.1, trust authentication.
 
-    ``start()`` (the first one runs ``initdb``), ``stop(mode)``, ``restart(mode)``,
-    ``destroy()`` (stop and remove everything; also what ``with Cluster() as c:`` does on
-    exit), ``crash()`` (``stop("immediate")``). The port, hence :attr:`dsn`, stays the same
-    across restarts.
+    ``start()`` (the first one makes the cluster: a copy of the process's template, which
+    the first cluster of a process makes with ``initdb``), ``stop(mode)``,
+    ``restart(mode)``, ``destroy()`` (stop and remove everything; also what
+    ``with Cluster() as c:`` does on exit), ``crash()`` (``stop("immediate")``). The port,
+    hence :attr:`dsn`, stays the same across restarts. Copies of one template share its
+    system identifier, as a primary and its standbys do: a locker must not be moved from
+    one throwaway cluster to another and expected to see another system.
 
     ``standby()`` makes a streaming standby of this (running) cluster, a cluster of its own
     (``pg_basebackup -R``: a copy of the data directory that follows this one's WAL), with
@@ -164,6 +249,10 @@ class Cluster:
         self.primary = primary
         """The cluster this one was copied from (a standby), else ``None``."""
         self._standbys: list[Cluster] = []
+        self._template: _Template | None = None
+        """The template this cluster is a copy of (not a standby's)."""
+        self._follows_from: str | None = None
+        """A standby copied from the template: the primary's WAL position to catch up to."""
 
     @property
     def dsn(self) -> str:
@@ -213,7 +302,10 @@ class Cluster:
         ``pg_basebackup -R`` (as the ``postgres`` user) copies the data directory and writes
         ``standby.signal`` and ``primary_conninfo``: the copy replays this server's WAL as it
         comes and answers reads, read-only, until :meth:`promote`. It is stopped and removed
-        with this cluster (:meth:`destroy`), or on its own.
+        with this cluster (:meth:`destroy`), or on its own. While this cluster's WAL still
+        starts at its template's checkpoint (a cluster made a moment ago), a copy of the
+        template with the same configuration does as well and is made at once; returns once
+        it streams and has replayed what this one had written.
         """
         assert self.running, "a standby copies a running primary"
         standby = Cluster(
@@ -225,10 +317,34 @@ class Cluster:
         self._standbys.append(standby)
         try:
             standby.start()
+            standby._caught_up()
         except BaseException:
             standby.destroy()
             raise
         return standby
+
+    def _caught_up(self) -> None:
+        """A standby copied from the template: return once it streams from its primary and
+        has replayed all the primary had written when it was made (what a base backup
+        holds)."""
+        lsn, self._follows_from = self._follows_from, None
+        if lsn is None:
+            return  # pg_basebackup's copy: consistent once started
+        from ..eventually import eventually_blocking
+
+        eventually_blocking(
+            lambda: (
+                self.sql(
+                    "SELECT status = 'streaming' AND pg_last_wal_replay_lsn() >= "
+                    f"'{lsn}'::pg_lsn FROM pg_stat_wal_receiver"
+                )
+                == "t"
+            ),
+            "the standby streaming from its primary and caught up",
+            120,
+            every=0.05,
+            ignoring=(subprocess.SubprocessError,),
+        )
 
     def promote(self) -> None:
         """Make this standby the primary (``pg_ctl promote``); return once it takes writes."""
@@ -302,6 +418,8 @@ class Cluster:
         if self._watch:
             self._spawn_watchdog(root)
         if self.primary is not None:
+            if self._copy_as_standby(self.primary):
+                return
             # The primary's configuration comes along (postgresql.conf, pg_hba.conf: trust,
             # replication connections from 127.0.0.1 allowed, as initdb writes it).
             backup = f"{self._bindir}/pg_basebackup"
@@ -311,11 +429,46 @@ class Cluster:
                 self._run_as,
             )  # fmt: skip
             return
-        initdb = f"{self._bindir}/initdb"
-        _run(
-            [initdb, "-D", self.data, "-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-sync"],
-            self._run_as,
-        )
+        template = _the_template(self._bindir, self._run_as)
+        template.copy(self.data)
+        self._template = template
+
+    def _copy_as_standby(self, primary: Cluster) -> bool:
+        """Make this standby a copy of the template *primary* was copied from, if the
+        primary still has every WAL record since (its WAL never left the template's
+        checkpoint's file, so no checkpoint can have removed it): the copy then streams
+        all of it, and is the standby ``pg_basebackup -R`` would make, in a fraction of
+        the time. ``False``: no such luck, make it with ``pg_basebackup``."""
+        template = primary._template
+        if template is None or not os.path.isdir(template.data):
+            return False
+        if primary.sql("SELECT pg_walfile_name(pg_current_wal_insert_lsn())") != (
+            template.redo_file
+        ):
+            return False
+        template.copy(self.data)
+        # What pg_basebackup copies and -R writes: the primary's configuration, and how
+        # to follow it.
+        for name in ("postgresql.conf", "postgresql.auto.conf", "pg_hba.conf", "pg_ident.conf"):
+            shutil.copyfile(os.path.join(primary.data, name), os.path.join(self.data, name))
+        with open(os.path.join(self.data, "postgresql.auto.conf"), "a") as conf:
+            conf.write(f"primary_conninfo = 'host=127.0.0.1 port={primary.port} user=postgres'\n")
+        signal_file = os.path.join(self.data, "standby.signal")
+        open(signal_file, "w").close()
+        if self._run_as is not None:
+            shutil.chown(signal_file, user=self._run_as)
+        self._follows_from = primary.sql("SELECT pg_current_wal_flush_lsn()")
+        return True
+
+    def sql(self, query: str) -> str:
+        """*query*'s answer (unaligned, tuples only) from the running server, by ``psql``."""
+        psql = f"{self._bindir}/psql"
+        return _run(
+            [psql if os.path.exists(psql) else "psql", "-X", "-A", "-t", "-q", "-h", "127.0.0.1",
+             "-p", str(self.port), "-U", "postgres", "-d", "postgres", "-c", query],
+            None,
+            30,
+        ).strip()  # fmt: skip
 
     def _spawn_watchdog(self, root: str) -> None:
         args = [root, self._bindir] + ([self._run_as] if self._run_as else [])

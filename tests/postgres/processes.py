@@ -18,10 +18,15 @@ class Processes:
         self.lines: list[dict[str, Any]] = []
         self._readers: list[asyncio.Task[None]] = []
 
-    async def spawn(self, *args: str) -> None:
-        """Start ``python SCRIPT ARGS``; its lines are read as they come."""
+    async def spawn(self, *args: str, stdin: bool = False) -> None:
+        """Start ``python SCRIPT ARGS``; its lines are read as they come. With *stdin*, its
+        standard input is a pipe for :meth:`tell`."""
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, str(self.script), *args, stdout=asyncio.subprocess.PIPE
+            sys.executable,
+            str(self.script),
+            *args,
+            stdin=asyncio.subprocess.PIPE if stdin else None,
+            stdout=asyncio.subprocess.PIPE,
         )
         self.procs.append(proc)
         self._readers.append(asyncio.create_task(self._read(proc)))
@@ -30,6 +35,14 @@ class Processes:
         assert proc.stdout is not None
         async for line in proc.stdout:
             self.lines.append(json.loads(line))
+
+    async def tell(self, line: str) -> None:
+        """Write *line* to every process's standard input, and close it."""
+        for proc in self.procs:
+            assert proc.stdin is not None, "spawned without stdin=True"
+            proc.stdin.write(f"{line}\n".encode())
+            await proc.stdin.drain()
+            proc.stdin.close()
 
     async def stop(self) -> None:
         """Kill every process still running and wait for them and their readers."""

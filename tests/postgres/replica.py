@@ -4,6 +4,12 @@ Run as ``python replica.py --dsn DSN --job NAME --id N --start EPOCH --slots K``
 prints ``{"event": "start"|"end", "replica": N, "slot": ..., "t": time.time()}``; the
 tests read the lines to check mutual exclusion, misses and failover.
 
+``--start -``: the replica boots (imports, arguments), prints ``{"event": "booted"}`` and
+reads its start epoch from a line of stdin, so a test can pick the first slot once every
+replica has booted, however slowly a busy machine starts Python: nothing of a replica that
+has not been given its start runs (no connection, no scheduler); ``--until-after S`` then
+exits S seconds after that start (``--until`` names an epoch).
+
 Options for the exactly-once measurements: ``--offset S`` runs the scheduler on a clock
 S seconds ahead (negative: behind) of the real one, which fleet time corrects unless
 ``--host-clock`` (``fleet_clock=False``) is given; ``--hold-range LO HI`` makes each run
@@ -54,8 +60,11 @@ from cronlock.postgres import PostgresHold, PostgresLocker
 from cronlock.testing import OffsetClock
 
 
-def command(dsn: str, job: str, rid: int, start: float, slots: int, *extra: str) -> list[str]:
-    """The command line that starts one replica process (what the tests spawn)."""
+def command(
+    dsn: str, job: str, rid: int, start: float | None, slots: int, *extra: str
+) -> list[str]:
+    """The command line that starts one replica process (what the tests spawn); *start*
+    ``None``: it reads its start from stdin once booted (``--start -``)."""
     return [
         sys.executable,
         __file__,
@@ -66,7 +75,7 @@ def command(dsn: str, job: str, rid: int, start: float, slots: int, *extra: str)
         "--id",
         str(rid),
         "--start",
-        str(start),
+        "-" if start is None else str(start),
         "--slots",
         str(slots),
         *extra,
@@ -173,7 +182,7 @@ async def main() -> None:
     parser.add_argument("--dsn", required=True)
     parser.add_argument("--job", required=True)
     parser.add_argument("--id", type=int, required=True)
-    parser.add_argument("--start", type=float, required=True)
+    parser.add_argument("--start", required=True, help="epoch, or '-': read it from stdin")
     parser.add_argument("--slots", type=int, required=True)
     parser.add_argument("--interval", type=float, default=1.0)
     parser.add_argument("--hold", type=float, default=0.2, help="seconds each run takes")
@@ -184,6 +193,7 @@ async def main() -> None:
     parser.add_argument("--trace", action="store_true", help="print acquires and releases")
     parser.add_argument("--misfire-grace", type=float, help="default: one interval")
     parser.add_argument("--until", type=float, help="exit at this epoch (default: after stop)")
+    parser.add_argument("--until-after", type=float, help="exit this many seconds after start")
     parser.add_argument("--table", help="ledger table (default: cronlock_runs)")
     parser.add_argument("--recover", action="store_true", help="rerun crashed slots")
     parser.add_argument("--mode", choices=("session", "lease"), default="session")
@@ -200,7 +210,15 @@ async def main() -> None:
     if args.members_every:
         shorten_membership(args.members_every)
 
-    start = datetime.fromtimestamp(args.start, UTC)
+    if args.start == "-":
+        emit(event="booted", replica=args.id, t=time.time())
+        given = sys.stdin.readline()  # nothing else runs yet: blocking the loop is harmless
+        if not given.strip():
+            return  # the test went away before giving a start
+        args.start = given
+    start = datetime.fromtimestamp(float(args.start), UTC)
+    if args.until_after is not None:
+        args.until = start.timestamp() + args.until_after
     stop = start + timedelta(seconds=args.interval * (args.slots - 1))
     pool = None
     if args.pool:

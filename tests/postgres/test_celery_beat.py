@@ -312,10 +312,7 @@ def test_two_beats_over_rabbitmq_each_slot_delivered_once(
     for entry in fleet.entries:
         sends = sum(succeeded(text, entry) for text in scraped)
         assert sends >= 15  # the window's slots, and any sent before it
-
-
-def test_the_private_rabbitmq_is_not_the_machines(rabbit: PrivateRabbit) -> None:
-    """The test's server listens on its own port, and is gone once stopped."""
+    # The test's broker was a server of its own, on its own port, and is gone once stopped.
     assert rabbit.port != 5672
     rabbit.stop()
 

@@ -1,4 +1,11 @@
-"""``python -m cronlock migrate|status|history`` against the real server."""
+"""``python -m cronlock migrate|status|history`` against the real server.
+
+:func:`cli` runs the command line as users do, in a process of its own: for what only a
+real process shows (its exit status as the shell sees it, what it writes to a terminal,
+its environment). :func:`cli_here` calls the same ``main()`` in this process, in a thread
+of its own (no interpreter start, no imports), for the many tests
+whose point is what a verb does with the ledger.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +13,7 @@ import asyncio
 import subprocess
 import sys
 import uuid
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -16,6 +23,7 @@ from cronlock import RunRecord
 from cronlock.postgres import PostgresHold, PostgresLocker
 from cronlock.postgres._sql.tables import DEFAULT_TABLE, LedgerTable, quote_ident
 
+from ..test_cli import main_here
 from ..web.seed import live_member
 
 pytestmark = pytest.mark.postgres
@@ -40,6 +48,16 @@ async def cli(*args: str, env: Mapping[str, str] | None = None) -> subprocess.Co
     return await asyncio.to_thread(run)
 
 
+async def cli_here(
+    *args: str, env: Mapping[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """What :func:`cli` answers, from the command line's ``main()`` called in this process
+    (in a thread: the verbs run an event loop of their own), its stdout, stderr and log
+    captured, with *env* (if given) as the whole environment meanwhile. Not for ``web``,
+    ``demo`` or ``celery-beat`` (signal handlers, child processes)."""
+    return await asyncio.to_thread(main_here, args, env)
+
+
 @pytest.fixture
 async def schema(admin: Any) -> AsyncIterator[str]:
     name = f"cli {uuid.uuid4().hex[:8]}"
@@ -50,10 +68,10 @@ async def schema(admin: Any) -> AsyncIterator[str]:
 
 
 async def test_migrate_creates_then_finds_the_ledger(pg_dsn: str, schema: str) -> None:
-    first = await cli("migrate", "--dsn", pg_dsn, "--schema", schema, "--table", 'my "runs"')
+    first = await cli_here("migrate", "--dsn", pg_dsn, "--schema", schema, "--table", 'my "runs"')
     assert first.returncode == 0, first.stderr
     assert "created" in first.stdout
-    again = await cli("migrate", "--dsn", pg_dsn, "--schema", schema, "--table", 'my "runs"')
+    again = await cli_here("migrate", "--dsn", pg_dsn, "--schema", schema, "--table", 'my "runs"')
     assert again.returncode == 0, again.stderr
     assert "already there" in again.stdout
     # A locker that may not create tables uses the migrated ledger.
@@ -90,7 +108,7 @@ async def test_status_and_history(pg_dsn: str, schema: str) -> None:
         assert isinstance(held, PostgresHold)
         await runner.close()  # writes the schedule note
 
-        status = await cli("status", "--dsn", pg_dsn, "--schema", schema)
+        status = await cli_here("status", "--dsn", pg_dsn, "--schema", schema)
         assert status.returncode == 0, status.stderr
         lines = status.stdout.splitlines()
         assert "2 job(s)" in lines[0]
@@ -105,21 +123,29 @@ async def test_status_and_history(pg_dsn: str, schema: str) -> None:
         assert "cli-test-holder" not in ok_line
         await held.release()
 
-    history = await cli("history", bad_job, "--dsn", pg_dsn, "--schema", schema, "-n", "5")
+    history = await cli_here("history", bad_job, "--dsn", pg_dsn, "--schema", schema, "-n", "5")
     assert history.returncode == 0, history.stderr
     rows = history.stdout.splitlines()[2:]
     assert [row.split()[2] for row in rows] == ["unfinished", "failed", "succeeded"]
     assert "ValueError: no export today" in rows[1]
-    one = await cli("history", bad_job, "--dsn", pg_dsn, "--schema", schema, "-n", "1")
+    one = await cli_here("history", bad_job, "--dsn", pg_dsn, "--schema", schema, "-n", "1")
     assert len(one.stdout.splitlines()) == 3
 
 
-@pytest.mark.parametrize("verb", [["status"], ["history", "j"], ["migrate"]])
-async def test_bad_dsn_is_one_line_and_status_2_or_3(verb: list[str], unreachable_dsn: str) -> None:
+@pytest.mark.parametrize(
+    ("verb", "run"),
+    [(["status"], cli), (["history", "j"], cli_here), (["migrate"], cli_here)],
+    ids=["status-process", "history", "migrate"],
+)
+async def test_bad_dsn_is_one_line_and_status_2_or_3(
+    verb: list[str],
+    run: Callable[..., Awaitable[subprocess.CompletedProcess[str]]],
+    unreachable_dsn: str,
+) -> None:
     # A DSN that does not parse is a usage error (2); a server that is down, a ledger that
-    # cannot be read (3).
+    # cannot be read (3). Once in a process of its own: the exit status the shell sees.
     for dsn, status in ((unreachable_dsn, 3), ("not a dsn", 2)):
-        result = await cli(*verb, "--dsn", dsn)
+        result = await run(*verb, "--dsn", dsn)
         assert result.returncode == status
         assert result.stdout == ""
         [line] = result.stderr.splitlines()
@@ -127,7 +153,7 @@ async def test_bad_dsn_is_one_line_and_status_2_or_3(verb: list[str], unreachabl
 
 
 async def test_missing_ledger_is_a_clear_error(pg_dsn: str, schema: str) -> None:
-    result = await cli("status", "--dsn", pg_dsn, "--schema", schema)
+    result = await cli_here("status", "--dsn", pg_dsn, "--schema", schema)
     assert result.returncode == 3
     assert "migrate" in result.stderr
     assert len(result.stderr.splitlines()) == 1
@@ -145,6 +171,7 @@ async def test_unknown_jobs_are_named_and_exit_status_1(pg_dsn: str, schema: str
         # Noted but never run: known, with no history yet.
         locker.note_schedule("weekly-report", "cron '0 8 * * MON'", SLOT + timedelta(days=6))
 
+    # In a process of its own, as a shell sees it: exit status 1, the message on stderr.
     status = await cli("status", job, "nosuchjob", "--dsn", pg_dsn, "--schema", schema)
     assert status.returncode == 1
     assert status.stderr == "unknown job: nosuchjob\n"
@@ -155,20 +182,20 @@ async def test_unknown_jobs_are_named_and_exit_status_1(pg_dsn: str, schema: str
     assert "2030-01-01 03:00:00" in row
     assert not any(set(line) <= set("- ") for line in lines)  # no row of dashes
 
-    typo = await cli("status", "nightly-reindx", "--dsn", pg_dsn, "--schema", schema)
+    typo = await cli_here("status", "nightly-reindx", "--dsn", pg_dsn, "--schema", schema)
     assert typo.returncode == 1
     assert typo.stderr == "unknown job: nightly-reindx (did you mean nightly-reindex?)\n"
 
-    known = await cli("status", job, "weekly-report", "--dsn", pg_dsn, "--schema", schema)
+    known = await cli_here("status", job, "weekly-report", "--dsn", pg_dsn, "--schema", schema)
     assert known.returncode == 0, known.stderr
     assert "2 job(s)" in known.stdout.splitlines()[0]
 
-    history = await cli("history", "nosuchjob", "--dsn", pg_dsn, "--schema", schema)
+    history = await cli_here("history", "nosuchjob", "--dsn", pg_dsn, "--schema", schema)
     assert history.returncode == 1
     assert history.stdout == ""
     assert history.stderr == "unknown job: nosuchjob\n"
 
-    noted = await cli("history", "weekly-report", "--dsn", pg_dsn, "--schema", schema)
+    noted = await cli_here("history", "weekly-report", "--dsn", pg_dsn, "--schema", schema)
     assert noted.returncode == 0, noted.stderr
     assert noted.stdout.startswith("no runs of 'weekly-report'")
 
@@ -210,40 +237,42 @@ def states(result: subprocess.CompletedProcess[str]) -> dict[str, str]:
 
 async def test_status_shows_the_dashboards_states(pg_dsn: str, schema: str, admin: Any) -> None:
     await seed_states(pg_dsn, schema, admin)
-    status = await cli("status", "--dsn", pg_dsn, "--schema", schema)
+    status = await cli_here("status", "--dsn", pg_dsn, "--schema", schema)
     assert status.returncode == 0, status.stderr
     assert status.stdout.splitlines()[1].split()[:2] == ["JOB", "STATE"]
     # A job whose latest run failed is failing, not ok; one never run is new.
     assert states(status) == {"broken": "failing", "fine": "ok", "late": "overdue", "unrun": "new"}
 
     # --check keeps its meaning: overdue jobs only (a failing one counts once overdue).
-    check = await cli("status", "--check", "--dsn", pg_dsn, "--schema", schema)
+    check = await cli_here("status", "--check", "--dsn", pg_dsn, "--schema", schema)
     assert check.returncode == 1
     assert check.stdout.splitlines()[-1] == "overdue: late"
-    healthy = await cli("status", "--check", "fine", "broken", "--dsn", pg_dsn, "--schema", schema)
+    healthy = await cli_here(
+        "status", "--check", "fine", "broken", "--dsn", pg_dsn, "--schema", schema
+    )
     assert healthy.returncode == 0, healthy.stdout + healthy.stderr
 
 
 async def test_status_filters_by_state(pg_dsn: str, schema: str, admin: Any) -> None:
     await seed_states(pg_dsn, schema, admin)
     args = ("--dsn", pg_dsn, "--schema", schema)
-    bad = await cli("status", "--state", "failing,overdue", *args)
+    bad = await cli_here("status", "--state", "failing,overdue", *args)
     assert bad.returncode == 0, bad.stderr
     assert bad.stdout.splitlines()[0].endswith("4 job(s), 2 overdue, failing; times in UTC")
     assert states(bad) == {"broken": "failing", "late": "overdue"}
     # Repeated, with spaces; and combined with job names.
-    again = await cli("status", "--state", "new", "--state", " ok ", *args)
+    again = await cli_here("status", "--state", "new", "--state", " ok ", *args)
     assert states(again) == {"fine": "ok", "unrun": "new"}
-    named = await cli("status", "fine", "broken", "--state", "failing", *args)
+    named = await cli_here("status", "fine", "broken", "--state", "failing", *args)
     assert states(named) == {"broken": "failing"}
     # Nothing in that state: the count line, no table.
-    none = await cli("status", "--state", "paused", *args)
+    none = await cli_here("status", "--state", "paused", *args)
     assert none.returncode == 0, none.stderr
     assert none.stdout.splitlines() == [
         f'run ledger "{schema}"."cronlock_runs": 4 job(s), 0 paused; times in UTC'
     ]
     # --check still judges every job asked for, whatever --state shows.
-    check = await cli("status", "--check", "--state", "failing", *args)
+    check = await cli_here("status", "--check", "--state", "failing", *args)
     assert check.returncode == 1
     assert states(check) == {"broken": "failing"} | {"overdue:": "late"}
 
@@ -254,7 +283,7 @@ async def test_status_filters_by_state(pg_dsn: str, schema: str, admin: Any) -> 
 )
 async def test_an_unknown_state_is_refused(value: str, hint: str, unreachable_dsn: str) -> None:
     # Refused before connecting, like the other bad input: one line, exit status 2.
-    result = await cli("status", "--state", value, "--dsn", unreachable_dsn)
+    result = await cli_here("status", "--state", value, "--dsn", unreachable_dsn)
     assert result.returncode == 2
     assert result.stdout == ""
     name = value.split(",")[-1]

@@ -10,7 +10,6 @@ one stops, its definition counts no more.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -22,7 +21,7 @@ from prometheus_client import CollectorRegistry
 
 from cronlock import Scheduler, every
 from cronlock.postgres import PostgresLocker
-from cronlock.postgres._locker import fleetwatch, members
+from cronlock.postgres._locker import fleetwatch, members, upkeep
 from cronlock.postgres._locker.fleetwatch import FleetWatch
 from cronlock.postgres._ops.fleet import server_now
 from cronlock.postgres._ops.roster import read_roster
@@ -31,7 +30,7 @@ from cronlock.prometheus import instrument
 
 from ..eventually import eventually
 from .conftest import Coordination
-from .test_cli_pg import cli
+from .test_cli_pg import cli_here
 
 pytestmark = pytest.mark.postgres
 
@@ -67,7 +66,10 @@ def quick(monkeypatch: pytest.MonkeyPatch) -> None:
     """The fleet's reads and heartbeats every fraction of a second (15 s in production):
     the test waits for what they find, not for their period."""
     monkeypatch.setattr(fleetwatch, "RUNS_EVERY", 0.2)
+    monkeypatch.setattr(fleetwatch, "POLL_EVERY", 0.2)  # the turn the reads above ride on
     monkeypatch.setattr(members, "MEMBERS_EVERY", 0.3)
+    # The upkeep task, which writes the definitions, turns every CHECK_EVERY at most.
+    monkeypatch.setattr(upkeep, "CHECK_EVERY", 0.3)
 
 
 @pytest.fixture
@@ -117,9 +119,10 @@ async def reads(*replicas: Replica, more: int = 3) -> None:
 
 
 async def status(coordination: Coordination, table: str) -> str:
-    """The STATE column of ``cleanup`` in ``python -m cronlock status --check``, which
+    """The STATE column of ``cleanup`` in ``python -m cronlock status --check`` (its main()
+    here), which
     passes: a conflict alone does not fail the check (a rolling deploy shows one)."""
-    done = await cli(
+    done = await cli_here(
         "status", "--check", "--dsn", coordination.dsn, "--table", table, *coordination.schema_args
     )
     assert done.returncode == 0, done.stderr
@@ -211,14 +214,12 @@ async def test_one_definition_on_two_replicas_is_no_conflict(
                 lambda: all(r.locker._members.size == 2 for r in (a, b)), "two members"
             )
             ledger = coordination.table(table)
-            defined: list[int] = [0]
 
-            async def count() -> None:
-                defined[0] = await admin.fetchval(f"SELECT count(*) FROM {ledger.definitions}")
+            async def defined() -> bool:
+                found: int = await admin.fetchval(f"SELECT count(*) FROM {ledger.definitions}")
+                return found >= 2
 
-            while defined[0] < 2:
-                await count()
-                await asyncio.sleep(0.1)
+            await eventually(defined, "both definitions in the ledger")
             await reads(a, b)
             assert not a.scheduler.in_conflict(JOB)
             assert not b.scheduler.in_conflict(JOB)
@@ -243,10 +244,15 @@ async def test_prune_deletes_the_definitions_of_replicas_gone_an_hour(
     ledger = coordination.table(table)
     async with a.scheduler:
         await eventually(lambda: a.locker._members.size == 1, "A is a member")
-        while not await admin.fetchval(
-            f"SELECT count(*) FROM {ledger.definitions} WHERE holder = $1", a.holder
-        ):
-            await asyncio.sleep(0.1)
+
+        async def defined() -> bool:
+            return bool(
+                await admin.fetchval(
+                    f"SELECT count(*) FROM {ledger.definitions} WHERE holder = $1", a.holder
+                )
+            )
+
+        await eventually(defined, "A's definition in the ledger")
         # Replicas gone: one an hour and more ago (its members row expired then), one a
         # minute ago, one whose members row was deleted (rows written two hours ago).
         await admin.execute(

@@ -34,17 +34,45 @@ from cronlock import (
     every,
 )
 from cronlock.postgres import PostgresHold, PostgresLocker
-from cronlock.postgres._locker.crashes import CHECK_EVERY
+from cronlock.postgres._locker import upkeep
+from cronlock.postgres._locker.crashes import CrashWatch
 from cronlock.postgres._sql.crashes import crashed_sql, recover_sql
 from cronlock.postgres._sql.tables import LedgerTable
 
+from ..eventually import eventually
 from .events import CutOffFirstRun, Events
-from .test_cli_pg import cli
+from .test_cli_pg import cli_here
 
 pytestmark = pytest.mark.postgres
 
 SLOT = datetime(2030, 1, 1, 3, 0, tzinfo=UTC)
 GHOST = "ghost-host"
+CHECK_EVERY = 0.3  # seconds between a locker's crash checks here (3 in production)
+
+
+@pytest.fixture(autouse=True)
+def checks(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Each locker looks for crashed runs every CHECK_EVERY seconds (3 in production):
+    here often, the tests waiting for what the checks find, or for a number of them
+    (``[n]``: the checks made in this process so far)."""
+    monkeypatch.setattr(upkeep, "CHECK_EVERY", CHECK_EVERY)
+    made = [0]
+    check = CrashWatch.check
+
+    async def counted(self: CrashWatch, session: Any, conn: Any, generation: int) -> int:
+        try:
+            return await check(self, session, conn, generation)
+        finally:
+            made[0] += 1
+
+    monkeypatch.setattr(CrashWatch, "check", counted)
+    return made
+
+
+async def more_checks(checks: list[int], n: int) -> None:
+    """Wait until *n* more crash checks were made (by any locker here)."""
+    target = checks[0] + n
+    await eventually(lambda: checks[0] >= target, f"{n} more crash checks")
 
 
 def new_job() -> str:
@@ -120,6 +148,7 @@ async def test_a_run_whose_lock_session_is_gone_is_marked_crashed_once(
     ledger: LedgerTable,
     caplog: pytest.LogCaptureFixture,
     capsys: pytest.CaptureFixture[str],
+    checks: list[int],
 ) -> None:
     caplog.set_level(logging.WARNING, logger="cronlock.postgres")
     told: list[tuple[str, RunRecord]] = []
@@ -144,8 +173,8 @@ async def test_a_run_whose_lock_session_is_gone_is_marked_crashed_once(
             while not told:
                 await asyncio.sleep(0.02)
         noticed = time.monotonic() - began
-        # Both lockers check every few seconds: watch two more rounds of checks.
-        await asyncio.sleep(2 * CHECK_EVERY + 0.5)
+        # Both lockers check again and again: watch two more rounds of checks.
+        await more_checks(checks, 2 * len(lockers))
         [(job, record)] = told
         assert job == crashed
         assert (record.slot, record.outcome, record.attempt) == (SLOT, "crashed", 1)
@@ -167,7 +196,10 @@ async def test_a_run_whose_lock_session_is_gone_is_marked_crashed_once(
     assert warning.levelno == logging.WARNING
     assert f"{GHOST}:4242" in warning.getMessage() and SLOT.isoformat() in warning.getMessage()
     with capsys.disabled():
-        print(f"\n[measured] crashed row noticed {noticed:.2f}s after its session closed")
+        print(
+            f"\n[measured] crashed row noticed {noticed:.2f}s after its session closed"
+            f" (checks every {CHECK_EVERY:g}s here)"
+        )
 
 
 async def test_own_lost_runs_are_left_alone_and_their_late_outcome_replaces_crashed(
@@ -218,9 +250,11 @@ async def test_own_lost_runs_are_left_alone_and_their_late_outcome_replaces_cras
         )
         marked_by_other = await admin.fetch(crashed_sql(ledger), "other-host", 1, "other", 45.0)
         assert {r["job"] for r in marked_by_other} == {marked, taken}
+        # (The rerun's own session, alive: the admin's. The checks leave its row alone.)
         await admin.execute(
             f"UPDATE {ledger.runs} SET host = 'rerun-host', pid = 7, attempt = 2,"
-            " finished_at = NULL, outcome = NULL, error = NULL WHERE job = $1",
+            " session = pg_backend_pid(), finished_at = NULL, outcome = NULL, error = NULL"
+            " WHERE job = $1",
             taken,
         )
         # The session is gone: the outcomes are written later. The taken-over one first,
@@ -280,6 +314,7 @@ async def _scheduler_sees_a_crash(
     pg_dsn: str,
     admin: Any,
     ledger: LedgerTable,
+    checks: list[int],
     *,
     recover: bool,
     late: float = 5.0,
@@ -300,16 +335,16 @@ async def _scheduler_sees_a_crash(
         if crashed.recovered:
             await events.until(JobSucceeded, timeout=30)
         else:
-            await asyncio.sleep(CHECK_EVERY + 0.5)  # another check: still not rerun
+            await more_checks(checks, 2)  # more checks: still not rerun
     assert (crashed.job, crashed.slot, crashed.owner) == (job, slot, f"{GHOST}:4242")
     return job, slot, crashed, events, locker
 
 
 async def test_a_scheduler_with_recover_reruns_a_crashed_slot_within_its_grace(
-    pg_dsn: str, admin: Any, ledger: LedgerTable
+    pg_dsn: str, admin: Any, ledger: LedgerTable, checks: list[int]
 ) -> None:
     job, slot, crashed, events, locker = await _scheduler_sees_a_crash(
-        pg_dsn, admin, ledger, recover=True
+        pg_dsn, admin, ledger, checks, recover=True
     )
     assert crashed.recovered is True
     [started] = events.of(JobStarted)
@@ -337,9 +372,10 @@ async def test_a_crashed_slot_is_reported_and_not_rerun(
     late: float,
     grace: float,
     attempt: int,
+    checks: list[int],
 ) -> None:
     job, slot, crashed, events, locker = await _scheduler_sees_a_crash(
-        pg_dsn, admin, ledger, recover=recover, late=late, grace=grace, attempt=attempt
+        pg_dsn, admin, ledger, checks, recover=recover, late=late, grace=grace, attempt=attempt
     )
     assert crashed.recovered is False
     assert events.of(JobStarted) == []
@@ -382,7 +418,7 @@ async def test_a_ledger_made_by_an_older_cronlock_is_upgraded_on_start(
     async with strict:
         with pytest.raises(LockError, match=r"predates.*migrate"):
             await strict.acquire(new_job(), SLOT)
-    refused = await cli("history", old, "--dsn", pg_dsn, "--table", ledger.table)
+    refused = await cli_here("history", old, "--dsn", pg_dsn, "--table", ledger.table)
     assert refused.returncode == 3 and "migrate" in refused.stderr
     async with PostgresLocker(pg_dsn, application_name=app_name, table=ledger.table) as locker:
         job = new_job()
@@ -403,7 +439,7 @@ async def test_a_ledger_made_by_an_older_cronlock_is_upgraded_on_start(
     )
     indexes = " ".join(row["index"] for row in partial)
     assert "finished_at IS NULL" in indexes and "retry_at IS NOT NULL" in indexes
-    again = await cli("migrate", "--dsn", pg_dsn, "--table", ledger.table)
+    again = await cli_here("migrate", "--dsn", pg_dsn, "--table", ledger.table)
     assert again.returncode == 0 and "already there" in again.stdout
 
 
@@ -411,7 +447,7 @@ async def test_migrate_upgrades_an_old_ledger(pg_dsn: str, admin: Any, ledger: L
     names = {"runs": ledger.runs, "jobs": ledger.jobs, "slot_idx": f'"{ledger.table}_slot_idx"'}
     for statement in _OLD_DDL:
         await admin.execute(statement.format(**names))
-    done = await cli("migrate", "--dsn", pg_dsn, "--table", ledger.table)
+    done = await cli_here("migrate", "--dsn", pg_dsn, "--table", ledger.table)
     assert done.returncode == 0, done.stderr
     assert "upgraded" in done.stdout
     columns = await admin.fetch(
@@ -431,12 +467,12 @@ async def test_history_and_status_show_crashed_runs_and_reruns(
     await ghost(admin, ledger, job, SLOT, None, outcome="crashed")
     later = SLOT + timedelta(hours=1)
     await ghost(admin, ledger, job, later, None, outcome="succeeded", attempt=2)
-    history = await cli("history", job, "--dsn", pg_dsn, "--table", ledger.table)
+    history = await cli_here("history", job, "--dsn", pg_dsn, "--table", ledger.table)
     assert history.returncode == 0, history.stderr
     rows = history.stdout.splitlines()[2:]
     assert "succeeded (attempt 2)" in rows[0]
     assert rows[1].split()[2] == "crashed"
-    status = await cli("status", job, "--dsn", pg_dsn, "--table", ledger.table)
+    status = await cli_here("status", job, "--dsn", pg_dsn, "--table", ledger.table)
     assert status.returncode == 0, status.stderr
     assert "2030-01-01 03:00:00 crashed" in status.stdout
 

@@ -1,31 +1,39 @@
 """Crashed runs with real replica processes: SIGKILL one mid-run, watch the others.
 
 Replica A runs the job's one slot for a minute and is killed with SIGKILL mid-run. The
-watchers (B, and C when there are two) were started after A claimed the slot, so they
-have nothing of their own to run; their lockers find A's ledger row unfinished with its
-lock session gone (session mode) or its lease expired (lease mode, through PgBouncer), one
-of them marks it ``crashed`` and emits ``JobCrashed``, and with ``recover=True`` (and the
-slot within ``misfire_grace``) that one reruns it, once.
+watchers B and C were started after A claimed the slot, so they have nothing of their own
+to run; their lockers find A's ledger row unfinished with its lock session gone (session
+mode) or its lease expired (lease mode, through PgBouncer), one of them marks it
+``crashed`` and emits ``JobCrashed``, and with ``recover=True`` (and the slot within
+``misfire_grace``) that one reruns it, once.
+
+The logic around it runs in the simulation, on a virtual clock, in both modes
+(``tests/sim/test_crashes.py``): a crashed run is not rerun without ``recover``, nor past
+its grace, and one of two watchers reruns it once. This is its real-process, real-server
+case: a real SIGKILL, the server's own end of the killed session (or the lease left to
+expire behind PgBouncer), and a real rerun.
 """
 
 from __future__ import annotations
 
 import asyncio
-import math
 import socket
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
 import pytest
 
+from cronlock import RunRecord
 from cronlock.postgres._locker.crashes import CHECK_EVERY
+from cronlock.postgres._ops.fleet import read_runs
 from cronlock.postgres._sql.tables import LedgerTable
 
+from ..eventually import eventually
 from .conftest import Coordination
-from .test_replicas import Record, Replica
+from .test_replicas import Record, Replica, booted_then_go
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow]
 
@@ -50,35 +58,11 @@ class Outcome:
     runs: list[Record]  # "start" lines of every watcher
     row: Any  # the slot's ledger row at the end
     noticed_after: float  # seconds from SIGKILL to the first JobCrashed
+    history: RunRecord  # the slot's run as the ledger's history reads it, with attempt 1
 
 
-async def _wait(replicas: Sequence[Replica], event: str, timeout: float) -> Record | None:
-    """The first line of kind *event* from any of *replicas* (they are polled in turn)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        for replica in replicas:
-            found = await asyncio.to_thread(
-                replica.wait_for, lambda r: r["event"] == event, timeout=0.1
-            )
-            if found is not None:
-                return found
-    return None
-
-
-async def _crash(
-    coordination: Coordination,
-    admin: Any,
-    ledger: LedgerTable,
-    *,
-    recover: bool,
-    grace: float,
-    watchers: int,
-    kill_after: float = 0.0,
-) -> Outcome:
+async def _crash(coordination: Coordination, admin: Any, ledger: LedgerTable) -> Outcome:
     job = f"crash-{uuid.uuid4()}"
-    # The slot leaves a replica process time to start on a busy machine (an import and a
-    # connection can take seconds there): one that came up after it would never run it.
-    start = float(math.ceil(time.time()) + 10)
     # Lease mode: the replicas hand the locker a pool of their own, through PgBouncer.
     pooled = ("--pool",) if coordination.mode == "lease" else ()
     # Heartbeats every second: a killed replica's members row expires 3 s after its last
@@ -86,33 +70,34 @@ async def _crash(
     # lease) are gone.
     table = ["--table", ledger.table, "--members-every", "1", *coordination.args, *pooled]
     dsn = coordination.dsn
-    a = Replica(dsn, job, 1, start, 1, hold=60, extra=table)
+    # A boots first and is given the slot then: however slowly a busy machine starts it,
+    # it is up for its slot; and a slot it could not claim in time (its first connection,
+    # through PgBouncer on a busy machine, can take seconds) it runs late, within a grace.
+    a = Replica(dsn, job, 1, None, 1, hold=60, extra=[*table, "--misfire-grace", "60"])
     others: list[Replica] = []
     try:
-        began = await asyncio.to_thread(a.wait_for, lambda r: r["event"] == "start", timeout=60)
-        assert began is not None, "replica A never started its run"
-        # The watchers stay until killed (--until is only a backstop).
-        flags = [*table, "--misfire-grace", str(grace), "--until", str(time.time() + 300)]
-        if recover:
-            flags.append("--recover")
-        others = [
-            Replica(dsn, job, rid, start, 1, hold=0.5, extra=flags)
-            for rid in range(2, 2 + watchers)
-        ]
-        for replica in others:
-            running = await asyncio.to_thread(
-                replica.wait_for, lambda r: r["event"] == "running", timeout=60
-            )
-            assert running is not None, f"replica {replica.id} never started"
+        start = await asyncio.to_thread(booted_then_go, [a])
+        await eventually(lambda: a.of("start"), "replica A starts its run")
+        # The watchers stay until killed (--until is only a backstop); their one slot is
+        # A's, past before they run: they have nothing of their own to run.
+        flags = [*table, "--misfire-grace", "60", "--until", str(time.time() + 300), "--recover"]
+        others = [Replica(dsn, job, rid, start, 1, hold=0.5, extra=flags) for rid in (2, 3)]
+        await eventually(
+            lambda: all(replica.of("running") for replica in others), "the watchers running"
+        )
         row = await admin.fetchrow(f"SELECT * FROM {ledger.runs} WHERE job = $1", job)
         assert (row["pid"], row["outcome"], row["attempt"]) == (a.proc.pid, None, 1)
-        await asyncio.sleep(max(0.0, start + kill_after - time.time()))
         killed_at = time.time()
         a.kill()
-        first = await _wait(others, "crashed", timeout=60)
-        assert first is not None, "no replica marked the killed replica's run crashed"
+
+        def said(event: str) -> list[Record]:
+            return [r for replica in others for r in replica.of(event)]
+
+        [first, *_] = await eventually(
+            lambda: said("crashed"), "a watcher marks the killed replica's run crashed"
+        )
         if first["recovered"]:
-            assert await _wait(others, "end", timeout=60) is not None, "the rerun never ended"
+            await eventually(lambda: said("end"), "the rerun ends")
         # Watch a while longer: every watcher checks for crashes twice more meanwhile.
         await asyncio.sleep(2 * CHECK_EVERY + 1)
         for replica in others:
@@ -124,6 +109,7 @@ async def _crash(
             replica.close()
     assert not [r for r in records if r["event"] == "lock_failed"]
     row = await admin.fetchrow(f"SELECT * FROM {ledger.runs} WHERE job = $1", job)
+    [history] = await read_runs(admin, ledger, job, 5)
     return Outcome(
         killed=a,
         watchers=others,
@@ -131,6 +117,7 @@ async def _crash(
         runs=[r for r in records if r["event"] == "start"],
         row=row,
         noticed_after=first["t"] - killed_at,
+        history=history,
     )
 
 
@@ -138,26 +125,10 @@ def _owner(replica: Replica) -> str:
     return f"{socket.gethostname()}:{replica.proc.pid}"
 
 
-async def test_a_killed_replicas_run_is_marked_crashed_and_not_rerun_without_recover(
-    coordination: Coordination, admin: Any, ledger: LedgerTable, capsys: pytest.CaptureFixture[str]
-) -> None:
-    seen = await _crash(coordination, admin, ledger, recover=False, grace=60, watchers=1)
-    with capsys.disabled():
-        print(f"\n[measured] crash noticed {seen.noticed_after:.2f}s after SIGKILL (recover off)")
-    [crashed] = seen.crashed
-    assert crashed["owner"] == _owner(seen.killed)
-    assert crashed["recovered"] is False
-    assert seen.runs == []
-    row = seen.row
-    assert (row["outcome"], row["attempt"], row["pid"]) == ("crashed", 1, seen.killed.proc.pid)
-    assert "died mid-run" in row["error"]
-    assert row["finished_at"] is not None
-
-
 async def test_with_recover_one_of_two_replicas_reruns_the_slot_exactly_once(
     coordination: Coordination, admin: Any, ledger: LedgerTable, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    seen = await _crash(coordination, admin, ledger, recover=True, grace=60, watchers=2)
+    seen = await _crash(coordination, admin, ledger)
     with capsys.disabled():
         print(
             f"\n[measured] crash noticed {seen.noticed_after:.2f}s after SIGKILL; "
@@ -173,17 +144,9 @@ async def test_with_recover_one_of_two_replicas_reruns_the_slot_exactly_once(
     row = seen.row
     assert (row["outcome"], row["attempt"]) == ("succeeded", 2)
     assert (row["host"], row["pid"]) == (socket.gethostname(), rerunner.proc.pid)
-
-
-async def test_with_recover_a_slot_past_its_grace_is_marked_crashed_and_not_rerun(
-    coordination: Coordination, admin: Any, ledger: LedgerTable
-) -> None:
-    # Killed 3 s after the slot with a grace of 1 s: late whenever the crash is noticed.
-    seen = await _crash(
-        coordination, admin, ledger, recover=True, grace=1, watchers=1, kill_after=3
-    )
-    [crashed] = seen.crashed
-    assert crashed["recovered"] is False
-    assert seen.runs == []
-    row = seen.row
-    assert (row["outcome"], row["attempt"], row["pid"]) == ("crashed", 1, seen.killed.proc.pid)
+    # The killed run is the slot's attempt 1 in the ledger's history: crashed, A's.
+    [killed] = seen.history.attempts
+    assert (killed.attempt, killed.outcome, killed.owner) == (1, "crashed", _owner(seen.killed))
+    assert killed.error is not None and "died mid-run" in killed.error
+    assert killed.finished_at is not None
+    assert (seen.history.attempt, seen.history.outcome) == (2, "succeeded")

@@ -29,8 +29,8 @@ import pytest
 
 from cronlock import RunRecord
 from cronlock.postgres import PostgresHold, PostgresLocker
-from cronlock.postgres._locker import members
-from cronlock.postgres._locker.crashes import CHECK_EVERY
+from cronlock.postgres._locker import crashes, members
+from cronlock.postgres._locker import upkeep as locker_upkeep
 from cronlock.postgres._ops.fleet import read_runs
 from cronlock.postgres._sql import upkeep
 from cronlock.postgres._sql.tables import DEFAULT_TABLE, LedgerTable, quote_ident
@@ -42,6 +42,7 @@ pytestmark = [pytest.mark.postgres, pytest.mark.xdist_group("durable-retries")]
 
 Mode = Literal["session", "lease"]
 SCRIPT = Path(__file__).with_name("retry_replica.py")
+REPLICA_CHECKS = 1.0  # seconds between crash checks in retry_replica.py (its CHECK_EVERY)
 LIVENESS = 120.0  # seconds: a bound on waits that should take seconds, never a measure
 
 
@@ -69,14 +70,23 @@ async def _retry_left_behind(
     *kill*, else stopped) during its backoff. Returns the attempts made (replica, attempt),
     the slot's attempts in the ledger (:func:`_tries`), and each replica's pid by name."""
     table = LedgerTable(DEFAULT_TABLE, schema)
-    at = math.ceil(time.time()) + 10  # the slot: both replicas are up by then
     fleet = Processes(SCRIPT)
     try:
         for rid in ("A", "B"):
             await fleet.spawn(
                 *("--dsn", pg_dsn, "--schema", schema, "--mode", mode, "--id", rid),
-                *("--at", str(at), "--fail-until", str(fail_until)),
+                *("--at", "-", "--fail-until", str(fail_until)),
+                stdin=True,
             )
+        # Both booted (however slowly a busy machine starts Python): the slot is given now,
+        # leaving them a connection and a scheduler's start.
+        await eventually(
+            lambda: len([x for x in fleet.lines if x["event"] == "booted"]) == 2,
+            "both replicas booted",
+            LIVENESS,
+        )
+        at = math.ceil(time.time()) + 3
+        await fleet.tell(str(at))
 
         async def both_running() -> bool:
             running = [line for line in fleet.lines if line["event"] == "running"]
@@ -113,8 +123,14 @@ async def _retry_left_behind(
             return row is not None and (row["attempt"], row["outcome"]) == (last, final)
 
         await eventually(settled, f"attempt {last} {final}", LIVENESS)
-        # Nothing more comes: two crash checks (every 3 s) past a retry's margin (5 s).
-        await asyncio.sleep(12)
+        # Nothing more is due: the last attempt wrote down no retry for anyone to take over
+        # (a crash check takes over only a retry written down) ...
+        pending = await admin.fetchval(
+            f"SELECT to_jsonb(r) ->> 'retry_at' FROM {table.runs} r WHERE job = 'flaky'"
+        )
+        assert pending is None, pending
+        # ... and nothing more comes while the live replica's crash check runs twice.
+        await asyncio.sleep(2 * REPLICA_CHECKS + 1)
         made = [(line["replica"], line["attempt"]) for line in fleet.lines
                 if line["event"] == "attempt"]  # fmt: skip
         [run] = await read_runs(admin, table, "flaky", 5)
@@ -144,11 +160,18 @@ async def test_a_replica_killed_during_its_backoff_leaves_its_retries_to_another
 SLOT = datetime(2030, 1, 1, 3, 0, tzinfo=UTC)
 
 
+QUICK_CHECKS = 0.5  # seconds between crash checks in this process (3 s by default)
+
+
 @pytest.fixture
 def quick_members(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Heartbeats every half second (a members row lives 1.5 s) and a crash check every
+    half second, in this process's lockers: what takes 45 s in a deployment takes 2."""
     for module in (members, upkeep):
         monkeypatch.setattr(module, "MEMBERS_EVERY", 0.5)
         monkeypatch.setattr(module, "MEMBER_TTL", 1.5)
+    for module in (crashes, locker_upkeep):
+        monkeypatch.setattr(module, "CHECK_EVERY", QUICK_CHECKS)
 
 
 @pytest.mark.parametrize("mode", ["session", "lease"])
@@ -186,7 +209,8 @@ async def test_a_live_replicas_pending_retry_is_left_to_it_and_taken_over_once_i
             await hold.release()
             # Due a minute ago: past any margin, and left to its live replica all the same.
             await owner.retry_due("flaky", SLOT, 2, now - timedelta(minutes=1))
-            await asyncio.sleep(2 * CHECK_EVERY + 2)  # checks come, the claim ages past the TTL
+            # Checks come (four), the claim ages past the members' TTL.
+            await asyncio.sleep(4 * QUICK_CHECKS + 2)
             assert told == []
             pending = await admin.fetchval(f"SELECT retry_at FROM {table.runs} WHERE job = 'flaky'")
             assert pending is not None
@@ -200,7 +224,7 @@ async def test_a_live_replicas_pending_retry_is_left_to_it_and_taken_over_once_i
         now = datetime.now(UTC)
         again.record(RunRecord(SLOT, now, now, "succeeded"))
         await again.release()
-        await asyncio.sleep(2 * CHECK_EVERY)  # told once: the check cleared it
+        await asyncio.sleep(4 * QUICK_CHECKS)  # told once: the check cleared it
         assert told == [("flaky", 1, "failed")]
     [run] = await read_runs(admin, table, "flaky", 5)
     assert [(r.attempt, r.outcome) for r in (*run.attempts, run)] == [

@@ -40,6 +40,7 @@ from cronlock import (
 from cronlock._keys import job_lock_key
 from cronlock.postgres import Keepalives, PostgresElector
 
+from ..eventually import eventually
 from .events import Events
 from .proxy import TcpProxy, via
 
@@ -55,18 +56,14 @@ def election() -> str:
     return f"election-{uuid.uuid4().hex[:12]}"
 
 
-async def until(predicate: Callable[[], bool], timeout: float = LIVENESS) -> None:
-    async with asyncio.timeout(timeout):
-        while not predicate():
-            await asyncio.sleep(0.01)
+async def until(predicate: Callable[[], bool], what: str = "") -> None:
+    await eventually(predicate, what, every=0.01)
 
 
-async def wait_leader(elector: PostgresElector, timeout: float = LIVENESS) -> float:
+async def wait_leader(elector: PostgresElector) -> float:
     """Wait until *elector* leads; return how long that took (seconds)."""
     began = time.monotonic()
-    async with asyncio.timeout(timeout):
-        while not await elector.is_leader():
-            await asyncio.sleep(0.01)
+    await eventually(elector.is_leader, f"{elector.application_name} leads", every=0.01)
     return time.monotonic() - began
 
 
@@ -85,9 +82,11 @@ async def holders(admin: Any, name: str) -> list[str]:
 
 async def released(admin: Any, name: str) -> None:
     """Wait until no session holds the lock (a dropped backend exits a moment later)."""
-    async with asyncio.timeout(LIVENESS):
-        while await holders(admin, name):
-            await asyncio.sleep(0.01)
+
+    async def free() -> bool:
+        return not await holders(admin, name)
+
+    await eventually(free, f"no session holds {name}", every=0.01)
 
 
 # -- one process -----------------------------------------------------------------------------
@@ -325,13 +324,14 @@ class ElectorProcess:
                 return record
         return None
 
-    async def wait(self, event: str, after: float = 0.0, timeout: float = LIVENESS) -> Record:
-        async with asyncio.timeout(timeout):
-            while (record := self.find(event, after)) is None:
-                if self.proc.poll() is not None:
-                    raise AssertionError(f"replica {self.id} exited: {self.records}")
-                await asyncio.sleep(0.01)
-        return record
+    async def wait(self, event: str, after: float = 0.0) -> Record:
+        def found() -> Record | None:
+            record = self.find(event, after)
+            if record is None and self.proc.poll() is not None:
+                raise AssertionError(f"replica {self.id} exited: {self.records}")
+            return record
+
+        return await eventually(found, f"replica {self.id}: {event}", every=0.01)
 
     async def kill(self) -> None:
         if self.proc.poll() is None:

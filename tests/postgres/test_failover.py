@@ -23,6 +23,7 @@ import os
 import subprocess
 import time
 import uuid
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -31,14 +32,23 @@ from urllib.parse import urlsplit, urlunsplit
 import asyncpg
 import pytest
 
-from cronlock import JobStarted, LockError, LockFailed, Scheduler, SystemClock, every
-from cronlock.postgres import PostgresElector, PostgresLocker
+from cronlock import (
+    JobStarted,
+    LockError,
+    LockFailed,
+    Refusal,
+    Scheduler,
+    SystemClock,
+    every,
+)
+from cronlock.postgres import PostgresElector, PostgresHold, PostgresLocker
 from cronlock.postgres._conn.backoff import RECONNECT_MAX
 from cronlock.postgres._conn.hosts import HostOrder
 from cronlock.postgres._modes.base import Mode
 
+from ..eventually import eventually
 from .cluster import Cluster
-from .conftest import free_port
+from .conftest import free_port, throwaway_cluster
 from .events import Events
 from .proxy import TcpProxy
 from .replica import command as replica_command
@@ -90,6 +100,19 @@ def test_the_order_hosts_are_tried_in() -> None:
     assert order.order([primary, standby, third]) == [primary, standby, third]
 
 
+@pytest.fixture(scope="module")
+def standing_pair() -> Iterator[tuple[Cluster, Cluster]]:
+    """A throwaway primary and a streaming standby of it for the tests that leave both as
+    they found them (none stops, crashes or promotes either): made once per module."""
+    primary = throwaway_cluster()
+    try:
+        primary.start()
+        standby = primary.standby()
+        yield primary, standby
+    finally:
+        primary.destroy()  # and its standby
+
+
 # -- a silent host first ---------------------------------------------------------------------
 
 
@@ -132,13 +155,15 @@ async def test_a_silent_host_first_in_the_dsn_does_not_keep_the_live_one_out(
                 )
             finally:
                 await admin.close()
-            began = time.monotonic()
-            while True:  # the batcher retries a claim once on a new session
-                try:
-                    hold = await locker.acquire(f"silent-{uuid.uuid4().hex[:8]}", slot)
-                    break
+
+            async def claimed() -> PostgresHold | Refusal | None:
+                try:  # the batcher retries a claim once on a new session
+                    return await locker.acquire(f"silent-{uuid.uuid4().hex[:8]}", slot)
                 except Exception:  # the death of the session noticed by this acquire
-                    await asyncio.sleep(0.05)
+                    return None
+
+            began = time.monotonic()
+            hold = await eventually(claimed, "a claim on a new session")
             again = time.monotonic() - began
             assert hold is not None and not isinstance(hold, str)
             await hold.release()
@@ -168,12 +193,12 @@ async def test_no_host_answering_says_what_each_did_without_the_password() -> No
 
 
 async def test_a_standby_found_without_target_session_attrs_is_not_tried_first_again(
-    ha_pair: tuple[Cluster, Cluster], caplog: pytest.LogCaptureFixture
+    standing_pair: tuple[Cluster, Cluster], caplog: pytest.LogCaptureFixture
 ) -> None:
     """``primary,standby`` without target_session_attrs, the primary silent at first: the
     standby is connected to and refused as not the primary; once the primary answers
     again it is reached, though it was silent last time it was tried."""
-    primary, standby = ha_pair
+    primary, standby = standing_pair
     caplog.set_level(logging.DEBUG, logger="cronlock")
     proxy = TcpProxy("127.0.0.1", primary.port)
     await proxy.start()
@@ -187,13 +212,16 @@ async def test_a_standby_found_without_target_session_attrs_is_not_tried_first_a
             with pytest.raises(LockError, match="target_session_attrs=read-write"):
                 await locker.acquire(job, slot)
             proxy.set_mode("pass")
-            async with asyncio.timeout(RECONNECT_MAX * 6):  # a liveness guard
-                while True:
-                    try:
-                        hold = await locker.acquire(job, slot)
-                        break
-                    except LockError:
-                        await asyncio.sleep(0.2)
+
+            async def claimed() -> PostgresHold | Refusal | None:
+                try:
+                    return await locker.acquire(job, slot)
+                except LockError:
+                    return None
+
+            hold: PostgresHold | Refusal = await eventually(
+                claimed, "a claim once the primary answers", every=0.2
+            )
             assert hold is not None and not isinstance(hold, str)
             await hold.release()
     finally:
@@ -229,11 +257,11 @@ async def run_slots(locker: PostgresLocker, slots: int, name: str) -> Events:
 
 @pytest.mark.parametrize("mode", ["session", "lease", "lease-pool"])
 async def test_a_standby_is_not_the_primary_said_once(
-    mode: str, ha_pair: tuple[Cluster, Cluster], caplog: pytest.LogCaptureFixture
+    mode: str, standing_pair: tuple[Cluster, Cluster], caplog: pytest.LogCaptureFixture
 ) -> None:
     """A DSN without target_session_attrs that names a standby: no run, one ERROR that
     names the fix, no traceback, however many slots fall due."""
-    _, standby = ha_pair
+    _, standby = standing_pair
     caplog.set_level(logging.DEBUG, logger="cronlock")
     pool = None
     if mode == "lease-pool":
@@ -262,10 +290,10 @@ async def test_a_standby_is_not_the_primary_said_once(
 
 @pytest.mark.parametrize("mode", ["session", "lease"])
 async def test_an_elector_on_a_standby_never_leads_and_says_why(
-    mode: Mode, ha_pair: tuple[Cluster, Cluster], caplog: pytest.LogCaptureFixture
+    mode: Mode, standing_pair: tuple[Cluster, Cluster], caplog: pytest.LogCaptureFixture
 ) -> None:
     """An elector pointed at a standby: never the leader; one WARNING naming the fix."""
-    _, standby = ha_pair
+    _, standby = standing_pair
     caplog.set_level(logging.DEBUG, logger="cronlock")
     elector = PostgresElector(standby.dsn, name=f"standby-{mode}", mode=mode, poll_interval=0.2)
     async with elector:
@@ -279,12 +307,12 @@ async def test_an_elector_on_a_standby_never_leads_and_says_why(
 
 
 async def test_a_primary_made_read_only_is_left_and_said_once(
-    ha_pair: tuple[Cluster, Cluster], caplog: pytest.LogCaptureFixture
+    standing_pair: tuple[Cluster, Cluster], caplog: pytest.LogCaptureFixture
 ) -> None:
     """Claims run, then the server is made read-only under the open sessions (as a provider
     does on a full disk): the next claim is refused (SQLSTATE 25006); the session is left,
     said once with the fix, and claims run again once the server takes writes."""
-    primary, _ = ha_pair
+    primary, _ = standing_pair
     caplog.set_level(logging.DEBUG, logger="cronlock")
     admin = await asyncpg.connect(primary.dsn)
     locker = PostgresLocker(primary.dsn, sessions=1)
@@ -295,6 +323,22 @@ async def test_a_primary_made_read_only_is_left_and_said_once(
         )
         await admin.execute("SELECT pg_reload_conf()")
 
+    async def reloaded(on: bool) -> bool:
+        # A new session forks from the postmaster after it read the file; it signals the
+        # open sessions as it reads it, so each reads it too before its next statement.
+        fresh = await asyncpg.connect(primary.dsn)
+        try:
+            shown = await fresh.fetchval("SHOW default_transaction_read_only")
+        finally:
+            await fresh.close()
+        return bool(shown == ("on" if on else "off"))
+
+    async def claimed_again() -> PostgresHold | Refusal | None:
+        try:
+            return await locker.acquire(job, base + timedelta(seconds=10))
+        except Exception:
+            return None  # refused still, or a session dropped: the locker reconnects
+
     job = f"read-only-{uuid.uuid4().hex[:8]}"
     base = datetime(2030, 1, 1, tzinfo=UTC)
     try:
@@ -304,7 +348,7 @@ async def test_a_primary_made_read_only_is_left_and_said_once(
             await hold.release()
             await admin.execute("SET default_transaction_read_only = off")
             await set_read_only(True)
-            await asyncio.sleep(0.5)  # every backend has read the new configuration
+            await eventually(lambda: reloaded(True), "the server read-only for new sessions")
             refused: list[BaseException] = []
             for k in range(1, 6):
                 try:
@@ -312,16 +356,15 @@ async def test_a_primary_made_read_only_is_left_and_said_once(
                 except Exception as exc:
                     refused.append(exc)
             await set_read_only(False)
-            async with asyncio.timeout(RECONNECT_MAX * 4):  # a liveness guard
-                while True:
-                    try:
-                        hold = await locker.acquire(job, base + timedelta(seconds=10))
-                        break
-                    except Exception:
-                        await asyncio.sleep(0.2)
-            assert hold is not None and not isinstance(hold, str)
-            await hold.release()
+            again: PostgresHold | Refusal = await eventually(
+                claimed_again, "a claim once the server takes writes"
+            )
+            assert not isinstance(again, str), again
+            await again.release()
     finally:
+        # The module's pair is left as it was found, whatever happened above.
+        await admin.execute("ALTER SYSTEM RESET default_transaction_read_only")
+        await admin.execute("SELECT pg_reload_conf()")
         await admin.close()
     assert len(refused) == 5
     assert all(type(exc).__name__ == "LockUnavailable" for exc in refused), refused
@@ -358,8 +401,10 @@ async def test_claims_resume_on_the_promoted_standby(
     # Silent: a statement in flight waits out statement_timeout (5 s), then a connect gives
     # the silent host its share of connect_timeout (5 s of 10) once, before the backoff.
     settle = RECONNECT_MAX + 1 + (3 if mode == "lease" else 0) + (10 if fault == "silent" else 0)
-    slots, interval = 30 + (15 if fault == "silent" else 0), 1.0
-    start = float(math.ceil(time.time() + 6))
+    # Three slots run on the old primary, the fault, 2 s, the promotion: at about the 5th
+    # slot. Then *settle*, then at least ten slots, and a few to spare on a busy machine.
+    interval = 1.0
+    slots = math.ceil(5 + settle) + 10 + 4
     job = f"failover-{mode}-{uuid.uuid4().hex[:8]}"
     procs: list[tuple[subprocess.Popen[str], Path, Path]] = []
     extra = ["--mode", mode, "--lease", "3"] if mode == "lease" else []
@@ -367,7 +412,8 @@ async def test_claims_resume_on_the_promoted_standby(
         out, err = tmp_path / f"replica-{rid}.jsonl", tmp_path / f"replica-{rid}.err"
         with out.open("w") as sink, err.open("w") as errors:
             proc = subprocess.Popen(
-                replica_command(dsn, job, rid, start, slots, *extra),
+                replica_command(dsn, job, rid, None, slots, *extra),
+                stdin=subprocess.PIPE,
                 stdout=sink,
                 stderr=errors,
                 text=True,
@@ -385,10 +431,18 @@ async def test_claims_resume_on_the_promoted_standby(
                     continue
         return found
 
+    def count(event: str) -> int:
+        return sum(r["event"] == event for r in lines())
+
     try:
-        async with asyncio.timeout(120):  # a liveness guard, not a timing
-            while sum(r["event"] == "end" for r in lines()) < 5:
-                await asyncio.sleep(0.1)
+        # The first slot once both have imported what they run (a start read from stdin).
+        await eventually(lambda: count("booted") == 2, "both replicas booted", 120)
+        start = float(math.ceil(time.time() + 2))
+        for proc, _, _ in procs:
+            assert proc.stdin is not None
+            proc.stdin.write(f"{start}\n")
+            proc.stdin.close()
+        await eventually(lambda: count("end") >= 3, "three runs on the old primary", 120)
         crashed = time.time()
         if fault == "silent":
             proxy.set_mode("freeze")  # the primary lives on, out of reach

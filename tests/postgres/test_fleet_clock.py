@@ -4,8 +4,6 @@ processes with skewed clocks sharing one job (exactly once, and spread over the 
 from __future__ import annotations
 
 import asyncio
-import math
-import time
 import uuid
 from collections import Counter
 from datetime import timedelta
@@ -16,15 +14,15 @@ from cronlock import FleetClock, Scheduler, SystemClock, every
 from cronlock.postgres import PostgresLocker
 from cronlock.testing import OffsetClock
 
-from .test_exactly_once import Fleet, fleet  # noqa: F401 (the fixture)
+from ..eventually import eventually
+from .test_exactly_once import Fleet, analyse, fleet  # noqa: F401 (the fixture)
 
 pytestmark = pytest.mark.postgres
 
 
 async def _measured(clock: FleetClock) -> timedelta:
-    async with asyncio.timeout(60):
-        while clock.offset is None:
-            await asyncio.sleep(0.01)
+    await eventually(lambda: clock.offset is not None, "the offset measured", every=0.01)
+    assert clock.offset is not None
     return clock.offset
 
 
@@ -43,8 +41,11 @@ async def test_a_replica_measures_its_skew_against_the_server(pg_dsn: str, skew:
         # Fleet time is then the real time (give or take the same bound), once it has
         # caught up with where it stood when the offset shrank (it never goes back).
         await asyncio.sleep(max(skew, 0) + 0.05)
-        error = (clock.now() - SystemClock().now()).total_seconds()
-        assert abs(error) <= trip / 2 + 0.002
+        # Read between two readings of the real clock: a busy machine may pause this
+        # process between any two of them, which widens the window, never the error.
+        before, fleet_now, after = SystemClock().now(), clock.now(), SystemClock().now()
+        bound = timedelta(seconds=trip / 2 + 0.002)
+        assert before - bound <= fleet_now <= after + bound
 
 
 async def test_reading_the_server_clock(pg_dsn: str) -> None:
@@ -78,32 +79,38 @@ def test_skewed_replicas_run_each_slot_once_and_share_the_runs(
     chance with odds under 1 in 1,000 (a binomial tail at 100 slots).
     """
     slots, interval = 100, 0.2
-    start = float(math.ceil(time.time() + 5))
     job = f"fleet-{uuid.uuid4().hex[:8]}"
     for rid, offset in enumerate(("0", "0.15", "0.3"), 1):
-        fleet.spawn(
+        fleet.boot(
             "fleet",
             pg_dsn,
             job,
             rid,
-            start,
             slots,
-            *("--interval", str(interval), "--hold", "0.001", "--offset", offset),
+            *("--interval", str(interval), "--hold", "0.001", "--offset", offset, "--trace"),
         )
+    start = fleet.go()  # once all three have booted, however long that took
     records = fleet.records("fleet")
-    starts = [r for r in records if r["event"] == "start"]
-    per_slot = Counter(r["slot"] for r in starts)
     expected = [start + k * interval for k in range(slots)]
-    per_replica = Counter(r["replica"] for r in starts)
+    on_grid = {round(slot, 3): slot for slot in expected}  # the same instants, as floats
+    for record in records:
+        if "slot" in record:
+            record["slot"] = on_grid.get(round(record["slot"], 3), record["slot"])
+    assert {r["slot"] for r in records if r["event"] == "start"} <= set(expected)
+    seen = analyse(records, expected)
+    per_replica = Counter(r["replica"] for r in records if r["event"] == "start")
     with capsys.disabled():
-        print(
-            f"\n[measured] fleet time, clocks 0/+150/+300 ms, {slots} slots every {interval}s: "
-            f"runs per replica {dict(sorted(per_replica.items()))}"
-        )
-    assert sorted(per_slot) == pytest.approx(expected)
-    assert set(per_slot.values()) == {1}  # exactly once
+        print("\n" + seen.line(f"fleet time, clocks 0/+150/+300 ms, a 1 ms job every {interval}s"))
+        print(f"[measured] runs per replica {dict(sorted(per_replica.items()))}")
+    assert seen.duplicates == 0
+    # A slot that did not run was refused while a run of the job held its lock (a run's
+    # release may come late on a busy machine: checked against the holders' windows on
+    # the real clock); none was missed.
+    assert seen.missed == 0
+    assert seen.ran_once + seen.busy == slots
+    assert seen.lock_failed == 0
     assert len(per_replica) == 3
-    assert max(per_replica.values()) <= slots / 2
+    assert max(per_replica.values()) <= seen.ran_once / 2
 
 
 async def test_while_the_server_cannot_be_read_the_scheduler_keeps_its_own_time(
@@ -119,8 +126,6 @@ async def test_while_the_server_cannot_be_read_the_scheduler_keeps_its_own_time(
 
     scheduler.add_job(local, every(0.05), name="local", distributed=False)
     async with scheduler:
-        async with asyncio.timeout(30):
-            await ran.wait()
-            while not clock.failures:
-                await asyncio.sleep(0.01)
+        await eventually(ran.is_set, "the local job to run")
+        await eventually(lambda: clock.failures, "a failed reading of the server clock")
         assert clock.offset is None  # no estimate: the base clock's time, as before

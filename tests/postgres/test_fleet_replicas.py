@@ -8,7 +8,7 @@ the job is overdue: the gauge flips and ``status --check`` exits 1 naming it.
 
 from __future__ import annotations
 
-import asyncio
+import subprocess
 import uuid
 from datetime import datetime
 from functools import partial
@@ -26,7 +26,7 @@ from cronlock.prometheus import instrument
 from ..eventually import eventually
 from .conftest import Coordination
 from .processes import Processes
-from .test_cli_pg import cli
+from .test_cli_pg import cli_here
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow]
 
@@ -119,7 +119,7 @@ async def test_pause_resume_trigger_across_three_replicas(
                 )
             assert replicas.starts(after=paused_at + INTERVAL) == []
             await eventually(lambda: gauge("paused") == 1, "the paused gauge", limit=90)
-            status = await cli("status", *where)
+            status = await cli_here("status", *where)
             [line] = [x for x in status.stdout.splitlines() if x.startswith("pulse ")]
             assert line.split()[1] == "paused"
 
@@ -155,7 +155,7 @@ async def test_pause_resume_trigger_across_three_replicas(
             later = [x["slot"] for x in replicas.starts(after=resumed_at)]
             assert len(later) == len(set(later))
             await eventually(lambda: gauge("paused") == 0, "the paused gauge back to 0", limit=90)
-            healthy = await cli(
+            healthy = await cli_here(
                 "status", "--check", "--dsn", dsn, "--table", table, *coordination.schema_args
             )
             assert healthy.returncode == 0, healthy.stdout + healthy.stderr
@@ -164,14 +164,14 @@ async def test_pause_resume_trigger_across_three_replicas(
             await replicas.stop()
             await eventually(lambda: gauge("overdue") == 1, "the overdue gauge", limit=90)
             assert [j.name for j in observer.overdue()] == ["pulse"]
-            for _ in range(120):
-                check = await cli(
+
+            async def failing() -> subprocess.CompletedProcess[str] | None:
+                check = await cli_here(
                     "status", "--check", "--dsn", dsn, "--table", table, *coordination.schema_args
                 )
-                if check.returncode == 1:
-                    break
-                await asyncio.sleep(0.5)
-            assert check.returncode == 1, check.stdout + check.stderr
-            assert "overdue: pulse" in check.stdout
+                return check if check.returncode == 1 else None
+
+            check = await eventually(failing, "status --check fails", limit=90, every=0.5)
+            assert "overdue: pulse" in check.stdout, check.stdout + check.stderr
     finally:
         await replicas.stop()

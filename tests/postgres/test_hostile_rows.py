@@ -9,7 +9,6 @@ at start still works for the other jobs, and a WARNING names the row.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import uuid
 from collections.abc import AsyncIterator
@@ -20,16 +19,21 @@ import pytest
 from cronlock import Scheduler, daily, every
 from cronlock.postgres import FleetControl, PostgresLocker
 from cronlock.postgres._locker import fleetwatch as control_module
+from cronlock.postgres._locker import upkeep
+from cronlock.postgres._ops import control as control_ops
 from cronlock.postgres._sql.tables import LedgerTable
 
+from ..eventually import eventually
 from .test_cli_pg import cli
 
 pytestmark = pytest.mark.postgres
 
 HOSTILE = ["4713-01-01 BC", "infinity", "-infinity", "9999-12-31 23:59:59+00"]
+EVERY = 0.25  # seconds between the slots of the replicas' jobs (epoch-anchored)
 _BAD = "bad"
 _OK = "healthy"
 _ON_DEMAND = "on-demand"
+_NOTED = "noted-elsewhere"  # a job whose schedule note another fleet wrote
 _DSN = ""  # the test's DSN (dsn_admin)
 
 
@@ -40,12 +44,19 @@ def ledger() -> LedgerTable:
 
 @pytest.fixture(autouse=True)
 def fast_fleet_reads(monkeypatch: pytest.MonkeyPatch) -> None:
-    # The fleet's latest runs are read every RUNS_EVERY seconds: often, for the test.
+    # The fleet's latest runs are read every RUNS_EVERY seconds, and crashed runs looked
+    # for every CHECK_EVERY: often, for the test (what they find is the same).
     monkeypatch.setattr(control_module, "RUNS_EVERY", 0.3)
+    monkeypatch.setattr(upkeep, "CHECK_EVERY", 0.5)
+    # Triggers are read every POLL_EVERY, and a trigger's caller looks for its run every
+    # WAIT_EVERY: often too.
+    monkeypatch.setattr(control_module, "POLL_EVERY", 0.2)
+    monkeypatch.setattr(control_ops, "WAIT_EVERY", 0.1)
 
 
 class Fleet:
-    """Two replicas running ``healthy`` and ``bad`` every second; counts healthy's runs."""
+    """Two replicas running ``healthy`` and ``bad`` every :data:`EVERY` seconds; counts
+    healthy's runs."""
 
     def __init__(self, pool: Any, ledger: LedgerTable, mode: Literal["session", "lease"]) -> None:
         self._pool, self._table = pool, ledger.table
@@ -55,8 +66,8 @@ class Fleet:
             # One session a locker: both jobs' claims of an instant go in one batch.
             locker = PostgresLocker(pool, table=ledger.table, sessions=1, mode=mode)
             scheduler = Scheduler(locker=locker)
-            scheduler.add_job(lambda: self.ran.append(_OK), every(seconds=1), name=_OK)
-            scheduler.add_job(lambda: self.ran.append(_BAD), every(seconds=1), name=_BAD)
+            scheduler.add_job(lambda: self.ran.append(_OK), every(seconds=EVERY), name=_OK)
+            scheduler.add_job(lambda: self.ran.append(_BAD), every(seconds=EVERY), name=_BAD)
             # Run by triggers only (a trigger of a job that runs every second can meet its
             # own run in flight and wait for the next poll).
             scheduler.add_job(lambda: self.ran.append(_ON_DEMAND), daily("03:00"), name=_ON_DEMAND)
@@ -106,27 +117,25 @@ async def _healthy_runs(admin: Any, ledger: LedgerTable) -> int:
     return count
 
 
-async def _keeps_running(fleet: Fleet, admin: Any, ledger: LedgerTable, seconds: float) -> None:
-    """The healthy job runs about once a second for *seconds*, exactly once a slot (every
-    run in the process has its one row), and a trigger written now reaches a replica and
-    runs once."""
-    before = fleet.ran.count(_OK)
-    await asyncio.sleep(seconds)
-    ran = fleet.ran.count(_OK) - before
-    assert ran >= seconds - 2, f"healthy ran {ran} times in {seconds} s"
+async def _keeps_running(fleet: Fleet, admin: Any, ledger: LedgerTable, slots: int) -> None:
+    """The healthy job runs *slots* more times, exactly once a slot (every run in the
+    process has its one row), and a trigger written now reaches a replica and runs once."""
+    more = fleet.ran.count(_OK) + slots
+    await eventually(lambda: fleet.ran.count(_OK) >= more, f"{slots} more runs of {_OK!r}")
     async with FleetControl(_DSN, table=ledger.table) as control:
         triggered = await control.trigger(_ON_DEMAND, force=True)
-        record = await triggered.wait(timeout=10)
+        record = await triggered.wait(timeout=30)
     assert (record.outcome, record.manual) == ("succeeded", True)
     # Every run the process made has its one row: the counts meet once the latest run's
-    # outcome is written (it runs every second, so they meet most of each second). A slot
-    # run twice would keep the process's count ahead of the ledger's for good.
-    for _ in range(300):
-        rows, ran = await _healthy_runs(admin, ledger), fleet.ran.count(_OK)
-        if rows == ran:
-            break
-        await asyncio.sleep(0.05)
-    assert rows == ran, f"{ran} runs of {_OK!r} in the process, {rows} in the ledger"
+    # outcome is written (most of each slot's interval). A slot run twice would keep the
+    # process's count ahead of the ledger's for good.
+    counts: list[tuple[int, int]] = []
+
+    async def met() -> bool:
+        counts.append((await _healthy_runs(admin, ledger), fleet.ran.count(_OK)))
+        return counts[-1][0] == counts[-1][1]
+
+    await eventually(met, f"each run of {_OK!r} in the process has its row: {counts[-3:]}")
     assert fleet.ran.count(_ON_DEMAND) == 1
 
 
@@ -137,9 +146,15 @@ def dsn_admin(admin: Any, pg_dsn: str, monkeypatch: pytest.MonkeyPatch) -> Any:
 
 
 async def _started(fleet: Fleet, admin: Any, ledger: LedgerTable) -> None:
-    async with asyncio.timeout(20):
-        while await _healthy_runs(admin, ledger) < 2:
-            await asyncio.sleep(0.2)
+    async def two() -> bool:
+        return await _healthy_runs(admin, ledger) >= 2
+
+    await eventually(two, "two runs of the healthy job in the ledger")
+
+
+async def _told(caplog: pytest.LogCaptureFixture, *words: str) -> None:
+    """Wait for the WARNING naming the odd row (a read or a refusal meets it in its time)."""
+    await eventually(lambda: _warned(caplog, *words), f"a WARNING with {words}")
 
 
 @pytest.mark.parametrize("value", HOSTILE)
@@ -179,7 +194,7 @@ async def test_a_run_with_a_hostile_slot_is_skipped_and_reported(
         _BAD,
         value,
     )
-    await _keeps_running(fleet, dsn_admin, ledger, 3)
+    await _keeps_running(fleet, dsn_admin, ledger, 4)
     locker = fleet.schedulers[0].get_job(_BAD)._wiring.locker
     assert isinstance(locker, PostgresLocker)
     history = await locker.history(_BAD, 50)
@@ -215,13 +230,15 @@ async def _claims_survive(
     await _started(fleet, dsn_admin, ledger)
     await dsn_admin.execute(
         f"""INSERT INTO {ledger.runs} (job, slot, host, pid, started_at, finished_at, outcome)
-            SELECT $1, date_trunc('second', now()) + i * interval '1 s', 'elsewhere', 1,
-                   now(), $2::text::timestamptz, 'succeeded'
-            FROM generate_series(1, 8) AS i""",
+            SELECT $1, date_trunc('second', now()) + (2 + i * $3::float8) * interval '1 s',
+                   'elsewhere', 1, now(), $2::text::timestamptz, 'succeeded'
+            FROM generate_series(1, 16) AS i""",
         _BAD,
         value,
+        EVERY,
     )
-    await _keeps_running(fleet, dsn_admin, ledger, 6)
+    await _told(caplog, repr(_BAD), ledger.runs, "finished_at=")
+    await _keeps_running(fleet, dsn_admin, ledger, 4)
     assert _warned(caplog, repr(_BAD), ledger.runs, "finished_at=")
     assert _trouble(caplog) == []
 
@@ -239,7 +256,8 @@ async def test_a_hostile_trigger_slot_is_reported_and_never_run(
         _BAD,
         value,
     )
-    await _keeps_running(fleet, dsn_admin, ledger, 3)
+    await _told(caplog, repr(_BAD), ledger.control, "trigger_slot=")
+    await _keeps_running(fleet, dsn_admin, ledger, 4)
     manual = await dsn_admin.fetchval(
         f"SELECT count(*) FROM {ledger.runs} WHERE job = $1 AND manual", _BAD
     )
@@ -269,7 +287,7 @@ async def test_catch_up_at_start_works_for_the_other_jobs(
         value,
     )
     async with Fleet(pool, ledger, "session") as fleet:
-        await _keeps_running(fleet, dsn_admin, ledger, 3)
+        await _keeps_running(fleet, dsn_admin, ledger, 4)
     caught_up = [
         r.getMessage()
         for r in caplog.records
@@ -292,25 +310,32 @@ async def test_a_hostile_crashed_row_does_not_stop_upkeep(
             VALUES ($1, '4713-01-01 BC', 'gone', 1, 2147483647, '4713-01-01 BC')""",
         _BAD,
     )
-    await asyncio.sleep(8)  # two crash checks (CHECK_EVERY)
-    marked = await dsn_admin.fetchval(
-        f"SELECT outcome FROM {ledger.runs} WHERE job = $1 AND slot < '0001-01-01'", _BAD
-    )
-    assert marked == "crashed"
+
+    async def marked() -> bool:
+        outcome: str | None = await dsn_admin.fetchval(
+            f"SELECT outcome FROM {ledger.runs} WHERE job = $1 AND slot < '0001-01-01'", _BAD
+        )
+        return outcome == "crashed"
+
+    await eventually(marked, "the BC row marked crashed")
     # Upkeep still runs: a row written now is marked crashed too.
     await dsn_admin.execute(
         f"""INSERT INTO {ledger.runs} (job, slot, host, pid, session)
             VALUES ($1, now() - interval '1 day', 'gone', 1, 2147483647)""",
         _BAD,
     )
-    async with asyncio.timeout(15):
-        while not await dsn_admin.fetchval(
-            f"""SELECT outcome = 'crashed' FROM {ledger.runs}
-                WHERE job = $1 AND slot > '2000-01-01' AND host = 'gone'""",
-            _BAD,
-        ):
-            await asyncio.sleep(0.3)
-    await _keeps_running(fleet, dsn_admin, ledger, 2)
+
+    async def marked_too() -> bool:
+        return bool(
+            await dsn_admin.fetchval(
+                f"""SELECT outcome = 'crashed' FROM {ledger.runs}
+                    WHERE job = $1 AND slot > '2000-01-01' AND host = 'gone'""",
+                _BAD,
+            )
+        )
+
+    await eventually(marked_too, "the row written after it marked crashed too")
+    await _keeps_running(fleet, dsn_admin, ledger, 4)
     assert _warned(caplog, repr(_BAD), ledger.runs, "slot=")
     assert _trouble(caplog) == []
 
@@ -328,11 +353,12 @@ async def test_status_reads_a_hostile_lease_and_jobs_row(
         _BAD,
         value,
     )
+    # The note of a job no replica here runs: theirs of ``bad`` would replace it (with the
+    # next slot) at any moment, before ``status`` reads it.
     await dsn_admin.execute(
         f"""INSERT INTO {ledger.jobs} (job, schedule, next_run, due)
-            VALUES ($1, 'every 1s', $2::text::timestamptz, $2::text::timestamptz)
-            ON CONFLICT (job) DO UPDATE SET next_run = EXCLUDED.next_run, due = EXCLUDED.due""",
-        _BAD,
+            VALUES ($1, 'every 1s', $2::text::timestamptz, $2::text::timestamptz)""",
+        _NOTED,
         value,
     )
     shown = await cli("status", "--dsn", _DSN, "--table", ledger.table)
@@ -340,4 +366,4 @@ async def test_status_reads_a_hostile_lease_and_jobs_row(
     assert "Traceback" not in shown.stderr
     assert any(line.startswith(_BAD) for line in shown.stdout.splitlines())
     assert "next_run=" in shown.stderr  # the note's odd time, named
-    await _keeps_running(fleet, dsn_admin, ledger, 2)
+    await _keeps_running(fleet, dsn_admin, ledger, 4)

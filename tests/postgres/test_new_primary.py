@@ -35,6 +35,7 @@ from cronlock import LockUnavailable, RunRecord
 from cronlock.postgres import PostgresHold, PostgresLocker
 from cronlock.postgres._modes.base import Mode
 
+from ..eventually import eventually
 from .cluster import Cluster
 from .test_failover import hosts
 
@@ -65,17 +66,19 @@ async def run_once(locker: PostgresLocker, job: str, at: datetime) -> None:
 async def replayed(standby: Cluster, table: str, job: str, at: datetime) -> None:
     """Wait until the standby has replayed the row of (*job*, *at*)."""
     conn = await asyncpg.connect(standby.dsn)
+
+    async def there() -> bool:
+        try:
+            return bool(
+                await conn.fetchval(
+                    f'SELECT count(*) FROM "{table}" WHERE job = $1 AND slot = $2', job, at
+                )
+            )
+        except asyncpg.UndefinedTableError:
+            return False  # the table itself is not replayed yet
+
     try:
-        async with asyncio.timeout(60):
-            while True:
-                try:
-                    if await conn.fetchval(
-                        f'SELECT count(*) FROM "{table}" WHERE job = $1 AND slot = $2', job, at
-                    ):
-                        return
-                except asyncpg.UndefinedTableError:
-                    pass  # the table itself is not replayed yet
-                await asyncio.sleep(0.1)
+        await eventually(there, f"the standby replayed {job} {at}", every=0.1)
     finally:
         await conn.close()
 
@@ -116,13 +119,16 @@ async def answer(locker: PostgresLocker, job: str, at: datetime) -> Any:
     """*locker*'s answer to a claim of *at* once the server can be reached, and the
     refusals it gave meanwhile (LockUnavailable's messages)."""
     refused: list[str] = []
-    async with asyncio.timeout(90):  # a liveness guard, not a timing
-        while True:
-            try:
-                return await locker.acquire(job, at), refused
-            except LockUnavailable as exc:
-                refused.append(str(exc))
-                await asyncio.sleep(0.2)
+
+    async def answered() -> tuple[Any] | None:
+        try:
+            return (await locker.acquire(job, at),)  # a tuple: true whatever the answer
+        except LockUnavailable as exc:
+            refused.append(str(exc))
+            return None
+
+    (got,) = await eventually(answered, "an answer once the server is reached", 90, every=0.2)
+    return got, refused
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -229,9 +235,7 @@ async def test_a_slot_another_replica_ran_before_the_write_back_is_reported(
                 got, _ = await answer(a, "report", slot(2))  # a reconnects, writes back
                 assert isinstance(got, PostgresHold)
                 await got.release()
-                async with asyncio.timeout(60):
-                    while not told:
-                        await asyncio.sleep(0.1)
+                await eventually(lambda: told, "the write back told", every=0.1)
             assert told == [("report", slot(1), late._holder)]
     errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
     twice = [message for message in errors if "ran twice" in message]

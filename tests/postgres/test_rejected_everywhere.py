@@ -28,7 +28,7 @@ from cronlock.prometheus import instrument
 
 from ..eventually import eventually
 from .conftest import Coordination
-from .test_cli_pg import cli
+from .test_cli_pg import cli_here
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow]
 
@@ -141,14 +141,14 @@ async def test_a_schedule_whose_task_no_replica_has_is_rejected_everywhere(
                 lambda: "half" in fleet.runs, "half runs on the replica with its task", every=0.1
             )
 
-            status = await cli("status", "--check", *fleet.where)
+            status = await cli_here("status", "--check", *fleet.where)
             states = {line.split()[0]: line.split()[1] for line in status.stdout.splitlines()[2:]}
-            asked = await cli("status", "orphan", "--check", *fleet.where)
-            refused = await cli("trigger", "orphan", *fleet.where)
+            asked = await cli_here("status", "orphan", "--check", *fleet.where)
+            refused = await cli_here("trigger", "orphan", *fleet.where)
             pending_after_refusal = await fleet.triggered("orphan")
             with pytest.raises(ScheduleRejectedError, match="orphan") as caught:
                 await control.trigger("orphan")
-            forced = await cli("trigger", "orphan", "--force", *fleet.where)
+            forced = await cli_here("trigger", "orphan", "--force", *fleet.where)
             pending_after_force = await fleet.triggered("orphan")
             await control.trigger("orphan", force=True)  # forced: no error
             await control.trigger("half")  # a replica runs it: not refused
@@ -190,8 +190,8 @@ async def test_a_gone_process_no_longer_blames_the_schedules(coordination: Coord
             await eventually(lambda: fleet.members(), "the live replica is a member", every=0.1)
             assert await fleet.members() == 1
             listed = await control.schedules()
-            shown = await cli("schedules", "list", *fleet.where)
-            status = await cli("status", *fleet.where)
+            shown = await cli_here("schedules", "list", *fleet.where)
+            status = await cli_here("status", *fleet.where)
             await eventually(
                 lambda: set(names) <= set(fleet.runs),
                 "the live replica runs every schedule",

@@ -45,6 +45,7 @@ from cronlock import (
 from cronlock.postgres import PostgresElector, PostgresLocker
 from cronlock.postgres._conn.backoff import RECONNECT_JITTER, RECONNECT_MAX, backoff_step
 
+from ..eventually import eventually, eventually_blocking
 from .cluster import Cluster, Mode, postmaster_pid, sweep
 from .events import Events
 from .proxy import TcpProxy, via
@@ -85,16 +86,36 @@ class Replicas:
         self._tmp = tmp
         self._procs: list[tuple[subprocess.Popen[str], Path]] = []
 
-    def spawn(self, dsn: str, job: str, rid: int, start: float, slots: int, *extra: str) -> None:
+    def spawn(
+        self, dsn: str, job: str, rid: int, start: float | None, slots: int, *extra: str
+    ) -> None:
+        """Start a replica; *start* ``None``: it waits, booted, for :meth:`begin`."""
         out = self._tmp / f"replica-{rid}-{len(self._procs)}.jsonl"
         with out.open("w") as sink:
             proc = subprocess.Popen(
                 replica_command(dsn, job, rid, start, slots, *extra),
+                stdin=subprocess.PIPE if start is None else subprocess.DEVNULL,
                 stdout=sink,
                 text=True,
                 env={**os.environ, "PYTHONUNBUFFERED": "1"},
             )
         self._procs.append((proc, out))
+
+    async def begin(self, start: Callable[[], float]) -> float:
+        """Once every replica spawned without a start has booted (imported what it runs),
+        tell them all the first slot, ``start()`` (asked then), and return it."""
+        waiting = [proc for proc, _ in self._procs if proc.stdin is not None]
+        await eventually(
+            lambda: sum(r["event"] == "booted" for r in self.lines()) >= len(waiting),
+            "the replicas booted",
+            120,
+        )
+        first = start()
+        for proc in waiting:
+            assert proc.stdin is not None
+            proc.stdin.write(f"{first}\n")
+            proc.stdin.close()
+        return first
 
     def lines(self) -> list[Record]:
         """What the replicas printed so far."""
@@ -172,27 +193,36 @@ async def test_runs_go_on_through_a_server_restart(
     """Two replicas, a job every second whose runs take 0.5 to 2 s; the server restarts
     while one of them runs."""
     cluster = restartable_pg
-    slots, start = 28, first_slot_in(6)
+    # Three slots before the restart, the restart, RECONNECT_MAX + 1 s, at least eight
+    # slots, and a few to spare on a busy machine.
+    slots = 3 + 1 + math.ceil(RECONNECT_MAX + 1) + 8 + 4
     job = f"restart-{mode}-{uuid.uuid4().hex[:8]}"
     hold = (0.5, 2.0)
     for rid in (1, 2):
         extra = ["--interval", "1", "--hold-range", *map(str, hold), "--trace"]
-        replicas.spawn(cluster.dsn, job, rid, start, slots, *extra)
+        replicas.spawn(cluster.dsn, job, rid, None, slots, *extra)
 
     def lasts(slot: float) -> float:
         return drawn(datetime.fromtimestamp(slot, UTC), *hold)
 
+    def first_slot() -> float:
+        """The first slot in 2 s or later whose 4th slot's run takes 1.2 s or more."""
+        start = first_slot_in(2)
+        while lasts(start + 3) < 1.2:
+            start += 1
+        return start
+
+    start = await replicas.begin(first_slot)
+
     # Restart while a run is in flight that surely outlasts the restart's first moments.
-    async with asyncio.timeout(120):  # a liveness guard, not a timing
-        while True:
-            started = [
-                r
-                for r in replicas.lines()
-                if r["event"] == "start" and r["slot"] >= start + 3 and lasts(r["slot"]) >= 1.2
-            ]
-            if started:
-                break
-            await asyncio.sleep(0.02)
+    def in_flight_now() -> list[Record]:
+        return [
+            r
+            for r in replicas.lines()
+            if r["event"] == "start" and r["slot"] >= start + 3 and lasts(r["slot"]) >= 1.2
+        ]
+
+    started = await eventually(in_flight_now, "a long run in flight", 120, every=0.02)
     in_flight = started[0]["slot"]
     down = time.time()
     await asyncio.to_thread(cluster.restart, mode)
@@ -245,11 +275,8 @@ SESSIONS = 4
 OUTAGE = 10.0
 
 
-async def until(events: Events, done: Callable[[], bool], timeout: float = 90) -> None:
-    async with asyncio.timeout(timeout):  # a liveness guard, not a timing
-        while not done():
-            events.changed.clear()
-            await events.changed.wait()
+async def until(events: Events, done: Callable[[], bool], what: str) -> None:
+    await eventually(done, what, 90)
 
 
 async def test_a_server_down_for_ten_seconds_costs_few_connect_attempts(
@@ -289,10 +316,10 @@ async def test_a_server_down_for_ten_seconds_costs_few_connect_attempts(
     try:
         with caplog.at_level(logging.INFO, logger="cronlock"):
             async with locker, scheduler:
-                await until(events, lambda: len(succeeded_since(0)) == JOBS)
+                await until(events, lambda: len(succeeded_since(0)) == JOBS, "every job ran")
                 # Stop the server while runs are in flight (they all start together).
                 starts = events.count(JobStarted)
-                await until(events, lambda: events.count(JobStarted) > starts)
+                await until(events, lambda: events.count(JobStarted) > starts, "runs in flight")
                 before, accepted = locker.statistics(), proxy.accepted
                 seen, logged = len(events.items), len(caplog.records)
                 down_at = loop.time()
@@ -308,7 +335,11 @@ async def test_a_server_down_for_ten_seconds_costs_few_connect_attempts(
                 # Once the wait in progress when the server came back is over, every job
                 # runs again: three slots in a row for each.
                 recovered = math.ceil(back + RECONNECT_MAX + 1)
-                await until(events, lambda: len(succeeded_since(recovered + 2)) == JOBS)
+                await until(
+                    events,
+                    lambda: len(succeeded_since(recovered + 2)) == JOBS,
+                    "every job's slots ran again",
+                )
                 assert scheduler.running
     finally:
         await proxy.close()
@@ -358,9 +389,7 @@ async def test_the_elector_retries_once_per_poll_while_the_server_is_down(
     try:
         with caplog.at_level(logging.DEBUG, logger="cronlock.election"):
             async with elector:
-                async with asyncio.timeout(60):
-                    while not elector.is_leader_now:
-                        await asyncio.sleep(0.05)
+                await eventually(lambda: elector.is_leader_now, "the elector leading", 60)
                 accepted, logged = proxy.accepted, len(caplog.records)
                 down_at = loop.time()
                 await asyncio.to_thread(cluster.stop, "fast")
@@ -369,9 +398,7 @@ async def test_the_elector_retries_once_per_poll_while_the_server_is_down(
                 outage = loop.time() - down_at
                 witnessed = proxy.accepted - accepted
                 outage_logs = caplog.records[logged:]
-                async with asyncio.timeout(60):
-                    while not elector.is_leader_now:
-                        await asyncio.sleep(0.05)
+                await eventually(lambda: elector.is_leader_now, "the elector leading", 60)
     finally:
         await proxy.close()
     retries = [r for r in outage_logs if "retrying" in r.getMessage()]
@@ -405,24 +432,26 @@ def test_hold_a_cluster_until_killed(restartable_pg: Cluster) -> None:
 """
 
 
-def gone_within(seconds: float, pid: int, root: str) -> float | None:
-    """Seconds until the postmaster *pid* exited and *root* was removed, or ``None``."""
+def gone_within(seconds: float, pid: int, root: str) -> float:
+    """Seconds until the postmaster *pid* exited and *root* was removed; the test fails if
+    that takes more than *seconds*."""
     began = time.monotonic()
-    while time.monotonic() - began < seconds:
-        if postmaster_pid(os.path.join(root, "data")) != pid and not os.path.exists(root):
-            return time.monotonic() - began
-        time.sleep(0.05)
-    return None
+    eventually_blocking(
+        lambda: postmaster_pid(os.path.join(root, "data")) != pid and not os.path.exists(root),
+        f"postmaster {pid} of {root} stopped and its directory removed",
+        seconds,
+    )
+    return time.monotonic() - began
 
 
 def wait_for_line(path: Path, proc: subprocess.Popen[bytes], timeout: float = 120) -> str:
-    began = time.monotonic()
-    while time.monotonic() - began < timeout:  # a liveness guard: initdb takes seconds
-        if path.exists() and path.read_text().endswith("\n"):
-            return path.read_text()
+    def line() -> str | None:
+        if path.exists() and (text := path.read_text()).endswith("\n"):
+            return text
         assert proc.poll() is None, proc.communicate()[0].decode()[-2000:]
-        time.sleep(0.05)
-    raise AssertionError(f"no line in {path} after {timeout}s")
+        return None
+
+    return eventually_blocking(line, f"a line in {path}", timeout)
 
 
 def test_a_test_run_killed_with_sigkill_leaves_no_cluster_running(
@@ -447,11 +476,9 @@ def test_a_test_run_killed_with_sigkill_leaves_no_cluster_running(
     finally:
         proc.send_signal(signal.SIGKILL)  # no finalizer runs
         proc.communicate()
-    gone = gone_within(20, pid, root)
+    gone = gone_within(20, pid, root)  # fails the test if it outlives the killed run
     with capsys.disabled():
-        after = "never" if gone is None else f"{gone:.1f}s later"
-        print(f"\n[measured] pytest SIGKILLed: its cluster was gone {after}")
-    assert gone is not None, f"postmaster {pid} of {root} outlived the killed test run"
+        print(f"\n[measured] pytest SIGKILLed: its cluster was gone {gone:.1f}s later")
 
 
 def test_a_cluster_whose_owner_died_without_its_watchdog_is_swept(
@@ -475,7 +502,7 @@ def test_a_cluster_whose_owner_died_without_its_watchdog_is_swept(
         assert postmaster_pid(os.path.join(root, "data")) == pid
         # ...until the next test run sweeps it.
         assert root in sweep()
-        assert gone_within(5, pid, root) is not None
+        gone_within(5, pid, root)
     finally:
         sweep()  # whatever failed above, leave nothing running
 

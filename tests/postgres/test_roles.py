@@ -20,7 +20,8 @@ import os
 import subprocess
 import sys
 import uuid
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -35,6 +36,8 @@ from cronlock import LockerMisconfigured, Scheduler
 from cronlock.postgres import PostgresLocker
 from cronlock.postgres._sql.tables import LedgerTable, quote_ident
 
+from ..eventually import eventually
+from ..test_cli import main_here
 from ..throwaway import prefix
 
 pytestmark = pytest.mark.postgres
@@ -72,6 +75,7 @@ async def _admin(dsn: str, *statements: str) -> None:
 
 
 def _cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """``python -m cronlock ARGS`` in a process of its own: the exit status a shell sees."""
     return subprocess.run(
         [sys.executable, "-m", "cronlock", *args],
         capture_output=True,
@@ -82,13 +86,21 @@ def _cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     )
 
 
+def _here(*args: str) -> subprocess.CompletedProcess[str]:
+    """What :func:`_cli` answers, from the command line's ``main()`` in this process (on a
+    thread of its own: the verbs run an event loop of their own). Like ``_cli``, it blocks
+    the caller until done."""
+    with ThreadPoolExecutor(1) as thread:
+        return thread.submit(main_here, args).result()
+
+
 def _cli_as(roles: Roles, part: str, *args: str) -> subprocess.CompletedProcess[str]:
-    """A ledger verb run as *part*, on the roles' ledger."""
+    """A ledger verb run as *part*, on the roles' ledger (in this process: :func:`_here`)."""
     verb, *rest = args
     if verb == "schedules":
         action, *rest = rest
         verb = f"schedules {action}"
-    return _cli(*verb.split(), "--dsn", roles.dsn(part), "--schema", roles.schema, *rest)
+    return _here(*verb.split(), "--dsn", roles.dsn(part), "--schema", roles.schema, *rest)
 
 
 @pytest.fixture(scope="module")
@@ -133,7 +145,7 @@ def roles(pg_server: str) -> Iterator[Roles]:
 
 
 def _grants(roles: Roles, *extra: str) -> str:
-    printed = _cli(
+    printed = _here(
         "grants",
         "--schema", roles.schema,
         *("--replica", roles.names["replica"]),
@@ -190,7 +202,7 @@ async def test_the_schema_owner_without_database_create_creates_and_upgrades_a_l
 async def test_without_the_right_to_create_the_refusal_names_the_privilege(roles: Roles) -> None:
     # A schema that is missing: creating it needs CREATE on the database.
     missing = f"{roles.schema}_x"
-    refused = _cli("migrate", "--dsn", roles.dsn("owner"), "--schema", missing)
+    refused = _here("migrate", "--dsn", roles.dsn("owner"), "--schema", missing)
     assert refused.returncode == 3, refused.stderr
     assert "lacks CREATE on the database" in refused.stderr, refused.stderr
     # Tables in a schema one may only use: CREATE on the schema.
@@ -221,10 +233,12 @@ async def _run_replica(
     table: str = TABLE,
     mode: str = "session",
     create: bool = False,
-    seconds: float = 2.5,
+    runs: int = 1,
+    also: Callable[[], Awaitable[bool]] | None = None,
 ) -> int:
     """Run a scheduler as *part* with one code job every 0.3 s and the task ``echo`` of the
-    stored schedules for *seconds*; return how many runs of the code job the ledger has."""
+    stored schedules until the ledger has *runs* runs of the code job (and *also* holds);
+    return how many it has."""
     locker = PostgresLocker(
         roles.dsn(part), table=table, schema=roles.schema, mode=mode,  # type: ignore[arg-type]
         create_table=create, application_name=f"roles-test-{part}",
@@ -240,12 +254,18 @@ async def _run_replica(
     async def echo() -> None:
         pass
 
+    async def ran() -> int:
+        rows = await _fetch(
+            roles, f'SELECT count(*) FROM "{roles.schema}"."{table}" WHERE job = $1', job
+        )
+        return int(rows[0][0])
+
+    async def done() -> bool:
+        return await ran() >= runs and (also is None or await also())
+
     async with scheduler:
-        await asyncio.sleep(seconds)
-    rows = await _fetch(
-        roles, f'SELECT count(*) FROM "{roles.schema}"."{table}" WHERE job = $1', job
-    )
-    return int(rows[0][0])
+        await eventually(done, f"{runs} run(s) of {job} as {part}")
+    return await ran()
 
 
 @pytest.mark.parametrize("mode", ["session", "lease"])
@@ -256,8 +276,18 @@ async def test_a_replica_works_with_the_replica_grants(
     for name, task in ((stored, "echo"), (odd, "no-such-task")):
         added = _cli_as(roles, "operator", "schedules", "add", name, task, "--every", "1")
         assert added.returncode == 0, added.stderr
+
+    async def stored_ran_and_odd_noted() -> bool:
+        [[runs]] = await _fetch(
+            roles, f'SELECT count(*) FROM "{roles.schema}"."{TABLE}" WHERE job = $1', stored
+        )
+        [[problems]] = await _fetch(
+            roles, f'SELECT problems FROM "{roles.schema}"."{TABLE}_schedules" WHERE name = $1', odd
+        )
+        return bool(runs >= 1 and problems is not None)
+
     with caplog.at_level(logging.WARNING, logger="cronlock"):
-        ran = await _run_replica(roles, "replica", mode=mode)
+        ran = await _run_replica(roles, "replica", mode=mode, runs=2, also=stored_ran_and_odd_noted)
     assert ran >= 2
     runs = await _fetch(
         roles, f'SELECT count(*) FROM "{roles.schema}"."{TABLE}" WHERE job = $1', stored
@@ -309,7 +339,7 @@ def _browser(app: Any) -> httpx.AsyncClient:
 async def test_a_reader_works_with_the_reader_grants_and_cannot_read_the_secrets(
     roles: Roles,
 ) -> None:
-    await _run_replica(roles, "replica", seconds=1.0)  # some runs to read
+    await _run_replica(roles, "replica")  # some runs to read
     [[job]] = await _fetch(roles, f'SELECT job FROM "{roles.schema}"."{TABLE}" LIMIT 1')
     for args in (("status",), ("history", job), ("schedules", "list")):
         done = _cli_as(roles, "reader", *args)
@@ -381,7 +411,7 @@ async def test_one_grant_fewer_is_refused_naming_the_privilege(roles: Roles, few
     try:
         if fewer.verb[0] == "replica":
             with pytest.raises(LockerMisconfigured) as refused:
-                await _run_replica(roles, "replica", mode=fewer.verb[1], seconds=0.1)
+                await _run_replica(roles, "replica", mode=fewer.verb[1], runs=0)
             assert named in str(refused.value), str(refused.value)
             return
         done = _cli_as(roles, fewer.part, *fewer.verb)
@@ -398,21 +428,26 @@ async def test_one_grant_fewer_is_refused_naming_the_privilege(roles: Roles, few
 async def test_the_exit_statuses_tell_usage_from_a_ledger_that_cannot_be_read(
     roles: Roles, unreachable_dsn: str
 ) -> None:
+    # Each status once in a process of its own (as a shell sees it), the rest in this one.
     cases = [
-        (("status", "--check", "--dsn", unreachable_dsn), 3),  # the server is down
-        (("status", "--check", "--dsn", roles.dsn("reader"), "--table", "nothing_here"), 3),
-        (("status", "--check", "--dsn", roles.dsn("reader"), "--schema", "no_such_schema"), 3),
-        (("status", "--bogus"), 2),
-        (("status", "--dsn", "not a dsn"), 2),
+        (("status", "--check", "--dsn", unreachable_dsn), 3, _here),  # the server is down
+        (("status", "--check", "--dsn", roles.dsn("reader"), "--table", "nothing_here"), 3, _cli),
+        (
+            ("status", "--check", "--dsn", roles.dsn("reader"), "--schema", "no_such_schema"),
+            3,
+            _here,
+        ),
+        (("status", "--bogus"), 2, _cli),
+        (("status", "--dsn", "not a dsn"), 2, _here),
     ]
-    for args, status in cases:
-        done = _cli(*args)
+    for args, status, run in cases:
+        done = run(*args)
         assert done.returncode == status, (args, done.stderr)
         assert "Traceback" not in done.stderr and len(done.stderr.splitlines()) == 1, done.stderr
     deep = "[" * 980 + "]" * 980
-    nested = _cli_as(
-        roles, "operator", "schedules", "add", "deep", "echo", "--every", "60",
-        "--kwargs", '{"a": ' + deep + "}",
+    nested = _cli(
+        "schedules", "add", "deep", "echo", "--every", "60", "--kwargs", '{"a": ' + deep + "}",
+        "--dsn", roles.dsn("operator"), "--schema", roles.schema,
     )  # fmt: skip
     assert nested.returncode == 1, nested.stderr  # refused input, as any bad --kwargs
     assert "Traceback" not in nested.stderr and "nested too deeply" in nested.stderr

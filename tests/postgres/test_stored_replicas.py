@@ -1,5 +1,6 @@
-"""Stored schedules across three real replica processes, changed by a fourth process (the
-command line, through FleetControl) while they run; in both coordination modes.
+"""Stored schedules across three real replica processes, changed while they run by the
+command line's verbs (``schedules add|update|remove``, through FleetControl, called here);
+in both coordination modes.
 
 Added, changed and removed schedules are picked up within the bound (the default sync,
 every 2 s), each slot runs once in the fleet with its kwargs, a changed schedule runs its
@@ -11,11 +12,10 @@ everywhere once every replica is a live member, overdue before).
 
 from __future__ import annotations
 
-import asyncio
-import time
 import uuid
 from collections import Counter
 from collections.abc import Callable
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +28,7 @@ from cronlock.postgres._locker.servertime import DEFAULT_AHEAD
 from ..eventually import eventually
 from .conftest import Coordination
 from .processes import Processes
-from .test_cli_pg import cli
+from .test_cli_pg import cli_here
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow]
 
@@ -68,9 +68,12 @@ class Replicas(Processes):
         return at - since
 
 
-async def test_add_update_remove_while_three_replicas_run(coordination: Coordination) -> None:
+async def test_add_update_remove_while_three_replicas_run(
+    coordination: Coordination, admin: Any
+) -> None:
     table = f"stored_{uuid.uuid4().hex[:10]}"
     dsn, schema = coordination.dsn, coordination.schema
+    ledger = coordination.table(table)
     where = ("--dsn", dsn, "--table", table, *coordination.schema_args)
     replicas = Replicas()
     latencies: list[float] = []
@@ -83,13 +86,19 @@ async def test_add_update_remove_while_three_replicas_run(coordination: Coordina
             await eventually(lambda: len(replicas.of("ready")) == 3, "three replicas ready")
 
             async def change(*args: str) -> float:
-                """Run ``schedules ARGS`` in a process of its own; the server's commit time."""
-                done = await cli("schedules", *args, *where)
+                """Run ``schedules ARGS`` (the command line's own verb); when the server made the
+                change (its row's ``updated_at``, a removal's tombstone's too): no replica
+                can have seen it before."""
+                done = await cli_here("schedules", *args, *where)
                 assert done.returncode == 0, done.stderr
-                mine = [s.updated_at for s in await control.schedules() if s.name == args[1]]
-                if not mine or mine[0] is None:  # removed: the row is a tombstone now
-                    return time.time()
-                return mine[0].timestamp()
+                made: datetime = await admin.fetchval(
+                    f"SELECT updated_at FROM {ledger.schedules} WHERE name = $1", args[1]
+                )
+                return made.timestamp()
+
+            def ran(job: str) -> list[float]:
+                """The slots of *job* started in the fleet so far."""
+                return [x["slot"] for x in replicas.of("start") if x["job"] == job]
 
             added = await change(
                 "add", "r:1", "report", "--every", "1", "--kwargs", '{"tenant": 1}'
@@ -110,24 +119,41 @@ async def test_add_update_remove_while_three_replicas_run(coordination: Coordina
                 ),
                 "replica 3 rejects what it has no task for",
             )
-            await asyncio.sleep(3)
+            await eventually(lambda: ran("r:1") and ran("r:2"), "r:1 and r:2 run")
 
             updated = await change("update", "r:1", "--every", "2")
             for rid in (1, 2):
                 latency = await replicas.seen(rid, lambda n: n.get("r:1") == "every 2s", updated)
                 latencies.append(latency)
             changed_by = max(latencies[-2:]) + updated
-            await asyncio.sleep(4)
+            await eventually(
+                lambda: len([t for t in ran("r:1") if t > changed_by + DEFAULT_AHEAD]) >= 2,
+                "two slots of r:1 since the change",
+            )
 
             removed = await change("remove", "r:2")
             for rid in (1, 2):
                 latencies.append(await replicas.seen(rid, lambda n: "r:2" not in n, removed))
             gone_by = max(latencies[-2:]) + removed
-            await asyncio.sleep(3)
+            # r:1 started a slot 3 s past it: r:2's two or three slots since would have
+            # started a second before, had it not been removed.
+            await eventually(
+                lambda: [t for t in ran("r:1") if t >= gone_by + DEFAULT_AHEAD + 3],
+                "r:1 runs on past two slots of r:2 since its removal",
+            )
 
+            # A replica's blame counts once it is a live member (its first heartbeat comes
+            # up to MEMBERS_EVERY after its start).
+            async def members() -> bool:
+                live: int = await admin.fetchval(
+                    f"SELECT count(*) FROM {ledger.members} WHERE expires_at > clock_timestamp()"
+                )
+                return live == 3
+
+            await eventually(members, "every replica a live member")
             listed = {s.name: s for s in await control.schedules()}
-            status = await cli("status", "--check", *where)
-            shown = await cli("schedules", "list", *where)
+            status = await cli_here("status", "--check", *where)
+            shown = await cli_here("schedules", "list", *where)
     finally:
         await replicas.stop()
 
@@ -179,7 +205,7 @@ async def test_a_failing_schedule_is_tried_one_plus_retries_times_per_slot_in_th
             await eventually(
                 lambda: len({x["slot"] for x in replicas.of("start")}) >= 4, "four slots tried"
             )
-            history = await cli("history", "flaky", "-n", "5", *where)
+            history = await cli_here("history", "flaky", "-n", "5", *where)
     finally:
         await replicas.stop()
     tries = Counter(x["slot"] for x in replicas.of("start"))

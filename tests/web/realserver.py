@@ -4,7 +4,6 @@ database sessions, its log."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import os
 import subprocess
@@ -16,6 +15,7 @@ from pathlib import Path
 
 import httpx
 
+from ..eventually import eventually
 from ..multiworker import ROOT, STARTUP_BOUND
 from ..postgres.conftest import free_port
 
@@ -52,13 +52,15 @@ async def served(env: Mapping[str, str], *, crashes: bool = False) -> AsyncItera
         )
     base = f"http://127.0.0.1:{port}"
     try:
-        async with asyncio.timeout(STARTUP_BOUND), httpx.AsyncClient(base_url=base) as client:
-            while True:
+        async with httpx.AsyncClient(base_url=base) as client:
+
+            async def answers() -> bool:
                 try:
-                    if (await client.get("/static/live.js")).status_code == 200:
-                        break
+                    return (await client.get("/static/live.js")).status_code == 200
                 except httpx.TransportError:
-                    await asyncio.sleep(0.2)
+                    return False  # not listening yet
+
+            await eventually(answers, "the dashboard server to answer", STARTUP_BOUND, every=0.1)
         yield Served(base, port, server.pid, log)
     finally:
         server.terminate()

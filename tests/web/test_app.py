@@ -14,6 +14,7 @@ from urllib.parse import quote
 import asyncpg
 import httpx
 import pytest
+import pytest_asyncio
 from starlette.requests import Request
 
 import cronlock.web
@@ -28,9 +29,7 @@ XSS = "<script>alert('pwned')</script>"
 NOW = datetime.now(UTC).replace(microsecond=0)  # test data only: the app reads server time
 
 
-@pytest.fixture
-async def ledger(pg_dsn: str) -> str:
-    """A ledger with a healthy job, a failing one, an overdue one and an XSS-shaped one."""
+async def _ledger(pg_dsn: str) -> str:
     table = table_name()
     hour = timedelta(hours=1)
     await seed(
@@ -63,6 +62,19 @@ async def ledger(pg_dsn: str) -> str:
     return table
 
 
+@pytest.fixture
+async def ledger(pg_dsn: str) -> str:
+    """A ledger of this test's own with a healthy job, a failing one, an overdue one and
+    an XSS-shaped one: for a test that writes to it."""
+    return await _ledger(pg_dsn)
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def shared(pg_dsn: str) -> str:
+    """The same ledger, made once for the tests of this module that only read it."""
+    return await _ledger(pg_dsn)
+
+
 def client(app: Any) -> httpx.AsyncClient:
     """A browser of the dashboard at http://dash: its POSTs say they come from there."""
     return httpx.AsyncClient(
@@ -73,8 +85,9 @@ def client(app: Any) -> httpx.AsyncClient:
 
 
 @pytest.fixture
-async def read_only(pg_dsn: str, ledger: str) -> AsyncIterator[httpx.AsyncClient]:
-    async with client(cronlock.web.app(pg_dsn, table=ledger)) as c:
+async def read_only(pg_dsn: str, shared: str) -> AsyncIterator[httpx.AsyncClient]:
+    """A read-only dashboard of the :func:`shared` ledger."""
+    async with client(cronlock.web.app(pg_dsn, table=shared)) as c:
         yield c
 
 
@@ -102,8 +115,8 @@ async def test_job_names_and_errors_are_text_never_markup(read_only: httpx.Async
     assert page.headers["content-security-policy"].startswith("default-src 'none'")
 
 
-async def test_no_traceback_dsn_or_password_is_shown(pg_dsn: str, ledger: str) -> None:
-    async with client(cronlock.web.app(pg_dsn, table=ledger)) as c:
+async def test_no_traceback_dsn_or_password_is_shown(pg_dsn: str, shared: str) -> None:
+    async with client(cronlock.web.app(pg_dsn, table=shared)) as c:
         text = (await c.get("/jobs/flaky")).text + (await c.get("/api/jobs")).text
     assert "Traceback" not in text
     assert pg_dsn not in text and "search_path" not in text
@@ -343,11 +356,11 @@ async def test_every_refusal_is_a_403_that_names_its_cause_and_changes_nothing(
     assert control == 0  # no trigger, no pause: nothing written
 
 
-async def test_mounted_under_a_prefix(pg_dsn: str, ledger: str) -> None:
+async def test_mounted_under_a_prefix(pg_dsn: str, shared: str) -> None:
     from starlette.applications import Starlette
     from starlette.routing import Mount
 
-    outer = Starlette(routes=[Mount("/cron", cronlock.web.app(pg_dsn, table=ledger))])
+    outer = Starlette(routes=[Mount("/cron", cronlock.web.app(pg_dsn, table=shared))])
     async with client(outer) as c:
         page = (await c.get("/cron/")).text
         assert 'href="/cron/jobs/nightly"' in page and 'src="/cron/static/live.js"' in page
@@ -424,9 +437,7 @@ async def test_a_500_carries_the_security_headers() -> None:
             assert "unexpected failure" not in answer.text
 
 
-async def test_a_retried_slot_shows_every_attempt(
-    pg_dsn: str, ledger: str, read_only: httpx.AsyncClient
-) -> None:
+async def test_a_retried_slot_shows_every_attempt(pg_dsn: str, ledger: str) -> None:
     # Issue 36, finding 8: the job page and the API showed only a retried slot's last try.
     earlier = [
         {"attempt": 1, "started_at": (NOW - timedelta(minutes=70)).isoformat(),
@@ -446,11 +457,13 @@ async def test_a_retried_slot_shows_every_attempt(
         )
     finally:
         await conn.close()
-    page = (await read_only.get("/jobs/flaky")).text
+    async with client(cronlock.web.app(pg_dsn, table=ledger)) as read_only:
+        page = (await read_only.get("/jobs/flaky")).text
+        api = (await read_only.get("/api/jobs/flaky/runs")).json()
     for text in ("failed (attempt 3)", "timed_out (attempt 2)", "failed (attempt 1)"):
         assert text in page
     assert "OSError: first try" in page and "timed out after 60 s" in page
-    [latest, *_] = (await read_only.get("/api/jobs/flaky/runs")).json()["runs"]
+    [latest, *_] = api["runs"]
     assert latest["attempt"] == 3
     assert [(a["attempt"], a["outcome"], a["error"], a["replica"]) for a in latest["attempts"]] == [
         (1, "failed", "OSError: first try", "h1:1"),

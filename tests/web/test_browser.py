@@ -26,14 +26,17 @@ from ..eventually import eventually_blocking
 from ..postgres.conftest import free_port
 from .seed import table_name
 
-pytestmark = [pytest.mark.postgres, pytest.mark.slow]
+# One worker runs them all (pytest -n): one browser, one fleet of replicas, one server. The
+# tests share them but not an order: each sets up the cookies it needs, pauses only to
+# resume, and only one test stops a replica (``c``: no other test needs ``doomed`` run).
+pytestmark = [pytest.mark.postgres, pytest.mark.slow, pytest.mark.xdist_group("browser")]
 
 HERE = Path(__file__).parent
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
 XSS = "<script>window.pwned=1</script>"
 TOKEN = "operator-token-for-the-test"
-WAIT = 30.0  # generous: a deadline for a noisy machine, not a measurement
+WAIT = 60.0  # generous: a liveness bound for a busy machine, not a measurement
 T = TypeVar("T")
 
 
@@ -72,7 +75,11 @@ def browser() -> Iterator[Any]:
 
 
 class Fleet:
-    """The replica processes and the dashboard server of this module."""
+    """The replica processes and the dashboard server of this module.
+
+    :meth:`replica` and :meth:`server` only start their process, so that they start side
+    by side; :meth:`ready` waits until each has said it is running (the server: answers).
+    """
 
     def __init__(self, dsn: str, table: str) -> None:
         self.dsn = dsn
@@ -86,16 +93,21 @@ class Fleet:
         args += ["--table", self.table, "--id", name]
         for job in jobs:
             args += ["--job", job]
-        process = subprocess.Popen(args, stdout=subprocess.PIPE, text=True)
-        self.processes[name] = process
-        assert process.stdout is not None
-        assert process.stdout.readline().strip() == "running", f"replica {name} did not start"
+        self.processes[name] = subprocess.Popen(args, stdout=subprocess.PIPE, text=True)
 
     def server(self) -> None:
         args = [sys.executable, str(HERE / "server.py"), "--dsn", self.dsn]
         args += ["--table", self.table, "--port", str(self.port), "--token", TOKEN]
         self.processes["server"] = subprocess.Popen(args, text=True)
-        wait_for(lambda: _answers(self.url + "/api/jobs"), "the dashboard server to answer")
+
+    def ready(self) -> None:
+        """Once every replica started has printed ``running`` and the server answers."""
+        for name, process in self.processes.items():
+            if process.stdout is not None:  # a replica
+                said = process.stdout.readline().strip()
+                assert said == "running", f"replica {name} did not start: {said!r}"
+        if "server" in self.processes:
+            wait_for(lambda: _answers(self.url + "/api/jobs"), "the dashboard server to answer")
 
     def stop(self, name: str) -> None:
         process = self.processes.pop(name)
@@ -105,9 +117,12 @@ class Fleet:
             process.stdout.close()
 
     def close(self) -> None:
-        for name in list(self.processes):
-            process = self.processes.pop(name)
+        """Stop every process: all told at once, then each waited for."""
+        stopping = list(self.processes.items())
+        self.processes.clear()
+        for _, process in stopping:
             process.send_signal(signal.SIGTERM)
+        for _, process in stopping:
             try:
                 process.wait(timeout=30)
             except subprocess.TimeoutExpired:
@@ -151,15 +166,18 @@ def wait_for(check: Callable[[], T | None], what: str, timeout: float = WAIT) ->
 
 
 @pytest.fixture(scope="module")
-def fleet(pg_dsn: str, browser: Any) -> Iterator[Fleet]:
+def fleet(pg_dsn: str, request: pytest.FixtureRequest) -> Iterator[Fleet]:
     """Two replicas sharing ``tick`` (every second), the XSS-named job, a slow one and a
-    failing one, a third running ``doomed``, and the dashboard server."""
+    failing one, a third running ``doomed``, and the dashboard server; the browser starts
+    while they do."""
     fleet = Fleet(pg_dsn, table_name())
     try:
         fleet.replica("a", "tick=1", f"{XSS}=2", "slow-report=2", "failing-export=3")
         fleet.replica("b", "tick=1", f"{XSS}=2", "slow-report=2", "failing-export=3")
         fleet.replica("c", "doomed=2")
         fleet.server()
+        request.getfixturevalue("browser")  # or the loud skip (CI: failure) without one
+        fleet.ready()
         yield fleet
     finally:
         fleet.close()

@@ -21,7 +21,8 @@ from .test_scale import seed_fleet
 
 __all__ = ("browser",)  # the module's browser fixture, shared with test_browser
 
-# One worker runs them all (pytest -n): one seeded ledger, one server, one browser.
+# One worker runs them all (pytest -n): one seeded ledger, one server, one browser. They
+# only read, so their order does not matter; the group only saves seeding it again.
 pytestmark = [pytest.mark.postgres, pytest.mark.slow, pytest.mark.xdist_group("browser-fleet")]
 
 JOBS = 3000
@@ -29,8 +30,9 @@ NEEDLE = "job-01234"  # the one job tagged "needle"
 
 
 @pytest.fixture(scope="module")
-def fleet(pg_dsn: str, browser: Any) -> Iterator[Fleet]:
-    """3,000 jobs in a ledger of their own, and the dashboard server on it."""
+def fleet(pg_dsn: str, request: pytest.FixtureRequest) -> Iterator[Fleet]:
+    """3,000 jobs in a ledger of their own, and the dashboard server on it; the browser
+    starts while the server does. Nothing here changes the ledger: the tests share it."""
     fleet = Fleet(pg_dsn, table_name())
 
     async def seed() -> None:
@@ -48,6 +50,8 @@ def fleet(pg_dsn: str, browser: Any) -> Iterator[Fleet]:
     asyncio.run(seed())
     try:
         fleet.server()
+        request.getfixturevalue("browser")  # or the loud skip (CI: failure) without one
+        fleet.ready()
         yield fleet
     finally:
         fleet.close()

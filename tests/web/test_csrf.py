@@ -9,17 +9,20 @@ from collections.abc import AsyncIterator
 
 import httpx
 import pytest
+import pytest_asyncio
 
 from .realserver import Served, served
 from .seed import seed, table_name
 from .test_limits import drop
 
-pytestmark = [pytest.mark.postgres, pytest.mark.slow]
+# One worker runs them all (pytest -n), on one server: each test is its own client (its
+# own cookie jar), and only a refused pause and triggers are posted, which no test reads.
+pytestmark = [pytest.mark.postgres, pytest.mark.slow, pytest.mark.xdist_group("web-csrf")]
 
 CHOSEN = "attacker-chosen-cookie-value-0123456789abcdef"
 
 
-@pytest.fixture
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def server(pg_dsn: str) -> AsyncIterator[Served]:
     table = table_name()
     await seed(pg_dsn, table, notes=[("nightly", "every 1h", None)], runs=[])

@@ -10,18 +10,22 @@ from datetime import UTC, datetime, timedelta
 
 import httpx
 import pytest
+import pytest_asyncio
 
 from .realserver import Served, served
 from .seed import Run, seed, table_name
 from .test_limits import drop
 
-pytestmark = [pytest.mark.postgres, pytest.mark.slow]
+# One worker runs them all (pytest -n), on one server: each test is its own client, reads
+# what it reads whatever the others did (a paused job reads the same), and looks in the
+# shared log for the lines only it can have written.
+pytestmark = [pytest.mark.postgres, pytest.mark.slow, pytest.mark.xdist_group("web-gates")]
 
 SECRET_JOB = "payroll-export"
 READS = ["/", "/?partial=1", "/api/jobs", f"/jobs/{SECRET_JOB}", f"/api/jobs/{SECRET_JOB}/runs"]
 
 
-@pytest.fixture
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def server(pg_dsn: str) -> AsyncIterator[Served]:
     """A dashboard with actions (x-operator names who acts) and a read gate (x-reader)."""
     table = table_name()

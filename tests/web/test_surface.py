@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 import typing
 from datetime import UTC, datetime, timedelta
 
@@ -14,6 +13,7 @@ import pytest
 import cronlock.web
 from cronlock.web._words import describe
 
+from ..eventually import eventually
 from ..postgres.conftest import free_port
 from .seed import Run, seed, table_name
 
@@ -86,12 +86,14 @@ async def test_the_web_command_serves_the_ledger(pg_dsn: str) -> None:
         assert server.stdout is not None
         assert "read-only" in server.stdout.readline()
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
-            for _ in range(100):
+
+            async def answered() -> httpx.Response | None:
                 try:
-                    answer = await client.get("/api/jobs")
-                    break
+                    return await client.get("/api/jobs")
                 except httpx.ConnectError:
-                    time.sleep(0.1)
+                    return None  # not listening yet
+
+            answer = await eventually(answered, "the web command to answer", every=0.1)
             body = answer.json()
             assert body["read_only"] is True
             assert [job["name"] for job in body["jobs"]] == ["nightly"]

@@ -4,7 +4,6 @@ the page's URL and in ``/api/jobs``)."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -15,12 +14,11 @@ import cronlock.web
 from cronlock import Scheduler, every
 from cronlock.postgres import FleetControl, PostgresLocker
 
+from ..eventually import eventually
 from .seed import drop_ledger, table_name
 from .test_app import client
 
 pytestmark = pytest.mark.postgres
-
-WAIT = 30.0
 
 
 async def work() -> None:
@@ -53,9 +51,8 @@ async def test_a_replica_notes_its_jobs_tags_and_the_list_filters_by_them(
     scheduler.add_job(work, every(1), name="reindex", tags={"search", "nightly"})
     scheduler.add_job(work, every(1), name="untagged")
     async with locker, scheduler:
-        async with asyncio.timeout(WAIT):  # a deadline for a loaded machine, not a measure
-            while len(await locker.history("untagged")) < 1:
-                await asyncio.sleep(0.1)  # the ledger is there: the notes go on close
+        # A run in the ledger: it is there, and the notes go on close.
+        await eventually(lambda: locker.history("untagged"), "a run of untagged", every=0.1)
     assert await noted_tags(pg_dsn, table) == {
         "invoices": ["billing", "nightly"],
         "refunds": ["billing"],

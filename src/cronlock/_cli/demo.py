@@ -32,8 +32,11 @@ __all__ = ("add_demo_parser", "replica_main", "run_demo")
 JOB = "cronlock-demo-tick"
 # Tried when neither --dsn nor CRONLOCK_DSN names a server: the usual local/Docker default.
 LOCAL_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
-# Replicas need a moment to import and start; the first slot is this far ahead.
-_BOOT_SECONDS = 3
+# Each replica says it is ready once it has imported and built its locker (a moment, or
+# many on a busy machine); the first slot is then this far ahead, for every replica alike.
+_LEAD_SECONDS = 1
+# How long the parent waits for a replica to be ready before giving up on the demo.
+_BOOT_LIMIT = 120.0
 # How long after a slot (plus the slowest clock's lag) its line waits for late reports.
 _REPORT_GRACE = 2.0
 # How the parent connects: no named prepared statements (a transaction pooler lends each
@@ -268,7 +271,6 @@ class _Slot:
 
 async def _parent(args: argparse.Namespace, backend: _Backend) -> int:
     clock = SystemClock()
-    start = math.ceil(clock.now().timestamp()) + _BOOT_SECONDS
     offsets = [-k * args.skew for k in range(args.replicas)]
     print(backend.line)
     for note in backend.notes:
@@ -287,12 +289,29 @@ async def _parent(args: argparse.Namespace, backend: _Backend) -> int:
     readers: list[asyncio.Task[None]] = []
     try:
         for i, offset in enumerate(offsets, start=1):
-            cmd = ["-m", "cronlock", "_replica", "--id", str(i), "--start", str(start)]
+            cmd = ["-m", "cronlock", "_replica", "--id", str(i)]
             cmd += ["--duration", str(args.duration), f"--offset={offset}", *backend.args]
             proc = await asyncio.create_subprocess_exec(
-                sys.executable, *cmd, stdout=asyncio.subprocess.PIPE, env=env
+                sys.executable,
+                *cmd,
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                env=env,
             )
             procs.append(proc)
+        # The first slot is fixed once every replica is ready, so that a slow start (a
+        # busy machine) costs no replica its first slots.
+        try:
+            async with asyncio.timeout(_BOOT_LIMIT):
+                for proc in procs:
+                    await _ready(proc)
+        except TimeoutError:
+            raise CronlockError(f"the replicas were not ready within {_BOOT_LIMIT:.0f}s") from None
+        start = math.ceil(clock.now().timestamp()) + _LEAD_SECONDS
+        for i, proc in enumerate(procs, start=1):
+            assert proc.stdin is not None
+            proc.stdin.write(f"{start}\n".encode())
+            await proc.stdin.drain()
             readers.append(asyncio.create_task(_read(i, proc, queue), name=f"replica-{i} out"))
         slots = await _show(args, start, queue)
         for proc in procs:  # each replica stops on its own about 2 s after the last slot
@@ -306,6 +325,15 @@ async def _parent(args: argparse.Namespace, backend: _Backend) -> int:
             reader.cancel()
         await asyncio.gather(*readers, return_exceptions=True)
     return _summary(args, slots, procs)
+
+
+async def _ready(proc: asyncio.subprocess.Process) -> None:
+    """Wait for a replica's ready line (it ends with nothing said: it failed to start)."""
+    assert proc.stdout is not None
+    async for raw in proc.stdout:
+        if raw.strip() == b'{"ready": true}':
+            return
+    raise CronlockError(f"a replica exited before it was ready (status {await proc.wait()})")
 
 
 async def _read(replica: int, proc: asyncio.subprocess.Process, queue: _Reports) -> None:
@@ -399,7 +427,6 @@ def replica_main(argv: Sequence[str]) -> int:
     """``python -m cronlock _replica ...``: one replica of the demo; reports JSON lines."""
     parser = argparse.ArgumentParser(prog="cronlock _replica")
     parser.add_argument("--id", type=int, required=True)
-    parser.add_argument("--start", type=float, required=True)
     parser.add_argument("--duration", type=int, required=True)
     parser.add_argument("--offset", type=float, default=0.0)
     parser.add_argument("--lockdir")
@@ -427,8 +454,6 @@ async def _replica(args: argparse.Namespace) -> None:
     from .._schedules.interval import every
     from ..testing import OffsetClock
 
-    start = datetime.fromtimestamp(args.start, UTC)
-    stop = start + timedelta(seconds=args.duration - 1)  # inclusive: `duration` slots
     locker: Locker
     if args.lockdir is None:
         from ..postgres import PostgresLocker
@@ -455,6 +480,10 @@ async def _replica(args: argparse.Namespace) -> None:
         elif isinstance(event, LockFailed):
             _report(args.id, event.slot, skipped="lock_error")
 
+    # Ready: the parent answers with the first slot (epoch seconds), the same for all.
+    print(json.dumps({"ready": True}), flush=True)
+    start = datetime.fromtimestamp(float(await asyncio.to_thread(sys.stdin.readline)), UTC)
+    stop = start + timedelta(seconds=args.duration - 1)  # inclusive: `duration` slots
     clock = OffsetClock(args.offset)  # this replica's clock, args.offset seconds off
     # Fleet time would measure the skew against the server's clock and correct it: the
     # demo shows what host clocks that disagree do to a lock, so it reads them as they are.

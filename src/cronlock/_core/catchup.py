@@ -76,6 +76,22 @@ def latest_due(job: Job, slot: datetime, now: datetime) -> tuple[datetime, datet
     return latest, following
 
 
+def last_before(job: Job, slot: datetime, bound: datetime) -> datetime:
+    """The latest slot of *job* from *slot* (itself before *bound*) on, before *bound*."""
+    span = timedelta(seconds=1)
+    latest = slot
+    while bound - span > slot:  # gallop back from *bound*, as latest_due does from now
+        probe = job.slot_after(bound - span)
+        if probe is not None and probe < bound:
+            latest = probe
+            break
+        span *= 2
+    following = job.following(latest)
+    while following is not None and following < bound:
+        latest, following = following, job.following(following)
+    return latest
+
+
 MAX_OWED = 1000
 """Slots a ``catch_up="all"`` job owes at most: older ones are missed."""
 
@@ -246,7 +262,25 @@ class CatchUp:
         now = self._clock.now()
         latest, _ = latest_due(job, first, started)
         if planned is not None and latest >= planned:
-            latest = first  # (only a sub-millisecond schedule gets here)
+            # *planned* fell due between the planning and *started* (the first slots are
+            # planned before the loop starts; stored ones while the others are read): the
+            # run loop runs it now, and the slots before it are caught up by that run, or
+            # (catch_up="all") each owed.
+            latest = last_before(job, first, planned)
+            if job._settings.catch_up != "all":
+                _logger.info(
+                    "job %r: slot(s) %s not claimed when this replica started; the run of "
+                    "%s, due now, catches up on them",
+                    job.name,
+                    _span(first, latest),
+                    planned.isoformat(),
+                    extra=at(job.name, planned),
+                )
+                reason = "no replica ran them; caught up by one run of the latest"
+                account(
+                    self._bus, job, "coalesced", first, planned - ONE_MICROSECOND, reason, planned
+                )
+                return None
         if job._settings.catch_up == "all":
             _logger.info(
                 "job %r: slot(s) %s not claimed when this replica started; catching up "

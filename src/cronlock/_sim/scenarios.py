@@ -128,7 +128,7 @@ SCENARIOS: dict[str, tuple[tuple[Mode, ...], Plan]] = {
     # The job's note in the ledger names as its next slot the one that just ran (a note is
     # written up to 35 s after a slot), so status --check says ok until the job turns
     # absent, 90 s on, whatever alert_after says (every kill instant 11-14.9 s, both modes;
-    # what tests/postgres/test_fleet_verdict.py's kill cases wait ~95 s for).
+    # fixed: the note names the job's spec, and the verdict reckons the slots due from it).
     "fleet-killed": (
         ("session", "lease"),
         Plan(
