@@ -146,9 +146,16 @@ class CatchUp:
         self._dispatch = dispatch
         self._owe_each = owe_each  # catch_up="all": each slot, in order
 
-    async def all(self, planned: Sequence[tuple[Job, datetime | None]], started: datetime) -> None:
+    async def all(
+        self,
+        planned: Sequence[tuple[Job, datetime | None]],
+        started: datetime,
+        read: Callable[[], None] = lambda: None,
+    ) -> None:
         """Catch up on the jobs of *planned*, each with the first slot the run loop planned
-        for it, for the slots due by *started*.
+        for it, for the slots due by *started*; *read* is called once the batched reads of
+        the ledger are done (the run loop claims nothing before: a claim of a planned slot
+        read back as the latest would hide the slots before it).
 
         Jobs whose locker reads in batches are read together, one batch per locker; the
         rest one at a time. Each job is decided on its own: one whose history or schedule
@@ -203,6 +210,7 @@ class CatchUp:
                 if slot is not None:
                     due.append((job, slot))
             self._dispatch_all(due)
+        read()
         for job, first in single:
             if job._scheduler is not None:  # still registered
                 try:
@@ -269,8 +277,8 @@ class CatchUp:
             latest = last_before(job, first, planned)
             if job._settings.catch_up != "all":
                 _logger.info(
-                    "job %r: slot(s) %s not claimed when this replica started; the run of "
-                    "%s, due now, catches up on them",
+                    "job %r: slot(s) %s not claimed when this replica started; catching up "
+                    "with one run of %s, due now",
                     job.name,
                     _span(first, latest),
                     planned.isoformat(),

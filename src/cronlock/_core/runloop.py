@@ -9,7 +9,7 @@ import functools
 import heapq
 import itertools
 from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from .._cancel import RUN_TASK, cancel_and_wait, finish_uncancellably, task_name
@@ -35,6 +35,16 @@ _logger = get_logger("cronlock")
 # Fires per pass of the run loop: a burst's runs start between passes, so their tasks die
 # young, not in the garbage collector's older generations by the thousand.
 _CHUNK = 256
+
+
+async def _until_set(event: asyncio.Event) -> None:
+    """Return once *event* is set (a task to wait for on the scheduler's clock)."""
+    await event.wait()
+
+
+# How long the first claims wait at most for catch-up's read of the ledger (seconds of the
+# scheduler's clock): a server that answers slower than that gets claims meanwhile.
+CATCH_UP_READ_LIMIT = timedelta(seconds=5)
 # (slot, tie-breaker, job, waiter for run_now)
 _Waiting = tuple[datetime, int, Job, "asyncio.Future[JobEvent] | None"]
 
@@ -119,30 +129,41 @@ class RunLoop:
         # Slots due by now are catch-up's (the first slots were planned after now); read
         # before the loop starts, so that the ledger tells of them, not of later ones.
         started = self._clock.now()
-        self._main = self._loop.create_task(self._run_loop(), name=task_name("scheduler"))
-        self.catch_up([(job, job._next_run) for job in catch_up], started)
+        read = self.catch_up([(job, job._next_run) for job in catch_up], started)
+        self._main = self._loop.create_task(self._run_loop(read), name=task_name("scheduler"))
         if isinstance(self._clock, FleetClock):  # measures the offset to the server's clock
             # After catch-up: its first read opens a session the clock can then share.
             self._spawn(self._clock.keep(self._poke), name=task_name("fleet-clock"))
 
-    def catch_up(self, planned: Sequence[tuple[Job, datetime | None]], started: datetime) -> None:
+    def catch_up(
+        self, planned: Sequence[tuple[Job, datetime | None]], started: datetime
+    ) -> asyncio.Event | None:
         """Spawn a task catching up on the jobs of *planned* (each with the first slot
-        planned for it) that keep a ledger, for their slots due by *started*."""
-        if planned:  # (those without a ledger are left out by the task, in slices)
-            catching = CatchUp(
-                clock=self._clock,
-                bus=self._bus,
-                executor=self._executor,
-                dispatch=self.dispatch,
-                owe_each=self.owe_each,
-            )
-            self._spawn(catching.all(planned, started), name=task_name("catch-up"))
+        planned for it) that keep a ledger, for their slots due by *started*; the event it
+        sets once it has read the ledger (or ended), ``None`` when there is nothing to do."""
+        if not planned:  # (those without a ledger are left out by the task, in slices)
+            return None
+        catching = CatchUp(
+            clock=self._clock,
+            bus=self._bus,
+            executor=self._executor,
+            dispatch=self.dispatch,
+            owe_each=self.owe_each,
+        )
+        read = asyncio.Event()
+        task = self._helper(catching.all(planned, started, read.set), name=task_name("catch-up"))
+        task.add_done_callback(lambda _: read.set())  # ended early (failed, cancelled)
+        return read
 
     def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
         """Run a helper task owned by the loop: cancelled and awaited at stop."""
+        self._helper(coro, name)
+
+    def _helper(self, coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
         task = asyncio.create_task(coro, name=name)
         self._helpers.add(task)
         task.add_done_callback(self._helpers.discard)
+        return task
 
     async def stop(self, timeout: float) -> None:
         """Stop firing, wait up to *timeout* for runs in flight, then cancel and await them."""
@@ -178,8 +199,21 @@ class RunLoop:
         """Every run task in flight."""
         return set(self._tasks)
 
-    async def _run_loop(self) -> None:
+    async def _run_loop(self, read: asyncio.Event | None = None) -> None:
         loop = asyncio.get_running_loop()
+        if read is not None:
+            # The first claims wait for catch-up's read of the ledger (one statement per few
+            # thousand jobs), up to a bound: read after them, the latest claimed slot of a
+            # job would be its planned one, and the slots before it never accounted for.
+            waiting = asyncio.create_task(_until_set(read), name=task_name("catch-up read"))
+            bound = asyncio.create_task(
+                self._clock.sleep_until(self._clock.now() + CATCH_UP_READ_LIMIT),
+                name=task_name("catch-up bound"),
+            )
+            try:
+                await asyncio.wait((waiting, bound), return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                await cancel_and_wait(waiting, bound)
         while not self._stopping:
             if self.fire_due(self._clock.now(), _CHUNK):
                 await asyncio.sleep(0)  # more are due: let the runs just started run first
