@@ -330,21 +330,20 @@ class Cluster:
         lsn, self._follows_from = self._follows_from, None
         if lsn is None:
             return  # pg_basebackup's copy: consistent once started
-        from ..eventually import eventually_blocking
-
-        eventually_blocking(
-            lambda: (
-                self.sql(
-                    "SELECT status = 'streaming' AND pg_last_wal_replay_lsn() >= "
-                    f"'{lsn}'::pg_lsn FROM pg_stat_wal_receiver"
-                )
-                == "t"
-            ),
-            "the standby streaming from its primary and caught up",
-            120,
-            every=0.05,
-            ignoring=(subprocess.SubprocessError,),
+        # Polled here rather than with tests/eventually.py: this module is also imported as
+        # a script's neighbour (the soak, the benchmarks, the watchdog), standard library only.
+        deadline = time.monotonic() + 120
+        query = (
+            "SELECT status = 'streaming' AND pg_last_wal_replay_lsn() >= "
+            f"'{lsn}'::pg_lsn FROM pg_stat_wal_receiver"
         )
+        while True:
+            with contextlib.suppress(subprocess.SubprocessError):
+                if self.sql(query) == "t":
+                    return
+            if time.monotonic() > deadline:
+                raise RuntimeError("the standby did not stream from its primary within 120 s")
+            time.sleep(0.05)
 
     def promote(self) -> None:
         """Make this standby the primary (``pg_ctl promote``); return once it takes writes."""
