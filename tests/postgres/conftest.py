@@ -245,9 +245,9 @@ def throwaway_cluster(**options: Any) -> Cluster:
         pytest.skip(message)
 
 
-@pytest.fixture
-def ha_pair() -> Iterator[tuple[Cluster, Cluster]]:
-    """A throwaway primary and a streaming standby of it, both stopped at the end."""
+def primary_and_standby() -> Iterator[tuple[Cluster, Cluster]]:
+    """A throwaway primary and a streaming standby of it, both stopped at the end (the
+    body of a fixture: ``yield from primary_and_standby()``)."""
     primary = throwaway_cluster()
     try:
         primary.start()
@@ -255,6 +255,12 @@ def ha_pair() -> Iterator[tuple[Cluster, Cluster]]:
         yield primary, standby
     finally:
         primary.destroy()  # and its standby
+
+
+@pytest.fixture
+def ha_pair() -> Iterator[tuple[Cluster, Cluster]]:
+    """A throwaway primary and a streaming standby of it, both stopped at the end."""
+    yield from primary_and_standby()
 
 
 @pytest.fixture(scope="module")

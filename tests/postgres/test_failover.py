@@ -48,7 +48,7 @@ from cronlock.postgres._modes.base import Mode
 
 from ..eventually import eventually
 from .cluster import Cluster
-from .conftest import free_port, throwaway_cluster
+from .conftest import free_port, primary_and_standby
 from .events import Events
 from .proxy import TcpProxy
 from .replica import command as replica_command
@@ -104,13 +104,7 @@ def test_the_order_hosts_are_tried_in() -> None:
 def standing_pair() -> Iterator[tuple[Cluster, Cluster]]:
     """A throwaway primary and a streaming standby of it for the tests that leave both as
     they found them (none stops, crashes or promotes either): made once per module."""
-    primary = throwaway_cluster()
-    try:
-        primary.start()
-        standby = primary.standby()
-        yield primary, standby
-    finally:
-        primary.destroy()  # and its standby
+    yield from primary_and_standby()
 
 
 # -- a silent host first ---------------------------------------------------------------------
