@@ -12,7 +12,8 @@ their throwaway schemas in it, as always). A role that may not create databases 
 back to the named database, with a warning.
 
 Under xdist the tests marked ``slow`` are also handed out first (see
-:func:`pytest_collection_modifyitems`).
+:func:`pytest_collection_modifyitems`), and the controller compiles the package and the
+suite once before the workers start (:mod:`tests.bytecode`).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
+from .bytecode import keep_bytecode, prime
 from .throwaway import drop, make, prefix
 
 _OWN_DATABASE = pytest.StashKey[tuple[str, str]]()
@@ -39,8 +41,13 @@ def _with_database(dsn: str, name: str) -> str | None:
 
 def pytest_configure(config: pytest.Config) -> None:
     worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if not worker:
+        keep_bytecode()
+        if config.getoption("numprocesses", None):
+            prime(config)
+        return
     dsn = os.environ.get("CRONLOCK_TEST_DSN")
-    if not worker or not dsn:
+    if not dsn:
         return
     name = f"{prefix()}{os.getpid()}_{worker}"
     own = _with_database(dsn, name)
