@@ -156,6 +156,24 @@ async def ledger_rows(dsn: str, table: str, first: float, last: float) -> dict[s
     return {row["outcome"] or "unfinished": row["n"] for row in rows}
 
 
+async def slot_records(dsn: str, table: str, first: float, last: float) -> dict[str, int]:
+    """The ledger's records of the window's slots that did not run (``<table>_slots``:
+    skipped, coalesced, missed), counted by fate and reason: what the replicas said of the
+    slots they did not send."""
+    conn = await asyncpg.connect(dsn)
+    try:
+        rows = await conn.fetch(
+            f"SELECT fate, reason, count(*) AS n FROM {table}_slots "  # (the test's own)
+            "WHERE last_slot >= to_timestamp($1) AND slot <= to_timestamp($2) "
+            "GROUP BY fate, reason",
+            first,
+            last,
+        )
+    finally:
+        await conn.close()
+    return {f"{row['fate']}: {row['reason']}": row["n"] for row in rows}
+
+
 def report(name: str, figures: dict[str, object]) -> None:
     """Print the run's figures (``pytest -s`` shows them; CRONLOCK_CELERY_REPORT keeps them)."""
     line = json.dumps({"test": name, **figures}, default=str)
@@ -213,6 +231,7 @@ def test_three_beats_two_workers_through_a_beat_kill_and_a_database_restart(
         for name in ("w1", "w2"):
             fleet.terminate(name)
         outcomes = asyncio.run(ledger_rows(cluster.dsn, fleet.ledger, first, last))
+        records = asyncio.run(slot_records(cluster.dsn, fleet.ledger, first, last))
     finally:
         fleet.stop()
         _drop_keys(redis_broker, fleet.queue)
@@ -252,13 +271,17 @@ def test_three_beats_two_workers_through_a_beat_kill_and_a_database_restart(
             "held_by_killed_lease": len(in_lease),
             "outage_s": round(up - down, 2),
             "ledger": outcomes,
+            "slot_records": records,
             "run_s": round(time.monotonic() - began, 1),
         },
     )
     assert verdict.wrong_id == []
     assert twice == [], "a slot was sent twice (two attempts, one id), not after the kill"
     assert verdict.delivered_twice == [], "a send was executed twice"
-    assert outside == [], f"slots never sent, outside the incidents' windows: {outside[:10]}"
+    assert outside == [], (
+        f"slots never sent, outside the incidents' windows: {outside[:10]}; "
+        f"the ledger's records of slots not run: {records}"
+    )
     # Each entry's slots around the outage end in a send: the owed slot, late, once.
     for entry in fleet.entries:
         after = [s for e, s in verdict.missing if e == entry]
@@ -269,6 +292,24 @@ def test_three_beats_two_workers_through_a_beat_kill_and_a_database_restart(
     assert outcomes.get("unfinished", 0) == 0
     # The replicas stop cleanly on SIGTERM (b1 is the one started again).
     assert exits == {"b1": 0, "b2": 0, "b3": 0}, {n: fleet.log(n)[-2000:] for n in exits}
+
+
+def test_a_slot_due_while_its_entry_still_sends_waits_for_that_send() -> None:
+    """A beat entry's slot that falls due while its previous send goes on (a slow broker, a
+    replica's first sends, which connect) is sent after it, not skipped: the sending
+    replica holds the entry's lock meanwhile, so no other replica may send that slot."""
+    from celery import Celery
+
+    from cronlock.celery import beat_scheduler
+
+    app = Celery("overlap", broker="memory://")
+    app.conf.update(
+        cronlock_dsn="postgresql://nobody@127.0.0.1:1/none",  # never connected to
+        beat_schedule={"e": {"task": "t.x", "schedule": 1.0}},
+        enable_utc=True,
+        timezone="UTC",
+    )
+    assert [(job.name, job.overlap) for job in beat_scheduler(app).jobs] == [("e", "queue")]
 
 
 @pytest.mark.timeout(300)

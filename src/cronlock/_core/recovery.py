@@ -9,7 +9,11 @@ lock was lost before its body began (``NEVER_BEGAN``) is claimed again without o
 nothing ran, so running the slot is exactly once; unless a later slot of the job was fired
 since (its loss is known only once the server answers again), into which it coalesces, as a
 slot owed across an outage does (:mod:`.outage`). The rerun goes through the run
-loop like any other run: overlap policy, concurrency cap, elector and locker.
+loop like any other run: overlap policy, concurrency cap, elector and locker; a task of
+its own sees it through (:meth:`Recovery._rerun`): dispatched once the job has no run in
+flight here, claimed again while the job's lock is held by another replica or the server
+cannot be reached, and said, at WARNING, if it is not made after all (the scheduler
+stopped, the grace passed meanwhile).
 
 A locker that keeps pending retries also reports, with the failed attempt's record, a
 retry whose replica is gone before making it (``retries``, :mod:`.retries`): this replica
@@ -18,11 +22,21 @@ makes it now if its own job would (:func:`.retries.refused`; not paused).
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Mapping
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from .._clock import Clock
-from .._events import EventBus, JobCrashed, LockHeldElsewhere, RunRestored, SlotRanTwice
+from .._events import (
+    EventBus,
+    JobCrashed,
+    JobEvent,
+    JobSkipped,
+    LockFailed,
+    LockHeldElsewhere,
+    RunRestored,
+    SlotRanTwice,
+)
 from .._locking.protocols import (
     CrashWatchingLocker,
     FailoverWatchingLocker,
@@ -31,13 +45,19 @@ from .._locking.protocols import (
 from .._logs import at, get_logger
 from .._records import NEVER_BEGAN, RunRecord
 from .job import Job
+from .outage import unreachable
 from .retries import refused
 from .runloop import RunLoop, misfired
 from .wiring import Wiring
 
-__all__ = ("Recovery",)
+__all__ = ("RECHECK", "Recovery")
 
 _logger = get_logger("cronlock")
+
+RECHECK = timedelta(seconds=0.05)
+"""How often a rerun waiting for the job's run in flight here looks again (:meth:`Recovery.
+_rerun`), and its first wait before it claims again a slot refused for now."""
+_LONGEST = timedelta(seconds=1)  # the longest wait between two claims of one rerun
 
 
 class Recovery:
@@ -47,7 +67,7 @@ class Recovery:
     ``None`` while it is not running (crashes are then left to other replicas).
     """
 
-    __slots__ = ("_bus", "_clock", "_jobs", "_loop", "_watched")
+    __slots__ = ("_bus", "_clock", "_held", "_jobs", "_loop", "_watched")
 
     def __init__(
         self,
@@ -62,6 +82,7 @@ class Recovery:
         self._bus = bus
         self._loop = loop
         self._watched: dict[int, CrashWatchingLocker] = {}
+        self._held: set[asyncio.Task[None]] = set()  # reruns held back (_rerun)
 
     def watch(self, wiring: Wiring) -> None:
         """Register with the job's locker, if it reports crashes (once per locker), and for
@@ -101,21 +122,9 @@ class Recovery:
             # ran, so the slot is claimed again (taking the row over), recover or not.
             if self._why_not(job, record) is not None:
                 return False
-            if job._dispatched is not None and job._dispatched > record.slot:
-                # A later slot of the job was fired since the lock was lost (the loss is
-                # written once the server answers again, after an outage): this slot is
-                # owed no more than one whose claim failed, and coalesces into the later
-                # one (_core/outage.py), rather than running after it.
-                _logger.debug(
-                    "job %r slot %s: its lock was lost before the run began; coalesced "
-                    "into slot %s, fired since",
-                    name,
-                    record.slot.isoformat(),
-                    job._dispatched.isoformat(),
-                    extra=at(name, record.slot),
-                )
+            if _coalesces(job, record):
                 return False
-            loop.rerun(job, record.slot)
+            self._rerun(loop, job, record)
             return True
         why_not = self._why_not(job, record) if job.recover else "recover=False"
         owner = record.owner or "?"
@@ -130,8 +139,69 @@ class Recovery:
                     extra=at(name, record.slot),
                 )
             return False
-        loop.rerun(job, record.slot)
+        self._rerun(loop, job, record)
         return True
+
+    def _rerun(self, loop: RunLoop, job: Job, record: RunRecord) -> None:
+        """Run *record*'s slot again, in a task of its own that sees the rerun through.
+
+        Handed to the run loop as any slot, a rerun could be lost unsaid: owed, then
+        coalesced into a later slot (_core/outage), when the job's claim or release of that
+        later slot is in flight here; dropped when another rerun of the job already waits
+        for its run (one is kept); refused ``"locked"`` when another replica runs the job
+        at that moment (a job due every second is held much of the time). So the rerun
+        waits until the job has no run in flight here, is dispatched with a waiter for its
+        outcome, and is claimed again, while its grace lasts, when the job's lock was held
+        elsewhere or the server could not be reached. The locker keeps the row's takeover
+        until then (``CrashWatch.take``)."""
+        task = asyncio.get_running_loop().create_task(self._see_through(loop, job, record))
+        self._held.add(task)
+        task.add_done_callback(self._held.discard)
+
+    async def _see_through(self, loop: RunLoop, job: Job, record: RunRecord) -> None:
+        slot = record.slot
+        pause = RECHECK
+        try:
+            while True:
+                if job._active:  # its run here goes on, or its claim or release: wait
+                    await self._clock.sleep_until(self._clock.now() + RECHECK)
+                    why_not = self._still(loop, job, record)
+                    if why_not is not None:
+                        break
+                    continue
+                why_not = self._still(loop, job, record)
+                if why_not is not None:
+                    break
+                if _coalesces(job, record):
+                    return
+                waiter: asyncio.Future[JobEvent] = asyncio.get_running_loop().create_future()
+                loop.dispatch(job, slot, waiter)
+                if not _refused_for_now(await waiter):
+                    return  # it ran (whatever its outcome), or was refused for good
+                await self._clock.sleep_until(self._clock.now() + pause)
+                pause = min(pause * 2, _LONGEST)
+        except asyncio.CancelledError:
+            self._gave_up(job, slot, "the scheduler stopped")
+            raise
+        self._gave_up(job, slot, why_not)
+
+    def _still(self, loop: RunLoop, job: Job, record: RunRecord) -> str | None:
+        """Why the rerun of *record* is not to be made now after all, or None."""
+        if self._loop() is not loop:
+            return "the scheduler stopped"
+        if self._jobs.get(job.name) is not job:
+            return "the job was removed"
+        return self._why_not(job, record)
+
+    @staticmethod
+    def _gave_up(job: Job, slot: datetime, why_not: str) -> None:
+        _logger.warning(
+            "job %r slot %s: the crashed run is not run again after all: %s",
+            job.name,
+            slot.isoformat(),
+            why_not,
+            extra=at(job.name, slot),
+        )
 
     def _retry(self, loop: RunLoop, job: Job, record: RunRecord) -> bool:
         """Attempt *record.attempt* of its slot failed and its replica is gone before the
@@ -164,3 +234,30 @@ class Recovery:
         if lateness is not None:
             return f"{lateness:.1f}s late is past misfire_grace ({job.misfire_grace}s)"
         return None
+
+
+def _coalesces(job: Job, record: RunRecord) -> bool:
+    """Whether *record*, a run of this replica whose lock was lost before it began, is
+    owed no more: a later slot of the job was fired since (the loss is written once the
+    server answers again, after an outage), into which it coalesces, as a slot whose claim
+    failed does (_core/outage.py), rather than running after it."""
+    dispatched = job._dispatched
+    if record.error != NEVER_BEGAN or dispatched is None or dispatched <= record.slot:
+        return False
+    _logger.debug(
+        "job %r slot %s: its lock was lost before the run began; coalesced into slot %s, "
+        "fired since",
+        job.name,
+        record.slot.isoformat(),
+        dispatched.isoformat(),
+        extra=at(job.name, record.slot),
+    )
+    return True
+
+
+def _refused_for_now(event: JobEvent) -> bool:
+    """Whether a rerun's claim ended in *event* for a reason that may pass: the job's lock
+    held by another replica's run, or the server out of reach."""
+    if isinstance(event, JobSkipped):
+        return event.reason == "locked"
+    return isinstance(event, LockFailed) and unreachable(event.exception)

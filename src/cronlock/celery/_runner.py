@@ -95,7 +95,9 @@ def beat_scheduler(
     *settings* default to :meth:`BeatSettings.from_app`; *entries* to the app's
     (:func:`beat_entries`). Each job is named after its entry and sends the entry's task
     with :func:`task_id` of its slot, the entry's args, kwargs and options, and the headers
-    ``cronlock_slot``, ``cronlock_attempt`` and ``cronlock_send``.
+    ``cronlock_slot``, ``cronlock_attempt`` and ``cronlock_send``; a slot that falls due
+    while the entry's previous send still goes on is sent right after it
+    (``overlap="queue"``).
     """
     settings = settings if settings is not None else BeatSettings.from_app(app)
     entries = entries if entries is not None else beat_entries(app)
@@ -110,6 +112,13 @@ def beat_scheduler(
             entry.schedule,
             name=entry.name,
             tags=("celery-beat",),
+            # A slot due while the entry's previous send still goes on (a slow broker, a
+            # replica's first sends, which connect, a late catch-up send) is sent right
+            # after it, late, as Celery's beat would: not skipped. The replica sending
+            # holds the entry's lock meanwhile, so every other replica is refused that
+            # slot; with "skip" nobody would send it. Slots due while one already waits
+            # are skipped, recorded in the ledger's slot records with the reason.
+            overlap="queue",
             timeout=own.timeout if own.timeout is not None else settings.timeout,
             misfire_grace=(
                 own.misfire_grace if own.misfire_grace is not None else settings.misfire_grace

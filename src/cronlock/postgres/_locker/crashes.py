@@ -75,6 +75,7 @@ class CrashWatch:
         "_jobs",
         "_pending",
         "_recoverable",
+        "_reruns",
         "_retries",
         "_runs",
         "marked",
@@ -108,6 +109,7 @@ class CrashWatch:
         # The attempt to claim, and the one its body is told (the same, but for a run
         # whose lock was lost before its body began: its body's first try is told 1).
         self._recoverable: dict[tuple[str, datetime], tuple[int, int]] = {}
+        self._reruns: set[tuple[str, datetime]] = set()  # of those, crashed runs' reruns
         self.marked = 0
         """Rows this locker marked ``crashed``."""
         self.rerun = 0
@@ -129,20 +131,45 @@ class CrashWatch:
 
     def take(self, job: str, slot: datetime) -> tuple[int, int]:
         """The attempt *slot* of *job* is to be claimed as, by taking its row over (a rerun
-        or a retry), and the attempt its body is told; forgets them (one claim). ``(0,
-        1)``: a plain claim."""
+        or a retry), and the attempt its body is told. ``(0, 1)``: a plain claim.
+
+        A crashed run's rerun is kept (until forgotten among the oldest): its claim may be
+        refused for now (the job's lock held by another replica's run), and the scheduler
+        claims it again (``_core/recovery``); the takeover itself lets one claim through,
+        fleet-wide. A retry's is forgotten (one claim)."""
         if not self._recoverable:  # the usual case, asked once per claim
             return 0, 1
-        return self._recoverable.pop((job, slot), (0, 1))
+        key = (job, slot)
+        found = self._recoverable.get(key)
+        if found is None:
+            return 0, 1
+        if key not in self._reruns:
+            del self._recoverable[key]
+        return found
 
     def retry(self, job: str, slot: datetime, attempt: int) -> None:
         """The next claim of *slot* of *job* takes its failed row over as *attempt*."""
         self._remember(job, slot, attempt)
 
-    def _remember(self, job: str, slot: datetime, attempt: int, told: int | None = None) -> None:
-        self._recoverable[job, slot] = (attempt, attempt if told is None else told)
+    def _remember(
+        self,
+        job: str,
+        slot: datetime,
+        attempt: int,
+        told: int | None = None,
+        *,
+        rerun: bool = False,
+    ) -> None:
+        key = (job, slot)
+        self._recoverable[key] = (attempt, attempt if told is None else told)
+        if rerun:
+            self._reruns.add(key)
+        else:
+            self._reruns.discard(key)
         if len(self._recoverable) > _REMEMBER:
-            del self._recoverable[next(iter(self._recoverable))]
+            oldest = next(iter(self._recoverable))
+            del self._recoverable[oldest]
+            self._reruns.discard(oldest)
 
     async def check(self, session: Channel, conn: Any, generation: int) -> int:
         """Mark crashed runs on *session* and report each; return how many were marked."""
@@ -238,7 +265,7 @@ class CrashWatch:
         if rerun:
             self.rerun += 1
             # A run whose lock was lost before its body began: its rerun is the body's first.
-            self._remember(job, record.slot, 2, 1 if record.error == NEVER_BEGAN else 2)
+            self._remember(job, record.slot, 2, 1 if record.error == NEVER_BEGAN else 2, rerun=True)
         # This replica's own run cut off by a lost lock was said at ERROR when it was
         # cancelled: its record reaching the ledger is news only if it is run again.
         _logger.log(
