@@ -19,6 +19,7 @@ from cronlock.postgres._sql.schema import ledger_state, migrate
 from cronlock.postgres._sql.tables import LedgerTable
 from cronlock.web._model import run_json, run_view
 
+from ..eventually import eventually
 from .test_cli_pg import cli
 
 pytestmark = pytest.mark.postgres
@@ -97,7 +98,15 @@ async def test_a_trigger_is_waited_for_and_its_run_is_marked_manual(
         # A scheduled slot's run is not manual.
         locker = scheduler.get_job("nightly")._wiring.locker
         assert isinstance(locker, PostgresLocker)
-        lease = await locker.acquire("nightly", SLOT)
+
+        # The failed run's outcome is in the ledger before its hold is dropped here (the
+        # release's answer): until then this process's own claim is refused "locked".
+        async def claimed() -> PostgresHold | None:
+            got = await locker.acquire("nightly", SLOT)
+            assert got == "locked" or isinstance(got, PostgresHold), got
+            return got if isinstance(got, PostgresHold) else None
+
+        lease = await eventually(claimed, "the failed run's hold dropped, the slot claimed")
         assert isinstance(lease, PostgresHold)
         now = datetime.now(UTC)
         lease.record(RunRecord(SLOT, now, now, "succeeded"))
