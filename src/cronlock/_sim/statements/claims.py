@@ -21,7 +21,6 @@ them (their statements embed :func:`..runs.told_columns`, :func:`..claims.end_ct
 
 from __future__ import annotations
 
-import bisect
 import itertools
 import json
 from collections.abc import Iterable, Sequence
@@ -180,20 +179,18 @@ _KINDS: dict[str, Any] = {
 
 def latest(x: Exec, job: Any, kind: Kind, *, at_or_before: datetime | None = None) -> _Row | None:
     """:func:`..runs.latest_run`: *job*'s run of *kind* with the greatest slot in range
-    (and at or before *at_or_before*, the claims' told run), or ``None``. Read newest
-    first from the job's slots in order (:meth:`..db.Database.slots_of`), as the server
-    reads its index backwards: the answer is near the end, and a job's runs grow by one a
-    slot (a scan of them all was the model's dearest read)."""
-    if job is None:
-        return None
+    (and at or before *at_or_before*, the claims' told run), or ``None``."""
     test = _KINDS[kind]
-    runs, slots = x.db.runs_of(job), x.db.slots_of(job)
-    end = len(slots) if at_or_before is None else bisect.bisect_right(slots, at_or_before)
-    for i in range(end - 1, -1, -1):
-        run = runs[(job, slots[i])]
-        if test(run):
-            return run
-    return None
+    found: _Row | None = None
+    for run in _job_runs(x, job):
+        slot = run["slot"]
+        if not in_range(slot) or not test(run):
+            continue
+        if at_or_before is not None and slot > at_or_before:
+            continue
+        if found is None or slot > found["slot"]:
+            found = run
+    return found
 
 
 def _padded(*arrays: Sequence[Any] | None) -> list[tuple[Any, ...]]:
