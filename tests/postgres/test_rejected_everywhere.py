@@ -35,12 +35,14 @@ pytestmark = [pytest.mark.postgres, pytest.mark.slow]
 
 @pytest.fixture(autouse=True)
 def quick_fleet(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Heartbeats every second (a member's row lives 3 s) and the fleet's runs and rejected
-    schedules read every half second, in this process's replicas: what takes 15 s in a
-    deployment takes about one here."""
+    """Heartbeats every second and the fleet's runs and rejected schedules read every half
+    second, in this process's replicas: what takes 15 s in a deployment takes about one here.
+    A member's row still lives 60 s: no test here relies on a row expiring (a replica that
+    leaves deletes its own), and on a busy machine a replica whose heartbeat ran late would
+    stop counting as live and leave a schedule only it can run rejected by the one left."""
     for module in (members, upkeep):
         monkeypatch.setattr(module, "MEMBERS_EVERY", 1.0)
-        monkeypatch.setattr(module, "MEMBER_TTL", 3.0)
+        monkeypatch.setattr(module, "MEMBER_TTL", 60.0)
     monkeypatch.setattr(fleetwatch, "RUNS_EVERY", 0.5)
 
 
