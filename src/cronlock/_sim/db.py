@@ -8,12 +8,24 @@ be lost again (a failover to a standby missing the last *k* commits) and a snaps
 
 from __future__ import annotations
 
+import bisect
 import copy
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
-__all__ = ("TABLES", "Commit", "Database")
+__all__ = ("HIGH", "LOW", "TABLES", "Commit", "Database", "in_range")
+
+LOW = datetime(1, 1, 2, tzinfo=UTC)
+""":data:`cronlock.postgres._sql.runs.LOW` as a value."""
+HIGH = datetime(9999, 12, 30, tzinfo=UTC)
+""":data:`cronlock.postgres._sql.runs.HIGH` as a value."""
+
+
+def in_range(value: datetime | None) -> bool:
+    """``value BETWEEN LOW AND HIGH`` (NULL is not)."""
+    return value is not None and LOW <= value <= HIGH
+
 
 TABLES = (
     "runs",
@@ -54,6 +66,12 @@ class Database:
         # column, and the partial index of unfinished runs), kept by _set.
         self._by_job: dict[Any, dict[_Key, _Row]] = {}
         self._unfinished: dict[_Key, _Row] = {}
+        # And two of the model's own, for reads that would otherwise scan every run each
+        # time (the table grows by a row a slot): per job, its slots in range in order (a
+        # key's slot never changes, so only inserts and deletes move it); the runs with a
+        # retry noted.
+        self._slots: dict[Any, list[datetime]] = {}
+        self._retrying: dict[_Key, _Row] = {}
 
     def begin(self, at: datetime) -> None:
         """Start one statement's changes."""
@@ -87,6 +105,15 @@ class Database:
         """The runs with no ``finished_at``, by key (read only)."""
         return self._unfinished
 
+    def slots_of(self, job: Any) -> list[datetime]:
+        """The slots of *job*'s runs that are in range (:func:`in_range`),
+        ascending (read only)."""
+        return self._slots.get(job, [])
+
+    def retrying(self) -> dict[_Key, _Row]:
+        """The runs with a ``retry_at``, by key (read only)."""
+        return self._retrying
+
     def put(self, name: str, key: _Key, row: _Row) -> None:
         """Insert or replace the row of *name* at *key*."""
         rows = self.tables[name]
@@ -103,14 +130,39 @@ class Database:
             return
         job_rows = self._by_job.setdefault(key[0], {})
         if row is _MISSING:
-            job_rows.pop(key, None)
+            if job_rows.pop(key, None) is not None:
+                self._unslot(key)
             self._unfinished.pop(key, None)
+            self._retrying.pop(key, None)
             return
+        if key not in job_rows:
+            self._slot(key)
         job_rows[key] = row
         if row.get("finished_at") is None:
             self._unfinished[key] = row
         else:
             self._unfinished.pop(key, None)
+        if row.get("retry_at") is not None:
+            self._retrying[key] = row
+        else:
+            self._retrying.pop(key, None)
+
+    def _slot(self, key: _Key) -> None:
+        """A run at *key* is new: its slot joins its job's slots in order, if in range."""
+        job, slot = key
+        if in_range(slot):
+            slots = self._slots.setdefault(job, [])
+            if not slots or slots[-1] < slot:
+                slots.append(slot)  # the usual case: a claim of the newest slot
+            else:
+                bisect.insort(slots, slot)
+
+    def _unslot(self, key: _Key) -> None:
+        """The run at *key* is gone: its slot leaves its job's slots."""
+        job, slot = key
+        if in_range(slot):
+            slots = self._slots[job]
+            del slots[bisect.bisect_left(slots, slot)]
 
     def update(self, name: str, key: _Key, **changes: Any) -> _Row:
         """Change some columns of the row at *key* (which must exist); return the new row."""
@@ -156,5 +208,7 @@ class Database:
         del self.log[length:]
         self._by_job.clear()
         self._unfinished.clear()
+        self._slots.clear()
+        self._retrying.clear()
         for key, row in self.tables["runs"].items():
             self._set("runs", key, row)

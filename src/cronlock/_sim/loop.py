@@ -145,6 +145,7 @@ class SimLoop(asyncio.BaseEventLoop):
         outer = events._get_running_loop()  # a test's own loop, driving the world
         events._set_running_loop(self)
         turns = 0
+        heappop, popleft = heapq.heappop, ready.popleft  # (this loop is the hottest there is)
         try:
             while turns < limit:
                 if len(scheduled) > 100 and base._timer_cancelled_count * 2 > len(scheduled):
@@ -156,7 +157,7 @@ class SimLoop(asyncio.BaseEventLoop):
                     scheduled[:] = live
                     base._timer_cancelled_count = 0
                 while scheduled and scheduled[0]._when <= now:
-                    handle = heapq.heappop(scheduled)
+                    handle = heappop(scheduled)
                     handle._scheduled = False
                     if handle._cancelled:
                         base._timer_cancelled_count -= 1
@@ -166,7 +167,7 @@ class SimLoop(asyncio.BaseEventLoop):
                     break
                 turns += 1
                 for _ in range(len(ready)):
-                    handle = ready.popleft()
+                    handle = popleft()
                     if not handle._cancelled:
                         handle._run()
                 if interrupted():

@@ -54,5 +54,16 @@ class Row:
 
 
 def rows(names: Sequence[str], *records: Sequence[Any]) -> list[Row]:
-    """Rows of the columns *names*, one per sequence of values."""
-    return [Row(names, values) for values in records]
+    """Rows of the columns *names*, one per sequence of values (they share one index of
+    the names, built once: a row never changes its index, and every answer is rows)."""
+    width = len(names)
+    index = {name: i for i, name in enumerate(names)}
+    answer = []
+    for values in records:
+        if len(values) != width:
+            raise ValueError(f"{width} columns, {len(values)} values")
+        row = Row.__new__(Row)
+        row._index = index
+        row._values = tuple(values)
+        answer.append(row)
+    return answer

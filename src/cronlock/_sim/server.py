@@ -15,7 +15,7 @@ import itertools
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 from .db import Database
@@ -94,8 +94,8 @@ class SimServer:
 
     def clock(self) -> datetime:
         """``clock_timestamp()``: the server's own clock."""
-        epoch: datetime = self.world.epoch
-        return epoch + timedelta(seconds=self.world.now + self.skew)
+        instant: datetime = self.world.at(self.world.clock.now + self.skew)
+        return instant
 
     # -- sessions -----------------------------------------------------------------------
 

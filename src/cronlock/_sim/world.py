@@ -68,7 +68,7 @@ class Process:
         if not self.alive:
             return
         wait = self.world.latency() if delay is None else delay
-        self.loop.call_at(self.world.now + wait, fn)
+        self.loop.call_at(self.world.clock.now + wait, fn)
 
 
 class SimClock:
@@ -86,7 +86,7 @@ class SimClock:
     def now(self) -> datetime:
         """The process's wall time."""
         world = self._process.world
-        return world.epoch + timedelta(seconds=world.now + self._process.skew)
+        return world.at(world.clock.now + self._process.skew)
 
     async def sleep_until(self, deadline: datetime) -> None:
         """Sleep until this clock reads *deadline* (it may have been stepped meanwhile)."""
@@ -117,6 +117,7 @@ class World:
         """How many of :attr:`errors` came before the world began to end (judged)."""
         self.trace: list[str] = []
         self.latency_range = (0.0005, 0.002)
+        self._instants: dict[float, datetime] = {}
 
     @property
     def server(self) -> SimServer:
@@ -135,8 +136,14 @@ class World:
         return self.clock.now
 
     def at(self, seconds: float) -> datetime:
-        """The true instant *seconds* into the run."""
-        return self.epoch + timedelta(seconds=seconds)
+        """The true instant *seconds* into the run (remembered for a while: the processes'
+        clocks and the server's read the same few instants many times over)."""
+        found = self._instants.get(seconds)
+        if found is None:
+            if len(self._instants) >= 4096:
+                self._instants.clear()
+            found = self._instants[seconds] = self.epoch + timedelta(seconds=seconds)
+        return found
 
     def latency(self) -> float:
         """One network hop's delay, drawn from the seed."""
@@ -224,11 +231,12 @@ class World:
 
     def call_at(self, when: float, fn: Callable[..., None], *args: Any) -> None:
         """Run *fn(*args)* at virtual time *when* (not before now)."""
-        heapq.heappush(self._events, (max(when, self.now), next(self._seq), fn, args))
+        now = self.clock.now
+        heapq.heappush(self._events, (now if now > when else when, next(self._seq), fn, args))
 
     def send(self, session: Session, request: Request) -> None:
         """A statement leaves its client; it reaches the server after a hop."""
-        self.call_at(self.now + self.latency(), self.server.arrive, session, request)
+        self.call_at(self.clock.now + self.latency(), self.server.arrive, session, request)
 
     # -- running ------------------------------------------------------------------------
 
@@ -246,8 +254,10 @@ class World:
             for process in processes:
                 if not process.alive or process.frozen_until > now:
                     continue
-                loop = process.loop
-                if loop.due(now):
+                # SimLoop.due, inlined: this test runs for every process at every instant.
+                loop: Any = process.loop
+                scheduled = loop._scheduled
+                if loop._ready or (scheduled and scheduled[0]._when <= now):
                     self.current = process
                     try:
                         turns += loop.step(_STEPS_AT_ONE_INSTANT, delivering)
@@ -276,7 +286,18 @@ class World:
         for process in self.processes:
             if not process.alive:
                 continue
-            when = process.frozen_until if process.frozen_until > now else process.loop.next_timer()
+            frozen_until = process.frozen_until
+            if frozen_until > now:
+                when: float | None = frozen_until
+            else:
+                # SimLoop.next_timer, inlined when the earliest timer is live (the usual
+                # case: this runs for every process each time the world's clock moves).
+                loop: Any = process.loop
+                scheduled = loop._scheduled
+                if scheduled and not scheduled[0]._cancelled:
+                    when = scheduled[0]._when
+                else:
+                    when = loop.next_timer()
             if when is not None and (best is None or when < best):
                 best = when
         return best
@@ -315,7 +336,7 @@ class World:
         patch(secrets, "token_hex", lambda n=16: rng.getrandbits(8 * n).to_bytes(n, "big").hex())
         patch(secrets, "token_bytes", lambda n=16: rng.getrandbits(8 * n).to_bytes(n, "big"))
         patch(_clock, "_monotonic", lambda: self.clock.now)
-        patch(failover, "_now", lambda: self.epoch + timedelta(seconds=self.clock.now))
+        patch(failover, "_now", lambda: self.at(self.clock.now))
         patch(planner, "random", _Random)
         state = random.getstate()
         random.seed(rng.getrandbits(64))

@@ -21,6 +21,7 @@ them (their statements embed :func:`..runs.told_columns`, :func:`..claims.end_ct
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import json
 from collections.abc import Iterable, Sequence
@@ -29,6 +30,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from ...postgres._sql import bare, claims
 from ...postgres._sql import runs as runs_sql
+from ..db import HIGH, LOW, in_range
 from ..rows import Row, rows
 
 if TYPE_CHECKING:
@@ -51,10 +53,6 @@ __all__ = (
     "run_values",
 )
 
-LOW = datetime(1, 1, 2, tzinfo=UTC)
-""":data:`cronlock.postgres._sql.runs.LOW` as a value."""
-HIGH = datetime(9999, 12, 30, tzinfo=UTC)
-""":data:`cronlock.postgres._sql.runs.HIGH` as a value."""
 _MIN = datetime.min.replace(tzinfo=UTC)  # how the model stores -infinity
 _MAX = datetime.max.replace(tzinfo=UTC)  # and infinity
 
@@ -98,11 +96,6 @@ def register(statements: Statements, table: LedgerTable) -> None:
 
 
 # -- values as PostgreSQL reads and writes them ------------------------------------------------
-
-
-def in_range(value: datetime | None) -> bool:
-    """``value BETWEEN LOW AND HIGH`` (NULL is not)."""
-    return value is not None and LOW <= value <= HIGH
 
 
 def pg_text(value: datetime) -> str:
@@ -179,18 +172,20 @@ _KINDS: dict[str, Any] = {
 
 def latest(x: Exec, job: Any, kind: Kind, *, at_or_before: datetime | None = None) -> _Row | None:
     """:func:`..runs.latest_run`: *job*'s run of *kind* with the greatest slot in range
-    (and at or before *at_or_before*, the claims' told run), or ``None``."""
+    (and at or before *at_or_before*, the claims' told run), or ``None``. Read newest
+    first from the job's slots in order (:meth:`..db.Database.slots_of`), as the server
+    reads its index backwards: the answer is near the end, and a job's runs grow by one a
+    slot (a scan of them all was the model's dearest read)."""
+    if job is None:
+        return None
     test = _KINDS[kind]
-    found: _Row | None = None
-    for run in _job_runs(x, job):
-        slot = run["slot"]
-        if not in_range(slot) or not test(run):
-            continue
-        if at_or_before is not None and slot > at_or_before:
-            continue
-        if found is None or slot > found["slot"]:
-            found = run
-    return found
+    runs, slots = x.db.runs_of(job), x.db.slots_of(job)
+    end = len(slots) if at_or_before is None else bisect.bisect_right(slots, at_or_before)
+    for i in range(end - 1, -1, -1):
+        run = runs[(job, slots[i])]
+        if test(run):
+            return run
+    return None
 
 
 def _padded(*arrays: Sequence[Any] | None) -> list[tuple[Any, ...]]:

@@ -265,8 +265,8 @@ def _retries_pending(x: Exec, args: tuple[Any, ...]) -> list[Row]:
     jobs = sorted(
         {
             j
-            for (j, _), r in x.db.table("runs").items()
-            if r["retry_at"] is not None and r["retry_at"] <= before
+            for (j, _), r in x.db.retrying().items()  # (runs whose retry_at is not NULL)
+            if r["retry_at"] <= before
         }
     )
     return rows(["job"], *((j,) for j in jobs))

@@ -622,8 +622,8 @@ def _holders(x: Exec, args: tuple[Any, ...]) -> list[Row]:
         return []
     running = {
         r["session"]
-        for (j, _), r in x.db.table("runs").items()
-        if j == job and r["finished_at"] is None and r["session"] is not None
+        for (j, _), r in x.db.unfinished().items()  # (runs whose finished_at is NULL)
+        if j == job and r["session"] is not None
     }
     held = x.server.locks.get(key)
     if held is None:
