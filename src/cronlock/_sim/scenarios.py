@@ -172,7 +172,10 @@ KNOWN: dict[tuple[str, Mode], frozenset[str]] = {
     # unanswered is given back once a session is open again, and a lock session cut off is
     # ended at the reconnect so that its locks hold nothing off. E8/E12 (a failover just
     # before a slot) pass with them. (E1, two replicas running one job at once in lease
-    # mode, is fixed: a reconnect releases only the leases of runs that ended here.)
+    # mode, is fixed: a reconnect releases only the leases of runs that ended here.) E13 (a
+    # snapshot restored under the same identity left the claims it lost the outcomes of
+    # unfinished) is fixed: a restart is noticed (the postmaster's start) and the replicas
+    # write their recent runs back, as after a failover.
     # E6: a killed lease holder's jobs lose their next slots as ordinary 'locked' skips.
     ("holder-killed", "lease"): frozenset({"silent"}),
     # E10: runs frozen past their lease finish after others ran the job's later slots.
@@ -184,9 +187,6 @@ KNOWN: dict[tuple[str, Mode], frozenset[str]] = {
     # its locks or leases were freed vanish as 'locked' skips (E6).
     ("holder-frozen-long", "session"): frozenset({"overlap", "silent"}),
     ("holder-frozen-long", "lease"): frozenset({"overlap", "silent"}),
-    # E13: a snapshot restored under the same identity goes unnoticed.
-    ("snapshot-restore", "session"): frozenset({"unfinished"}),
-    ("snapshot-restore", "lease"): frozenset({"unfinished"}),
     # Four long stalls: the slots owed are told coalesced into the slot after the stall,
     # but that slot is refused 'locked' (a claim stuck in the stall runs late meanwhile,
     # holding the job) and skipped by the overlap policy on the replica running it (E6).

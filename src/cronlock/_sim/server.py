@@ -80,6 +80,8 @@ class SimServer:
         self._pids = itertools.count(1001)
         self.system = "7300000000000000001"
         self.timeline = 1
+        self.started = world.at(world.now)
+        """``pg_postmaster_start_time()``: when it last started (a restart changes it)."""
         self.up = True
         self.stalled_until = 0.0
         self.table_locks: dict[str, float] = {}  # quoted table name -> locked until
@@ -304,6 +306,7 @@ class SimServer:
 
     def _back(self) -> None:
         self.up = True
+        self.started = self.clock()
         self.world.log("server up")
 
 

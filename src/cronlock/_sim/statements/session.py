@@ -100,7 +100,9 @@ def _backend_pid(x: Exec, args: tuple[Any, ...]) -> list[Row]:
 
 def _server(x: Exec, args: tuple[Any, ...]) -> list[Row]:
     server = x.server
-    return rows(["system", "timeline"], (server.system, f"{server.timeline:08X}"))
+    return rows(
+        ["system", "timeline", "started"], (server.system, f"{server.timeline:08X}", server.started)
+    )
 
 
 def _xact_lock(x: Exec, args: tuple[Any, ...]) -> str:

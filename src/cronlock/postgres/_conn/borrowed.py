@@ -29,7 +29,7 @@ from .errors import (
     session_gone,
     translated,
 )
-from .primary import FIX, NotPrimary, read_only, server_of
+from .primary import FIX, NotPrimary, Server, read_only, server_of
 from .source import ConnectionSource
 
 __all__ = ("BorrowedConnections",)
@@ -67,7 +67,7 @@ class BorrowedConnections:
         connect_timeout: float,
         statement_timeout: float,
         on_open: Callable[[], None],
-        on_server: Callable[[str | None], None] | None = None,
+        on_server: Callable[[Server | None], None] | None = None,
         on_drop: Callable[[str], None] | None = None,
     ) -> None:
         self._source = source

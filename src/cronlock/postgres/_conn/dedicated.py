@@ -23,7 +23,7 @@ from ..._errors import LockerMisconfigured, LockError, LockUnavailable, PoolerDe
 from ..._logs import get_logger
 from .backoff import Backoff
 from .errors import backend_error_types, session_gone, translated
-from .primary import read_only, server_of
+from .primary import Server, read_only, server_of
 from .source import ConnectionSource, is_closed, terminate
 
 __all__ = ("DedicatedConnection",)
@@ -109,7 +109,7 @@ class DedicatedConnection:
         on_open: Callable[[], None],
         on_drop: Callable[[str], None],
         set_up: Callable[[Any], Awaitable[None]] | None = None,
-        on_server: Callable[[str | None], None] | None = None,
+        on_server: Callable[[Server | None], None] | None = None,
     ) -> None:
         self._source = source
         # Told which server each new connection reached (.primary.server_of), after its
@@ -137,7 +137,7 @@ class DedicatedConnection:
         self.last_ok = float("-inf")
         """Loop time of the last statement that succeeded: proof the session was alive."""
         self.backoff = Backoff(source.describe())
-        self._server: str | None = None
+        self._server: Server | None = None
 
     @property
     def is_open(self) -> bool:

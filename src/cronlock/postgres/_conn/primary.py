@@ -15,13 +15,15 @@ retried with the usual backoff (:mod:`.backoff`), never logged per slot.
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from ..._errors import LockError
 from .._sql.failover import SERVER_SQL
 from .._sql.sessions import READ_ONLY_SQL
 
-__all__ = ("FIX", "NotPrimary", "read_only", "refuse_read_only", "server_of")
+__all__ = ("FIX", "NotPrimary", "Server", "read_only", "refuse_read_only", "server_of")
 
 FIX = (
     "session locks and the run ledger need the primary: list the cluster's hosts in the "
@@ -59,12 +61,26 @@ def read_only(exc: BaseException) -> bool:
     return isinstance(exc, refused) or isinstance(exc.__cause__, refused)
 
 
-async def server_of(conn: Any) -> str | None:
-    """Which server *conn* is on: ``"<system identifier>/<timeline>"`` (one round trip), or
-    ``None`` when the server will not say (a role that may not read it, a server without
-    WAL functions): a primary that changed is then not noticed. A promoted standby keeps
-    the system identifier and starts a new timeline; another cluster has another system.
-    A connection that fails meanwhile raises as any statement of a set-up does."""
+@dataclass(frozen=True, slots=True)
+class Server:
+    """Which server a connection reached (:func:`server_of`)."""
+
+    identity: str
+    """``"<system identifier>/<timeline>"``: a promoted standby keeps the system identifier
+    and starts a new timeline; another cluster has another system."""
+    started: datetime | None
+    """When its postmaster started: the same server restarted (onto a restored snapshot,
+    maybe) has the same identity and another start."""
+
+    def __str__(self) -> str:
+        return self.identity
+
+
+async def server_of(conn: Any) -> Server | None:
+    """Which server *conn* is on (one round trip), or ``None`` when the server will not say
+    (a role that may not read it, a server without WAL functions): a primary that changed
+    is then not noticed. A connection that fails meanwhile raises as any statement of a
+    set-up does."""
     import asyncpg  # loaded already: the connection came from it
 
     try:
@@ -73,4 +89,4 @@ async def server_of(conn: Any) -> str | None:
         return None
     if row["timeline"] is None:
         return None
-    return f"{row['system'] or '?'}/{int(row['timeline'], 16)}"
+    return Server(f"{row['system'] or '?'}/{int(row['timeline'], 16)}", row["started"])

@@ -35,7 +35,7 @@ import asyncio
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from ..._cancel import cancel_and_wait, task_name
@@ -44,6 +44,7 @@ from ..._errors import LockError
 from ..._locking.protocols import FailoverCallback, remember_claim
 from ..._logs import at, get_logger
 from .._conn import Channel
+from .._conn.primary import Server
 from .._modes.base import Exclusion, Statement
 from .._sql.failover import SERVER_SQL
 
@@ -84,7 +85,9 @@ class NewPrimary:
     *shards* are the locker's channels (the writing back goes on the first); *in_flight*
     gives its runs in flight as (job, slot, attempt). *sql* is the ledger's
     :func:`.._sql.failover.reassert_sql` (``None``: no ledger, nothing to write back; a
-    new primary is still said). *remember* bounds the runs kept per job.
+    new primary is still said). *remember* bounds the runs kept per job; *keep* is the
+    ledger's retention (seconds after its slot a run's row may be pruned): an older run is
+    not written back (its row was pruned, not lost).
     """
 
     def __init__(
@@ -96,6 +99,7 @@ class NewPrimary:
         host: str,
         holder: str,
         remember: int,
+        keep: float = float("inf"),
         in_flight: Callable[[], Sequence[tuple[str, datetime, int]]],
     ) -> None:
         self._shards = shards
@@ -103,9 +107,10 @@ class NewPrimary:
         self._sql = sql
         self._host, self._pid, self._holder = host, os.getpid(), holder
         self._remember = remember
+        self._keep = keep
         self._in_flight = in_flight
         self._runs: dict[str, dict[datetime, _Ran]] = {}
-        self._server: str | None = None
+        self._server: Server | None = None
         self._changed_at: datetime | None = None  # wall time the change was noticed
         self._settled_at = float("-inf")  # monotonic time slots before it may be claimed
         self._task: asyncio.Task[None] | None = None
@@ -116,6 +121,8 @@ class NewPrimary:
         self._callbacks: list[FailoverCallback] = []
         self.failovers = 0
         """New primaries noticed."""
+        self.restarts = 0
+        """Restarts of the same server noticed (its postmaster started again)."""
         self.restored = 0
         """Runs written back (claims and outcomes a failover lost)."""
         self.twice = 0
@@ -151,13 +158,18 @@ class NewPrimary:
         left = self._settled_at - monotonic()
         return left if left > 0 else None
 
-    def seen(self, server: str | None) -> None:
+    def seen(self, server: Server | None) -> None:
         """A new connection reached *server* (``None``: it would not say)."""
-        if server is not None and self._server is not None and server != self._server:
-            self._changed(server)
-            return
+        before = self._server
         if server is not None:
             self._server = server
+        if server is not None and before is not None:
+            if server.identity != before.identity:
+                self._changed(server, before)
+                return
+            if None not in (server.started, before.started) and server.started != before.started:
+                self._restarted(server, before)
+                return
         if self._reconnects and (self._fixing is None or self._fixing.done()):
             # A connection came back (the same server, or one that would not say): lease
             # rows whose release the outage cut are put right now, not when they expire.
@@ -172,8 +184,7 @@ class NewPrimary:
         except LockError as exc:  # they expire by themselves; the next reconnect tries
             _logger.debug("putting the leases right after a reconnect failed: %r", exc)
 
-    def _changed(self, server: str) -> None:
-        before, self._server = self._server, server
+    def _changed(self, server: Server, before: Server) -> None:
         self.failovers += 1
         self._changed_at = _now()
         self._settled_at = monotonic() + SETTLE
@@ -187,9 +198,27 @@ class NewPrimary:
             runs,
             SETTLE,
         )
+        self._start_writing_back("the new primary", "failover")
+
+    def _restarted(self, server: Server, before: Server) -> None:
+        """The same server, restarted: a crash recovers what it committed, but a snapshot
+        restored under the same identity (or a crash with commits not yet flushed) lost the
+        last claims and outcomes, and nothing else would tell. So the recent runs are written
+        back as after a failover; slots due before are not held back (a restart loses
+        nothing, as a rule: they are claimed at once, and a slot run twice is said)."""
+        self.restarts += 1
+        _logger.info(
+            "the server restarted (started %s, was %s); writing back this replica's recent "
+            "run(s) where its ledger lacks them (a restored snapshot loses the last ones)",
+            server.started,
+            before.started,
+        )
+        self._start_writing_back("the restarted server", "restart")
+
+    def _start_writing_back(self, where: str, what: str) -> None:
         if self._task is None or self._task.done():
             self._task = asyncio.get_running_loop().create_task(
-                self._write_back(), name=task_name("pg-failover")
+                self._write_back(where, what), name=task_name("pg-failover")
             )
 
     def dropped(self) -> None:
@@ -224,17 +253,19 @@ class NewPrimary:
 
     # -- writing back --------------------------------------------------------------------
 
-    async def _write_back(self) -> None:
+    async def _write_back(self, where: str, what: str) -> None:
         for attempt in range(1, _TRIES + 1):
             try:
-                await self._send()
+                await self._send(where, what)
                 return
             except LockError as exc:
                 if attempt == _TRIES:
                     _logger.error(
-                        "could not write back this replica's recent runs on the new "
-                        "primary (%s); a slot whose claim the failover lost may run again",
+                        "could not write back this replica's recent runs on %s (%s); a "
+                        "slot whose claim the %s lost may run again",
+                        where,
                         exc,
+                        what,
                     )
                     return
                 _logger.debug("writing back recent runs failed (%r); again in 1s", exc)
@@ -260,12 +291,18 @@ class NewPrimary:
                 row[0]["released"],
             )
 
-    async def _send(self) -> None:
+    async def _send(self, where: str, what: str) -> None:
         shard = self._shards[0]
         await self._leases(shard)
         if self._sql is None:
             return
-        items = [(job, slot, ran) for job, runs in self._runs.items() for slot, ran in runs.items()]
+        pruned = _now() - timedelta(seconds=self._keep) if self._keep < 1e9 else None
+        items = [
+            (job, slot, ran)
+            for job, runs in self._runs.items()
+            for slot, ran in runs.items()
+            if pruned is None or slot >= pruned
+        ]
         restored: list[tuple[str, datetime]] = []
         for start in range(0, len(items), _BATCH):
             batch = items[start : start + _BATCH]
@@ -295,9 +332,11 @@ class NewPrimary:
             shown = ", ".join(f"{job}@{slot.isoformat()}" for job, slot in restored[:5])
             more = f" and {len(restored) - 5} more" if len(restored) > 5 else ""
             _logger.warning(
-                "the new primary lacked %d run(s) of this replica (claims or outcomes the "
-                "failover lost), written back: %s%s",
+                "%s lacked %d run(s) of this replica (claims or outcomes the %s lost), "
+                "written back: %s%s",
+                where[0].upper() + where[1:],
                 len(restored),
+                what,
                 shown,
                 more,
             )

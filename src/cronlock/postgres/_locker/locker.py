@@ -28,6 +28,7 @@ from ..._logs import get_logger, say
 from ..._resources import HeldOpenByBlocks
 from ..._service import Service
 from .._conn.hosts import warm_up
+from .._conn.primary import Server
 from .._conn.source import Keepalives, default_application_name, watch_pool
 from .._modes import exclusion_for, source_for
 from .._modes.base import Channels, Mode
@@ -194,7 +195,7 @@ class PostgresLocker(HeldOpenByBlocks, ReadsLedger):
         self._failover = NewPrimary(
             shards=self._shards, exclusion=self._exclusion,
             sql=self._exclusion.ledger_or(lambda: None, reassert_sql), host=host,
-            holder=self._holder, remember=checked.remember,
+            holder=self._holder, remember=checked.remember, keep=self._keep,
             in_flight=lambda: [(h.job, h.slot, h.attempt) for h in self._held.values()],
         )  # fmt: skip
         self._claims = tuple(
@@ -447,7 +448,7 @@ class PostgresLocker(HeldOpenByBlocks, ReadsLedger):
         slot another replica ran too (*other* names it): ``FailoverWatchingLocker``."""
         self._failover.on_failover(callback)
 
-    def _on_server(self, server: str | None) -> None:
+    def _on_server(self, server: Server | None) -> None:
         """A new connection reached *server*: a new primary is noticed here."""
         self._failover.seen(server)
 

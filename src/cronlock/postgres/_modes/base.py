@@ -32,6 +32,7 @@ from .._sql.sessions import BACKEND_PID_SQL
 if TYPE_CHECKING:
     from ..._records import RunRecord
     from .._conn import Channel
+    from .._conn.primary import Server
     from .._conn.source import ConnectionSource, Keepalives
     from .._sql.tables import LedgerTable
 
@@ -134,7 +135,7 @@ class Channels:
     application_name: str
     keepalives: Keepalives | None
     on_open: Callable[[], None]
-    on_server: Callable[[str | None], None]
+    on_server: Callable[[Server | None], None]
     """Told which server each new connection reached (a new primary is noticed there)."""
     on_drop: Callable[[int, str], None]
     on_fenced: Callable[[], None]

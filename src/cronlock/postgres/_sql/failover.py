@@ -19,10 +19,12 @@ SERVER_SQL = """
                 THEN (SELECT system_identifier FROM pg_catalog.pg_control_system()) END
                AS system,
            CASE WHEN NOT pg_is_in_recovery()
-                THEN substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8) END AS timeline"""
+                THEN substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8) END AS timeline,
+           pg_postmaster_start_time() AS started"""
 """Which server this is: ``system`` (the cluster's system identifier, shared by a primary
-and the standbys copied from it; ``NULL`` where the role may not read it) and ``timeline``
-(the current WAL timeline, in hex: a promotion starts a new one)."""
+and the standbys copied from it; ``NULL`` where the role may not read it), ``timeline``
+(the current WAL timeline, in hex: a promotion starts a new one) and ``started`` (when its
+postmaster started: a restart, such as one onto a restored snapshot, changes it)."""
 
 
 def reassert_sql(table: LedgerTable) -> str:
