@@ -198,6 +198,13 @@ async def test_claim_granted_when_the_lease_expired_or_is_ours(both: Both) -> No
     await both.put("leases", job="c", slot=old, holder=OTHER, expires_at=_NEG)
     answers = await _claim(both, ("a", s), ("b", s), ("c", s))
     assert all(row["got"] for row in answers)
+    # Taken over from another holder that let its lease lapse unreleased: told whose, for
+    # which slot, when it lapsed and its last renewal (a lease of this length before).
+    lapsed = answers[0]
+    assert (lapsed["gone_slot"], lapsed["gone_holder"]) == (old, OTHER)
+    assert lapsed["gone_since"] == lapsed["gone_expired"] - timedelta(seconds=LEASE)
+    # Ours (a release lost), or released: nobody gone.
+    assert answers[1]["gone_slot"] is None and answers[2]["gone_slot"] is None
 
 
 async def test_claim_of_a_slot_that_ran_or_whose_lease_names_it(both: Both) -> None:

@@ -9,7 +9,7 @@ from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from datetime import datetime, timedelta
 from logging import DEBUG
-from typing import Any
+from typing import Any, cast
 
 from .._clock import Clock
 from .._events import (
@@ -28,6 +28,7 @@ from .._locking.protocols import (
     GRANTED_ATTEMPT,
     Elector,
     Hold,
+    InheritingHold,
     LosableHold,
     RecordingHold,
     hold_hooks,
@@ -40,6 +41,7 @@ from .admission import Admission
 from .guard import Deadlines, Lane, RunGuard, take_back
 from .job import Job
 from .slots.account import account
+from .slots.gone import held_by_gone
 
 __all__ = ("BEGUN", "Executor")
 
@@ -128,6 +130,8 @@ class Executor:
             return gate
         if gate is None:
             return await self._execute(job, slot, None, report, tell, attempt)
+        if hold_hooks(gate).inherits and (gone := cast(InheritingHold, gate).took_over()):
+            held_by_gone(self._bus, job, slot, gone)
         try:
             if not report:  # a slot of its schedule (a run asked for starts whatever)
                 if job._wiring.ahead:  # fired ahead for its claim: start on time

@@ -41,9 +41,11 @@ __all__ = (
     "FleetWatchingLocker",
     "ForeignCallback",
     "ForeignWatchingLocker",
+    "GoneHolder",
     "Health",
     "Hold",
     "HoldHooks",
+    "InheritingHold",
     "KeyedLocker",
     "LedgerLocker",
     "LedgerSummary",
@@ -120,6 +122,33 @@ class LosableHold(Hold, Protocol):
         Losing the lock (session killed, network cut, server restart) means mutual exclusion
         no longer holds; the scheduler cancels the run by default (event ``LockLost``).
         """
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class GoneHolder:
+    """The holder a hold took its job over from: it let its own hold lapse unreleased
+    mid-run (killed, frozen, cut off), so every slot of the job after *slot* until the new
+    hold's was refused to the others while nobody ran it (DESIGN.md: held by the dead is
+    owed, not lost)."""
+
+    slot: datetime
+    """The slot of the gone holder's run."""
+    holder: str
+    """Who it was (the locker's holder name)."""
+    lapsed: datetime
+    """When its hold lapsed (the server's time)."""
+    since: datetime
+    """Its last sign of life as far as the hold tells (a lease's last renewal)."""
+
+
+@runtime_checkable
+class InheritingHold(Hold, Protocol):
+    """A hold that tells when it took its job over from a holder that is gone."""
+
+    def took_over(self) -> GoneHolder | None:
+        """The gone holder this hold took the job over from, or ``None`` (the usual case:
+        the previous run ended and released its hold). No I/O."""
         ...
 
 
@@ -506,6 +535,8 @@ class HoldHooks:
     losable: bool
     bounded: bool = False
     """Its release bounds itself and survives cancellation (:class:`BoundedRelease`)."""
+    inherits: bool = False
+    """It tells when it took its job over from a gone holder (:class:`InheritingHold`)."""
 
 
 @functools.cache
@@ -514,6 +545,7 @@ def _hooks_of(kind: type) -> HoldHooks:
         issubclass(kind, RecordingHold),
         issubclass(kind, LosableHold),
         issubclass(kind, BoundedRelease),
+        issubclass(kind, InheritingHold),
     )
 
 

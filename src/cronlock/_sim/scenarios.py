@@ -176,17 +176,19 @@ KNOWN: dict[tuple[str, Mode], frozenset[str]] = {
     # snapshot restored under the same identity left the claims it lost the outcomes of
     # unfinished) is fixed: a restart is noticed (the postmaster's start) and the replicas
     # write their recent runs back, as after a failover.
-    # E6: a killed lease holder's jobs lose their next slots as ordinary 'locked' skips.
-    ("holder-killed", "lease"): frozenset({"silent"}),
+    # (E6 in lease mode, a killed holder's jobs losing their next slots as ordinary
+    # 'locked' skips, is fixed: the claim that takes the lapsed lease over tells the slots
+    # since the holder's last renewal coalesced into its own, with a WARNING.)
     # E10: runs frozen past their lease finish after others ran the job's later slots.
     ("holder-frozen", "lease"): frozenset({"overlap"}),
     # E7: a holder frozen for good. Session mode: its lock session is ended once its
     # membership expired (the crash check), its runs marked crashed and its jobs run again
     # (no longer 'unfinished'). Both modes: others run its jobs while its frozen runs stand
-    # (E10: the oracle counts a frozen body's span as in progress); the slots due before
-    # its locks or leases were freed vanish as 'locked' skips (E6).
+    # (E10: the oracle counts a frozen body's span as in progress); in session mode the
+    # slots due before its locks were freed vanish as 'locked' skips (E6; in lease mode
+    # the takeover of its lapsed lease tells them coalesced).
     ("holder-frozen-long", "session"): frozenset({"overlap", "silent"}),
-    ("holder-frozen-long", "lease"): frozenset({"overlap", "silent"}),
+    ("holder-frozen-long", "lease"): frozenset({"overlap"}),
     # Four long stalls: the slots owed are told coalesced into the slot after the stall,
     # but that slot is refused 'locked' (a claim stuck in the stall runs late meanwhile,
     # holding the job) and skipped by the overlap policy on the replica running it (E6).

@@ -71,6 +71,10 @@ _CLAIM_COLUMNS = (
     "got",
     "started_at",
     "stray",
+    "gone_slot",
+    "gone_holder",
+    "gone_expired",
+    "gone_since",
     *(f"p_{c}" for c in RUN_COLUMNS),
 )
 
@@ -158,6 +162,17 @@ def _take_leases(
 # -- the claim, the takeover --------------------------------------------------------------
 
 
+def _lapsed_of_another(lease: _Row, holder: Any, slot: datetime | None) -> bool:
+    """The claims' ``g``: *lease* is another holder's, not released (its expiry is not
+    ``-infinity``), for a slot before *slot*."""
+    return (
+        not _eq(lease["holder"], holder)
+        and lease["expires_at"] > NEG_INFINITY
+        and slot is not None
+        and lease["slot"] < slot
+    )
+
+
 def _claim(x: Exec, args: tuple[Any, ...]) -> list[Row]:
     """``lease_claim_many_sql``: ``$1`` keys, ``$2`` jobs, ``$3`` slots, ``$4`` host,
     ``$5`` pid, ``$6`` holder, ``$7`` lease seconds."""
@@ -172,6 +187,9 @@ def _claim(x: Exec, args: tuple[Any, ...]) -> list[Row]:
         manual = pc is not None and pc["trigger_slot"] == slot
         ran = (job, slot) in runs
         claims.append((i, job, slot, ran, paused, manual))
+    # The leases as the statement's snapshot shows them (the final SELECT's g reads them).
+    leases = x.db.table("leases")
+    seen = {job: leases[job] for _, job, *_ in claims if job in leases}
     # lease: the free rows in job order; a conflict updates only an expired lease or this
     # holder's, and only for another slot.
     expires = _after(now, seconds)
@@ -208,7 +226,15 @@ def _claim(x: Exec, args: tuple[Any, ...]) -> list[Row]:
         told = (
             latest(x, job, "last", at_or_before=slot) if at is None and slot is not None else None
         )
-        answers.append((i, ran, paused, got, at, got and at is None, *run_values(told)))
+        # g: the lease of another holder this granted claim took over, expired unreleased.
+        w = seen.get(job) if at is not None else None
+        if w is not None and not _lapsed_of_another(w, holder, slot):
+            w = None
+        gone: tuple[Any, ...] = (None,) * 4
+        if w is not None:
+            since = _after(w["expires_at"], -seconds if seconds is not None else None)
+            gone = (w["slot"], w["holder"], w["expires_at"], since)
+        answers.append((i, ran, paused, got, at, got and at is None, *gone, *run_values(told)))
     return rows(_CLAIM_COLUMNS, *answers)
 
 

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..._cancel import finish_uncancellably, task_name
 from ..._errors import LockError, LockUnavailable
-from ..._locking.protocols import Refusal
+from ..._locking.protocols import GoneHolder, Refusal
 from ..._logs import at, get_logger
 from .._conn.errors import gone
 from .._sql.runs import Prefixed, decode_run
@@ -58,11 +58,14 @@ class ClaimAnswer:
 
     ``told``: for a refused claim with the ledger, the job's latest finished run at or
     before the slot (and it again as the latest success when it succeeded), else ``None``.
+    ``gone``: for a granted claim that took the job's lease over from a holder that let it
+    lapse mid-run (lease mode), that holder, else ``None``.
     """
 
     refusal: Refusal | None
     generation: int
     told: Told | None = None
+    gone: GoneHolder | None = None
 
 
 class _Claim:
@@ -337,6 +340,12 @@ class Batcher:
         answers = [ClaimAnswer(None, generation)] * len(claims)
         for row in rows:
             if row["started_at"] is not None:
+                if row.get("gone_slot") is not None:  # lease mode: a lapsed lease taken over
+                    gone = GoneHolder(
+                        row["gone_slot"], row["gone_holder"], row["gone_expired"],
+                        row["gone_since"],
+                    )  # fmt: skip
+                    answers[row["i"] - 1] = ClaimAnswer(None, generation, gone=gone)
                 continue
             claim = claims[row["i"] - 1]
             if self._exclusion.stray(row):

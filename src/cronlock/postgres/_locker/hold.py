@@ -8,7 +8,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING
 
 from ..._cancel import finish_uncancellably
-from ..._locking.protocols import BoundedRelease
+from ..._locking.protocols import BoundedRelease, GoneHolder
 
 if TYPE_CHECKING:
     from ..._records import RunRecord
@@ -30,6 +30,7 @@ class PostgresHold(BoundedRelease):
         "_claims",
         "_done",
         "_generation",
+        "_gone",
         "_lost",
         "_lost_because",
         "_on_released",
@@ -51,8 +52,10 @@ class PostgresHold(BoundedRelease):
         generation: int,
         on_released: Callable[[PostgresHold, RunRecord | None], None],
         attempt: int = 1,
+        gone: GoneHolder | None = None,
     ) -> None:
         self.job = job
+        self._gone = gone
         self.attempt = attempt
         self.key = key
         self.slot = slot
@@ -141,6 +144,11 @@ class PostgresHold(BoundedRelease):
         # False: the session died first (with the lock); the outcome is written later.
         gone = not end.cancelled() and end.exception() is None and not end.result()
         self._on_released(self, self._record if gone else None)
+
+    def took_over(self) -> GoneHolder | None:
+        """The holder that let this job's lease lapse unreleased mid-run, when this hold's
+        claim took the lease over from it (lease mode), else ``None``."""
+        return self._gone
 
     def __repr__(self) -> str:
         state = "released" if self._done else "lost" if self._lost else "held"

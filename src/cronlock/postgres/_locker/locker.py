@@ -376,7 +376,7 @@ class PostgresLocker(HeldOpenByBlocks, ReadsLedger):
         self._failover.claimed(job, slot, attempt)
         hold = PostgresHold(
             job, key, slot, claims=claims, generation=generation, on_released=self._on_released,
-            attempt=attempt,
+            attempt=attempt, gone=answer.gone,
         )  # fmt: skip
         self._held[key] = hold
         if not self._exclusion.granted(hold, sent, generation, self._shards[self._shard(key)]):

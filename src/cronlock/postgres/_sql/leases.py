@@ -88,12 +88,17 @@ def lease_claim_many_sql(table: LedgerTable) -> str:
     ``$7`` lease seconds. Answers what :func:`.claims.claim_many_sql` answers (*got*: the
     lease was taken), plus *stray*: the lease was taken but the slot had been claimed
     meanwhile (seen only in the latest data, not in this statement's snapshot), so the caller
-    gives that lease back. A job's lease is taken only while no unexpired lease of the job
-    exists, or the live one is this holder's (a holder claims a job only with no run of it
-    in flight: a lease of its own is one whose release was lost, to a cut connection or a
-    failover, and must not hold its own next slot off), and the latest one was not for this
-    very slot (then the slot ran already; the lease of an undone claim is released for no
-    slot, see :func:`lease_finish_many_sql`).
+    gives that lease back; and for a claim granted by taking over a lease that another
+    holder let expire unreleased (it was killed, frozen or cut off mid-run), that lease's
+    slot, holder and expiry (*gone_slot*, *gone_holder*, *gone_expired*, read from the
+    statement's snapshot: no slot of the job between that one and this claim's ran, each was
+    refused while the gone holder's lease stood), and its last renewal as far as a lease of
+    this length tells (*gone_since*). A job's lease is taken only while no unexpired lease
+    of the job exists, or the live one is this holder's (a holder claims a job only with no
+    run of it in flight: a lease of its own is one whose release was lost, to a cut
+    connection or a failover, and must not hold its own next slot off), and the latest one
+    was not for this very slot (then the slot ran already; the lease of an undone claim is
+    released for no slot, see :func:`lease_finish_many_sql`).
     """
     runs, leases = table.runs, table.leases
     return f"""
@@ -130,7 +135,15 @@ def lease_claim_many_sql(table: LedgerTable) -> str:
         )
         SELECT c.i, c.ran, c.paused, c.got, c.started_at,
                c.got AND c.started_at IS NULL AS stray,
-               {told_columns(runs)}"""
+               g.slot AS gone_slot, g.holder AS gone_holder, g.expires_at AS gone_expired,
+               g.expires_at - $7::float8 * interval '1 second' AS gone_since,
+               {told_columns(runs)}
+        LEFT JOIN LATERAL (
+            SELECT w.slot, w.holder, w.expires_at FROM {leases} w
+            WHERE c.started_at IS NOT NULL AND w.job = c.job
+              AND w.holder IS DISTINCT FROM $6::text AND w.expires_at > '-infinity'
+              AND w.slot < c.slot
+        ) g ON true"""
 
 
 def lease_finish_many_sql(table: LedgerTable) -> str:
