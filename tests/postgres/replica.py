@@ -19,7 +19,8 @@ the real-time window of the call and its answer) and every lease release ("relea
 
 Options for the crash tests: ``--table T`` names the ledger table; ``--recover`` sets the
 job's ``recover=True``; a ``JobCrashed`` this replica emits is printed as "crashed" (with
-the owner and whether it reruns the slot), and "running" once the scheduler started.
+the owner and whether it reruns the slot), and "running" once the scheduler started. A
+``SlotsDecided`` is printed as "decided" (its range, fate, the slot coalesced into, reason).
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ from cronlock import (
     ScheduleNotingLocker,
     Scheduler,
     ServerClockLocker,
+    SlotsDecided,
     SystemClock,
     every,
 )
@@ -267,6 +269,17 @@ async def main() -> None:
                 replica=args.id,
                 slot=event.slot.timestamp(),
                 error=repr(event.exception),
+            )
+        elif isinstance(event, SlotsDecided):
+            emit(
+                event="decided",
+                replica=args.id,
+                slot=event.slot.timestamp(),
+                last=event.last.timestamp(),
+                fate=event.fate,
+                into=None if event.into is None else event.into.timestamp(),
+                reason=event.reason,
+                t=time.time(),
             )
         elif isinstance(event, LockHeldElsewhere):
             emit(event="held_elsewhere", replica=args.id, holder=event.holder, t=time.time())
