@@ -12,7 +12,7 @@ holder's run and this one ran. Those due after the holder's last sign of life ar
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
 from ..._events import EventBus
@@ -28,12 +28,18 @@ __all__ = ("held_by_gone",)
 
 _logger = get_logger("cronlock")
 
+_A_MICROSECOND = timedelta(microseconds=1)
+
 
 def held_by_gone(bus: EventBus, job: Job, slot: datetime, gone: GoneHolder) -> None:
     """*slot* of *job* was claimed by taking the job over from *gone*: tell the slots
-    between, due after its last sign of life, coalesced into *slot*. Never raises."""
+    between that were held by it (due after its last sign of life, and claimed before its
+    hold lapsed: a slot's claim goes out up to the locker's claim-ahead before it; later
+    ones fell due while nothing held the job, which is another account) coalesced into
+    *slot*. Never raises."""
     try:
-        first, last, count = _between(job, max(gone.slot, gone.since), gone.slot, slot)
+        before = min(slot, gone.lapsed + job._wiring.ahead + _A_MICROSECOND)
+        first, last, count = _between(job, max(gone.slot, gone.since), gone.slot, before)
     except Exception:  # a schedule that fails: the run goes on, untold
         _logger.exception("job %r: the slots held by %s could not be listed", job.name, gone)
         return
@@ -60,8 +66,9 @@ def held_by_gone(bus: EventBus, job: Job, slot: datetime, gone: GoneHolder) -> N
 def _between(
     job: Job, since: datetime, held: datetime, slot: datetime
 ) -> tuple[datetime | None, datetime | None, int]:
-    """The first and last slot of *job* after *held*, at or after *since*, before *slot*,
-    and how many (counted up to :data:`.fate.COUNT_AT_MOST`)."""
+    """The first and last slot of *job* after *held*, at or after *since*, before *slot*
+    (*slot* itself or the instant after the hold lapsed), and how many (counted up to
+    :data:`.fate.COUNT_AT_MOST`)."""
     nxt = job.slot_after(held)
     while nxt is not None and nxt < since:
         nxt = job.following(nxt)
