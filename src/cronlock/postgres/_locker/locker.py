@@ -36,7 +36,7 @@ from .._sql.crashes import retries_due_sql, retries_pending_sql
 from .._sql.failover import reassert_sql
 from .._sql.tables import DEFAULT_TABLE, LedgerTable
 from .._statistics import LockerCounts, PostgresLockerStatistics
-from .batch import held_back
+from .batch import ClaimAnswer, held_back
 from .claims import Claims
 from .crashes import CrashWatch
 from .failover import NewPrimary
@@ -322,25 +322,36 @@ class PostgresLocker(HeldOpenByBlocks, ReadsLedger):
         # A slot whose crashed run this replica said it would rerun, or whose failed attempt
         # it retries, is claimed by taking that row over (the attempt after it), ours or not.
         rerun, told = self._crashes.take(job, slot)
+        if (refused := self._refused_here(job, slot, rerun)) is not None:
+            return refused
+        sent = asyncio.get_running_loop().time()  # lease mode trusts a lease from here on
+        answer = await self._claim(job, key, slot, rerun)
+        if answer.refusal is not None:
+            return self._refused(job, key, slot, answer)
+        return self._granted(job, key, slot, answer, sent, rerun, told)
+
+    def _refused_here(self, job: str, slot: datetime, rerun: int) -> Refusal | None:
+        """Why this process refuses *slot* of *job* (claimed as attempt *rerun*, 0: a
+        plain claim) itself, with no statement: the slot was claimed here, or this replica
+        stands by; else ``None``."""
         claimed = self._claimed.get(job)
         if claimed and slot in claimed and not rerun:
             self._count.busy_here += 1
             say(_logger, DEBUG, job, slot, "already claimed by this process")
             return "already_ran"
-        # In a fleet of more than `racers`, only `racers` replicas claim (._members).
-        if (
-            not rerun
-            and self._members.standing_by()
-            and not ASKED.get()  # run_now() claims the slot even here
-        ):
+        # In a fleet of more than `racers`, only `racers` replicas claim (._members);
+        # run_now() claims the slot even here.
+        if not rerun and self._members.standing_by() and not ASKED.get():
             self._count.standby += 1
             return "standby"
-        # Reserve the key in-process first: the session would grant it twice (re-entrant).
+        return None
+
+    async def _claim(self, job: str, key: int, slot: datetime, rerun: int) -> ClaimAnswer:
+        """Send the claim (its key reserved in-process meanwhile: the session would grant
+        it twice, being re-entrant), after the fair race (._servertime) of its lane."""
         self._pending.add(key)
-        sent = asyncio.get_running_loop().time()  # lease mode trusts a lease from here on
         try:
-            # The fair race (._servertime), drawn per lane: eight lanes per locker.
-            await self._race.wait(slot, key % LANES)
+            await self._race.wait(slot, key % LANES)  # eight lanes per locker
             claims = self._claims[self._shard(key)]
             try:
                 answer = await claims.claim(job, key, slot, rerun=rerun)
@@ -350,36 +361,50 @@ class PostgresLocker(HeldOpenByBlocks, ReadsLedger):
                 raise
         finally:
             self._pending.discard(key)
-        refusal, generation = answer.refusal, answer.generation
         if answer.told is not None:
             self._told[job] = answer.told
             if len(self._told) > self._remember:
                 del self._told[next(iter(self._told))]
+        return answer
+
+    def _refused(self, job: str, key: int, slot: datetime, answer: ClaimAnswer) -> Refusal:
+        """Count and say a refusal the server gave."""
+        refusal = answer.refusal
+        assert refusal is not None
         if refusal == "locked":
             self._count.contended += 1
             self._foreign.refused(job, key, slot, self._shards[self._shard(key)])
             say(_logger, DEBUG, job, slot, "another replica holds the lock")
-            return refusal
-        if refusal == "already_ran":
+        elif refusal == "already_ran":
             self._count.already_ran += 1
             say(_logger, DEBUG, job, slot, "another replica already ran the slot")
-            return refusal
-        if refusal == "paused":
-            return refusal  # paused fleet-wide (the claim statement read it)
+        return refusal  # "paused": paused fleet-wide (the claim statement read it)
+
+    def _granted(
+        self,
+        job: str,
+        key: int,
+        slot: datetime,
+        answer: ClaimAnswer,
+        sent: float,
+        rerun: int,
+        told: int,
+    ) -> PostgresHold:
+        """The hold of a granted claim (sent at *sent*), known to this locker."""
         self._count.granted += 1
         if rerun:
             self._count.reran += 1
             say(_logger, INFO, job, slot, f"took the slot over for attempt {rerun}")
             GRANTED_ATTEMPT.set(told)  # in the run's context: its body is told so
         remember_claim(self._claimed.setdefault(job, {}), slot, None, remember=self._remember)
-        claims, attempt = self._claims[self._shard(key)], rerun or 1
+        shard, attempt = self._shard(key), rerun or 1
         self._failover.claimed(job, slot, attempt)
         hold = PostgresHold(
-            job, key, slot, claims=claims, generation=generation, on_released=self._on_released,
-            attempt=attempt, gone=answer.gone,
+            job, key, slot, claims=self._claims[shard], generation=answer.generation,
+            on_released=self._on_released, attempt=attempt, gone=answer.gone,
         )  # fmt: skip
         self._held[key] = hold
-        if not self._exclusion.granted(hold, sent, generation, self._shards[self._shard(key)]):
+        if not self._exclusion.granted(hold, sent, answer.generation, self._shards[shard]):
             # The session died between its answer and now: the lock died with it.
             hold.mark_lost(LockError(f"job {job!r}: the lock session was dropped"))
             self._count.lost += 1
