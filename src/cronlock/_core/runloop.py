@@ -291,15 +291,44 @@ class RunLoop:
         """Handle a popped due slot (firing at *fire*): coalesce missed ones, plan the next,
         dispatch. A slot popped ahead of its time for its claim is handled as at its time."""
         if job._wiring.ahead:
-            at_slot = job.fire_time(slot)
-            if at_slot > now and job._active:  # its own run goes on: claim at the slot
-                self._planner.push(job, at_slot, slot, None)
+            at_its_time = self._at_its_time(job, fire, slot, now)
+            if at_its_time is None:
                 return
-            if fire > now and not _may_claim(job, slot, at_slot, now):
-                # Opened with its crowd, earlier than it may be claimed: at its own time.
-                self._planner.push(job, fire, slot, None)
-                return
-            fire, now = at_slot, max(now, at_slot)
+            fire, now = at_its_time
+        planned = self._due(job, slot, fire, now)
+        if planned is None:
+            return
+        latest, fire, following, next_fire = planned
+        self._plan_next(job, latest, following, next_fire)
+        if not self._tell_fate(job, slot, latest, fire, now):
+            return
+        if job.max_runs is not None and job._uses >= job.max_runs:
+            return
+        self.dispatch(job, latest)
+        if job.max_runs is not None and job._uses >= job.max_runs:
+            self.unschedule(job)
+
+    def _at_its_time(
+        self, job: Job, fire: datetime, slot: datetime, now: datetime
+    ) -> tuple[datetime, datetime] | None:
+        """A slot of a job claimed ahead, popped early: when it fires and the instant it is
+        handled as, or ``None`` when it goes back to wait for its own time."""
+        at_slot = job.fire_time(slot)
+        if at_slot > now and job._active:  # its own run goes on: claim at the slot
+            self._planner.push(job, at_slot, slot, None)
+            return None
+        if fire > now and not _may_claim(job, slot, at_slot, now):
+            # Opened with its crowd, earlier than it may be claimed: at its own time.
+            self._planner.push(job, fire, slot, None)
+            return None
+        return at_slot, max(now, at_slot)
+
+    def _due(
+        self, job: Job, slot: datetime, fire: datetime, now: datetime
+    ) -> tuple[datetime, datetime, datetime | None, datetime | None] | None:
+        """The latest slot of *job* due at *now* from *slot* on (the usual case: *slot*),
+        when it fires, the slot after it and when that fires; ``None`` when the schedule
+        failed (said, and the job no longer fires)."""
         latest = slot
         try:
             following = job.following(slot)
@@ -317,22 +346,36 @@ class RunLoop:
                 "job %r: its schedule failed; the job will not fire", job.name, extra=at(job.name)
             )
             job._forget_plan()
-            return
+            return None
+        return latest, fire, following, next_fire
+
+    def _plan_next(
+        self, job: Job, latest: datetime, following: datetime | None, next_fire: datetime | None
+    ) -> None:
+        """Plan *job*'s slot after *latest* (*following*, firing at *next_fire*)."""
         job._plan(following)
         note = job._wiring.note
         if note is not None:
             note(job.name, schedule_text(job._schedule), following, job._settings.tags, None)
-        if next_fire is not None:
-            assert following is not None
-            fast = self._fast_of(job)
-            gap = None
-            if job._wiring.ahead:  # claimed ahead: popped early (ClaimAheadLocker)
-                gap = following - latest
-                next_fire = claim_time(job, next_fire, gap)
-            self._planner.push(job, next_fire, following, fast, gap)
+        if next_fire is None:
+            return
+        assert following is not None
+        fast = self._fast_of(job)
+        gap = None
+        if job._wiring.ahead:  # claimed ahead: popped early (ClaimAheadLocker)
+            gap = following - latest
+            next_fire = claim_time(job, next_fire, gap)
+        self._planner.push(job, next_fire, following, fast, gap)
+
+    def _tell_fate(
+        self, job: Job, slot: datetime, latest: datetime, fire: datetime, now: datetime
+    ) -> bool:
+        """Decide what becomes of the slots from *slot* to *latest*, due at once: whether
+        *latest* is to run now (the slots before it told coalesced into it), or not (past
+        its grace: missed; ``catch_up="all"``: each owed, in order)."""
         if job._settings.catch_up == "all" and (latest != slot or job in self._backlog):
             self.owe_each(job, slot, latest, _FELL_BEHIND)  # each owed slot, in order
-            return
+            return False
         lateness = misfired(job.misfire_grace, fire, now)
         missed = "" if latest == slot else f" (and the missed slots from {slot.isoformat()})"
         if lateness is not None:
@@ -347,7 +390,7 @@ class RunLoop:
             )
             self._bus.emit(JobSkipped(job.name, latest, "misfire"))
             account(self._bus, job, "missed", slot, latest, _late_here(lateness, job))
-            return
+            return False
         if missed:  # said once the run is sure to be tried (not when it is skipped, above)
             _logger.warning(
                 "job %r: missed slots from %s to %s coalesced into one run",
@@ -358,11 +401,7 @@ class RunLoop:
             )
             account(self._bus, job, "coalesced", slot, latest - ONE_MICROSECOND, _FELL_BEHIND,
                     latest)  # fmt: skip
-        if job.max_runs is not None and job._uses >= job.max_runs:
-            return
-        self.dispatch(job, latest)
-        if job.max_runs is not None and job._uses >= job.max_runs:
-            self.unschedule(job)
+        return True
 
     def owe_each(self, job: Job, first: datetime, last: datetime, why: str) -> None:
         """``catch_up="all"``: *job* owes its slots from *first* to *last*; each within its
