@@ -305,3 +305,45 @@ async def test_demotion_ends_coordinated_runs_only(clock: FakeClock) -> None:
         skipped = {(e.job, e.reason) for e in rec.of(JobSkipped)}  # type: ignore[attr-defined]
         assert skipped == {("coordinated", "not_leader"), ("local", "overlap")}
         await s.shutdown(timeout=0)
+
+
+class _LostAlready:
+    """Grants holds already lost when the run starts (a claim made ahead of its slot whose
+    session died while the run waited for it): ``on_lost`` says so, and calls back soon."""
+
+    async def acquire(self, job: str, slot: datetime) -> object:
+        class _Hold:
+            def on_lost(self, callback: Callable[[BaseException | None], None]) -> bool:
+                asyncio.get_running_loop().call_soon(callback, ConnectionResetError("gone"))
+                return True
+
+            async def release(self) -> None:
+                pass
+
+        return _Hold()
+
+
+async def test_a_run_lost_before_its_body_began_says_so_without_an_error(
+    clock: FakeClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """No body ran, so nothing was "cancelled": a WARNING says the slot is owed, and no
+    ERROR is logged (an on-call engineer's pager would ring for nothing)."""
+    s = Scheduler(clock=clock, locker=_LostAlready())  # type: ignore[arg-type]
+    rec = Recorder()
+    s.subscribe(rec)
+    bodies: list[datetime] = []
+
+    async def job(ctx: RunContext) -> None:
+        bodies.append(ctx.slot)
+
+    s.add_job(job, every(60), name="never")
+    with caplog.at_level(logging.INFO, logger="cronlock"):
+        async with s:
+            await clock.advance(61)
+    assert bodies == []
+    assert [e.slot for e in rec.of(LockLost)] == [at(60)]  # type: ignore[attr-defined]
+    said = [(r.levelno, r.getMessage()) for r in caplog.records]
+    assert not [m for level, m in said if level >= logging.ERROR], said
+    assert any(
+        level == logging.WARNING and "not begun" in m and "owed" in m for level, m in said
+    ), said

@@ -399,13 +399,23 @@ class Executor:
                 return timed_out
             if guard.ended_run:  # its lock was lost
                 finished = clock.now()
-                _lock_logger.error(
-                    "job %r slot %s cancelled: its lock was lost (%s)",
-                    job.name,
-                    slot,
-                    guard.lost_because,
-                    extra=at(job.name, slot),
-                )
+                if lost:  # no body ran: nothing was cancelled, and the slot is owed
+                    _lock_logger.warning(
+                        "job %r slot %s not begun: its lock was lost before the run began "
+                        "(%s); the slot is owed (claimed again, or coalesced into a later one)",
+                        job.name,
+                        slot,
+                        guard.lost_because,
+                        extra=at(job.name, slot),
+                    )
+                else:
+                    _lock_logger.error(
+                        "job %r slot %s cancelled: its lock was lost (%s)",
+                        job.name,
+                        slot,
+                        guard.lost_because,
+                        extra=at(job.name, slot),
+                    )
                 # Lost before the body began: nothing ran, and the ledger says so (the
                 # slot is then claimed again: _core/recovery.py).
                 record = RunRecord(
