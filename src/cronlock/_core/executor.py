@@ -402,7 +402,7 @@ class Executor:
                 if lost:  # no body ran: nothing was cancelled, and the slot is owed
                     _lock_logger.warning(
                         "job %r slot %s not begun: its lock was lost before the run began "
-                        "(%s); the slot is owed (claimed again, or coalesced into a later one)",
+                        "(%s); the slot is owed",
                         job.name,
                         slot,
                         guard.lost_because,
