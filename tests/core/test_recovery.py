@@ -7,6 +7,7 @@ The locker here reports crashes when told to; finding them is the PostgreSQL loc
 
 from __future__ import annotations
 
+import logging
 from datetime import datetime, timedelta
 
 import pytest
@@ -241,3 +242,50 @@ async def test_a_run_lost_before_it_began_coalesces_into_a_later_slot_fired_sinc
     assert runs == [lost, lost + timedelta(seconds=10), lost + timedelta(seconds=20)]
     assert [e for e in recorder.events[told:] if getattr(e, "slot", None) == lost] == []
     assert recorder.of(JobSkipped) == []
+
+
+class _SlowThenLocked(_Watching):
+    """Claims of *slow* hang *hang* seconds; the first *refusals* claims of *locked* are
+    refused ``"locked"`` (another replica runs the job at that moment)."""
+
+    def __init__(
+        self, clock: FakeClock, *, slow: datetime, hang: float, locked: datetime, refusals: int
+    ) -> None:
+        super().__init__()
+        self.clock, self.slow, self.hang = clock, slow, hang
+        self.locked, self.refusals = locked, refusals
+
+    async def acquire(self, job: str, slot: datetime) -> Hold | Refusal | None:
+        if slot == self.slow:
+            await self.clock.sleep(self.hang)
+        if slot == self.locked and self.refusals > 0:
+            self.refusals -= 1
+            self.acquired.append((job, slot))
+            return "locked"
+        return await super().acquire(job, slot)
+
+
+async def test_a_rerun_waits_for_a_claim_in_flight_and_is_claimed_again_when_locked(
+    clock: FakeClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The crash is found while the job's own claim of its next slot hangs on a slow
+    server: the rerun waits for it (handed over at once it was owed, then coalesced into
+    that slot, and never ran), then its first two claims are refused "locked" (another
+    replica runs the job just then): it is claimed again, within its grace, and runs."""
+    crashed, due = T0 + timedelta(seconds=60), T0 + timedelta(seconds=120)
+    locker = _SlowThenLocked(clock, slow=due, hang=20, locked=crashed, refusals=2)
+    runs: list[datetime] = []
+    scheduler = Scheduler(clock=clock, locker=locker)
+
+    async def work(ctx: RunContext) -> None:
+        runs.append(ctx.slot)
+
+    scheduler.add_job(work, every(60), name="job", recover=True, misfire_grace=300)
+    with caplog.at_level(logging.WARNING, logger="cronlock"):
+        async with scheduler:
+            await clock.advance_to(due + timedelta(seconds=1))  # due's claim hangs
+            assert locker.crash("job", crashed) == [True]
+            await clock.advance(60)
+    assert crashed in runs and due in runs, runs
+    assert locker.acquired.count(("job", crashed)) == 3  # refused twice, then granted
+    assert not [r for r in caplog.records if "not run again" in r.getMessage()]
