@@ -160,7 +160,7 @@ async def test_a_member_back_after_a_gap_stands_anew(
             f" VALUES ($1, 'f', {last_beat} + interval '45 seconds', {long_ago})",
             holder,
         )
-        await admin.fetch(sql, holder, "f", 45.0)
+        await admin.fetch(sql, holder, "f", 45.0, False)
     since = dict(
         await admin.fetch(
             f"SELECT holder, since > clock_timestamp() - interval '1 minute' FROM {ledger.members}"

@@ -61,14 +61,18 @@ class Outcome:
     history: RunRecord  # the slot's run as the ledger's history reads it, with attempt 1
 
 
-async def _crash(coordination: Coordination, admin: Any, ledger: LedgerTable) -> Outcome:
+async def _crash(
+    coordination: Coordination, admin: Any, ledger: LedgerTable, *, members_every: float = 1
+) -> Outcome:
     job = f"crash-{uuid.uuid4()}"
     # Lease mode: the replicas hand the locker a pool of their own, through PgBouncer.
     pooled = ("--pool",) if coordination.mode == "lease" else ()
     # Heartbeats every second: a killed replica's members row expires 3 s after its last
     # one (45 s by default), and its run is crashed once that row and its session (or
-    # lease) are gone.
-    table = ["--table", ledger.table, "--members-every", "1", *coordination.args, *pooled]
+    # lease) are gone. *members_every* 15 (the default): the row stays, and session mode
+    # tells the kill by the session that row names (_sql/crashes.sessions_gone).
+    every = ("--members-every", str(members_every)) if members_every != 15 else ()
+    table = ["--table", ledger.table, *every, *coordination.args, *pooled]
     dsn = coordination.dsn
     # A boots first and is given the slot then: however slowly a busy machine starts it,
     # it is up for its slot; and a slot it could not claim in time (its first connection,
@@ -87,6 +91,15 @@ async def _crash(coordination: Coordination, admin: Any, ledger: LedgerTable) ->
         )
         row = await admin.fetchrow(f"SELECT * FROM {ledger.runs} WHERE job = $1", job)
         assert (row["pid"], row["outcome"], row["attempt"]) == (a.proc.pid, None, 1)
+        await eventually(
+            lambda: admin.fetchval(
+                f"SELECT session IS NOT NULL OR $2 FROM {ledger.members} WHERE holder = $1",
+                row["holder"],
+                coordination.mode == "lease",
+            ),
+            "replica A's first heartbeat",
+            60,
+        )
         killed_at = time.time()
         a.kill()
 
@@ -150,3 +163,25 @@ async def test_with_recover_one_of_two_replicas_reruns_the_slot_exactly_once(
     assert killed.error is not None and "died mid-run" in killed.error
     assert killed.finished_at is not None
     assert (seen.history.attempt, seen.history.outcome) == (2, "succeeded")
+
+
+@pytest.mark.parametrize("coordination", ["session"], indirect=True)
+async def test_session_mode_tells_a_killed_replica_by_its_sessions_not_its_rows_expiry(
+    coordination: Coordination, admin: Any, ledger: LedgerTable, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """With the default heartbeat (a members row lives 45 s), a killed session-mode
+    replica's run is crashed and rerun once both its lock session and the session its row
+    names are gone from the server: its row has not expired, so the reason tells which
+    rule did it. (Lease mode keeps the expiry rule: its pool's connections say nothing.)"""
+    seen = await _crash(coordination, admin, ledger, members_every=15)
+    with capsys.disabled():
+        print(f"\n[measured] kill told by its sessions {seen.noticed_after:.2f}s after SIGKILL")
+    [crashed] = seen.crashed
+    assert crashed["recovered"] is True and crashed["owner"] == _owner(seen.killed)
+    [rerun] = seen.runs
+    assert rerun["replica"] == crashed["replica"]
+    [killed] = seen.history.attempts
+    assert killed.outcome == "crashed"
+    assert killed.error is not None
+    assert killed.error.endswith("lock session and membership session gone")
+    assert (seen.row["outcome"], seen.row["attempt"]) == ("succeeded", 2)

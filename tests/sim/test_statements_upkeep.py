@@ -67,7 +67,17 @@ _TABLES: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {
             "spec": None,
         },
     ),
-    "members": (("holder",), {"holder": None, "fleet": "f", "expires_at": None, "since": None}),
+    "members": (
+        ("holder",),
+        {
+            "holder": None,
+            "fleet": "f",
+            "expires_at": None,
+            "since": None,
+            "session": None,
+            "server_started": None,
+        },
+    ),
     "definitions": (
         ("job", "holder"),
         {"job": None, "holder": None, "definition": "d", "noted_at": None},
@@ -263,7 +273,9 @@ def _same(a: Any, b: Any) -> bool:
 @pytest.fixture
 async def pair() -> AsyncIterator[Pair]:
     async with throwaway_ledger("agree_upkeep") as (table, (a, b)):
-        yield Pair(table, a, b)
+        pair = Pair(table, a, b)
+        pair.server.started = await a.fetchval("SELECT pg_postmaster_start_time()")
+        yield pair
 
 
 # -- members -----------------------------------------------------------------------------------
@@ -278,18 +290,24 @@ async def test_heartbeat_answers_the_live_members_of_its_fleet(pair: Pair) -> No
     await pair.put("members", holder="me", expires_at=t + 40 * S, since=t - 100 * S)
     sql = upkeep.heartbeat_sql(pair.table)
     # A beat within half a time to live keeps `since`; the hour-expired row is deleted.
-    assert await pair.agree(sql, "me", "f", TTL) == [{"holder": "live"}]
+    assert await pair.agree(sql, "me", "f", TTL, False) == [{"holder": "live"}]
     # A beat after a gap starts `since` again.
     await pair.put("members", holder="gap", expires_at=t + 5 * S, since=t - 100 * S)
-    await pair.agree(sql, "gap", "f", TTL)
-    # A new member's row.
-    await pair.agree(sql, "new", "g", TTL)
+    await pair.agree(sql, "gap", "f", TTL, False)
+    # A new member's row; in session mode, naming its session and the server's start.
+    await pair.agree(sql, "new", "g", TTL, False)
+    await pair.agree(sql, "session-mode", "g", TTL, True)
+    [named] = await pair.a.fetch(
+        f"SELECT session, server_started = pg_postmaster_start_time() AS same"
+        f" FROM {pair.table.members} WHERE holder = 'session-mode'"
+    )
+    assert (named["session"], named["same"]) == (pair.sa.pid, True)
 
 
 async def test_heartbeat_of_a_member_expired_an_hour_renews_it(pair: Pair) -> None:
     t = pair.base
     await pair.put("members", holder="me", expires_at=t - 2 * timedelta(hours=1))
-    assert await pair.agree(upkeep.heartbeat_sql(pair.table), "me", "f", TTL) == []
+    assert await pair.agree(upkeep.heartbeat_sql(pair.table), "me", "f", TTL, False) == []
 
 
 async def test_leave_deletes_the_member_and_its_definitions(pair: Pair) -> None:
@@ -544,6 +562,36 @@ async def test_crashed_marks_runs_whose_session_and_owner_are_gone(pair: Pair) -
     ended = {r["job"]: r["finished_at"] for r in answer}
     assert ended["expired"] == t - 10 * S - TTL * S
     assert ended["absent"] == ended["no-holder"] == "NOW"
+    assert await pair.agree(sql, "here", 42, "me", TTL) == []
+
+
+async def test_crashed_marks_at_once_the_runs_of_a_member_whose_session_is_gone(
+    pair: Pair,
+) -> None:
+    """Session mode: a killed replica's lock session and the session its members row names
+    are both gone from the same server: its run is crashed without waiting for the row to
+    expire. Not when that session lives (a run's session lost under a live replica), nor
+    when the row was written on a server that has since restarted, nor in lease mode."""
+    t = pair.base
+    started = pair.server.started
+    live = t + 40 * S
+    await pair.put("members", holder="me", expires_at=live, since=t - 60 * S)
+    await pair.put("members", holder="killed", expires_at=live, session=DEAD,
+                   server_started=started)  # fmt: skip
+    await pair.put("members", holder="cut-off", expires_at=live, session=pair.sb.pid,
+                   server_started=started)  # fmt: skip
+    await pair.put("members", holder="before-restart", expires_at=live, session=DEAD,
+                   server_started=started - timedelta(hours=1))  # fmt: skip
+    await pair.put("members", holder="lease-mode", expires_at=live)
+    recent = t - 5 * S  # claimed since the time to live: the expiry rule would wait
+    for holder in ("killed", "cut-off", "before-restart", "lease-mode"):
+        await pair.put("runs", job=holder, holder=holder, slot=recent, started_at=recent,
+                       session=DEAD, host="h2")  # fmt: skip
+    sql = crashes.crashed_sql(pair.table)
+    answer = await pair.agree(sql, "here", 42, "me", TTL)
+    assert [r["job"] for r in answer] == ["killed"]
+    error = await pair.a.fetchval(f"SELECT error FROM {pair.table.runs} WHERE job = 'killed'")
+    assert error.endswith("lock session and membership session gone")
     assert await pair.agree(sql, "here", 42, "me", TTL) == []
 
 

@@ -9,7 +9,9 @@ that were staged; it does not import the library's rules: not its grace checks, 
 coalescing, not its notion of owed. What it checks:
 
 - ``twice``: a (job, slot, attempt) started more than once, or more attempts than retries allow;
-- ``overlap``: two runs of one job ran at the same time (spans from the bodies' effects);
+- ``overlap``: two runs of one job ran at the same time (spans from the bodies' effects;
+  a process stopped runs nothing, so a body's span leaves out its process's freezes, and
+  what the body does once it wakes counts);
 - ``silent``: a slot in the judged window neither started nor has a fate a user can see;
 - ``late``: a slot that did not run, whose disruption ended within its grace, was given up
   (not run late, nor coalesced into a later slot that ran);
@@ -147,6 +149,7 @@ def judge(
     ledger: Iterable[dict[str, Any]],
     disruptions: Sequence[tuple[float, float]],
     gone: dict[str, float],
+    frozen: Sequence[tuple[str, float, float]] = (),
     errors: Sequence[str] = (),
     readings: Sequence[tuple[float, Mapping[str, str]]] = (),
     fleet_gone: float | None = None,
@@ -156,7 +159,8 @@ def judge(
     *window*: seconds into the run whose slots are judged; *settled*: when the run ended
     (every slot of the window has had its chance, every owed thing its time);
     *disruptions*: the staged faults' spans (seconds); *gone*: replicas killed, and when
-    (a body started there and never ended is taken to have ended then); *readings*: what
+    (a body started there and never ended is taken to have ended then); *frozen*: each
+    freeze of a replica (its name, from, until: its bodies run nothing meanwhile); *readings*: what
     ``status --check`` said of each job (``overdue``, ``ok``...), and when (seconds);
     *fleet_gone*: when every replica had stopped (``None``: the fleet never did).
     """
@@ -215,7 +219,7 @@ def judge(
         reruns = _reruns(job, runs, recovered, verdict)
         _twice(job, [run for run in runs if id(run) not in reruns], verdict)
         if job.overlap != "allow":
-            _overlaps(job, runs, verdict, settled)
+            _overlaps(job, runs, verdict, settled, frozen)
         ran = {run.slot for run in runs}
         for slot in job.slots(at(window[0]), at(window[1])):
             verdict.slots += 1
@@ -395,14 +399,56 @@ def _twice(job: JobView, runs: list[_Start], verdict: Judged) -> None:
             )
 
 
-def _overlaps(job: JobView, runs: list[_Start], verdict: Judged, settled: float) -> None:
+def _executing(
+    begin: float, end: float, freezes: Sequence[tuple[float, float]]
+) -> list[tuple[float, float]]:
+    """The parts of a body's span [*begin*, *end*] its process was not frozen in: a
+    stopped process runs nothing, so its body does nothing while another replica runs the
+    job; what it does once it wakes counts."""
+    if begin == end:  # an instant: a start (and end) while frozen is not one
+        return [] if any(stop <= begin < wake for stop, wake in freezes) else [(begin, end)]
+    pieces = [(begin, end)]
+    for stop, wake in freezes:
+        pieces = [
+            part
+            for low, high in pieces
+            for part in ((low, min(high, stop)), (max(low, wake), high))
+            if part[1] > part[0]
+        ]
+    return pieces
+
+
+def _meet(a: float, b: float, c: float, d: float) -> bool:
+    """Whether [a, b] and [c, d] share a moment inside both (an instant inside a span
+    counts; two spans that only touch do not)."""
+    if a == b:
+        return c < a < d
+    if c == d:
+        return a < c < b
+    return max(a, c) < min(b, d)
+
+
+def _overlaps(
+    job: JobView,
+    runs: list[_Start],
+    verdict: Judged,
+    settled: float,
+    frozen: Sequence[tuple[str, float, float]],
+) -> None:
     spans = sorted((run.begin, run.end if run.end is not None else settled, run) for run in runs)
+    freezes: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    for replica, stop, wake in frozen:
+        freezes[replica].append((stop, wake))
     for i, (begin, end, run) in enumerate(spans):
-        for other_begin, _other_end, other in spans[i + 1 :]:
+        for other_begin, other_end, other in spans[i + 1 :]:
             if other_begin >= end:
                 break
             if other_begin == end:
                 continue
+            mine = _executing(begin, end, freezes[run.replica])
+            theirs = _executing(other_begin, other_end, freezes[other.replica])
+            if not any(_meet(a, b, c, d) for a, b in mine for c, d in theirs):
+                continue  # apart once the freezes are taken out
             verdict.violations.append(
                 Violation(
                     "overlap",

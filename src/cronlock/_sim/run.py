@@ -133,6 +133,7 @@ def run_plan(plan: Plan) -> Result:
         ledger=ledger,
         disruptions=disruptions,
         gone=gone,
+        frozen=world.freezes,
         errors=world.errors[: world.errors_closed],
         readings=[] if verdicts is None else [(r.at, r.verdicts()) for r in verdicts.readings],
         fleet_gone=fleet_gone,

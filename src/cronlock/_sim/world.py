@@ -113,6 +113,8 @@ class World:
         self._seq = itertools.count()
         self.current: Process | None = None
         self.errors: list[str] = []
+        self.freezes: list[tuple[str, float, float]] = []
+        """Each freeze: the process, from when, until when (seconds)."""
         self.errors_closed = 0
         """How many of :attr:`errors` came before the world began to end (judged)."""
         self.trace: list[str] = []
@@ -182,6 +184,7 @@ class World:
     def freeze(self, process: Process, seconds: float) -> None:
         """SIGSTOP for *seconds*: nothing of the process runs; its sessions stay open."""
         process.frozen_until = max(process.frozen_until, self.now + seconds)
+        self.freezes.append((process.name, self.now, self.now + seconds))
         self.log(f"{process.name} frozen for {seconds}s")
 
     def close(self) -> None:

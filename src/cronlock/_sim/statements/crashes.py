@@ -83,6 +83,21 @@ def owner_gone(x: Exec, run: dict[str, Any], holder: str | None, ttl: float | No
     return mine is not None and mine["expires_at"] > now and mine["since"] <= before
 
 
+def sessions_gone(x: Exec, run: dict[str, Any], holder: str | None) -> bool:
+    """``crashes.sessions_gone`` of *run* (whose own session is gone), checked by *holder*:
+    its owner's members row names a session that is gone from this same server."""
+    owner = run["holder"]
+    if owner is None or holder is None or owner == holder:
+        return False
+    member = x.db.table("members").get(owner)
+    return (
+        member is not None
+        and member.get("session") is not None
+        and member.get("server_started") == x.server.started
+        and not x.session_alive(member["session"])
+    )
+
+
 def last_sign_of_life(x: Exec, run: dict[str, Any], ttl: float | None) -> Any:
     """``crashes.last_sign_of_life`` of *run*: its owner's last heartbeat (its members row's
     expiry less *ttl*), within [its claim, now]; now without a members row."""
@@ -147,9 +162,16 @@ def _crashed(x: Exec, args: tuple[Any, ...]) -> list[Row]:
             if r["holder"] is not None and r["session"] != x.pid and owner_gone(x, r, holder, ttl):
                 frozen.append(r["session"])
             continue
-        if not owner_gone(x, r, holder, ttl):
+        expired = owner_gone(x, r, holder, ttl)
+        if not (expired or sessions_gone(x, r, holder)):
             continue
-        why = "lock session gone" if r["holder"] is None else "lock session and membership gone"
+        why = (
+            "lock session gone"
+            if r["holder"] is None
+            else "lock session and membership gone"
+            if expired
+            else "lock session and membership session gone"
+        )
         new = x.db.update(
             "runs",
             key,

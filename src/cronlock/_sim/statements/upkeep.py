@@ -148,10 +148,13 @@ def register(statements: Statements, table: LedgerTable) -> None:
 
 
 def _heartbeat(x: Exec, args: tuple[Any, ...]) -> list[Row]:
-    """``heartbeat_sql``: upsert this member, delete rows expired an hour, answer the other
-    live members of the fleet (read from the snapshot before those changes)."""
-    holder, fleet, ttl = args
+    """``heartbeat_sql``: upsert this member (naming its session and the server's start
+    where *own*: session mode), delete rows expired an hour, answer the other live members
+    of the fleet (read from the snapshot before those changes)."""
+    holder, fleet, ttl, own = args
     now = x.now
+    session = x.pid if own else None
+    started = x.server.started if own else None
     members = x.db.table("members")
     others = sorted(
         h
@@ -168,13 +171,28 @@ def _heartbeat(x: Exec, args: tuple[Any, ...]) -> list[Row]:
         x.db.put(
             "members",
             holder,
-            {"holder": holder, "fleet": fleet, "expires_at": expires, "since": now},
+            {
+                "holder": holder,
+                "fleet": fleet,
+                "expires_at": expires,
+                "since": now,
+                "session": session,
+                "server_started": started,
+            },
         )
     else:
         # A beat that finds its last one over half a time to live ago starts `since` again.
         gap = mine["expires_at"] < now + seconds(float(ttl) / 2)
         since = now if gap else mine["since"]
-        x.db.update("members", holder, fleet=fleet, expires_at=expires, since=since)
+        x.db.update(
+            "members",
+            holder,
+            fleet=fleet,
+            expires_at=expires,
+            since=since,
+            session=session,
+            server_started=started,
+        )
     return rows(["holder"], *((h,) for h in others))
 
 

@@ -227,7 +227,13 @@ class PostgresLocker(HeldOpenByBlocks, ReadsLedger):
         )
         self._members: Membership | NoMembership = ledger_or(
             NoMembership,
-            lambda t: Membership(t, self._shards, holder=self._holder, racers=checked.racers),
+            lambda t: Membership(
+                t,
+                self._shards,
+                holder=self._holder,
+                racers=checked.racers,
+                own_sessions=self._exclusion.heartbeat,
+            ),
         )
         cadence = self._members.spread
         # Upkeep: heartbeat, schedules and late outcomes to write, crashes to mark, pruning.

@@ -24,7 +24,9 @@ waits for their rows to expire. The price is a few more racers while a deploy ro
 
 The members table is also how a replica is known to be alive: a run is ``crashed`` only
 when its owner's row has expired (``_sql/crashes.owner_gone``), not because its session pid
-is unknown to a server that took over. So every locker with a ledger beats, with
+is unknown to a server that took over; in session mode, also when the session its row names
+is gone from the server it beat on (``_sql/crashes.sessions_gone``: a killed replica, told
+in seconds rather than a time to live). So every locker with a ledger beats, with
 ``racers=None`` too (one small statement every :data:`MEMBERS_EVERY` seconds per replica,
 not waiting for its flush); a beat that fails is tried again every second until one gets
 through, so that a replica back from an outage renews its row before the others' checks
@@ -82,8 +84,12 @@ class Membership(Service):
         *,
         holder: str,
         racers: int | None,
+        own_sessions: bool = False,
     ) -> None:
+        # *own_sessions*: the sessions are this replica's own lock sessions (session mode),
+        # so the row names the one it beats on (_sql/upkeep.heartbeat_sql).
         self._sql = heartbeat_sql(table)
+        self._own_sessions = own_sessions
         self._leave_sql = leave_sql(table)
         self._sessions = sessions
         self._holder = holder
@@ -179,7 +185,7 @@ class Membership(Service):
         rows = await session.run(
             conn,
             generation,
-            lambda c: c.fetch(self._sql, self._holder, digest, MEMBER_TTL),
+            lambda c: c.fetch(self._sql, self._holder, digest, MEMBER_TTL, self._own_sessions),
             what="the members heartbeat",
             keep_on_server_error=True,
         )

@@ -19,6 +19,7 @@ __all__ = (
     "retries_due_sql",
     "retries_pending_sql",
     "retry_due_sql",
+    "sessions_gone",
 )
 
 
@@ -53,6 +54,27 @@ def owner_gone(table: LedgerTable, holder: str, ttl: str) -> str:
                               AND me.since <= now() - {ttl} * interval '1 second')))"""
 
 
+def sessions_gone(table: LedgerTable, holder: str) -> str:
+    """The condition, on a run ``r`` whose own session is gone, that its owner's session is
+    gone too, on an unchanged server: session mode's quick sign of a killed replica.
+
+    A session-mode member's row names the lock session it beats on and when the server it
+    beat on started (:func:`.upkeep.heartbeat_sql`). A replica that is killed ends every
+    session it has at once: its run's lock session and that one. So where both are gone
+    from ``pg_stat_activity`` and the server is the one the row was written on (same
+    ``pg_postmaster_start_time()``: not restarted, not a standby promoted, not a snapshot
+    restored), the owner is gone, without waiting for its row to expire. Its run has lost
+    its lock in any case (its lock session is gone): a live replica's outcome, written
+    late, replaces ``crashed`` (:func:`crashed_sql`). A recycled pid only delays this to
+    :func:`owner_gone`'s rule; after a server change, that rule alone stands. *holder* is
+    the ``$n`` of the checking locker's holder."""
+    return f"""(r.holder IS NOT NULL AND r.holder <> {holder} AND EXISTS (
+                SELECT 1 FROM {table.members} m
+                WHERE m.holder = r.holder AND m.session IS NOT NULL
+                  AND m.server_started = pg_postmaster_start_time()
+                  AND NOT EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.pid = m.session)))"""
+
+
 def last_sign_of_life(table: LedgerTable, ttl: str) -> str:
     """When a crashed run ``r`` ended, as well as the ledger knows: its owner's last
     heartbeat (its members row's expiry less the time to live *ttl*, a ``$n``), not the
@@ -64,8 +86,9 @@ def last_sign_of_life(table: LedgerTable, ttl: str) -> str:
 
 
 def crashed_sql(table: LedgerTable) -> str:
-    """Mark unfinished runs whose claiming session is gone, and their owner with it,
-    ``crashed``; return them.
+    """Mark unfinished runs whose claiming session is gone, and their owner with it
+    (:func:`owner_gone`, or :func:`sessions_gone`: within a check of a kill), ``crashed``;
+    return them.
 
     ``$1`` host, ``$2`` pid: this process's own runs are left alone, since it writes their
     real outcome itself once a session is back (a run whose session died under a live
@@ -88,6 +111,7 @@ def crashed_sql(table: LedgerTable) -> str:
     ``lock_lost``.
     """
     gone = owner_gone(table, "$3::text", "$4::float8")
+    killed = sessions_gone(table, "$3::text")
     return f"""
         WITH frozen AS MATERIALIZED (
             SELECT pg_terminate_backend(a.pid) AS ended
@@ -101,11 +125,12 @@ def crashed_sql(table: LedgerTable) -> str:
         SET outcome = 'crashed', finished_at = {last_sign_of_life(table, "$4::float8")},
             error = 'its replica (' || r.host || ':' || r.pid || ') died mid-run: '
                     || CASE WHEN r.holder IS NULL THEN 'lock session gone'
-                            ELSE 'lock session and membership gone' END
+                            WHEN {gone} THEN 'lock session and membership gone'
+                            ELSE 'lock session and membership session gone' END
         WHERE r.finished_at IS NULL AND r.session IS NOT NULL
           AND NOT (r.host = $1::text AND r.pid = $2::integer)
           AND NOT EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.pid = r.session)
-          AND {gone}
+          AND ({gone} OR {killed})
           AND (SELECT count(*) FROM frozen) >= 0
         RETURNING r.job, {R_RUN}"""
 

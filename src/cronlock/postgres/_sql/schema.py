@@ -230,6 +230,12 @@ def ledger_ddl(table: LedgerTable) -> list[str]:
                 expires_at timestamptz NOT NULL,
                 since      timestamptz NOT NULL DEFAULT clock_timestamp()
             )""",
+        # The session a session-mode member beats on, and when the server it beat on
+        # started (_sql/upkeep.heartbeat_sql): on that same server, that session gone is
+        # its replica gone (_sql/crashes.sessions_gone); NULL in lease mode, or in a row an
+        # older cronlock wrote.
+        f"""ALTER TABLE {table.members} ADD COLUMN IF NOT EXISTS session integer,
+                ADD COLUMN IF NOT EXISTS server_started timestamptz""",
         # How a reader of the ledger rebuilds each job's slots (history --slots): its
         # schedule, jitter, misfire_grace, start_at and stop_at as JSON (_core/slots/fate.py);
         # NULL for a schedule that cannot be written down, or in a row an older cronlock wrote.

@@ -114,8 +114,16 @@ def prune_sql(table: LedgerTable) -> str:
 
 
 def heartbeat_sql(table: LedgerTable) -> str:
-    """``$1`` holder, ``$2`` group digest, ``$3`` seconds to live: upsert this member and
-    return the other live members of its group (rows expired long ago are deleted).
+    """``$1`` holder, ``$2`` group digest, ``$3`` seconds to live, ``$4`` whether the
+    session it is sent on is one of the replica's own lock sessions (session mode): upsert
+    this member and return the other live members of its group (rows expired long ago are
+    deleted).
+
+    In session mode the row also names that session (``session``) and when the server
+    started (``server_started``): a replica killed ends its sessions at once, so on the
+    same server, a member whose session is gone is a replica gone, without waiting for its
+    row to expire (:func:`.crashes.sessions_gone`). NULL otherwise: a pool's connections
+    come and go while their replica lives.
 
     ``since`` is when the member's heartbeats began to come without a gap: a heartbeat that
     finds its own row's last beat (``expires_at`` minus the time to live) more than half the
@@ -130,10 +138,13 @@ def heartbeat_sql(table: LedgerTable) -> str:
     members = table.members
     return f"""
         WITH me AS (
-            INSERT INTO {members} AS m (holder, fleet, expires_at)
-            VALUES ($1, $2, clock_timestamp() + $3::float8 * interval '1 second')
+            INSERT INTO {members} AS m (holder, fleet, expires_at, session, server_started)
+            VALUES ($1, $2, clock_timestamp() + $3::float8 * interval '1 second',
+                    CASE WHEN $4::boolean THEN pg_backend_pid() END,
+                    CASE WHEN $4::boolean THEN pg_postmaster_start_time() END)
             ON CONFLICT (holder) DO UPDATE
             SET fleet = EXCLUDED.fleet, expires_at = EXCLUDED.expires_at,
+                session = EXCLUDED.session, server_started = EXCLUDED.server_started,
                 since = CASE WHEN m.expires_at
                                   < clock_timestamp() + $3::float8 / 2 * interval '1 second'
                              THEN clock_timestamp() ELSE m.since END
