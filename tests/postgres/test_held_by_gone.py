@@ -14,6 +14,7 @@ in the simulation (scenario ``holder-killed``); this is its real-process, real-s
 from __future__ import annotations
 
 import asyncio
+import signal
 import time
 import uuid
 from datetime import UTC, datetime
@@ -90,6 +91,53 @@ async def test_the_slots_a_killed_holder_held_are_told(
     assert any(
         r["fate"] == "coalesced" and r["into_slot"].timestamp() == first["slot"] for r in recorded
     ), recorded
+
+
+@pytest.mark.parametrize("coordination", ["session"], indirect=True)
+async def test_the_slots_a_frozen_session_holder_held_are_told(
+    coordination: Coordination, admin: Any
+) -> None:
+    """Session mode, a holder stopped (SIGSTOP) mid-run: its lock session stays, so the
+    others are refused the job's slots until the crash check ends that session (its
+    members row expired: 3 s here, heartbeats every second). The claim that then takes the
+    job learns that the job's last run is A's and did not end, and tells the slots A held
+    since it froze coalesced into its own run, naming A."""
+    job = f"frozen-{uuid.uuid4()}"
+    table = coordination.table(f"frozen_{uuid.uuid4().hex[:10]}")
+    flags = ["--table", table.table, *coordination.args, "--misfire-grace", "60"]
+    flags += ["--members-every", "1"]
+    dsn = coordination.dsn
+    a = Replica(dsn, job, 1, None, 90, hold=-1, extra=flags)
+    b: Replica | None = None
+    try:
+        start = await asyncio.to_thread(booted_then_go, [a])
+        await eventually(lambda: a.of("start"), "replica A starts its run", 60)
+        b = Replica(dsn, job, 2, start, 90, hold=0.2, extra=flags)
+        await eventually(lambda: b is not None and b.of("running"), "replica B running", 60)
+        await eventually(lambda: b is not None and b.of("skipped"), "B refused a slot", 30)
+        frozen_at = time.time()
+        a.proc.send_signal(signal.SIGSTOP)
+
+        def resumed() -> list[Record]:
+            assert b is not None
+            return [r for r in b.of("start") if r["slot"] > frozen_at]
+
+        [first, *_] = await eventually(resumed, "B runs the job while A is frozen", 60)
+        await asyncio.sleep(1.0)  # the account is told as the run starts; let it be read
+        decided = list(b.of("decided"))
+    finally:
+        if a.proc.poll() is None:
+            a.proc.send_signal(signal.SIGCONT)
+        a.close()
+        if b is not None:
+            b.close()
+        await _drop(admin, table)
+    held = [s for s in range(int(start) + 1, int(first["slot"])) if s > frozen_at]
+    told = [d for d in decided if d["fate"] == "coalesced" and d["into"] == first["slot"]]
+    covered = {s for s in held if any(d["slot"] <= s <= d["last"] for d in told)}
+    assert held, (frozen_at, first)  # A's session stood a while: slots were held
+    assert covered == set(held), (held, decided)
+    assert all("lock session ended mid-run" in d["reason"] for d in told), told
 
 
 async def _records(admin: Any, table: LedgerTable, job: str) -> list[Any]:

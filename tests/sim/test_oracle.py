@@ -39,6 +39,7 @@ class Case:
         jobs: tuple[JobView, ...] = (TICK,),
         window: tuple[float, float] = (0.0, 5.0),
         disruptions: tuple[tuple[float, float], ...] = (),
+        frozen: tuple[tuple[str, float, float], ...] = (),
     ) -> Judged:
         return judge(
             jobs=jobs,
@@ -50,6 +51,7 @@ class Case:
             ledger=self.ledger,
             disruptions=disruptions,
             gone={},
+            frozen=frozen,
         )
 
 
@@ -74,6 +76,25 @@ def test_a_slot_run_twice_is_a_violation() -> None:
 def test_two_runs_at_once_are_a_violation() -> None:
     effects = [e for s in range(5) for e in ran("tick", s, s, s + 1.5)]
     assert "overlap" in rules(Case(effects, [], []).judge())
+
+
+def test_a_frozen_body_runs_nothing_but_what_it_does_once_awake_counts() -> None:
+    """r1 runs slot 0 and is stopped from 0.5 s to 3.5 s; r0 runs slot 2 meanwhile."""
+    frozen = (("r1", 0.5, 3.5),)
+    slow = JobView("slow", "every:2", grace=60.0)
+    meanwhile = ran("slow", 2, 2.0, 3.0, replica="r0")
+    # Cancelled as it wakes: it did nothing while r0 ran.
+    woken = ran("slow", 0, 0.0, 3.5, replica="r1") + meanwhile
+    assert "overlap" not in rules(Case(woken, [], []).judge((slow,), (0.0, 3.0), frozen=frozen))
+    # Not a freeze: the same spans are two runs at once.
+    assert "overlap" in rules(Case(woken, [], []).judge((slow,), (0.0, 3.0)))
+    # Awake, it goes on while r0's run of slot 2 still runs (now from 3.0 s to 5.0 s).
+    later = ran("slow", 0, 0.0, 4.0, replica="r1") + ran("slow", 2, 3.0, 5.0, replica="r0")
+    assert "overlap" in rules(Case(later, [], []).judge((slow,), (0.0, 3.0), frozen=frozen))
+    # A run that starts and ends at one instant inside another's span still started
+    # while that one ran.
+    inside = ran("slow", 0, 0.0, 2.0, replica="r0") + ran("slow", 2, 1.0, 1.0, replica="r1")
+    assert "overlap" in rules(Case(inside, [], []).judge((slow,), (0.0, 3.0)))
 
 
 def test_a_slot_lost_without_a_word_is_a_violation() -> None:

@@ -87,6 +87,23 @@ class Pair:
         db.put("runs", (job, slot), row)
         db.commit()
 
+    async def told(self, job: str, slot: datetime, last: datetime) -> None:
+        """A slots record (a range told skipped) on both sides."""
+        await self.a.execute(
+            f"INSERT INTO {self.table.slots} (job, slot, last_slot, fate, reason)"
+            " VALUES ($1, $2, $3, 'skipped', 'overlap')",
+            job,
+            slot,
+            last,
+        )
+        db = self.server.db
+        db.begin(self.now)
+        row = {"job": job, "slot": slot, "last_slot": last, "fate": "skipped",
+               "reason": "overlap", "into_slot": None, "holder": None,
+               "recorded_at": self.now}  # fmt: skip
+        db.put("slots", (job, slot), row)
+        db.commit()
+
     async def control(self, job: str, paused_at: datetime | None, trigger: datetime | None) -> None:
         """A control row on both sides."""
         await self.a.execute(
@@ -310,6 +327,46 @@ async def test_claims_granted_refused_ran_paused(pair: Pair) -> None:
         99,
         None,
     )
+
+
+async def test_a_granted_claim_tells_the_gone_holder_it_took_the_job_over_from(
+    pair: Pair,
+) -> None:
+    base, s = _base(), timedelta(seconds=1)
+    await pair.put("g", base, holder="gone-1", session=4242)  # unfinished, lock free
+    await pair.told("g", base + s, base + 3 * s)  # what it told itself before it went
+    await pair.told("g", base + 20 * s, base + 30 * s)  # after the claimed slot
+    await pair.put("c", base, holder="gone-2", finished_at=base + s, outcome="crashed")
+    await pair.put("l", base, holder="gone-3", finished_at=base + s, outcome="lock_lost")
+    await pair.put("ok", base, holder="other", finished_at=base + s, outcome="succeeded")
+    await pair.put("mine", base, holder="holder-1")  # this locker's own
+    await pair.put("old", base)  # an older cronlock's claim: no holder
+    await pair.put("two", base, holder="gone-4")
+    elements = [(job, base + 10 * s) for job in ("g", "c", "l", "ok", "mine", "old")]
+    elements += [("two", base + 5 * s), ("two", base + 10 * s)]  # two of one job at once
+    answer = await pair.agree(
+        claims.claim_many_sql(pair.table),
+        [pair.key() for _ in elements],
+        [job for job, _ in elements],
+        [slot for _, slot in elements],
+        "me",
+        99,
+        "holder-1",
+    )
+    gone = {
+        elements[row["i"] - 1]: (row["gone_slot"], row["gone_holder"], row["gone_since"])
+        for row in answer
+        if row["gone_slot"] is not None
+    }
+    assert gone == {
+        ("g", base + 10 * s): (base + 3 * s, "gone-1", base + 3 * s),
+        ("c", base + 10 * s): (base, "gone-2", base),
+        ("l", base + 10 * s): (base, "gone-3", base),
+        # The second claim of "two" sees the statement's snapshot: not the first one's row.
+        ("two", base + 5 * s): (base, "gone-4", base),
+        ("two", base + 10 * s): (base, "gone-4", base),
+    }
+    assert all(row["gone_expired"] == "NOW" for row in answer if row["gone_slot"] is not None)
 
 
 async def test_claim_of_one_slot_twice_in_a_batch(pair: Pair) -> None:

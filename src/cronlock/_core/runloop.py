@@ -94,7 +94,9 @@ class RunLoop:
         self._queued: dict[
             Job, tuple[datetime, asyncio.Future[JobEvent] | None]
         ] = {}  # overlap="queue": one pending slot per job
-        self._reruns: dict[Job, datetime] = {}  # reruns waiting for the job's run here
+        # Slots owed (a crashed run's rerun, a slot owed across an outage) waiting for the
+        # job's run here to end, and what each is, for the line that says it is given up.
+        self._reruns: dict[Job, tuple[datetime, str]] = {}
         # catch_up="all": the slots each job owes, oldest first, run one after another.
         self._backlog: dict[Job, collections.deque[datetime]] = {}
         self._tasks: dict[asyncio.Task[Any], Job] = {}  # every run in flight, and its job
@@ -111,7 +113,7 @@ class RunLoop:
         self._owed = Owed(
             clock=clock,
             bus=bus,
-            dispatch=self.dispatch,
+            dispatch=self._dispatch_owed,
             owe_these=self.owe_these,
             spawn=lambda coro: self._spawn(coro, name=task_name("owed")),
         )
@@ -453,21 +455,32 @@ class RunLoop:
         the ledger (:meth:`.retries.Retries.resume`); False when it is not made."""
         return self._retries.resume(job, slot, attempt)
 
-    def rerun(self, job: Job, slot: datetime) -> None:
+    def rerun(self, job: Job, slot: datetime, what: str = "a crashed run's rerun") -> None:
         """Run *slot* of *job* again (a crashed run's rerun, a claim lost before its body
         began). While this replica runs the job and its overlap policy would skip the
         slot, the slot is owed, not skipped: it runs once that run has ended, if its grace
-        still lasts then (:meth:`_finished`)."""
-        if job._active and job.overlap in ("skip", "queue") and not job._only_waiting():
-            self._reruns.setdefault(job, slot)
+        still lasts then (:meth:`_finished`). *what* names it in the WARNING that says
+        its grace passed first."""
+        if (
+            job._active
+            and job.overlap in ("skip", "queue")
+            and not job._only_waiting()
+            and job not in self._reruns
+        ):
+            self._reruns[job] = (slot, what)
             return
         self.dispatch(job, slot)
+
+    def _dispatch_owed(self, job: Job, slot: datetime) -> None:
+        """A slot owed across an outage, claimed again (:class:`.outage.Owed`): a run of
+        the job here (a claim stuck in the outage, answered late) holds it back rather than
+        skipping it, as a crashed run's rerun is."""
+        self.rerun(job, slot, "owed across an outage")
 
     def dispatch(
         self, job: Job, slot: datetime, waiter: asyncio.Future[JobEvent] | None = None
     ) -> None:
         """Apply the overlap policy and the concurrency cap, then start the run."""
-        job._dispatch(slot)  # an older slot owed across an outage coalesces into it
         replaced: tuple[asyncio.Task[Any], ...] = ()
         if job._active:
             policy = job.overlap
@@ -476,6 +489,7 @@ class RunLoop:
                 # a server that does not answer (a primary gone silent). The slot is owed,
                 # not skipped "while running": claimed again once nothing is in flight, or
                 # coalesced into a later one.
+                job._dispatch(slot)
                 self._owed.owe(job, slot)
                 return
             if policy == "skip" or (policy == "queue" and job in self._queued):
@@ -492,6 +506,7 @@ class RunLoop:
                     waiter.set_result(event)
                 return
             if policy == "queue":
+                job._dispatch(slot)
                 self._queued[job] = (slot, waiter)
                 return
             if policy == "replace":
@@ -499,6 +514,9 @@ class RunLoop:
                 for task in replaced:
                     task.cancel()
                 self._drop_waiting(job)
+        # An older slot owed (across an outage, or lost before it began) coalesces into
+        # this one: not into one the overlap policy skipped (it runs nowhere).
+        job._dispatch(slot)
         job._admit()
         if self._cap is not None and self._running >= self._cap:
             heapq.heappush(self._waiting, (slot, next(self._seq), job, waiter))
@@ -598,9 +616,9 @@ class RunLoop:
         if self._stopping:
             return
         if self._reruns and not job._active:
-            slot = self._reruns.pop(job, None)
-            if slot is not None:
-                self._rerun_owed(job, slot)
+            held = self._reruns.pop(job, None)
+            if held is not None:
+                self._rerun_owed(job, *held)
         if self._backlog and not job._active and job in self._backlog:
             self._next_owed(job)
         if self._queued:
@@ -611,15 +629,17 @@ class RunLoop:
             slot, _, waiting_job, waiter = heapq.heappop(self._waiting)
             self._start(waiting_job, slot, waiter)
 
-    def _rerun_owed(self, job: Job, slot: datetime) -> None:
-        """The run that held back the rerun of *slot* ended: run it, within its grace."""
+    def _rerun_owed(self, job: Job, slot: datetime, what: str) -> None:
+        """The run that held back *slot* (*what* it is: a crashed run's rerun, a slot owed
+        across an outage) ended: run it, within its grace."""
         lateness = misfired(job.misfire_grace, job.fire_time(slot), self._clock.now())
         if lateness is not None:
             _logger.warning(
-                "job %r slot %s: the crashed run is not run again: this replica ran the "
-                "job until %.1fs after the slot, past misfire_grace (%ss)",
+                "job %r slot %s: not run (%s): this replica ran the job until %.1fs "
+                "after the slot, past misfire_grace (%ss)",
                 job.name,
                 slot.isoformat(),
+                what,
                 lateness,
                 job.misfire_grace,
                 extra=at(job.name, slot),

@@ -179,20 +179,15 @@ KNOWN: dict[tuple[str, Mode], frozenset[str]] = {
     # (E6 in lease mode, a killed holder's jobs losing their next slots as ordinary
     # 'locked' skips, is fixed: the claim that takes the lapsed lease over tells the slots
     # since the holder's last renewal coalesced into its own, with a WARNING.)
-    # E10: runs frozen past their lease finish after others ran the job's later slots.
-    ("holder-frozen", "lease"): frozenset({"overlap"}),
-    # E7: a holder frozen for good. Session mode: its lock session is ended once its
-    # membership expired (the crash check), its runs marked crashed and its jobs run again
-    # (no longer 'unfinished'). Both modes: others run its jobs while its frozen runs stand
-    # (E10: the oracle counts a frozen body's span as in progress); in session mode the
-    # slots due before its locks were freed vanish as 'locked' skips (E6; in lease mode
-    # the takeover of its lapsed lease tells them coalesced).
-    ("holder-frozen-long", "session"): frozenset({"overlap", "silent"}),
-    ("holder-frozen-long", "lease"): frozenset({"overlap"}),
-    # Four long stalls: the slots owed are told coalesced into the slot after the stall,
-    # but that slot is refused 'locked' (a claim stuck in the stall runs late meanwhile,
-    # holding the job) and skipped by the overlap policy on the replica running it (E6).
-    ("stalls", "lease"): frozenset({"late"}),
+    # (E10 and E7, a holder frozen shorter or longer than its lease or membership, pass:
+    # a stopped process runs nothing, so the oracle leaves a body's freezes out of its
+    # span, and what it does once it wakes counts; in session mode the claim that takes a
+    # job over from a holder whose lock session ended mid-run tells the slots it held
+    # coalesced into its own, as lease mode's takeover of a lapsed lease does.)
+    # (Four long stalls, lease mode, pass: a slot owed across an outage that finds the
+    # job running here, a claim stuck in the stall answered late, waits for that run and
+    # runs late, rather than being skipped by the overlap policy; and an owed slot no
+    # longer coalesces into a later one the overlap policy skipped.)
     # (A killed fleet's job read ok until it was absent, the note naming the slot that ran:
     # fixed, the verdict rebuilds the slot after the latest success from the job's spec.)
 }

@@ -1,9 +1,11 @@
 """Slots held by a holder that is gone: owed, and told, when another replica takes over.
 
-A holder that dies, freezes or is cut off mid-run in lease mode keeps its job's lease until
-the lease lapses: every other replica's claim of the job's slots meanwhile is refused as
-``locked``, the answer a healthy fleet gives every slot, and the holder itself says nothing
-of them. The claim that takes the lapsed lease over learns whose it was
+A holder that dies, freezes or is cut off mid-run keeps its job's lease until the lease
+lapses (lease mode), or its lock until its lock session ends (session mode: at once for a
+killed one; a frozen one's is ended by the crash check once its membership expires): every
+other replica's claim of the job's slots meanwhile is refused as ``locked``, the answer a
+healthy fleet gives every slot, and the holder itself says nothing of them. The claim that
+takes the job over learns whose it was
 (:class:`~cronlock._locking.protocols.GoneHolder`); no slot of the job between that
 holder's run and this one ran. Those due after the holder's last sign of life are owed
 (DESIGN.md: held by the dead is owed, not lost) and, with one run due now, coalesce into it:
@@ -45,18 +47,22 @@ def held_by_gone(bus: EventBus, job: Job, slot: datetime, gone: GoneHolder) -> N
         return
     if first is None or last is None:
         return
-    reason = (
-        f"owed: held by {gone.holder}, whose lease lapsed unreleased at "
-        f"{gone.lapsed.isoformat(timespec='seconds')} (killed, frozen or cut off mid-run)"
+    lapsed = gone.lapsed.isoformat(timespec="seconds")
+    ended = (
+        f"whose lease lapsed unreleased at {lapsed}"
+        if gone.how == "lease"
+        else f"whose lock session ended mid-run by {lapsed}"
     )
+    reason = f"owed: held by {gone.holder}, {ended} (killed, frozen or cut off mid-run)"
     _logger.warning(
-        "job %r: %d slot(s) from %s to %s were held by %s, which let the job's lease lapse "
-        "mid-run (killed, frozen or cut off): coalesced into slot %s, which runs now",
+        "job %r: %d slot(s) from %s to %s were held by %s, %s (killed, frozen or cut off "
+        "mid-run): coalesced into slot %s, which runs now",
         job.name,
         count,
         first.isoformat(),
         last.isoformat(),
         gone.holder,
+        ended,
         slot.isoformat(),
         extra=at(job.name, slot),
     )

@@ -62,7 +62,8 @@ _TIMES = ("slot", "started_at", "finished_at")
 _OTHERS = ("outcome", "error", "host", "pid", "attempt", "manual")
 _NO_RUN: tuple[Any, ...] = (None,) * len(RUN_COLUMNS)
 _P_COLUMNS = tuple(f"p_{c}" for c in RUN_COLUMNS)
-_CLAIM_COLUMNS = ("i", "ran", "paused", "got", "started_at", "undone", *_P_COLUMNS)
+_GONE_COLUMNS = ("gone_slot", "gone_holder", "gone_expired", "gone_since")
+_CLAIM_COLUMNS = ("i", "ran", "paused", "got", "started_at", "undone", *_GONE_COLUMNS, *_P_COLUMNS)
 _HISTORY_COLUMNS = runs_sql.HISTORY_COLUMNS
 _UNDO_ERROR = "cancelled before the rerun began"  # what finish_many_sql writes for an undo
 
@@ -337,11 +338,43 @@ def _claim_many(x: Exec, args: tuple[Any, ...]) -> list[Row]:
         started_at = inserted.get((job, slot))  # c: l LEFT JOIN ins ON job, slot
         undone = _release(x, key) if got and started_at is None else None
         told = None
+        gone: tuple[Any, ...] = (None,) * len(_GONE_COLUMNS)
         if started_at is None and slot is not None:
             # The told run: the inserted rows are unfinished, so none of them is it.
             told = latest(x, job, "last", at_or_before=slot)
-        answers.append((i, ran, paused, got, started_at, undone, *run_values(told)))
+        elif started_at is not None:
+            gone = _gone_holder(x, job, slot, holder, inserted)
+        answers.append((i, ran, paused, got, started_at, undone, *gone, *run_values(told)))
     return rows(_CLAIM_COLUMNS, *answers)
+
+
+def _gone_holder(
+    x: Exec, job: Any, slot: datetime, holder: Any, inserted: dict[tuple[Any, Any], datetime]
+) -> tuple[Any, ...]:
+    """``claims._gone_holder`` for a granted claim of *job*'s *slot* by *holder*: the job's
+    latest run before it in the statement's snapshot (not *inserted* by it), if another
+    holder's that did not end, as (slot or the last slot recorded since, holder, now, the
+    same slot); NULLs otherwise."""
+    nothing = (None,) * len(_GONE_COLUMNS)
+    runs, slots = x.db.runs_of(job), x.db.slots_of(job)
+    for i in range(bisect.bisect_left(slots, slot) - 1, -1, -1):
+        if (job, slots[i]) not in inserted:
+            prev = runs[(job, slots[i])]
+            break
+    else:
+        return nothing
+    owner = prev["holder"]
+    if owner is None or holder is None or owner == holder or not in_range(prev["slot"]):
+        return nothing
+    if prev["finished_at"] is not None and prev["outcome"] not in ("crashed", "lock_lost"):
+        return nothing
+    told = [
+        min(record["last_slot"], slot)
+        for (name, first), record in x.db.table("slots").items()
+        if name == job and prev["slot"] < first < slot
+    ]
+    held = max([prev["slot"], *told])
+    return (held, owner, x.now, held)
 
 
 def _not_null(**values: Any) -> None:

@@ -340,10 +340,10 @@ class Batcher:
         answers = [ClaimAnswer(None, generation)] * len(claims)
         for row in rows:
             if row["started_at"] is not None:
-                if row.get("gone_slot") is not None:  # lease mode: a lapsed lease taken over
+                if row["gone_slot"] is not None:  # taken over from a holder that is gone
                     gone = GoneHolder(
                         row["gone_slot"], row["gone_holder"], row["gone_expired"],
-                        row["gone_since"],
+                        row["gone_since"], how=self._exclusion.mode,
                     )  # fmt: skip
                     answers[row["i"] - 1] = ClaimAnswer(None, generation, gone=gone)
                 continue

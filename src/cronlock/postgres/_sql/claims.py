@@ -10,7 +10,7 @@ where PostgreSQL evaluates it exactly once per row.
 
 from __future__ import annotations
 
-from .runs import CLAIMED_START, real_start, told_columns
+from .runs import CLAIMED_START, real_start, slot_in_range, told_columns
 from .tables import LedgerTable
 
 __all__ = (
@@ -73,6 +73,16 @@ def claim_many_sql(table: LedgerTable) -> str:
     Every look-up is a ``LATERAL ... LIMIT 1``: a probe of the primary key per row, never
     the hashed sequential scan of the whole ledger the planner may pick for an ``EXISTS``
     over a few hundred rows.
+
+    A granted claim also answers the holder it took the job over from, when that one is
+    gone (``gone_*`` columns, as :func:`.leases.lease_claim_many_sql` answers them; NULL
+    otherwise): the job's latest run before this slot (the statement's snapshot) is another
+    locker's and did not end (unfinished, ``crashed`` or ``lock_lost``), though the job's
+    lock is free: its lock session ended mid-run (killed, frozen and ended by the crash
+    check, cut off), and every slot between was refused to the others as ``locked`` while
+    it held the job. *gone_slot* is that run's slot, or the last slot a fate was recorded
+    for since (``<table>_slots``: those the holder told itself, as overlap skips, before it
+    went); *gone_expired* this statement's time (when its lock ended is not recorded).
     """
     runs = table.runs
     return f"""
@@ -96,7 +106,28 @@ def claim_many_sql(table: LedgerTable) -> str:
         SELECT c.i, c.ran, c.paused, c.got, c.started_at,
                CASE WHEN c.got AND c.started_at IS NULL
                     THEN pg_advisory_unlock(c.key) END AS undone,
-               {told_columns(runs)}"""
+               g.slot AS gone_slot, g.holder AS gone_holder,
+               g.lapsed AS gone_expired, g.slot AS gone_since,
+               {told_columns(runs)}
+        LEFT JOIN LATERAL ({_gone_holder(table)}) g ON true"""
+
+
+def _gone_holder(table: LedgerTable) -> str:
+    """The look-up behind a session-mode claim's ``gone_*`` columns (see
+    :func:`claim_many_sql`): for a granted row ``c``, one backward probe of the primary key
+    for the job's latest run before its slot, and, only when that run's holder is gone, a
+    range probe of the slot records after it."""
+    told = f"""(SELECT max(least(s.last_slot, c.slot)) FROM {table.slots} s
+                WHERE s.job = c.job AND s.slot > p.slot AND s.slot < c.slot)"""
+    return f"""
+            SELECT greatest(p.slot, coalesce({told}, p.slot)) AS slot, p.holder,
+                   clock_timestamp() AS lapsed
+            FROM (SELECT r.slot, r.holder, r.finished_at, r.outcome FROM {table.runs} r
+                  WHERE c.started_at IS NOT NULL AND r.job = c.job AND r.slot < c.slot
+                  ORDER BY r.slot DESC LIMIT 1) p
+            WHERE p.holder IS NOT NULL AND p.holder <> $6::text
+              AND {slot_in_range("p.slot")}
+              AND (p.finished_at IS NULL OR p.outcome IN ('crashed', 'lock_lost'))"""
 
 
 def undo_lost_sql(table: LedgerTable) -> str:
