@@ -86,9 +86,10 @@ _NOT_STATEMENTS = frozenset(
         # claims.py: the fragments both modes' claims and ends are made of
         "claim_inputs",
         "end_ctes",
-        # crashes.py: the owner rule and the end of a crashed run both modes' crash checks
-        # add (covered through them)
+        # crashes.py: the owner rules and the end of a crashed run the crash checks add
+        # (covered through them)
         "owner_gone",
+        "sessions_gone",
         "last_sign_of_life",
         # upkeep.py: the members' period and time to live (values)
         "MEMBERS_EVERY",

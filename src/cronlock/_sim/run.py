@@ -116,12 +116,14 @@ def run_plan(plan: Plan) -> Result:
                 gone[p.name] = float(line.split()[0])
     disruptions = [f.window() for f in plan.faults if f.kind not in ("clock_step",)]
     views = views_of(plan.jobs)
-    # A fleet stopped (the "stop" fault) owes no slot after it; it is gone once every
-    # replica has stopped or been killed.
-    end = plan.seconds + min(plan.quiet, 10.0)
-    end = min([end, *(f.at for f in plan.faults if f.kind == "stop")])
+    # A fleet gone (every replica stopped, the "stop" fault, or killed) owes no slot after
+    # it: nothing is left to run one. What must be said of them then is the status's
+    # verdict (the gone-ok rule, judged at the plan's readings).
     ends = [r.stopped_at if r.stopped_at is not None else gone.get(r.name) for r in fleet.replicas]
     fleet_gone = None if None in ends else max(e for e in ends if e is not None)
+    end = plan.seconds + min(plan.quiet, 10.0)
+    stops = [f.at for f in plan.faults if f.kind == "stop"]
+    end = min([end, *stops, *([] if fleet_gone is None else [fleet_gone])])
     ledger = fleet.ledger
     judged = judge(
         jobs=views,

@@ -85,7 +85,7 @@ def register(statements: Statements, table: LedgerTable) -> None:
     add(claims.claim_many_sql(table), _claim_many, claim=True)
     add(claims.finish_many_sql(table), _finish_many)
     add(claims.undo_lost_sql(table), _undo_lost)
-    add(runs_sql.late_finish_sql(table), _late_finish)
+    add(runs_sql.late_finish_sql(table), late_finish)
     add(runs_sql.catch_up_sql(table), _catch_up)
     add(runs_sql.last_claimed_sql(table), _last_claimed)
     add(runs_sql.last_runs_sql(table), _last_runs)
@@ -471,11 +471,11 @@ def _finish_many(x: Exec, args: tuple[Any, ...]) -> list[Row]:
     return rows(["i", "released"], *((i, _release(x, e[4])) for i, e in enumerate(u, 1)))
 
 
-def late_finish(x: Exec, args: tuple[Any, ...]) -> int:
-    """:func:`..runs.late_finish_sql`; return how many rows it updated."""
+def late_finish(x: Exec, args: tuple[Any, ...]) -> list[Row]:
+    """:func:`..runs.late_finish_sql`: the rows it updated, (job, slot, unmarked)."""
     jobs, slots, outcomes, errors, finished, attempts, host, pid, starteds = args
     runs = x.db.table("runs")
-    changed: set[tuple[Any, Any]] = set()
+    changed: dict[tuple[Any, Any], bool] = {}
     for job, slot, outcome, error, finished_at, attempt, started in _padded(
         jobs, slots, outcomes, errors, finished, attempts, starteds
     ):
@@ -487,6 +487,7 @@ def late_finish(x: Exec, args: tuple[Any, ...]) -> int:
             continue
         if not (run["finished_at"] is None or run["outcome"] == "crashed"):
             continue
+        unmarked = run["finished_at"] is None
         x.db.update(
             "runs",
             key,
@@ -495,18 +496,8 @@ def late_finish(x: Exec, args: tuple[Any, ...]) -> int:
             error=error,
             started_at=_real_start(run["started_at"], started, finished_at),
         )
-        changed.add(key)
-    return len(changed)
-
-
-def _updated(count: int) -> str:
-    """The status text of an ``UPDATE`` of *count* rows (built so: this folder holds no
-    statement text)."""
-    return " ".join(("UPDATE", str(count)))
-
-
-def _late_finish(x: Exec, args: tuple[Any, ...]) -> str:
-    return _updated(late_finish(x, args))
+        changed[key] = unmarked
+    return rows(["job", "slot", "unmarked"], *((*key, open_) for key, open_ in changed.items()))
 
 
 # -- reads of runs -------------------------------------------------------------------------------

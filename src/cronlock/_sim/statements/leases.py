@@ -337,7 +337,7 @@ def _finish(x: Exec, args: tuple[Any, ...]) -> list[Row]:
 def _late_finish(x: Exec, args: tuple[Any, ...]) -> list[Row]:
     """``lease_late_finish_sql``: ``runs.late_finish_sql``'s ``$1``-``$9`` (the runs'
     late outcomes), and the release of their leases while ``$10``'s (expired or not);
-    answers how many runs it wrote."""
+    answers the runs it wrote, as ``late_finish_sql`` does."""
     *late, holder = args
     written = late_finish(x, tuple(late))
     leases = x.db.table("leases")
@@ -345,7 +345,7 @@ def _late_finish(x: Exec, args: tuple[Any, ...]) -> list[Row]:
         lease = leases.get(job)
         if lease is not None and _eq(lease["slot"], slot) and _eq(lease["holder"], holder):
             x.db.update("leases", job, expires_at=NEG_INFINITY)
-    return rows(["count"], (written,))
+    return written
 
 
 # -- crashes, the holders, a failover ------------------------------------------------------

@@ -415,11 +415,16 @@ class LedgerUpkeep(Upkeep):
         self._complaints.succeeded(duty)
         return result
 
-    def _report_lost(self, late: list[tuple[str, datetime, RunRecord, int]]) -> None:
-        """Runs cut off by a lost lock, now written: crashes for recovery (:mod:`._crashes`)."""
+    def _report_lost(
+        self, late: list[tuple[str, datetime, RunRecord, int]], unmarked: set[tuple[str, datetime]]
+    ) -> None:
+        """Runs cut off by a lost lock, now written: crashes for recovery (:mod:`._crashes`).
+        Only those written over an unfinished row (*unmarked*): another replica that
+        marked one crashed reported it (and reruns it on that word), and one taken over
+        since is another attempt's."""
         crashes = self._crashes
         for job, slot, record, attempt in late:
-            if record.outcome == "lock_lost" and attempt == 1:
+            if record.outcome == "lock_lost" and attempt == 1 and (job, slot) in unmarked:
                 crashes.lost(job, replace(record, slot=slot, owner=f"{self._host}:{os.getpid()}"))
 
     async def flush(self, session: Channel, conn: Any, generation: int) -> None:
@@ -443,17 +448,17 @@ class LedgerUpkeep(Upkeep):
         if statement is None:
             return
         try:
-            await session.run(
+            written = await session.run(
                 conn,
                 generation,
-                lambda c: c.execute(statement.sql, *statement.args),
+                lambda c: c.fetch(statement.sql, *statement.args),
                 what="writing late outcomes",
                 keep_on_server_error=True,
             )
         except BaseException:
             self._late[:0] = late
             raise
-        self._report_lost(late)
+        self._report_lost(late, {(row["job"], row["slot"]) for row in written if row["unmarked"]})
 
     async def _write_fates(self, session: Channel, conn: Any, generation: int) -> None:
         """Write the records of slots that did not run, :data:`WRITTEN` a statement (those

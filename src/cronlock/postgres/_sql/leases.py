@@ -283,18 +283,17 @@ def lease_crashed_sql(table: LedgerTable) -> str:
 
 
 def lease_late_finish_sql(table: LedgerTable) -> str:
-    """:func:`.runs.late_finish_sql` (same ``$1``-``$9``), and the release of those
-    runs' leases while still this holder's (``$10``)."""
+    """:func:`.runs.late_finish_sql` (same ``$1``-``$9``, same answers), and the release
+    of those runs' leases while still this holder's (``$10``)."""
     return f"""
         WITH done AS (
             {late_finish_sql(table).strip()}
-            RETURNING r.job
         ), rel AS (
             UPDATE {table.leases} x SET expires_at = '-infinity'
             FROM unnest($1::text[], $2::timestamptz[]) AS u(job, slot)
             WHERE x.job = u.job AND x.slot = u.slot AND x.holder = $10::text
         )
-        SELECT count(*) FROM done"""
+        SELECT job, slot, unmarked FROM done"""
 
 
 def lease_holders_sql(table: LedgerTable) -> str:

@@ -428,15 +428,28 @@ def late_finish_sql(table: LedgerTable) -> str:
     ``$6`` attempts, ``$9`` when the runs began; ``$7`` host, ``$8`` pid: only this
     process's own claims are written. Another replica may have marked such a run
     ``"crashed"`` meanwhile (its session was gone): the real outcome replaces that,
-    unless a rerun took the slot over (the row is then another attempt's).
+    unless a rerun took the slot over (the row is then another attempt's). Answers each
+    row written (*job*, *slot*) and whether it was still unfinished (*unmarked*: no other
+    replica marked it crashed, and so none reported it, nor reruns it on that word); the
+    rows are locked first (``FOR UPDATE``), so a mark committed meanwhile is seen.
     """
     return f"""
+            WITH u AS (
+                SELECT * FROM unnest($1::text[], $2::timestamptz[], $3::text[], $4::text[],
+                                     $5::timestamptz[], $6::smallint[], $9::timestamptz[])
+                     AS u(job, slot, outcome, error, finished_at, attempt, started)
+            ), was AS MATERIALIZED (
+                SELECT r.job, r.slot, r.finished_at IS NULL AS open
+                FROM {table.runs} r JOIN u ON r.job = u.job AND r.slot = u.slot
+                WHERE r.attempt = u.attempt AND r.host = $7::text AND r.pid = $8::integer
+                  AND (r.finished_at IS NULL OR r.outcome = 'crashed')
+                FOR UPDATE OF r
+            )
             UPDATE {table.runs} AS r
             SET finished_at = u.finished_at, outcome = u.outcome, error = u.error,
                 started_at = {real_start("r.started_at", "u.started", "u.finished_at")}
-            FROM unnest($1::text[], $2::timestamptz[], $3::text[], $4::text[],
-                        $5::timestamptz[], $6::smallint[], $9::timestamptz[])
-                 AS u(job, slot, outcome, error, finished_at, attempt, started)
+            FROM u JOIN was ON was.job = u.job AND was.slot = u.slot
             WHERE r.job = u.job AND r.slot = u.slot AND r.attempt = u.attempt
               AND r.host = $7::text AND r.pid = $8::integer
-              AND (r.finished_at IS NULL OR r.outcome = 'crashed')"""
+              AND (r.finished_at IS NULL OR r.outcome = 'crashed')
+            RETURNING r.job, r.slot, was.open AS unmarked"""
