@@ -140,9 +140,9 @@ class GoneHolder:
     """When its hold lapsed (the server's time)."""
     since: datetime
     """Its last sign of life as far as the hold tells (a lease's last renewal)."""
-    how: Literal["lease", "session"] = "lease"
-    """How its hold ended: ``"lease"``, its lease lapsed unreleased (lease mode);
-    ``"session"``, the lock session it held the job's lock on ended mid-run (session mode:
+    how: str = "lease lapsed unreleased"
+    """How its hold ended, in words (after "whose"): its lease lapsed unreleased (lease
+    mode), or the lock session it held the job's lock on ended mid-run (session mode:
     killed, frozen and ended by the crash check, cut off), at or before *lapsed*."""
 
 

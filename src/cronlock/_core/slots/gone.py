@@ -47,12 +47,7 @@ def held_by_gone(bus: EventBus, job: Job, slot: datetime, gone: GoneHolder) -> N
         return
     if first is None or last is None:
         return
-    lapsed = gone.lapsed.isoformat(timespec="seconds")
-    ended = (
-        f"whose lease lapsed unreleased at {lapsed}"
-        if gone.how == "lease"
-        else f"whose lock session ended mid-run by {lapsed}"
-    )
+    ended = f"whose {gone.how} by {gone.lapsed.isoformat(timespec='seconds')}"
     reason = f"owed: held by {gone.holder}, {ended} (killed, frozen or cut off mid-run)"
     _logger.warning(
         "job %r: %d slot(s) from %s to %s were held by %s, %s (killed, frozen or cut off "

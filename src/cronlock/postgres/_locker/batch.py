@@ -340,10 +340,10 @@ class Batcher:
         answers = [ClaimAnswer(None, generation)] * len(claims)
         for row in rows:
             if row["started_at"] is not None:
-                if row["gone_slot"] is not None:  # taken over from a holder that is gone
+                if row.get("gone_slot") is not None:  # taken over from a holder gone
                     gone = GoneHolder(
                         row["gone_slot"], row["gone_holder"], row["gone_expired"],
-                        row["gone_since"], how=self._exclusion.mode,
+                        row["gone_since"], how=self._exclusion.gone_hold,
                     )  # fmt: skip
                     answers[row["i"] - 1] = ClaimAnswer(None, generation, gone=gone)
                 continue

@@ -157,6 +157,9 @@ class Exclusion(abc.ABC):
     """Whether upkeep checks the sessions that hold locks (their death loses them)."""
     end_failed = "the lock session was terminated, which releases the locks server-side"
     """What becomes of the locks of runs whose end statement failed (said in a WARNING)."""
+    gone_hold = "lock session ended mid-run"
+    """How the hold of a holder that is gone ended, in words (a claim that took its job
+    over tells the slots it held: ``GoneHolder.how``)."""
 
     @abc.abstractmethod
     def ledger_or(self, without: Callable[[], _A], kept: Callable[[LedgerTable], _B]) -> _A | _B:

@@ -223,6 +223,7 @@ class LeaseRows(Exclusion):
 
     mode = "lease"
     heartbeat = False  # the renewals prove the leases; nothing lives in a session
+    gone_hold = "lease lapsed unreleased"
     end_failed = (
         "their outcomes are written and their leases released once a connection is back "
         "(or the leases expire)"
