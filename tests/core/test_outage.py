@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from datetime import datetime, timedelta
 
@@ -17,6 +18,7 @@ from cronlock import (
     RunContext,
     Scheduler,
     ServerError,
+    SlotsDecided,
     every,
 )
 from cronlock._core.outage import RETRY_EVERY
@@ -249,3 +251,35 @@ async def test_missed_slots_are_said_coalesced_only_when_the_run_is_tried(
     assert not [m for m in said if "coalesced into one run" in m], said
     assert [m for m in said if "skipped" in m and "missed slots from" in m], said
     assert runs == [at(10)]
+
+
+async def test_the_slot_missed_slots_coalesced_into_waits_for_the_run_here(
+    clock: FakeClock,
+) -> None:
+    """The loop was held while a run of the job went on here (slot 10's, claimed before):
+    slots 20 and 30 are due at once, 20 told coalesced into 30. Slot 30 waits for that run
+    and runs after it, within its grace, rather than being skipped as an overlap (the
+    slots told coalesced into it would have run nowhere)."""
+    scheduler = Scheduler(clock=clock, locker=_Outage())
+    runs: list[datetime] = []
+    rec = Recorder()
+    scheduler.subscribe(rec)
+    release = asyncio.Event()
+
+    async def work(ctx: RunContext) -> None:
+        runs.append(ctx.slot)
+        if ctx.slot == at(10):
+            await release.wait()
+
+    scheduler.add_job(work, every(10), name="report", misfire_grace=60)
+    async with scheduler:
+        await clock.advance(11)  # slot 10 runs, and goes on
+        await clock.jump(25)  # the loop held: slots 20 and 30 due at once, at 36
+        await clock.advance(1)
+        assert runs == [at(10)]
+        release.set()
+        await clock.advance(1)
+        assert runs == [at(10), at(30)]
+    told = [e for e in rec.of(SlotsDecided) if e.fate == "coalesced"]  # type: ignore[attr-defined]
+    assert [(e.slot, e.into) for e in told] == [(at(20), at(30))]
+    assert not [e for e in rec.of(JobSkipped) if e.slot == at(30)]  # type: ignore[attr-defined]

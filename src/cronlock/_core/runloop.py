@@ -306,7 +306,12 @@ class RunLoop:
             return
         if job.max_runs is not None and job._uses >= job.max_runs:
             return
-        self.dispatch(job, latest)
+        if latest is not slot and job._active:
+            # Missed slots were told coalesced into *latest*: a run of the job here (one
+            # claimed before the loop was held, run late) holds it back, not skips it.
+            self.rerun(job, latest, "the run missed slots were coalesced into")
+        else:
+            self.dispatch(job, latest)
         if job.max_runs is not None and job._uses >= job.max_runs:
             self.unschedule(job)
 
