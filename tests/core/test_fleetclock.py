@@ -248,3 +248,20 @@ async def test_a_step_of_the_host_clock_does_not_move_fleet_time() -> None:
     assert fleet.steps == 2
     assert fleet.offset is not None
     assert abs((fleet.offset - timedelta(seconds=6.5)).total_seconds()) < 0.05
+
+
+async def test_a_step_the_next_estimate_measured_is_not_taken_out_twice() -> None:
+    """Found by the simulation (seed 100239): a replica whose host clock stepped back 24 s
+    while its loop slept read nothing before the next estimate, which measured the step
+    into the offset; the reading after it took the step out again, and fleet time ran
+    24 s ahead (slots claimed and run 24 s early)."""
+    base = OffsetClock(0.0)
+    fleet = FleetClock(base, FakeServer(ManualClock(), 0.0, [(0.0, 0.0)]))
+    fleet.adopt(0.0)
+    before = fleet.now()
+    base.offset = timedelta(seconds=-24.0)  # the host clock steps back; nothing reads it
+    fleet.adopt(24.0)  # the estimate over the stepped clock measured it
+    after = fleet.now()
+    assert timedelta(0) <= after - before < timedelta(seconds=0.05)
+    assert fleet.offset is not None
+    assert abs((fleet.offset - timedelta(seconds=24.0)).total_seconds()) < 0.05

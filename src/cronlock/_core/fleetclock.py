@@ -191,7 +191,14 @@ class FleetClock:
                 return
 
     def adopt(self, offset: float) -> None:
-        """Use *offset* seconds from now on (the run loop is woken when time steps forward)."""
+        """Use *offset* seconds from now on (the run loop is woken when time steps forward).
+
+        A step of the base clock since the last reading is taken out first: the estimate,
+        made over the stepped clock, already holds it, and a reading after this one must not
+        take it out again (a replica stepped back 24 s, read by nothing but the estimate
+        while it slept, ran slots 24 s early)."""
+        if self._watch:
+            self.now()
         delta, previous = timedelta(seconds=offset), self._delta
         if delta < previous:
             self._floor = self.now()  # hold still until the base clock catches up
