@@ -162,6 +162,23 @@ SCENARIOS: dict[str, tuple[tuple[Mode, ...], Plan]] = {
             pool=True,
         ),
     ),
+    # Found by the simulation (seed 100163, lease mode): a replica frozen past its lease's
+    # fence just after it claimed a slot ahead woke and began that run, on a lease another
+    # replica held by then, before the keeper's timer marked it lost (two at once).
+    "frozen-past-its-fence": (
+        ("lease",),
+        Plan(
+            "lease",
+            100163,
+            (
+                Fault("freeze", 28.836, seconds=26.317, replica=1),
+                Fault("freeze", 49.473, seconds=19.151, replica=0),
+                Fault("freeze", 67.966, seconds=30.108, replica=2),
+                Fault("freeze", 74.85, seconds=18.885, replica=0),
+                Fault("freeze", 86.87, seconds=2.017, replica=0),
+            ),
+        ),
+    ),
 }
 """Each scenario: the modes it runs in, and its plan (its mode is set per run)."""
 

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Callable
 from datetime import datetime
 from typing import TYPE_CHECKING
 
 from ..._cancel import finish_uncancellably
+from ..._errors import LockError
 from ..._locking.protocols import BoundedRelease, GoneHolder
+from .._modes.base import FENCED
 
 if TYPE_CHECKING:
     from ..._records import RunRecord
@@ -40,6 +43,7 @@ class PostgresHold(BoundedRelease):
         "job",
         "key",
         "slot",
+        "trusted_until",
     )
 
     def __init__(
@@ -67,6 +71,9 @@ class PostgresHold(BoundedRelease):
         self._watchers: list[Callable[[BaseException | None], None]] = []
         self._record: RunRecord | None = None
         self._done = False
+        self.trusted_until = math.inf
+        """Loop time until which the hold may be trusted without a word from the server (a
+        lease's fence, set by the mode's keeper; infinite for a session's lock)."""
 
     @property
     def lost(self) -> bool:
@@ -91,8 +98,14 @@ class PostgresHold(BoundedRelease):
         """
         if self._done:
             return False
+        loop = asyncio.get_running_loop()
+        if not self._lost and loop.time() >= self.trusted_until:
+            # Its fence passed, and the keeper's timer has not told it yet: a process that
+            # wakes from a freeze runs due callbacks in any order, and a run claimed ahead
+            # must not begin on a lease another replica may hold by now.
+            self.mark_lost(LockError(f"job {self.job!r}: its lease is lost: {FENCED}"))
         if self._lost:
-            asyncio.get_running_loop().call_soon(callback, self._lost_because)
+            loop.call_soon(callback, self._lost_because)
             return True
         self._watchers.append(callback)
         return False

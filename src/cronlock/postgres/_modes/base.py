@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from .._sql.tables import LedgerTable
 
 __all__ = (
+    "FENCED",
     "Ballot",
     "Channels",
     "End",
@@ -107,11 +108,18 @@ class End(Protocol):
         ...
 
 
+FENCED = "it could not be renewed in time (fenced before it expires)"
+"""Why a lease is lost when its fence passes (said by its keeper, or by the hold itself
+when a run claimed ahead would begin past it: ``PostgresHold.on_lost``)."""
+
+
 class Kept(Protocol):
     """What a mode reads and does of a hold it keeps (a PostgresHold)."""
 
     job: str
     slot: datetime
+    trusted_until: float
+    """Loop time until which the hold may be trusted (a lease's fence; the keeper sets it)."""
 
     @property
     def lost(self) -> bool:

@@ -68,6 +68,7 @@ from .._sql.leases import (
 from .._sql.sessions import PREPARED_AS_SQL, cache_probe_sql
 from .._sql.tables import LedgerTable, quote_ident
 from .base import (
+    FENCED,
     Ballot,
     Channels,
     End,
@@ -125,7 +126,7 @@ class LeaseKeeper(Service):
 
     def granted(self, lease: Kept, sent: float) -> None:
         """*lease* was granted by a claim sent at loop time *sent*: trust it until the fence."""
-        self._trusted[lease] = sent + self._lease - self._margin
+        self._trust(lease, sent)
         self.start()
         self._wake.set()
 
@@ -133,10 +134,16 @@ class LeaseKeeper(Service):
         """*lease* is being released: no more renewals, no fence."""
         self._trusted.pop(lease, None)
 
+    def _trust(self, lease: Kept, sent: float) -> None:
+        """Trust *lease* until the fence of a claim or renewal sent at *sent* (the hold
+        knows it too: a run claimed ahead does not begin past it)."""
+        until = self._trusted[lease] = sent + self._lease - self._margin
+        lease.trusted_until = until
+
     def _fence(self, now: float) -> None:
         for lease, until in list(self._trusted.items()):
             if until <= now:
-                self._lose(lease, "it could not be renewed in time (fenced before it expires)")
+                self._lose(lease, FENCED)
 
     def _lose(self, lease: Kept, why: str) -> None:
         self._trusted.pop(lease, None)
@@ -213,7 +220,7 @@ class LeaseKeeper(Service):
             if lease not in self._trusted:
                 continue  # released meanwhile
             if lease.job in renewed:
-                self._trusted[lease] = sent + self._lease - self._margin
+                self._trust(lease, sent)
             else:
                 self._lose(lease, "it had expired, or another replica holds it now")
 
