@@ -97,6 +97,35 @@ async def test_slots_owed_across_one_outage_coalesce_into_the_latest(clock: Fake
     assert runs == [at(30), at(40)]
 
 
+async def test_the_owed_slot_others_coalesced_into_is_claimed_again_when_refused_locked(
+    clock: FakeClock,
+) -> None:
+    """Slots 10 and 20 are owed across an outage; 10 is told coalesced into 20. Once the
+    server answers, 20's claim is refused "locked" (the job held for another slot: a claim
+    stuck in the outage, answered late). It is owed again and claimed until it runs, so
+    that slot 10 was not coalesced into nothing."""
+    refused: list[datetime] = []
+
+    class Busy(_Outage):
+        async def acquire(self, job: str, slot: datetime) -> Hold | Refusal | None:
+            if self.error is None and slot == at(20) and not refused:
+                refused.append(slot)
+                return "locked"
+            return await super().acquire(job, slot)
+
+    locker = Busy()
+    scheduler, runs, rec = _scheduler(clock, locker, overlap="allow")
+    async with scheduler:
+        locker.error = LockUnavailable("the server is down")
+        await clock.advance(25)  # slots 10 and 20 due while it is down
+        locker.error = None
+        await clock.advance(3 * RETRY_EVERY)
+    assert refused == [at(20)]
+    assert runs == [at(20)]
+    told = [e for e in rec.of(SlotsDecided) if isinstance(e, SlotsDecided)]
+    assert [(e.slot, e.fate, e.into) for e in told] == [(at(10), "coalesced", at(20))]
+
+
 async def test_an_owed_slot_past_its_grace_is_reported_missed(clock: FakeClock) -> None:
     locker = _Outage()
     scheduler, runs, rec = _scheduler(clock, locker, misfire_grace=5)

@@ -82,6 +82,9 @@ class Owed:
         # "missed" or "coalesced", and when the first was owed (for the summary).
         self._fate: dict[tuple[str, datetime], str] = {}
         self._since: datetime | None = None
+        # The slots older owed ones were told coalesced into, per job (the latest few): one
+        # of them refused "locked" is owed again (:meth:`carries`).
+        self._into: dict[Job, set[datetime]] = {}
 
     def __len__(self) -> int:
         return len(self._owed) + len(self._each)
@@ -103,10 +106,12 @@ class Owed:
                 # An older slot's claim failed after a later one was owed: it coalesces.
                 self._fate[(job.name, slot)] = "coalesced"
                 account(self._bus, job, "coalesced", slot, slot, _UNREACHABLE, known)
+                self._carried(job, known)
             return
         if known is not None:
             self._fate[(job.name, known)] = "coalesced"
             account(self._bus, job, "coalesced", known, known, _UNREACHABLE, slot)
+            self._carried(job, slot)
         first = (job.name, slot) not in self._fate
         self._fate.setdefault((job.name, slot), "owed")
         if first:
@@ -121,6 +126,22 @@ class Owed:
         if not self._retrying:
             self._retrying = True
             self._spawn(self.retry())
+
+    def _carried(self, job: Job, into: datetime) -> None:
+        """Older owed slots of *job* were told coalesced into *into* (kept: the latest 8)."""
+        kept = self._into.setdefault(job, set())
+        kept.add(into)
+        if len(kept) > 8:
+            kept.discard(min(kept))
+
+    def carries(self, job: Job, slot: datetime) -> bool:
+        """Whether older owed slots of *job* were told coalesced into *slot*: refused
+        ``"locked"`` (the job held for another slot: a claim stuck in the outage, answered
+        late, or a later slot's run), it is owed again, so that it runs, late, once the job
+        is free, or coalesces into a later slot this replica fires, rather than leaving
+        them coalesced into nothing."""
+        kept = self._into.get(job)
+        return kept is not None and slot in kept
 
     async def retry(self) -> None:
         """Claim the owed slots again every :data:`RETRY_EVERY` s, until none is owed for
@@ -179,6 +200,7 @@ class Owed:
             # owed instead): this one coalesces into it, as missed slots do at start.
             self._fate[(job.name, slot)] = "coalesced"
             account(self._bus, job, "coalesced", slot, slot, _UNREACHABLE, job._dispatched)
+            self._carried(job, job._dispatched)
             _logger.debug(
                 "job %r slot %s: coalesced into a later slot fired since",
                 job.name,

@@ -594,6 +594,14 @@ class RunLoop:
                 and not self._stopping
             ):
                 self._owed.owe(job, slot)  # claimed again once the server answers
+            elif (
+                waiter is None
+                and isinstance(event, JobSkipped)
+                and event.reason == "locked"
+                and self._owed.carries(job, slot)
+                and not self._stopping
+            ):
+                self._owed.owe(job, slot)  # older owed slots ride on it: claimed again
             if waiter is not None and event is not None and not waiter.done():
                 waiter.set_result(event)
         except asyncio.CancelledError:
