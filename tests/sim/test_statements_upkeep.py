@@ -758,6 +758,28 @@ async def test_reassert_writes_back_what_the_ledger_lacks(pair: Pair) -> None:
     ]
 
 
+async def test_reassert_writes_back_a_retry_the_server_lost(pair: Pair) -> None:
+    """A snapshot restored from before a retry's takeover: the row is this replica's
+    attempt 1, unfinished; it remembers attempts 1 (failed) and 2 (succeeded). The latest
+    remembered attempt's outcome is written, with its attempt (not left unfinished)."""
+    t = pair.base
+    sql = failover.reassert_sql(pair.table)
+    await pair.put("runs", job="retried", slot=t, holder="me", started_at=t)
+    await pair.put("runs", job="theirs", slot=t, holder="them", started_at=t)
+    entries = [
+        ("retried", t, 1, t, t + S, "failed", "boom"),
+        ("retried", t, 2, t + 2 * S, t + 3 * S, "succeeded", None),
+        ("theirs", t, 2, t + 2 * S, t + 3 * S, "succeeded", None),
+    ]
+    columns = list(zip(*entries, strict=True))
+    answer = await pair.agree(sql, *(list(c) for c in columns), "host", 5, "me")
+    assert [(r["i"], r["finished"]) for r in answer] == [(1, True), (2, True)]
+    row = await pair.a.fetchrow(
+        f"SELECT attempt, outcome, started_at FROM {pair.table.runs} WHERE job = 'retried'"
+    )
+    assert (row["attempt"], row["outcome"], row["started_at"]) == (2, "succeeded", t + 2 * S)
+
+
 # -- slots' fates ------------------------------------------------------------------------------
 
 

@@ -31,9 +31,10 @@ def _reassert(x: Exec, args: tuple[Any, ...]) -> list[Row]:
 
     Every CTE reads the rows as they were before the statement: a slot with no row gets
     this replica's (``restored``; a second entry of one slot does nothing, ``ON CONFLICT DO
-    NOTHING``); this holder's own unfinished row of the same attempt, that existed before,
-    gets the outcome (``finished``). Answered: the entries whose slot had no row, those
-    another holder has at the same attempt (``other``), and those finished here.
+    NOTHING``); this holder's own unfinished row, that existed before, of the slot's latest
+    attempt remembered here or an earlier one, gets that attempt's outcome (``finished``).
+    Answered: the entries whose slot had no row, those another holder has at the same
+    attempt (``other``), and those finished here.
     """
     jobs, slots, attempts, started, finished, outcomes, errors, host, pid, holder = args
     m = [
@@ -77,19 +78,34 @@ def _reassert(x: Exec, args: tuple[Any, ...]) -> list[Row]:
         )
         inserted.add((job, slot))
 
-    # upd: this holder's unfinished rows (as they were) of the same attempt get the outcome.
+    # upd: this holder's unfinished rows (as they were) of the slot's latest attempt
+    # remembered, or of an earlier one, get that attempt's outcome (and the attempt).
+    latest: dict[tuple[Any, Any], Any] = {}
+    for _, job, slot, attempt, *_ in m:
+        if attempt is not None and (latest.get((job, slot)) is None or attempt > latest[job, slot]):
+            latest[job, slot] = attempt
     updated: set[tuple[str, Any]] = set()
-    for i, job, slot, attempt, _, ended, outcome, error in m:
+    for i, job, slot, attempt, began, ended, outcome, error in m:
         before = old.get(i)
         if before is None or (job, slot) in updated or holder is None:
             continue
         if (
             before["holder"] == holder
-            and before["attempt"] == attempt
+            and attempt is not None
+            and before["attempt"] <= attempt
+            and attempt == latest.get((job, slot))
             and before["finished_at"] is None
             and ended is not None
         ):
-            x.db.update("runs", (job, slot), finished_at=ended, outcome=outcome, error=error)
+            x.db.update(
+                "runs",
+                (job, slot),
+                finished_at=ended,
+                outcome=outcome,
+                error=error,
+                started_at=began if before["attempt"] < attempt else before["started_at"],
+                attempt=attempt,
+            )
             updated.add((job, slot))
 
     answer = []

@@ -33,9 +33,11 @@ def reassert_sql(table: LedgerTable) -> str:
     Arrays ``$1`` jobs, ``$2`` slots, ``$3`` attempts, ``$4`` started, ``$5`` finished (NULL:
     in flight), ``$6`` outcomes, ``$7`` errors; ``$8`` host, ``$9`` pid, ``$10`` holder. A
     slot with no row gets this replica's (``restored``); this replica's own row still
-    unfinished gets the outcome (``finished``). Answers the rows that changed, and those
-    another holder has for the same attempt (``other``, ``other_host``, ``other_pid``): a
-    slot that ran twice, here and there.
+    unfinished gets the outcome (``finished``) of the slot's latest attempt remembered here,
+    with that attempt, when the row is of that attempt or an earlier one (a retry's or a
+    rerun's takeover the server lost: the row would otherwise stay unfinished for good).
+    Answers the rows that changed, and those another holder has for the same attempt
+    (``other``, ``other_host``, ``other_pid``): a slot that ran twice, here and there.
     """
     runs = table.runs
     return f"""
@@ -58,11 +60,16 @@ def reassert_sql(table: LedgerTable) -> str:
             RETURNING job, slot
         ), upd AS (
             UPDATE {runs} r
-            SET finished_at = m.finished_at, outcome = m.outcome, error = m.error
+            SET finished_at = m.finished_at, outcome = m.outcome, error = m.error,
+                started_at = CASE WHEN r.attempt < m.attempt THEN m.started_at
+                                  ELSE r.started_at END,
+                attempt = m.attempt
             FROM m
             WHERE r.job = m.job AND r.slot = m.slot AND r.holder = $10::text
-              AND r.attempt = m.attempt AND r.finished_at IS NULL
+              AND r.attempt <= m.attempt AND r.finished_at IS NULL
               AND m.finished_at IS NOT NULL
+              AND m.attempt = (SELECT max(l.attempt) FROM m l
+                               WHERE l.job = m.job AND l.slot = m.slot)
             RETURNING r.job, r.slot
         )
         SELECT m.i,
