@@ -123,6 +123,31 @@ def test_a_ledger_outcome_is_a_fate_and_an_unfinished_row_is_a_violation() -> No
     assert sorted(rules(Case(effects, [], [unfinished]).judge())) == ["silent", "unfinished"]
 
 
+def test_a_killed_replicas_last_claim_may_stay_unfinished_only_once_the_fleet_is_gone() -> None:
+    row = {"job": "tick", "slot": at(4), "outcome": None, "host": "h", "pid": 1}
+    effects = all_ran()
+
+    def judged(fleet_gone: float | None) -> list[str]:
+        return rules(
+            judge(
+                jobs=(TICK,),
+                epoch=EPOCH,
+                window=(0.0, 5.0),
+                settled=100.0,
+                effects=effects,
+                said=[],
+                ledger=[row],
+                disruptions=(),
+                gone={"r0": 4.5},
+                killed={("h", 1)},
+                fleet_gone=fleet_gone,
+            )
+        )
+
+    assert judged(None) == ["unfinished"]  # a replica lives on: it must mark the claim
+    assert judged(4.5) == []  # nobody is left to
+
+
 def test_a_warning_naming_a_range_is_a_fate_but_its_one_run_must_have_run() -> None:
     line = logging.LogRecord(
         "cronlock", logging.WARNING, __file__, 1,

@@ -15,7 +15,8 @@ coalescing, not its notion of owed. What it checks:
 - ``silent``: a slot in the judged window neither started nor has a fate a user can see;
 - ``late``: a slot that did not run, whose disruption ended within its grace, was given up
   (not run late, nor coalesced into a later slot that ran);
-- ``unfinished``: a ledger row without an outcome once everything settled;
+- ``unfinished``: a ledger row without an outcome once everything settled (but for the
+  last claims of replicas killed in a fleet that is gone: nobody is left to mark them);
 - ``lie``: a replica said it reruns a crashed run (``JobCrashed(recovered=True)``) and no
   start of that slot followed;
 - ``attempt``: that rerun was told the same attempt number as the run it reruns;
@@ -40,7 +41,7 @@ from __future__ import annotations
 import logging
 import re
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence, Set
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -150,6 +151,7 @@ def judge(
     disruptions: Sequence[tuple[float, float]],
     gone: dict[str, float],
     frozen: Sequence[tuple[str, float, float]] = (),
+    killed: Set[tuple[str, int]] = frozenset(),
     errors: Sequence[str] = (),
     readings: Sequence[tuple[float, Mapping[str, str]]] = (),
     fleet_gone: float | None = None,
@@ -160,7 +162,9 @@ def judge(
     (every slot of the window has had its chance, every owed thing its time);
     *disruptions*: the staged faults' spans (seconds); *gone*: replicas killed, and when
     (a body started there and never ended is taken to have ended then); *frozen*: each
-    freeze of a replica (its name, from, until: its bodies run nothing meanwhile); *readings*: what
+    freeze of a replica (its name, from, until: its bodies run nothing meanwhile); *killed*:
+    the (host, pid) of the replicas killed (with the fleet gone, nobody is left to mark
+    their last claims crashed: those stay unfinished, truly); *readings*: what
     ``status --check`` said of each job (``overdue``, ``ok``...), and when (seconds);
     *fleet_gone*: when every replica had stopped (``None``: the fleet never did).
     """
@@ -278,7 +282,8 @@ def judge(
     if fleet_gone is not None:
         _gone_ok(jobs, starts, readings, fleet_gone, at, verdict)
     for (job_name, slot), row in rows.items():
-        if row.get("outcome") is None:
+        orphaned = fleet_gone is not None and (row.get("host"), row.get("pid")) in killed
+        if row.get("outcome") is None and not orphaned:
             verdict.violations.append(
                 Violation(
                     "unfinished",

@@ -135,6 +135,7 @@ def run_plan(plan: Plan) -> Result:
         ledger=ledger,
         disruptions=disruptions,
         gone=gone,
+        killed={(p.host, p.pid) for p in world.processes if p.name in gone},
         frozen=world.freezes,
         errors=world.errors[: world.errors_closed],
         readings=[] if verdicts is None else [(r.at, r.verdicts()) for r in verdicts.readings],
