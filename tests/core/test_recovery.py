@@ -289,3 +289,39 @@ async def test_a_rerun_waits_for_a_claim_in_flight_and_is_claimed_again_when_loc
     assert crashed in runs and due in runs, runs
     assert locker.acquired.count(("job", crashed)) == 3  # refused twice, then granted
     assert not [r for r in caplog.records if "not run again" in r.getMessage()]
+
+
+class _AlreadyRan(_Watching):
+    """Every claim of *slot* is refused ``"already_ran"`` (its row was finished since, or
+    taken over by another replica)."""
+
+    def __init__(self, slot: datetime) -> None:
+        super().__init__()
+        self.slot = slot
+
+    async def acquire(self, job: str, slot: datetime) -> Hold | Refusal | None:
+        if slot == self.slot:
+            self.acquired.append((job, slot))
+            return "already_ran"
+        return await super().acquire(job, slot)
+
+
+async def test_a_rerun_refused_already_ran_says_it_is_not_made(
+    clock: FakeClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The crashed run's owner, alive, wrote its outcome late (or another replica reran the
+    slot) after this replica said it reruns it: its claim is refused "already_ran", and it
+    says at WARNING that the rerun is not made after all, never leaving its announcement
+    standing in silence."""
+    locker = _AlreadyRan(SLOT)
+    runs: list[datetime] = []
+    scheduler = _scheduler(clock, locker, runs, recover=True, misfire_grace=60)
+    with caplog.at_level(logging.WARNING, logger="cronlock"):
+        async with scheduler:
+            await clock.advance_to(SLOT + timedelta(seconds=5))
+            assert locker.crash("job") == [True]
+            await clock.advance(1)
+    assert runs == []
+    assert locker.acquired.count(("job", SLOT)) == 1  # not claimed again
+    said = [r.getMessage() for r in caplog.records if "not run again after all" in r.getMessage()]
+    assert len(said) == 1 and "finished meanwhile" in said[0], said

@@ -181,6 +181,18 @@ def test_a_rerun_said_but_not_begun_is_a_lie() -> None:
     assert "lie" not in rules(judged)
 
 
+def test_a_rerun_said_then_retracted_at_warning_is_no_lie() -> None:
+    said = [Said("r1", 50.0, JobCrashed("tick", at(2), "h:1", at(2), True))]
+    retraction = logging.LogRecord(
+        "cronlock", logging.WARNING, __file__, 1,
+        "job %r slot %s: the crashed run is not run again after all: %s",
+        ("tick", at(2).isoformat(), "its row was finished meanwhile"), None,
+    )  # fmt: skip
+    assert "lie" not in rules(Case(all_ran(), [*said, Said("r1", 52.0, retraction)], []).judge())
+    # A retraction said before the announcement does not count.
+    assert "lie" in rules(Case(all_ran(), [Said("r1", 49.0, retraction), *said], []).judge())
+
+
 def test_a_gone_fleet_read_ok_past_its_alert_grace_is_a_violation() -> None:
     # The fleet ran slots 0-4 and was gone at 4.5 s: slot 5 did not run; alert_after 10.
     job = JobView("tick", "every:1", alert_after=10.0)

@@ -176,8 +176,15 @@ class Recovery:
                     return
                 waiter: asyncio.Future[JobEvent] = asyncio.get_running_loop().create_future()
                 loop.dispatch(job, slot, waiter)
-                if not _refused_for_now(await waiter):
-                    return  # it ran (whatever its outcome), or was refused for good
+                event = await waiter
+                if _refused_for_good(event):
+                    why_not = (
+                        "its row was finished meanwhile (its replica, alive, wrote its "
+                        "outcome late) or taken over by another replica"
+                    )
+                    break
+                if not _refused_for_now(event):
+                    return  # it ran (whatever its outcome)
                 await self._clock.sleep_until(self._clock.now() + pause)
                 pause = min(pause * 2, _LONGEST)
         except asyncio.CancelledError:
@@ -253,6 +260,12 @@ def _coalesces(job: Job, record: RunRecord) -> bool:
         extra=at(job.name, record.slot),
     )
     return True
+
+
+def _refused_for_good(event: JobEvent) -> bool:
+    """Whether a rerun's claim ended in *event* because the slot's row is no longer one to
+    take over (``already_ran``): the rerun announced is not made, and says so."""
+    return isinstance(event, JobSkipped) and event.reason == "already_ran"
 
 
 def _refused_for_now(event: JobEvent) -> bool:

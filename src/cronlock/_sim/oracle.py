@@ -220,7 +220,7 @@ def judge(
 
     for job in jobs:
         runs = starts.get(job.name, [])
-        reruns = _reruns(job, runs, recovered, verdict)
+        reruns = _reruns(job, runs, recovered, verdict, warnings)
         _twice(job, [run for run in runs if id(run) not in reruns], verdict)
         if job.overlap != "allow":
             _overlaps(job, runs, verdict, settled, frozen)
@@ -342,11 +342,14 @@ def _reruns(
     runs: list[_Start],
     announced: list[tuple[str, datetime, str, float, int | None]],
     verdict: Judged,
+    warnings: Sequence[tuple[float, str]] = (),
 ) -> set[int]:
     """The runs a replica announced: a crashed run's rerun (``JobCrashed(recovered=True)``,
     attempt *None*: the one after the run it reruns) or a retry (``JobRetrying``, its
     attempt), each the first start of the slot at or after the announcement. A rerun
-    announced that never starts is a ``lie``; an announced run told a lower attempt than
+    announced that never starts is a ``lie``, unless its replica said afterwards, at WARNING,
+    that it is not made after all (naming the job and the slot); an announced run told a
+    lower attempt than
     announced is an ``attempt`` violation (its body cannot tell it from the first, nor can
     a key made of the two). Returns those runs (by ``id``), which are judged here, not as a
     slot started twice."""
@@ -360,7 +363,8 @@ def _reruns(
             key=lambda run: run.begin,
         )
         if not after:
-            if attempt is None:  # a retry may be refused (the next slot came first)
+            # (a retry may be refused: the next slot came first)
+            if attempt is None and not _retracted(name, slot, said_at, warnings):
                 verdict.violations.append(
                     Violation("lie", job.name, slot, f"{replica} said it reruns it; no rerun began")
                 )
@@ -382,6 +386,18 @@ def _reruns(
                 )
             )
     return found
+
+
+def _retracted(
+    name: str, slot: datetime, said_at: float, warnings: Sequence[tuple[float, str]]
+) -> bool:
+    """Whether a WARNING after *said_at* says the rerun of *name*'s *slot* is not made
+    after all (any replica's line: the oracle does not know who logged it)."""
+    quoted, stamp = repr(name), slot.isoformat()
+    return any(
+        at >= said_at and quoted in message and stamp in message and "after all" in message
+        for at, message in warnings
+    )
 
 
 def _twice(job: JobView, runs: list[_Start], verdict: Judged) -> None:
